@@ -1,0 +1,303 @@
+"""ClusterSnapshot: the cluster as column arrays, updated in place by allocate/release.
+
+    nodes x dims            nodes x GPUs (padded to the largest node; absent GPUs hold -1)
+    cpu_cap  cpu_free       gpu_milli_free   gpu_mem_cap   gpu_mem_free   gpu_model (id, -1 absent)
+    mem_cap  mem_free       gpu_numa  gpu_switch  (-1 unknown)   gpu_util (NaN unknown)
+    gpu_free_total (U)      nvlink: nodes x GPUs x GPUs
+    gpu_full_free (#GPUs with nothing granted)
+    tag_counts (pods per GpuClustering tag)   version (bumped on every change of the node)
+
+Absent GPUs hold -1 free milli and -1 memory, so no request (which asks for >= 0 of each) ever fits them and no
+mask has to be and-ed with a "present" column on the hot path. `version` lets score caches recompute only the nodes
+that changed since they last looked (see `placement.cache`).
+
+Invariants kept by allocate/release (and checked by the property tests): no dimension goes below zero, a whole GPU
+is granted only when nothing else holds any of it, an allocation id is granted once, release restores exactly what
+allocate took.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from corral.model.errors import AllocationError, InvalidRequest
+from corral.model.resources import MILLI_PER_GPU, Allocation, Constraint, GpuGrant, Node
+
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuState:
+    """One GPU as the per-node reference implementation sees it."""
+
+    index: int
+    model: str
+    memory_mib: int
+    milli_free: int
+    memory_free: int
+    utilization: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    """One node's free resources, for the plain per-node reference implementation and for display."""
+
+    index: int
+    name: str
+    rank: int
+    cpu_milli: int
+    memory_mib: int
+    cpu_free: int
+    memory_free: int
+    gpus: tuple[GpuState, ...]
+    labels: Mapping[str, str]
+    tags: Mapping[int, int]  # GpuClustering tag -> pods holding it
+
+
+class ClusterSnapshot:
+    """Column arrays over nodes and GPUs. Build once; allocate/release per decision."""
+
+    def __init__(self, nodes: Sequence[Node], ranks: Sequence[int] | None = None) -> None:
+        if not nodes:
+            raise InvalidRequest("nodes", "a cluster needs at least one node")
+        self.nodes: tuple[Node, ...] = tuple(nodes)
+        self.names: list[str] = [n.name for n in nodes]
+        self.index: dict[str, int] = {}
+        for i, name in enumerate(self.names):
+            if name in self.index:
+                raise InvalidRequest("nodes", f"node name {name!r} appears twice")
+            self.index[name] = i
+        n = len(nodes)
+        if ranks is None:
+            self.rank: IntArray = np.arange(n, dtype=np.int64)
+        else:
+            if len(ranks) != n:
+                raise InvalidRequest("ranks", f"need one tie-break rank per node ({n}), got {len(ranks)}")
+            self.rank = np.asarray(ranks, dtype=np.int64)
+        self.labels: list[Mapping[str, str]] = [n.labels for n in nodes]
+        self.cpu_cap: IntArray = np.array([nd.cpu_milli for nd in nodes], dtype=np.int64)
+        self.mem_cap: IntArray = np.array([nd.memory_mib for nd in nodes], dtype=np.int64)
+        self.cpu_free: IntArray = self.cpu_cap.copy()
+        self.mem_free: IntArray = self.mem_cap.copy()
+        self.gpu_count: IntArray = np.array([len(nd.gpus) for nd in nodes], dtype=np.int64)
+        g = max(1, int(self.gpu_count.max()))
+        self.max_gpus = g
+        self.models: list[str] = sorted({gpu.model for nd in nodes for gpu in nd.gpus})
+        self.model_id: dict[str, int] = {m: i for i, m in enumerate(self.models)}
+        self.gpu_model = np.full((n, g), -1, dtype=np.int64)
+        self.gpu_mem_cap = np.full((n, g), -1, dtype=np.int64)
+        self.gpu_numa = np.full((n, g), -1, dtype=np.int64)
+        self.gpu_switch = np.full((n, g), -1, dtype=np.int64)
+        self.nvlink = np.zeros((n, g, g), dtype=np.bool_)
+        self.has_topology = np.zeros(n, dtype=np.bool_)
+        for i, nd in enumerate(nodes):
+            for gpu in nd.gpus:
+                j = gpu.index
+                self.gpu_model[i, j] = self.model_id[gpu.model]
+                self.gpu_mem_cap[i, j] = gpu.memory_mib
+                if gpu.numa_node is not None:
+                    self.gpu_numa[i, j] = gpu.numa_node
+                if gpu.pcie_switch is not None:
+                    self.gpu_switch[i, j] = gpu.pcie_switch
+                for peer in gpu.nvlink_peers:
+                    if 0 <= peer < len(nd.gpus) and peer != j:
+                        self.nvlink[i, j, peer] = self.nvlink[i, peer, j] = True
+                if gpu.numa_node is not None or gpu.pcie_switch is not None or gpu.nvlink_peers:
+                    self.has_topology[i] = True
+        present = self.gpu_model >= 0
+        self.gpu_present: BoolArray = present
+        self.gpu_milli_free: IntArray = np.where(present, MILLI_PER_GPU, -1).astype(np.int64)
+        self.gpu_mem_free: IntArray = self.gpu_mem_cap.copy()
+        self.gpu_util: FloatArray = np.full((n, g), np.nan, dtype=np.float64)
+        self.gpu_free_total: IntArray = self.gpu_count * MILLI_PER_GPU
+        self.gpu_full_free: IntArray = self.gpu_count.copy()
+        # GpuClustering tags: column tag + 1 (tag -1 = share, 0 = no GPU, k = k whole GPUs).
+        self.tag_counts = np.zeros((n, g + 2), dtype=np.int64)
+        self.version: IntArray = np.zeros(n, dtype=np.int64)
+        self.allocations: dict[str, Allocation] = {}
+        #: Memo of things derived from the static columns or cached per request shape. Pure memoisation:
+        #: every entry is either static or validated against `version` before use.
+        self.memo: dict[Any, Any] = {}
+
+    # ------------------------------------------------------------------ queries
+    def __len__(self) -> int:
+        return len(self.names)
+
+    @property
+    def total_gpus(self) -> int:
+        return int(self.gpu_count.sum())
+
+    @property
+    def gpu_allocated_milli(self) -> int:
+        return int(self.gpu_count.sum() * MILLI_PER_GPU - self.gpu_free_total.sum())
+
+    def node_index(self, name: str) -> int:
+        try:
+            return self.index[name]
+        except KeyError:
+            raise InvalidRequest("node", f"unknown node {name!r}") from None
+
+    def gpu_static_mask(self, models: frozenset[str] | None, min_memory_mib: int) -> BoolArray:
+        """GPUs that could ever serve a request: of an allowed model and with enough memory in total."""
+        key = ("static", models, min_memory_mib)
+        mask = self.memo.get(key)
+        if mask is None:
+            mask = self.gpu_present.copy()
+            if models is not None:
+                ids = [self.model_id[m] for m in models if m in self.model_id]
+                mask &= np.isin(self.gpu_model, ids)
+            if min_memory_mib:
+                mask &= self.gpu_mem_cap >= min_memory_mib
+            self.memo[key] = mask
+        return mask  # type: ignore[no-any-return]
+
+    def constraint_mask(self, constraint: Constraint) -> BoolArray:
+        key = ("constraint", constraint)
+        mask = self.memo.get(key)
+        if mask is None:
+            mask = np.fromiter(
+                (constraint.matches(lb, nm) for lb, nm in zip(self.labels, self.names, strict=True)),
+                dtype=np.bool_,
+                count=len(self.names),
+            )
+            self.memo[key] = mask
+        return mask  # type: ignore[no-any-return]
+
+    def node_state(self, i: int) -> NodeState:
+        gpus = tuple(
+            GpuState(
+                index=j,
+                model=self.models[int(self.gpu_model[i, j])],
+                memory_mib=int(self.gpu_mem_cap[i, j]),
+                milli_free=int(self.gpu_milli_free[i, j]),
+                memory_free=int(self.gpu_mem_free[i, j]),
+                utilization=None if np.isnan(self.gpu_util[i, j]) else float(self.gpu_util[i, j]),
+            )
+            for j in range(int(self.gpu_count[i]))
+        )
+        tags = {t - 1: int(c) for t, c in enumerate(self.tag_counts[i]) if c}
+        return NodeState(
+            index=i,
+            name=self.names[i],
+            rank=int(self.rank[i]),
+            cpu_milli=int(self.cpu_cap[i]),
+            memory_mib=int(self.mem_cap[i]),
+            cpu_free=int(self.cpu_free[i]),
+            memory_free=int(self.mem_free[i]),
+            gpus=gpus,
+            labels=self.labels[i],
+            tags=tags,
+        )
+
+    # ------------------------------------------------------------------ measurements
+    def set_gpu_utilization(self, node: int, gpu: int, fraction: float | None) -> None:
+        """Record measured utilisation (0..1) of one GPU; None forgets it. Used by the load term."""
+        if not 0 <= gpu < self.gpu_count[node]:
+            raise InvalidRequest("gpu", f"node {self.names[node]} has no GPU {gpu}")
+        if fraction is not None and not 0.0 <= fraction <= 1.0:
+            raise InvalidRequest("utilization", f"must be in 0..1, got {fraction}")
+        self.gpu_util[node, gpu] = np.nan if fraction is None else fraction
+        self.version[node] += 1
+
+    # ------------------------------------------------------------------ allocate / release
+    def allocate(self, alloc: Allocation) -> None:
+        """Grant an allocation, or raise AllocationError and change nothing."""
+        if alloc.request_id in self.allocations:
+            raise AllocationError(f"allocation {alloc.request_id!r} is already granted")
+        i = alloc.node_index
+        if not (0 <= i < len(self.names)) or self.names[i] != alloc.node:
+            raise AllocationError(f"allocation {alloc.request_id!r} names node {alloc.node!r} at index {i}: no such node")
+        if alloc.cpu_milli < 0 or alloc.memory_mib < 0:
+            raise AllocationError(f"allocation {alloc.request_id!r} has negative CPU or memory")
+        if alloc.cpu_milli > self.cpu_free[i]:
+            raise AllocationError(f"{alloc.node}: CPU over-commit ({alloc.cpu_milli}m > {self.cpu_free[i]}m free)")
+        if alloc.memory_mib > self.mem_free[i]:
+            raise AllocationError(f"{alloc.node}: memory over-commit ({alloc.memory_mib} > {self.mem_free[i]} MiB free)")
+        seen: set[int] = set()
+        for grant in alloc.gpus:
+            self._check_grant(alloc, grant, seen)
+        self.cpu_free[i] -= alloc.cpu_milli
+        self.mem_free[i] -= alloc.memory_mib
+        for grant in alloc.gpus:
+            self.gpu_milli_free[i, grant.index] -= grant.milli
+            self.gpu_mem_free[i, grant.index] -= grant.memory_mib
+            self.gpu_free_total[i] -= grant.milli
+        if alloc.gpus:
+            self._recount_full_free(i)
+        self.tag_counts[i, alloc.tag + 1] += 1
+        self.version[i] += 1
+        self.allocations[alloc.request_id] = alloc
+
+    def _check_grant(self, alloc: Allocation, grant: GpuGrant, seen: set[int]) -> None:
+        i, j = alloc.node_index, grant.index
+        where = f"{alloc.node} GPU {j}"
+        if not 0 <= j < self.gpu_count[i]:
+            raise AllocationError(f"{where}: no such GPU")
+        if j in seen:
+            raise AllocationError(f"{where}: granted twice in one allocation")
+        seen.add(j)
+        if not 0 <= grant.milli <= MILLI_PER_GPU or grant.memory_mib < 0 or (grant.milli == 0 and grant.memory_mib == 0):
+            raise AllocationError(f"{where}: invalid grant ({grant.milli} milli, {grant.memory_mib} MiB)")
+        free_milli = int(self.gpu_milli_free[i, j])
+        free_mem = int(self.gpu_mem_free[i, j])
+        if grant.milli == MILLI_PER_GPU:
+            if free_milli != MILLI_PER_GPU or free_mem != self.gpu_mem_cap[i, j]:
+                raise AllocationError(f"{where}: a whole GPU was granted but part of it is already held")
+            if grant.memory_mib != self.gpu_mem_cap[i, j]:
+                raise AllocationError(f"{where}: a whole GPU grant must carry all {self.gpu_mem_cap[i, j]} MiB")
+        if grant.milli > free_milli:
+            raise AllocationError(f"{where}: GPU over-commit ({grant.milli} > {free_milli} milli free)")
+        if grant.memory_mib > free_mem:
+            raise AllocationError(f"{where}: GPU memory over-commit ({grant.memory_mib} > {free_mem} MiB free)")
+        if free_milli == 0 and free_mem == 0:
+            raise AllocationError(f"{where}: GPU is fully held")
+
+    def release(self, request_id: str) -> Allocation:
+        """Give back everything an allocation took; returns it."""
+        alloc = self.allocations.pop(request_id, None)
+        if alloc is None:
+            raise AllocationError(f"allocation {request_id!r} is not granted")
+        i = alloc.node_index
+        self.cpu_free[i] += alloc.cpu_milli
+        self.mem_free[i] += alloc.memory_mib
+        for grant in alloc.gpus:
+            self.gpu_milli_free[i, grant.index] += grant.milli
+            self.gpu_mem_free[i, grant.index] += grant.memory_mib
+            self.gpu_free_total[i] += grant.milli
+        if alloc.gpus:
+            self._recount_full_free(i)
+        self.tag_counts[i, alloc.tag + 1] -= 1
+        self.version[i] += 1
+        return alloc
+
+    def _recount_full_free(self, i: int) -> None:
+        # "Fully free" = nothing of the GPU is granted, neither compute nor memory.
+        row_m = self.gpu_milli_free[i]
+        self.gpu_full_free[i] = int(
+            np.count_nonzero((row_m == MILLI_PER_GPU) & (self.gpu_mem_free[i] == self.gpu_mem_cap[i]))
+        )
+
+    def allocate_many(self, allocs: Iterable[Allocation]) -> None:
+        for a in allocs:
+            self.allocate(a)
+
+    def copy(self) -> ClusterSnapshot:
+        """An independent copy (arrays and allocations), sharing only the immutable node objects."""
+        other = ClusterSnapshot.__new__(ClusterSnapshot)
+        for key, value in self.__dict__.items():
+            if isinstance(value, np.ndarray):
+                setattr(other, key, value.copy())
+            elif key == "allocations":
+                setattr(other, key, dict(value))
+            elif key == "memo":
+                setattr(other, key, {})
+            else:
+                setattr(other, key, value)
+        return other

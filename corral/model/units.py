@@ -1,0 +1,76 @@
+"""Conversion of human quantities ("10GiB", "2.5", "500m", "2h") into corral's integer base units.
+
+Only the faces call these: the core model works in CPU milli, memory MiB, GPU milli and GPU memory MiB.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from corral.model.errors import InvalidRequest
+
+_MEM_UNITS = {
+    "": 1.0 / (1024 * 1024),  # a bare number is bytes, as in Kubernetes quantities
+    "b": 1.0 / (1024 * 1024),
+    "k": 1000 / 1024 / 1024,
+    "kb": 1000 / 1024 / 1024,
+    "ki": 1 / 1024,
+    "kib": 1 / 1024,
+    "m": 1000**2 / 1024**2,
+    "mb": 1000**2 / 1024**2,
+    "mi": 1.0,
+    "mib": 1.0,
+    "g": 1000**3 / 1024**2,
+    "gb": 1000**3 / 1024**2,
+    "gi": 1024.0,
+    "gib": 1024.0,
+    "t": 1000**4 / 1024**2,
+    "tb": 1000**4 / 1024**2,
+    "ti": 1024.0**2,
+    "tib": 1024.0**2,
+}
+_QTY = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_memory_mib(text: str | int | float, field: str = "memory") -> int:
+    """'10GiB' -> 10240, '512Mi' -> 512, '1G' -> 954; rounds up to whole MiB. Bare numbers are bytes."""
+    if isinstance(text, int | float):
+        if text < 0 or not math.isfinite(text):
+            raise InvalidRequest(field, f"must be a non-negative amount, got {text!r}")
+        return math.ceil(text)
+    m = _QTY.match(text)
+    if not m or m.group(2).lower() not in _MEM_UNITS:
+        raise InvalidRequest(
+            field, f"not a memory amount: {text!r} (examples: 512MiB, 10GiB, 16Gi, 2TB)"
+        )
+    return math.ceil(float(m.group(1)) * _MEM_UNITS[m.group(2).lower()] - 1e-9)
+
+
+def parse_cpu_milli(text: str | int | float, field: str = "cpus") -> int:
+    """'2' -> 2000, '0.5' -> 500, '250m' -> 250."""
+    if isinstance(text, int | float):
+        value = float(text) * 1000
+    else:
+        m = _QTY.match(text)
+        if not m or m.group(2) not in {"", "m"}:
+            raise InvalidRequest(field, f"not a CPU amount: {text!r} (examples: 2, 0.5, 250m)")
+        value = float(m.group(1)) * (1 if m.group(2) == "m" else 1000)
+    if value < 0 or not math.isfinite(value):
+        raise InvalidRequest(field, f"must be a non-negative amount, got {text!r}")
+    return math.ceil(value - 1e-9)
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd])")
+_DURATION_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration_seconds(text: str, field: str = "time limit") -> float:
+    """'90' -> 90.0, '2h' -> 7200.0, '1h30m' -> 5400.0."""
+    stripped = text.strip()
+    if re.fullmatch(r"\d+(?:\.\d+)?", stripped):
+        return float(stripped)
+    parts = _DURATION.findall(stripped)
+    if not parts or "".join(n + u for n, u in parts) != stripped.replace(" ", ""):
+        raise InvalidRequest(field, f"not a duration: {text!r} (examples: 90, 45m, 2h, 1h30m)")
+    return sum(float(n) * _DURATION_SECONDS[u] for n, u in parts)

@@ -1,0 +1,78 @@
+"""Shared pieces of scores: resource fractions and the per-request-shape score cache."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from corral.model.resources import MILLI_PER_GPU, Request
+from corral.model.snapshot import ClusterSnapshot
+from corral.placement.context import Context
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+
+#: The FGD study's fixed normalisers (a 128-core node, an 8-GPU node), kept so its scores stay exact.
+STUDY_CPU_NORM = 128000.0
+STUDY_GPU_NORM = 8000.0
+
+
+def shape_key(request: Request) -> tuple[Any, ...]:
+    """Everything about a request that a node-local score may depend on."""
+    return (
+        request.cpu_milli,
+        request.memory_mib,
+        request.gpu_count,
+        request.gpu_milli,
+        request.gpu_memory_mib,
+        request.gpu_models,
+        request.min_gpu_memory_mib,
+    )
+
+
+def used_fraction_after(snapshot: ClusterSnapshot, request: Request, nodes: IntArray) -> FloatArray:
+    """Weighted used fraction of the node after placing the request (GPU counts 3x for GPU requests)."""
+
+    def frac(cap: IntArray, free: IntArray, want: int) -> FloatArray:
+        capf = cap.astype(np.float64)
+        return np.where(cap > 0, (capf - (free - want)) / np.maximum(capf, 1.0), 1.0)
+
+    cpu = frac(snapshot.cpu_cap[nodes], snapshot.cpu_free[nodes], request.cpu_milli)
+    mem = frac(snapshot.mem_cap[nodes], snapshot.mem_free[nodes], request.memory_mib)
+    if not request.wants_gpu:
+        return (cpu + mem) / 2
+    gpu_cap = snapshot.gpu_count[nodes] * MILLI_PER_GPU
+    gpu = frac(gpu_cap, snapshot.gpu_free_total[nodes], request.gpu_demand_milli)
+    return (3 * gpu + cpu + mem) / 5
+
+
+def cached_node_scores(
+    ctx: Context,
+    policy: str,
+    nodes: IntArray,
+    compute: Callable[[IntArray], tuple[FloatArray, IntArray]],
+    extra_key: object = None,
+) -> tuple[FloatArray, IntArray]:
+    """Node-local scores (and a per-node int, e.g. the best GPU) for `nodes`, recomputing only changed nodes.
+
+    Valid because these scores depend only on the node's own state and the request's shape: the cache keeps, per
+    (policy, shape), the arrays and the `version` of every node when it was computed.
+    """
+    snap = ctx.snapshot
+    key = ("scores", policy, shape_key(ctx.request), extra_key)
+    entry = snap.memo.get(key)
+    if entry is None:
+        n = len(snap)
+        entry = (np.full(n, -1, dtype=np.int64), np.zeros(n, dtype=np.float64), np.zeros(n, dtype=np.int64))
+        snap.memo[key] = entry
+    versions, scores, aux = entry
+    stale = nodes[versions[nodes] != snap.version[nodes]]
+    if len(stale):
+        s, a = compute(stale)
+        scores[stale] = s
+        aux[stale] = a
+        versions[stale] = snap.version[stale]
+    return scores[nodes], aux[nodes]

@@ -1,0 +1,74 @@
+"""fgd (FGD study, section 3.7): place where the target workload's fragmentation grows least.
+
+    a share of one GPU:  for each fitting GPU g, n' = n with c - c_p and u_g - m_p;
+                         s_g = floor(100 sigmoid((F(n) - F(n')) / 1000));  score = max_g s_g
+                         (the arg-max GPU, lowest index on ties, is also the GPU granted)
+    anything else:       n' = n with c - c_p and m_p taken from the k GPUs that fit, in ascending free milli
+                         (whole GPUs: the lowest-index free ones); score = floor(100 sigmoid((F(n) - F(n'))/1000))
+
+No change in fragmentation scores 50. Scores are cached per request shape and recomputed only for nodes that changed
+since (`common.cached_node_scores`), which makes a decision cost about one node's worth of fragmentation maths.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from corral.placement.context import Context
+from corral.placement.scores.common import cached_node_scores
+from corral.placement.select import whole_gpus
+from corral.placement.workload import node_fragmentation, share_fragmentation_after
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+
+
+def fgd_score(delta: FloatArray) -> FloatArray:
+    """floor(100 * sigmoid(delta / 1000)) with delta = F(n) - F(n')."""
+    return np.floor(100.0 / (1.0 + np.exp(-delta / 1000.0)))
+
+
+class Fgd:
+    name = "fgd"
+
+    def _compute(self, ctx: Context, nodes: IntArray) -> tuple[FloatArray, IntArray]:
+        s, r, w = ctx.snapshot, ctx.request, ctx.workload
+        before = node_fragmentation(s, w, nodes)
+        if r.wants_gpu and r.gpu_count == 1 and not r.whole_gpus:
+            after = share_fragmentation_after(s, w, nodes, r.cpu_milli, r.gpu_milli)
+            per_gpu = np.where(ctx.fit.gpu_fit[nodes], fgd_score(before[:, None] - after), -1.0)
+            best = np.argmax(per_gpu, axis=1)
+            return per_gpu[np.arange(len(nodes)), best], best.astype(np.int64)
+        cpu_after = s.cpu_free[nodes] - r.cpu_milli
+        u_after = s.gpu_milli_free[nodes]
+        if r.wants_gpu:
+            fit = ctx.fit.gpu_fit[nodes]
+            u = s.gpu_milli_free[nodes]
+            order = np.argsort(np.where(fit, u, np.iinfo(np.int64).max), axis=1, kind="stable")
+            chosen_sorted = np.take_along_axis(fit, order, axis=1) & (
+                np.cumsum(np.take_along_axis(fit, order, axis=1), axis=1) <= r.gpu_count
+            )
+            chosen = np.zeros_like(fit)
+            np.put_along_axis(chosen, order, chosen_sorted, axis=1)
+            u_after = u - np.where(chosen, r.gpu_milli, 0)
+        after_n = node_fragmentation(s, w, nodes, cpu_after, u_after)
+        return fgd_score(before - after_n), np.full(len(nodes), -1, dtype=np.int64)
+
+    def _scores(self, ctx: Context, nodes: IntArray) -> tuple[FloatArray, IntArray]:
+        return cached_node_scores(
+            ctx, self.name, nodes, lambda idx: self._compute(ctx, idx), extra_key=ctx.workload.key
+        )
+
+    def score(self, ctx: Context, nodes: IntArray) -> FloatArray:
+        return self._scores(ctx, nodes)[0]
+
+    def choose_gpus(self, ctx: Context, node: int) -> list[int]:
+        r = ctx.request
+        if r.gpu_count == 1 and not r.whole_gpus:
+            return [int(self._scores(ctx, np.array([node], dtype=np.int64))[1][0])]
+        if r.whole_gpus:
+            return whole_gpus(ctx, node)
+        fit = np.flatnonzero(ctx.fit.gpu_fit[node])
+        order = fit[np.argsort(ctx.snapshot.gpu_milli_free[node][fit], kind="stable")]
+        return [int(j) for j in order[: r.gpu_count]]

@@ -1,0 +1,117 @@
+"""Choosing the node and the GPUs.
+
+Node: among feasible nodes, the preferred class first (only `preferential` sets one), then the highest score, then
+the smallest tie-break rank (a fixed per-node priority, by default the node's position).
+
+GPUs: the common methods of the FGD study's reserve step, plus topology:
+    best_fit   a share goes to the fitting GPU with the least free milli (lowest index on ties)
+    worst_fit  a share goes to the fitting GPU with the most free milli (spread)
+    whole GPUs the lowest-index free ones, or, where the node's topology is known and k > 1, the set whose
+               pairs are best connected (NVLink 3, same PCIe switch 2, same NUMA node 1)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from corral.model.snapshot import ClusterSnapshot
+from corral.placement.context import Context
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
+
+NVLINK, SAME_SWITCH, SAME_NUMA = 3, 2, 1
+
+
+def best_node(candidates: IntArray, scores: FloatArray, rank: IntArray, preferred: BoolArray | None) -> int:
+    """Index into `candidates` of the winner: preferred class, then max score, then min rank."""
+    keep = np.ones(len(candidates), dtype=np.bool_)
+    if preferred is not None:
+        pref = preferred[candidates]
+        if pref.any():
+            keep = pref
+    top = scores[keep].max()
+    keep = keep & (scores == top)
+    idx = np.flatnonzero(keep)
+    return int(idx[np.argmin(rank[candidates[idx]])])
+
+
+def top_order(
+    candidates: IntArray, scores: FloatArray, rank: IntArray, preferred: BoolArray | None, limit: int
+) -> IntArray:
+    """Indices into `candidates` of the best `limit` nodes in selection order."""
+    if len(candidates) > 4 * limit:
+        # Only nodes scoring at least the limit-th best score can be in the top list.
+        threshold = np.partition(scores, len(scores) - limit)[len(scores) - limit]
+        subset = np.flatnonzero(scores >= threshold)
+        if preferred is not None:
+            subset = np.union1d(subset, np.flatnonzero(preferred[candidates]))
+    else:
+        subset = np.arange(len(candidates))
+    keys: list[npt.NDArray[np.generic]] = [rank[candidates[subset]], -scores[subset]]
+    if preferred is not None:
+        keys.append(~preferred[candidates[subset]])
+    order = np.lexsort(keys)
+    return subset[order[:limit]]
+
+
+def pair_affinity(snapshot: ClusterSnapshot, node: int) -> IntArray:
+    """GPU x GPU affinity on one node from its known topology (0 where unknown or unrelated)."""
+    g = snapshot.max_gpus
+    numa, switch = snapshot.gpu_numa[node], snapshot.gpu_switch[node]
+    aff = np.zeros((g, g), dtype=np.int64)
+    aff = np.maximum(aff, np.where((numa[:, None] == numa[None, :]) & (numa[:, None] >= 0), SAME_NUMA, 0))
+    aff = np.maximum(aff, np.where((switch[:, None] == switch[None, :]) & (switch[:, None] >= 0), SAME_SWITCH, 0))
+    aff = np.maximum(aff, np.where(snapshot.nvlink[node], NVLINK, 0))
+    np.fill_diagonal(aff, 0)
+    return aff
+
+
+def best_connected(snapshot: ClusterSnapshot, node: int, candidates: list[int], k: int) -> tuple[list[int], int]:
+    """A k-set of `candidates` with high total pair affinity (greedy from each start), and that affinity."""
+    aff = pair_affinity(snapshot, node)
+    best: list[int] = candidates[:k]
+    best_score = int(aff[np.ix_(best, best)].sum() // 2)
+    for start in candidates:
+        chosen = [start]
+        while len(chosen) < k:
+            rest = [c for c in candidates if c not in chosen]
+            gains = [int(aff[c, chosen].sum()) for c in rest]
+            chosen.append(rest[int(np.argmax(gains))])
+        score = int(aff[np.ix_(chosen, chosen)].sum() // 2)
+        if score > best_score:
+            best, best_score = sorted(chosen), score
+    return best, best_score
+
+
+def whole_gpus(ctx: Context, node: int) -> list[int]:
+    """k whole GPUs: the best connected set where topology is known, else the lowest-index free ones."""
+    k = ctx.request.gpu_count
+    free = [int(j) for j in np.flatnonzero(ctx.fit.gpu_fit[node])]
+    if k > 1 and ctx.snapshot.has_topology[node] and len(free) > k:
+        return best_connected(ctx.snapshot, node, free, k)[0]
+    return free[:k]
+
+
+def ordered_gpus(ctx: Context, node: int, key: npt.NDArray[np.int64]) -> list[int]:
+    """The request's k GPUs on `node`: whole ones by `whole_gpus`, shares by ascending `key` (stable)."""
+    if ctx.request.whole_gpus:
+        return whole_gpus(ctx, node)
+    fit = np.flatnonzero(ctx.fit.gpu_fit[node])
+    order = fit[np.argsort(key[fit], kind="stable")]
+    return [int(j) for j in order[: ctx.request.gpu_count]]
+
+
+def _fullness_key(snapshot: ClusterSnapshot, node: int) -> IntArray:
+    # Free milli first, free memory second (memory-only shares are packed by memory).
+    return snapshot.gpu_milli_free[node] * (1 << 32) + snapshot.gpu_mem_free[node]
+
+
+def best_fit_gpus(ctx: Context, node: int) -> list[int]:
+    return ordered_gpus(ctx, node, _fullness_key(ctx.snapshot, node))
+
+
+def worst_fit_gpus(ctx: Context, node: int) -> list[int]:
+    return ordered_gpus(ctx, node, -_fullness_key(ctx.snapshot, node))

@@ -1,0 +1,223 @@
+"""The target workload and the fragmentation measure of the FGD study, vectorised over nodes.
+
+FGD (Weng et al., USENIX ATC'23) calls the GPU capacity of a node *fragmented* for a task type when that type
+could not use it; a node's fragmentation F(n) is the expectation over the target workload's types. For node n
+(free CPU c, per-GPU free milli u_g, total free U) and target type m = (c_m, m_m, k_m, models_m):
+
+    CPU-only type                         f = U      (no GPU is usable by it)
+    no GPU of an allowed model            f = U      (no_access)
+    >= k_m accessible GPUs with u_g >= m_m
+        and c >= c_m                      f = U - sum of those GPUs' u_g   (q3: the rest is fragment)
+    otherwise                             f = U      (lack of GPU, CPU or both)
+
+    F(n) = sum_m p_m * f(n, m)        (milli-GPU; nodes without GPUs give 0; memory is ignored)
+
+f is computed in integers and summed in the target types' order, so F of an unchanged node is bit-identical however
+it was reached (the FGD score relies on F(n) - F(n') being exactly 0 when nothing changed).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from corral.model.errors import InvalidRequest
+from corral.model.resources import MILLI_PER_GPU, Request
+from corral.model.snapshot import ClusterSnapshot
+
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReserve:
+    """What `preferential` keeps free per free GPU (whole-GPU equivalents) so the GPU stays usable."""
+
+    cpu_milli_per_gpu: int = 4000
+    memory_mib_per_gpu: int = 16384
+
+    def __post_init__(self) -> None:
+        if self.cpu_milli_per_gpu < 0 or self.memory_mib_per_gpu < 0:
+            raise InvalidRequest("reserve", "per-GPU reserve must be >= 0 CPU milli and MiB")
+
+
+@dataclass(frozen=True, slots=True)
+class TargetType:
+    cpu_milli: int
+    gpu_milli: int  # per GPU; 0 for CPU-only types
+    gpu_count: int
+    models: frozenset[str] | None
+    probability: float
+
+
+@dataclass(frozen=True)
+class TargetWorkload:
+    """The task types fragmentation is measured against, with their probabilities (summing to 1)."""
+
+    types: tuple[TargetType, ...]
+
+    def __post_init__(self) -> None:
+        if not self.types:
+            raise InvalidRequest("workload", "a target workload needs at least one task type")
+        if any(t.probability < 0 for t in self.types):
+            raise InvalidRequest("workload", "task type probabilities must be >= 0")
+
+    @property
+    def key(self) -> tuple[TargetType, ...]:
+        return self.types
+
+    @classmethod
+    def from_requests(cls, requests: Iterable[Request], coverage: float = 0.95) -> TargetWorkload:
+        """The FGD study's "typical pods": the most frequent (cpu, gpu milli, count, models) shapes.
+
+        Shapes are counted (memory is not part of the key), sorted by count descending (ties: larger CPU, GPU milli,
+        count, then model string first), and the shortest prefix covering `coverage` of the requests is kept, its
+        counts renormalised to probabilities.
+        """
+        if not 0 < coverage <= 1:
+            raise InvalidRequest("coverage", f"must be in (0, 1], got {coverage}")
+        counts: Counter[tuple[int, int, int, str]] = Counter()
+        total = 0
+        for r in requests:
+            spec = "|".join(sorted(r.gpu_models)) if r.gpu_models else ""
+            counts[(r.cpu_milli, r.gpu_milli, r.gpu_count, spec)] += 1
+            total += 1
+        if total == 0:
+            raise InvalidRequest("workload", "cannot build a target workload from no requests")
+        keys = sorted(counts, key=lambda k: (-counts[k], -k[0], -k[1], -k[2], _neg_str(k[3])))
+        kept: list[tuple[tuple[int, int, int, str], int]] = []
+        cum = 0
+        for k in keys:
+            kept.append((k, counts[k]))
+            cum += counts[k]
+            if cum / total >= coverage:
+                break
+        types = tuple(
+            TargetType(
+                cpu_milli=k[0],
+                gpu_milli=k[1],
+                gpu_count=k[2],
+                models=frozenset(k[3].split("|")) if k[3] else None,
+                probability=(c / total) / (cum / total),
+            )
+            for k, c in kept
+        )
+        return cls(types)
+
+
+def _neg_str(s: str) -> tuple[int, ...]:
+    # Sort key that orders strings descending inside an ascending sort.
+    return tuple(-ord(ch) for ch in s) + (1,)
+
+
+#: Used by `fgd` when no target workload is configured: half whole GPUs, half common shares, a little CPU each.
+DEFAULT_WORKLOAD = TargetWorkload(
+    (
+        TargetType(4000, MILLI_PER_GPU, 1, None, 0.4),
+        TargetType(4000, MILLI_PER_GPU, 2, None, 0.1),
+        TargetType(2000, 500, 1, None, 0.25),
+        TargetType(2000, 250, 1, None, 0.25),
+    )
+)
+
+
+@dataclass(frozen=True)
+class _Compiled:
+    cpu: IntArray
+    milli: IntArray
+    count: IntArray
+    prob: FloatArray
+    access: list[BoolArray | None]  # per type: accessible GPUs (nodes x GPUs), None = every present GPU
+
+
+def compile_workload(snapshot: ClusterSnapshot, workload: TargetWorkload) -> _Compiled:
+    key = ("workload", workload.key)
+    compiled = snapshot.memo.get(key)
+    if compiled is None:
+        access: list[BoolArray | None] = []
+        for t in workload.types:
+            access.append(None if t.models is None else snapshot.gpu_static_mask(t.models, 0))
+        compiled = _Compiled(
+            cpu=np.array([t.cpu_milli for t in workload.types], dtype=np.int64),
+            milli=np.array([t.gpu_milli for t in workload.types], dtype=np.int64),
+            count=np.array([t.gpu_count for t in workload.types], dtype=np.int64),
+            prob=np.array([t.probability for t in workload.types], dtype=np.float64),
+            access=access,
+        )
+        snapshot.memo[key] = compiled
+    return compiled  # type: ignore[no-any-return]
+
+
+def node_fragmentation(
+    snapshot: ClusterSnapshot,
+    workload: TargetWorkload,
+    nodes: IntArray,
+    cpu_free: IntArray | None = None,
+    milli_free: IntArray | None = None,
+) -> FloatArray:
+    """F(n) for the given node indices, on their current state or on hypothetical free CPU / GPU milli."""
+    w = compile_workload(snapshot, workload)
+    c = snapshot.cpu_free[nodes] if cpu_free is None else cpu_free
+    u = snapshot.gpu_milli_free[nodes] if milli_free is None else milli_free
+    present = snapshot.gpu_present[nodes]
+    up = np.where(present, np.maximum(u, 0), 0)
+    total = up.sum(axis=1)
+    acc = np.zeros(len(nodes), dtype=np.float64)
+    for m in range(len(w.prob)):
+        if w.count[m] == 0:
+            f = total
+        else:
+            a = present if w.access[m] is None else w.access[m][nodes]  # type: ignore[index]
+            fit = a & (u >= w.milli[m])
+            usable = (fit.sum(axis=1) >= w.count[m]) & (c >= w.cpu[m])
+            f = np.where(usable, total - (up * fit).sum(axis=1), total)
+        acc += w.prob[m] * f
+    return acc
+
+
+def cluster_fragmentation(snapshot: ClusterSnapshot, workload: TargetWorkload) -> float:
+    """Sum of F(n) over every node (milli-GPU)."""
+    return float(node_fragmentation(snapshot, workload, np.arange(len(snapshot), dtype=np.int64)).sum())
+
+
+def share_fragmentation_after(
+    snapshot: ClusterSnapshot,
+    workload: TargetWorkload,
+    nodes: IntArray,
+    cpu_req: int,
+    milli_req: int,
+) -> FloatArray:
+    """F(n') per (node, GPU) for placing a one-GPU share of `milli_req` on that GPU (nodes x GPUs).
+
+    Updates each type's usable-GPU count and sum for the one changed GPU instead of recomputing whole nodes, in
+    integers, so an unchanged type contributes exactly what it contributed to F(n).
+    """
+    w = compile_workload(snapshot, workload)
+    c2 = (snapshot.cpu_free[nodes] - cpu_req)[:, None]
+    u = snapshot.gpu_milli_free[nodes]
+    present = snapshot.gpu_present[nodes]
+    up = np.where(present, np.maximum(u, 0), 0)
+    total2 = (up.sum(axis=1) - milli_req)[:, None]
+    u_after = u - milli_req
+    acc = np.zeros(u.shape, dtype=np.float64)
+    for m in range(len(w.prob)):
+        if w.count[m] == 0:
+            f = np.broadcast_to(total2, u.shape)
+        else:
+            a = present if w.access[m] is None else w.access[m][nodes]  # type: ignore[index]
+            fit = a & (u >= w.milli[m])
+            cnt = fit.sum(axis=1)[:, None]
+            s = (up * fit).sum(axis=1)[:, None]
+            before = fit
+            after = a & (u_after >= w.milli[m])
+            cnt2 = cnt - before + after
+            s2 = s - np.where(before, u, 0) + np.where(after, u_after, 0)
+            usable = (cnt2 >= w.count[m]) & (c2 >= w.cpu[m])
+            f = np.where(usable, total2 - s2, total2)
+        acc += w.prob[m] * f
+    return acc

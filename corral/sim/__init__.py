@@ -1,0 +1,1 @@
+"""corral sim: replay cluster traces through the placement engine."""

@@ -1,0 +1,59 @@
+#!/usr/bin/env python3
+"""The project's two commands, runnable on a fresh machine that has only Python and the package registries.
+
+    python3 dev.py run [ARGS...]   install corral into .venv and run `corral ARGS` (default: the demo placement)
+    python3 dev.py test            install corral with its dev tools, then run ruff, mypy --strict and pytest
+
+`.ci/run` calls `python3 dev.py test`; CI and the README use the same command.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = Path(os.environ.get("CORRAL_VENV", ROOT / ".venv"))
+BIN = VENV / "bin"
+DEFAULT_RUN = ["place", "--simulate-gpus", "2x8xA100-80GB", "--gpus", "2", "--explain"]
+
+
+def sh(*cmd: str | Path) -> None:
+    print("+", " ".join(str(c) for c in cmd), flush=True)
+    rc = subprocess.call([str(c) for c in cmd], cwd=ROOT)
+    if rc != 0:
+        # pytest's "no tests ran" (5) is a failure too: every non-zero code stops here.
+        sys.exit(rc)
+
+
+def ensure_venv(extra: str) -> None:
+    stamp = VENV / f".installed-{extra or 'base'}"
+    sources = [ROOT / "pyproject.toml"]
+    if stamp.exists() and all(stamp.stat().st_mtime >= s.stat().st_mtime for s in sources):
+        return
+    if not (BIN / "python").exists():
+        venv.EnvBuilder(with_pip=True).create(VENV)
+    target = f".[{extra}]" if extra else "."
+    sh(BIN / "python", "-m", "pip", "install", "-q", "--disable-pip-version-check", "-e", target)
+    stamp.touch()
+
+
+def main(argv: list[str]) -> None:
+    if not argv or argv[0] not in {"run", "test"}:
+        print(__doc__)
+        sys.exit(2)
+    if argv[0] == "run":
+        ensure_venv("")
+        args = argv[1:] or DEFAULT_RUN
+        os.execv(str(BIN / "corral"), [str(BIN / "corral"), *args])
+    ensure_venv("dev")
+    sh(BIN / "ruff", "check", "corral", "tests", "benchmarks", "dev.py")
+    sh(BIN / "mypy")
+    sh(BIN / "python", "-m", "pytest", *argv[1:])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
