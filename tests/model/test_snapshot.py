@@ -1,0 +1,134 @@
+"""ClusterSnapshot keeps its invariants: a refused allocate changes nothing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from corral.model.errors import AllocationError, InvalidRequest
+from corral.model.resources import Allocation, GpuGrant
+from corral.model.snapshot import ClusterSnapshot
+from tests.builders import cluster, node
+
+COLUMNS = (
+    "cpu_free",
+    "mem_free",
+    "gpu_milli_free",
+    "gpu_mem_free",
+    "gpu_free_total",
+    "gpu_full_free",
+    "tag_counts",
+)
+
+
+def columns(s: ClusterSnapshot) -> dict[str, np.ndarray]:  # type: ignore[type-arg]
+    return {c: getattr(s, c).copy() for c in COLUMNS}
+
+
+def assert_same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:  # type: ignore[type-arg]
+    for c in COLUMNS:
+        assert np.array_equal(a[c], b[c]), f"column {c} differs: {a[c]} != {b[c]}"
+
+
+def snap() -> ClusterSnapshot:
+    return cluster(node("a").gpus(2, memory_gib=16).cpu(8).mem(32), node("b").cpu(4).mem(8))
+
+
+def alloc(
+    rid: str,
+    node_name: str = "a",
+    idx: int = 0,
+    cpu: int = 1000,
+    mem: int = 1024,
+    gpus: tuple[GpuGrant, ...] = (),
+    tag: int = 0,
+) -> Allocation:
+    return Allocation(rid, node_name, idx, cpu, mem, gpus, tag)
+
+
+def test_layout() -> None:
+    s = snap()
+    assert s.max_gpus == 2 and s.total_gpus == 2 and s.models == ["A100"]
+    assert s.gpu_milli_free.tolist() == [[1000, 1000], [-1, -1]]  # absent GPUs hold -1
+    assert s.gpu_free_total.tolist() == [2000, 0]
+    assert s.node_index("b") == 1
+    with pytest.raises(InvalidRequest, match="unknown node 'zz'"):
+        s.node_index("zz")
+
+
+def test_allocate_and_release_round_trip() -> None:
+    s = snap()
+    before = columns(s)
+    whole = alloc("w", gpus=(GpuGrant(0, 1000, 16384),), tag=1)
+    share = alloc("s", gpus=(GpuGrant(1, 300, 2048),), tag=-1)
+    s.allocate(whole)
+    s.allocate(share)
+    assert s.gpu_milli_free[0].tolist() == [0, 700]
+    assert s.gpu_mem_free[0].tolist() == [0, 14336]
+    assert s.gpu_full_free[0] == 0 and s.gpu_free_total[0] == 700 and s.gpu_allocated_milli == 1300
+    assert s.tag_counts[0, 2] == 1 and s.tag_counts[0, 0] == 1
+    v = int(s.version[0])
+    assert s.release("w") == whole
+    assert s.version[0] == v + 1 and s.gpu_full_free[0] == 1
+    s.release("s")
+    assert_same(before, columns(s))
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (alloc("x", cpu=9000), "a: CPU over-commit \\(9000m > 8000m free\\)"),
+        (alloc("x", mem=40000), "memory over-commit"),
+        (alloc("x", gpus=(GpuGrant(2, 100, 0),)), "a GPU 2: no such GPU"),
+        (alloc("x", gpus=(GpuGrant(0, 100, 0), GpuGrant(0, 100, 0))), "granted twice in one allocation"),
+        (alloc("x", gpus=(GpuGrant(0, 1000, 100),)), "must carry all 16384 MiB"),
+        (alloc("x", gpus=(GpuGrant(0, 0, 0),)), "invalid grant"),
+        (alloc("x", node_name="b", idx=0), "names node 'b' at index 0: no such node"),
+    ],
+)
+def test_refused_allocations_change_nothing(bad: Allocation, message: str) -> None:
+    s = snap()
+    before = columns(s)
+    with pytest.raises(AllocationError, match=message):
+        s.allocate(bad)
+    assert_same(before, columns(s))
+    assert not s.allocations
+
+
+def test_no_share_granted_twice_and_no_whole_gpu_over_a_share() -> None:
+    s = snap()
+    s.allocate(alloc("s1", gpus=(GpuGrant(0, 600, 1024),), tag=-1))
+    with pytest.raises(AllocationError, match="already granted"):
+        s.allocate(alloc("s1", gpus=(GpuGrant(1, 100, 0),), tag=-1))
+    with pytest.raises(AllocationError, match="GPU over-commit \\(500 > 400 milli free\\)"):
+        s.allocate(alloc("s2", gpus=(GpuGrant(0, 500, 0),), tag=-1))
+    with pytest.raises(AllocationError, match="a whole GPU was granted but part of it is already held"):
+        s.allocate(alloc("w", gpus=(GpuGrant(0, 1000, 16384),), tag=1))
+    # A memory-only share keeps the GPU from being granted whole too.
+    s.allocate(alloc("m", gpus=(GpuGrant(1, 0, 4096),), tag=-1))
+    assert s.gpu_full_free[0] == 0
+    with pytest.raises(AllocationError, match="part of it is already held"):
+        s.allocate(alloc("w2", gpus=(GpuGrant(1, 1000, 16384),), tag=1))
+    with pytest.raises(AllocationError, match="allocation 'nope' is not granted"):
+        s.release("nope")
+
+
+def test_copy_is_independent() -> None:
+    s = snap()
+    c = s.copy()
+    c.allocate(alloc("x"))
+    assert s.cpu_free[0] == 8000 and c.cpu_free[0] == 7000
+
+
+def test_bad_clusters() -> None:
+    with pytest.raises(InvalidRequest, match="appears twice"):
+        cluster(node("a"), node("a"))
+    with pytest.raises(InvalidRequest, match="at least one node"):
+        ClusterSnapshot([])
+    with pytest.raises(InvalidRequest, match="one tie-break rank per node \\(1\\), got 2"):
+        cluster(node("a"), ranks=[0, 1])
+    s = snap()
+    with pytest.raises(InvalidRequest, match="node b has no GPU 0"):
+        s.set_gpu_utilization(1, 0, 0.5)
+    with pytest.raises(InvalidRequest, match="utilization: must be in 0..1"):
+        s.set_gpu_utilization(0, 0, 1.5)
