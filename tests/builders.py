@@ -6,6 +6,7 @@ from collections.abc import Iterable
 
 from corral.model.resources import GpuDevice, Node, Request
 from corral.model.snapshot import ClusterSnapshot
+from corral.placement import Decision, render
 
 
 class NodeBuilder:
@@ -74,3 +75,10 @@ def gpus(count: int, milli: int = 1000, cpu: int = 1000, mem: int = 1024, **kw: 
 
 def cpu_only(cpu: int = 1000, mem: int = 1024, **kw: object) -> Request:
     return Request(cpu_milli=cpu, memory_mib=mem, **kw)  # type: ignore[arg-type]
+
+
+def commit(s: ClusterSnapshot, decision: Decision) -> Decision:
+    """Grant a decision that must have placed; fails with its explanation otherwise."""
+    assert decision.allocation is not None, render(decision.explanation)
+    s.allocate(decision.allocation)
+    return decision

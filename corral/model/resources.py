@@ -40,7 +40,9 @@ class GpuBehavior(StrEnum):
             return cls(value.strip().lower())
         except ValueError:
             allowed = ", ".join(b.value for b in cls)
-            raise InvalidRequest(field_name, f"unknown GPU scheduling behaviour {value!r}; use one of {allowed}") from None
+            raise InvalidRequest(
+                field_name, f"unknown GPU scheduling behaviour {value!r}; use one of {allowed}"
+            ) from None
 
 
 class ConstraintOp(StrEnum):
@@ -149,7 +151,14 @@ class Request:
     id: str = ""
 
     def __post_init__(self) -> None:
-        for name in ("cpu_milli", "memory_mib", "gpu_count", "gpu_milli", "gpu_memory_mib", "min_gpu_memory_mib"):
+        for name in (
+            "cpu_milli",
+            "memory_mib",
+            "gpu_count",
+            "gpu_milli",
+            "gpu_memory_mib",
+            "min_gpu_memory_mib",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise InvalidRequest(name, f"must be a whole number, got {value!r}")
@@ -157,7 +166,8 @@ class Request:
                 raise InvalidRequest(name, f"must be >= 0, got {value}")
         if self.gpu_milli > MILLI_PER_GPU:
             raise InvalidRequest(
-                "gpu_milli", f"must be in 0..{MILLI_PER_GPU} per GPU (1000 = a whole GPU), got {self.gpu_milli}"
+                "gpu_milli",
+                f"must be in 0..{MILLI_PER_GPU} per GPU (1000 = a whole GPU), got {self.gpu_milli}",
             )
         if self.gpu_count == 0:
             if self.gpu_milli or self.gpu_memory_mib:
@@ -175,7 +185,8 @@ class Request:
                 )
             if self.gpu_milli == MILLI_PER_GPU and self.gpu_memory_mib:
                 raise InvalidRequest(
-                    "gpu_memory_mib", "a whole GPU takes all of its memory; give gpu_memory_mib only for shares"
+                    "gpu_memory_mib",
+                    "a whole GPU takes all of its memory; give gpu_memory_mib only for shares",
                 )
         if self.gpu_models is not None and (not self.gpu_models or not all(self.gpu_models)):
             raise InvalidRequest("gpu_models", "must name at least one non-empty GPU model (or be omitted)")

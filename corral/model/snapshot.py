@@ -156,7 +156,7 @@ class ClusterSnapshot:
             if min_memory_mib:
                 mask &= self.gpu_mem_cap >= min_memory_mib
             self.memo[key] = mask
-        return mask  # type: ignore[no-any-return]
+        return mask
 
     def constraint_mask(self, constraint: Constraint) -> BoolArray:
         key = ("constraint", constraint)
@@ -168,7 +168,7 @@ class ClusterSnapshot:
                 count=len(self.names),
             )
             self.memo[key] = mask
-        return mask  # type: ignore[no-any-return]
+        return mask
 
     def node_state(self, i: int) -> NodeState:
         gpus = tuple(
@@ -213,13 +213,17 @@ class ClusterSnapshot:
             raise AllocationError(f"allocation {alloc.request_id!r} is already granted")
         i = alloc.node_index
         if not (0 <= i < len(self.names)) or self.names[i] != alloc.node:
-            raise AllocationError(f"allocation {alloc.request_id!r} names node {alloc.node!r} at index {i}: no such node")
+            raise AllocationError(
+                f"allocation {alloc.request_id!r} names node {alloc.node!r} at index {i}: no such node"
+            )
         if alloc.cpu_milli < 0 or alloc.memory_mib < 0:
             raise AllocationError(f"allocation {alloc.request_id!r} has negative CPU or memory")
         if alloc.cpu_milli > self.cpu_free[i]:
             raise AllocationError(f"{alloc.node}: CPU over-commit ({alloc.cpu_milli}m > {self.cpu_free[i]}m free)")
         if alloc.memory_mib > self.mem_free[i]:
-            raise AllocationError(f"{alloc.node}: memory over-commit ({alloc.memory_mib} > {self.mem_free[i]} MiB free)")
+            raise AllocationError(
+                f"{alloc.node}: memory over-commit ({alloc.memory_mib} > {self.mem_free[i]} MiB free)"
+            )
         seen: set[int] = set()
         for grant in alloc.gpus:
             self._check_grant(alloc, grant, seen)
@@ -243,7 +247,11 @@ class ClusterSnapshot:
         if j in seen:
             raise AllocationError(f"{where}: granted twice in one allocation")
         seen.add(j)
-        if not 0 <= grant.milli <= MILLI_PER_GPU or grant.memory_mib < 0 or (grant.milli == 0 and grant.memory_mib == 0):
+        if (
+            not 0 <= grant.milli <= MILLI_PER_GPU
+            or grant.memory_mib < 0
+            or (grant.milli == 0 and grant.memory_mib == 0)
+        ):
             raise AllocationError(f"{where}: invalid grant ({grant.milli} milli, {grant.memory_mib} MiB)")
         free_milli = int(self.gpu_milli_free[i, j])
         free_mem = int(self.gpu_mem_free[i, j])

@@ -41,9 +41,7 @@ def parse_memory_mib(text: str | int | float, field: str = "memory") -> int:
         return math.ceil(text)
     m = _QTY.match(text)
     if not m or m.group(2).lower() not in _MEM_UNITS:
-        raise InvalidRequest(
-            field, f"not a memory amount: {text!r} (examples: 512MiB, 10GiB, 16Gi, 2TB)"
-        )
+        raise InvalidRequest(field, f"not a memory amount: {text!r} (examples: 512MiB, 10GiB, 16Gi, 2TB)")
     return math.ceil(float(m.group(1)) * _MEM_UNITS[m.group(2).lower()] - 1e-9)
 
 

@@ -149,7 +149,9 @@ def _allocation(snapshot: ClusterSnapshot, request: Request, node: int, gpus: li
         GpuGrant(
             index=j,
             milli=request.gpu_milli,
-            memory_mib=int(snapshot.gpu_mem_cap[node, j]) if request.gpu_milli == MILLI_PER_GPU else request.gpu_memory_mib,
+            memory_mib=int(snapshot.gpu_mem_cap[node, j])
+            if request.gpu_milli == MILLI_PER_GPU
+            else request.gpu_memory_mib,
         )
         for j in sorted(gpus)
     )

@@ -124,9 +124,7 @@ def render_long(e: Explanation) -> str:
     lines = [render(e)]
     if e.shortfalls:
         lines.append("short: " + "; ".join(s.render() for s in e.shortfalls))
-    if e.failing and len(e.failing) > len(e.rejected) or any(
-        dict(e.failing).get(r) != n for r, n in e.rejected
-    ):
+    if dict(e.failing) != dict(e.rejected):
         lines.append("failing dimensions: " + ", ".join(f"{n} {e.labels[r]}" for r, n in e.failing))
     if e.unresolvable_nodes:
         lines.append(f"{e.unresolvable_nodes} nodes can never fit this request")

@@ -198,7 +198,10 @@ def _fgd_share_scores(node: NodeState, request: Request, workload: TargetWorkloa
     out: list[tuple[int, float]] = []
     for g in fitting_gpus(node, request):
         after_gpus = [
-            (other.model, other.milli_free - request.gpu_milli if other.index == g.index else other.milli_free)
+            (
+                other.model,
+                other.milli_free - request.gpu_milli if other.index == g.index else other.milli_free,
+            )
             for other in node.gpus
         ]
         after = fragmentation(node.cpu_free - request.cpu_milli, after_gpus, workload)
@@ -206,7 +209,9 @@ def _fgd_share_scores(node: NodeState, request: Request, workload: TargetWorkloa
     return out
 
 
-def reference_fgd_share_gpu(snapshot: ClusterSnapshot, request: Request, node_index: int, workload: TargetWorkload) -> int:
+def reference_fgd_share_gpu(
+    snapshot: ClusterSnapshot, request: Request, node_index: int, workload: TargetWorkload
+) -> int:
     """The GPU fgd grants a one-GPU share on the node: the best-scoring fitting GPU, lowest index on ties."""
     scored = _fgd_share_scores(snapshot.node_state(node_index), request, workload)
     best = max(s for _, s in scored)
@@ -218,9 +223,7 @@ def _fgd(node: NodeState, request: Request, workload: TargetWorkload) -> float:
         return max(s for _, s in _fgd_share_scores(node, request, workload))
     before = fragmentation(node.cpu_free, _gpu_pairs(node), workload)
     taken = {g.index for g in gpus_taken(node, request)} if request.wants_gpu else set()
-    after_gpus = [
-        (g.model, g.milli_free - request.gpu_milli if g.index in taken else g.milli_free) for g in node.gpus
-    ]
+    after_gpus = [(g.model, g.milli_free - request.gpu_milli if g.index in taken else g.milli_free) for g in node.gpus]
     after = fragmentation(node.cpu_free - request.cpu_milli, after_gpus, workload)
     return fgd_points(before - after)
 
@@ -246,9 +249,9 @@ def _weighted_used_after(node: NodeState, request: Request) -> float:
 
 def _bestfit(node: NodeState, request: Request) -> float:
     free_gpu = sum(g.milli_free for g in node.gpus)
-    raw = 0.5 * (node.cpu_free - request.cpu_milli) / _CPU_NORM + 0.5 * (
-        free_gpu - request.gpu_demand_milli
-    ) / _GPU_NORM
+    raw = (
+        0.5 * (node.cpu_free - request.cpu_milli) / _CPU_NORM + 0.5 * (free_gpu - request.gpu_demand_milli) / _GPU_NORM
+    )
     return float(math.floor(100.0 * (1.0 - raw)))
 
 

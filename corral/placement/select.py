@@ -106,7 +106,8 @@ def ordered_gpus(ctx: Context, node: int, key: npt.NDArray[np.int64]) -> list[in
 
 def _fullness_key(snapshot: ClusterSnapshot, node: int) -> IntArray:
     # Free milli first, free memory second (memory-only shares are packed by memory).
-    return snapshot.gpu_milli_free[node] * (1 << 32) + snapshot.gpu_mem_free[node]
+    key: IntArray = snapshot.gpu_milli_free[node] * (1 << 32) + snapshot.gpu_mem_free[node]
+    return key
 
 
 def best_fit_gpus(ctx: Context, node: int) -> list[int]:

@@ -19,7 +19,7 @@ it was reached (the FGD score relies on F(n) - F(n') being exactly 0 when nothin
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -112,7 +112,7 @@ class TargetWorkload:
 
 def _neg_str(s: str) -> tuple[int, ...]:
     # Sort key that orders strings descending inside an ascending sort.
-    return tuple(-ord(ch) for ch in s) + (1,)
+    return (*(-ord(ch) for ch in s), 1)
 
 
 #: Used by `fgd` when no target workload is configured: half whole GPUs, half common shares, a little CPU each.
@@ -150,7 +150,7 @@ def compile_workload(snapshot: ClusterSnapshot, workload: TargetWorkload) -> _Co
             access=access,
         )
         snapshot.memo[key] = compiled
-    return compiled  # type: ignore[no-any-return]
+    return compiled
 
 
 def node_fragmentation(

@@ -58,7 +58,12 @@ def load_nodes(path: Path) -> list[Node]:
             raise TraceError(path, line, "model", "a node with GPUs needs a GPU model")
         gpus = tuple(GpuDevice(index=j, model=model) for j in range(count))
         nodes.append(
-            Node(row["sn"].strip(), _int(path, line, row, "cpu_milli"), _int(path, line, row, "memory_mib"), gpus)
+            Node(
+                row["sn"].strip(),
+                _int(path, line, row, "cpu_milli"),
+                _int(path, line, row, "memory_mib"),
+                gpus,
+            )
         )
     return nodes
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from corral.model.errors import InvalidRequest
@@ -57,10 +59,7 @@ def test_valid_shapes_and_their_words() -> None:
     assert Request(cpu_milli=1000, gpu_count=2, gpu_milli=1000).describe_gpus() == "2 whole GPUs"
     assert Request(gpu_count=2, gpu_milli=300).describe_gpus() == "2 GPUs at 30 %"
     assert Request(gpu_count=1, gpu_memory_mib=10240).describe_gpus() == "1 GPU with 10240 MiB"
-    assert (
-        Request(gpu_count=1, gpu_milli=250, gpu_memory_mib=4096).describe_gpus()
-        == "1 GPU at 25 % and with 4096 MiB"
-    )
+    assert Request(gpu_count=1, gpu_milli=250, gpu_memory_mib=4096).describe_gpus() == "1 GPU at 25 % and with 4096 MiB"
     assert Request(cpu_milli=1).describe_gpus() == "no GPU"
     assert Request(gpu_count=2, gpu_milli=1000).gpu_demand_milli == 2000
 
@@ -109,9 +108,9 @@ def test_constraints() -> None:
 
 
 def test_bad_nodes() -> None:
-    with pytest.raises(InvalidRequest, match="node.cpu_milli: must be >= 0, got -1 \\(node n1\\)"):
+    with pytest.raises(InvalidRequest, match=re.escape("node.cpu_milli: must be >= 0, got -1 (node n1)")):
         Node("n1", -1, 0)
-    with pytest.raises(InvalidRequest, match="GPU indices must be 0..1 in order"):
+    with pytest.raises(InvalidRequest, match=re.escape("GPU indices must be 0..1 in order")):
         Node("n1", 1, 1, (GpuDevice(0, "T4"), GpuDevice(2, "T4")))
-    with pytest.raises(InvalidRequest, match="gpu.memory_mib: must be >= 0"):
+    with pytest.raises(InvalidRequest, match=re.escape("gpu.memory_mib: must be >= 0")):
         GpuDevice(0, "T4", memory_mib=-1)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
+import numpy.typing as npt
 import pytest
 
 from corral.model.errors import AllocationError, InvalidRequest
@@ -21,11 +24,11 @@ COLUMNS = (
 )
 
 
-def columns(s: ClusterSnapshot) -> dict[str, np.ndarray]:  # type: ignore[type-arg]
+def columns(s: ClusterSnapshot) -> dict[str, npt.NDArray[np.int64]]:
     return {c: getattr(s, c).copy() for c in COLUMNS}
 
 
-def assert_same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:  # type: ignore[type-arg]
+def assert_same(a: dict[str, npt.NDArray[np.int64]], b: dict[str, npt.NDArray[np.int64]]) -> None:
     for c in COLUMNS:
         assert np.array_equal(a[c], b[c]), f"column {c} differs: {a[c]} != {b[c]}"
 
@@ -130,5 +133,5 @@ def test_bad_clusters() -> None:
     s = snap()
     with pytest.raises(InvalidRequest, match="node b has no GPU 0"):
         s.set_gpu_utilization(1, 0, 0.5)
-    with pytest.raises(InvalidRequest, match="utilization: must be in 0..1"):
+    with pytest.raises(InvalidRequest, match=re.escape("utilization: must be in 0..1")):
         s.set_gpu_utilization(0, 0, 1.5)

@@ -29,9 +29,7 @@ def test_cpu(text: str | float, milli: int) -> None:
     assert parse_cpu_milli(text) == milli
 
 
-@pytest.mark.parametrize(
-    ("text", "seconds"), [("90", 90), ("45m", 2700), ("2h", 7200), ("1h30m", 5400), ("1d", 86400)]
-)
+@pytest.mark.parametrize(("text", "seconds"), [("90", 90), ("45m", 2700), ("2h", 7200), ("1h30m", 5400), ("1d", 86400)])
 def test_duration(text: str, seconds: float) -> None:
     assert parse_duration_seconds(text) == seconds
 

@@ -17,9 +17,7 @@ R, U, P, UNDEF = (
 )
 
 
-def run(
-    s: ClusterSnapshot, req: Request, behavior: GpuBehavior, policy: str = "binpack", **kw: object
-) -> Decision:
+def run(s: ClusterSnapshot, req: Request, behavior: GpuBehavior, policy: str = "binpack", **kw: object) -> Decision:
     return place(s, req, PlacementConfig(policy=policy, gpu_behavior=behavior, **kw))  # type: ignore[arg-type]
 
 

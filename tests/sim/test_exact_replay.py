@@ -48,7 +48,11 @@ def test_exact_replay_matches_the_published_values(workload: str, policy: str, s
     target = TargetWorkload.from_requests(p.request for p in sorted(pods, key=lambda p: p.name))
     arrivals = arrivals_from_order({p.name: p.request for p in pods}, order.pods, base_name)
     events, snapshot = replay(
-        nodes, arrivals, study_config(policy, target), ranks=[order.node_rank[n.name] for n in nodes], seed=seed
+        nodes,
+        arrivals,
+        study_config(policy, target),
+        ranks=[order.node_rank[n.name] for n in nodes],
+        seed=seed,
     )
     assert (events.column(100), events.column(130)) == published(workload, policy, seed)
     assert snapshot.total_gpus == 6212

@@ -36,8 +36,11 @@ class FitResult:
 
 def gpu_fit_matrix(snapshot: ClusterSnapshot, request: Request, static: BoolArray) -> BoolArray:
     """GPUs that can take one of the request's GPUs now (whole: nothing of it held; share: enough left)."""
+    fit: BoolArray
     if request.whole_gpus:
-        return static & (snapshot.gpu_milli_free == MILLI_PER_GPU) & (snapshot.gpu_mem_free == snapshot.gpu_mem_cap)
+        whole = (snapshot.gpu_milli_free == MILLI_PER_GPU) & (snapshot.gpu_mem_free == snapshot.gpu_mem_cap)
+        fit = static & whole
+        return fit
     fit = static & (snapshot.gpu_milli_free >= request.gpu_milli)
     if request.gpu_memory_mib:
         fit &= snapshot.gpu_mem_free >= request.gpu_memory_mib

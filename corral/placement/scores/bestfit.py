@@ -24,9 +24,10 @@ class BestFit:
 
     def score(self, ctx: Context, nodes: IntArray) -> FloatArray:
         s, r = ctx.snapshot, ctx.request
-        raw = 0.5 * (s.cpu_free[nodes] - r.cpu_milli) / STUDY_CPU_NORM + 0.5 * (
-            s.gpu_free_total[nodes] - r.gpu_demand_milli
-        ) / STUDY_GPU_NORM
+        raw = (
+            0.5 * (s.cpu_free[nodes] - r.cpu_milli) / STUDY_CPU_NORM
+            + 0.5 * (s.gpu_free_total[nodes] - r.gpu_demand_milli) / STUDY_GPU_NORM
+        )
         return np.floor(100.0 * (1.0 - raw))
 
     def choose_gpus(self, ctx: Context, node: int) -> list[int]:

@@ -1,6 +1,6 @@
 """dotprod (FGD study, section 3.3): the smallest dot product of free and demand vectors wins.
 
-    x = (c/128000, U/8000), y = (c_p/128000, D_p/8000);   score = floor(100 (1 - x.y / 2));  0 if c < c_p
+x = (c/128000, U/8000), y = (c_p/128000, D_p/8000);   score = floor(100 (1 - x.y / 2));  0 if c < c_p
 """
 
 from __future__ import annotations

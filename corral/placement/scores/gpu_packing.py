@@ -1,10 +1,10 @@
 """gpu-packing (FGD study, section 3.5): fill used GPUs first, then free GPUs of used nodes, then empty nodes.
 
-    no GPU request                          0
-    node with every GPU free                33 - G        (smaller nodes first)
-    else take the request's k GPUs in ascending free milli among those that fit:
-      some chosen GPU fully free            max(50 - #fully free chosen, 33)
-      only partly used GPUs chosen          max(100 - floor(sum floor(u_g/10) / 10), 50)
+no GPU request                          0
+node with every GPU free                33 - G        (smaller nodes first)
+else take the request's k GPUs in ascending free milli among those that fit:
+  some chosen GPU fully free            max(50 - #fully free chosen, 33)
+  only partly used GPUs chosen          max(100 - floor(sum floor(u_g/10) / 10), 50)
 """
 
 from __future__ import annotations

@@ -29,7 +29,8 @@ def least_busy_mean(snapshot: ClusterSnapshot, fit: BoolArray, nodes: IntArray, 
     """Mean utilisation of the k least busy fitting GPUs of each node."""
     util = np.where(fit[nodes], busiest_first_util(snapshot, nodes), np.inf)
     lowest = np.sort(util, axis=1)[:, :k]
-    return np.where(np.isfinite(lowest), lowest, 0.0).mean(axis=1)
+    mean: FloatArray = np.where(np.isfinite(lowest), lowest, 0.0).mean(axis=1)
+    return mean
 
 
 def load_term(ctx: Context, nodes: IntArray) -> FloatArray:

@@ -1,0 +1,1 @@
+"""GPU discovery: NVML on real machines, a clearly labelled simulated inventory elsewhere."""
