@@ -165,10 +165,8 @@ def fragmentation(cpu_free: int, gpus: Sequence[tuple[str, int]], workload: Targ
                 if accessible and free >= t.gpu_milli:
                     usable_count += 1
                     usable_milli += free
-            if usable_count >= t.gpu_count and cpu_free >= t.cpu_milli:
-                f = total - usable_milli
-            else:
-                f = total
+            fits = usable_count >= t.gpu_count and cpu_free >= t.cpu_milli
+            f = total - usable_milli if fits else total
         acc += t.probability * f
     return acc
 

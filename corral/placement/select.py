@@ -42,12 +42,16 @@ def top_order(
     candidates: IntArray, scores: FloatArray, rank: IntArray, preferred: BoolArray | None, limit: int
 ) -> IntArray:
     """Indices into `candidates` of the best `limit` nodes in selection order."""
+    key = scores
+    if preferred is not None:
+        # Lift the preferred class above every other score so one partition finds the top of both keys.
+        finite = scores[np.isfinite(scores)]
+        lift = (float(finite.max() - finite.min()) + 1.0) if len(finite) else 1.0
+        key = scores + np.where(preferred[candidates], lift, 0.0)
     if len(candidates) > 4 * limit:
-        # Only nodes scoring at least the limit-th best score can be in the top list.
-        threshold = np.partition(scores, len(scores) - limit)[len(scores) - limit]
-        subset = np.flatnonzero(scores >= threshold)
-        if preferred is not None:
-            subset = np.union1d(subset, np.flatnonzero(preferred[candidates]))
+        # Only nodes scoring at least the limit-th best key can be in the top list.
+        threshold = np.partition(key, len(key) - limit)[len(key) - limit]
+        subset = np.flatnonzero(key >= threshold)
     else:
         subset = np.arange(len(candidates))
     keys: list[npt.NDArray[np.generic]] = [rank[candidates[subset]], -scores[subset]]

@@ -73,20 +73,28 @@ class TargetWorkload:
 
     @classmethod
     def from_requests(cls, requests: Iterable[Request], coverage: float = 0.95) -> TargetWorkload:
-        """The FGD study's "typical pods": the most frequent (cpu, gpu milli, count, models) shapes.
+        """The FGD study's "typical pods" of these requests (see `from_shapes`); models are keyed sorted."""
+        return cls.from_shapes(
+            (
+                (r.cpu_milli, r.gpu_milli, r.gpu_count, "|".join(sorted(r.gpu_models)) if r.gpu_models else "")
+                for r in requests
+            ),
+            coverage,
+        )
+
+    @classmethod
+    def from_shapes(cls, shapes: Iterable[tuple[int, int, int, str]], coverage: float = 0.95) -> TargetWorkload:
+        """The FGD study's "typical pods": the most frequent (cpu, gpu milli, count, model spec) shapes.
 
         Shapes are counted (memory is not part of the key), sorted by count descending (ties: larger CPU, GPU milli,
-        count, then model string first), and the shortest prefix covering `coverage` of the requests is kept, its
-        counts renormalised to probabilities.
+        count, then spec string first), and the shortest prefix covering `coverage` of the requests is kept, its
+        counts renormalised to probabilities. The spec is a `|`-separated model list and is keyed as written, so a
+        trace's "V100M16|V100M32|V100M32" stays a type of its own, as in the study.
         """
         if not 0 < coverage <= 1:
             raise InvalidRequest("coverage", f"must be in (0, 1], got {coverage}")
-        counts: Counter[tuple[int, int, int, str]] = Counter()
-        total = 0
-        for r in requests:
-            spec = "|".join(sorted(r.gpu_models)) if r.gpu_models else ""
-            counts[(r.cpu_milli, r.gpu_milli, r.gpu_count, spec)] += 1
-            total += 1
+        counts: Counter[tuple[int, int, int, str]] = Counter(shapes)
+        total = sum(counts.values())
         if total == 0:
             raise InvalidRequest("workload", "cannot build a target workload from no requests")
         keys = sorted(counts, key=lambda k: (-counts[k], -k[0], -k[1], -k[2], _neg_str(k[3])))
@@ -128,29 +136,78 @@ DEFAULT_WORKLOAD = TargetWorkload(
 
 @dataclass(frozen=True)
 class _Compiled:
-    cpu: IntArray
+    cpu: IntArray  # per type, shaped for broadcasting against (types, nodes[, GPUs])
     milli: IntArray
     count: IntArray
     prob: FloatArray
-    access: list[BoolArray | None]  # per type: accessible GPUs (nodes x GPUs), None = every present GPU
+    cpu_only: BoolArray
+    access: BoolArray  # types x nodes x GPUs: GPUs of an allowed model (every present GPU for types without models)
 
 
 def compile_workload(snapshot: ClusterSnapshot, workload: TargetWorkload) -> _Compiled:
     key = ("workload", workload.key)
     compiled = snapshot.memo.get(key)
     if compiled is None:
-        access: list[BoolArray | None] = []
-        for t in workload.types:
-            access.append(None if t.models is None else snapshot.gpu_static_mask(t.models, 0))
+        access = np.stack(
+            [
+                snapshot.gpu_present if t.models is None else snapshot.gpu_static_mask(t.models, 0)
+                for t in workload.types
+            ]
+        )
         compiled = _Compiled(
             cpu=np.array([t.cpu_milli for t in workload.types], dtype=np.int64),
             milli=np.array([t.gpu_milli for t in workload.types], dtype=np.int64),
             count=np.array([t.gpu_count for t in workload.types], dtype=np.int64),
             prob=np.array([t.probability for t in workload.types], dtype=np.float64),
+            cpu_only=np.array([t.gpu_count == 0 for t in workload.types], dtype=np.bool_),
             access=access,
         )
         snapshot.memo[key] = compiled
     return compiled
+
+
+#: Nodes per block when fragmentation is computed for many nodes at once (bounds memory at types x block x GPUs).
+_BLOCK = 2048
+
+
+def _sequential_sum(x: FloatArray) -> FloatArray:
+    """Sum over the first axis strictly in order (numpy's sum may pair terms up, which rounds differently)."""
+    out: FloatArray = np.add.accumulate(x, axis=0)[-1]
+    return out
+
+
+def _fragmentation(
+    w: _Compiled,
+    access: BoolArray,
+    gpu_ok: BoolArray,
+    cpu_ok: BoolArray,
+    total: IntArray,
+    unusable: IntArray,
+) -> FloatArray:
+    """F from per-type categories, summed as the study does (fgd-experiment.md section 7, C2).
+
+    Each target type adds p_m x milli to one category bucket (a satisfied GPU type adds the milli it cannot use to
+    q2_lack_gpu); buckets are summed over types in order, then F = q1 + q2 + q4 + xl + xr + no_access. Summing by
+    category rather than by type only changes rounding residues, but those decide FGD's 49-or-50 ties. All arrays
+    are (types, ...) and broadcast together.
+    """
+    shape = (len(w.prob), *np.broadcast_shapes(access.shape[1:], gpu_ok.shape[1:], total.shape[1:]))
+    extra = (1,) * (len(shape) - 1)
+    p = w.prob.reshape(-1, *extra)
+    cpu_only = w.cpu_only.reshape(-1, *extra)
+    pt = np.broadcast_to(p * total, shape)
+    gpu_type = ~cpu_only & access
+    fits = gpu_type & gpu_ok
+    lacks = gpu_type & ~gpu_ok
+    zero = 0.0
+    q1 = _sequential_sum(np.where(lacks & ~cpu_ok, pt, zero))
+    q2 = _sequential_sum(np.where(fits & cpu_ok, p * unusable, np.where(lacks & cpu_ok, pt, zero)))
+    q4 = _sequential_sum(np.where(fits & ~cpu_ok, pt, zero))
+    xl = _sequential_sum(np.where(cpu_only & cpu_ok, pt, zero))
+    xr = _sequential_sum(np.where(cpu_only & ~cpu_ok, pt, zero))
+    na = _sequential_sum(np.where(~cpu_only & ~access, pt, zero))
+    out: FloatArray = q1 + q2 + q4 + xl + xr + na
+    return out
 
 
 def node_fragmentation(
@@ -162,22 +219,25 @@ def node_fragmentation(
 ) -> FloatArray:
     """F(n) for the given node indices, on their current state or on hypothetical free CPU / GPU milli."""
     w = compile_workload(snapshot, workload)
-    c = snapshot.cpu_free[nodes] if cpu_free is None else cpu_free
-    u = snapshot.gpu_milli_free[nodes] if milli_free is None else milli_free
-    present = snapshot.gpu_present[nodes]
-    up = np.where(present, np.maximum(u, 0), 0)
-    total = up.sum(axis=1)
-    acc = np.zeros(len(nodes), dtype=np.float64)
-    for m in range(len(w.prob)):
-        if w.count[m] == 0:
-            f = total
-        else:
-            a = present if w.access[m] is None else w.access[m][nodes]  # type: ignore[index]
-            fit = a & (u >= w.milli[m])
-            usable = (fit.sum(axis=1) >= w.count[m]) & (c >= w.cpu[m])
-            f = np.where(usable, total - (up * fit).sum(axis=1), total)
-        acc += w.prob[m] * f
-    return acc
+    c_all = snapshot.cpu_free[nodes] if cpu_free is None else cpu_free
+    u_all = snapshot.gpu_milli_free[nodes] if milli_free is None else milli_free
+    out = np.empty(len(nodes), dtype=np.float64)
+    for lo in range(0, len(nodes), _BLOCK):
+        idx, c, u = nodes[lo : lo + _BLOCK], c_all[lo : lo + _BLOCK], u_all[lo : lo + _BLOCK]
+        up = np.where(snapshot.gpu_present[idx], np.maximum(u, 0), 0)
+        total = up.sum(axis=1)
+        a = w.access[:, idx]  # types x nodes x GPUs
+        fit = a & (u[None] >= w.milli[:, None, None])
+        any_access: BoolArray = a.any(axis=2)
+        out[lo : lo + _BLOCK] = _fragmentation(
+            w,
+            any_access,
+            fit.sum(axis=2) >= w.count[:, None],
+            c[None] >= w.cpu[:, None],
+            total[None],
+            total[None] - (up[None] * fit).sum(axis=2),
+        )
+    return out
 
 
 def cluster_fragmentation(snapshot: ClusterSnapshot, workload: TargetWorkload) -> float:
@@ -198,26 +258,27 @@ def share_fragmentation_after(
     integers, so an unchanged type contributes exactly what it contributed to F(n).
     """
     w = compile_workload(snapshot, workload)
-    c2 = (snapshot.cpu_free[nodes] - cpu_req)[:, None]
-    u = snapshot.gpu_milli_free[nodes]
-    present = snapshot.gpu_present[nodes]
-    up = np.where(present, np.maximum(u, 0), 0)
-    total2 = (up.sum(axis=1) - milli_req)[:, None]
-    u_after = u - milli_req
-    acc = np.zeros(u.shape, dtype=np.float64)
-    for m in range(len(w.prob)):
-        if w.count[m] == 0:
-            f = np.broadcast_to(total2, u.shape)
-        else:
-            a = present if w.access[m] is None else w.access[m][nodes]  # type: ignore[index]
-            fit = a & (u >= w.milli[m])
-            cnt = fit.sum(axis=1)[:, None]
-            s = (up * fit).sum(axis=1)[:, None]
-            before = fit
-            after = a & (u_after >= w.milli[m])
-            cnt2 = cnt - before + after
-            s2 = s - np.where(before, u, 0) + np.where(after, u_after, 0)
-            usable = (cnt2 >= w.count[m]) & (c2 >= w.cpu[m])
-            f = np.where(usable, total2 - s2, total2)
-        acc += w.prob[m] * f
-    return acc
+    out = np.empty((len(nodes), snapshot.max_gpus), dtype=np.float64)
+    mm = w.milli[:, None, None]
+    for lo in range(0, len(nodes), _BLOCK // 4):
+        idx = nodes[lo : lo + _BLOCK // 4]
+        u = snapshot.gpu_milli_free[idx]
+        up = np.where(snapshot.gpu_present[idx], np.maximum(u, 0), 0)
+        total2 = (up.sum(axis=1) - milli_req)[None, :, None]  # 1 x nodes x 1
+        u_after = u - milli_req
+        a = w.access[:, idx]  # types x nodes x GPUs (axis 2 = the GPU the share would go to)
+        before = a & (u[None] >= mm)
+        after = a & (u_after[None] >= mm)
+        cnt2 = before.sum(axis=2, keepdims=True) - before + after
+        s2 = (up[None] * before).sum(axis=2, keepdims=True) - np.where(before, u, 0) + np.where(after, u_after, 0)
+        c2 = (snapshot.cpu_free[idx] - cpu_req)[None, :, None]
+        any_access: BoolArray = a.any(axis=2, keepdims=True)
+        out[lo : lo + len(idx)] = _fragmentation(
+            w,
+            any_access,
+            cnt2 >= w.count[:, None, None],
+            c2 >= w.cpu[:, None, None],
+            total2,
+            total2 - s2,
+        )
+    return out

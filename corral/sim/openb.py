@@ -12,6 +12,7 @@ from pathlib import Path
 
 from corral.model.errors import InvalidRequest
 from corral.model.resources import MILLI_PER_GPU, GpuDevice, Node, Request
+from corral.placement.workload import TargetWorkload
 
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
@@ -72,6 +73,7 @@ def load_nodes(path: Path) -> list[Node]:
 class TracePod:
     name: str
     request: Request
+    gpu_spec: str = ""  # as written in the trace (the study keys its target workload by this string)
 
 
 def load_pods(path: Path) -> list[TracePod]:
@@ -93,7 +95,7 @@ def load_pods(path: Path) -> list[TracePod]:
             )
         except InvalidRequest as exc:
             raise TraceError(path, line, exc.field, exc.message) from None
-        pods.append(TracePod(name, req))
+        pods.append(TracePod(name, req, spec if count else ""))
     return pods
 
 
@@ -118,6 +120,13 @@ def load_order(path: Path) -> Order:
             elif kind:
                 raise TraceError(path, line_no, "kind", f"expected NODE or POD, got {kind!r}")
     return Order(ranks, pods)
+
+
+def target_workload(pods: list[TracePod]) -> TargetWorkload:
+    """The study's target workload: typical pods of the untuned list, keyed by the trace's own spec strings."""
+    return TargetWorkload.from_shapes(
+        (p.request.cpu_milli, p.request.gpu_milli, p.request.gpu_count, p.gpu_spec) for p in pods
+    )
 
 
 def base_name(pod: str) -> str:

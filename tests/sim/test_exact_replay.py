@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.placement import TargetWorkload
-from corral.sim.openb import base_name, load_nodes, load_order, load_pods
+from corral.sim.openb import base_name, load_nodes, load_order, load_pods, target_workload
 from corral.sim.replay import arrivals_from_order, replay, study_config
 
 TRACES = Path(os.environ.get("CORRAL_TRACES", Path(__file__).resolve().parents[3] / "shared" / "traces" / "openb"))
@@ -39,13 +38,14 @@ def published(workload: str, policy: str, seed: int) -> tuple[float, float]:
         ("gpuspec20", "bestfit", 43),
         ("multigpu30", "gpu-packing", 44),
         ("gpushare60", "dotprod", 42),
+        ("gpuspec20", "fgd", 44),
     ],
 )
 def test_exact_replay_matches_the_published_values(workload: str, policy: str, seed: int) -> None:
     nodes = load_nodes(TRACES / "openb_node_list_gpu_node.csv")
     pods = load_pods(TRACES / f"openb_pod_list_{workload}.csv")
     order = load_order(TRACES / "orders" / f"openb_pod_list_{workload}.seed{seed}.order.gz")
-    target = TargetWorkload.from_requests(p.request for p in sorted(pods, key=lambda p: p.name))
+    target = target_workload(pods)
     arrivals = arrivals_from_order({p.name: p.request for p in pods}, order.pods, base_name)
     events, snapshot = replay(
         nodes,

@@ -21,10 +21,13 @@ STUDY_GPU_NORM = 8000.0
 
 
 def shape_key(request: Request) -> tuple[Any, ...]:
-    """Everything about a request that a node-local score may depend on."""
+    """Everything about a request that a cached node-local score may depend on.
+
+    Host memory is left out on purpose: no cached score reads it (it only decides feasibility), and keeping it out
+    lets requests that differ only in memory share one cache.
+    """
     return (
         request.cpu_milli,
-        request.memory_mib,
         request.gpu_count,
         request.gpu_milli,
         request.gpu_memory_mib,
