@@ -228,7 +228,7 @@ def node_fragmentation(
         total = up.sum(axis=1)
         a = w.access[:, idx]  # types x nodes x GPUs
         fit = a & (u[None] >= w.milli[:, None, None])
-        any_access: BoolArray = a.any(axis=2)
+        any_access: BoolArray = np.asarray(a.any(axis=2))
         out[lo : lo + _BLOCK] = _fragmentation(
             w,
             any_access,
@@ -272,7 +272,7 @@ def share_fragmentation_after(
         cnt2 = before.sum(axis=2, keepdims=True) - before + after
         s2 = (up[None] * before).sum(axis=2, keepdims=True) - np.where(before, u, 0) + np.where(after, u_after, 0)
         c2 = (snapshot.cpu_free[idx] - cpu_req)[None, :, None]
-        any_access: BoolArray = a.any(axis=2, keepdims=True)
+        any_access: BoolArray = np.asarray(a.any(axis=2, keepdims=True))
         out[lo : lo + len(idx)] = _fragmentation(
             w,
             any_access,
