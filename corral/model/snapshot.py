@@ -18,6 +18,7 @@ allocate took.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +60,30 @@ class NodeState:
     gpus: tuple[GpuState, ...]
     labels: Mapping[str, str]
     tags: Mapping[int, int]  # GpuClustering tag -> pods holding it
+
+
+class Memo(OrderedDict[Any, Any]):
+    """A small LRU map for what is derived from the snapshot: static masks and per-request-shape score caches.
+
+    Bounded so that a long-running daemon seeing many request shapes does not grow without limit; an evicted entry
+    is simply recomputed.
+    """
+
+    def __init__(self, capacity: int = 256) -> None:
+        super().__init__()
+        self.capacity = capacity
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        if key in self:
+            self.move_to_end(key)
+            return self[key]
+        return default
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        super().__setitem__(key, value)
+        self.move_to_end(key)
+        while len(self) > self.capacity:
+            self.popitem(last=False)
 
 
 class ClusterSnapshot:
@@ -124,7 +149,7 @@ class ClusterSnapshot:
         self.allocations: dict[str, Allocation] = {}
         #: Memo of things derived from the static columns or cached per request shape. Pure memoisation:
         #: every entry is either static or validated against `version` before use.
-        self.memo: dict[Any, Any] = {}
+        self.memo = Memo()
 
     # ------------------------------------------------------------------ queries
     def __len__(self) -> int:
@@ -147,7 +172,7 @@ class ClusterSnapshot:
     def gpu_static_mask(self, models: frozenset[str] | None, min_memory_mib: int) -> BoolArray:
         """GPUs that could ever serve a request: of an allowed model and with enough memory in total."""
         key = ("static", models, min_memory_mib)
-        mask = self.memo.get(key)
+        mask: BoolArray | None = self.memo.get(key)
         if mask is None:
             mask = self.gpu_present.copy()
             if models is not None:
@@ -160,7 +185,7 @@ class ClusterSnapshot:
 
     def constraint_mask(self, constraint: Constraint) -> BoolArray:
         key = ("constraint", constraint)
-        mask = self.memo.get(key)
+        mask: BoolArray | None = self.memo.get(key)
         if mask is None:
             mask = np.fromiter(
                 (constraint.matches(lb, nm) for lb, nm in zip(self.labels, self.names, strict=True)),
@@ -305,7 +330,7 @@ class ClusterSnapshot:
             elif key == "allocations":
                 setattr(other, key, dict(value))
             elif key == "memo":
-                setattr(other, key, {})
+                setattr(other, key, Memo())
             else:
                 setattr(other, key, value)
         return other

@@ -61,8 +61,11 @@ def reasons_of(bits: int) -> list[Reason]:
 
 def primary_reasons(bits: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     """Per node the value of its lowest set bit (the primary reason), -1 where the node fits."""
-    out = np.full(bits.shape, -1, dtype=np.int64)
-    nz = bits != 0
-    low = bits[nz] & -bits[nz]
-    out[nz] = np.log2(low).astype(np.int64)
+    out: npt.NDArray[np.int64] = _LOWEST_BIT[bits & -bits]
     return out
+
+
+# Lowest set bit (a power of two, or 0) -> its position, -1 for 0.
+_LOWEST_BIT = np.full(1 << len(ORDER), -1, dtype=np.int64)
+for _r in ORDER:
+    _LOWEST_BIT[_r.bit] = _r.value

@@ -145,30 +145,48 @@ def reference_preferred(snapshot: ClusterSnapshot, node_index: int) -> bool:
 def fragmentation(cpu_free: int, gpus: Sequence[tuple[str, int]], workload: TargetWorkload) -> float:
     """F(n) of a node with `cpu_free` free CPU and GPUs given as (model, free milli), per the FGD study §4.3.
 
-    For each target type m (probability p_m) the fragment f counts the idle GPU milli the type could not use:
-    all of it (U) for CPU-only types, for types that find too few GPUs (of an allowed model, with free milli
-    >= m_m) or too little CPU; for a type that fits, the idle milli outside the GPUs it could use.
-    F(n) = sum_m p_m f(n, m), summed in the types' order.
+    Each target type m (probability p_m) falls in one category, and the idle GPU milli U it cannot use is fragment:
+
+        CPU-only type (no GPU)              xl_satisfied if c >= c_m else xr_lack_cpu     f = U
+        no GPU of an allowed model          no_access                                     f = U
+        enough GPUs fit (allowed model, free milli >= m_m, at least k_m of them):
+            and c >= c_m                    q3_satisfied; the milli outside those GPUs is booked as q2_lack_gpu
+            else                            q4_lack_cpu                                   f = U
+        too few GPUs fit, c >= c_m          q2_lack_gpu                                   f = U
+        neither                             q1_lack_both                                  f = U
+
+    F(n) = sum_m p_m f(n, m). As in the study's code (fgd-experiment.md §7, C2) p_m x f is added to its category's
+    bucket walking the types in order, and F = q1 + q2 + q4 + xl + xr + no_access; the order only changes rounding
+    residues, but those decide FGD's 49-or-50 ties.
     """
     total = 0
     for _model, free in gpus:
         total += free
-    acc = 0.0
+    q1 = q2 = q4 = xl = xr = no_access = 0.0
     for t in workload.types:
+        p = t.probability
+        cpu_ok = cpu_free >= t.cpu_milli
         if t.gpu_count == 0:
-            f = total
+            if cpu_ok:
+                xl += p * total
+            else:
+                xr += p * total
+            continue
+        accessible = [free for model, free in gpus if t.models is None or model in t.models]
+        if not accessible:
+            no_access += p * total
+            continue
+        usable = [free for free in accessible if free >= t.gpu_milli]
+        gpu_ok = len(usable) >= t.gpu_count
+        if gpu_ok and cpu_ok:
+            q2 += p * (total - sum(usable))  # the rest, sum(usable), is q3: not fragment
+        elif gpu_ok:
+            q4 += p * total
+        elif cpu_ok:
+            q2 += p * total
         else:
-            usable_count = 0
-            usable_milli = 0
-            for model, free in gpus:
-                accessible = t.models is None or model in t.models
-                if accessible and free >= t.gpu_milli:
-                    usable_count += 1
-                    usable_milli += free
-            fits = usable_count >= t.gpu_count and cpu_free >= t.cpu_milli
-            f = total - usable_milli if fits else total
-        acc += t.probability * f
-    return acc
+            q1 += p * total
+    return q1 + q2 + q4 + xl + xr + no_access
 
 
 def _gpu_pairs(node: NodeState) -> list[tuple[str, int]]:
@@ -270,6 +288,8 @@ def _gpu_packing(node: NodeState, request: Request) -> float:
     if all(gpu_untouched(g) for g in node.gpus):
         return float(33 - gpu_count)
     taken = gpus_taken(node, request)
+    # "Fully free" means nothing of the GPU is granted, as for "every GPU free" above (gpu_full_free): a GPU that
+    # holds only a memory share has all 1000 milli free but is a used GPU, and filling it is packing.
     opened = sum(1 for g in taken if gpu_untouched(g))
     if opened > 0:
         return float(max(50 - opened, 33))

@@ -146,7 +146,7 @@ class _Compiled:
 
 def compile_workload(snapshot: ClusterSnapshot, workload: TargetWorkload) -> _Compiled:
     key = ("workload", workload.key)
-    compiled = snapshot.memo.get(key)
+    compiled: _Compiled | None = snapshot.memo.get(key)
     if compiled is None:
         access = np.stack(
             [

@@ -51,30 +51,27 @@ def static_gpu_mask(snapshot: ClusterSnapshot, request: Request) -> BoolArray:
     return snapshot.gpu_static_mask(request.gpu_models, max(request.min_gpu_memory_mib, request.gpu_memory_mib))
 
 
-def evaluate(
-    snapshot: ClusterSnapshot,
-    request: Request,
-    behavior: GpuBehavior,
-    reserve: GpuReserve,
-) -> FitResult:
-    n = len(snapshot)
-    bits = np.zeros(n, dtype=np.int64)
+def static_bits(snapshot: ClusterSnapshot, request: Request) -> IntArray:
+    """Reasons that depend only on what nodes are, not on what they hold: cached per request shape."""
+    k = request.gpu_count
+    key = (
+        "static-bits",
+        request.constraints,
+        request.cpu_milli,
+        request.memory_mib,
+        k,
+        request.gpu_models,
+        max(request.min_gpu_memory_mib, request.gpu_memory_mib),
+    )
+    cached: IntArray | None = snapshot.memo.get(key)
+    if cached is not None:
+        return cached
+    bits = np.zeros(len(snapshot), dtype=np.int64)
     for constraint in request.constraints:
         bits |= np.where(snapshot.constraint_mask(constraint), 0, Reason.CONSTRAINT.bit)
-
-    c, m = request.cpu_milli, request.memory_mib
-    if c:
-        bits |= np.where(snapshot.cpu_cap < c, Reason.CPU_CAPACITY.bit, 0)
-        bits |= np.where((snapshot.cpu_cap >= c) & (snapshot.cpu_free < c), Reason.INSUFFICIENT_CPU.bit, 0)
-    if m:
-        bits |= np.where(snapshot.mem_cap < m, Reason.MEMORY_CAPACITY.bit, 0)
-        bits |= np.where((snapshot.mem_cap >= m) & (snapshot.mem_free < m), Reason.INSUFFICIENT_MEMORY.bit, 0)
-
-    preferred = warn = None
-    if request.wants_gpu:
-        k = request.gpu_count
-        static = static_gpu_mask(snapshot, request)
-        fit = gpu_fit_matrix(snapshot, request, static)
+    bits |= np.where(snapshot.cpu_cap < request.cpu_milli, Reason.CPU_CAPACITY.bit, 0)
+    bits |= np.where(snapshot.mem_cap < request.memory_mib, Reason.MEMORY_CAPACITY.bit, 0)
+    if k:
         no_gpus = snapshot.gpu_count == 0
         bits |= np.where(no_gpus, Reason.NO_GPUS.bit, 0)
         if request.gpu_models is not None:
@@ -82,12 +79,39 @@ def evaluate(
         else:
             model_ok = ~no_gpus
         bits |= np.where(~no_gpus & ~model_ok, Reason.GPU_MODEL.bit, 0)
-        n_static = static.sum(axis=1)
+        n_static = np.count_nonzero(static_gpu_mask(snapshot, request), axis=1)
         bits |= np.where(model_ok & (n_static == 0), Reason.GPU_MEMORY.bit, 0)
         bits |= np.where((n_static > 0) & (n_static < k), Reason.TOO_FEW_GPUS.bit, 0)
-        bits |= np.where((n_static >= k) & (fit.sum(axis=1) < k), Reason.INSUFFICIENT_GPU.bit, 0)
+    snapshot.memo[key] = bits
+    return bits
+
+
+def evaluate(
+    snapshot: ClusterSnapshot,
+    request: Request,
+    behavior: GpuBehavior,
+    reserve: GpuReserve,
+) -> FitResult:
+    static = static_bits(snapshot, request)
+    bits = static.copy()
+    c, m = request.cpu_milli, request.memory_mib
+    if c:
+        bits |= np.where(snapshot.cpu_free < c, Reason.INSUFFICIENT_CPU.bit, 0)
+    if m:
+        bits |= np.where(snapshot.mem_free < m, Reason.INSUFFICIENT_MEMORY.bit, 0)
+    # A node that can never hold the request is not also "short" of it.
+    bits &= ~np.where(static & (Reason.CPU_CAPACITY.bit), Reason.INSUFFICIENT_CPU.bit, 0)
+    bits &= ~np.where(static & (Reason.MEMORY_CAPACITY.bit), Reason.INSUFFICIENT_MEMORY.bit, 0)
+
+    preferred = warn = None
+    if request.wants_gpu:
+        k = request.gpu_count
+        fit = gpu_fit_matrix(snapshot, request, static_gpu_mask(snapshot, request))
+        cannot = Reason.NO_GPUS.bit | Reason.GPU_MODEL.bit | Reason.GPU_MEMORY.bit | Reason.TOO_FEW_GPUS.bit
+        short = (np.count_nonzero(fit, axis=1) < k) & ((static & cannot) == 0)
+        bits |= np.where(short, Reason.INSUFFICIENT_GPU.bit, 0)
     else:
-        fit = np.zeros((n, snapshot.max_gpus), dtype=np.bool_)
+        fit = np.zeros((len(snapshot), snapshot.max_gpus), dtype=np.bool_)
         decline, preferred, warn = scarce_gpu(snapshot, request, behavior, reserve)
         if decline is not None:
             # Declines are reported only where everything else fit (Marathon's funnel order).
