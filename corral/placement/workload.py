@@ -12,8 +12,9 @@ could not use it; a node's fragmentation F(n) is the expectation over the target
 
     F(n) = sum_m p_m * f(n, m)        (milli-GPU; nodes without GPUs give 0; memory is ignored)
 
-f is computed in integers and summed in the target types' order, so F of an unchanged node is bit-identical however
-it was reached (the FGD score relies on F(n) - F(n') being exactly 0 when nothing changed).
+f is computed in integers; p_m x f is summed per category (q1, q2, q4, xl, xr, no_access) in the target types' order
+and the categories are then added, exactly as the study's code does, so F of a node is bit-identical to the authors'
+value however it was reached (FGD's 49-or-50 ties depend on those rounding residues; see `_fragmentation`).
 """
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ GPU_MEMORY_MIB = (0, 8192, 16384, 40960)
 ZONES = ("a", "b", "c")
 RACKS = ("r0", "r1")
 PROPERTY_SETTINGS = settings(
-    max_examples=3000,
+    max_examples=400,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -93,9 +93,7 @@ def gpu_devices(draw: st.DrawFn, count: int) -> tuple[GpuDevice, ...]:
     topology = draw(st.booleans())
     peers: dict[int, set[int]] = {j: set() for j in range(count)}
     if topology and count > 1:
-        for a, b in draw(
-            st.lists(st.tuples(st.integers(0, count - 1), st.integers(0, count - 1)), max_size=6)
-        ):
+        for a, b in draw(st.lists(st.tuples(st.integers(0, count - 1), st.integers(0, count - 1)), max_size=6)):
             if a != b:
                 peers[a].add(b)
                 peers[b].add(a)
@@ -158,9 +156,7 @@ def draw_request(data: st.DataObject, snap: ClusterSnapshot, rid: str) -> Reques
         if cpu == 0 and memory == 0:
             fields["cpu_milli"] = 100
     else:
-        gpu_mem = st.sampled_from([m for m in (1024, 4096, 8192, 16384) if m <= biggest]) | st.integers(
-            1, biggest
-        )
+        gpu_mem = st.sampled_from([m for m in (1024, 4096, 8192, 16384) if m <= biggest]) | st.integers(1, biggest)
         if kind == "whole":
             fields.update(gpu_count=data.draw(st.integers(1, 5), label="k"), gpu_milli=MILLI_PER_GPU)
         else:
@@ -182,9 +178,7 @@ def draw_request(data: st.DataObject, snap: ClusterSnapshot, rid: str) -> Reques
             st.sampled_from([GpuBehavior.RESTRICTED, GpuBehavior.UNRESTRICTED, GpuBehavior.PREFERENTIAL])
         )
     elif override == 1:
-        value = data.draw(
-            st.sampled_from(["restricted", " Preferential", "UNRESTRICTED", "undefined", "bogus"])
-        )
+        value = data.draw(st.sampled_from(["restricted", " Preferential", "UNRESTRICTED", "undefined", "bogus"]))
         fields["labels"] = {GPU_BEHAVIOR_LABEL: value}
     return Request(**fields)
 
@@ -195,24 +189,18 @@ def target_types(models: list[str]) -> st.SearchStrategy[TargetType]:
     return st.one_of(
         st.builds(TargetType, st.integers(0, 16000), st.just(0), st.just(0), st.none(), weight),
         st.builds(TargetType, st.integers(0, 16000), st.integers(1, 999), st.just(1), allowed, weight),
-        st.builds(
-            TargetType, st.integers(0, 16000), st.just(MILLI_PER_GPU), st.integers(1, 4), allowed, weight
-        ),
+        st.builds(TargetType, st.integers(0, 16000), st.just(MILLI_PER_GPU), st.integers(1, 4), allowed, weight),
     )
 
 
 def normalised(types: list[TargetType]) -> TargetWorkload:
     total = sum(t.probability for t in types)
     return TargetWorkload(
-        tuple(
-            TargetType(t.cpu_milli, t.gpu_milli, t.gpu_count, t.models, t.probability / total) for t in types
-        )
+        tuple(TargetType(t.cpu_milli, t.gpu_milli, t.gpu_count, t.models, t.probability / total) for t in types)
     )
 
 
-def draw_config(
-    data: st.DataObject, snap: ClusterSnapshot, workload: TargetWorkload | None
-) -> PlacementConfig:
+def draw_config(data: st.DataObject, snap: ClusterSnapshot, workload: TargetWorkload | None) -> PlacementConfig:
     return PlacementConfig(
         policy=data.draw(st.sampled_from(policy_names()), label="policy"),
         gpu_behavior=data.draw(st.sampled_from(list(GpuBehavior)), label="behaviour"),
@@ -308,6 +296,8 @@ def check_scores(
     if not feasible:  # place() scores only when some node fits
         return out
     for name in DETERMINISTIC_POLICIES:
+        # Open question for the lead (see test_gpu_packing_treats_a_gpu_holding_a_memory_share_as_used): the
+        # engine's gpu-packing counts a GPU holding only a memory share as "fully free"; the reference does not.
         want = [reference_score(name, snap, request, i, workload) for i in feasible]
         got = [float(x) for x in get_policy(name).score(ctx, nodes)]
         diff = {snap.names[i]: (w, g) for i, w, g in zip(feasible, want, got, strict=True) if w != g}
@@ -374,9 +364,7 @@ def check_choice(
 
 
 # ---------------------------------------------------------------------------------------- conflicting allocations
-def conflicting_allocation(
-    data: st.DataObject, snap: ClusterSnapshot, live: dict[str, Allocation]
-) -> Allocation:
+def conflicting_allocation(data: st.DataObject, snap: ClusterSnapshot, live: dict[str, Allocation]) -> Allocation:
     """A hand-made allocation that breaks exactly one rule of `snapshot.allocate` (property 5)."""
     i = data.draw(st.integers(0, len(snap) - 1), label="node")
     state = snap.node_state(i)
@@ -439,9 +427,7 @@ def conflicting_allocation(
         used = data.draw(st.sampled_from([h for h in state.gpus if h.milli_free < MILLI_PER_GPU]))
         return alloc(gpus=(GpuGrant(used.index, used.milli_free + 1, 0),))
     free = data.draw(st.sampled_from([h for h in state.gpus if gpu_untouched(h)]))
-    return alloc(
-        gpus=(GpuGrant(free.index, MILLI_PER_GPU, free.memory_mib + data.draw(st.sampled_from([1, -1]))),)
-    )
+    return alloc(gpus=(GpuGrant(free.index, MILLI_PER_GPU, free.memory_mib + data.draw(st.sampled_from([1, -1]))),))
 
 
 # ------------------------------------------------------------------------------------------------ the properties
@@ -507,9 +493,7 @@ def test_fragmentation_matches_the_reference(data: st.DataObject) -> None:
     workload = data.draw(st.sampled_from([DEFAULT_WORKLOAD, normalised(types)]), label="workload choice")
     for step in range(data.draw(st.integers(0, 12), label="placements")):
         request = draw_request(data, snap, f"r{step}")
-        decision = place(
-            snap, request, PlacementConfig(policy="random", gpu_behavior=GpuBehavior.UNRESTRICTED), step
-        )
+        decision = place(snap, request, PlacementConfig(policy="random", gpu_behavior=GpuBehavior.UNRESTRICTED), step)
         if decision.allocation is not None:
             snap.allocate(decision.allocation)
     every = np.arange(len(snap), dtype=np.int64)
@@ -517,3 +501,24 @@ def test_fragmentation_matches_the_reference(data: st.DataObject) -> None:
     want = [reference_fragmentation(snap, workload, i) for i in range(len(snap))]
     assert [float(x) for x in got] == want
     assert cluster_fragmentation(snap, workload) == pytest.approx(sum(want))
+
+
+def test_gpu_packing_treats_a_gpu_holding_a_memory_share_as_used() -> None:
+    """The smallest case the stream test found: a GPU with only a memory share granted is a used GPU.
+
+    gpu-packing's "every GPU free" test already reads "free" as nothing granted (gpu_full_free); the "some chosen
+    GPU fully free" test must agree, or a GPU holding a memory share scores as a fresh GPU (49) instead of a
+    partly used one (100 - floor(1000/100) = 90), and packing opens a new GPU elsewhere instead of filling it.
+    """
+
+    def a100(j: int) -> GpuDevice:
+        return GpuDevice(j, "A100", 16384)
+
+    snap = ClusterSnapshot([Node("n0", 8000, 8192, (a100(0), a100(1))), Node("n1", 8000, 8192, (a100(0),))])
+    snap.allocate(Allocation("a", "n0", 0, 0, 0, (GpuGrant(0, 300, 0),), tag=-1))  # n0 GPU 0: 300 milli held
+    snap.allocate(Allocation("b", "n1", 1, 0, 0, (GpuGrant(0, 0, 1024),), tag=-1))  # n1 GPU 0: 1 GiB held
+    request = Request(gpu_count=1, gpu_milli=800, id="c")
+    assert [reference_score("gpu-packing", snap, request, i, DEFAULT_WORKLOAD) for i in (0, 1)] == [49.0, 90.0]
+    decision = place(snap, request, PlacementConfig(policy="gpu-packing", gpu_behavior=GpuBehavior.UNRESTRICTED))
+    assert decision.explanation.top == (("n1", 90.0), ("n0", 49.0))
+    assert decision.allocation is not None and decision.allocation.node == "n1"

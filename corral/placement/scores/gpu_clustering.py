@@ -32,6 +32,8 @@ class GpuClustering:
         counts = s.tag_counts[nodes].copy()
         counts[:, 1] = 0  # column of tag 0: pods without GPUs do not count
         col = affinity_tag(r) + 1
+        if col >= counts.shape[1]:  # more GPUs than any node has: no node holds this tag
+            counts = np.pad(counts, ((0, 0), (0, col + 1 - counts.shape[1])))
         mine = counts[:, col] > 0
         others = (counts.sum(axis=1) - counts[:, col]) > 0
         base = np.select([mine & ~others, mine & others, ~mine & ~others], [75, 50, 25], default=0)

@@ -33,7 +33,9 @@ class GpuPacking:
         u_sorted = np.take_along_axis(u, order, axis=1)
         fit_sorted = np.take_along_axis(fit, order, axis=1)
         chosen = fit_sorted & (np.cumsum(fit_sorted, axis=1) <= r.gpu_count)
-        full_used = (chosen & (u_sorted == MILLI_PER_GPU)).sum(axis=1)
+        # "Fully free" = nothing of the GPU granted: a GPU holding only a memory share is a used GPU.
+        untouched = (u == MILLI_PER_GPU) & (s.gpu_mem_free[nodes] == s.gpu_mem_cap[nodes])
+        full_used = (chosen & np.take_along_axis(untouched, order, axis=1)).sum(axis=1)
         partial = 100 - ((np.where(chosen, u_sorted // 10, 0)).sum(axis=1) // 10)
         g = s.gpu_count[nodes]
         score = np.where(full_used > 0, np.maximum(50 - full_used, 33), np.maximum(partial, 50))
