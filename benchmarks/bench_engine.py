@@ -77,9 +77,7 @@ def _shapes() -> tuple[tuple[str, float, Request], ...]:
             (
                 f"{count}xGPU",
                 prob,
-                Request(
-                    cpu_milli=cores * 1000, memory_mib=mem_gib * GIB, gpu_count=count, gpu_milli=MILLI_PER_GPU
-                ),
+                Request(cpu_milli=cores * 1000, memory_mib=mem_gib * GIB, gpu_count=count, gpu_milli=MILLI_PER_GPU),
             )
         )
     for milli in range(100, 1000, 100):
@@ -141,9 +139,7 @@ def granted_milli(snapshot: ClusterSnapshot, request_id: str) -> int:
     return sum(g.milli for g in snapshot.allocations[request_id].gpus)
 
 
-def fill(
-    snapshot: ClusterSnapshot, config: PlacementConfig, level: float, shard: int, seed: int
-) -> list[str]:
+def fill(snapshot: ClusterSnapshot, config: PlacementConfig, level: float, shard: int, seed: int) -> list[str]:
     """Bring `snapshot` to `level` of its GPU compute by place + allocate, shard by shard; returns the ids."""
     n = len(snapshot)
     size = n if shard <= 0 else shard
@@ -166,9 +162,7 @@ def fill(
             part.allocate(decision.allocation)
             if part is not snapshot:
                 snapshot.allocate(
-                    dataclasses.replace(
-                        decision.allocation, node_index=decision.allocation.node_index + start
-                    )
+                    dataclasses.replace(decision.allocation, node_index=decision.allocation.node_index + start)
                 )
             used += granted_milli(part, request.id)
             live.append(request.id)
@@ -204,9 +198,7 @@ def occupancy(snapshot: ClusterSnapshot) -> float:
     return snapshot.gpu_allocated_milli / (snapshot.total_gpus * MILLI_PER_GPU)
 
 
-def measure(
-    nodes: list[Node], policy: str, decisions: int, warmup: int, seed: int, level: float, shard: int
-) -> Result:
+def measure(nodes: list[Node], policy: str, decisions: int, warmup: int, seed: int, level: float, shard: int) -> Result:
     config = PlacementConfig(policy=policy)
     t_setup = time.perf_counter()
     snapshot = ClusterSnapshot(nodes)
@@ -304,9 +296,7 @@ def text_table(results: Sequence[Result]) -> str:
     rows = [COLUMNS, *(row(r) for r in results)]
     widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
     lines = [
-        "  ".join(
-            c.rjust(w) if i != 1 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))
-        )
+        "  ".join(c.rjust(w) if i != 1 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
         for r in rows
     ]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -338,9 +328,7 @@ def growth(results: Sequence[Result]) -> list[str]:
                 if ms_ratio <= 1.1 * node_ratio
                 else "WORSE than linear"
             )
-            steps.append(
-                f"{a.nodes:,}→{b.nodes:,}: nodes ×{node_ratio:.1f}, ms/decision ×{ms_ratio:.2f} ({verdict})"
-            )
+            steps.append(f"{a.nodes:,}→{b.nodes:,}: nodes ×{node_ratio:.1f}, ms/decision ×{ms_ratio:.2f} ({verdict})")
         if steps:
             out.append(f"{policy}: " + "; ".join(steps))
     return out
@@ -431,20 +419,14 @@ def name_list(text: str) -> list[str]:
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench_engine", description=__doc__.splitlines()[0])
-    p.add_argument(
-        "--nodes", type=int_list, default=[1000, 5000, 10000, 50000], help="cluster sizes (comma list)"
-    )
+    p.add_argument("--nodes", type=int_list, default=[1000, 5000, 10000, 50000], help="cluster sizes (comma list)")
     p.add_argument("--policies", type=name_list, default=["binpack", "fgd"], help="policies (comma list)")
     p.add_argument("--decisions", type=int, default=1000, help="timed steady-state decisions per row")
     p.add_argument("--warmup", type=int, default=50, help="untimed random decisions after the cold ones")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--fill", type=float, default=0.5, help="fraction of GPU compute to allocate before timing"
-    )
+    p.add_argument("--fill", type=float, default=0.5, help="fraction of GPU compute to allocate before timing")
     p.add_argument("--fill-shard", type=int, default=500, help="nodes per fill shard (0: fill globally)")
-    p.add_argument(
-        "--write", type=Path, default=None, metavar="FILE", help="append a Markdown section to FILE"
-    )
+    p.add_argument("--write", type=Path, default=None, metavar="FILE", help="append a Markdown section to FILE")
     args = p.parse_args(list(argv))
     if args.decisions < 1 or args.warmup < 0 or not 0.0 <= args.fill < 1.0:
         p.error("need --decisions >= 1, --warmup >= 0 and 0 <= --fill < 1")
@@ -462,8 +444,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for policy in args.policies:
             r = measure(nodes, policy, args.decisions, args.warmup, args.seed, args.fill, args.fill_shard)
             print(
-                f"  {policy}: setup {r.setup_s:.1f} s, {r.per_second:,.0f} decisions/s, "
-                f"mean {r.mean_ms:.2f} ms",
+                f"  {policy}: setup {r.setup_s:.1f} s, {r.per_second:,.0f} decisions/s, mean {r.mean_ms:.2f} ms",
                 file=sys.stderr,
                 flush=True,
             )

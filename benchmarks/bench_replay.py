@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.bench_engine import cpu_name, memory_gib
 from corral.sim.openb import base_name, load_nodes, load_order, load_pods, target_workload
 from corral.sim.replay import arrivals_from_order, replay, study_config
 
@@ -77,7 +78,7 @@ def main() -> None:
     lines = [
         f"## Exact replay of the FGD study ({datetime.date.today()})",
         "",
-        f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; Python "
+        f"Machine: {cpu_name()}, {os.cpu_count()} logical CPUs, {memory_gib()}; Python "
         f"{platform.python_version()}, numpy {np.__version__}. Command: `python -m benchmarks.bench_replay "
         f"--jobs {args.jobs}`; {len(rows)} runs in {total:.0f} s wall.",
         "",
