@@ -40,14 +40,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import numpy.typing as npt
 
+from corral.model.arrays import FloatArray
 from corral.model.errors import InvalidRequest
 from corral.model.resources import MILLI_PER_GPU, GpuDevice, Node, Request
 from corral.model.snapshot import ClusterSnapshot
 from corral.placement.engine import PlacementConfig, place
-
-FloatArray = npt.NDArray[np.float64]
 
 GIB = 1024
 GPUS_PER_NODE = 8

@@ -24,14 +24,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
+from corral.model.arrays import BoolArray, FloatArray, IntArray
 from corral.model.errors import AllocationError, InvalidRequest
 from corral.model.resources import MILLI_PER_GPU, Allocation, Constraint, GpuGrant, Node
-
-IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
-FloatArray = npt.NDArray[np.float64]
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +84,17 @@ class Memo(OrderedDict[Any, Any]):
 
 class ClusterSnapshot:
     """Column arrays over nodes and GPUs. Build once; allocate/release per decision."""
+
+    #: The columns allocate/release change (what "release restores the snapshot" compares).
+    STATE_COLUMNS = (
+        "cpu_free",
+        "mem_free",
+        "gpu_milli_free",
+        "gpu_mem_free",
+        "gpu_free_total",
+        "gpu_full_free",
+        "tag_counts",
+    )
 
     def __init__(self, nodes: Sequence[Node], ranks: Sequence[int] | None = None) -> None:
         if not nodes:

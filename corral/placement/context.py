@@ -6,15 +6,12 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import numpy as np
-import numpy.typing as npt
 
+from corral.model.arrays import FloatArray, IntArray
 from corral.model.resources import Request
 from corral.model.snapshot import ClusterSnapshot
 from corral.placement.filters import FitResult
 from corral.placement.workload import TargetWorkload
-
-IntArray = npt.NDArray[np.int64]
-FloatArray = npt.NDArray[np.float64]
 
 
 @dataclass(frozen=True, eq=False)

@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-import numpy.typing as npt
 
+from corral.model.arrays import IntArray
 from corral.model.errors import InvalidRequest
 from corral.model.resources import MILLI_PER_GPU, Allocation, GpuBehavior, GpuGrant, Request, affinity_tag
 from corral.model.snapshot import ClusterSnapshot
@@ -27,8 +27,6 @@ from corral.placement.registry import get_policy
 from corral.placement.scores.load import load_term
 from corral.placement.select import best_node, top_order
 from corral.placement.workload import DEFAULT_WORKLOAD, GpuReserve, TargetWorkload
-
-IntArray = npt.NDArray[np.int64]
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,9 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from corral.model.arrays import BoolArray, FloatArray, IntArray
 from corral.model.snapshot import ClusterSnapshot
 from corral.placement.context import Context
-
-IntArray = npt.NDArray[np.int64]
-FloatArray = npt.NDArray[np.float64]
-BoolArray = npt.NDArray[np.bool_]
 
 NVLINK, SAME_SWITCH, SAME_NUMA = 3, 2, 1
 

@@ -24,15 +24,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
+from corral.model.arrays import BoolArray, FloatArray, IntArray
 from corral.model.errors import InvalidRequest
 from corral.model.resources import MILLI_PER_GPU, Request
 from corral.model.snapshot import ClusterSnapshot
-
-IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
-FloatArray = npt.NDArray[np.float64]
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,12 +15,11 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from corral.model.arrays import IntArray
 from corral.model.resources import GpuBehavior, Node, Request
 from corral.model.snapshot import ClusterSnapshot
 from corral.placement import PlacementConfig, TargetWorkload, place
 from corral.placement.workload import cluster_fragmentation
-
-IntArray = npt.NDArray[np.int64]
 
 
 @dataclass(frozen=True)

@@ -13,15 +13,7 @@ from corral.model.resources import Allocation, GpuGrant
 from corral.model.snapshot import ClusterSnapshot
 from tests.builders import cluster, node
 
-COLUMNS = (
-    "cpu_free",
-    "mem_free",
-    "gpu_milli_free",
-    "gpu_mem_free",
-    "gpu_free_total",
-    "gpu_full_free",
-    "tag_counts",
-)
+COLUMNS = ClusterSnapshot.STATE_COLUMNS
 
 
 def columns(s: ClusterSnapshot) -> dict[str, npt.NDArray[np.int64]]:

@@ -72,15 +72,7 @@ PROPERTY_SETTINGS = settings(
 )
 
 #: Columns that allocate/release change and release must restore (`version` is meant to move on).
-FREE_COLUMNS = (
-    "cpu_free",
-    "mem_free",
-    "gpu_milli_free",
-    "gpu_mem_free",
-    "gpu_free_total",
-    "gpu_full_free",
-    "tag_counts",
-)
+FREE_COLUMNS = ClusterSnapshot.STATE_COLUMNS
 
 
 # ------------------------------------------------------------------------------------------------ cluster builder

@@ -13,16 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
+from corral.model.arrays import BoolArray, IntArray
 from corral.model.resources import MILLI_PER_GPU, GpuBehavior, Request
 from corral.model.snapshot import ClusterSnapshot
 from corral.placement.filters.behaviour import scarce_gpu
 from corral.placement.reasons import Reason
 from corral.placement.workload import GpuReserve
-
-IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
 
 
 @dataclass(frozen=True, eq=False)

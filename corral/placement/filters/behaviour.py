@@ -16,15 +16,12 @@ U/1000 x reserve free, so non-GPU work can still use such a node when nothing el
 from __future__ import annotations
 
 import numpy as np
-import numpy.typing as npt
 
+from corral.model.arrays import BoolArray, IntArray
 from corral.model.resources import MILLI_PER_GPU, GpuBehavior, Request
 from corral.model.snapshot import ClusterSnapshot
 from corral.placement.reasons import Reason
 from corral.placement.workload import GpuReserve
-
-IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
 
 
 def scarce_gpu(

@@ -9,14 +9,11 @@ ties exactly, so it is left out.
 from __future__ import annotations
 
 import numpy as np
-import numpy.typing as npt
 
+from corral.model.arrays import FloatArray, IntArray
 from corral.placement.context import Context
 from corral.placement.scores.common import STUDY_CPU_NORM, STUDY_GPU_NORM
 from corral.placement.select import best_fit_gpus
-
-IntArray = npt.NDArray[np.int64]
-FloatArray = npt.NDArray[np.float64]
 
 
 class BestFit:

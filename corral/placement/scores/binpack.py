@@ -7,15 +7,10 @@ fits (best fit), spread to the emptiest (worst fit); whole GPUs are chosen by to
 
 from __future__ import annotations
 
-import numpy as np
-import numpy.typing as npt
-
+from corral.model.arrays import FloatArray, IntArray
 from corral.placement.context import Context
 from corral.placement.scores.common import used_fraction_after
 from corral.placement.select import best_fit_gpus, worst_fit_gpus
-
-IntArray = npt.NDArray[np.int64]
-FloatArray = npt.NDArray[np.float64]
 
 
 class Binpack:

@@ -6,14 +6,11 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
+from corral.model.arrays import FloatArray, IntArray
 from corral.model.resources import MILLI_PER_GPU, Request
 from corral.model.snapshot import ClusterSnapshot
 from corral.placement.context import Context
-
-IntArray = npt.NDArray[np.int64]
-FloatArray = npt.NDArray[np.float64]
 
 #: The FGD study's fixed normalisers (a 128-core node, an 8-GPU node), kept so its scores stay exact.
 STUDY_CPU_NORM = 128000.0

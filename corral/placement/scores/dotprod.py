@@ -6,14 +6,11 @@ x = (c/128000, U/8000), y = (c_p/128000, D_p/8000);   score = floor(100 (1 - x.y
 from __future__ import annotations
 
 import numpy as np
-import numpy.typing as npt
 
+from corral.model.arrays import FloatArray, IntArray
 from corral.placement.context import Context
 from corral.placement.scores.common import STUDY_CPU_NORM, STUDY_GPU_NORM
 from corral.placement.select import best_fit_gpus
-
-IntArray = npt.NDArray[np.int64]
-FloatArray = npt.NDArray[np.float64]
 
 
 class DotProd:

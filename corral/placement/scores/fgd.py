@@ -13,15 +13,12 @@ since (`common.cached_node_scores`), which makes a decision cost about one node'
 from __future__ import annotations
 
 import numpy as np
-import numpy.typing as npt
 
+from corral.model.arrays import FloatArray, IntArray
 from corral.placement.context import Context
 from corral.placement.scores.common import cached_node_scores
 from corral.placement.select import whole_gpus
 from corral.placement.workload import node_fragmentation, share_fragmentation_after
-
-IntArray = npt.NDArray[np.int64]
-FloatArray = npt.NDArray[np.float64]
 
 
 def fgd_score(delta: FloatArray) -> FloatArray:

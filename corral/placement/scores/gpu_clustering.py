@@ -11,14 +11,11 @@ Requests without GPUs score 0 everywhere (the tie-break decides).
 from __future__ import annotations
 
 import numpy as np
-import numpy.typing as npt
 
+from corral.model.arrays import FloatArray, IntArray
 from corral.model.resources import affinity_tag
 from corral.placement.context import Context
 from corral.placement.select import best_fit_gpus
-
-IntArray = npt.NDArray[np.int64]
-FloatArray = npt.NDArray[np.float64]
 
 
 class GpuClustering:

@@ -10,14 +10,11 @@ else take the request's k GPUs in ascending free milli among those that fit:
 from __future__ import annotations
 
 import numpy as np
-import numpy.typing as npt
 
+from corral.model.arrays import FloatArray, IntArray
 from corral.model.resources import MILLI_PER_GPU
 from corral.placement.context import Context
 from corral.placement.select import best_fit_gpus
-
-IntArray = npt.NDArray[np.int64]
-FloatArray = npt.NDArray[np.float64]
 
 
 class GpuPacking:

@@ -10,15 +10,11 @@ busy fitting ones (best fit among equals).
 from __future__ import annotations
 
 import numpy as np
-import numpy.typing as npt
 
+from corral.model.arrays import BoolArray, FloatArray, IntArray
 from corral.model.snapshot import ClusterSnapshot
 from corral.placement.context import Context
 from corral.placement.select import ordered_gpus
-
-IntArray = npt.NDArray[np.int64]
-FloatArray = npt.NDArray[np.float64]
-BoolArray = npt.NDArray[np.bool_]
 
 
 def busiest_first_util(snapshot: ClusterSnapshot, nodes: IntArray) -> FloatArray:

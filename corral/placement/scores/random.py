@@ -7,13 +7,10 @@ lowest-index free ones.
 from __future__ import annotations
 
 import numpy as np
-import numpy.typing as npt
 
+from corral.model.arrays import FloatArray, IntArray
 from corral.placement.context import Context
 from corral.placement.select import whole_gpus
-
-IntArray = npt.NDArray[np.int64]
-FloatArray = npt.NDArray[np.float64]
 
 
 class RandomPolicy:

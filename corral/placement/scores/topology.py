@@ -8,14 +8,11 @@ topology is unknown score 0 affinity. The chosen GPUs are that best-connected se
 from __future__ import annotations
 
 import numpy as np
-import numpy.typing as npt
 
+from corral.model.arrays import FloatArray, IntArray
 from corral.placement.context import Context
 from corral.placement.scores.common import used_fraction_after
 from corral.placement.select import NVLINK, best_connected, best_fit_gpus
-
-IntArray = npt.NDArray[np.int64]
-FloatArray = npt.NDArray[np.float64]
 
 
 class Topology:
