@@ -19,7 +19,7 @@ allocate took.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -323,10 +323,6 @@ class ClusterSnapshot:
         self.gpu_full_free[i] = int(
             np.count_nonzero((row_m == MILLI_PER_GPU) & (self.gpu_mem_free[i] == self.gpu_mem_cap[i]))
         )
-
-    def allocate_many(self, allocs: Iterable[Allocation]) -> None:
-        for a in allocs:
-            self.allocate(a)
 
     def copy(self) -> ClusterSnapshot:
         """An independent copy (arrays and allocations), sharing only the immutable node objects."""

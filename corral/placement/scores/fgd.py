@@ -17,7 +17,7 @@ import numpy as np
 from corral.model.arrays import FloatArray, IntArray
 from corral.placement.context import Context
 from corral.placement.scores.common import cached_node_scores
-from corral.placement.select import whole_gpus
+from corral.placement.select import best_fit_gpus, first_k_ascending
 from corral.placement.workload import node_fragmentation, share_fragmentation_after
 
 
@@ -40,15 +40,8 @@ class Fgd:
         cpu_after = s.cpu_free[nodes] - r.cpu_milli
         u_after = s.gpu_milli_free[nodes]
         if r.wants_gpu:
-            fit = ctx.fit.gpu_fit[nodes]
-            u = s.gpu_milli_free[nodes]
-            order = np.argsort(np.where(fit, u, np.iinfo(np.int64).max), axis=1, kind="stable")
-            chosen_sorted = np.take_along_axis(fit, order, axis=1) & (
-                np.cumsum(np.take_along_axis(fit, order, axis=1), axis=1) <= r.gpu_count
-            )
-            chosen = np.zeros_like(fit)
-            np.put_along_axis(chosen, order, chosen_sorted, axis=1)
-            u_after = u - np.where(chosen, r.gpu_milli, 0)
+            chosen = first_k_ascending(u_after, ctx.fit.gpu_fit[nodes], r.gpu_count)
+            u_after = u_after - np.where(chosen, r.gpu_milli, 0)
         after_n = node_fragmentation(s, w, nodes, cpu_after, u_after)
         return fgd_score(before - after_n), np.full(len(nodes), -1, dtype=np.int64)
 
@@ -64,8 +57,4 @@ class Fgd:
         r = ctx.request
         if r.gpu_count == 1 and not r.whole_gpus:
             return [int(self._scores(ctx, np.array([node], dtype=np.int64))[1][0])]
-        if r.whole_gpus:
-            return whole_gpus(ctx, node)
-        fit = np.flatnonzero(ctx.fit.gpu_fit[node])
-        order = fit[np.argsort(ctx.snapshot.gpu_milli_free[node][fit], kind="stable")]
-        return [int(j) for j in order[: r.gpu_count]]
+        return best_fit_gpus(ctx, node)

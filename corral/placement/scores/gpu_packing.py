@@ -14,7 +14,7 @@ import numpy as np
 from corral.model.arrays import FloatArray, IntArray
 from corral.model.resources import MILLI_PER_GPU
 from corral.placement.context import Context
-from corral.placement.select import best_fit_gpus
+from corral.placement.select import best_fit_gpus, first_k_ascending
 
 
 class GpuPacking:
@@ -25,15 +25,11 @@ class GpuPacking:
         if not r.wants_gpu:
             return np.zeros(len(nodes), dtype=np.float64)
         u = s.gpu_milli_free[nodes]
-        fit = ctx.fit.gpu_fit[nodes]
-        order = np.argsort(np.where(fit, u, np.iinfo(np.int64).max), axis=1, kind="stable")
-        u_sorted = np.take_along_axis(u, order, axis=1)
-        fit_sorted = np.take_along_axis(fit, order, axis=1)
-        chosen = fit_sorted & (np.cumsum(fit_sorted, axis=1) <= r.gpu_count)
+        chosen = first_k_ascending(u, ctx.fit.gpu_fit[nodes], r.gpu_count)
         # "Fully free" = nothing of the GPU granted: a GPU holding only a memory share is a used GPU.
         untouched = (u == MILLI_PER_GPU) & (s.gpu_mem_free[nodes] == s.gpu_mem_cap[nodes])
-        full_used = (chosen & np.take_along_axis(untouched, order, axis=1)).sum(axis=1)
-        partial = 100 - ((np.where(chosen, u_sorted // 10, 0)).sum(axis=1) // 10)
+        full_used = (chosen & untouched).sum(axis=1)
+        partial = 100 - (np.where(chosen, u // 10, 0).sum(axis=1) // 10)
         g = s.gpu_count[nodes]
         score = np.where(full_used > 0, np.maximum(50 - full_used, 33), np.maximum(partial, 50))
         score = np.where(s.gpu_full_free[nodes] == g, 33 - g, score)

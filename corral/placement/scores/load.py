@@ -17,13 +17,13 @@ from corral.placement.context import Context
 from corral.placement.select import ordered_gpus
 
 
-def busiest_first_util(snapshot: ClusterSnapshot, nodes: IntArray) -> FloatArray:
+def measured_util(snapshot: ClusterSnapshot, nodes: IntArray) -> FloatArray:
     return np.nan_to_num(snapshot.gpu_util[nodes], nan=0.0)
 
 
 def least_busy_mean(snapshot: ClusterSnapshot, fit: BoolArray, nodes: IntArray, k: int) -> FloatArray:
     """Mean utilisation of the k least busy fitting GPUs of each node."""
-    util = np.where(fit[nodes], busiest_first_util(snapshot, nodes), np.inf)
+    util = np.where(fit[nodes], measured_util(snapshot, nodes), np.inf)
     lowest = np.sort(util, axis=1)[:, :k]
     mean: FloatArray = np.where(np.isfinite(lowest), lowest, 0.0).mean(axis=1)
     return mean
@@ -49,7 +49,7 @@ class Load:
     def choose_gpus(self, ctx: Context, node: int) -> list[int]:
         s = ctx.snapshot
         # Utilisation in per-mille first, then fullness (best fit) among equally busy GPUs.
-        util = np.rint(busiest_first_util(s, np.array([node]))[0] * 1000).astype(np.int64)
+        util = np.rint(measured_util(s, np.array([node]))[0] * 1000).astype(np.int64)
         key = util * (1 << 40) + s.gpu_milli_free[node] * (1 << 20) + np.maximum(s.gpu_mem_free[node], 0)
         if ctx.request.whole_gpus:
             fit = np.flatnonzero(ctx.fit.gpu_fit[node])
