@@ -29,7 +29,7 @@ from corral.sim.replay import arrivals_from_order, replay, study_config
 POLICIES = ("bestfit", "dotprod", "gpu-packing", "gpu-clustering", "fgd")
 DEFAULT_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces" / "openb"
 
-Row = tuple[str, str, int, float, float, float, float, float]
+Row = tuple[str, str, int, float, float, float, float, float, float, float]
 
 
 def run_one(args: tuple[Path, str, str, int]) -> Row:
@@ -41,19 +41,26 @@ def run_one(args: tuple[Path, str, str, int]) -> Row:
     arrivals = arrivals_from_order({p.name: p.request for p in pods}, order.pods, base_name)
     start = time.perf_counter()
     events, _ = replay(
-        nodes, arrivals, study_config(policy, target), ranks=[order.node_rank[n.name] for n in nodes], seed=seed
+        nodes,
+        arrivals,
+        study_config(policy, target),
+        ranks=[order.node_rank[n.name] for n in nodes],
+        seed=seed,
+        track=True,
     )
     wall = time.perf_counter() - start
-    expected = published(traces)[(workload, policy, seed)]
-    return workload, policy, seed, events.column(100), events.column(130), expected[0], expected[1], wall
+    e = published(traces)[(workload, policy, seed)]
+    alloc, frag = events.curves()
+    return workload, policy, seed, alloc[100], alloc[130], frag[100], e[0], e[1], e[2], wall
 
 
-def published(traces: Path) -> dict[tuple[str, str, int], tuple[float, float]]:
+def published(traces: Path) -> dict[tuple[str, str, int], tuple[float, float, float]]:
     with (traces / "expected_per_seed.csv").open() as fh:
         return {
             (r["workload"].removeprefix("openb_pod_list_"), r["policy"], int(r["seed"])): (
                 float(r["alloc_at_100"]),
                 float(r["alloc_at_130"]),
+                float(r["frag_at_100"]),
             )
             for r in csv.DictReader(fh)
         }
@@ -74,7 +81,7 @@ def main() -> None:
     with Pool(args.jobs) as pool:
         rows = pool.map(run_one, jobs)
     total = time.perf_counter() - start
-    exact = sum(1 for r in rows if (r[3], r[4]) == (r[5], r[6]))
+    exact = sum(1 for r in rows if r[3:6] == r[6:9])
     lines = [
         f"## Exact replay of the FGD study ({datetime.date.today()})",
         "",
@@ -82,7 +89,8 @@ def main() -> None:
         f"{platform.python_version()}, numpy {np.__version__}. Command: `python -m benchmarks.bench_replay "
         f"--jobs {args.jobs}`; {len(rows)} runs in {total:.0f} s wall.",
         "",
-        f"**{exact}/{len(rows)} runs reproduce the published allocation at 100 % and 130 % exactly** "
+        f"**{exact}/{len(rows)} runs reproduce the published allocation at 100 % and 130 % and fragmentation at "
+        "100 % exactly** "
         "(to the published 2 decimals).",
         "",
         "| pod list | policy | runs | exact | mean s/run | max s/run |",
@@ -92,13 +100,17 @@ def main() -> None:
     for r in rows:
         groups.setdefault((r[0], r[1]), []).append(r)
     for (w, p), rs in sorted(groups.items()):
-        ok = sum(1 for r in rs if (r[3], r[4]) == (r[5], r[6]))
-        walls = [r[7] for r in rs]
+        ok = sum(1 for r in rs if r[3:6] == r[6:9])
+        walls = [r[9] for r in rs]
         lines.append(f"| {w} | {p} | {len(rs)} | {ok} | {np.mean(walls):.2f} | {max(walls):.2f} |")
-    misses = [r for r in rows if (r[3], r[4]) != (r[5], r[6])]
+    misses = [r for r in rows if r[3:6] != r[6:9]]
     if misses:
-        lines += ["", "Runs that differ (pod list, policy, seed: ours vs published at 100 / 130):", ""]
-        lines += [f"- {r[0]} {r[1]} {r[2]}: {r[3]} / {r[4]} vs {r[5]} / {r[6]}" for r in misses]
+        lines += [
+            "",
+            "Runs that differ (pod list, policy, seed: ours vs published alloc@100 / alloc@130 / frag@100):",
+            "",
+        ]
+        lines += [f"- {r[0]} {r[1]} {r[2]}: {r[3]} / {r[4]} / {r[5]} vs {r[6]} / {r[7]} / {r[8]}" for r in misses]
     text = "\n".join(lines) + "\n"
     sys.stdout.write(text)
     if args.write:

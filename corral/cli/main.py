@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from corral.cli.sim import app as sim_app
 from corral.gpu.simulated import parse_simulated_inventory
 from corral.model.errors import InvalidRequest
 from corral.model.inventory import load_inventory
@@ -26,6 +27,7 @@ from corral.placement import Decision, GpuReserve, PlacementConfig, get_policy, 
 from corral.placement.explain import render_long
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="corral: a GPU-aware scheduler.")
+app.add_typer(sim_app, name="sim")
 out = Console()
 err = Console(stderr=True)
 

@@ -74,6 +74,9 @@ class TracePod:
     name: str
     request: Request
     gpu_spec: str = ""  # as written in the trace (the study keys its target workload by this string)
+    creation_time: int | None = None  # seconds; None where the list has no times (multigpu lists)
+    deletion_time: int | None = None
+    line: int = 0  # line of the source file, for error messages
 
 
 def load_pods(path: Path) -> list[TracePod]:
@@ -95,7 +98,13 @@ def load_pods(path: Path) -> list[TracePod]:
             )
         except InvalidRequest as exc:
             raise TraceError(path, line, exc.field, exc.message) from None
-        pods.append(TracePod(name, req, spec if count else ""))
+        times = [
+            _int(path, line, row, col) if (row.get(col) or "").strip() else None
+            for col in ("creation_time", "deletion_time")
+        ]
+        if times[0] is not None and times[1] is not None and times[1] < times[0]:
+            raise TraceError(path, line, "deletion_time", f"{times[1]} is before creation_time {times[0]}")
+        pods.append(TracePod(name, req, spec if count else "", times[0], times[1], line))
     return pods
 
 

@@ -1,54 +1,68 @@
 """Offline replay of the FGD study: pods arrive in a fixed order, never leave, and are dropped if they do not fit.
 
-    for pod in order:  decision = place(snapshot, pod)  ->  allocate if placed  ->  record (arrived, allocated)
+    for pod in order:  decision = place(snapshot, pod)  ->  allocate if placed  ->  record one event:
+                       (arrived GPU milli, allocated GPU milli, cluster fragmentation, node or reason)
 
-Arrived counts every pod's GPU demand (placed or failed); allocated is the GPU milli granted. The result columns
-bucket events by arrived percent of capacity (`curve_column`).
+Arrived counts every pod's GPU demand (placed or failed); allocated is the GPU milli granted; fragmentation is the
+sum of F(n) for the target workload (`placement.workload`), kept per node and updated only where a pod landed. The
+result columns bucket events by arrived percent of capacity exactly as the study's analysis does (`Events.curves`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
-import numpy.typing as npt
 
-from corral.model.arrays import IntArray
+from corral.model.arrays import BoolArray, FloatArray, IntArray
 from corral.model.resources import GpuBehavior, Node, Request
 from corral.model.snapshot import ClusterSnapshot
-from corral.placement import PlacementConfig, TargetWorkload, place
-from corral.placement.workload import cluster_fragmentation
+from corral.placement import PlacementConfig, TargetWorkload, place, render
+from corral.placement.workload import node_fragmentation
+
+COLUMNS = range(131)  # arrived 0..130 % of capacity, as in the published files
 
 
 @dataclass(frozen=True)
 class Events:
     arrived_milli: IntArray  # cumulative GPU demand after each pod
     allocated_milli: IntArray  # GPU milli granted after each pod
-    placed: npt.NDArray[np.bool_]
+    placed: BoolArray
     capacity_milli: int
+    frag_milli: FloatArray = field(default_factory=lambda: np.zeros(0))  # cluster fragmentation after each pod
+    outcomes: tuple[str, ...] = ()  # per pod: "node GPU i,j" where placed, else the engine's explanation
 
     def column(self, j: int) -> float:
         """Allocation % at arrived j % of capacity, as the published files bucket it."""
-        return curve_column(self.arrived_milli, self.allocated_milli, self.capacity_milli, j)
+        return self.curves()[0][j]
 
+    def curves(self) -> tuple[list[float], list[float]]:
+        """Columns 0..130 of allocation % and fragmentation % (of all GPUs), bucketed like the published files.
 
-def curve_column(arrived: IntArray, allocated: IntArray, capacity_milli: int, j: int) -> float:
-    """Mean of per-event allocation % (rounded to 2 decimals) over events whose arrived % rounds to j.
-
-    With no such event, the events within j-1..j+1; the mean itself is rounded to 2 decimals (fgd-experiment.md
-    sections 4.2 and 7 C3). Python's round() is half-to-even, like the study's analysis scripts.
-    """
-    pct = capacity_milli / 100
-    x = np.array([round(a / pct) for a in arrived.tolist()])
-    y = np.array([round(a / pct, 2) for a in allocated.tolist()])
-    sel = x == j
-    if not sel.any():
-        sel = (x >= j - 1) & (x <= j + 1)
-    if not sel.any():
-        return float("nan")
-    return round(float(y[sel].mean()), 2)
+        Each event's arrived % is rounded half-to-even (Python's round, as the study's scripts); a column is the mean
+        over the events in it, or over those within j-1..j+1 when none, rounded to 2 decimals: of the per-event
+        allocation % (each rounded to 2 decimals), and of the per-event fragmentation in milli-GPU as logged (2
+        decimals), then as % of capacity (fgd-experiment.md sections 4.2 and 7, C3/C4).
+        """
+        pct = self.capacity_milli / 100
+        x = np.array([round(a / pct) for a in self.arrived_milli.tolist()], dtype=np.int64)
+        alloc = np.array([round(a / pct, 2) for a in self.allocated_milli.tolist()])
+        frag = np.array([round(f, 2) for f in self.frag_milli.tolist()]) if len(self.frag_milli) else None
+        out_a: list[float] = []
+        out_f: list[float] = []
+        for j in COLUMNS:
+            sel = x == j
+            if not sel.any():
+                sel = (x >= j - 1) & (x <= j + 1)
+            if not sel.any():
+                out_a.append(float("nan"))
+                out_f.append(float("nan"))
+                continue
+            out_a.append(round(float(alloc[sel].mean()), 2))
+            out_f.append(round(float(frag[sel].mean()) / pct, 2) if frag is not None else float("nan"))
+        return out_a, out_f
 
 
 def replay(
@@ -58,35 +72,57 @@ def replay(
     ranks: Sequence[int] | None = None,
     seed: int = 0,
     progress: Callable[[int], None] | None = None,
+    track: bool = False,
 ) -> tuple[Events, ClusterSnapshot]:
+    """Replay `arrivals` in order. With `track`, also fragmentation and a per-pod outcome text (slower)."""
     snapshot = ClusterSnapshot(nodes, ranks)
     rng = np.random.default_rng(seed)
+    workload = config.workload
     n = len(arrivals)
     arrived = np.zeros(n, dtype=np.int64)
     allocated = np.zeros(n, dtype=np.int64)
     placed = np.zeros(n, dtype=np.bool_)
+    frag = np.zeros(n if track else 0, dtype=np.float64)
+    outcomes: list[str] = []
+    node_frag = (
+        node_fragmentation(snapshot, workload, np.arange(len(snapshot), dtype=np.int64))
+        if track and workload is not None
+        else None
+    )
     total = 0
     for i, request in enumerate(arrivals):
         decision = place(snapshot, request, config, rng)
-        if decision.allocation is not None:
-            snapshot.allocate(decision.allocation)
+        alloc = decision.allocation
+        if alloc is not None:
+            snapshot.allocate(alloc)
             placed[i] = True
+            if node_frag is not None and workload is not None:
+                idx = np.array([alloc.node_index], dtype=np.int64)
+                node_frag[alloc.node_index] = node_fragmentation(snapshot, workload, idx)[0]
         total += request.gpu_demand_milli
         arrived[i] = total
         allocated[i] = snapshot.gpu_allocated_milli
+        if track:
+            if node_frag is not None:
+                frag[i] = node_frag.sum()
+            if alloc is not None:
+                gpus = ",".join(str(g) for g in alloc.gpu_indices)
+                outcomes.append(alloc.node + (f" GPU {gpus}" if gpus else ""))
+            else:
+                outcomes.append(render(decision.explanation))
         if progress is not None:
             progress(i)
-    return Events(arrived, allocated, placed, snapshot.total_gpus * 1000), snapshot
+    events = Events(arrived, allocated, placed, snapshot.total_gpus * 1000, frag, tuple(outcomes))
+    return events, snapshot
 
 
-def study_config(policy: str, workload: TargetWorkload) -> PlacementConfig:
+def study_config(
+    policy: str, workload: TargetWorkload, behavior: GpuBehavior = GpuBehavior.UNRESTRICTED
+) -> PlacementConfig:
     """The FGD study's setting: pods without GPUs may use any node, fgd measures against the given workload."""
-    return PlacementConfig(policy=policy, gpu_behavior=GpuBehavior.UNRESTRICTED, workload=workload)
+    return PlacementConfig(policy=policy, gpu_behavior=behavior, workload=workload)
 
 
 def arrivals_from_order(by_name: dict[str, Request], order: Sequence[str], base: Callable[[str], str]) -> list[Request]:
     """The requests in an order file's arrival order, each carrying its own (tuned) name as id."""
     return [dataclasses.replace(by_name[base(name)], id=name) for name in order]
-
-
-__all__ = ["Events", "arrivals_from_order", "cluster_fragmentation", "curve_column", "replay", "study_config"]

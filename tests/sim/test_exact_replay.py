@@ -24,11 +24,11 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def published(workload: str, policy: str, seed: int) -> tuple[float, float]:
+def published(workload: str, policy: str, seed: int) -> tuple[float, float, float]:
     with (TRACES / "expected_per_seed.csv").open() as fh:
         for row in csv.DictReader(fh):
             if row["workload"] == f"openb_pod_list_{workload}" and row["policy"] == policy and int(row["seed"]) == seed:
-                return float(row["alloc_at_100"]), float(row["alloc_at_130"])
+                return float(row["alloc_at_100"]), float(row["alloc_at_130"]), float(row["frag_at_100"])
     raise LookupError((workload, policy, seed))
 
 
@@ -56,6 +56,8 @@ def test_exact_replay_matches_the_published_values(workload: str, policy: str, s
         study_config(policy, target),
         ranks=[order.node_rank[n.name] for n in nodes],
         seed=seed,
+        track=True,
     )
-    assert (events.column(100), events.column(130)) == published(workload, policy, seed)
+    alloc, frag = events.curves()
+    assert (alloc[100], alloc[130], frag[100]) == published(workload, policy, seed)
     assert snapshot.total_gpus == 6212

@@ -1,0 +1,308 @@
+"""`corral sim`: replay traces through the placement engine and compare policies.
+
+corral sim run    --nodes N.csv --pods P.csv --policy fgd --seed 42 --tune 1.3 --out DIR [--order FILE]
+corral sim run    --online --policy fgd,bestfit ...             real arrival and departure times, pending queue
+corral sim matrix --nodes N.csv --pods A.csv --pods B.csv --policies ... --seeds 42-51 --published E.csv --out DIR
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from collections.abc import Sequence
+from multiprocessing import Pool
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+from corral.model.errors import InvalidRequest
+from corral.model.inventory import load_inventory
+from corral.model.resources import GpuBehavior, Node
+from corral.placement import get_policy
+from corral.sim.experiment import atomic_dir, run_experiment, write_run
+from corral.sim.openb import TracePod, load_order
+from corral.sim.pods import check_models, load_pod_file
+
+app = typer.Typer(no_args_is_help=True, help="Replay cluster traces through the placement engine.")
+out = Console(stderr=True)
+
+#: Policy names as the FGD study's result files spell them.
+STUDY_NAMES = {
+    "random": "Random",
+    "dotprod": "DotProd",
+    "gpu-clustering": "GpuClustering",
+    "gpu-packing": "GpuPacking",
+    "bestfit": "BestFit",
+    "fgd": "FGD",
+}
+STUDY_POLICIES = ("random", "dotprod", "gpu-clustering", "gpu-packing", "bestfit", "fgd")
+
+
+def fail(message: str) -> typer.Exit:
+    out.print(f"[bold red]error:[/] {message}", highlight=False)
+    return typer.Exit(2)
+
+
+def parse_seeds(text: str) -> list[int]:
+    """'42-51' or '42,43,50'."""
+    seeds: list[int] = []
+    try:
+        for part in text.split(","):
+            lo, sep, hi = part.strip().partition("-")
+            seeds.extend(range(int(lo), int(hi) + 1) if sep else [int(lo)])
+    except ValueError:
+        raise InvalidRequest("--seeds", f"expected e.g. 42-51 or 42,43, got {text!r}") from None
+    if not seeds:
+        raise InvalidRequest("--seeds", "no seeds given")
+    return seeds
+
+
+def parse_list(text: str, option: str) -> list[str]:
+    items = [p.strip() for p in text.split(",") if p.strip()]
+    if not items:
+        raise InvalidRequest(option, "give at least one name")
+    return items
+
+
+def load_inputs(nodes_path: Path, pods_path: Path) -> tuple[list[Node], list[TracePod]]:
+    if not nodes_path.is_file():
+        raise InvalidRequest(str(nodes_path), "no such file")
+    nodes = load_inventory(nodes_path)
+    pods = load_pod_file(pods_path)
+    check_models(pods_path, pods, nodes)
+    return nodes, pods
+
+
+def progress_bar() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=out
+    )
+
+
+@app.command("run")
+def run_cmd(
+    nodes: Annotated[Path, typer.Option(help="Nodes: openb node CSV or corral YAML/JSON.")],
+    pods: Annotated[Path, typer.Option(help="Pods: openb pod CSV or corral YAML/JSON.")],
+    out_dir: Annotated[Path, typer.Option("--out", help="Folder for the results (written only when complete).")],
+    policy: Annotated[str, typer.Option(help="Policy; with --online a comma list to compare.")] = "fgd",
+    seed: Annotated[int, typer.Option(help="Seed of the shuffle, tuning and tie-break ranks.")] = 42,
+    tune: Annotated[float, typer.Option(help="Tune the arriving GPU demand to this x GPU capacity.")] = 1.3,
+    order: Annotated[Path | None, typer.Option(help="Replay this exact order file instead of drawing one.")] = None,
+    behavior: Annotated[str, typer.Option(help="GPU scheduling behaviour for pods without GPUs.")] = "unrestricted",
+    online: Annotated[bool, typer.Option(help="Real creation/deletion times with departures and a queue.")] = False,
+) -> None:
+    """Replay one experiment and write events.csv, curves.csv, summary.json, plots and report.html."""
+    try:
+        mode = GpuBehavior.parse(behavior, "--behavior")
+        policies = parse_list(policy, "--policy")
+        for p in policies:
+            get_policy(p)
+        if len(policies) > 1 and not online:
+            raise InvalidRequest("--policy", "several policies only with --online; use `corral sim matrix` otherwise")
+        node_list, pod_list = load_inputs(nodes, pods)
+        exact = load_order(order) if order else None
+        if online:
+            run_online_cmd(node_list, pod_list, policies, mode, seed, out_dir, pods.stem)
+            return
+        with progress_bar() as bar:
+            task = bar.add_task(f"{pods.stem} {policies[0]} seed {seed}", total=None)
+            result = run_experiment(
+                node_list,
+                pod_list,
+                policies[0],
+                seed,
+                tune,
+                exact,
+                mode,
+                lambda done, total: bar.update(task, completed=done, total=total),
+                pods.stem,
+            )
+        with atomic_dir(out_dir) as tmp:
+            write_run(tmp, result, f"corral sim: {pods.stem}, {policies[0]}, seed {seed}")
+    except InvalidRequest as exc:
+        raise fail(str(exc)) from None
+    s = result.summary
+    out.print(
+        f"{s['pods']} pods, {s['failed_pods']} failed; GPU allocation {s['alloc_at_100']} % at 100 % arrived, "
+        f"{s['alloc_at_130']} % at 130 %; fragmentation {s['frag_at_100']} % at 100 %; "
+        f"{s['wall_seconds']} s -> {out_dir}",
+        highlight=False,
+    )
+
+
+def run_online_cmd(
+    nodes: list[Node],
+    pods: list[TracePod],
+    policies: list[str],
+    mode: GpuBehavior,
+    seed: int,
+    out_dir: Path,
+    label: str,
+) -> None:
+    from corral.placement import PlacementConfig
+    from corral.sim.online import run_online
+    from corral.sim.openb import target_workload
+    from corral.sim.report import write_online_report
+
+    summaries: dict[str, dict[str, Any]] = {}
+    series: dict[str, tuple[Sequence[float], Sequence[float]]] = {}
+    with progress_bar() as bar:
+        for p in policies:
+            task = bar.add_task(f"{label} {p} online", total=None)
+            config = PlacementConfig(policy=p, gpu_behavior=mode, workload=target_workload(pods))
+
+            def tick(done: int, total: int, task: TaskID = task) -> None:
+                bar.update(task, completed=done, total=total)
+
+            result = run_online(nodes, pods, config, seed, tick)
+            summaries[p] = dict(result.summary())
+            pct = 100.0 * result.allocated_milli / max(result.capacity_milli, 1)
+            series[p] = (result.times.tolist(), pct.tolist())
+    with atomic_dir(out_dir) as tmp:
+        (tmp / "summary.json").write_text(json.dumps(summaries, indent=2) + "\n")
+        write_online_report(tmp, summaries, series, f"corral sim online: {label}")
+    for p, s in summaries.items():
+        out.print(
+            f"{p}: {s['placed']}/{s['pods']} placed, mean GPU allocation {s['alloc_mean_pct']:.2f} %, "
+            f"queueing delay p50 {s['delay_p50_s']:.0f} s, p99 {s['delay_p99_s']:.0f} s",
+            highlight=False,
+        )
+
+
+# ---------------------------------------------------------------------------------------------------- matrix
+_CACHE: dict[tuple[str, str], tuple[list[Node], list[TracePod]]] = {}
+
+
+def _matrix_task(args: tuple[str, str, str, str, int, float]) -> dict[str, Any]:
+    nodes_path, pods_path, policy, behavior, seed, tune = args
+    key = (nodes_path, pods_path)
+    if key not in _CACHE:
+        _CACHE[key] = load_inputs(Path(nodes_path), Path(pods_path))
+    nodes, pods = _CACHE[key]
+    result = run_experiment(nodes, pods, policy, seed, tune, None, GpuBehavior(behavior), None, Path(pods_path).stem)
+    return result.summary
+
+
+def read_published(path: Path) -> dict[tuple[str, str], dict[str, float]]:
+    """expected_results.csv of the FGD study: (pod list, policy) -> its columns."""
+    table: dict[tuple[str, str], dict[str, float]] = {}
+    with path.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        need = {"workload", "policy", "alloc_at_100_mean"}
+        if not reader.fieldnames or not need <= set(reader.fieldnames):
+            raise InvalidRequest(str(path), f"expected columns {', '.join(sorted(need))}")
+        for line, row in enumerate(reader, 2):
+            try:
+                table[(row["workload"], row["policy"])] = {
+                    k: float(v) for k, v in row.items() if k not in {"workload", "policy"} and v not in (None, "")
+                }
+            except ValueError as exc:
+                raise InvalidRequest(f"{path}:{line}", f"not a number: {exc}") from None
+    return table
+
+
+MATRIX_COLUMNS = [
+    "pod_list",
+    "policy",
+    "behavior",
+    "seeds",
+    "alloc_at_100_mean",
+    "alloc_at_100_std",
+    "alloc_at_100_min",
+    "alloc_at_100_max",
+    "published_alloc_at_100",
+    "diff_alloc_at_100",
+    "alloc_at_130_mean",
+    "published_alloc_at_130",
+    "frag_at_100_mean",
+    "published_frag_at_100",
+    "failed_pods_without_gpu_mean",
+    "wall_seconds_mean",
+]
+
+
+def aggregate(
+    summaries: list[dict[str, Any]], published: dict[tuple[str, str], dict[str, float]]
+) -> list[dict[str, Any]]:
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for s in summaries:
+        groups.setdefault((s["pod_list"], s["policy"], s["behavior"]), []).append(s)
+    rows = []
+    for (pod_list, policy, behavior), runs in groups.items():
+        a100 = np.array([r["alloc_at_100"] for r in runs], dtype=np.float64)
+        pub = published.get((pod_list, STUDY_NAMES.get(policy, policy)), {})
+        mean = round(float(a100.mean()), 3)
+        p100 = pub.get("alloc_at_100_mean")
+        rows.append(
+            {
+                "pod_list": pod_list,
+                "policy": policy,
+                "behavior": behavior,
+                "seeds": len(runs),
+                "alloc_at_100_mean": mean,
+                "alloc_at_100_std": round(float(a100.std(ddof=1)), 3) if len(runs) > 1 else 0.0,
+                "alloc_at_100_min": float(a100.min()),
+                "alloc_at_100_max": float(a100.max()),
+                "published_alloc_at_100": p100,
+                "diff_alloc_at_100": None if p100 is None else round(mean - p100, 3),
+                "alloc_at_130_mean": round(float(np.mean([r["alloc_at_130"] for r in runs])), 3),
+                "published_alloc_at_130": pub.get("alloc_at_130_final_mean"),
+                "frag_at_100_mean": round(float(np.mean([r["frag_at_100"] for r in runs])), 3),
+                "published_frag_at_100": pub.get("frag_at_100_mean"),
+                "failed_pods_without_gpu_mean": round(float(np.mean([r["failed_pods_without_gpu"] for r in runs])), 1),
+                "wall_seconds_mean": round(float(np.mean([r["wall_seconds"] for r in runs])), 2),
+            }
+        )
+    return rows
+
+
+@app.command("matrix")
+def matrix_cmd(
+    nodes: Annotated[Path, typer.Option(help="Nodes: openb node CSV or corral YAML/JSON.")],
+    pods: Annotated[list[Path], typer.Option(help="Pod list (repeatable).")],
+    out_dir: Annotated[Path, typer.Option("--out", help="Folder for matrix.csv/.md/.png/.html.")],
+    policies: Annotated[str, typer.Option(help="Comma list of policies.")] = ",".join(STUDY_POLICIES),
+    seeds: Annotated[str, typer.Option(help="Seeds, e.g. 42-51.")] = "42-51",
+    tune: Annotated[float, typer.Option(help="Tune ratio.")] = 1.3,
+    behaviors: Annotated[
+        str, typer.Option(help="Comma list of GPU behaviours for pods without GPUs.")
+    ] = "unrestricted",
+    published: Annotated[Path | None, typer.Option(help="Published results (expected_results.csv).")] = None,
+    jobs: Annotated[int, typer.Option(help="Worker processes (default: all cores).")] = 0,
+) -> None:
+    """Run pod lists x policies x behaviours x seeds on all cores; one table of means beside published numbers."""
+    try:
+        names = parse_list(policies, "--policies")
+        for p in names:
+            get_policy(p)
+        modes = [GpuBehavior.parse(b, "--behaviors").value for b in parse_list(behaviors, "--behaviors")]
+        seed_list = parse_seeds(seeds)
+        if not math.isfinite(tune) or tune <= 0:
+            raise InvalidRequest("--tune", f"must be a positive ratio, got {tune}")
+        for pod_file in pods:
+            load_inputs(nodes, pod_file)  # fail fast, before any worker starts
+        pub = read_published(published) if published else {}
+    except InvalidRequest as exc:
+        raise fail(str(exc)) from None
+    tasks = [(str(nodes), str(f), name, m, s, tune) for f in pods for name in names for m in modes for s in seed_list]
+    summaries: list[dict[str, Any]] = []
+    with progress_bar() as bar, Pool(jobs or os.cpu_count() or 1) as pool:
+        task = bar.add_task("matrix", total=len(tasks))
+        for summary in pool.imap_unordered(_matrix_task, tasks):
+            summaries.append(summary)
+            bar.advance(task)
+    rows = sorted(aggregate(summaries, pub), key=lambda r: (r["pod_list"], r["policy"], r["behavior"]))
+    from corral.sim.report import matrix_markdown, write_matrix_report
+
+    with atomic_dir(out_dir) as tmp:
+        (tmp / "runs.json").write_text(
+            json.dumps(sorted(summaries, key=lambda s: tuple(map(str, s.values()))), indent=1)
+        )
+        write_matrix_report(tmp, rows, MATRIX_COLUMNS, "corral sim matrix")
+    typer.echo(matrix_markdown(rows, MATRIX_COLUMNS))
