@@ -29,7 +29,7 @@ from corral.placement.explain import render_long
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="corral: a GPU-aware scheduler.")
 app.add_typer(sim_app, name="sim")
 out = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 
 EXIT_BAD_INPUT = 2
 EXIT_NO_FIT = 3

@@ -30,7 +30,7 @@ from corral.sim.openb import TracePod, load_order
 from corral.sim.pods import check_models, load_pod_file
 
 app = typer.Typer(no_args_is_help=True, help="Replay cluster traces through the placement engine.")
-out = Console(stderr=True)
+out = Console(stderr=True, soft_wrap=True)
 
 #: Policy names as the FGD study's result files spell them.
 STUDY_NAMES = {
