@@ -1,0 +1,339 @@
+"""Online replay: the trace's creation and deletion times are real, pods depart and wait in a pending queue.
+
+    events in time order; at one instant, departures first, then arrivals by (creation_time, name)
+    arrival    place(pod): placed -> start now, depart at now + runtime
+                           every node unresolvable for it -> rejected (dropped, never queued)
+                           otherwise -> appended to the FIFO pending queue
+    departure  release(pod) -> one retry round over the pending queue, in arrival order (backfill: a later pod
+               starts if it fits even when an earlier one does not)
+
+runtime = deletion_time - creation_time; a pod without deletion_time, once started, holds its resources to the end.
+After every event (arrival or departure, with the retries it triggered) the cluster's allocated GPU milli is
+recorded, giving a step function of time.
+
+Keeping a retry round to useful work, with results identical to calling `place` for every pending pod in order:
+- within a round, once a request shape failed, other pending pods of that shape are skipped (free resources only
+  shrink during a round);
+- every pending pod fails on the cluster as it is after each event, so after a release on node i it can only fit
+  node i: shapes that node i cannot take (a vectorised test at the start of the round, the engine's filters on
+  node i just before each try) are not handed to `place` at all.
+Neither skip is taken for a shape that once failed on a scarce-GPU decline (restricted / preferential behaviour for
+work without GPUs): such declines clear on any node as GPUs fill up, so those shapes always go to `place`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import time
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from corral.model.arrays import FloatArray, IntArray
+from corral.model.errors import InvalidRequest
+from corral.model.resources import MILLI_PER_GPU, Node, Request
+from corral.model.snapshot import ClusterSnapshot
+from corral.placement import PlacementConfig, Reason, place
+from corral.placement.engine import validate_against
+from corral.placement.filters import static_bits, static_gpu_mask
+from corral.placement.reasons import UNRESOLVABLE_BITS
+from corral.sim.openb import TracePod
+
+#: Node reasons that can clear when free resources shrink: a failure that has them says nothing about same-shape pods.
+NON_MONOTONE_BITS = Reason.DECLINED_SCARCE.bit | Reason.GPU_RESERVE.bit
+
+PROGRESS_EVERY = 1000  # events between progress callbacks
+
+
+@dataclass(frozen=True)
+class OnlineResult:
+    policy: str
+    times: FloatArray  # time (s) of each event (arrival or departure), non-decreasing
+    allocated_milli: IntArray  # cluster GPU milli allocated right after each event
+    capacity_milli: int
+    delays: FloatArray  # queueing delay (start - creation) of every pod that was placed, in arrival order
+    rejected: int  # pods that can never fit any node: dropped at once
+    never_placed: int  # pods still pending when the trace ends
+    pods: int
+    wall_seconds: float
+
+    @property
+    def placed(self) -> int:
+        return len(self.delays)
+
+    def alloc_mean_pct(self) -> float:
+        """Time-weighted mean of allocated / capacity (%) over [first arrival, last event]."""
+        if not len(self.times) or not self.capacity_milli:
+            return 0.0
+        span = float(self.times[-1] - self.times[0])
+        if span <= 0:
+            mean = float(self.allocated_milli[-1])
+        else:
+            mean = float(np.dot(self.allocated_milli[:-1].astype(np.float64), np.diff(self.times))) / span
+        return 100.0 * mean / self.capacity_milli
+
+    def alloc_peak_pct(self) -> float:
+        if not len(self.allocated_milli) or not self.capacity_milli:
+            return 0.0
+        return 100.0 * float(self.allocated_milli.max()) / self.capacity_milli
+
+    def summary(self) -> dict[str, float | int]:
+        """Counts, queueing-delay statistics (seconds; 0 when nothing was placed) and GPU allocation (%)."""
+        d = self.delays
+        pct: list[float] = [float(v) for v in np.percentile(d, [50, 90, 99])] if len(d) else [0.0, 0.0, 0.0]
+        return {
+            "pods": self.pods,
+            "placed": self.placed,
+            "rejected": self.rejected,
+            "never_placed": self.never_placed,
+            "delay_mean_s": float(d.mean()) if len(d) else 0.0,
+            "delay_p50_s": pct[0],
+            "delay_p90_s": pct[1],
+            "delay_p99_s": pct[2],
+            "delay_max_s": float(d.max()) if len(d) else 0.0,
+            "delayed_pods": int(np.count_nonzero(d > 0)),
+            "alloc_mean_pct": self.alloc_mean_pct(),
+            "alloc_peak_pct": self.alloc_peak_pct(),
+            "wall_seconds": self.wall_seconds,
+        }
+
+
+def _shape(request: Request) -> Hashable:
+    """Everything but the id and priority that decides where a request can fit."""
+    return (
+        request.cpu_milli,
+        request.memory_mib,
+        request.gpu_count,
+        request.gpu_milli,
+        request.gpu_memory_mib,
+        request.gpu_models,
+        request.min_gpu_memory_mib,
+        request.constraints,
+        request.gpu_behavior,
+        tuple(sorted(request.labels.items())),
+        request.policy,
+    )
+
+
+def _requests(pods: Sequence[TracePod]) -> list[Request]:
+    """Each pod's request with a unique id (its name; a repeated name gets '#2', '#3', ...); checks the times."""
+    seen: dict[str, int] = {}
+    used: set[str] = {p.name for p in pods}
+    out = []
+    for pod in pods:
+        if pod.creation_time is None:
+            where = f" (line {pod.line})" if pod.line else ""
+            raise InvalidRequest(
+                f"{pod.name}",
+                f"online mode needs creation_time and deletion_time{where}; this pod has no creation_time "
+                "(pod lists without times, such as the multigpu lists, can only be replayed offline)",
+            )
+        if pod.deletion_time is not None and pod.deletion_time < pod.creation_time:
+            raise InvalidRequest(
+                f"{pod.name}", f"deletion_time {pod.deletion_time} is before creation_time {pod.creation_time}"
+            )
+        k = seen.get(pod.name, 0) + 1
+        seen[pod.name] = k
+        rid = pod.name
+        if k > 1:
+            while f"{pod.name}#{k}" in used:
+                k += 1
+            seen[pod.name] = k
+            rid = f"{pod.name}#{k}"
+            used.add(rid)
+        out.append(pod.request if pod.request.id == rid else dataclasses.replace(pod.request, id=rid))
+    return out
+
+
+class _Shapes:
+    """Request shapes as columns, for the cheap per-node test that decides which pending shapes to retry."""
+
+    def __init__(self, requests: Sequence[Request]) -> None:
+        ids: dict[Hashable, int] = {}
+        self.of = [ids.setdefault(_shape(r), len(ids)) for r in requests]
+        first: dict[int, Request] = {}
+        for s, r in zip(self.of, requests, strict=True):
+            first.setdefault(s, r)
+        reps = [first[s] for s in range(len(ids))]
+        self.cpu: IntArray = np.array([r.cpu_milli for r in reps], dtype=np.int64)
+        self.mem: IntArray = np.array([r.memory_mib for r in reps], dtype=np.int64)
+        self.count: IntArray = np.array([r.gpu_count for r in reps], dtype=np.int64)
+        self.milli: IntArray = np.array([r.gpu_milli for r in reps], dtype=np.int64)
+        self.gpu_mem: IntArray = np.array([r.gpu_memory_mib for r in reps], dtype=np.int64)
+
+    def may_fit(self, snapshot: ClusterSnapshot, node: int, shapes: IntArray) -> IntArray:
+        """The shapes that node's free resources do not rule out (a necessary condition only: models, constraints
+        and whole-GPU memory are left to `place`)."""
+        ok = (self.cpu[shapes] <= snapshot.cpu_free[node]) & (self.mem[shapes] <= snapshot.mem_free[node])
+        gpu_ok = (snapshot.gpu_milli_free[node][None, :] >= self.milli[shapes][:, None]) & (
+            snapshot.gpu_mem_free[node][None, :] >= self.gpu_mem[shapes][:, None]
+        )
+        ok &= np.count_nonzero(gpu_ok, axis=1) >= self.count[shapes]
+        fitting: IntArray = shapes[ok]
+        return fitting
+
+
+class _Replay:
+    """The event loop of `run_online`; pods are numbered by arrival position."""
+
+    def __init__(self, nodes: Sequence[Node], pods: Sequence[TracePod], config: PlacementConfig, seed: int) -> None:
+        requests = _requests(pods)
+        order = sorted(range(len(pods)), key=lambda i: (pods[i].creation_time or 0, pods[i].name))
+        self.arrival = [pods[i].creation_time or 0 for i in order]
+        self.runtime: list[int | None] = []
+        for i in order:
+            deletion = pods[i].deletion_time
+            self.runtime.append(None if deletion is None else deletion - (pods[i].creation_time or 0))
+        self.requests = [requests[i] for i in order]
+        self.shapes = _Shapes(self.requests)
+        self.snapshot = ClusterSnapshot(nodes)
+        self.config = config
+        self.rng = np.random.default_rng(seed)
+        self.delays = np.full(len(pods), np.nan, dtype=np.float64)
+        self.departures: list[tuple[int, int, int]] = []  # heap of (time, start sequence, pod)
+        self.started = 0
+        #: Pending pods by shape, each list in arrival order. Invariant after every event: each pending pod fails on
+        #: the snapshot as it is, so a release on node i can only help shapes that node i's free resources allow.
+        self.pending: dict[int, list[int]] = {}
+        #: Shapes that once failed on a scarce-GPU decline: such a failure can clear on any node, so always retried.
+        self.sticky: set[int] = set()
+
+    def fits_node(self, request: Request, node: int) -> bool:
+        """Whether `request` fits `node` as it is now, scarce-GPU behaviour aside (the engine's filters, one node)."""
+        sn = self.snapshot
+        if static_bits(sn, request)[node]:
+            return False
+        if request.cpu_milli > sn.cpu_free[node] or request.memory_mib > sn.mem_free[node]:
+            return False
+        if not request.wants_gpu:
+            return True
+        fit = static_gpu_mask(sn, request)[node]
+        if request.whole_gpus:
+            fit = fit & (sn.gpu_milli_free[node] == MILLI_PER_GPU) & (sn.gpu_mem_free[node] == sn.gpu_mem_cap[node])
+        else:
+            fit = (
+                fit & (sn.gpu_milli_free[node] >= request.gpu_milli) & (sn.gpu_mem_free[node] >= request.gpu_memory_mib)
+            )
+        return int(np.count_nonzero(fit)) >= request.gpu_count
+
+    def attempt(self, k: int, now: int) -> tuple[bool, bool, bool]:
+        """Try to start pod k now: (placed, unresolvable on every node, failure may clear as resources shrink)."""
+        request = self.requests[k]
+        try:
+            validate_against(self.snapshot, request)
+        except InvalidRequest:  # names a GPU model or GPU memory this cluster lacks: it can never fit
+            return False, True, False
+        decision = place(self.snapshot, request, self.config, self.rng)
+        if decision.allocation is not None:
+            self.snapshot.allocate(decision.allocation)
+            self.delays[k] = now - self.arrival[k]
+            runtime = self.runtime[k]
+            if runtime is not None:
+                heapq.heappush(self.departures, (now + runtime, self.started, k))
+            self.started += 1
+            return True, False, False
+        bits = decision.node_reasons
+        return False, bool(np.all(bits & UNRESOLVABLE_BITS)), bool(np.any(bits & NON_MONOTONE_BITS))
+
+    def arrive(self, k: int) -> bool:
+        """Pod k arrives: start it, queue it, or (returned True) reject it."""
+        placed, never, non_monotone = self.attempt(k, self.arrival[k])
+        if placed:
+            return False
+        if never:
+            return True
+        s = self.shapes.of[k]
+        self.pending.setdefault(s, []).append(k)
+        if non_monotone:
+            self.sticky.add(s)
+        return False
+
+    def depart(self) -> int:
+        """The next departure: release it, then one retry round over the pending pods in arrival order."""
+        now, _, k = heapq.heappop(self.departures)
+        node = self.snapshot.allocations[self.requests[k].id].node_index
+        self.snapshot.release(self.requests[k].id)
+        if not self.pending:
+            return now
+        shapes = np.fromiter(self.pending, dtype=np.int64, count=len(self.pending))
+        candidates = set(self.shapes.may_fit(self.snapshot, node, shapes).tolist())
+        candidates |= self.sticky & self.pending.keys()
+        # Merge the candidate shapes' queues by arrival position; a shape leaves the round at its first failure that
+        # more allocation cannot undo (free resources only shrink during a round).
+        heads = [(self.pending[s][0], s, 0) for s in candidates]
+        heapq.heapify(heads)
+        started: dict[int, set[int]] = {}
+        while heads:
+            k, s, p = heapq.heappop(heads)
+            if s not in self.sticky and not self.fits_node(self.requests[k], node):
+                continue  # it failed everywhere else before, and node alone cannot take it now
+            placed, _, non_monotone = self.attempt(k, now)
+            if placed:
+                started.setdefault(s, set()).add(k)
+            elif non_monotone:
+                self.sticky.add(s)
+            else:
+                continue
+            queue = self.pending[s]
+            if p + 1 < len(queue):
+                heapq.heappush(heads, (queue[p + 1], s, p + 1))
+        for s, gone in started.items():
+            left = [k for k in self.pending[s] if k not in gone]
+            if left:
+                self.pending[s] = left
+            else:
+                del self.pending[s]
+        return now
+
+
+def run_online(
+    nodes: Sequence[Node],
+    pods: Sequence[TracePod],
+    config: PlacementConfig,
+    seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+) -> OnlineResult:
+    """Replay `pods` against their creation and deletion times on a cluster of `nodes` (see the module docstring).
+
+    `progress(done, total)` is called every PROGRESS_EVERY events and at the end; `total` is the arrivals plus the
+    departures still possible (it shrinks when a pod is rejected, and equals `done` at the end).
+    """
+    start_wall = time.perf_counter()
+    sim = _Replay(nodes, pods, config, seed)
+    n = len(pods)
+    times: list[int] = []
+    allocated: list[int] = []
+    rejected = 0
+    done = 0
+    total = n + sum(r is not None for r in sim.runtime)
+    a = 0
+    while a < n or sim.departures:
+        if sim.departures and (a >= n or sim.departures[0][0] <= sim.arrival[a]):
+            now = sim.depart()
+        else:
+            now = sim.arrival[a]
+            if sim.arrive(a):
+                rejected += 1
+                if sim.runtime[a] is not None:
+                    total -= 1  # its departure will not happen
+            a += 1
+        times.append(now)
+        allocated.append(sim.snapshot.gpu_allocated_milli)
+        done += 1
+        if progress is not None and done % PROGRESS_EVERY == 0:
+            progress(done, total)
+    if progress is not None:
+        progress(done, done)
+    return OnlineResult(
+        policy=config.policy,
+        times=np.array(times, dtype=np.float64),
+        allocated_milli=np.array(allocated, dtype=np.int64),
+        capacity_milli=sim.snapshot.total_gpus * MILLI_PER_GPU,
+        delays=sim.delays[~np.isnan(sim.delays)],
+        rejected=rejected,
+        never_placed=sum(len(q) for q in sim.pending.values()),
+        pods=n,
+        wall_seconds=time.perf_counter() - start_wall,
+    )
