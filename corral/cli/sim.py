@@ -96,6 +96,9 @@ def run_cmd(
     order: Annotated[Path | None, typer.Option(help="Replay this exact order file instead of drawing one.")] = None,
     behavior: Annotated[str, typer.Option(help="GPU scheduling behaviour for pods without GPUs.")] = "unrestricted",
     online: Annotated[bool, typer.Option(help="Real creation/deletion times with departures and a queue.")] = False,
+    time_compression: Annotated[
+        float, typer.Option(help="--online: arrivals this many times denser, runtimes unchanged.")
+    ] = 1.0,
 ) -> None:
     """Replay one experiment and write events.csv, curves.csv, summary.json, plots and report.html."""
     try:
@@ -108,6 +111,10 @@ def run_cmd(
         node_list, pod_list = load_inputs(nodes, pods)
         exact = load_order(order) if order else None
         if online:
+            from corral.sim.online import compress_time
+
+            if time_compression != 1.0:
+                pod_list = compress_time(pod_list, time_compression)
             run_online_cmd(node_list, pod_list, policies, mode, seed, out_dir, pods.stem)
             return
         with progress_bar() as bar:
@@ -169,7 +176,8 @@ def run_online_cmd(
         write_online_report(tmp, summaries, series, f"corral sim online: {label}")
     for p, s in summaries.items():
         out.print(
-            f"{p}: {s['placed']}/{s['pods']} placed, mean GPU allocation {s['alloc_mean_pct']:.2f} %, "
+            f"{p}: {s['placed']}/{s['pods']} placed, mean GPU allocation while work arrives "
+            f"{s['alloc_mean_arrivals_pct']:.2f} % (peak {s['alloc_peak_pct']:.1f} %), "
             f"queueing delay p50 {s['delay_p50_s']:.0f} s, p99 {s['delay_p99_s']:.0f} s",
             highlight=False,
         )

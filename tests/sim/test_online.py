@@ -110,6 +110,8 @@ def test_time_weighted_mean_and_peak_of_allocation() -> None:
     s = r.summary()
     assert s["alloc_mean_pct"] == pytest.approx(43.75)
     assert s["alloc_peak_pct"] == pytest.approx(75.0)
+    # while work arrives ([0, 5]: the last arrival is at 5) 2 of 4 GPUs are held
+    assert s["alloc_mean_arrivals_pct"] == pytest.approx(50.0)
 
 
 def test_summary_delay_statistics() -> None:
