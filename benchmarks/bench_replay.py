@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.bench_engine import cpu_name, memory_gib
-from corral.sim.openb import base_name, load_nodes, load_order, load_pods, target_workload
-from corral.sim.replay import arrivals_from_order, replay, study_config
+from corral.sim.experiment import run_experiment
+from corral.sim.openb import load_nodes, load_order, load_pods
 
 POLICIES = ("bestfit", "dotprod", "gpu-packing", "gpu-clustering", "fgd")
 DEFAULT_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces" / "openb"
@@ -37,21 +37,12 @@ def run_one(args: tuple[Path, str, str, int]) -> Row:
     nodes = load_nodes(traces / "openb_node_list_gpu_node.csv")
     pods = load_pods(traces / f"openb_pod_list_{workload}.csv")
     order = load_order(traces / "orders" / f"openb_pod_list_{workload}.seed{seed}.order.gz")
-    target = target_workload(pods)
-    arrivals = arrivals_from_order({p.name: p.request for p in pods}, order.pods, base_name)
     start = time.perf_counter()
-    events, _ = replay(
-        nodes,
-        arrivals,
-        study_config(policy, target),
-        ranks=[order.node_rank[n.name] for n in nodes],
-        seed=seed,
-        track=True,
-    )
+    summary = run_experiment(nodes, pods, policy, seed, order=order).summary
     wall = time.perf_counter() - start
     e = published(traces)[(workload, policy, seed)]
-    alloc, frag = events.curves()
-    return workload, policy, seed, alloc[100], alloc[130], frag[100], e[0], e[1], e[2], wall
+    got = (summary["alloc_at_100"], summary["alloc_at_130"], summary["frag_at_100"])
+    return workload, policy, seed, *got, *e, wall
 
 
 def published(traces: Path) -> dict[tuple[str, str, int], tuple[float, float, float]]:

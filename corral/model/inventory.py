@@ -30,17 +30,26 @@ def load_inventory(path: Path) -> list[Node]:
         from corral.sim.openb import load_nodes
 
         return load_nodes(path)
+    return [_node(path, i, item) for i, item in enumerate(load_document_list(path, "nodes"))]
+
+
+def load_document_list(path: Path, key: str) -> list[Any]:
+    """The non-empty list under `key` of a YAML or JSON file (by suffix), or an InvalidRequest naming the file."""
     try:
         text = path.read_text()
     except OSError as exc:
         raise InvalidRequest(str(path), f"cannot read: {exc.strerror}") from None
+    kind = "JSON" if path.suffix == ".json" else "YAML"
+    if not text.strip():
+        raise InvalidRequest(str(path), "empty file")
     try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        data = json.loads(text) if kind == "JSON" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise InvalidRequest(str(path), f"not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("nodes"), list) or not data["nodes"]:
-        raise InvalidRequest(str(path), "expected a mapping with a non-empty list under 'nodes'")
-    return [_node(path, i, item) for i, item in enumerate(data["nodes"])]
+        raise InvalidRequest(str(path), f"not valid {kind}: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get(key), list) or not data[key]:
+        raise InvalidRequest(str(path), f"expected a mapping with a non-empty list under '{key}'")
+    items: list[Any] = data[key]
+    return items
 
 
 def _node(path: Path, i: int, item: Any) -> Node:

@@ -14,14 +14,12 @@ pods:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from corral.model.errors import InvalidRequest
+from corral.model.inventory import load_document_list
 from corral.model.resources import MILLI_PER_GPU, Node, Request
 from corral.model.units import parse_cpu_milli, parse_memory_mib
 from corral.sim.openb import TraceError, TracePod, load_pods
@@ -32,16 +30,7 @@ def load_pod_file(path: Path) -> list[TracePod]:
         raise InvalidRequest(str(path), "no such file")
     if path.suffix == ".csv":
         return load_pods(path)
-    text = path.read_text()
-    if not text.strip():
-        raise TraceError(path, 1, "-", "empty file")
-    try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise InvalidRequest(str(path), f"not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("pods"), list) or not data["pods"]:
-        raise InvalidRequest(str(path), "expected a mapping with a non-empty list under 'pods'")
-    pods = [_pod(path, i, item) for i, item in enumerate(data["pods"])]
+    pods = [_pod(path, i, item) for i, item in enumerate(load_document_list(path, "pods"))]
     names = [p.name for p in pods]
     if len(set(names)) != len(names):
         dup = next(n for n in names if names.count(n) > 1)

@@ -10,16 +10,15 @@ result columns bucket events by arrived percent of capacity exactly as the study
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from corral.model.arrays import BoolArray, FloatArray, IntArray
-from corral.model.resources import GpuBehavior, Node, Request
+from corral.model.resources import Node, Request
 from corral.model.snapshot import ClusterSnapshot
-from corral.placement import PlacementConfig, TargetWorkload, place, render
+from corral.placement import PlacementConfig, place, render
 from corral.placement.workload import node_fragmentation
 
 COLUMNS = range(131)  # arrived 0..130 % of capacity, as in the published files
@@ -114,15 +113,3 @@ def replay(
             progress(i)
     events = Events(arrived, allocated, placed, snapshot.total_gpus * 1000, frag, tuple(outcomes))
     return events, snapshot
-
-
-def study_config(
-    policy: str, workload: TargetWorkload, behavior: GpuBehavior = GpuBehavior.UNRESTRICTED
-) -> PlacementConfig:
-    """The FGD study's setting: pods without GPUs may use any node, fgd measures against the given workload."""
-    return PlacementConfig(policy=policy, gpu_behavior=behavior, workload=workload)
-
-
-def arrivals_from_order(by_name: dict[str, Request], order: Sequence[str], base: Callable[[str], str]) -> list[Request]:
-    """The requests in an order file's arrival order, each carrying its own (tuned) name as id."""
-    return [dataclasses.replace(by_name[base(name)], id=name) for name in order]

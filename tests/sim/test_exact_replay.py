@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from corral.sim.openb import base_name, load_nodes, load_order, load_pods, target_workload
-from corral.sim.replay import arrivals_from_order, replay, study_config
+from corral.sim.experiment import run_experiment
+from corral.sim.openb import load_nodes, load_order, load_pods
 
 TRACES = Path(os.environ.get("CORRAL_TRACES", Path(__file__).resolve().parents[3] / "shared" / "traces" / "openb"))
 
@@ -48,16 +48,9 @@ def test_exact_replay_matches_the_published_values(workload: str, policy: str, s
     nodes = load_nodes(TRACES / "openb_node_list_gpu_node.csv")
     pods = load_pods(TRACES / f"openb_pod_list_{workload}.csv")
     order = load_order(TRACES / "orders" / f"openb_pod_list_{workload}.seed{seed}.order.gz")
-    target = target_workload(pods)
-    arrivals = arrivals_from_order({p.name: p.request for p in pods}, order.pods, base_name)
-    events, snapshot = replay(
-        nodes,
-        arrivals,
-        study_config(policy, target),
-        ranks=[order.node_rank[n.name] for n in nodes],
-        seed=seed,
-        track=True,
+    result = run_experiment(nodes, pods, policy, seed, order=order)
+    summary = result.summary
+    assert (summary["alloc_at_100"], summary["alloc_at_130"], summary["frag_at_100"]) == published(
+        workload, policy, seed
     )
-    alloc, frag = events.curves()
-    assert (alloc[100], alloc[130], frag[100]) == published(workload, policy, seed)
-    assert snapshot.total_gpus == 6212
+    assert summary["gpus"] == 6212 and summary["pods"] == len(order.pods)
