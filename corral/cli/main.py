@@ -184,6 +184,48 @@ def place_cmd(
         raise typer.Exit(EXIT_NO_FIT)
 
 
+@app.command("discover")
+def discover_cmd(
+    simulate_gpus: Annotated[
+        str | None, typer.Option("--simulate-gpus", help="Show a simulated inventory instead, e.g. 4xH100-80GB.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print as JSON.")] = False,
+) -> None:
+    """The GPUs of this machine as corral sees them (NVML): UUID, model, memory, use and topology."""
+    import dataclasses
+
+    from corral.gpu.discovery import GpuDiscoveryError, GpuInfo, discover_gpus
+
+    try:
+        if simulate_gpus:
+            gpus = [
+                GpuInfo(g.index, g.uuid, g.model, g.memory_mib)
+                for g in parse_simulated_inventory(simulate_gpus)[0].gpus
+            ]
+        else:
+            gpus = discover_gpus()
+    except (InvalidRequest, GpuDiscoveryError) as exc:
+        raise fail(f"{exc}; use --simulate-gpus to try corral without GPUs") from None
+    if as_json:
+        rows = [{**dataclasses.asdict(g), "model": g.model, "nvlink_peers": sorted(g.nvlink_peers)} for g in gpus]
+        sys.stdout.write(json.dumps({"simulated": bool(simulate_gpus), "gpus": rows}, indent=2) + "\n")
+        return
+    if simulate_gpus:
+        out.print("[yellow]simulated GPU inventory[/] (no real devices)", highlight=False)
+    table = Table("GPU", "UUID", "model", "memory MiB", "used MiB", "util %", "NUMA", "PCIe switch", "NVLink peers")
+
+    def cell(v: object) -> str:
+        return "unknown" if v is None else str(v)
+
+    for g in gpus:
+        peers = ",".join(str(p) for p in sorted(g.nvlink_peers)) or "-"
+        table.add_row(
+            str(g.index), g.uuid, g.model, str(g.memory_total_mib), cell(g.memory_used_mib), cell(g.utilization_pct),
+            cell(g.numa_node), cell(g.pcie_switch), peers,
+        )  # fmt: skip
+    out.print(table)
+
+
 POLICY_HELP = {
     "binpack": "fill the fullest node and GPU first (leaves whole nodes free)",
     "spread": "use the emptiest node and GPU (spreads load and failures)",

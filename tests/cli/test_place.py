@@ -106,3 +106,23 @@ def test_policies_lists_every_policy() -> None:
     data = json.loads(result.output)
     assert sorted(data) == policy_names()  # every registered policy, plugins included
     assert data["fgd"] == "FGD study: least growth of fragmentation for the target workload"
+
+
+def test_discover_without_a_driver_or_simulated() -> None:
+    from corral.gpu.discovery import GpuDiscoveryError, discover_gpus
+
+    try:
+        discover_gpus()
+        has_gpus = True
+    except GpuDiscoveryError:
+        has_gpus = False
+    result = runner.invoke(app, ["discover"])
+    if not has_gpus:
+        assert result.exit_code == 2
+        assert "NVML is not usable here" in result.output and "use --simulate-gpus" in result.output
+    sim = runner.invoke(app, ["discover", "--simulate-gpus", "2xH100-80GB", "--json"])
+    assert sim.exit_code == 0
+    data = json.loads(sim.output)
+    assert data["simulated"] is True
+    assert [g["uuid"] for g in data["gpus"]] == ["SIM-GPU-0-0", "SIM-GPU-0-1"]
+    assert data["gpus"][0]["model"] == "H100" and data["gpus"][0]["memory_total_mib"] == 81920
