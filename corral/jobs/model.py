@@ -1,0 +1,160 @@
+"""A job: a command to run with a resource request, and its life cycle.
+
+    QUEUED --(scheduler grants resources)--> STARTING --(process spawned)--> RUNNING
+    RUNNING --> SUCCEEDED (exit 0) | FAILED (non-zero, signal, time limit) | CANCELLED (user) | LOST (daemon
+    restarted and the process was gone or not ours)
+    FAILED / LOST with attempts left --> QUEUED again after a back-off (`not_before`)
+    QUEUED / STARTING --> CANCELLED
+
+A job's resources are held from STARTING until it reaches a final state, so a job that has just started keeps its
+reservation before it has allocated anything (no launch race).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from enum import StrEnum
+from typing import Any
+
+from corral.model.errors import InvalidRequest
+from corral.model.resources import Constraint, GpuBehavior, GpuGrant, Request
+
+
+class JobState(StrEnum):
+    QUEUED = "queued"
+    STARTING = "starting"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    LOST = "lost"
+
+    @property
+    def final(self) -> bool:
+        return self in FINAL_STATES
+
+    @property
+    def holds_resources(self) -> bool:
+        return self in (JobState.STARTING, JobState.RUNNING)
+
+
+FINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.LOST})
+
+#: Allowed transitions (from -> to). A retry is FAILED/LOST -> QUEUED.
+TRANSITIONS: Mapping[JobState, frozenset[JobState]] = {
+    JobState.QUEUED: frozenset({JobState.STARTING, JobState.CANCELLED}),
+    JobState.STARTING: frozenset({JobState.RUNNING, JobState.FAILED, JobState.CANCELLED, JobState.LOST}),
+    JobState.RUNNING: frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.LOST}),
+    JobState.FAILED: frozenset({JobState.QUEUED}),
+    JobState.LOST: frozenset({JobState.QUEUED}),
+    JobState.SUCCEEDED: frozenset(),
+    JobState.CANCELLED: frozenset(),
+}
+
+
+class InvalidTransition(InvalidRequest):
+    def __init__(self, job_id: str, current: JobState, wanted: JobState) -> None:
+        super().__init__("state", f"job {job_id} is {current.value}; it cannot become {wanted.value}")
+        self.current = current
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What was submitted. Validated by `Request` for resources; the rest here."""
+
+    command: tuple[str, ...]
+    request: Request
+    user: str
+    uid: int
+    gid: int
+    name: str = ""
+    retries: int = 0
+    time_limit_s: float | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: str = "/"
+
+    def __post_init__(self) -> None:
+        if not self.command or not self.command[0]:
+            raise InvalidRequest("command", "give the command to run (after --)")
+        if self.retries < 0 or self.retries > 100:
+            raise InvalidRequest("retries", f"must be in 0..100, got {self.retries}")
+        if self.time_limit_s is not None and not self.time_limit_s > 0:
+            raise InvalidRequest("time_limit", f"must be > 0 seconds, got {self.time_limit_s}")
+        if len(self.name) > 200:
+            raise InvalidRequest("name", "must be at most 200 characters")
+
+
+@dataclass(frozen=True)
+class Job:
+    id: str
+    spec: JobSpec
+    state: JobState
+    submitted_at: float
+    attempts: int = 0  # times it was started
+    not_before: float = 0.0  # earliest next start (retry back-off)
+    started_at: float | None = None
+    finished_at: float | None = None
+    exit_code: int | None = None
+    pid: int | None = None
+    pid_start_time: int | None = None  # /proc/<pid>/stat start time (clock ticks): tells a reused PID apart
+    gpus: tuple[GpuGrant, ...] = ()
+    gpu_uuids: tuple[str, ...] = ()
+    reason: str = ""  # why it waits / how it ended, in words
+    version: int = 0  # bumped by the store on every write (compare-and-set)
+
+    def evolve(self, **changes: Any) -> Job:
+        return replace(self, **changes)
+
+
+# ---------------------------------------------------------------------------------------------- serialisation
+def request_to_dict(r: Request) -> dict[str, Any]:
+    d = asdict(r)
+    d["gpu_models"] = sorted(r.gpu_models) if r.gpu_models is not None else None
+    d["constraints"] = [[c.attribute, c.op.value, c.value] for c in r.constraints]
+    d["gpu_behavior"] = r.gpu_behavior.value if r.gpu_behavior else None
+    d["labels"] = dict(r.labels)
+    return d
+
+
+def request_from_dict(d: Mapping[str, Any]) -> Request:
+    d = dict(d)
+    d["gpu_models"] = frozenset(d["gpu_models"]) if d.get("gpu_models") is not None else None
+    d["constraints"] = tuple(Constraint.parse(*c) for c in d.get("constraints", ()))
+    d["gpu_behavior"] = GpuBehavior(d["gpu_behavior"]) if d.get("gpu_behavior") else None
+    return Request(**d)
+
+
+def spec_to_json(s: JobSpec) -> str:
+    return json.dumps(
+        {
+            "command": list(s.command),
+            "request": request_to_dict(s.request),
+            "user": s.user,
+            "uid": s.uid,
+            "gid": s.gid,
+            "name": s.name,
+            "retries": s.retries,
+            "time_limit_s": s.time_limit_s,
+            "env": dict(s.env),
+            "cwd": s.cwd,
+        },
+        sort_keys=True,
+    )
+
+
+def spec_from_json(text: str) -> JobSpec:
+    d = json.loads(text)
+    return JobSpec(
+        command=tuple(d["command"]),
+        request=request_from_dict(d["request"]),
+        user=d["user"],
+        uid=d["uid"],
+        gid=d["gid"],
+        name=d["name"],
+        retries=d["retries"],
+        time_limit_s=d["time_limit_s"],
+        env=d["env"],
+        cwd=d["cwd"],
+    )
