@@ -1,0 +1,1 @@
+"""corral serve: the loop that wires store, engine and executor."""

@@ -1,0 +1,81 @@
+"""The scheduling pass: queue order, backfill, back-off, anti-starvation, explanations of why a job waits."""
+
+from __future__ import annotations
+
+from corral.daemon.scheduler import schedule
+from corral.jobs.model import Job, JobSpec, JobState
+from corral.model.resources import GpuBehavior, Request
+from corral.model.snapshot import ClusterSnapshot
+from corral.placement import PlacementConfig
+from corral.queue import queue_order
+from tests.builders import cluster, node
+
+CONFIG = PlacementConfig(gpu_behavior=GpuBehavior.UNRESTRICTED)
+
+
+def job(jid: int, gpus: int = 1, milli: int = 1000, priority: int = 0, t: float = 0.0, **kw: object) -> Job:
+    req = Request(cpu_milli=1000, memory_mib=1024, gpu_count=gpus, gpu_milli=milli if gpus else 0, priority=priority)
+    spec = JobSpec(("true",), req, "alice", 1000, 1000)
+    return Job(str(jid), spec, JobState.QUEUED, submitted_at=t, **kw)  # type: ignore[arg-type]
+
+
+def box(gpus: int = 4) -> ClusterSnapshot:
+    return cluster(node("box").gpus(gpus).cpu(32).mem(128))
+
+
+def test_queue_order_priority_then_fifo_then_id() -> None:
+    jobs = [job(3, t=5), job(10, t=1), job(2, t=1), job(7, priority=5, t=9)]
+    assert [j.id for j in queue_order(jobs)] == ["7", "2", "10", "3"]
+
+
+def test_starts_in_order_and_backfills() -> None:
+    s = box(4)
+    plan = schedule(s, [job(1, gpus=2, t=0), job(2, gpus=4, t=1), job(3, gpus=1, t=2), job(4, gpus=1, t=3)], CONFIG, 10)
+    assert [st.job_id for st in plan.starts] == ["1", "3", "4"]
+    assert [st.allocation.gpu_indices for st in plan.starts] == [(0, 1), (2,), (3,)]
+    assert plan.waiting == {"2": "0/1 nodes fit: 1 insufficient GPU (need 4 whole GPUs)"}
+    assert s.gpu_full_free[0] == 0  # the grants are in the snapshot
+
+
+def test_same_shape_is_not_retried_within_a_pass() -> None:
+    s = box(1)
+    jobs = [job(i, gpus=1, t=i) for i in range(1, 2001)]
+    plan = schedule(s, jobs, CONFIG, 10)
+    assert [st.job_id for st in plan.starts] == ["1"]
+    assert len(plan.waiting) == 1999
+    assert set(plan.waiting.values()) == {"0/1 nodes fit: 1 insufficient GPU (need 1 whole GPU)"}
+
+
+def test_back_off_and_unresolvable() -> None:
+    s = box(2)
+    plan = schedule(s, [job(1, not_before=100.0), job(2, gpus=8), job(3)], CONFIG, now=40)
+    assert plan.waiting["1"] == "retrying after back-off in 60 s"
+    assert plan.waiting["2"] == "0/1 nodes fit: 1 fewer than 8 eligible GPUs"
+    assert plan.unresolvable == {"2"}
+    assert [st.job_id for st in plan.starts] == ["3"]
+
+
+def test_a_starving_head_stops_gpu_backfill_but_not_cpu_work() -> None:
+    s = box(4)
+    assert schedule(s, [job(90, gpus=2)], CONFIG, 0).starts  # two of four GPUs now held
+    jobs = [job(1, gpus=4, t=0), job(2, gpus=1, t=1), job(3, gpus=0, t=2)]
+    fresh = schedule(s.copy(), jobs, CONFIG, now=10)
+    assert [st.job_id for st in fresh.starts] == ["2", "3"]  # backfill while the head is young
+    starving = schedule(s.copy(), jobs, CONFIG, now=1000)
+    assert [st.job_id for st in starving.starts] == ["3"]
+    assert starving.waiting["2"] == "waiting behind a job that has waited too long for GPUs"
+
+
+def test_a_request_the_machine_cannot_understand_waits_forever_with_the_reason() -> None:
+    s = box(2)
+    odd = Request(cpu_milli=1000, gpu_count=1, gpu_milli=1000, gpu_models=frozenset({"T4"}))
+    bad = Job("1", JobSpec(("true",), odd, "alice", 1000, 1000), JobState.QUEUED, submitted_at=0)
+    plan = schedule(s, [bad, job(2, t=1)], CONFIG, 10)
+    assert plan.waiting == {"1": "gpu_models: unknown GPU model T4; this cluster has: A100"}
+    assert plan.unresolvable == {"1"} and [st.job_id for st in plan.starts] == ["2"]
+
+
+def test_priority_jumps_the_queue() -> None:
+    s = box(1)
+    plan = schedule(s, [job(1, t=0), job(2, t=5, priority=10)], CONFIG, 10)
+    assert [st.job_id for st in plan.starts] == ["2"]
