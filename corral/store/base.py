@@ -1,0 +1,170 @@
+"""The job store: where `corral serve` keeps every job, so that a restart (or a kill -9) loses nothing acknowledged.
+
+    add(spec) ---> Job "1" QUEUED v1
+    transition("1", STARTING, expect={QUEUED}, gpus=...) ---> Job "1" STARTING v2   (compare-and-set on the state)
+    update("1", expect_version=2, pid=4242) ---> Job "1" STARTING v3                  (compare-and-set on the version)
+
+Every write is durable before it returns and bumps the job's `version`. Two writers racing on one job cannot both
+win: `transition` checks the current state against `TRANSITIONS` (and `expect`) inside the same atomic step that
+writes, and `update(expect_version=...)` checks the version the same way.
+
+Errors a caller can act on are `InvalidRequest`s (`JobNotFound`, `StaleJob`, `InvalidTransition`); a storage failure
+(disk full, unreadable file, a file that is not a job store) is a `StoreError`, never a raw `sqlite3` exception.
+"""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import math
+from collections.abc import Collection, Mapping
+from typing import Any, Protocol, cast, runtime_checkable
+
+from corral.jobs.model import TRANSITIONS, InvalidTransition, Job, JobSpec, JobState
+from corral.model.errors import CorralError, InvalidRequest
+from corral.model.resources import GpuGrant
+
+
+class JobNotFound(InvalidRequest):
+    """No job has this id."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__("job", f"no job {job_id}")
+        self.job_id = job_id
+
+
+class StaleJob(InvalidRequest):
+    """An `update(expect_version=...)` lost a race: someone else wrote the job since it was read."""
+
+    def __init__(self, job_id: str, expected: int, actual: int) -> None:
+        super().__init__(
+            "version", f"job {job_id} changed since it was read (version {actual}, expected {expected}); read it again"
+        )
+        self.job_id = job_id
+        self.expected = expected
+        self.actual = actual
+
+
+class StoreError(CorralError):
+    """The store could not be read or written (an I/O error, a corrupt or foreign file, a closed store)."""
+
+
+@runtime_checkable
+class Store(Protocol):
+    """The jobs of one `corral serve`. Safe to share between threads; every write is atomic and durable."""
+
+    def add(self, spec: JobSpec, now: float) -> Job:
+        """Store a new QUEUED job (version 1) submitted at `now`; ids are "1", "2", ..., never reused."""
+        ...
+
+    def get(self, job_id: str) -> Job | None:
+        """The job, or None if there is none with this id."""
+        ...
+
+    def list(self, states: Collection[JobState] | None = None, user: str | None = None) -> builtins.list[Job]:
+        """Jobs in any of `states` (all if None) submitted by `user` (anyone if None), by id in numeric order."""
+        ...
+
+    def transition(
+        self, job_id: str, to: JobState, *, expect: Collection[JobState] | None = None, **fields: Any
+    ) -> Job:
+        """Move a job to state `to`, setting `fields` in the same atomic step; returns the new job.
+
+        Raises `JobNotFound` for an unknown id, `InvalidTransition` if `TRANSITIONS` does not allow the move from the
+        current state or the current state is not in `expect`, `ValueError` for a field that cannot be set.
+        """
+        ...
+
+    def update(self, job_id: str, *, expect_version: int | None = None, **fields: Any) -> Job:
+        """Set `fields` without changing the state; returns the new job.
+
+        Raises `JobNotFound` for an unknown id, `StaleJob` if `expect_version` is given and the stored version
+        differs, `ValueError` for a field that cannot be set.
+        """
+        ...
+
+    def close(self) -> None:
+        """Release the store; further calls raise `StoreError`. Closing twice is harmless."""
+        ...
+
+
+# ------------------------------------------------------------------------------------- shared by the implementations
+#: Fields a write may set, with the types each accepts (None allowed where the field is optional).
+_INT = (int,)
+_FLOAT = (int, float)
+FIELD_TYPES: Mapping[str, tuple[tuple[type, ...], bool]] = {
+    "attempts": (_INT, False),
+    "not_before": (_FLOAT, False),
+    "started_at": (_FLOAT, True),
+    "finished_at": (_FLOAT, True),
+    "exit_code": (_INT, True),
+    "pid": (_INT, True),
+    "pid_start_time": (_INT, True),
+    "gpus": ((tuple, builtins.list), False),
+    "gpu_uuids": ((tuple, builtins.list), False),
+    "reason": ((str,), False),
+}
+#: Fields no write may set: `state` only through `transition(to=...)`, the rest never change after `add`.
+FIXED_FIELDS = frozenset({"id", "spec", "version", "submitted_at", "state"})
+
+_unknown = {f.name for f in dataclasses.fields(Job)} ^ (set(FIELD_TYPES) | FIXED_FIELDS)
+if _unknown:  # pragma: no cover - catches a Job field added without teaching the stores about it
+    raise RuntimeError(f"corral.store does not know how to store Job fields {sorted(_unknown)}")
+
+
+def check_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate the fields of a write and normalise them, so both stores hold (and return) the same values.
+
+    Unknown or fixed names raise ValueError; a value of the wrong type raises TypeError (both are bugs of the
+    caller, not requests a user could correct).
+    """
+    out: dict[str, Any] = {}
+    for name, value in fields.items():
+        if name not in FIELD_TYPES:
+            if name == "state":
+                raise ValueError("the state changes only through transition(job_id, to)")
+            if name in FIXED_FIELDS:
+                raise ValueError(f"job field {name!r} is set by the store and cannot be changed")
+            known = ", ".join(sorted(FIELD_TYPES))
+            raise ValueError(f"unknown job field {name!r}; a write may set {known}")
+        types, nullable = FIELD_TYPES[name]
+        if value is None:
+            if not nullable:
+                raise TypeError(f"job field {name!r} cannot be None")
+            out[name] = None
+            continue
+        if isinstance(value, bool) or not isinstance(value, types):
+            raise TypeError(f"job field {name!r} cannot be {value!r}")
+        value = cast(Any, value)  # isinstance with a tuple of types narrows to `object`
+        if name == "gpus":
+            grants = tuple(value)
+            if not all(isinstance(g, GpuGrant) for g in grants):
+                raise TypeError(f"job field 'gpus' must hold GpuGrant values, got {value!r}")
+            out[name] = grants
+        elif name == "gpu_uuids":
+            uuids = tuple(value)
+            if not all(isinstance(u, str) for u in uuids):
+                raise TypeError(f"job field 'gpu_uuids' must hold strings, got {value!r}")
+            out[name] = uuids
+        elif types is _FLOAT:
+            number = float(value)
+            if math.isnan(number):
+                raise ValueError(f"job field {name!r} cannot be NaN")
+            out[name] = number
+        else:
+            out[name] = value
+    return out
+
+
+def check_transition(job: Job, to: JobState, expect: Collection[JobState] | None) -> None:
+    """Raise InvalidTransition unless `job` may move to `to` now."""
+    if to not in TRANSITIONS[job.state] or (expect is not None and job.state not in expect):
+        raise InvalidTransition(job.id, job.state, to)
+
+
+def canonical_id(job_id: str) -> int | None:
+    """The row id of a job id like "17", or None for anything that no job can have ("017", "x", "-1", "")."""
+    if not isinstance(job_id, str) or not job_id.isascii() or not job_id.isdigit() or len(job_id) > 18:
+        return None
+    number = int(job_id)
+    return number if str(number) == job_id and number > 0 else None

@@ -1,0 +1,327 @@
+"""The job store of `corral serve`: one SQLite file, written so that a kill -9 (or a power cut) loses nothing acked.
+
+    jobs(id INTEGER PRIMARY KEY AUTOINCREMENT, spec TEXT (spec_to_json), user, state, submitted_at, attempts,
+         not_before, started_at, finished_at, exit_code, pid, pid_start_time, gpus TEXT ([[index, milli, MiB]]),
+         gpu_uuids TEXT ([uuid]), reason, version)
+    meta(key TEXT PRIMARY KEY, value TEXT)   -- schema_version
+
+Why these settings:
+- WAL journal + `synchronous=FULL`: a commit is fsynced to the WAL before `add`/`transition`/`update` return, so an
+  acknowledged write survives the process being killed at any point, and the OS crashing too. Readers never block
+  the writer.
+- `BEGIN IMMEDIATE` for every write: the write lock is taken before the row is read, so the compare-and-set of
+  `transition`/`update` cannot interleave with another writer (another thread, or another process on the file).
+- `AUTOINCREMENT`: ids are never reused, also across reopen.
+- One connection shared by the daemon's threads (`check_same_thread=False`), serialised by a lock: SQLite
+  connections are not safe for concurrent use, and the daemon writes far below what one connection can do.
+- Every `sqlite3.Error` becomes a `StoreError` naming the file (the API turns it into a 500, never a traceback).
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import sqlite3
+import threading
+from collections.abc import Collection, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from corral.jobs.model import Job, JobSpec, JobState, spec_from_json, spec_to_json
+from corral.model.resources import GpuGrant
+from corral.store.base import JobNotFound, StaleJob, StoreError, canonical_id, check_fields, check_transition
+
+SCHEMA_VERSION = 1
+#: How long a write waits for another process that holds the file's write lock before it fails.
+BUSY_TIMEOUT_S = 10.0
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS jobs (
+    id             INTEGER PRIMARY KEY AUTOINCREMENT,
+    spec           TEXT    NOT NULL,
+    user           TEXT    NOT NULL,
+    state          TEXT    NOT NULL,
+    submitted_at   REAL    NOT NULL,
+    attempts       INTEGER NOT NULL DEFAULT 0,
+    not_before     REAL    NOT NULL DEFAULT 0,
+    started_at     REAL,
+    finished_at    REAL,
+    exit_code      INTEGER,
+    pid            INTEGER,
+    pid_start_time INTEGER,
+    gpus           TEXT    NOT NULL DEFAULT '[]',
+    gpu_uuids      TEXT    NOT NULL DEFAULT '[]',
+    reason         TEXT    NOT NULL DEFAULT '',
+    version        INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state);
+CREATE INDEX IF NOT EXISTS jobs_user ON jobs (user);
+"""
+
+_COLUMNS = (
+    "id",
+    "spec",
+    "state",
+    "submitted_at",
+    "attempts",
+    "not_before",
+    "started_at",
+    "finished_at",
+    "exit_code",
+    "pid",
+    "pid_start_time",
+    "gpus",
+    "gpu_uuids",
+    "reason",
+    "version",
+)
+_SELECT = f"SELECT {', '.join(_COLUMNS)} FROM jobs"
+
+
+class SqliteStore:
+    """Jobs in an SQLite file. Opening creates the file (not its folder) and checks that it is a corral job store."""
+
+    def __init__(self, path: Path, *, busy_timeout_s: float = BUSY_TIMEOUT_S) -> None:
+        self.path = Path(path)
+        self._busy_timeout_ms = max(0, round(busy_timeout_s * 1000))
+        self._lock = threading.Lock()
+        self._closed = False
+        try:
+            self._conn = sqlite3.connect(
+                self.path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.Error as exc:
+            raise self._error("cannot open it", exc) from exc
+        try:
+            self._open()
+        except BaseException:
+            self._conn.close()
+            raise
+
+    # ----------------------------------------------------------------------------------------------------- API
+    def add(self, spec: JobSpec, now: float) -> Job:
+        spec_text = spec_to_json(spec)
+        with self._write("adding a job"):
+            cursor = self._conn.execute(
+                "INSERT INTO jobs (spec, user, state, submitted_at, version) VALUES (?, ?, ?, ?, 1)",
+                (spec_text, spec.user, JobState.QUEUED.value, float(now)),
+            )
+            row_id = cursor.lastrowid
+        assert row_id is not None
+        return Job(str(row_id), spec_from_json(spec_text), JobState.QUEUED, submitted_at=float(now), version=1)
+
+    def get(self, job_id: str) -> Job | None:
+        row_id = canonical_id(job_id)
+        if row_id is None:
+            return None
+        with self._read(f"reading job {job_id}"):
+            row = self._conn.execute(f"{_SELECT} WHERE id = ?", (row_id,)).fetchone()
+        return None if row is None else self._decode(row)
+
+    def list(self, states: Collection[JobState] | None = None, user: str | None = None) -> builtins.list[Job]:
+        where: builtins.list[str] = []
+        params: builtins.list[Any] = []
+        if states is not None:
+            values = sorted({JobState(s).value for s in states})
+            if not values:
+                return []
+            where.append(f"state IN ({', '.join('?' * len(values))})")
+            params.extend(values)
+        if user is not None:
+            where.append("user = ?")
+            params.append(user)
+        sql = _SELECT + (f" WHERE {' AND '.join(where)}" if where else "") + " ORDER BY id"
+        with self._read("listing jobs"):
+            rows = self._conn.execute(sql, params).fetchall()
+        return [self._decode(row) for row in rows]
+
+    def transition(
+        self, job_id: str, to: JobState, *, expect: Collection[JobState] | None = None, **fields: Any
+    ) -> Job:
+        to = JobState(to)
+        changes = check_fields(fields)
+        with self._write(f"changing job {job_id}"):
+            job = self._get_for_write(job_id)
+            check_transition(job, to, expect)
+            new = job.evolve(state=to, version=job.version + 1, **changes)
+            self._store(new, {"state": to.value, **changes})
+        return new
+
+    def update(self, job_id: str, *, expect_version: int | None = None, **fields: Any) -> Job:
+        changes = check_fields(fields)
+        with self._write(f"changing job {job_id}"):
+            job = self._get_for_write(job_id)
+            if expect_version is not None and job.version != expect_version:
+                raise StaleJob(job_id, expect_version, job.version)
+            new = job.evolve(version=job.version + 1, **changes)
+            self._store(new, changes)
+        return new
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self._conn.close()
+            except sqlite3.Error as exc:
+                raise self._error("closing it failed", exc) from exc
+
+    def __repr__(self) -> str:
+        return f"SqliteStore({str(self.path)!r})"
+
+    # ------------------------------------------------------------------------------------------------ internals
+    def _open(self) -> None:
+        conn = self._conn
+        try:
+            # The first read of the file: a file that is not SQLite fails here ("file is not a database").
+            conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise StoreError(
+                    f"job store {self.path}: SQLite cannot use write-ahead logging there (journal mode {mode!r});"
+                    " put the state file on a local file system"
+                )
+            conn.execute("PRAGMA synchronous = FULL")
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                self._check_or_create_schema()
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            raise self._error("cannot open it", exc) from exc
+
+    def _check_or_create_schema(self) -> None:
+        conn = self._conn
+        tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "meta" not in tables and tables - {"sqlite_sequence"}:
+            raise StoreError(
+                f"job store {self.path}: the file is an SQLite database but not a corral job store"
+                f" (it has tables {', '.join(sorted(tables))}); choose another file"
+            )
+        # executescript() would COMMIT first; run the statements one by one inside our transaction instead.
+        for statement in _SCHEMA.split(";"):
+            if statement.strip():
+                conn.execute(statement)
+        row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        if row is None:
+            conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            return
+        try:
+            version = int(row[0])
+        except ValueError:
+            version = -1
+        if version != SCHEMA_VERSION:
+            newer = version > SCHEMA_VERSION
+            raise StoreError(
+                f"job store {self.path}: schema version {row[0]} "
+                + ("was written by a newer corral; upgrade corral" if newer else f"is not {SCHEMA_VERSION}")
+            )
+
+    @contextmanager
+    def _read(self, what: str) -> Iterator[None]:
+        with self._lock:
+            self._check_open()
+            try:
+                yield
+            except sqlite3.Error as exc:
+                raise self._error(f"{what} failed", exc) from exc
+
+    @contextmanager
+    def _write(self, what: str) -> Iterator[None]:
+        """One write transaction: BEGIN IMMEDIATE takes the write lock before anything is read (compare-and-set)."""
+        with self._lock:
+            self._check_open()
+            conn = self._conn
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield
+                    conn.execute("COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as exc:
+                raise self._error(f"{what} failed", exc) from exc
+
+    def _get_for_write(self, job_id: str) -> Job:
+        row_id = canonical_id(job_id)
+        row = None if row_id is None else self._conn.execute(f"{_SELECT} WHERE id = ?", (row_id,)).fetchone()
+        if row is None:
+            raise JobNotFound(job_id)
+        return self._decode(row)
+
+    def _store(self, job: Job, columns: dict[str, Any]) -> None:
+        values = {name: _encode(name, value) for name, value in columns.items()}
+        values["version"] = job.version
+        assignments = ", ".join(f"{name} = ?" for name in values)  # names come from check_fields, never the caller
+        self._conn.execute(f"UPDATE jobs SET {assignments} WHERE id = ?", (*values.values(), int(job.id)))
+
+    def _decode(self, row: Sequence[Any]) -> Job:
+        d = dict(zip(_COLUMNS, row, strict=True))
+        try:
+            return Job(
+                id=str(d["id"]),
+                spec=spec_from_json(d["spec"]),
+                state=JobState(d["state"]),
+                submitted_at=float(d["submitted_at"]),
+                attempts=int(d["attempts"]),
+                not_before=float(d["not_before"]),
+                started_at=_optional_float(d["started_at"]),
+                finished_at=_optional_float(d["finished_at"]),
+                exit_code=d["exit_code"],
+                pid=d["pid"],
+                pid_start_time=d["pid_start_time"],
+                gpus=tuple(GpuGrant(int(i), int(m), int(mib)) for i, m, mib in json.loads(d["gpus"])),
+                gpu_uuids=tuple(str(u) for u in json.loads(d["gpu_uuids"])),
+                reason=str(d["reason"]),
+                version=int(d["version"]),
+            )
+        except (ValueError, TypeError, KeyError) as exc:  # InvalidRequest is a ValueError
+            raise StoreError(f"job store {self.path}: job {d['id']} cannot be read ({exc})") from exc
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError(f"job store {self.path} is closed")
+
+    def _error(self, what: str, exc: sqlite3.Error) -> StoreError:
+        return StoreError(f"job store {self.path}: {what}: {_describe(exc)}")
+
+
+def _encode(name: str, value: Any) -> Any:
+    if name == "gpus":
+        return json.dumps([[g.index, g.milli, g.memory_mib] for g in value])
+    if name == "gpu_uuids":
+        return json.dumps(list(value))
+    return value
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _describe(exc: sqlite3.Error) -> str:
+    """SQLite's own words, plus a hint for the failures a user can fix."""
+    text = str(exc) or type(exc).__name__
+    lowered = text.lower()
+    if "unable to open database file" in lowered:
+        return f"{text} (does the folder exist, and may corral write to it?)"
+    if "file is not a database" in lowered:
+        return f"{text} (the file is not a corral job store, or it is damaged)"
+    if "malformed" in lowered:
+        return f"{text} (the file is damaged; restore it from a backup or move it away)"
+    if "readonly" in lowered or "read-only" in lowered:
+        return f"{text} (corral needs write access to the file and its folder)"
+    if "database or disk is full" in lowered:
+        return f"{text} (free some disk space)"
+    if "database is locked" in lowered:
+        return f"{text} (another process holds the file; is a second corral serve running?)"
+    return text

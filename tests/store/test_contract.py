@@ -1,0 +1,548 @@
+"""One contract for every `Store`, run over MemoryStore and SqliteStore.
+
+Then what only SQLite promises: reopen, kill -9, WAL, readable errors for bad files.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from corral.jobs.model import FINAL_STATES, TRANSITIONS, InvalidTransition, Job, JobSpec, JobState
+from corral.model.errors import InvalidRequest
+from corral.model.resources import Constraint, GpuBehavior, GpuGrant, Request
+from corral.store import JobNotFound, MemoryStore, SqliteStore, StaleJob, Store, StoreError, open_store
+
+Q, S, R = JobState.QUEUED, JobState.STARTING, JobState.RUNNING
+
+#: How to bring a fresh (QUEUED) job into each state.
+PATH_TO: dict[JobState, tuple[JobState, ...]] = {
+    JobState.QUEUED: (),
+    JobState.STARTING: (S,),
+    JobState.RUNNING: (S, R),
+    JobState.SUCCEEDED: (S, R, JobState.SUCCEEDED),
+    JobState.FAILED: (S, JobState.FAILED),
+    JobState.CANCELLED: (JobState.CANCELLED,),
+    JobState.LOST: (S, R, JobState.LOST),
+}
+
+
+def simple_spec(user: str = "alice", name: str = "") -> JobSpec:
+    return JobSpec(("true",), Request(cpu_milli=1000, memory_mib=512), user, 1000, 1000, name=name)
+
+
+def full_spec() -> JobSpec:
+    request = Request(
+        cpu_milli=2500,
+        memory_mib=8192,
+        gpu_count=2,
+        gpu_milli=300,
+        gpu_memory_mib=10240,
+        gpu_models=frozenset({"A100", "H100"}),
+        min_gpu_memory_mib=40000,
+        constraints=(Constraint.parse("zone", "EQ", "west"), Constraint.parse("hostname", "LIKE", "gpu-[0-9]+")),
+        priority=7,
+        gpu_behavior=GpuBehavior.RESTRICTED,
+        labels={"team": "vision", "GPU_SCHEDULING_BEHAVIOR": "restricted"},
+        policy="fgd",
+        id="req-1",
+    )
+    return JobSpec(
+        command=("python", "-c", "print('héllo wörld')", "--flag=a b"),
+        request=request,
+        user="bob",
+        uid=1001,
+        gid=100,
+        name="train résnet",
+        retries=3,
+        time_limit_s=3600.5,
+        env={"CUDA_CACHE": "/tmp/c", "EMPTY": "", "QUOTE": "a'b\"c"},
+        cwd="/home/bob/project",
+    )
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    s: Store = MemoryStore() if request.param == "memory" else SqliteStore(tmp_path / "jobs.db")
+    yield s
+    s.close()
+
+
+def drive(store: Store, job_id: str, target: JobState) -> Job:
+    job = store.get(job_id)
+    assert job is not None
+    for state in PATH_TO[target]:
+        job = store.transition(job_id, state)
+    return job
+
+
+# ------------------------------------------------------------------------------------------------------ contract
+def test_add_assigns_monotonic_ids_queued_version_1(store: Store) -> None:
+    jobs = [store.add(simple_spec(), now=100.0 + i) for i in range(12)]
+    assert [j.id for j in jobs] == [str(i) for i in range(1, 13)]
+    first = jobs[0]
+    assert (first.state, first.version, first.submitted_at, first.attempts) == (Q, 1, 100.0, 0)
+    assert (first.pid, first.gpus, first.gpu_uuids, first.reason, first.not_before) == (None, (), (), "", 0.0)
+    assert store.get("12") == jobs[11]
+
+
+def test_full_spec_round_trips(store: Store) -> None:
+    spec = full_spec()
+    job = store.add(spec, now=1.5)
+    stored = store.get(job.id)
+    assert stored is not None
+    assert stored.spec == spec == job.spec
+    assert stored.spec.request.gpu_models == frozenset({"A100", "H100"})
+    assert stored.spec.request.constraints[0] == Constraint.parse("zone", "IS", "west")
+    assert dict(stored.spec.env) == {"CUDA_CACHE": "/tmp/c", "EMPTY": "", "QUOTE": "a'b\"c"}
+
+
+def test_stored_spec_does_not_follow_the_callers_dicts(store: Store) -> None:
+    env = {"A": "1"}
+    job = store.add(JobSpec(("true",), Request(cpu_milli=1), "alice", 1, 1, env=env), now=0)
+    env["A"] = "changed"
+    stored = store.get(job.id)
+    assert stored is not None and dict(stored.spec.env) == {"A": "1"}
+
+
+def test_every_job_field_round_trips(store: Store) -> None:
+    job = store.add(full_spec(), now=10.0)
+    grants = (GpuGrant(0, 300, 10240), GpuGrant(3, 300, 10240))
+    starting = store.transition(
+        job.id,
+        S,
+        expect={Q},
+        gpus=grants,
+        gpu_uuids=["GPU-aaaa", "GPU-bbbb"],
+        attempts=1,
+        started_at=11.25,
+        reason="starting on GPUs 0, 3",
+    )
+    assert starting.gpu_uuids == ("GPU-aaaa", "GPU-bbbb")  # normalised to a tuple
+    updated = store.update(job.id, expect_version=starting.version, pid=4242, pid_start_time=987654321)
+    running = store.transition(job.id, R, reason="")
+    failed = store.transition(
+        job.id, JobState.FAILED, exit_code=-9, finished_at=20, not_before=50.5, reason="killed by signal 9"
+    )
+    assert [j.version for j in (job, starting, updated, running, failed)] == [1, 2, 3, 4, 5]
+    assert store.get(job.id) == failed
+    assert failed == Job(
+        id=job.id,
+        spec=full_spec(),
+        state=JobState.FAILED,
+        submitted_at=10.0,
+        attempts=1,
+        not_before=50.5,
+        started_at=11.25,
+        finished_at=20.0,
+        exit_code=-9,
+        pid=4242,
+        pid_start_time=987654321,
+        gpus=grants,
+        gpu_uuids=("GPU-aaaa", "GPU-bbbb"),
+        reason="killed by signal 9",
+        version=5,
+    )
+    # A retry clears what belonged to the last attempt; None is a value a write can set.
+    retried = store.transition(job.id, Q, pid=None, pid_start_time=None, exit_code=None, gpus=(), gpu_uuids=())
+    assert store.get(job.id) == retried
+    assert (retried.pid, retried.exit_code, retried.gpus, retried.attempts, retried.state) == (None, None, (), 1, Q)
+
+
+def test_list_filters_by_state_and_user_in_numeric_id_order(store: Store) -> None:
+    for i in range(12):
+        store.add(simple_spec(user="bob" if i % 3 == 0 else "alice"), now=float(i))
+    drive(store, "2", R)
+    drive(store, "10", R)
+    drive(store, "4", JobState.CANCELLED)
+
+    def ids(jobs: list[Job]) -> list[str]:
+        return [j.id for j in jobs]
+
+    assert ids(store.list()) == [str(i) for i in range(1, 13)]  # "10" after "9", not after "1"
+    assert ids(store.list(states={R})) == ["2", "10"]
+    assert ids(store.list(states=[R, JobState.CANCELLED])) == ["2", "4", "10"]
+    assert ids(store.list(user="bob")) == ["1", "4", "7", "10"]
+    assert ids(store.list(states={R}, user="bob")) == ["10"]
+    assert ids(store.list(states=FINAL_STATES, user="alice")) == []
+    assert store.list(states=()) == []
+    assert store.list(user="nobody") == []
+
+
+@pytest.mark.parametrize("current", list(JobState))
+def test_allowed_transitions_work_and_others_raise(store: Store, current: JobState) -> None:
+    for wanted in JobState:
+        job = drive(store, store.add(simple_spec(), now=0).id, current)
+        assert job.state is current
+        if wanted in TRANSITIONS[current]:
+            new = store.transition(job.id, wanted)
+            assert (new.state, new.version) == (wanted, job.version + 1)
+            assert store.get(job.id) == new
+        else:
+            with pytest.raises(InvalidTransition) as info:
+                store.transition(job.id, wanted)
+            assert info.value.current is current
+            assert str(info.value) == f"state: job {job.id} is {current.value}; it cannot become {wanted.value}"
+            assert store.get(job.id) == job  # nothing changed, not even the version
+
+
+def test_invalid_transition_message(store: Store) -> None:
+    for _ in range(3):
+        store.add(simple_spec(), now=0)
+    drive(store, "3", R)
+    with pytest.raises(InvalidTransition, match=r"^state: job 3 is running; it cannot become queued$") as info:
+        store.transition("3", Q, reason="never written")
+    assert isinstance(info.value, InvalidRequest)
+    assert info.value.message == "job 3 is running; it cannot become queued"
+    job = store.get("3")
+    assert job is not None and job.reason == ""
+
+
+def test_expect_is_a_compare_and_set_on_the_state(store: Store) -> None:
+    job = store.add(simple_spec(), now=0)
+    store.transition(job.id, S, expect={Q})
+    # RUNNING -> FAILED is allowed in general, but the caller expected the job to be RUNNING and it is STARTING.
+    with pytest.raises(InvalidTransition, match="job 1 is starting; it cannot become failed"):
+        store.transition(job.id, JobState.FAILED, expect=[R])
+    assert store.transition(job.id, JobState.FAILED, expect=[S, R]).state is JobState.FAILED
+    with pytest.raises(InvalidTransition):
+        store.transition(job.id, Q, expect=())
+
+
+def race_to_start(store: Store, job_id: str, threads: int = 8) -> tuple[list[int], list[BaseException]]:
+    """`threads` workers try QUEUED -> STARTING on one job at the same moment; returns the winners and the errors."""
+    barrier = threading.Barrier(threads)
+    wins: list[int] = []
+    losses: list[BaseException] = []
+
+    def start(worker: int) -> None:
+        barrier.wait()
+        try:
+            store.transition(job_id, S, expect={Q}, attempts=1, reason=f"worker {worker}")
+            wins.append(worker)
+        except BaseException as exc:  # collected, asserted on by the caller
+            losses.append(exc)
+
+    workers = [threading.Thread(target=start, args=(w,)) for w in range(threads)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    return wins, losses
+
+
+def test_exactly_one_of_8_threads_wins_the_start_race(store: Store) -> None:
+    for _ in range(5):
+        job = store.add(simple_spec(), now=0)
+        wins, losses = race_to_start(store, job.id)
+        assert len(wins) == 1, f"expected exactly one winner, got workers {wins}"
+        assert len(losses) == 7 and all(isinstance(e, InvalidTransition) for e in losses), losses
+        final = store.get(job.id)
+        assert final is not None
+        assert (final.state, final.version, final.attempts, final.reason) == (S, 2, 1, f"worker {wins[0]}")
+
+
+def test_expect_version_serialises_read_modify_write_from_8_threads(store: Store) -> None:
+    job = store.add(simple_spec(), now=0)
+    per_thread = 10
+
+    def bump() -> None:
+        done = 0
+        while done < per_thread:
+            current = store.get(job.id)
+            assert current is not None
+            try:
+                store.update(job.id, expect_version=current.version, attempts=current.attempts + 1)
+                done += 1
+            except StaleJob:
+                continue
+
+    threads = [threading.Thread(target=bump) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    final = store.get(job.id)
+    assert final is not None
+    assert (final.attempts, final.version) == (8 * per_thread, 1 + 8 * per_thread)  # no update was lost
+
+
+def test_update_bumps_version_and_checks_expect_version(store: Store) -> None:
+    job = store.add(simple_spec(), now=0)
+    v2 = store.update(job.id, reason="waiting: 0/1 nodes fit")
+    assert (v2.version, v2.state, v2.reason) == (2, Q, "waiting: 0/1 nodes fit")
+    v3 = store.update(job.id, expect_version=2, not_before=30)
+    assert (v3.version, v3.not_before) == (3, 30.0)
+    assert store.update(job.id).version == 4  # a write with no fields still counts as a write
+    with pytest.raises(StaleJob) as info:
+        store.update(job.id, expect_version=2, reason="lost the race")
+    assert isinstance(info.value, InvalidRequest)
+    assert (info.value.field, info.value.expected, info.value.actual) == ("version", 2, 4)
+    assert str(info.value) == "version: job 1 changed since it was read (version 4, expected 2); read it again"
+    stored = store.get(job.id)
+    assert stored is not None and (stored.version, stored.reason) == (4, "waiting: 0/1 nodes fit")
+
+
+def test_unknown_job(store: Store) -> None:
+    store.add(simple_spec(), now=0)
+    for job_id in ("2", "99", "01", "0", "-1", "abc", "", "1 ", "١", "9" * 40):
+        assert store.get(job_id) is None, job_id
+        with pytest.raises(JobNotFound) as info:
+            store.transition(job_id, S)
+        assert info.value.job_id == job_id
+        with pytest.raises(JobNotFound):
+            store.update(job_id, reason="x")
+    assert isinstance(info.value, InvalidRequest)
+    assert str(JobNotFound("99")) == "job: no job 99"
+
+
+def test_fields_a_write_cannot_set(store: Store) -> None:
+    job = store.add(simple_spec(), now=0)
+    with pytest.raises(ValueError, match="unknown job field 'colour'"):
+        store.update(job.id, colour="red")
+    with pytest.raises(ValueError, match="unknown job field 'exitcode'"):
+        store.transition(job.id, S, exitcode=0)
+    with pytest.raises(ValueError, match="only through transition"):
+        store.update(job.id, state=R)
+    for fixed in ("id", "spec", "version", "submitted_at"):
+        with pytest.raises(ValueError, match=f"{fixed}' is set by the store"):
+            fields: dict[str, Any] = {fixed: "7"}
+            store.update(job.id, **fields)
+    with pytest.raises(TypeError, match="'pid' cannot be 'x'"):
+        store.update(job.id, pid="x")
+    with pytest.raises(TypeError, match="'attempts' cannot be None"):
+        store.update(job.id, attempts=None)
+    with pytest.raises(TypeError, match="GpuGrant"):
+        store.update(job.id, gpus=[(0, 1000, 0)])
+    with pytest.raises(ValueError, match="not a valid JobState"):
+        store.transition(job.id, "sleeping")  # type: ignore[arg-type]
+    assert store.get(job.id) == job  # nothing was written
+
+
+def test_closed_store_raises_store_error(store: Store) -> None:
+    job = store.add(simple_spec(), now=0)
+    store.close()
+    store.close()  # twice is harmless
+    calls: list[Callable[[], object]] = [
+        lambda: store.add(simple_spec(), now=0),
+        lambda: store.get(job.id),
+        lambda: store.list(),
+        lambda: store.transition(job.id, S),
+        lambda: store.update(job.id, reason="x"),
+    ]
+    for call in calls:
+        with pytest.raises(StoreError, match="closed"):
+            call()
+
+
+def test_open_store() -> None:
+    assert isinstance(open_store(None), MemoryStore)
+    assert isinstance(open_store(None), Store)
+
+
+# ------------------------------------------------------------------------------------------------- SQLite only
+def test_sqlite_reopen_keeps_everything_and_ids_continue(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.db"
+    store = open_store(path)
+    assert isinstance(store, SqliteStore)
+    a = store.add(full_spec(), now=1.0)
+    b = store.add(simple_spec(user="carol"), now=2.0)
+    b = store.transition(b.id, S, gpus=(GpuGrant(1, 1000, 81920),), gpu_uuids=("GPU-1",), attempts=1, started_at=3)
+    b = store.update(b.id, pid=77, pid_start_time=123)
+    before = store.list()
+    store.close()
+
+    store = SqliteStore(path)
+    try:
+        assert store.list() == before == [a, b]
+        assert store.add(simple_spec(), now=4.0).id == "3"
+        assert store.transition(b.id, R).version == b.version + 1
+    finally:
+        store.close()
+
+
+def test_sqlite_is_wal_with_synchronous_full(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.db"
+    store = SqliteStore(path)
+    try:
+        store.add(simple_spec(), now=0)
+        assert store._conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+        assert store._conn.execute("PRAGMA busy_timeout").fetchone()[0] == 10_000
+        other = sqlite3.connect(path)
+        try:
+            assert other.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+            assert other.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "1"
+        finally:
+            other.close()
+    finally:
+        store.close()
+
+
+_CHILD = """
+import sys
+from pathlib import Path
+from corral.jobs.model import JobSpec
+from corral.model.resources import Request
+from corral.store import SqliteStore
+
+store = SqliteStore(Path(sys.argv[1]))
+for i in range(1_000_000):
+    spec = JobSpec(("echo", str(i)), Request(cpu_milli=1000, gpu_count=1, gpu_milli=250), "u", 1, 1,
+                   name=f"job-{i}", env={"I": str(i)})
+    job = store.add(spec, now=float(i))
+    print(job.id, i, flush=True)
+"""
+
+
+def test_sqlite_acknowledged_adds_survive_kill_9(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.db"
+    acknowledged: dict[str, int] = {}
+    # Kill after a few acks, then mid-stream at different moments; each round reopens what the last one left.
+    for acks, delay in ((1, 0.0), (20, 0.0), (5, 0.001), (30, 0.003), (10, 0.007), (60, 0.011)):
+        child = subprocess.Popen(
+            [sys.executable, "-c", _CHILD, str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        assert child.stdout is not None
+        lines: list[str] = []
+        try:
+            while len(lines) < acks:
+                line = child.stdout.readline()
+                assert line, f"child exited early: {child.wait()} {child.stderr.read() if child.stderr else ''}"
+                lines.append(line)
+            time.sleep(delay)
+            os.kill(child.pid, signal.SIGKILL)
+        finally:
+            if child.poll() is None:
+                child.kill()
+            rest, _ = child.communicate(timeout=10)
+        assert child.returncode == -signal.SIGKILL
+        lines += rest.splitlines(keepends=True)
+        for line in lines:
+            if line.endswith("\n"):  # a line cut by the kill was never acknowledged
+                job_id, index = line.split()
+                assert job_id not in acknowledged, f"id {job_id} was given out twice"
+                acknowledged[job_id] = int(index)
+
+        store = SqliteStore(path)
+        try:
+            stored = {job.id: job for job in store.list()}
+        finally:
+            store.close()
+        missing = sorted(set(acknowledged) - set(stored), key=int)
+        assert not missing, f"acknowledged jobs lost after kill -9: {missing}"
+        for job_id, i in acknowledged.items():
+            job = stored[job_id]
+            assert (job.spec.name, dict(job.spec.env), job.spec.command) == (
+                f"job-{i}",
+                {"I": str(i)},
+                ("echo", str(i)),
+            )
+            assert (job.state, job.version, job.submitted_at) == (Q, 1, float(i))
+    assert len(acknowledged) >= 126
+    check = sqlite3.connect(path)
+    try:
+        assert check.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    finally:
+        check.close()
+
+
+def test_sqlite_unwritable_path_is_a_store_error(tmp_path: Path) -> None:
+    not_a_folder = tmp_path / "plain-file"
+    not_a_folder.write_text("x")
+    for path in (not_a_folder / "jobs.db", tmp_path / "missing" / "jobs.db"):
+        with pytest.raises(StoreError) as info:
+            SqliteStore(path)
+        assert str(path) in str(info.value)
+        assert "unable to open database file (does the folder exist, and may corral write to it?)" in str(info.value)
+
+
+def test_sqlite_garbage_file_is_a_store_error(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.db"
+    path.write_bytes(b"this is not a database, it is a shopping list\n" * 200)
+    with pytest.raises(StoreError) as info:
+        SqliteStore(path)
+    assert not isinstance(info.value, sqlite3.Error)
+    assert str(info.value) == (
+        f"job store {path}: cannot open it: file is not a database"
+        " (the file is not a corral job store, or it is damaged)"
+    )
+
+
+def test_sqlite_damaged_pages_are_a_store_error(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.db"
+    store = SqliteStore(path)
+    for i in range(40):
+        store.add(full_spec(), now=float(i))
+    store.close()
+    data = bytearray(path.read_bytes())
+    assert len(data) > 3 * 4096
+    data[4096:] = b"\xa5" * (len(data) - 4096)  # everything after the header page
+    path.write_bytes(bytes(data))
+    with pytest.raises(StoreError, match=r"malformed .*damaged") as info:
+        damaged = SqliteStore(path)  # SQLite finds the damage on open here; a subtler one would surface on a read
+        try:
+            damaged.list()
+        finally:
+            damaged.close()
+    assert str(path) in str(info.value)
+
+
+def test_sqlite_foreign_database_and_newer_schema_are_refused(tmp_path: Path) -> None:
+    foreign = tmp_path / "other.db"
+    conn = sqlite3.connect(foreign)
+    conn.execute("CREATE TABLE users (name TEXT)")
+    conn.commit()
+    conn.close()
+    with pytest.raises(StoreError, match=r"not a corral job store \(it has tables users\)"):
+        SqliteStore(foreign)
+
+    path = tmp_path / "jobs.db"
+    SqliteStore(path).close()
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    conn.commit()
+    conn.close()
+    with pytest.raises(StoreError, match="schema version 99 was written by a newer corral; upgrade corral"):
+        SqliteStore(path)
+
+
+def test_sqlite_unreadable_row_is_a_store_error(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.db"
+    store = SqliteStore(path)
+    try:
+        store.add(simple_spec(), now=0)
+        raw = sqlite3.connect(path)
+        raw.execute("UPDATE jobs SET spec = '{not json' WHERE id = 1")
+        raw.commit()
+        raw.close()
+        with pytest.raises(StoreError, match=r"job 1 cannot be read"):
+            store.get("1")
+        with pytest.raises(StoreError, match=r"job 1 cannot be read"):
+            store.transition("1", S)
+    finally:
+        store.close()
+
+
+def test_sqlite_locked_by_another_process_is_a_store_error(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.db"
+    store = SqliteStore(path, busy_timeout_s=0.05)
+    holder = sqlite3.connect(path, isolation_level=None)
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        with pytest.raises(StoreError, match=r"database is locked .*second corral serve"):
+            store.add(simple_spec(), now=0)
+        holder.execute("ROLLBACK")
+        assert store.add(simple_spec(), now=0).id == "1"  # the failed add used no id, and the store still works
+    finally:
+        holder.close()
+        store.close()
