@@ -1,0 +1,217 @@
+"""The daemon's core: events in (submit, cancel, process exits, clock), decisions out (launch, kill, state changes).
+
+    submit(spec)  -> validate against the machine -> store.add (durable) -> acknowledged
+    tick(now)     -> executor.poll(): exits -> SUCCEEDED / FAILED / CANCELLED, or QUEUED again after a back-off
+                  -> snapshot = the machine minus what STARTING/RUNNING jobs hold
+                  -> scheduler.schedule(waiting jobs) -> for each start: QUEUED -> STARTING (grant stored first),
+                     launch, pid + start time stored, -> RUNNING
+                  -> every waiting job's reason stored, so `explain` can say why it waits
+    recover()     -> after a restart: STARTING/RUNNING jobs are re-adopted (PID + start time, or found by their
+                     CORRAL_JOB_ID) or marked LOST and retried by policy; never started twice at once
+
+The grant is stored before the process exists and released only when it has exited, so a job that has just started
+keeps its reservation, and a cancelled job's GPUs are not handed out while it is still dying.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import numpy as np
+
+from corral.daemon.scheduler import schedule
+from corral.executor.base import Executor, Exit, LaunchSpec
+from corral.jobs.model import Job, JobSpec, JobState
+from corral.model.errors import InvalidRequest
+from corral.model.resources import Allocation, Node, affinity_tag
+from corral.model.snapshot import ClusterSnapshot
+from corral.placement import PlacementConfig
+from corral.placement.engine import validate_against
+from corral.store.base import Store
+
+CANCELLING = "cancel requested"
+MAX_BACKOFF_S = 300.0
+
+
+def backoff_s(attempts: int) -> float:
+    """Retry delay after the n-th failed attempt: 1, 2, 4, ... seconds, at most 5 minutes."""
+    return float(min(MAX_BACKOFF_S, 2.0 ** max(0, attempts - 1)))
+
+
+def find_job_process(job_id: str, proc: Path = Path("/proc")) -> tuple[int, int] | None:
+    """(pid, start time) of a live process whose environment says CORRAL_JOB_ID=<job_id>, if any.
+
+    Covers the gap where the daemon died after launching a job but before storing its PID.
+    """
+    needle = f"CORRAL_JOB_ID={job_id}".encode()
+    for entry in proc.iterdir() if proc.is_dir() else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = (entry / "environ").read_bytes().split(b"\0")
+            if needle in env:
+                stat = (entry / "stat").read_text()
+                return int(entry.name), int(stat[stat.rindex(")") + 2 :].split()[19])
+        except (OSError, ValueError, IndexError):
+            continue
+    return None
+
+
+class Daemon:
+    def __init__(
+        self,
+        store: Store,
+        executor: Executor,
+        node: Node,
+        config: PlacementConfig,
+        state_dir: Path,
+        clock: Callable[[], float] = time.time,
+        seed: int = 0,
+        find_process: Callable[[str], tuple[int, int] | None] = find_job_process,
+    ) -> None:
+        self.store = store
+        self.executor = executor
+        self.node = node
+        self.config = config
+        self.state_dir = state_dir
+        self.clock = clock
+        self.rng = np.random.default_rng(seed)
+        self.find_process = find_process
+        self._empty = ClusterSnapshot([node])
+
+    # ---------------------------------------------------------------------------------------------- requests
+    def submit(self, spec: JobSpec) -> Job:
+        """Validate against this machine and store durably; the returned job is acknowledged."""
+        validate_against(self._empty, spec.request)
+        return self.store.add(spec, self.clock())
+
+    def cancel(self, job_id: str, uid: int | None = None) -> Job:
+        """Cancel a job. `uid` None = root (any job); otherwise only the submitter's own jobs."""
+        job = self.store.get(job_id)
+        if job is None:
+            raise InvalidRequest("job", f"no job {job_id}")
+        if uid is not None and job.spec.uid != uid:
+            raise InvalidRequest("job", f"job {job_id} is not yours")
+        if job.state is JobState.QUEUED:
+            return self.store.transition(job_id, JobState.CANCELLED, expect=[JobState.QUEUED], reason="cancelled")
+        if job.state.holds_resources:
+            self.executor.cancel(job_id)
+            return self.store.update(job_id, reason=CANCELLING)
+        raise InvalidRequest("job", f"job {job_id} already ended ({job.state.value})")
+
+    # ---------------------------------------------------------------------------------------------- the loop
+    def tick(self) -> list[str]:
+        """One round: collect exits, schedule, launch. Returns the ids started."""
+        now = self.clock()
+        for ended in self.executor.poll():
+            self._finish(ended, now)
+        holding = self.store.list([JobState.STARTING, JobState.RUNNING])
+        snapshot = self.snapshot(holding)
+        waiting = self.store.list([JobState.QUEUED])
+        plan = schedule(snapshot, waiting, self.config, now, self.rng)
+        started = []
+        for start in plan.starts:
+            if self._launch(start.job_id, start.allocation, now):
+                started.append(start.job_id)
+        for job in waiting:
+            reason = plan.waiting.get(job.id)
+            if job.not_before > now:
+                continue  # its reason already says what failed and when it retries
+            if reason is not None and reason != job.reason:
+                self.store.update(job.id, reason=reason)
+        return started
+
+    def snapshot(self, holding: Iterable[Job]) -> ClusterSnapshot:
+        snap = ClusterSnapshot([self.node])
+        for job in holding:
+            r = job.spec.request
+            snap.allocate(Allocation(job.id, self.node.name, 0, r.cpu_milli, r.memory_mib, job.gpus, affinity_tag(r)))
+        return snap
+
+    def _launch(self, job_id: str, alloc: Allocation, now: float) -> bool:
+        uuids = tuple(self.node.gpus[g.index].uuid for g in alloc.gpus)
+        try:
+            job = self.store.transition(
+                job_id, JobState.STARTING, expect=[JobState.QUEUED], gpus=alloc.gpus, gpu_uuids=uuids, reason=""
+            )
+        except InvalidRequest:  # cancelled meanwhile
+            return False
+        job = self.store.update(job_id, attempts=job.attempts + 1, started_at=now)
+        r = job.spec.request
+        spec = LaunchSpec(
+            job_id=job_id,
+            command=job.spec.command,
+            env=job.spec.env,
+            cwd=job.spec.cwd,
+            uid=job.spec.uid,
+            gid=job.spec.gid,
+            gpu_uuids=uuids,
+            gpu_milli=r.gpu_milli if r.wants_gpu else 0,
+            gpu_memory_mib=r.gpu_memory_mib,
+            log_path=self.log_path(job_id),
+            time_limit_s=job.spec.time_limit_s,
+        )
+        try:
+            handle = self.executor.launch(spec)
+        except (OSError, ValueError) as exc:
+            self._ended(job, JobState.FAILED, now, exit_code=None, reason=f"could not start: {exc}")
+            return False
+        self.store.transition(
+            job_id, JobState.RUNNING, expect=[JobState.STARTING], pid=handle.pid, pid_start_time=handle.start_time
+        )
+        return True
+
+    def log_path(self, job_id: str) -> Path:
+        return self.state_dir / "logs" / f"{job_id}.log"
+
+    def _finish(self, ended: Exit, now: float) -> None:
+        job = self.store.get(ended.job_id)
+        if job is None or not job.state.holds_resources:
+            return
+        if job.reason == CANCELLING:
+            self._ended(job, JobState.CANCELLED, now, ended.exit_code, "cancelled")
+        elif ended.exit_code == 0:
+            self._ended(job, JobState.SUCCEEDED, now, 0, "exit code 0")
+        else:
+            if ended.timed_out:
+                why = f"time limit of {job.spec.time_limit_s:g} s reached"
+            elif ended.signal is not None:
+                why = f"killed by signal {ended.signal}"
+            elif ended.exit_code is None:
+                why = "ended while the daemon was away (exit code unknown)"
+            else:
+                why = f"exit code {ended.exit_code}"
+            self._ended(job, JobState.FAILED, now, ended.exit_code, why)
+
+    def _ended(self, job: Job, state: JobState, now: float, exit_code: int | None, reason: str) -> None:
+        done = self.store.transition(job.id, state, finished_at=now, exit_code=exit_code, reason=reason)
+        if state in (JobState.FAILED, JobState.LOST) and done.attempts <= job.spec.retries:
+            wait = backoff_s(done.attempts)
+            self.store.transition(
+                job.id,
+                JobState.QUEUED,
+                not_before=now + wait,
+                gpus=(),
+                gpu_uuids=(),
+                pid=None,
+                pid_start_time=None,
+                reason=f"{reason}; retry {done.attempts} of {job.spec.retries} in {wait:g} s",
+            )
+
+    # ---------------------------------------------------------------------------------------------- restart
+    def recover(self) -> None:
+        """Re-adopt the previous daemon's running jobs, or mark them lost (and retry them by policy)."""
+        now = self.clock()
+        for job in self.store.list([JobState.STARTING, JobState.RUNNING]):
+            pid, start = job.pid, job.pid_start_time
+            if pid is None or start is None:
+                found = self.find_process(job.id)
+                if found is not None:
+                    pid, start = found
+            if pid is not None and start is not None and self.executor.adopt(job.id, pid, start, job.spec.time_limit_s):
+                if job.state is JobState.STARTING:
+                    self.store.transition(job.id, JobState.RUNNING, pid=pid, pid_start_time=start)
+                continue
+            self._ended(job, JobState.LOST, now, None, "lost: the process was gone when the daemon restarted")

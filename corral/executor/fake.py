@@ -1,0 +1,145 @@
+"""An executor for tests: records what it was asked to do and spawns nothing.
+
+    fake = FakeExecutor()
+    h = fake.launch(spec)                 # recorded in fake.launched; fake pid and start time
+    fake.finish(h.job_id, exit_code=3)    # the test decides when and how a job ends
+    fake.poll()                           # -> [Exit(job_id, 3, None, False)], then [] again
+    fake.cancel(job_id)                   # recorded in fake.cancelled; ends the job (SIGTERM) unless
+                                          # `cancel_ends` is False (a job that ignores the cancel)
+    fake2 = fake.restarted()              # a daemon restart: same "machine" (live processes), no watched jobs
+    fake2.adopt(job_id, h.pid, h.start_time)  # True while the process lives on the fake machine
+
+The fake keeps a table of live processes (pid -> start time), the "machine", so adoption after a restart, a PID that
+was reused (`spawn_process` with a live pid and another start time) and a process that died while the daemon was
+away (`kill_process`) can all be set up.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Mapping
+
+from corral.executor.base import Exit, Handle, LaunchSpec
+
+
+class FakeExecutor:
+    def __init__(
+        self,
+        *,
+        cancel_ends: bool = True,
+        processes: Mapping[int, int] | None = None,
+        first_pid: int = 10_000,
+        first_start_time: int = 1_000_000,
+    ) -> None:
+        self.cancel_ends = cancel_ends
+        self.launch_error: BaseException | None = None  # raised (once) by the next launch
+        self.launched: list[LaunchSpec] = []
+        self.cancelled: list[tuple[str, float]] = []  # (job id, grace) for every cancel call
+        self.adopted: list[tuple[str, int, int]] = []  # successful adoptions
+        self.time_limits: dict[str, float | None] = {}  # job id -> time limit asked at launch / adopt
+        self.processes: dict[int, int] = dict(processes or {})  # live fake processes: pid -> start time
+        self._jobs: dict[str, Handle] = {}
+        self._ended: list[Exit] = []
+        self._next_pid = max([first_pid, *(p + 1 for p in self.processes)])
+        self._next_start = first_start_time
+        self._lock = threading.RLock()
+
+    # -------------------------------------------------------------------------------------------- protocol
+    def launch(self, spec: LaunchSpec) -> Handle:
+        with self._lock:
+            if self.launch_error is not None:
+                error, self.launch_error = self.launch_error, None
+                raise error
+            if spec.job_id in self._jobs:
+                raise ValueError(f"job {spec.job_id} is already running (pid {self._jobs[spec.job_id].pid})")
+            pid, start = self.spawn_process()
+            handle = Handle(spec.job_id, pid, start)
+            self.launched.append(spec)
+            self._jobs[spec.job_id] = handle
+            self.time_limits[spec.job_id] = spec.time_limit_s
+            return handle
+
+    def poll(self) -> list[Exit]:
+        with self._lock:
+            ended, self._ended = self._ended, []
+            return ended
+
+    def cancel(self, job_id: str, grace_s: float = 10.0) -> None:
+        with self._lock:
+            self.cancelled.append((job_id, grace_s))
+            if self.cancel_ends and job_id in self._jobs:
+                self.finish(job_id, None, signal=signal.SIGTERM)
+
+    def adopt(self, job_id: str, pid: int, start_time: int, time_limit_s: float | None = None) -> bool:
+        with self._lock:
+            known = self._jobs.get(job_id)
+            if known is not None:
+                if (known.pid, known.start_time) == (pid, start_time):
+                    return True
+                raise ValueError(f"job {job_id} is already watched as pid {known.pid}; cannot adopt pid {pid}")
+            if self.processes.get(pid) != start_time:
+                return False
+            self._jobs[job_id] = Handle(job_id, pid, start_time)
+            self.adopted.append((job_id, pid, start_time))
+            self.time_limits[job_id] = time_limit_s
+            return True
+
+    def running(self) -> set[str]:
+        with self._lock:
+            return set(self._jobs)
+
+    # -------------------------------------------------------------------------------------------- test controls
+    def finish(
+        self, job_id: str, exit_code: int | None = 0, *, signal: int | None = None, timed_out: bool = False
+    ) -> Exit:
+        """End a running job; its exit is reported by the next poll. Raises KeyError for a job that is not running."""
+        with self._lock:
+            handle = self._jobs.pop(job_id, None)
+            if handle is None:
+                raise KeyError(f"job {job_id} is not running on this fake executor (running: {sorted(self._jobs)})")
+            self.processes.pop(handle.pid, None)
+            ended = Exit(job_id, exit_code, None if signal is None else int(signal), timed_out)
+            self._ended.append(ended)
+            return ended
+
+    def expire(self, job_id: str) -> Exit:
+        """The job ran past its time limit and was terminated."""
+        return self.finish(job_id, None, signal=signal.SIGTERM, timed_out=True)
+
+    def spawn_process(self, pid: int | None = None) -> tuple[int, int]:
+        """Put a live process on the fake machine (one not launched by this executor, e.g. from before a restart,
+        or an unrelated process that reused a PID). Returns (pid, start time)."""
+        with self._lock:
+            if pid is None:
+                pid = self._next_pid
+            self._next_pid = max(self._next_pid, pid + 1)
+            start = self._next_start
+            self._next_start += 1
+            self.processes[pid] = start
+            return pid, start
+
+    def kill_process(self, pid: int) -> None:
+        """A process on the fake machine ends. If it is a watched job, its exit (code unknown) is reported."""
+        with self._lock:
+            self.processes.pop(pid, None)
+            for job_id, handle in list(self._jobs.items()):
+                if handle.pid == pid:
+                    del self._jobs[job_id]
+                    self._ended.append(Exit(job_id, None, None, False))
+
+    def restarted(self) -> FakeExecutor:
+        """A fresh executor on the same fake machine, as after a daemon restart: live processes stay, no jobs are
+        watched until adopted."""
+        with self._lock:
+            fresh = FakeExecutor(cancel_ends=self.cancel_ends, processes=self.processes, first_pid=self._next_pid)
+            fresh._next_start = self._next_start
+            return fresh
+
+    def spec(self, job_id: str) -> LaunchSpec:
+        """The last LaunchSpec launched for the job."""
+        with self._lock:
+            for spec in reversed(self.launched):
+                if spec.job_id == job_id:
+                    return spec
+            raise KeyError(f"job {job_id} was never launched (launched: {[s.job_id for s in self.launched]})")

@@ -1,0 +1,197 @@
+"""The daemon core over a fake executor: life cycle, retries, cancel, explain, restart recovery."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from corral.daemon.core import Daemon, backoff_s
+from corral.executor.fake import FakeExecutor
+from corral.jobs.model import JobSpec, JobState
+from corral.model.errors import InvalidRequest
+from corral.model.resources import GpuBehavior, Request
+from corral.placement import PlacementConfig
+from corral.store import MemoryStore, SqliteStore
+from corral.store.base import Store
+from tests.builders import node
+
+CONFIG = PlacementConfig(gpu_behavior=GpuBehavior.UNRESTRICTED)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def spec(gpus: int = 1, milli: int = 1000, uid: int = 1000, retries: int = 0, **kw: object) -> JobSpec:
+    req = Request(cpu_milli=1000, memory_mib=1024, gpu_count=gpus, gpu_milli=milli if gpus else 0)
+    return JobSpec(("train.py",), req, "alice" if uid == 1000 else "bob", uid, uid, retries=retries, **kw)  # type: ignore[arg-type]
+
+
+def daemon(
+    tmp_path: Path,
+    store: Store | None = None,
+    ex: FakeExecutor | None = None,
+    clock: Clock | None = None,
+    find_process: Callable[[str], tuple[int, int] | None] = lambda _: None,
+) -> Daemon:
+    box = node("box").gpus(2, memory_gib=80).cpu(16).mem(64).build()
+    return Daemon(
+        store or MemoryStore(),
+        ex or FakeExecutor(),
+        box,
+        CONFIG,
+        tmp_path,
+        clock=clock or Clock(),
+        find_process=find_process,
+    )
+
+
+def test_life_cycle_and_environment(tmp_path: Path) -> None:
+    d = daemon(tmp_path)
+    ex = d.executor
+    assert isinstance(ex, FakeExecutor)
+    j = d.submit(spec())
+    assert j.id == "1" and j.state is JobState.QUEUED
+    assert d.tick() == ["1"]
+    job = d.store.get("1")
+    assert job is not None and job.state is JobState.RUNNING and job.attempts == 1
+    launched = ex.spec("1")
+    assert launched.gpu_uuids == ("GPU-box-0",) and launched.log_path == tmp_path / "logs" / "1.log"
+    assert job.gpu_uuids == ("GPU-box-0",) and job.pid is not None
+    ex.finish("1", 0)
+    d.tick()
+    done = d.store.get("1")
+    assert done is not None and done.state is JobState.SUCCEEDED and done.reason == "exit code 0"
+
+
+def test_waiting_job_says_why_and_starts_when_room_frees(tmp_path: Path) -> None:
+    d = daemon(tmp_path)
+    ex = d.executor
+    assert isinstance(ex, FakeExecutor)
+    d.submit(spec(gpus=2))
+    d.submit(spec(gpus=1))
+    assert d.tick() == ["1"]
+    waiting = d.store.get("2")
+    assert waiting is not None and waiting.reason == "0/1 nodes fit: 1 insufficient GPU (need 1 whole GPU)"
+    ex.finish("1", 0)
+    assert d.tick() == ["2"]
+
+
+def test_shares_pack_onto_one_gpu_and_get_the_share(tmp_path: Path) -> None:
+    d = daemon(tmp_path)
+    ex = d.executor
+    assert isinstance(ex, FakeExecutor)
+    d.submit(spec(milli=500))
+    d.submit(spec(milli=500))
+    assert d.tick() == ["1", "2"]
+    assert ex.spec("1").gpu_uuids == ex.spec("2").gpu_uuids == ("GPU-box-0",)
+    assert ex.spec("1").gpu_milli == 500
+
+
+def test_failure_retries_after_back_off(tmp_path: Path) -> None:
+    clock = Clock()
+    d = daemon(tmp_path, clock=clock)
+    ex = d.executor
+    assert isinstance(ex, FakeExecutor)
+    d.submit(spec(retries=2))
+    d.tick()
+    ex.finish("1", 3)
+    d.tick()
+    job = d.store.get("1")
+    assert job is not None and job.state is JobState.QUEUED
+    assert job.reason == "exit code 3; retry 1 of 2 in 1 s" and job.not_before == clock.t + backoff_s(1)
+    assert d.tick() == []  # not yet due
+    clock.t += 1
+    assert d.tick() == ["1"]
+    ex.finish("1", 3)
+    clock.t += 10
+    d.tick()
+    clock.t += 10
+    assert d.tick() == ["1"]
+    ex.finish("1", 1)
+    d.tick()
+    final = d.store.get("1")
+    assert final is not None and final.state is JobState.FAILED and final.attempts == 3
+
+
+def test_cancel_keeps_the_grant_until_the_process_is_gone(tmp_path: Path) -> None:
+    ex = FakeExecutor(cancel_ends=False)
+    d = daemon(tmp_path, ex=ex)
+    d.submit(spec(gpus=2))
+    d.submit(spec(gpus=1))
+    d.tick()
+    assert d.cancel("1").reason == "cancel requested"
+    assert ex.cancelled and ex.cancelled[0][0] == "1"
+    assert d.tick() == []  # job 1 still dying: its GPUs are not handed out
+    ex.finish("1", None, signal=15)
+    assert d.tick() == ["2"]
+    job = d.store.get("1")
+    assert job is not None and job.state is JobState.CANCELLED
+
+
+def test_cancel_rules(tmp_path: Path) -> None:
+    d = daemon(tmp_path)
+    d.submit(spec(gpus=2))
+    d.submit(spec(gpus=2, uid=2000))
+    with pytest.raises(InvalidRequest, match="job 2 is not yours"):
+        d.cancel("2", uid=1000)
+    assert d.cancel("2", uid=2000).state is JobState.CANCELLED  # queued: cancelled at once
+    with pytest.raises(InvalidRequest, match="no job 9"):
+        d.cancel("9")
+    with pytest.raises(InvalidRequest, match=r"job 2 already ended \(cancelled\)"):
+        d.cancel("2")
+
+
+def test_bad_submissions_are_refused_before_they_are_stored(tmp_path: Path) -> None:
+    d = daemon(tmp_path)
+    odd = Request(gpu_count=1, gpu_milli=1000, gpu_models=frozenset({"T4"}))
+    with pytest.raises(InvalidRequest, match="unknown GPU model T4; this cluster has: A100"):
+        d.submit(JobSpec(("x",), odd, "alice", 1000, 1000))
+    assert d.store.list() == []
+
+
+def test_restart_adopts_running_jobs_and_retries_lost_ones(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "jobs.db")
+    ex = FakeExecutor()
+    d = daemon(tmp_path, store=store, ex=ex)
+    d.submit(spec())
+    d.submit(spec(retries=1))
+    d.tick()
+    lost_pid = d.store.get("2").pid  # type: ignore[union-attr]
+    assert lost_pid is not None
+    # the daemon is killed; job 2's process dies while it is away
+    ex2 = ex.restarted()
+    ex2.kill_process(lost_pid)
+    store.close()
+    store2 = SqliteStore(tmp_path / "jobs.db")
+    d2 = daemon(tmp_path, store=store2, ex=ex2)
+    d2.recover()
+    assert d2.store.get("1").state is JobState.RUNNING  # type: ignore[union-attr]
+    assert ex2.adopted and ex2.adopted[0][0] == "1"
+    again = d2.store.get("2")
+    assert again is not None and again.state is JobState.QUEUED
+    assert again.reason.startswith("lost: the process was gone when the daemon restarted; retry 1 of 1")
+    ex2.finish("1", 0)
+    d2.tick()
+    assert d2.store.get("1").state is JobState.SUCCEEDED  # type: ignore[union-attr]
+
+
+def test_restart_finds_a_job_started_but_not_recorded(tmp_path: Path) -> None:
+    ex = FakeExecutor()
+    d = daemon(tmp_path, ex=ex)
+    d.submit(spec())
+    # the daemon died after storing STARTING and launching, before storing the PID
+    d.store.transition("1", JobState.STARTING, gpus=(), gpu_uuids=())
+    pid, start = ex.spawn_process()
+    d2 = daemon(
+        tmp_path, store=d.store, ex=ex.restarted(), find_process=lambda jid: (pid, start) if jid == "1" else None
+    )
+    d2.recover()
+    job = d2.store.get("1")
+    assert job is not None and job.state is JobState.RUNNING and job.pid == pid
