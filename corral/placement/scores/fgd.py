@@ -17,7 +17,7 @@ import numpy as np
 from corral.model.arrays import FloatArray, IntArray
 from corral.placement.context import Context
 from corral.placement.scores.common import cached_node_scores
-from corral.placement.select import best_fit_gpus, first_k_ascending
+from corral.placement.select import first_k_ascending, whole_gpus
 from corral.placement.workload import node_fragmentation, share_fragmentation_after
 
 
@@ -57,4 +57,9 @@ class Fgd:
         r = ctx.request
         if r.gpu_count == 1 and not r.whole_gpus:
             return [int(self._scores(ctx, np.array([node], dtype=np.int64))[1][0])]
-        return best_fit_gpus(ctx, node)
+        if r.whole_gpus:
+            return whole_gpus(ctx, node)
+        # Exactly the GPUs the score assumed: tightest free milli first, lowest index on ties.
+        row = np.array([node], dtype=np.int64)
+        chosen = first_k_ascending(ctx.snapshot.gpu_milli_free[row], ctx.fit.gpu_fit[row], r.gpu_count)[0]
+        return [int(j) for j in np.flatnonzero(chosen)]
