@@ -27,7 +27,7 @@ from corral.jobs.model import Job, JobSpec, JobState
 from corral.model.errors import InvalidRequest
 from corral.model.resources import Allocation, Node, affinity_tag
 from corral.model.snapshot import ClusterSnapshot
-from corral.placement import PlacementConfig
+from corral.placement import PlacementConfig, place, render
 from corral.placement.engine import validate_against
 from corral.store.base import Store
 
@@ -85,6 +85,10 @@ class Daemon:
     def submit(self, spec: JobSpec) -> Job:
         """Validate against this machine and store durably; the returned job is acknowledged."""
         validate_against(self._empty, spec.request)
+        # Refuse what this machine can never run, even when idle: it would wait for ever.
+        empty = place(self._empty, spec.request, self.config, self.rng)
+        if not empty.placed and all(empty.unresolvable(i) for i in range(len(self._empty))):
+            raise InvalidRequest("request", f"can never run on this machine: {render(empty.explanation)}")
         return self.store.add(spec, self.clock())
 
     def cancel(self, job_id: str, uid: int | None = None) -> Job:

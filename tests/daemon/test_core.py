@@ -153,6 +153,8 @@ def test_bad_submissions_are_refused_before_they_are_stored(tmp_path: Path) -> N
     odd = Request(gpu_count=1, gpu_milli=1000, gpu_models=frozenset({"T4"}))
     with pytest.raises(InvalidRequest, match="unknown GPU model T4; this cluster has: A100"):
         d.submit(JobSpec(("x",), odd, "alice", 1000, 1000))
+    with pytest.raises(InvalidRequest, match=r"request: can never run on this machine: 0/1 nodes fit: 1 fewer than 3"):
+        d.submit(spec(gpus=3))
     assert d.store.list() == []
 
 

@@ -1,0 +1,1 @@
+"""The HTTP API of `corral serve`, spoken over its Unix socket."""

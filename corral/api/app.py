@@ -1,0 +1,185 @@
+"""The HTTP API of `corral serve`.
+
+    POST /v1/jobs                      submit (201, the job)
+    GET  /v1/jobs[?all=true]           the caller's jobs (root with all=true: everyone's)
+    GET  /v1/jobs/{id}                 one job
+    POST /v1/jobs/{id}/cancel          cancel it
+    GET  /v1/jobs/{id}/explain         {"state": ..., "reason": ...}: why it waits, or how it ended
+    GET  /v1/jobs/{id}/logs?offset=N   its output from byte N (text/plain)
+
+The caller is whoever is on the other end of the Unix socket: the server puts (uid, gid, user) from SO_PEERCRED into
+`scope["corral.peer"]`. Users see and cancel only their own jobs (another user's job is "no job N"); uid 0 sees all.
+Errors are `{"detail": {"field": ..., "message": ...}}`: 422 for a bad request, 404 for an unknown job, 503 when the
+store fails.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from corral.api.schemas import ExplainOut, JobOut, SubmitIn
+from corral.cli.main import build_request
+from corral.daemon.core import Daemon
+from corral.jobs.model import Job, JobSpec
+from corral.model.errors import InvalidRequest
+from corral.model.units import parse_duration_seconds
+from corral.store import JobNotFound, StoreError
+
+log = logging.getLogger("corral.api")
+
+PEER_KEY = "corral.peer"
+MAX_LOG_CHUNK = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Peer:
+    uid: int
+    gid: int
+    user: str
+
+    @property
+    def root(self) -> bool:
+        return self.uid == 0
+
+
+def api_field(name: str) -> str:
+    """CLI flag names in errors (`--gpu-fraction`) as API field names (`gpu_fraction`)."""
+    return name.lstrip("-").replace("-", "_")
+
+
+def error(status: int, field: str, message: str) -> JSONResponse:
+    return JSONResponse(status_code=status, content={"detail": {"field": field, "message": message}})
+
+
+def peer(request: Request) -> Peer:
+    value = request.scope.get(PEER_KEY)
+    if value is None:
+        raise HTTPException(401, {"field": "peer", "message": "unknown caller: connect over the corral Unix socket"})
+    uid, gid, user = value
+    return Peer(int(uid), int(gid), str(user))
+
+
+Caller = Annotated[Peer, Depends(peer)]
+
+
+def spec_from(body: SubmitIn, who: Peer) -> JobSpec:
+    """The JobSpec of a submission; raises InvalidRequest naming the bad field."""
+    request = build_request(
+        body.gpus,
+        body.gpu_fraction,
+        body.gpu_memory,
+        body.cpus,
+        body.memory,
+        body.gpu_model,
+        None,
+        [],
+        [],
+        body.priority,
+        None,
+        body.name,
+    )
+    limit = parse_duration_seconds(body.time_limit, "time_limit") if body.time_limit is not None else None
+    return JobSpec(
+        command=tuple(body.command),
+        request=request,
+        user=who.user,
+        uid=who.uid,
+        gid=who.gid,
+        name=body.name,
+        retries=body.retries,
+        time_limit_s=limit,
+        env=dict(body.env),
+        cwd=body.cwd,
+    )
+
+
+def create_app(daemon: Daemon, lock: threading.Lock, wake: Callable[[], None]) -> FastAPI:
+    app = FastAPI(title="corral", version="1")
+
+    @app.exception_handler(JobNotFound)
+    def _not_found(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, InvalidRequest)
+        return error(404, exc.field, exc.message)
+
+    @app.exception_handler(InvalidRequest)
+    def _invalid(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, InvalidRequest)
+        return error(422, api_field(exc.field), exc.message)
+
+    @app.exception_handler(StoreError)
+    def _store(_: Request, exc: Exception) -> JSONResponse:
+        log.error("job store failed: %s", exc)
+        return error(503, "store", f"the job store failed: {exc}")
+
+    @app.exception_handler(Exception)
+    def _bug(_: Request, exc: Exception) -> JSONResponse:  # pragma: no cover - last resort
+        log.exception("internal error", exc_info=exc)
+        return error(500, "server", f"internal error: {type(exc).__name__}")
+
+    def visible(job_id: str, who: Peer) -> Job:
+        with lock:
+            job = daemon.store.get(job_id)
+        if job is None or not (who.root or job.spec.uid == who.uid):
+            raise JobNotFound(job_id)
+        return job
+
+    @app.post("/v1/jobs", status_code=201, response_model=JobOut)
+    def submit(body: SubmitIn, who: Caller) -> JobOut:
+        try:
+            spec = spec_from(body, who)
+        except InvalidRequest:
+            raise
+        except (ValueError, TypeError) as exc:  # a malformed value that no check above named
+            raise InvalidRequest("request", str(exc)) from exc
+        with lock:
+            job = daemon.submit(spec)
+        wake()
+        return JobOut.of(job)
+
+    @app.get("/v1/jobs", response_model=list[JobOut])
+    def list_jobs(who: Caller, everyone: Annotated[bool, Query(alias="all")] = False) -> list[JobOut]:
+        with lock:
+            jobs = daemon.store.list()
+        if not (who.root and everyone):
+            jobs = [j for j in jobs if j.spec.uid == who.uid]
+        return [JobOut.of(j) for j in jobs]
+
+    @app.get("/v1/jobs/{job_id}", response_model=JobOut)
+    def show(job_id: str, who: Caller) -> JobOut:
+        return JobOut.of(visible(job_id, who))
+
+    @app.post("/v1/jobs/{job_id}/cancel", response_model=JobOut)
+    def cancel(job_id: str, who: Caller) -> JobOut:
+        visible(job_id, who)
+        with lock:
+            job = daemon.cancel(job_id, None if who.root else who.uid)
+        wake()
+        return JobOut.of(job)
+
+    @app.get("/v1/jobs/{job_id}/explain", response_model=ExplainOut)
+    def explain(job_id: str, who: Caller) -> ExplainOut:
+        job = visible(job_id, who)
+        return ExplainOut(state=job.state.value, reason=job.reason)
+
+    @app.get("/v1/jobs/{job_id}/logs", response_class=PlainTextResponse)
+    def logs(job_id: str, who: Caller, offset: Annotated[int, Query(ge=0)] = 0) -> PlainTextResponse:
+        visible(job_id, who)
+        path = daemon.log_path(job_id)
+        try:
+            with path.open("rb") as f:
+                f.seek(offset)
+                data = f.read(MAX_LOG_CHUNK)
+        except FileNotFoundError:
+            data = b""
+        except OSError as exc:
+            raise InvalidRequest("logs", f"cannot read the log of job {job_id}: {exc}") from exc
+        return PlainTextResponse(data.decode("utf-8", errors="replace"))
+
+    return app

@@ -1,0 +1,75 @@
+"""What goes over the wire: a submission in, a job out."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from corral.jobs.model import Job
+
+
+class SubmitIn(BaseModel):
+    """A job to run. Resource fields read like the CLI flags of `corral submit`."""
+
+    command: list[str] = Field(min_length=1)
+    gpus: int | None = None
+    gpu_fraction: float | None = None
+    gpu_memory: str | None = None
+    cpus: str = "1"
+    memory: str = "1GiB"
+    gpu_model: list[str] = Field(default_factory=list)
+    priority: int = 0
+    name: str = ""
+    retries: int = 0
+    time_limit: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str = "/"
+
+
+class GpuOut(BaseModel):
+    index: int
+    uuid: str
+    milli: int
+    memory_mib: int
+
+
+class JobOut(BaseModel):
+    id: str
+    name: str
+    user: str
+    state: str
+    command: list[str]
+    priority: int
+    submitted_at: float
+    started_at: float | None
+    finished_at: float | None
+    exit_code: int | None
+    attempts: int
+    gpus: list[GpuOut]
+    reason: str
+
+    @classmethod
+    def of(cls, job: Job) -> JobOut:
+        uuids = list(job.gpu_uuids) + [""] * max(0, len(job.gpus) - len(job.gpu_uuids))
+        return cls(
+            id=job.id,
+            name=job.spec.name,
+            user=job.spec.user,
+            state=job.state.value,
+            command=list(job.spec.command),
+            priority=job.spec.request.priority,
+            submitted_at=job.submitted_at,
+            started_at=job.started_at,
+            finished_at=job.finished_at,
+            exit_code=job.exit_code,
+            attempts=job.attempts,
+            gpus=[
+                GpuOut(index=g.index, uuid=u, milli=g.milli, memory_mib=g.memory_mib)
+                for g, u in zip(job.gpus, uuids, strict=False)
+            ],
+            reason=job.reason,
+        )
+
+
+class ExplainOut(BaseModel):
+    state: str
+    reason: str

@@ -1,0 +1,201 @@
+"""`corral serve` and the commands that talk to it over its Unix socket.
+
+corral serve --simulate-gpus 2xA100-80GB          run the daemon (socket: $CORRAL_STATE_DIR/corral.sock)
+corral submit --gpus 1 -- python train.py        prints the job id
+corral ps [--all] [--json]                       your jobs (root with --all: everyone's)
+corral show ID | logs ID | cancel ID | explain ID
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+from rich.console import Console
+from rich.table import Table
+
+EXIT_BAD_INPUT = 2
+EXIT_SERVER = 1
+
+out = Console()
+err = Console(stderr=True, soft_wrap=True)
+
+
+def fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    return typer.Exit(code)
+
+
+def default_state_dir() -> Path:
+    env = os.environ.get("CORRAL_STATE_DIR")
+    return Path(env) if env else Path.home() / ".local" / "state" / "corral"
+
+
+def socket_for(socket_opt: Path | None) -> Path:
+    if socket_opt is not None:
+        return socket_opt
+    env = os.environ.get("CORRAL_SOCKET")
+    return Path(env) if env else default_state_dir() / "corral.sock"
+
+
+SocketOpt = Annotated[
+    Path | None, typer.Option("--socket", help="Daemon socket (default: $CORRAL_SOCKET or STATE_DIR/corral.sock).")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print as JSON.")]
+
+
+def error_text(response: httpx.Response) -> str:
+    try:
+        detail = response.json().get("detail")
+    except (ValueError, AttributeError):
+        return f"HTTP {response.status_code}: {response.text.strip()[:200]}"
+    if isinstance(detail, dict) and "message" in detail:
+        return f"{detail.get('field', '')}: {detail['message']}"
+    if isinstance(detail, list) and detail and isinstance(detail[0], dict):
+        first = detail[0]
+        loc = [str(p) for p in first.get("loc", []) if p != "body"]
+        return f"{'.'.join(loc) or 'request'}: {first.get('msg', 'invalid')}"
+    return f"HTTP {response.status_code}: {detail}"
+
+
+def call(socket_opt: Path | None, method: str, url: str, **kwargs: Any) -> httpx.Response:
+    """One request to the daemon; exits with a one-line error when it fails."""
+    path = socket_for(socket_opt)
+    try:
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(path)), base_url="http://corral", timeout=30) as c:
+            response = c.request(method, url, **kwargs)
+    except (httpx.ConnectError, FileNotFoundError, ConnectionRefusedError):
+        raise fail(f"corral serve is not running at {path}") from None
+    except httpx.HTTPError as exc:
+        raise fail(f"talking to corral serve at {path}: {exc}", EXIT_SERVER) from None
+    if response.status_code >= 400:
+        raise fail(error_text(response), EXIT_BAD_INPUT if response.status_code < 500 else EXIT_SERVER)
+    return response
+
+
+def dump(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2) + "\n")
+
+
+def gpus_text(job: dict[str, Any]) -> str:
+    return ",".join(f"{g['index']}" + (f"({g['milli']}m)" if g["milli"] < 1000 else "") for g in job["gpus"]) or "-"
+
+
+# ------------------------------------------------------------------------------------------------ commands
+def serve_cmd(
+    state_dir: Annotated[
+        Path | None, typer.Option("--state-dir", help="Jobs, logs (default: $CORRAL_STATE_DIR, ~/.local/state/corral).")
+    ] = None,
+    socket: Annotated[Path | None, typer.Option("--socket", help="Socket (default: STATE_DIR/corral.sock).")] = None,
+    simulate_gpus: Annotated[
+        str | None, typer.Option("--simulate-gpus", help="Simulated GPUs instead of this machine's, e.g. 2xA100-80GB.")
+    ] = None,
+    policy: Annotated[str, typer.Option(help="Placement policy (see `corral policies`).")] = "binpack",
+) -> None:
+    """Run the corral daemon on this machine until SIGTERM or Ctrl-C."""
+    from corral.daemon.server import ServeError, serve
+    from corral.model.errors import InvalidRequest
+    from corral.store import StoreError
+
+    state = state_dir or default_state_dir()
+    sock = socket or (state / "corral.sock")
+    try:
+        serve(state, sock, simulate_gpus, policy)
+    except (ServeError, InvalidRequest, StoreError, OSError) as exc:
+        raise fail(str(exc)) from None
+
+
+def submit_cmd(
+    command: Annotated[list[str], typer.Argument(help="The command and its arguments (after --).")],
+    gpus: Annotated[int | None, typer.Option(help="Number of GPUs.")] = None,
+    gpu_fraction: Annotated[float | None, typer.Option(help="Share of each GPU, e.g. 0.3.")] = None,
+    gpu_memory: Annotated[str | None, typer.Option(help="GPU memory per GPU for a share, e.g. 10GiB.")] = None,
+    cpus: Annotated[str, typer.Option(help="CPUs, e.g. 4 or 500m.")] = "1",
+    memory: Annotated[str, typer.Option(help="Memory, e.g. 8GiB.")] = "1GiB",
+    gpu_model: Annotated[list[str], typer.Option(help="Allowed GPU model (repeatable).")] = [],  # noqa: B006
+    priority: Annotated[int, typer.Option(help="Priority (higher first).")] = 0,
+    name: Annotated[str, typer.Option(help="A name for the job.")] = "",
+    retries: Annotated[int, typer.Option(help="Retries after a failure.")] = 0,
+    time_limit: Annotated[str | None, typer.Option(help="Time limit, e.g. 90, 45m, 2h.")] = None,
+    socket: SocketOpt = None,
+) -> None:
+    """Submit a job; prints its id. The job runs in this directory with this environment."""
+    body = {
+        "command": command,
+        "gpus": gpus,
+        "gpu_fraction": gpu_fraction,
+        "gpu_memory": gpu_memory,
+        "cpus": cpus,
+        "memory": memory,
+        "gpu_model": gpu_model,
+        "priority": priority,
+        "name": name,
+        "retries": retries,
+        "time_limit": time_limit,
+        "env": dict(os.environ),
+        "cwd": os.getcwd(),
+    }
+    job = call(socket, "POST", "/v1/jobs", json=body).json()
+    sys.stdout.write(f"{job['id']}\n")
+
+
+def ps_cmd(
+    everyone: Annotated[bool, typer.Option("--all", help="Root: every user's jobs.")] = False,
+    as_json: JsonOpt = False,
+    socket: SocketOpt = None,
+) -> None:
+    """List your jobs."""
+    jobs = call(socket, "GET", "/v1/jobs", params={"all": "true"} if everyone else None).json()
+    if as_json:
+        dump(jobs)
+        return
+    table = Table("ID", "NAME", "USER", "STATE", "GPUS", "COMMAND", "REASON")
+    for j in jobs:
+        table.add_row(j["id"], j["name"], j["user"], j["state"], gpus_text(j), " ".join(j["command"]), j["reason"])
+    out.print(table)
+
+
+def show_cmd(job_id: str, as_json: JsonOpt = False, socket: SocketOpt = None) -> None:
+    """One job in full."""
+    job = call(socket, "GET", f"/v1/jobs/{job_id}").json()
+    if as_json:
+        dump(job)
+        return
+    for key, value in job.items():
+        text = gpus_text(job) if key == "gpus" else " ".join(value) if key == "command" else value
+        out.print(f"{key:>13}: {'' if text is None else text}", highlight=False)
+
+
+def logs_cmd(job_id: str, socket: SocketOpt = None) -> None:
+    """A job's output so far."""
+    sys.stdout.write(call(socket, "GET", f"/v1/jobs/{job_id}/logs").text)
+
+
+def cancel_cmd(job_id: str, socket: SocketOpt = None) -> None:
+    """Cancel a job (a running one gets SIGTERM)."""
+    job = call(socket, "POST", f"/v1/jobs/{job_id}/cancel").json()
+    out.print(f"job {job['id']}: {job['state']} ({job['reason']})", highlight=False)
+
+
+def explain_cmd(job_id: str, as_json: JsonOpt = False, socket: SocketOpt = None) -> None:
+    """Why a job waits, or how it ended."""
+    data = call(socket, "GET", f"/v1/jobs/{job_id}/explain").json()
+    if as_json:
+        dump(data)
+        return
+    out.print(f"job {job_id} is {data['state']}: {data['reason'] or '-'}", highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve_cmd)
+    app.command("submit", context_settings={"allow_interspersed_args": False})(submit_cmd)
+    app.command("ps")(ps_cmd)
+    app.command("show")(show_cmd)
+    app.command("logs")(logs_cmd)
+    app.command("cancel")(cancel_cmd)
+    app.command("explain")(explain_cmd)
