@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The project's two commands, runnable on a fresh machine that has only Python and the package registries.
 
-    python3 dev.py run [ARGS...]   install corral into .venv and run `corral ARGS` (default: the demo placement)
+    python3 dev.py run [ARGS...]   install corral into .venv and run `corral ARGS` (default: `corral serve`)
     python3 dev.py test            install corral with its dev tools, then run ruff, mypy --strict and pytest
 
 `.ci/run` calls `python3 dev.py test`; CI and the README use the same command.
@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -18,7 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 VENV = Path(os.environ.get("CORRAL_VENV", ROOT / ".venv"))
 BIN = VENV / "bin"
-DEFAULT_RUN = ["place", "--simulate-gpus", "2x8xA100-80GB", "--gpus", "2", "--explain"]
+# The main job: the one-machine daemon; on a machine without an NVIDIA driver, with a labelled simulated inventory.
+DEFAULT_RUN = ["serve"] if shutil.which("nvidia-smi") else ["serve", "--simulate-gpus", "4xH100-80GB"]
 
 
 def sh(*cmd: str | Path) -> None:

@@ -14,6 +14,7 @@ import pwd
 import signal
 import socket
 import struct
+import sys
 import threading
 from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
@@ -122,6 +123,10 @@ def serve(state_dir: Path, socket_path: Path, simulate: str | None, policy: str,
     stop = threading.Event()
     with lock:
         daemon.recover()
+    gpus = ", ".join(f"{g.index}: {g.model} {g.memory_mib} MiB" for g in node.gpus) or "none"
+    label = f"SIMULATED GPU inventory {simulate} (no real devices)" if simulate else f"GPUs {gpus}"
+    sys.stderr.write(f"corral serve: listening on {socket_path}; state in {state_dir}; policy {policy}; {label}\n")
+    sys.stderr.flush()
 
     def loop() -> None:
         while not stop.is_set():
