@@ -332,6 +332,14 @@ def growth(results: Sequence[Result]) -> list[str]:
     return out
 
 
+def emit(text: str, write: Path | None) -> None:
+    """Print a benchmark's Markdown section and, with --write FILE, append it to FILE (BENCHMARKS.md)."""
+    sys.stdout.write(text)
+    if write is not None:
+        with write.open("a") as fh:
+            fh.write("\n" + text)
+
+
 def cpu_name() -> str:
     name = platform.processor()
     if not name or name == platform.machine():

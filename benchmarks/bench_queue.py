@@ -13,13 +13,12 @@ import datetime
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.bench_engine import cpu_name, memory_gib
+from benchmarks.bench_engine import cpu_name, emit, memory_gib
 from corral.daemon.scheduler import schedule
 from corral.jobs.model import Job, JobSpec, JobState
 from corral.model.resources import Allocation, GpuBehavior, GpuDevice, GpuGrant, Node, Request
@@ -80,10 +79,7 @@ def main() -> None:
         f"{args.repeat} runs: median {1000 * statistics.median(times):.1f} ms, max {1000 * max(times):.1f} ms "
         "(target: at most 200 ms).\n"
     )
-    sys.stdout.write(text)
-    if args.write:
-        with args.write.open("a") as fh:
-            fh.write("\n" + text)
+    emit(text, args.write)
 
 
 if __name__ == "__main__":

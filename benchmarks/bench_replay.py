@@ -15,14 +15,13 @@ import datetime
 import os
 import platform
 import re
-import sys
 import time
 from multiprocessing import Pool
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.bench_engine import cpu_name, memory_gib
+from benchmarks.bench_engine import cpu_name, emit, memory_gib
 from corral.sim.experiment import run_experiment
 from corral.sim.openb import load_nodes, load_order, load_pods
 
@@ -103,10 +102,7 @@ def main() -> None:
         ]
         lines += [f"- {r[0]} {r[1]} {r[2]}: {r[3]} / {r[4]} / {r[5]} vs {r[6]} / {r[7]} / {r[8]}" for r in misses]
     text = "\n".join(lines) + "\n"
-    sys.stdout.write(text)
-    if args.write:
-        with args.write.open("a") as fh:
-            fh.write("\n" + text)
+    emit(text, args.write)
 
 
 if __name__ == "__main__":

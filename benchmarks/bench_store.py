@@ -12,12 +12,11 @@ import argparse
 import datetime
 import os
 import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.bench_engine import cpu_name, memory_gib
+from benchmarks.bench_engine import cpu_name, emit, memory_gib
 from corral.jobs.model import JobSpec, JobState
 from corral.model.resources import Request
 from corral.store import MemoryStore, SqliteStore
@@ -50,10 +49,7 @@ def main() -> None:
         "its own durable transaction (SQLite WAL, synchronous=FULL: one fdatasync per commit).\n\n"
         "| operation | per second |\n|---|---:|\n" + "".join(f"| {k} | {v:,.0f} |\n" for k, v in rates.items())
     )
-    sys.stdout.write(text)
-    if args.write:
-        with args.write.open("a") as fh:
-            fh.write("\n" + text)
+    emit(text, args.write)
 
 
 if __name__ == "__main__":

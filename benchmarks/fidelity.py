@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.bench_engine import cpu_name, memory_gib
+from benchmarks.bench_engine import cpu_name, emit, memory_gib
 
 DEFAULT_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces" / "openb"
 LISTS = ("default", "cpu100", "gpushare60", "gpuspec20", "multigpu30")
@@ -83,10 +83,7 @@ def main() -> None:
         "target: at most 10 s).",
     ]
     text = "\n".join(lines) + "\n"
-    sys.stdout.write(text)
-    if args.write:
-        with args.write.open("a") as fh:
-            fh.write("\n" + text)
+    emit(text, args.write)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import numpy as np
 
 from corral.jobs.model import Job
 from corral.model.errors import InvalidRequest
-from corral.model.resources import Allocation, Request
+from corral.model.resources import Allocation
 from corral.model.snapshot import ClusterSnapshot
 from corral.placement import PlacementConfig, place, render
 from corral.queue import queue_order
@@ -36,22 +36,6 @@ class Plan:
     starts: list[Start] = field(default_factory=list)
     waiting: dict[str, str] = field(default_factory=dict)  # job id -> why it waits, in words
     unresolvable: set[str] = field(default_factory=set)  # jobs no node can ever hold
-
-
-def _shape(r: Request) -> Hashable:
-    return (
-        r.cpu_milli,
-        r.memory_mib,
-        r.gpu_count,
-        r.gpu_milli,
-        r.gpu_memory_mib,
-        r.gpu_models,
-        r.min_gpu_memory_mib,
-        r.constraints,
-        r.gpu_behavior,
-        tuple(sorted(r.labels.items())),
-        r.policy,
-    )
 
 
 def schedule(
@@ -75,7 +59,7 @@ def schedule(
         if head_starving and request.wants_gpu:
             plan.waiting[job.id] = "waiting behind a job that has waited too long for GPUs"
             continue
-        shape = _shape(request)
+        shape = request.placement_key()
         if shape in failed:
             text, never = failed[shape]
             plan.waiting[job.id] = text

@@ -206,6 +206,23 @@ class Request:
         """Total GPU compute asked for: k x per-GPU milli."""
         return self.gpu_count * self.gpu_milli
 
+    def placement_key(self) -> tuple[object, ...]:
+        """Everything but the id and priority that decides where this request can go: two requests with the same
+        key fit the same nodes, so a failure of one within a scheduling round is a failure of the other."""
+        return (
+            self.cpu_milli,
+            self.memory_mib,
+            self.gpu_count,
+            self.gpu_milli,
+            self.gpu_memory_mib,
+            self.gpu_models,
+            self.min_gpu_memory_mib,
+            self.constraints,
+            self.gpu_behavior,
+            tuple(sorted(self.labels.items())),
+            self.policy,
+        )
+
     def effective_behavior(self, default: GpuBehavior) -> GpuBehavior:
         """The explicit override, else the `GPU_SCHEDULING_BEHAVIOR` label, else the global mode.
 

@@ -110,23 +110,6 @@ class OnlineResult:
         }
 
 
-def _shape(request: Request) -> Hashable:
-    """Everything but the id and priority that decides where a request can fit."""
-    return (
-        request.cpu_milli,
-        request.memory_mib,
-        request.gpu_count,
-        request.gpu_milli,
-        request.gpu_memory_mib,
-        request.gpu_models,
-        request.min_gpu_memory_mib,
-        request.constraints,
-        request.gpu_behavior,
-        tuple(sorted(request.labels.items())),
-        request.policy,
-    )
-
-
 def _requests(pods: Sequence[TracePod]) -> list[Request]:
     """Each pod's request with a unique id (its name; a repeated name gets '#2', '#3', ...); checks the times."""
     seen: dict[str, int] = {}
@@ -162,7 +145,7 @@ class _Shapes:
 
     def __init__(self, requests: Sequence[Request]) -> None:
         ids: dict[Hashable, int] = {}
-        self.of = [ids.setdefault(_shape(r), len(ids)) for r in requests]
+        self.of = [ids.setdefault(r.placement_key(), len(ids)) for r in requests]
         first: dict[int, Request] = {}
         for s, r in zip(self.of, requests, strict=True):
             first.setdefault(s, r)
