@@ -17,15 +17,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from corral.daemon.scheduler import schedule
 from corral.executor.base import Executor, Exit, LaunchSpec
+from corral.gpu.mps import MpsControl, MpsError
 from corral.jobs.model import Job, JobSpec, JobState
 from corral.model.errors import InvalidRequest
-from corral.model.resources import Allocation, Node, affinity_tag
+from corral.model.resources import Allocation, Node, Request, affinity_tag
 from corral.model.snapshot import ClusterSnapshot
 from corral.placement import PlacementConfig, place, render
 from corral.placement.engine import validate_against
@@ -70,6 +72,7 @@ class Daemon:
         clock: Callable[[], float] = time.time,
         seed: int = 0,
         find_process: Callable[[str], tuple[int, int] | None] = find_job_process,
+        mps: MpsControl | None = None,
     ) -> None:
         self.store = store
         self.executor = executor
@@ -79,6 +82,9 @@ class Daemon:
         self.clock = clock
         self.rng = np.random.default_rng(seed)
         self.find_process = find_process
+        #: With MPS, a one-GPU share runs as an MPS client with enforced compute and memory limits; since MPS serves
+        #: one Unix user per GPU at a time, such shares carry their user as `share_owner`.
+        self.mps = mps
         self._empty = ClusterSnapshot([node])
 
     # ---------------------------------------------------------------------------------------------- requests
@@ -114,11 +120,12 @@ class Daemon:
         holding = self.store.list([JobState.STARTING, JobState.RUNNING])
         snapshot = self.snapshot(holding)
         waiting = self.store.list([JobState.QUEUED])
-        plan = schedule(snapshot, waiting, self.config, now, self.rng)
+        plan = schedule(snapshot, [self._with_owner(j) for j in waiting], self.config, now, self.rng)
         started = []
         for start in plan.starts:
             if self._launch(start.job_id, start.allocation, now):
                 started.append(start.job_id)
+        self._stop_idle_mps()
         for job in waiting:
             reason = plan.waiting.get(job.id)
             if job.not_before > now:
@@ -127,12 +134,30 @@ class Daemon:
                 self.store.update(job.id, reason=reason)
         return started
 
+    def _mps_share(self, request: Request) -> bool:
+        return self.mps is not None and request.gpu_count == 1 and not request.whole_gpus
+
+    def _with_owner(self, job: Job) -> Job:
+        if not self._mps_share(job.spec.request):
+            return job
+        return replace(job, spec=replace(job.spec, request=replace(job.spec.request, share_owner=job.spec.user)))
+
     def snapshot(self, holding: Iterable[Job]) -> ClusterSnapshot:
         snap = ClusterSnapshot([self.node])
         for job in holding:
             r = job.spec.request
-            snap.allocate(Allocation(job.id, self.node.name, 0, r.cpu_milli, r.memory_mib, job.gpus, affinity_tag(r)))
+            owner = job.spec.user if self._mps_share(r) else ""
+            alloc = Allocation(job.id, self.node.name, 0, r.cpu_milli, r.memory_mib, job.gpus, affinity_tag(r), owner)
+            snap.allocate(alloc)
         return snap
+
+    def _stop_idle_mps(self) -> None:
+        """Stop the MPS daemon of every GPU that no longer holds a share."""
+        if self.mps is None or not self.mps.running:
+            return
+        busy = {u for j in self.store.list([JobState.STARTING, JobState.RUNNING]) for u in j.gpu_uuids}
+        for uuid in sorted(self.mps.running - busy):
+            self.mps.stop(uuid)
 
     def _launch(self, job_id: str, alloc: Allocation, now: float) -> bool:
         uuids = tuple(self.node.gpus[g.index].uuid for g in alloc.gpus)
@@ -144,6 +169,13 @@ class Daemon:
             return False
         job = self.store.update(job_id, attempts=job.attempts + 1, started_at=now)
         r = job.spec.request
+        pipe = None
+        if self.mps is not None and self._mps_share(r) and self.mps.available():
+            try:
+                pipe = str(self.mps.start(uuids[0]))
+            except MpsError as exc:
+                self._ended(job, JobState.FAILED, now, exit_code=None, reason=f"could not start: {exc}")
+                return False
         spec = LaunchSpec(
             job_id=job_id,
             command=job.spec.command,
@@ -156,6 +188,7 @@ class Daemon:
             gpu_memory_mib=r.gpu_memory_mib,
             log_path=self.log_path(job_id),
             time_limit_s=job.spec.time_limit_s,
+            mps_pipe_dir=pipe,
         )
         try:
             handle = self.executor.launch(spec)

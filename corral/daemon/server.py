@@ -28,6 +28,7 @@ from corral.api.app import PEER_KEY, create_app
 from corral.daemon.core import Daemon
 from corral.executor.local import LocalExecutor
 from corral.gpu.discovery import GpuDiscoveryError, discover_gpus, local_node
+from corral.gpu.mps import MpsControl
 from corral.gpu.simulated import parse_simulated_inventory
 from corral.model.errors import CorralError
 from corral.model.resources import Node
@@ -117,7 +118,11 @@ def serve(state_dir: Path, socket_path: Path, simulate: str | None, policy: str,
     _check_free(socket_path)
     store = SqliteStore(state_dir / "jobs.db")
     executor = LocalExecutor()
-    daemon = Daemon(store, executor, node, config, state_dir)
+    # Shares are enforced with MPS where the machine has it (never for a simulated inventory).
+    mps = MpsControl(state_dir / "mps") if simulate is None else None
+    if mps is not None and not mps.available():
+        mps = None
+    daemon = Daemon(store, executor, node, config, state_dir, mps=mps)
     lock = threading.Lock()
     woken = threading.Event()
     stop = threading.Event()
@@ -125,6 +130,8 @@ def serve(state_dir: Path, socket_path: Path, simulate: str | None, policy: str,
         daemon.recover()
     gpus = ", ".join(f"{g.index}: {g.model} {g.memory_mib} MiB" for g in node.gpus) or "none"
     label = f"SIMULATED GPU inventory {simulate} (no real devices)" if simulate else f"GPUs {gpus}"
+    if simulate is None:
+        label += "; shares enforced with MPS" if mps is not None else "; no MPS here: shares are not enforced"
     sys.stderr.write(f"corral serve: listening on {socket_path}; state in {state_dir}; policy {policy}; {label}\n")
     sys.stderr.flush()
 

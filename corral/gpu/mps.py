@@ -56,6 +56,11 @@ class MpsControl:
         for sub in ("pipe", "log"):
             (self.root / uuid / sub).mkdir(parents=True, exist_ok=True)
         done = subprocess.run([self.binary, "-d"], env=self._env(uuid), capture_output=True, text=True, timeout=30)
+        said = f"{done.stdout} {done.stderr}".lower()
+        if done.returncode != 0 and "already running" in said:
+            # a daemon of a previous corral serve (its jobs were re-adopted): keep using it
+            self.running.add(uuid)
+            return self.pipe_dir(uuid)
         if done.returncode != 0:
             raise MpsError(f"could not start MPS for {uuid}: {(done.stderr or done.stdout).strip() or done.returncode}")
         self.running.add(uuid)

@@ -149,6 +149,9 @@ class Request:
     labels: Mapping[str, str] = field(default_factory=dict)
     policy: str | None = None  # overrides the global policy
     id: str = ""
+    #: Shares of one GPU that carry an owner go only to GPUs whose other shares have the same owner (MPS serves one
+    #: Unix user per GPU at a time). Empty: no such rule. Whole GPUs ignore it.
+    share_owner: str = ""
 
     def __post_init__(self) -> None:
         for name in (
@@ -221,6 +224,7 @@ class Request:
             self.gpu_behavior,
             tuple(sorted(self.labels.items())),
             self.policy,
+            self.share_owner,
         )
 
     def effective_behavior(self, default: GpuBehavior) -> GpuBehavior:
@@ -272,6 +276,8 @@ class Allocation:
     gpus: tuple[GpuGrant, ...] = ()
     #: GpuClustering's affinity tag: 0 = no GPU, -1 = a share of one GPU, k = k whole GPUs.
     tag: int = 0
+    #: The request's `share_owner` for shares that carry one: their GPUs then serve only that owner's shares.
+    share_owner: str = ""
 
     @property
     def gpu_indices(self) -> tuple[int, ...]:

@@ -94,6 +94,8 @@ class ClusterSnapshot:
         "gpu_free_total",
         "gpu_full_free",
         "tag_counts",
+        "gpu_owner",
+        "gpu_owner_shares",
     )
 
     def __init__(self, nodes: Sequence[Node], ranks: Sequence[int] | None = None) -> None:
@@ -152,6 +154,10 @@ class ClusterSnapshot:
         self.gpu_full_free: IntArray = self.gpu_count.copy()
         # GpuClustering tags: column tag + 1 (tag -1 = share, 0 = no GPU, k = k whole GPUs).
         self.tag_counts = np.zeros((n, g + 2), dtype=np.int64)
+        # Share owners (see Request.share_owner): owner id per GPU (-1 none) and how many shares it holds there.
+        self.gpu_owner: IntArray = np.full((n, g), -1, dtype=np.int64)
+        self.gpu_owner_shares: IntArray = np.zeros((n, g), dtype=np.int64)
+        self.owner_ids: dict[str, int] = {}
         self.version: IntArray = np.zeros(n, dtype=np.int64)
         self.allocations: dict[str, Allocation] = {}
         #: Memo of things derived from the static columns or cached per request shape. Pure memoisation:
@@ -201,6 +207,10 @@ class ClusterSnapshot:
             )
             self.memo[key] = mask
         return mask
+
+    def owner_id(self, owner: str) -> int:
+        """The number standing for a share owner in `gpu_owner` (assigned on first use)."""
+        return self.owner_ids.setdefault(owner, len(self.owner_ids))
 
     def node_state(self, i: int) -> NodeState:
         gpus = tuple(
@@ -259,12 +269,23 @@ class ClusterSnapshot:
         seen: set[int] = set()
         for grant in alloc.gpus:
             self._check_grant(alloc, grant, seen)
+        owner = self.owner_id(alloc.share_owner) if alloc.share_owner else -1
+        if owner >= 0:
+            for grant in alloc.gpus:
+                held = int(self.gpu_owner[i, grant.index])
+                if held not in (-1, owner):
+                    raise AllocationError(
+                        f"{alloc.node} GPU {grant.index}: its shares belong to another owner than {alloc.share_owner!r}"
+                    )
         self.cpu_free[i] -= alloc.cpu_milli
         self.mem_free[i] -= alloc.memory_mib
         for grant in alloc.gpus:
             self.gpu_milli_free[i, grant.index] -= grant.milli
             self.gpu_mem_free[i, grant.index] -= grant.memory_mib
             self.gpu_free_total[i] -= grant.milli
+            if owner >= 0:
+                self.gpu_owner[i, grant.index] = owner
+                self.gpu_owner_shares[i, grant.index] += 1
         if alloc.gpus:
             self._recount_full_free(i)
         self.tag_counts[i, alloc.tag + 1] += 1
@@ -311,6 +332,10 @@ class ClusterSnapshot:
             self.gpu_milli_free[i, grant.index] += grant.milli
             self.gpu_mem_free[i, grant.index] += grant.memory_mib
             self.gpu_free_total[i] += grant.milli
+            if alloc.share_owner:
+                self.gpu_owner_shares[i, grant.index] -= 1
+                if self.gpu_owner_shares[i, grant.index] == 0:
+                    self.gpu_owner[i, grant.index] = -1
         if alloc.gpus:
             self._recount_full_free(i)
         self.tag_counts[i, alloc.tag + 1] -= 1
@@ -330,7 +355,7 @@ class ClusterSnapshot:
         for key, value in self.__dict__.items():
             if isinstance(value, np.ndarray):
                 setattr(other, key, value.copy())
-            elif key == "allocations":
+            elif key in ("allocations", "owner_ids"):
                 setattr(other, key, dict(value))
             elif key == "memo":
                 setattr(other, key, Memo())

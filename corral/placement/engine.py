@@ -161,6 +161,7 @@ def _allocation(snapshot: ClusterSnapshot, request: Request, node: int, gpus: li
         memory_mib=request.memory_mib,
         gpus=grants,
         tag=affinity_tag(request),
+        share_owner=request.share_owner if request.wants_gpu and not request.whole_gpus else "",
     )
 
 

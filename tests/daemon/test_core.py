@@ -9,6 +9,7 @@ import pytest
 
 from corral.daemon.core import Daemon, backoff_s
 from corral.executor.fake import FakeExecutor
+from corral.gpu.mps import MpsControl
 from corral.jobs.model import JobSpec, JobState
 from corral.model.errors import InvalidRequest
 from corral.model.resources import GpuBehavior, Request
@@ -30,7 +31,8 @@ class Clock:
 
 def spec(gpus: int = 1, milli: int = 1000, uid: int = 1000, retries: int = 0, **kw: object) -> JobSpec:
     req = Request(cpu_milli=1000, memory_mib=1024, gpu_count=gpus, gpu_milli=milli if gpus else 0)
-    return JobSpec(("train.py",), req, "alice" if uid == 1000 else "bob", uid, uid, retries=retries, **kw)  # type: ignore[arg-type]
+    user = {1000: "alice", 2000: "bob"}.get(uid, f"user{uid}")
+    return JobSpec(("train.py",), req, user, uid, uid, retries=retries, **kw)  # type: ignore[arg-type]
 
 
 def daemon(
@@ -197,3 +199,36 @@ def test_restart_finds_a_job_started_but_not_recorded(tmp_path: Path) -> None:
     d2.recover()
     job = d2.store.get("1")
     assert job is not None and job.state is JobState.RUNNING and job.pid == pid
+
+
+def test_mps_shares_keep_one_user_per_gpu_and_get_the_pipe(tmp_path: Path) -> None:
+    binary = tmp_path / "bin" / "nvidia-cuda-mps-control"
+    binary.parent.mkdir()
+    binary.write_text(f'#!/bin/sh\necho "$* $CUDA_VISIBLE_DEVICES" >> {tmp_path}/mps-calls\n')
+    binary.chmod(0o755)
+    ex = FakeExecutor()
+    box = node("box").gpus(2, memory_gib=80).cpu(16).mem(64).build()
+    mps = MpsControl(tmp_path / "mps", binary=str(binary))
+    d = Daemon(MemoryStore(), ex, box, CONFIG, tmp_path, clock=Clock(), find_process=lambda _: None, mps=mps)
+    d.submit(spec(milli=300, uid=1000))  # alice
+    d.submit(spec(milli=300, uid=2000))  # bob: may not join alice's MPS GPU
+    d.submit(spec(milli=300, uid=1000))  # alice again: joins her GPU
+    assert d.tick() == ["1", "2", "3"]
+    assert [ex.spec(j).gpu_uuids for j in "123"] == [("GPU-box-0",), ("GPU-box-1",), ("GPU-box-0",)]
+    assert ex.spec("1").mps_pipe_dir == str(tmp_path / "mps" / "GPU-box-0" / "pipe")
+    assert ex.spec("2").mps_pipe_dir == str(tmp_path / "mps" / "GPU-box-1" / "pipe")
+    d.submit(spec(milli=300, uid=3000))  # carol: no GPU free of other users' shares
+    d.tick()
+    waiting = d.store.get("4")
+    assert waiting is not None and waiting.reason == "0/1 nodes fit: 1 insufficient GPU (need 1 GPU at 30 %)"
+    ex.finish("2", 0)
+    d.tick()  # bob's shares are gone: carol may use that GPU (its MPS daemon serves her next)
+    job4 = d.store.get("4")
+    assert job4 is not None and job4.state is JobState.RUNNING and job4.gpu_uuids == ("GPU-box-1",)
+    calls = (tmp_path / "mps-calls").read_text().splitlines()
+    assert calls == ["-d GPU-box-0", "-d GPU-box-1"]  # one control daemon per GPU, started once
+    for j in ("1", "3", "4"):
+        ex.finish(j, 0)
+    d.tick()  # no shares left: both control daemons are stopped
+    calls = (tmp_path / "mps-calls").read_text().splitlines()
+    assert calls[2:] == [" GPU-box-0", " GPU-box-1"] and not mps.running

@@ -40,6 +40,16 @@ def test_start_and_stop_one_daemon_per_gpu(tmp_path: Path) -> None:
     assert not mps.running
 
 
+def test_a_daemon_left_by_a_previous_serve_is_reused(tmp_path: Path) -> None:
+    script = tmp_path / "bin" / "nvidia-cuda-mps-control"
+    script.parent.mkdir()
+    script.write_text("#!/bin/sh\necho 'An instance of this daemon is already running' >&2\nexit 1\n")
+    script.chmod(0o755)
+    mps = MpsControl(tmp_path / "mps", binary=str(script))
+    assert mps.start("GPU-a") == tmp_path / "mps" / "GPU-a" / "pipe"
+    assert mps.running == {"GPU-a"}
+
+
 def test_failures_are_clear(tmp_path: Path) -> None:
     with pytest.raises(MpsError, match="nvidia-cuda-mps-control-missing not found: GPU shares cannot be enforced"):
         MpsControl(tmp_path, binary="nvidia-cuda-mps-control-missing").start("GPU-a")

@@ -127,3 +127,18 @@ def test_bad_clusters() -> None:
         s.set_gpu_utilization(1, 0, 0.5)
     with pytest.raises(InvalidRequest, match=re.escape("utilization: must be in 0..1")):
         s.set_gpu_utilization(0, 0, 1.5)
+
+
+def test_share_owners_keep_to_their_gpus() -> None:
+    s = snap()
+    s.allocate(Allocation("a", "a", 0, 0, 0, (GpuGrant(0, 300, 0),), -1, share_owner="alice"))
+    before = columns(s)
+    with pytest.raises(AllocationError, match="a GPU 0: its shares belong to another owner than 'bob'"):
+        s.allocate(Allocation("b", "a", 0, 0, 0, (GpuGrant(0, 300, 0),), -1, share_owner="bob"))
+    assert_same(before, columns(s))
+    s.allocate(Allocation("a2", "a", 0, 0, 0, (GpuGrant(0, 300, 0),), -1, share_owner="alice"))
+    assert int(s.gpu_owner_shares[0, 0]) == 2
+    s.release("a")
+    s.release("a2")
+    assert int(s.gpu_owner[0, 0]) == -1
+    s.allocate(Allocation("b", "a", 0, 0, 0, (GpuGrant(0, 300, 0),), -1, share_owner="bob"))

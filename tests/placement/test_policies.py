@@ -184,3 +184,30 @@ def test_memory_share_fits_by_memory() -> None:
     d = run(s, gpus(2), "binpack")
     assert not d.placed
     assert d.explanation.rejected[0][1] == 1
+
+
+def test_shares_with_an_owner_keep_to_gpus_of_that_owner() -> None:
+    s = cluster(node("a").gpus(2), node("b").gpus(2))
+    alice = grant(s, Request(cpu_milli=1000, gpu_count=1, gpu_milli=300, share_owner="alice", id="a1"))
+    assert chosen(alice) == ("a", (0,))
+    # bob's share may not join alice's GPU even though it fits best there: it opens GPU 1
+    bob = grant(s, Request(cpu_milli=1000, gpu_count=1, gpu_milli=300, share_owner="bob", id="b1"))
+    assert chosen(bob) == ("a", (1,))
+    # alice again: back on her own GPU 0
+    assert chosen(grant(s, Request(cpu_milli=1000, gpu_count=1, gpu_milli=300, share_owner="alice", id="a2")))[1] == (
+        0,
+    )
+    # carol: node a's GPUs both hold other owners' shares, so node b
+    assert chosen(run(s, Request(cpu_milli=1000, gpu_count=1, gpu_milli=100, share_owner="carol"), "binpack")) == (
+        "b",
+        (0,),
+    )
+    # shares without an owner are not restricted; once alice's shares are gone her GPU is anyone's
+    assert chosen(run(s, Request(cpu_milli=1000, gpu_count=1, gpu_milli=100), "binpack"))[0] == "a"
+    s.release("a1")
+    s.release("a2")
+    assert int(s.gpu_owner[0, 0]) == -1
+    assert chosen(run(s, Request(cpu_milli=1000, gpu_count=1, gpu_milli=300, share_owner="carol"), "binpack")) == (
+        "a",
+        (0,),
+    )

@@ -41,6 +41,9 @@ def gpu_fit_matrix(snapshot: ClusterSnapshot, request: Request, static: BoolArra
     fit = static & (snapshot.gpu_milli_free >= request.gpu_milli)
     if request.gpu_memory_mib:
         fit &= snapshot.gpu_mem_free >= request.gpu_memory_mib
+    if request.share_owner:
+        owner = snapshot.owner_ids.get(request.share_owner, -2)
+        fit &= (snapshot.gpu_owner == -1) | (snapshot.gpu_owner == owner)
     return fit
 
 

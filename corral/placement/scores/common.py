@@ -30,6 +30,7 @@ def shape_key(request: Request) -> tuple[Any, ...]:
         request.gpu_memory_mib,
         request.gpu_models,
         request.min_gpu_memory_mib,
+        request.share_owner,
     )
 
 
