@@ -15,6 +15,7 @@ keeps its reservation, and a cancelled job's GPUs are not handed out while it is
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -85,14 +86,16 @@ class Daemon:
         #: With MPS, a one-GPU share runs as an MPS client with enforced compute and memory limits; since MPS serves
         #: one Unix user per GPU at a time, such shares carry their user as `share_owner`.
         self.mps = mps
-        self._empty = ClusterSnapshot([node])
+        self._empty = ClusterSnapshot([node])  # the idle machine, for admission checks
+        self._admit_lock = threading.Lock()
 
     # ---------------------------------------------------------------------------------------------- requests
     def submit(self, spec: JobSpec) -> Job:
         """Validate against this machine and store durably; the returned job is acknowledged."""
-        validate_against(self._empty, spec.request)
-        # Refuse what this machine can never run, even when idle: it would wait for ever.
-        empty = place(self._empty, spec.request, self.config, self.rng)
+        with self._admit_lock:
+            validate_against(self._empty, spec.request)
+            # Refuse what this machine can never run, even when idle: it would wait for ever.
+            empty = place(self._empty, spec.request, self.config, 0)
         if not empty.placed and all(empty.unresolvable(i) for i in range(len(self._empty))):
             raise InvalidRequest("request", f"can never run on this machine: {render(empty.explanation)}")
         return self.store.add(spec, self.clock())

@@ -16,6 +16,7 @@ import socket
 import struct
 import sys
 import threading
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from types import FrameType
@@ -109,7 +110,14 @@ def _check_free(socket_path: Path) -> None:
     raise ServeError(f"corral serve is already running at {socket_path}")
 
 
-def serve(state_dir: Path, socket_path: Path, simulate: str | None, policy: str, tick_s: float = 0.2) -> None:
+def serve(
+    state_dir: Path,
+    socket_path: Path,
+    simulate: str | None,
+    policy: str,
+    tick_s: float = 0.2,
+    min_gap_s: float = 0.05,
+) -> None:
     """Run the daemon until SIGTERM or SIGINT."""
     node = build_node(simulate)
     config = PlacementConfig(policy=policy)
@@ -137,13 +145,21 @@ def serve(state_dir: Path, socket_path: Path, simulate: str | None, policy: str,
 
     def loop() -> None:
         while not stop.is_set():
+            started = time.monotonic()
             try:
                 with lock:
                     daemon.tick()
             except Exception:  # keep scheduling; the next tick tries again
                 log.exception("tick failed")
+            took = time.monotonic() - started
             woken.wait(tick_s)
             woken.clear()
+            # A burst of submissions wakes the loop for each one, and a round looks at the whole queue: after a round
+            # that took t, the next waits until 4 t have passed since it began (at most `min_gap_s`), so scheduling
+            # takes at most about a quarter of the time under a burst while a quick round is followed at once.
+            rest = min(min_gap_s, 4 * took) - (time.monotonic() - started)
+            if rest > 0:
+                stop.wait(rest)
 
     ticker = threading.Thread(target=loop, name="corral-tick", daemon=True)
     app = create_app(daemon, lock, woken.set)
