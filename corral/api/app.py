@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
@@ -27,8 +27,9 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from corral.api.schemas import ExplainOut, JobOut, SubmitIn
 from corral.cli.main import build_request
 from corral.daemon.core import Daemon
-from corral.jobs.model import Job, JobSpec
-from corral.model.errors import InvalidRequest
+from corral.gpu.discovery import GpuInfo
+from corral.jobs.model import Job, JobSpec, JobState
+from corral.model.errors import CorralError, InvalidRequest
 from corral.model.units import parse_duration_seconds
 from corral.store import JobNotFound, StoreError
 
@@ -100,7 +101,13 @@ def spec_from(body: SubmitIn, who: Peer) -> JobSpec:
     )
 
 
-def create_app(daemon: Daemon, lock: threading.Lock, wake: Callable[[], None]) -> FastAPI:
+def create_app(
+    daemon: Daemon,
+    lock: threading.Lock,
+    wake: Callable[[], None],
+    live: Callable[[], Mapping[str, GpuInfo]] | None = None,
+) -> FastAPI:
+    """`live`: measured use per GPU UUID (NVML); None for a simulated inventory."""
     app = FastAPI(title="corral", version="1")
 
     @app.exception_handler(JobNotFound)
@@ -168,6 +175,44 @@ def create_app(daemon: Daemon, lock: threading.Lock, wake: Callable[[], None]) -
     def explain(job_id: str, who: Caller) -> ExplainOut:
         job = visible(job_id, who)
         return ExplainOut(state=job.state.value, reason=job.reason)
+
+    @app.get("/v1/gpus")
+    def gpus(who: Caller) -> list[dict[str, Any]]:
+        """Each GPU, who holds which share of it (other users' jobs by number only), and live use where known."""
+        holding = daemon.store.list([JobState.STARTING, JobState.RUNNING])
+        measured: Mapping[str, GpuInfo] = {}
+        if live is not None:
+            try:
+                measured = live()
+            except CorralError:
+                measured = {}
+        rows = []
+        for dev in daemon.node.gpus:
+            held = [
+                {
+                    "job": j.id,
+                    "user": j.spec.user if who.root or j.spec.uid == who.uid else None,
+                    "milli": g.milli,
+                    "memory_mib": g.memory_mib,
+                }
+                for j in holding
+                for g in j.gpus
+                if g.index == dev.index
+            ]
+            info = measured.get(dev.uuid)
+            rows.append(
+                {
+                    "index": dev.index,
+                    "uuid": dev.uuid,
+                    "model": dev.model,
+                    "memory_mib": dev.memory_mib,
+                    "granted_milli": sum(g.milli for j in holding for g in j.gpus if g.index == dev.index),
+                    "held": held,
+                    "used_memory_mib": None if info is None else info.memory_used_mib,
+                    "utilization_pct": None if info is None else info.utilization_pct,
+                }
+            )
+        return rows
 
     @app.get("/v1/jobs/{job_id}/logs", response_class=PlainTextResponse)
     def logs(job_id: str, who: Caller, offset: Annotated[int, Query(ge=0)] = 0) -> PlainTextResponse:

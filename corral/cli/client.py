@@ -191,6 +191,26 @@ def explain_cmd(job_id: str, as_json: JsonOpt = False, socket: SocketOpt = None)
     out.print(f"job {job_id} is {data['state']}: {data['reason'] or '-'}", highlight=False)
 
 
+def gpus_cmd(as_json: JsonOpt = False, socket: SocketOpt = None) -> None:
+    """Each GPU: who holds which share, and live use where the daemon can measure it."""
+    rows = call(socket, "GET", "/v1/gpus").json()
+    if as_json:
+        dump(rows)
+        return
+    table = Table("GPU", "MODEL", "GRANTED", "HELD BY", "USED MiB", "UTIL %")
+    for r in rows:
+        held = ", ".join(f"{h['job']}({h['user'] or '?'}) {h['milli']}m" for h in r["held"]) or "-"
+
+        def known(v: object) -> str:
+            return "-" if v is None else str(v)
+
+        table.add_row(
+            f"{r['index']} {r['uuid']}", r["model"], f"{r['granted_milli'] / 10:g} %", held,
+            known(r["used_memory_mib"]), known(r["utilization_pct"]),
+        )  # fmt: skip
+    out.print(table)
+
+
 def register(app: typer.Typer) -> None:
     app.command("serve")(serve_cmd)
     app.command("submit", context_settings={"allow_interspersed_args": False})(submit_cmd)
@@ -199,3 +219,4 @@ def register(app: typer.Typer) -> None:
     app.command("logs")(logs_cmd)
     app.command("cancel")(cancel_cmd)
     app.command("explain")(explain_cmd)
+    app.command("gpus")(gpus_cmd)

@@ -162,7 +162,8 @@ def serve(
                 stop.wait(rest)
 
     ticker = threading.Thread(target=loop, name="corral-tick", daemon=True)
-    app = create_app(daemon, lock, woken.set)
+    live = None if simulate is not None else (lambda: {g.uuid: g for g in discover_gpus()})
+    app = create_app(daemon, lock, woken.set, live)
     server = uvicorn.Server(uvicorn.Config(app, uds=str(socket_path), log_level="warning", http=PeerH11Protocol))
 
     def on_signal(sig: int, _frame: FrameType | None) -> None:

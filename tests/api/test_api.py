@@ -127,6 +127,24 @@ def test_explain_a_waiting_job(world: World) -> None:
     assert r.json() == {"state": "queued", "reason": "0/1 nodes fit: 1 insufficient GPU (need 1 whole GPU)"}
 
 
+def test_gpus_show_who_holds_which_share(world: World) -> None:
+    alice, bob = world.client(ALICE), world.client(BOB)
+    submit(alice, gpu_fraction=0.5)
+    submit(bob, gpu_fraction=0.25)
+    world.tick()
+    rows = alice.get("/v1/gpus").json()
+    assert [r["uuid"] for r in rows] == ["SIM-GPU-0-0", "SIM-GPU-0-1"]
+    assert rows[0]["granted_milli"] == 750 and rows[1]["granted_milli"] == 0
+    # alice sees her own job's user; bob's job only by number
+    assert rows[0]["held"] == [
+        {"job": "1", "user": "alice", "milli": 500, "memory_mib": 0},
+        {"job": "2", "user": None, "milli": 250, "memory_mib": 0},
+    ]
+    assert rows[0]["used_memory_mib"] is None and rows[0]["utilization_pct"] is None  # simulated: no live use
+    root = world.client(ROOT).get("/v1/gpus").json()
+    assert [h["user"] for h in root[0]["held"]] == ["alice", "bob"]
+
+
 def test_logs(world: World, tmp_path: Path) -> None:
     alice = world.client(ALICE)
     submit(alice)

@@ -88,6 +88,9 @@ def test_serve_submit_logs_explain_cancel(corral: Corral) -> None:
 
         wait_for("job 3 to explain itself", says_why)
         assert "insufficient GPU" in corral.run("explain", big).stdout
+        held = {g["uuid"]: [h["job"] for h in g["held"]] for g in json.loads(corral.run("gpus", "--json").stdout)}
+        assert held == {"SIM-GPU-0-0": [busy[0]], "SIM-GPU-0-1": [busy[1]]}
+        assert "SIM-GPU-0-1" in corral.run("gpus").stdout
         corral.run("cancel", big)
         assert corral.state(big) == "cancelled"
     finally:
