@@ -125,10 +125,12 @@ class Daemon:
         waiting = self.store.list([JobState.QUEUED])
         plan = schedule(snapshot, [self._with_owner(j) for j in waiting], self.config, now, self.rng)
         started = []
+        busy = {u for j in holding for u in j.gpu_uuids}
         for start in plan.starts:
             if self._launch(start.job_id, start.allocation, now):
                 started.append(start.job_id)
-        self._stop_idle_mps()
+                busy.update(self.node.gpus[g.index].uuid for g in start.allocation.gpus)
+        self._stop_idle_mps(busy)
         for job in waiting:
             reason = plan.waiting.get(job.id)
             if job.not_before > now:
@@ -154,11 +156,10 @@ class Daemon:
             snap.allocate(alloc)
         return snap
 
-    def _stop_idle_mps(self) -> None:
-        """Stop the MPS daemon of every GPU that no longer holds a share."""
+    def _stop_idle_mps(self, busy: set[str]) -> None:
+        """Stop the MPS daemon of every GPU that no job holds any more (`busy`: UUIDs still held)."""
         if self.mps is None or not self.mps.running:
             return
-        busy = {u for j in self.store.list([JobState.STARTING, JobState.RUNNING]) for u in j.gpu_uuids}
         for uuid in sorted(self.mps.running - busy):
             self.mps.stop(uuid)
 

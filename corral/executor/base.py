@@ -110,3 +110,21 @@ class Executor(Protocol):
     def running(self) -> set[str]:
         """Ids of jobs launched or adopted whose exit `poll` has not reported yet."""
         ...
+
+
+class Watched(Protocol):
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def start_time(self) -> int: ...
+
+
+def readopt(known: Watched | None, job_id: str, pid: int, start_time: int) -> bool:
+    """`adopt` of a job the executor may already watch: True for that very process, an error for another one,
+    False when the job is not watched (the caller then checks the process itself)."""
+    if known is None:
+        return False
+    if (known.pid, known.start_time) == (pid, start_time):
+        return True
+    raise ValueError(f"job {job_id} is already watched as pid {known.pid}; cannot adopt pid {pid}")

@@ -20,7 +20,7 @@ import signal
 import threading
 from collections.abc import Mapping
 
-from corral.executor.base import Exit, Handle, LaunchSpec
+from corral.executor.base import Exit, Handle, LaunchSpec, readopt
 
 
 class FakeExecutor:
@@ -73,11 +73,8 @@ class FakeExecutor:
 
     def adopt(self, job_id: str, pid: int, start_time: int, time_limit_s: float | None = None) -> bool:
         with self._lock:
-            known = self._jobs.get(job_id)
-            if known is not None:
-                if (known.pid, known.start_time) == (pid, start_time):
-                    return True
-                raise ValueError(f"job {job_id} is already watched as pid {known.pid}; cannot adopt pid {pid}")
+            if readopt(self._jobs.get(job_id), job_id, pid, start_time):
+                return True
             if self.processes.get(pid) != start_time:
                 return False
             self._jobs[job_id] = Handle(job_id, pid, start_time)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from corral.executor.base import Exit, Handle, LaunchSpec
+from corral.executor.base import Exit, Handle, LaunchSpec, readopt
 
 #: Runs as the job's user: enter the working directory, then become the job's command (same PID, same start time).
 _ENTER_AND_EXEC = (
@@ -241,11 +241,8 @@ class LocalExecutor:
 
     def adopt(self, job_id: str, pid: int, start_time: int, time_limit_s: float | None = None) -> bool:
         with self._lock:
-            known = self._jobs.get(job_id)
-            if known is not None:
-                if (known.pid, known.start_time) == (pid, start_time):
-                    return True
-                raise ValueError(f"job {job_id} is already watched as pid {known.pid}; cannot adopt pid {pid}")
+            if readopt(self._jobs.get(job_id), job_id, pid, start_time):
+                return True
             st = read_proc_stat(pid)
             if st is None or st.start_time != start_time or st.state in ("Z", "X", "x"):
                 return False

@@ -33,10 +33,6 @@ class Events:
     frag_milli: FloatArray = field(default_factory=lambda: np.zeros(0))  # cluster fragmentation after each pod
     outcomes: tuple[str, ...] = ()  # per pod: "node GPU i,j" where placed, else the engine's explanation
 
-    def column(self, j: int) -> float:
-        """Allocation % at arrived j % of capacity, as the published files bucket it."""
-        return self.curves()[0][j]
-
     def curves(self) -> tuple[list[float], list[float]]:
         """Columns 0..130 of allocation % and fragmentation % (of all GPUs), bucketed like the published files.
 
