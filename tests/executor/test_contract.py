@@ -3,7 +3,6 @@ runs real short commands."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -12,26 +11,11 @@ from typing import Protocol
 
 import pytest
 
-from corral.executor import Executor, Exit, FakeExecutor, LaunchSpec, LocalExecutor, pid_start_time, read_proc_stat
+from corral.executor import Executor, Exit, FakeExecutor, LocalExecutor, pid_start_time, read_proc_stat
+from tests.executor.specs import make_spec
 
 EXIT_3 = ("sh", "-c", "exit 3")
 LONG = ("sleep", "30")
-
-
-def spec(job_id: str, command: tuple[str, ...], tmp: Path) -> LaunchSpec:
-    return LaunchSpec(
-        job_id=job_id,
-        command=command,
-        env={"PATH": "/usr/bin:/bin"},
-        cwd=str(tmp),
-        uid=os.getuid(),
-        gid=os.getgid(),
-        gpu_uuids=(),
-        gpu_milli=1000,
-        gpu_memory_mib=0,
-        log_path=tmp / "logs" / f"{job_id}.log",
-        time_limit_s=None,
-    )
 
 
 class Harness(Protocol):
@@ -126,7 +110,7 @@ def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
 
 
 def launch(h: Harness, job_id: str, command: tuple[str, ...], tmp: Path) -> None:
-    handle = h.executor.launch(spec(job_id, command, tmp))
+    handle = h.executor.launch(make_spec(tmp, job_id, *command))
     assert handle.job_id == job_id
     assert handle.pid > 0 and handle.start_time > 0
     h.started(job_id, command)
@@ -155,7 +139,7 @@ def test_running_bookkeeping_and_two_jobs(harness: Harness, tmp_path: Path) -> N
 def test_duplicate_launch_is_refused(harness: Harness, tmp_path: Path) -> None:
     launch(harness, "a", LONG, tmp_path)
     with pytest.raises(ValueError, match="job a is already running"):
-        harness.executor.launch(spec("a", LONG, tmp_path))
+        harness.executor.launch(make_spec(tmp_path, "a", *LONG))
 
 
 def test_cancel_ends_a_job(harness: Harness, tmp_path: Path) -> None:

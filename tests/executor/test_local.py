@@ -17,8 +17,8 @@ import pytest
 
 from corral.executor import Exit, LaunchSpec, LocalExecutor, job_environment, pid_start_time, read_proc_stat
 from corral.executor.local import parse_proc_stat
+from tests.executor.specs import PATH, make_spec
 
-PATH = "/usr/local/bin:/usr/bin:/bin"
 NOBODY = 65534
 ROOT = os.getuid() == 0
 
@@ -31,23 +31,6 @@ def ex() -> Iterator[LocalExecutor]:
         executor.cancel(job_id, grace_s=0)
     wait_until(lambda: not (executor.poll() or executor.running()))
     executor.close()
-
-
-def make_spec(tmp: Path, job_id: str, *command: str, **changes: Any) -> LaunchSpec:
-    base = LaunchSpec(
-        job_id=job_id,
-        command=command,
-        env={"PATH": PATH},
-        cwd=str(tmp),
-        uid=os.getuid(),
-        gid=os.getgid(),
-        gpu_uuids=(),
-        gpu_milli=1000,
-        gpu_memory_mib=0,
-        log_path=tmp / "logs" / f"{job_id}.log",
-        time_limit_s=None,
-    )
-    return replace(base, **changes)
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = 5.0) -> bool:
