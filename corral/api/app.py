@@ -200,6 +200,7 @@ def create_app(
                 if g.index == dev.index
             ]
             info = measured.get(dev.uuid)
+            use = daemon.gpu_use.get(dev.uuid)
             rows.append(
                 {
                     "index": dev.index,
@@ -210,6 +211,8 @@ def create_app(
                     "held": held,
                     "used_memory_mib": None if info is None else info.memory_used_mib,
                     "utilization_pct": None if info is None else info.utilization_pct,
+                    # memory of processes corral did not start (never granted); None where not measured
+                    "foreign_memory_mib": None if use is None or use.unknown else use.foreign_mib,
                 }
             )
         return rows

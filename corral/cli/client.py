@@ -96,6 +96,16 @@ def serve_cmd(
         str | None, typer.Option("--simulate-gpus", help="Simulated GPUs instead of this machine's, e.g. 2xA100-80GB.")
     ] = None,
     policy: Annotated[str, typer.Option(help="Placement policy (see `corral policies`).")] = "binpack",
+    sharing: Annotated[
+        str,
+        typer.Option(
+            help="mps: a share of one GPU is enforced with MPS where available (one user per GPU at a time); "
+            "time-slicing: shares of different users share GPUs without MPS."
+        ),
+    ] = "mps",
+    gpu_memory_watchdog: Annotated[
+        str, typer.Option(help="A job over its GPU memory grant where MPS does not cap it: off, warn or kill.")
+    ] = "kill",
 ) -> None:
     """Run the corral daemon on this machine until SIGTERM or Ctrl-C."""
     from corral.daemon.server import ServeError, serve
@@ -105,7 +115,7 @@ def serve_cmd(
     state = state_dir or default_state_dir()
     sock = socket or (state / "corral.sock")
     try:
-        serve(state, sock, simulate_gpus, policy)
+        serve(state, sock, simulate_gpus, policy, watchdog=gpu_memory_watchdog, sharing=sharing)
     except (ServeError, InvalidRequest, StoreError, OSError) as exc:
         raise fail(str(exc)) from None
 
@@ -197,7 +207,7 @@ def gpus_cmd(as_json: JsonOpt = False, socket: SocketOpt = None) -> None:
     if as_json:
         dump(rows)
         return
-    table = Table("GPU", "MODEL", "GRANTED", "HELD BY", "USED MiB", "UTIL %")
+    table = Table("GPU", "MODEL", "GRANTED", "HELD BY", "USED MiB", "NOT CORRAL'S MiB", "UTIL %")
     for r in rows:
         held = ", ".join(f"{h['job']}({h['user'] or '?'}) {h['milli']}m" for h in r["held"]) or "-"
 
@@ -206,7 +216,7 @@ def gpus_cmd(as_json: JsonOpt = False, socket: SocketOpt = None) -> None:
 
         table.add_row(
             f"{r['index']} {r['uuid']}", r["model"], f"{r['granted_milli'] / 10:g} %", held,
-            known(r["used_memory_mib"]), known(r["utilization_pct"]),
+            known(r["used_memory_mib"]), known(r["foreign_memory_mib"]), known(r["utilization_pct"]),
         )  # fmt: skip
     out.print(table)
 

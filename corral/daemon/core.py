@@ -11,10 +11,16 @@
 
 The grant is stored before the process exists and released only when it has exited, so a job that has just started
 keeps its reservation, and a cancelled job's GPUs are not handed out while it is still dying.
+
+With a GPU sampler (NVML on a real machine), every round also looks at who holds each GPU's memory:
+    memory of processes corral did not start  -> held in the snapshot as a "foreign" grant, so it is never granted
+    a job over its GPU memory grant where MPS does not enforce it -> the watchdog warns, or kills it (FAILED, said why)
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -25,17 +31,23 @@ import numpy as np
 
 from corral.daemon.scheduler import schedule
 from corral.executor.base import Executor, Exit, LaunchSpec
+from corral.gpu.discovery import GpuDiscoveryError
+from corral.gpu.metrics import GpuSampler, GpuUse, ProcessInfo, attribute, read_process
 from corral.gpu.mps import MpsControl, MpsError
 from corral.jobs.model import Job, JobSpec, JobState
 from corral.model.errors import InvalidRequest
-from corral.model.resources import Allocation, Node, Request, affinity_tag
+from corral.model.resources import Allocation, GpuGrant, Node, Request, affinity_tag
 from corral.model.snapshot import ClusterSnapshot
 from corral.placement import PlacementConfig, place, render
 from corral.placement.engine import validate_against
 from corral.store.base import Store
 
 CANCELLING = "cancel requested"
+#: The reason of a job the watchdog is killing starts with this; its exit is then a failure with that reason.
+OVER_GRANT = "killed by corral: "
 MAX_BACKOFF_S = 300.0
+WATCHDOG_MODES = ("off", "warn", "kill")
+log = logging.getLogger("corral.daemon")
 
 
 def backoff_s(attempts: int) -> float:
@@ -74,7 +86,13 @@ class Daemon:
         seed: int = 0,
         find_process: Callable[[str], tuple[int, int] | None] = find_job_process,
         mps: MpsControl | None = None,
+        sampler: GpuSampler | None = None,
+        watchdog: str = "kill",
+        sample_every_s: float = 1.0,
+        describe: Callable[[int], ProcessInfo | None] = read_process,
     ) -> None:
+        if watchdog not in WATCHDOG_MODES:
+            raise InvalidRequest("gpu_memory_watchdog", f"must be one of {', '.join(WATCHDOG_MODES)}, got {watchdog!r}")
         self.store = store
         self.executor = executor
         self.node = node
@@ -88,6 +106,14 @@ class Daemon:
         self.mps = mps
         self._empty = ClusterSnapshot([node])  # the idle machine, for admission checks
         self._admit_lock = threading.Lock()
+        #: Live GPU use (None: no sampler, e.g. a simulated inventory): foreign memory and the memory watchdog.
+        self.sampler = sampler
+        self.watchdog = watchdog
+        self.sample_every_s = sample_every_s
+        self.describe = describe
+        self.gpu_use: dict[str, GpuUse] = {}  # by GPU UUID, from the latest sample
+        self._sampled_at = -math.inf
+        self._sample_failed = False
 
     # ---------------------------------------------------------------------------------------------- requests
     def submit(self, spec: JobSpec) -> Job:
@@ -121,9 +147,13 @@ class Daemon:
         for ended in self.executor.poll():
             self._finish(ended, now)
         holding = self.store.list([JobState.STARTING, JobState.RUNNING])
+        self._sample(holding, now)
+        if self.watchdog != "off":
+            self._watch_memory(holding)
         snapshot = self.snapshot(holding)
         waiting = self.store.list([JobState.QUEUED])
         plan = schedule(snapshot, [self._with_owner(j) for j in waiting], self.config, now, self.rng)
+        foreign = self.foreign_text()
         started = []
         busy = {u for j in holding for u in j.gpu_uuids}
         for start in plan.starts:
@@ -135,6 +165,8 @@ class Daemon:
             reason = plan.waiting.get(job.id)
             if job.not_before > now:
                 continue  # its reason already says what failed and when it retries
+            if reason is not None and foreign and job.spec.request.wants_gpu:
+                reason = f"{reason}; {foreign}"
             if reason is not None and reason != job.reason:
                 self.store.update(job.id, reason=reason)
         return started
@@ -148,13 +180,82 @@ class Daemon:
         return replace(job, spec=replace(job.spec, request=replace(job.spec.request, share_owner=job.spec.user)))
 
     def snapshot(self, holding: Iterable[Job]) -> ClusterSnapshot:
+        """The machine minus what jobs hold, minus GPU memory that processes corral did not start fill."""
         snap = ClusterSnapshot([self.node])
         for job in holding:
             r = job.spec.request
             owner = job.spec.user if self._mps_share(r) else ""
             alloc = Allocation(job.id, self.node.name, 0, r.cpu_milli, r.memory_mib, job.gpus, affinity_tag(r), owner)
             snap.allocate(alloc)
+        foreign = []
+        for dev in self.node.gpus:
+            use = self.gpu_use.get(dev.uuid)
+            if use is None or use.foreign_mib <= 0:
+                continue
+            # Held as a share of the GPU: the memory it uses, and 1 milli of compute, so a whole-GPU job never lands
+            # on a GPU somebody else is using (how much compute it takes is not known). Capped at what is free.
+            memory = min(use.foreign_mib, int(snap.gpu_mem_free[0, dev.index]))
+            milli = min(1, int(snap.gpu_milli_free[0, dev.index]))
+            if memory > 0 or milli > 0:
+                foreign.append(GpuGrant(dev.index, milli, memory))
+        for grant in foreign:
+            snap.allocate(Allocation(f"foreign:{grant.index}", self.node.name, 0, 0, 0, (grant,)))
+        for dev in self.node.gpus:
+            sample_use = self.gpu_use.get(dev.uuid)
+            if sample_use is not None and sample_use.utilization_pct is not None:
+                snap.set_gpu_utilization(0, dev.index, sample_use.utilization_pct / 100)
         return snap
+
+    def foreign_text(self) -> str:
+        """Words for the GPU memory processes corral did not start hold, '' when none."""
+        held = [
+            f"GPU {dev.index}: {use.foreign_mib} MiB (pid {', '.join(map(str, use.foreign_pids[:3]))})"
+            for dev in self.node.gpus
+            if (use := self.gpu_use.get(dev.uuid)) is not None and use.foreign_mib > 0
+        ]
+        return f"GPU memory held by processes corral did not start: {'; '.join(held)}" if held else ""
+
+    # ---------------------------------------------------------------------------------------------- live GPU use
+    def _sample(self, holding: list[Job], now: float) -> None:
+        if self.sampler is None or now - self._sampled_at < self.sample_every_s:
+            return
+        self._sampled_at = now
+        try:
+            samples = self.sampler.sample()
+        except GpuDiscoveryError as exc:
+            if not self._sample_failed:
+                log.warning("cannot sample GPU use (%s): foreign memory and the watchdog wait until it works", exc)
+            self._sample_failed = True
+            self.gpu_use = {}
+            return
+        self._sample_failed = False
+        groups = {j.pid: j.id for j in holding if j.pid is not None}
+        running_mps = set(self.mps.running) if self.mps is not None else set()
+        self.gpu_use = attribute(samples, groups, {j.id for j in holding}, running_mps, self.describe)
+
+    def _watch_memory(self, holding: list[Job]) -> None:
+        """A job using more GPU memory than its grant, where MPS does not cap it: warn, or kill it."""
+        for job in holding:
+            if job.state is not JobState.RUNNING or job.reason.startswith((CANCELLING, OVER_GRANT)):
+                continue
+            if self._mps_share(job.spec.request) and self.mps is not None and self.mps.available():
+                continue  # MPS enforces its memory limit
+            over = []
+            for grant, uuid in zip(job.gpus, job.gpu_uuids, strict=False):
+                use = self.gpu_use.get(uuid)
+                used = use.jobs.get(job.id, 0) if use is not None else 0
+                if grant.memory_mib > 0 and used > grant.memory_mib:
+                    over.append(f"GPU {grant.index}: {used} MiB used, {grant.memory_mib} MiB granted")
+            if not over:
+                continue
+            what = f"over its GPU memory grant ({'; '.join(over)})"
+            if self.watchdog == "kill":
+                log.warning("job %s is %s: killing it", job.id, what)
+                self.store.update(job.id, reason=f"{OVER_GRANT}{what}")
+                self.executor.cancel(job.id, grace_s=2.0)
+            elif f"warning: {what}" != job.reason:
+                log.warning("job %s is %s", job.id, what)
+                self.store.update(job.id, reason=f"warning: {what}")
 
     def _stop_idle_mps(self, busy: set[str]) -> None:
         """Stop the MPS daemon of every GPU that no job holds any more (`busy`: UUIDs still held)."""
@@ -213,6 +314,8 @@ class Daemon:
             return
         if job.reason == CANCELLING:
             self._ended(job, JobState.CANCELLED, now, ended.exit_code, "cancelled")
+        elif job.reason.startswith(OVER_GRANT):
+            self._ended(job, JobState.FAILED, now, ended.exit_code, job.reason)
         elif ended.exit_code == 0:
             self._ended(job, JobState.SUCCEEDED, now, 0, "exit code 0")
         else:

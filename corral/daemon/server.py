@@ -29,6 +29,7 @@ from corral.api.app import PEER_KEY, create_app
 from corral.daemon.core import Daemon
 from corral.executor.local import LocalExecutor
 from corral.gpu.discovery import GpuDiscoveryError, discover_gpus, local_node
+from corral.gpu.metrics import NvmlSampler
 from corral.gpu.mps import MpsControl
 from corral.gpu.simulated import parse_simulated_inventory
 from corral.model.errors import CorralError
@@ -42,6 +43,9 @@ Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Any]]
 Send = Callable[[Any], Awaitable[None]]
 AsgiApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+SHARING_MODES = ("mps", "time-slicing")
 
 
 class ServeError(CorralError):
@@ -117,8 +121,17 @@ def serve(
     policy: str,
     tick_s: float = 0.2,
     min_gap_s: float = 0.05,
+    watchdog: str = "kill",
+    sharing: str = "mps",
 ) -> None:
-    """Run the daemon until SIGTERM or SIGINT."""
+    """Run the daemon until SIGTERM or SIGINT.
+
+    `sharing`: "mps" enforces a share of one GPU with MPS where the machine has it (one Unix user per GPU at a time);
+    "time-slicing" lets shares of different users share a GPU without MPS (the memory watchdog guards the grants).
+    `watchdog`: what happens to a job over its GPU memory grant where MPS does not enforce it: off, warn or kill.
+    """
+    if sharing not in SHARING_MODES:
+        raise ServeError(f"--sharing must be one of {', '.join(SHARING_MODES)}, got {sharing!r}")
     node = build_node(simulate)
     config = PlacementConfig(policy=policy)
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -127,10 +140,11 @@ def serve(
     store = SqliteStore(state_dir / "jobs.db")
     executor = LocalExecutor()
     # Shares are enforced with MPS where the machine has it (never for a simulated inventory).
-    mps = MpsControl(state_dir / "mps") if simulate is None else None
+    mps = MpsControl(state_dir / "mps") if simulate is None and sharing == "mps" else None
     if mps is not None and not mps.available():
         mps = None
-    daemon = Daemon(store, executor, node, config, state_dir, mps=mps)
+    sampler = NvmlSampler() if simulate is None else None
+    daemon = Daemon(store, executor, node, config, state_dir, mps=mps, sampler=sampler, watchdog=watchdog)
     lock = threading.Lock()
     woken = threading.Event()
     stop = threading.Event()
@@ -139,7 +153,11 @@ def serve(
     gpus = ", ".join(f"{g.index}: {g.model} {g.memory_mib} MiB" for g in node.gpus) or "none"
     label = f"SIMULATED GPU inventory {simulate} (no real devices)" if simulate else f"GPUs {gpus}"
     if simulate is None:
-        label += "; shares enforced with MPS" if mps is not None else "; no MPS here: shares are not enforced"
+        if mps is not None:
+            label += "; one-GPU shares enforced with MPS"
+        else:
+            label += "; time-sliced shares (no MPS)" if sharing == "time-slicing" else "; no MPS here"
+        label += f"; GPU memory watchdog: {watchdog}"
     sys.stderr.write(f"corral serve: listening on {socket_path}; state in {state_dir}; policy {policy}; {label}\n")
     sys.stderr.flush()
 
@@ -178,6 +196,8 @@ def serve(
         woken.set()
         ticker.join(timeout=10)
         executor.close()
+        if sampler is not None:
+            sampler.close()
         with lock:
             store.close()
         with contextlib.suppress(OSError):

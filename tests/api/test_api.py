@@ -141,6 +141,7 @@ def test_gpus_show_who_holds_which_share(world: World) -> None:
         {"job": "2", "user": None, "milli": 250, "memory_mib": 0},
     ]
     assert rows[0]["used_memory_mib"] is None and rows[0]["utilization_pct"] is None  # simulated: no live use
+    assert rows[0]["foreign_memory_mib"] is None
     root = world.client(ROOT).get("/v1/gpus").json()
     assert [h["user"] for h in root[0]["held"]] == ["alice", "bob"]
 
