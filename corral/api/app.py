@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from corral.api.schemas import ExplainOut, JobOut, SubmitIn
 from corral.cli.main import build_request
@@ -218,8 +218,10 @@ def create_app(
         return rows
 
     @app.get("/v1/jobs/{job_id}/logs", response_class=PlainTextResponse)
-    def logs(job_id: str, who: Caller, offset: Annotated[int, Query(ge=0)] = 0) -> PlainTextResponse:
-        visible(job_id, who)
+    def logs(job_id: str, who: Caller, offset: Annotated[int, Query(ge=0)] = 0) -> Response:
+        """The log's bytes from `offset` (at most 4 MiB); `X-Corral-Next-Offset` says where the next read starts and
+        `X-Corral-Job-State` whether more can come (a final state: no more output), for `corral logs -f`."""
+        job = visible(job_id, who)
         path = daemon.log_path(job_id)
         try:
             with path.open("rb") as f:
@@ -229,6 +231,8 @@ def create_app(
             data = b""
         except OSError as exc:
             raise InvalidRequest("logs", f"cannot read the log of job {job_id}: {exc}") from exc
-        return PlainTextResponse(data.decode("utf-8", errors="replace"))
+        # Raw bytes: a chunk may end inside a multi-byte character, which the next chunk completes.
+        headers = {"X-Corral-Next-Offset": str(offset + len(data)), "X-Corral-Job-State": job.state.value}
+        return Response(data, media_type="text/plain; charset=utf-8", headers=headers)
 
     return app

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -181,9 +182,39 @@ def show_cmd(job_id: str, as_json: JsonOpt = False, socket: SocketOpt = None) ->
         out.print(f"{key:>13}: {'' if text is None else text}", highlight=False)
 
 
-def logs_cmd(job_id: str, socket: SocketOpt = None) -> None:
-    """A job's output so far."""
-    sys.stdout.write(call(socket, "GET", f"/v1/jobs/{job_id}/logs").text)
+FINAL_STATES = {"succeeded", "failed", "cancelled", "lost"}
+
+
+def logs_cmd(
+    job_id: str,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing output until the job ends.")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help='Print {"job", "state", "offset", "next_offset", "text"} (a line per chunk).')
+    ] = False,
+    interval: Annotated[float, typer.Option(help="Seconds between polls with --follow.", min=0.05)] = 0.5,
+    socket: SocketOpt = None,
+) -> None:
+    """A job's output so far; with -f, until the job ends (Ctrl-C stops following, not the job)."""
+    offset = 0
+    try:
+        while True:
+            r = call(socket, "GET", f"/v1/jobs/{job_id}/logs", params={"offset": offset})
+            start, offset = offset, int(r.headers.get("X-Corral-Next-Offset", offset + len(r.content)))
+            state = r.headers.get("X-Corral-Job-State", "")
+            if as_json:
+                if r.content or not follow:
+                    line = {"job": job_id, "state": state, "offset": start, "next_offset": offset}
+                    sys.stdout.write(json.dumps({**line, "text": r.content.decode("utf-8", "replace")}) + "\n")
+            else:
+                sys.stdout.buffer.write(r.content)
+            sys.stdout.flush()
+            if r.content and follow:
+                continue  # more may be waiting already (a chunk is at most 4 MiB)
+            if not follow or state in FINAL_STATES:
+                return
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
 
 
 def cancel_cmd(job_id: str, socket: SocketOpt = None) -> None:

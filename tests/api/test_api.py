@@ -155,6 +155,7 @@ def test_logs(world: World, tmp_path: Path) -> None:
     path.write_text("hello\nworld\n")
     r = alice.get("/v1/jobs/1/logs?offset=6")
     assert r.status_code == 200 and r.text == "world\n" and r.headers["content-type"].startswith("text/plain")
+    assert r.headers["x-corral-next-offset"] == "12" and r.headers["x-corral-job-state"] == "queued"
     assert alice.get("/v1/jobs/1/logs?offset=-1").status_code == 422
 
 

@@ -106,6 +106,19 @@ def test_serve_submit_logs_explain_cancel(corral: Corral) -> None:
     assert missing.returncode == 2 and missing.stderr.strip() == "error: job: no job 99"
 
 
+def test_logs_follow_until_the_job_ends(corral: Corral) -> None:
+    # the job writes in three bursts, one of them a character split over two writes
+    script = "printf 'one\\n'; sleep 0.6; printf '\\303'; sleep 0.6; printf '\\251t\\303\\251\\n'; sleep 0.3; echo three"
+    job = corral.submit("--", "sh", "-c", script)
+    followed = corral.run("logs", "-f", "--interval", "0.1", job)
+    assert followed.stdout == "one\nété\nthree\n"
+    assert corral.state(job) == "succeeded"  # -f returned because the job ended
+    chunks = [json.loads(line) for line in corral.run("logs", "--json", job).stdout.splitlines()]
+    assert chunks == [
+        {"job": job, "state": "succeeded", "offset": 0, "next_offset": 16, "text": "one\nété\nthree\n"}
+    ]
+
+
 def test_client_without_server(tmp_path: Path) -> None:
     sock = tmp_path / "nope.sock"
     done = Corral(sock).run("ps", ok=False)
