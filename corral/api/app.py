@@ -6,9 +6,12 @@
     POST /v1/jobs/{id}/cancel          cancel it
     GET  /v1/jobs/{id}/explain         {"state": ..., "reason": ...}: why it waits, or how it ended
     GET  /v1/jobs/{id}/logs?offset=N   its output from byte N (text/plain)
+    GET  /v1/gpus                      each GPU: who holds which share, live use, memory of foreign processes
+    POST /v1/tokens, GET /v1/tokens, DELETE /v1/tokens/{id}   bearer tokens for TCP (Unix socket only)
 
 The caller is whoever is on the other end of the Unix socket: the server puts (uid, gid, user) from SO_PEERCRED into
-`scope["corral.peer"]`. Users see and cancel only their own jobs (another user's job is "no job N"); uid 0 sees all.
+`scope["corral.peer"]` and "unix" into `scope["corral.via"]`; over TCP it is the owner of the bearer token ("token").
+Users see and cancel only their own jobs (another user's job is "no job N"); uid 0 sees all.
 Errors are `{"detail": {"field": ..., "message": ...}}`: 422 for a bad request, 404 for an unknown job, 503 when the
 store fails.
 """
@@ -16,7 +19,9 @@ store fails.
 from __future__ import annotations
 
 import logging
+import pwd
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -24,9 +29,10 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from corral.api.schemas import ExplainOut, JobOut, SubmitIn
+from corral.api.schemas import ExplainOut, JobOut, SubmitIn, TokenIn, TokenOut
 from corral.cli.main import build_request
 from corral.daemon.core import Daemon
+from corral.daemon.tokens import TokenFileError, TokenNotFound, TokenStore
 from corral.gpu.discovery import GpuInfo
 from corral.jobs.model import Job, JobSpec, JobState
 from corral.model.errors import CorralError, InvalidRequest
@@ -36,6 +42,7 @@ from corral.store import JobNotFound, StoreError
 log = logging.getLogger("corral.api")
 
 PEER_KEY = "corral.peer"
+VIA_KEY = "corral.via"  # "unix" (SO_PEERCRED) or "token" (TCP with a bearer token)
 MAX_LOG_CHUNK = 4 * 1024 * 1024
 
 
@@ -44,6 +51,7 @@ class Peer:
     uid: int
     gid: int
     user: str
+    via: str = "token"
 
     @property
     def root(self) -> bool:
@@ -64,7 +72,7 @@ def peer(request: Request) -> Peer:
     if value is None:
         raise HTTPException(401, {"field": "peer", "message": "unknown caller: connect over the corral Unix socket"})
     uid, gid, user = value
-    return Peer(int(uid), int(gid), str(user))
+    return Peer(int(uid), int(gid), str(user), str(request.scope.get(VIA_KEY, "token")))
 
 
 Caller = Annotated[Peer, Depends(peer)]
@@ -106,10 +114,13 @@ def create_app(
     lock: threading.Lock,
     wake: Callable[[], None],
     live: Callable[[], Mapping[str, GpuInfo]] | None = None,
+    tokens: TokenStore | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> FastAPI:
-    """`live`: measured use per GPU UUID (NVML); None for a simulated inventory."""
+    """`live`: measured use per GPU UUID (NVML); None for a simulated inventory. `tokens`: bearer tokens for TCP."""
     app = FastAPI(title="corral", version="1")
 
+    @app.exception_handler(TokenNotFound)
     @app.exception_handler(JobNotFound)
     def _not_found(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, InvalidRequest)
@@ -119,6 +130,11 @@ def create_app(
     def _invalid(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, InvalidRequest)
         return error(422, api_field(exc.field), exc.message)
+
+    @app.exception_handler(TokenFileError)
+    def _token_file(_: Request, exc: Exception) -> JSONResponse:
+        log.error("token file failed: %s", exc)
+        return error(503, "tokens", str(exc))
 
     @app.exception_handler(StoreError)
     def _store(_: Request, exc: Exception) -> JSONResponse:
@@ -234,5 +250,39 @@ def create_app(
         # Raw bytes: a chunk may end inside a multi-byte character, which the next chunk completes.
         headers = {"X-Corral-Next-Offset": str(offset + len(data)), "X-Corral-Job-State": job.state.value}
         return Response(data, media_type="text/plain; charset=utf-8", headers=headers)
+
+    # -------------------------------------------------------------------------------------------- tokens
+    def token_store(who: Peer) -> TokenStore:
+        if tokens is None:
+            raise HTTPException(404, {"field": "tokens", "message": "this daemon has no TCP tokens"})
+        if who.via != "unix":
+            raise HTTPException(
+                403, {"field": "tokens", "message": "tokens are created, listed and revoked over the Unix socket only"}
+            )
+        return tokens
+
+    @app.post("/v1/tokens", status_code=201, response_model=TokenOut)
+    def create_token(body: TokenIn, who: Caller) -> TokenOut:
+        store = token_store(who)
+        uid, gid, user = who.uid, who.gid, who.user
+        if body.user is not None and body.user != who.user:
+            if not who.root:
+                raise HTTPException(403, {"field": "user", "message": "only root can create tokens for other users"})
+            try:
+                entry = pwd.getpwnam(body.user)
+            except KeyError:
+                raise InvalidRequest("user", f"no user {body.user!r} on this machine") from None
+            uid, gid, user = entry.pw_uid, entry.pw_gid, entry.pw_name
+        token, secret = store.create(body.name, uid, gid, user, clock())
+        return TokenOut.of(token, secret)
+
+    @app.get("/v1/tokens", response_model=list[TokenOut])
+    def list_tokens(who: Caller) -> list[TokenOut]:
+        return [TokenOut.of(t) for t in token_store(who).list(None if who.root else who.uid)]
+
+    @app.delete("/v1/tokens/{token_id}", status_code=204)
+    def revoke_token(token_id: str, who: Caller) -> Response:
+        token_store(who).revoke(token_id, None if who.root else who.uid)
+        return Response(status_code=204)
 
     return app

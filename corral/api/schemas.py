@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from corral.daemon.tokens import MAX_NAME, Token
 from corral.jobs.model import Job
 
 
@@ -73,3 +74,20 @@ class JobOut(BaseModel):
 class ExplainOut(BaseModel):
     state: str
     reason: str
+
+
+class TokenIn(BaseModel):
+    name: str = Field(min_length=1, max_length=MAX_NAME)
+    user: str | None = None  # root only: a token for another user
+
+
+class TokenOut(BaseModel):
+    id: str
+    name: str
+    user: str
+    created_at: float
+    token: str | None = None  # the secret: only in the answer that created it
+
+    @classmethod
+    def of(cls, token: Token, secret: str | None = None) -> TokenOut:
+        return cls(id=token.id, name=token.name, user=token.user, created_at=token.created_at, token=secret)

@@ -1,9 +1,12 @@
-"""`corral serve` and the commands that talk to it over its Unix socket.
+"""`corral serve` and the commands that talk to it, over its Unix socket or, with CORRAL_URL, over TCP.
 
 corral serve --simulate-gpus 2xA100-80GB          run the daemon (socket: $CORRAL_STATE_DIR/corral.sock)
 corral submit --gpus 1 -- python train.py        prints the job id
 corral ps [--all] [--json]                       your jobs (root with --all: everyone's)
-corral show ID | logs ID | cancel ID | explain ID
+corral show ID | logs [-f] ID | cancel ID | explain ID | gpus
+corral token create NAME | list | revoke ID      bearer tokens for TCP (over the Unix socket)
+
+CORRAL_URL=http://host:8470 CORRAL_TOKEN=corral_...  talk to a daemon started with --listen instead of the socket.
 """
 
 from __future__ import annotations
@@ -65,15 +68,25 @@ def error_text(response: httpx.Response) -> str:
 
 
 def call(socket_opt: Path | None, method: str, url: str, **kwargs: Any) -> httpx.Response:
-    """One request to the daemon; exits with a one-line error when it fails."""
-    path = socket_for(socket_opt)
+    """One request to the daemon (CORRAL_URL if set, else its Unix socket); exits with a one-line error if it fails."""
+    base = os.environ.get("CORRAL_URL", "").rstrip("/")
+    if base and socket_opt is None:
+        where = base
+        token = os.environ.get("CORRAL_TOKEN", "")
+        if not token:
+            raise fail("CORRAL_URL is set but CORRAL_TOKEN is not: create one with `corral token create NAME`")
+        client = httpx.Client(base_url=base, timeout=30, headers={"Authorization": f"Bearer {token}"})
+    else:
+        path = socket_for(socket_opt)
+        where = str(path)
+        client = httpx.Client(transport=httpx.HTTPTransport(uds=str(path)), base_url="http://corral", timeout=30)
     try:
-        with httpx.Client(transport=httpx.HTTPTransport(uds=str(path)), base_url="http://corral", timeout=30) as c:
-            response = c.request(method, url, **kwargs)
+        with client:
+            response = client.request(method, url, **kwargs)
     except (httpx.ConnectError, FileNotFoundError, ConnectionRefusedError):
-        raise fail(f"corral serve is not running at {path}") from None
+        raise fail(f"corral serve is not running at {where}") from None
     except httpx.HTTPError as exc:
-        raise fail(f"talking to corral serve at {path}: {exc}", EXIT_SERVER) from None
+        raise fail(f"talking to corral serve at {where}: {exc}", EXIT_SERVER) from None
     if response.status_code >= 400:
         raise fail(error_text(response), EXIT_BAD_INPUT if response.status_code < 500 else EXIT_SERVER)
     return response
@@ -107,6 +120,10 @@ def serve_cmd(
     gpu_memory_watchdog: Annotated[
         str, typer.Option(help="A job over its GPU memory grant where MPS does not cap it: off, warn or kill.")
     ] = "kill",
+    listen: Annotated[
+        str | None,
+        typer.Option(help="Also serve over TCP at [HOST:]PORT (127.0.0.1 unless a host is given), with bearer tokens."),
+    ] = None,
 ) -> None:
     """Run the corral daemon on this machine until SIGTERM or Ctrl-C."""
     from corral.daemon.server import ServeError, serve
@@ -116,7 +133,7 @@ def serve_cmd(
     state = state_dir or default_state_dir()
     sock = socket or (state / "corral.sock")
     try:
-        serve(state, sock, simulate_gpus, policy, watchdog=gpu_memory_watchdog, sharing=sharing)
+        serve(state, sock, simulate_gpus, policy, watchdog=gpu_memory_watchdog, sharing=sharing, listen=listen)
     except (ServeError, InvalidRequest, StoreError, OSError) as exc:
         raise fail(str(exc)) from None
 
@@ -252,7 +269,47 @@ def gpus_cmd(as_json: JsonOpt = False, socket: SocketOpt = None) -> None:
     out.print(table)
 
 
+token_app = typer.Typer(no_args_is_help=True, help="Bearer tokens for talking to corral serve over TCP.")
+
+
+@token_app.command("create")
+def token_create_cmd(
+    name: Annotated[str, typer.Argument(help="What the token is for, e.g. laptop.")],
+    user: Annotated[str | None, typer.Option(help="Root: a token for this user.")] = None,
+    as_json: JsonOpt = False,
+    socket: SocketOpt = None,
+) -> None:
+    """Create a token (printed once: keep it secret; it acts as you)."""
+    token = call(socket, "POST", "/v1/tokens", json={"name": name, "user": user}).json()
+    if as_json:
+        dump(token)
+        return
+    sys.stdout.write(f"{token['token']}\n")
+    err.print(f"token {token['id']} ({token['name']}) for {token['user']}: use it as CORRAL_TOKEN", highlight=False)
+
+
+@token_app.command("list")
+def token_list_cmd(as_json: JsonOpt = False, socket: SocketOpt = None) -> None:
+    """Your tokens (root: everyone's); never their secrets."""
+    tokens = call(socket, "GET", "/v1/tokens").json()
+    if as_json:
+        dump(tokens)
+        return
+    table = Table("ID", "NAME", "USER", "CREATED")
+    for t in tokens:
+        table.add_row(t["id"], t["name"], t["user"], time.strftime("%Y-%m-%d %H:%M", time.localtime(t["created_at"])))
+    out.print(table)
+
+
+@token_app.command("revoke")
+def token_revoke_cmd(token_id: str, socket: SocketOpt = None) -> None:
+    """Revoke a token: requests carrying it get 401 from now on."""
+    call(socket, "DELETE", f"/v1/tokens/{token_id}")
+    out.print(f"token {token_id} revoked", highlight=False)
+
+
 def register(app: typer.Typer) -> None:
+    app.add_typer(token_app, name="token")
     app.command("serve")(serve_cmd)
     app.command("submit", context_settings={"allow_interspersed_args": False})(submit_cmd)
     app.command("ps")(ps_cmd)

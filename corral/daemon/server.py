@@ -1,15 +1,21 @@
-"""`corral serve`: the daemon on a Unix socket.
+"""`corral serve`: the daemon on a Unix socket, and optionally on TCP.
 
 SqliteStore(state_dir/jobs.db) + LocalExecutor + this machine (or a simulated one) -> Daemon
 a tick thread: daemon.tick() every tick_s, and at once after a submit or cancel
-uvicorn on the socket; every connection carries its peer's (uid, gid, user) from SO_PEERCRED
+uvicorn on the sockets (one server, one event loop):
+    Unix socket (mode 0666)  every connection carries its peer's (uid, gid, user) from SO_PEERCRED
+    TCP (--listen, 127.0.0.1 unless a host is named)  every request must carry "Authorization: Bearer <token>";
+                             it then acts as the token's user, or gets 401
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
+import json
 import logging
+import os
 import pwd
 import signal
 import socket
@@ -25,8 +31,9 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from corral.api.app import PEER_KEY, create_app
+from corral.api.app import PEER_KEY, VIA_KEY, create_app
 from corral.daemon.core import Daemon
+from corral.daemon.tokens import TokenFileError, TokenStore
 from corral.executor.local import LocalExecutor
 from corral.gpu.discovery import GpuDiscoveryError, discover_gpus, local_node
 from corral.gpu.metrics import NvmlSampler
@@ -70,7 +77,7 @@ def peer_credentials(sock: socket.socket | None) -> tuple[int, int, str] | None:
 
 
 class _WithPeer:
-    """ASGI wrapper: every scope of one connection carries that connection's peer."""
+    """ASGI wrapper: every scope of one Unix-socket connection carries that connection's peer."""
 
     def __init__(self, app: AsgiApp, peer: tuple[int, int, str]) -> None:
         self.app = app
@@ -79,15 +86,101 @@ class _WithPeer:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         scope = dict(scope)
         scope[PEER_KEY] = self.peer
+        scope[VIA_KEY] = "unix"
         await self.app(scope, receive, send)
 
 
-class PeerH11Protocol(H11Protocol):
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        creds = peer_credentials(transport.get_extra_info("socket"))
-        if creds is not None:
-            self.app = _WithPeer(self.app, creds)
+class _WithToken:
+    """ASGI wrapper for TCP connections: the caller is the owner of the request's bearer token, or the answer is 401."""
+
+    def __init__(self, app: AsgiApp, tokens: TokenStore) -> None:
+        self.app = app
+        self.tokens = tokens
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        header = dict(scope.get("headers", ())).get(b"authorization", b"").decode("latin-1")
+        scheme, _, secret = header.partition(" ")
+        token = self.tokens.verify(secret.strip()) if scheme.lower() == "bearer" else None
+        if token is None:
+            why = "a bearer token is required over TCP" if not header else "the bearer token is not valid"
+            body = json.dumps({"detail": {"field": "authorization", "message": f"{why} (see `corral token create`)"}})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 401,
+                    "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")],
+                }
+            )
+            await send({"type": "http.response.body", "body": body.encode()})
+            return
+        scope = dict(scope)
+        scope[PEER_KEY] = (token.uid, token.gid, token.user)
+        scope[VIA_KEY] = "token"
+        await self.app(scope, receive, send)
+
+
+def protocol_for(tokens: TokenStore) -> type[H11Protocol]:
+    """uvicorn's HTTP/1.1 protocol, with each connection's identity: Unix peer credentials, or TCP bearer tokens."""
+
+    class CorralH11Protocol(H11Protocol):
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            sock = transport.get_extra_info("socket")
+            if sock is not None and sock.family == socket.AF_UNIX:
+                creds = peer_credentials(sock)
+                if creds is not None:
+                    self.app = _WithPeer(self.app, creds)
+            else:
+                self.app = _WithToken(self.app, tokens)
+
+    return CorralH11Protocol
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """`--listen` as (host, port): "8470" -> ("127.0.0.1", 8470); "0.0.0.0:8470"; "[::1]:8470"."""
+    host, sep, port_text = value.rpartition(":")
+    if not sep:
+        host, port_text = "127.0.0.1", value
+    host = host.strip("[]") or "127.0.0.1"
+    try:
+        port = int(port_text)
+    except ValueError:
+        port = -1
+    if not 0 <= port < 65536:
+        raise ServeError(f"--listen: give [HOST:]PORT with a port in 0..65535 (0: any free port), got {value!r}")
+    return host, port
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def bind_unix(path: Path) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(path))
+    # Anyone may connect: the daemon knows who they are from SO_PEERCRED and lets them see only their own jobs.
+    os.chmod(path, 0o666)
+    sock.listen(128)
+    return sock
+
+
+def bind_tcp(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ServeError(f"--listen {host}:{port}: {exc.strerror or exc}") from None
+    sock.listen(128)
+    return sock
 
 
 # ------------------------------------------------------------------------------------------------ the daemon
@@ -123,21 +216,28 @@ def serve(
     min_gap_s: float = 0.05,
     watchdog: str = "kill",
     sharing: str = "mps",
+    listen: str | None = None,
 ) -> None:
     """Run the daemon until SIGTERM or SIGINT.
 
     `sharing`: "mps" enforces a share of one GPU with MPS where the machine has it (one Unix user per GPU at a time);
     "time-slicing" lets shares of different users share a GPU without MPS (the memory watchdog guards the grants).
     `watchdog`: what happens to a job over its GPU memory grant where MPS does not enforce it: off, warn or kill.
+    `listen`: also serve over TCP at [HOST:]PORT (127.0.0.1 unless a host is named), with bearer tokens.
     """
     if sharing not in SHARING_MODES:
         raise ServeError(f"--sharing must be one of {', '.join(SHARING_MODES)}, got {sharing!r}")
+    tcp_at = parse_listen(listen) if listen is not None else None
     node = build_node(simulate)
     config = PlacementConfig(policy=policy)
     state_dir.mkdir(parents=True, exist_ok=True)
     socket_path.parent.mkdir(parents=True, exist_ok=True)
     _check_free(socket_path)
     store = SqliteStore(state_dir / "jobs.db")
+    try:
+        tokens = TokenStore(state_dir / "tokens.json")
+    except TokenFileError as exc:
+        raise ServeError(str(exc)) from None
     executor = LocalExecutor()
     # Shares are enforced with MPS where the machine has it (never for a simulated inventory).
     mps = MpsControl(state_dir / "mps") if simulate is None and sharing == "mps" else None
@@ -158,7 +258,21 @@ def serve(
         else:
             label += "; time-sliced shares (no MPS)" if sharing == "time-slicing" else "; no MPS here"
         label += f"; GPU memory watchdog: {watchdog}"
-    sys.stderr.write(f"corral serve: listening on {socket_path}; state in {state_dir}; policy {policy}; {label}\n")
+    sockets = [bind_unix(socket_path)]
+    where = str(socket_path)
+    if tcp_at is not None:
+        try:
+            sockets.append(bind_tcp(*tcp_at))
+        except ServeError:
+            sockets[0].close()
+            socket_path.unlink(missing_ok=True)
+            raise
+        bound = sockets[1].getsockname()[1]  # the port the system chose for --listen HOST:0
+        host = f"[{tcp_at[0]}]" if ":" in tcp_at[0] else tcp_at[0]
+        where += f" and http://{host}:{bound} (bearer tokens)"
+        if not is_loopback(tcp_at[0]):
+            label += "; WARNING: TCP is not loopback-only and carries tokens in clear text: put TLS in front of it"
+    sys.stderr.write(f"corral serve: listening on {where}; state in {state_dir}; policy {policy}; {label}\n")
     sys.stderr.flush()
 
     def loop() -> None:
@@ -181,8 +295,8 @@ def serve(
 
     ticker = threading.Thread(target=loop, name="corral-tick", daemon=True)
     live = None if simulate is not None else (lambda: {g.uuid: g for g in discover_gpus()})
-    app = create_app(daemon, lock, woken.set, live)
-    server = uvicorn.Server(uvicorn.Config(app, uds=str(socket_path), log_level="warning", http=PeerH11Protocol))
+    app = create_app(daemon, lock, woken.set, live, tokens)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", http=protocol_for(tokens)))
 
     def on_signal(sig: int, _frame: FrameType | None) -> None:
         server.should_exit = True
@@ -190,8 +304,10 @@ def serve(
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     ticker.start()
     try:
-        server.run()
+        server.run(sockets=sockets)
     finally:
+        for sock in sockets:
+            sock.close()
         stop.set()
         woken.set()
         ticker.join(timeout=10)

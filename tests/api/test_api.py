@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from corral.api.app import PEER_KEY, create_app
+from corral.api.app import PEER_KEY, VIA_KEY, create_app
 from corral.daemon.core import Daemon
+from corral.daemon.tokens import TokenStore
 from corral.executor.fake import FakeExecutor
 from corral.gpu.simulated import parse_simulated_inventory
 from corral.placement import PlacementConfig
@@ -28,13 +29,14 @@ ROOT = (0, 0, "root")
 class AsPeer:
     """Every request through this app comes from `peer` (what the server reads from SO_PEERCRED)."""
 
-    def __init__(self, app: App, peer: tuple[int, int, str] | None) -> None:
+    def __init__(self, app: App, peer: tuple[int, int, str] | None, via: str) -> None:
         self.app = app
         self.peer = peer
+        self.via = via
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if self.peer is not None:
-            scope = {**scope, PEER_KEY: self.peer}
+            scope = {**scope, PEER_KEY: self.peer, VIA_KEY: self.via}
         await self.app(scope, receive, send)
 
 
@@ -45,13 +47,14 @@ class World:
         self.daemon = Daemon(MemoryStore(), self.executor, node, PlacementConfig(), tmp_path)
         self.lock = threading.Lock()
         self.wakes = 0
-        self.app = create_app(self.daemon, self.lock, self.wake)
+        self.tokens = TokenStore(tmp_path / "tokens.json")
+        self.app = create_app(self.daemon, self.lock, self.wake, tokens=self.tokens, clock=lambda: 1234.0)
 
     def wake(self) -> None:
         self.wakes += 1
 
-    def client(self, peer: tuple[int, int, str] | None) -> TestClient:
-        return TestClient(AsPeer(self.app, peer), raise_server_exceptions=False)
+    def client(self, peer: tuple[int, int, str] | None, via: str = "unix") -> TestClient:
+        return TestClient(AsPeer(self.app, peer, via), raise_server_exceptions=False)
 
     def tick(self) -> None:
         with self.lock:
@@ -189,3 +192,41 @@ def test_store_failure_is_503(world: World) -> None:
     world.daemon.store.close()
     r = world.client(ALICE).get("/v1/jobs")
     assert r.status_code == 503 and r.json()["detail"]["field"] == "store"
+
+
+def test_tokens_over_the_unix_socket(world: World) -> None:
+    alice, bob, root = world.client(ALICE), world.client(BOB), world.client(ROOT)
+    r = alice.post("/v1/tokens", json={"name": "laptop"})
+    assert r.status_code == 201
+    made = r.json()
+    assert made["name"] == "laptop" and made["user"] == "alice" and made["created_at"] == 1234.0
+    assert world.tokens.verify(made["token"]) is not None
+    listed = alice.get("/v1/tokens").json()
+    assert listed == [{**made, "token": None}]  # the secret is shown only once
+    assert bob.get("/v1/tokens").json() == []
+    assert [t["user"] for t in root.get("/v1/tokens").json()] == ["alice"]
+    assert bob.delete(f"/v1/tokens/{made['id']}").json() == {
+        "detail": {"field": "token", "message": f"no token {made['id']}"}
+    }
+    assert alice.delete(f"/v1/tokens/{made['id']}").status_code == 204
+    assert world.tokens.verify(made["token"]) is None
+    assert alice.delete(f"/v1/tokens/{made['id']}").status_code == 404
+
+
+def test_tokens_for_other_users_are_roots_and_never_over_tcp(world: World) -> None:
+    alice, root = world.client(ALICE), world.client(ROOT)
+    r = alice.post("/v1/tokens", json={"name": "x", "user": "root"})
+    assert r.status_code == 403 and r.json()["detail"]["message"] == "only root can create tokens for other users"
+    r = root.post("/v1/tokens", json={"name": "x", "user": "nobody"})
+    assert r.status_code == 201 and r.json()["user"] == "nobody"
+    r = root.post("/v1/tokens", json={"name": "y", "user": "no-such-user-here"})
+    assert r.status_code == 422 and r.json()["detail"] == {
+        "field": "user",
+        "message": "no user 'no-such-user-here' on this machine",
+    }
+    over_tcp = world.client(ALICE, via="token")
+    for method, url in (("post", "/v1/tokens"), ("get", "/v1/tokens"), ("delete", "/v1/tokens/abc")):
+        r = getattr(over_tcp, method)(url, **({"json": {"name": "z"}} if method == "post" else {}))
+        assert r.status_code == 403, (method, r.text)
+        assert r.json()["detail"]["message"] == "tokens are created, listed and revoked over the Unix socket only"
+    assert alice.post("/v1/tokens", json={"name": ""}).status_code == 422

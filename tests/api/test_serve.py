@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import pwd
+import re
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 CLI = [sys.executable, "-m", "corral.cli.main"]
@@ -45,12 +52,11 @@ class Corral:
         return str(self.jobs()[job_id]["state"])
 
 
-@pytest.fixture
-def corral(tmp_path: Path) -> Iterator[Corral]:
-    sock = tmp_path / "corral.sock"
-    state = tmp_path / "state"
+@contextlib.contextmanager
+def serving(sock: Path, state: Path, *extra: str) -> Iterator[tuple[Corral, str]]:
+    """`corral serve` on simulated GPUs; yields a client and the daemon's first line (where it listens)."""
     server = subprocess.Popen(
-        [*CLI, "serve", "--simulate-gpus", "2xA100-80GB", "--state-dir", str(state), "--socket", str(sock)],
+        [*CLI, "serve", "--simulate-gpus", "2xA100-80GB", "--state-dir", str(state), "--socket", str(sock), *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -58,7 +64,8 @@ def corral(tmp_path: Path) -> Iterator[Corral]:
     try:
         wait_for("the socket", lambda: sock.exists() or server.poll() is not None, timeout=15)
         assert server.poll() is None, server.communicate()[0]
-        yield Corral(sock)
+        assert server.stdout is not None
+        yield Corral(sock), server.stdout.readline()
     finally:
         server.send_signal(signal.SIGTERM)
         try:
@@ -68,6 +75,12 @@ def corral(tmp_path: Path) -> Iterator[Corral]:
             output, _ = server.communicate()
         assert server.returncode == 0, output
         assert not sock.exists()
+
+
+@pytest.fixture
+def corral(tmp_path: Path) -> Iterator[Corral]:
+    with serving(tmp_path / "corral.sock", tmp_path / "state") as (client, _):
+        yield client
 
 
 def test_serve_submit_logs_explain_cancel(corral: Corral) -> None:
@@ -108,18 +121,128 @@ def test_serve_submit_logs_explain_cancel(corral: Corral) -> None:
 
 def test_logs_follow_until_the_job_ends(corral: Corral) -> None:
     # the job writes in three bursts, one of them a character split over two writes
-    script = "printf 'one\\n'; sleep 0.6; printf '\\303'; sleep 0.6; printf '\\251t\\303\\251\\n'; sleep 0.3; echo three"
+    script = (
+        "printf 'one\\n'; sleep 0.6; printf '\\303'; sleep 0.6; printf '\\251t\\303\\251\\n'; sleep 0.3; echo three"
+    )
     job = corral.submit("--", "sh", "-c", script)
     followed = corral.run("logs", "-f", "--interval", "0.1", job)
     assert followed.stdout == "one\nété\nthree\n"
     assert corral.state(job) == "succeeded"  # -f returned because the job ended
     chunks = [json.loads(line) for line in corral.run("logs", "--json", job).stdout.splitlines()]
-    assert chunks == [
-        {"job": job, "state": "succeeded", "offset": 0, "next_offset": 16, "text": "one\nété\nthree\n"}
-    ]
+    assert chunks == [{"job": job, "state": "succeeded", "offset": 0, "next_offset": 16, "text": "one\nété\nthree\n"}]
 
 
 def test_client_without_server(tmp_path: Path) -> None:
     sock = tmp_path / "nope.sock"
     done = Corral(sock).run("ps", ok=False)
     assert done.returncode == 2 and done.stderr.strip() == f"error: corral serve is not running at {sock}"
+
+
+def test_tcp_with_bearer_tokens(tmp_path: Path) -> None:
+    with serving(tmp_path / "corral.sock", tmp_path / "state", "--listen", "127.0.0.1:0") as (local, first):
+        found = re.search(r"and (http://127\.0\.0\.1:\d+) \(bearer tokens\)", first)
+        assert found, first
+        url = found.group(1)
+        secret = local.run("token", "create", "laptop").stdout.strip()
+        token_id = json.loads(local.run("token", "list", "--json").stdout)[0]["id"]
+        remote = Corral(tmp_path / "unused.sock")
+        remote.env.pop("CORRAL_SOCKET")
+        remote.env.update(CORRAL_URL=url, CORRAL_TOKEN=secret)
+
+        job = remote.submit("--", "echo", "over tcp")
+        wait_for("the job over TCP", lambda: remote.state(job) == "succeeded")
+        assert remote.run("logs", job).stdout == "over tcp\n"
+        assert local.jobs()[job]["user"] == remote.jobs()[job]["user"]  # the token acts as its creator
+
+        # token management is not for TCP callers; a wrong or missing token is 401 in one line
+        refused = remote.run("token", "create", "more", ok=False)
+        assert refused.returncode == 2
+        assert (
+            refused.stderr.strip() == "error: tokens: tokens are created, listed and revoked over the Unix socket only"
+        )
+        wrong = Corral(tmp_path / "unused.sock")
+        wrong.env.update(CORRAL_URL=url, CORRAL_TOKEN="corral_guess")
+        wrong.env.pop("CORRAL_SOCKET")
+        bad = wrong.run("ps", ok=False)
+        assert bad.returncode == 2
+        assert bad.stderr.strip() == ("error: authorization: the bearer token is not valid (see `corral token create`)")
+        raw = httpx.get(f"{url}/v1/jobs")
+        assert raw.status_code == 401 and raw.headers["www-authenticate"] == "Bearer"
+        assert raw.json()["detail"]["message"] == "a bearer token is required over TCP (see `corral token create`)"
+
+        local.run("token", "revoke", token_id)
+        assert remote.run("ps", ok=False).returncode == 2
+
+
+def as_user(uid: int, gid: int, sock: Path, method: str, url: str, body: object = None) -> tuple[int, Any]:
+    """One HTTP request over the daemon's socket from a forked child that has become uid:gid (no exec: the child
+    needs no access to this Python installation)."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        code = 1
+        try:
+            os.close(read_end)
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            conn.connect(str(sock))
+            payload = b"" if body is None else json.dumps(body).encode()
+            head = f"{method} {url} HTTP/1.1\r\nHost: corral\r\nConnection: close\r\n"
+            head += f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+            conn.sendall(head.encode() + payload)
+            answer = b""
+            while chunk := conn.recv(65536):
+                answer += chunk
+            os.write(write_end, answer)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as f:
+        answer = f.read()
+    _, status = os.waitpid(pid, 0)
+    assert status == 0, "the child could not talk to the daemon"
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    code = int(head.split()[1])
+    return code, json.loads(payload) if payload.strip() else None
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root: a root daemon runs each job as its submitter")
+def test_root_daemon_runs_each_job_as_its_submitter(tmp_path: Path) -> None:
+    nobody = pwd.getpwnam("nobody")
+    # the socket must be reachable by another user (pytest's tmp_path is private to root)
+    shared = Path(tempfile.mkdtemp(prefix="corral-users-"))
+    shared.chmod(0o755)
+    try:
+        with serving(shared / "corral.sock", tmp_path / "state") as (root, _):
+            script = "id -u; id -g; cat /root/.bashrc >/dev/null 2>&1 && echo READ-ROOT || echo denied; pwd"
+            code, job = as_user(
+                nobody.pw_uid, nobody.pw_gid, shared / "corral.sock", "POST", "/v1/jobs",
+                {"command": ["sh", "-c", script], "cwd": "/tmp"},
+            )  # fmt: skip
+            assert code == 201 and job["user"] == "nobody"
+            assert job["id"] not in root.jobs()  # root's own list; `ps --all` shows everyone's
+
+            def state_of(job_id: str) -> str:
+                return str({j["id"]: j for j in json.loads(root.run("ps", "--all", "--json").stdout)}[job_id]["state"])
+
+            wait_for("nobody's job", lambda: state_of(job["id"]) == "succeeded")
+            assert root.run("logs", job["id"]).stdout.split() == [
+                str(nobody.pw_uid), str(nobody.pw_gid), "denied", "/tmp"
+            ]  # fmt: skip
+            mine = root.submit("--", "sleep", "30")
+            code, seen = as_user(nobody.pw_uid, nobody.pw_gid, shared / "corral.sock", "GET", "/v1/jobs")
+            assert code == 200 and [j["id"] for j in seen] == [job["id"]]  # not root's job
+            code, answer = as_user(
+                nobody.pw_uid, nobody.pw_gid, shared / "corral.sock", "POST", f"/v1/jobs/{mine}/cancel"
+            )
+            assert code == 404 and answer["detail"]["message"] == f"no job {mine}"
+            assert root.state(mine) == "running"
+            everyone = json.loads(root.run("ps", "--all", "--json").stdout)
+            assert {j["id"]: j["user"] for j in everyone} == {job["id"]: "nobody", mine: "root"}
+            root.run("cancel", mine)
+            wait_for("root's job to end", lambda: root.state(mine) == "cancelled")
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
