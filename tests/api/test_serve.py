@@ -201,12 +201,11 @@ def as_user(uid: int, gid: int, sock: Path, method: str, url: str, body: object 
             os._exit(code)
     os.close(write_end)
     with os.fdopen(read_end, "rb") as f:
-        answer = f.read()
+        reply = f.read()
     _, status = os.waitpid(pid, 0)
     assert status == 0, "the child could not talk to the daemon"
-    head, _, payload = answer.partition(b"\r\n\r\n")
-    code = int(head.split()[1])
-    return code, json.loads(payload) if payload.strip() else None
+    headers, _, content = reply.partition(b"\r\n\r\n")
+    return int(headers.split()[1]), json.loads(content) if content.strip() else None
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root: a root daemon runs each job as its submitter")
