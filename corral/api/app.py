@@ -27,9 +27,10 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
 
-from corral.api.schemas import ExplainOut, JobOut, SubmitIn, TokenIn, TokenOut
+from corral.api.schemas import ErrorOut, ExplainOut, JobOut, SubmitIn, TokenIn, TokenOut
 from corral.cli.main import build_request
 from corral.daemon.core import Daemon
 from corral.daemon.tokens import TokenFileError, TokenNotFound, TokenStore
@@ -118,7 +119,36 @@ def create_app(
     clock: Callable[[], float] = time.time,
 ) -> FastAPI:
     """`live`: measured use per GPU UUID (NVML); None for a simulated inventory. `tokens`: bearer tokens for TCP."""
-    app = FastAPI(title="corral", version="1")
+    documented: dict[int | str, dict[str, Any]] = {
+        code: {"model": ErrorOut, "description": text}
+        for code, text in (
+            (401, "Unknown caller (no peer credentials, or no valid bearer token over TCP)"),
+            (403, "Not allowed for this caller"),
+            (404, "No such job or token (or not the caller's)"),
+            (422, "Invalid request: the field and the rule it broke"),
+            (503, "The job store failed"),
+        )
+    }
+    app = FastAPI(title="corral", version="1", responses=documented)
+
+    @app.exception_handler(RequestValidationError)
+    def _malformed(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        errors = exc.errors()
+        if not errors:
+            return error(422, "request", "invalid request")
+        first = errors[0]
+        loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path")]
+        field = ".".join(loc) or "request"
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        return error(422, field, f"{first.get('msg', 'invalid')}{more}")
+
+    @app.exception_handler(HTTPException)
+    def _http(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, HTTPException)
+        if isinstance(exc.detail, dict):
+            return JSONResponse(status_code=exc.status_code, content={"detail": exc.detail}, headers=exc.headers)
+        return error(exc.status_code, "request", str(exc.detail))
 
     @app.exception_handler(TokenNotFound)
     @app.exception_handler(JobNotFound)
@@ -233,7 +263,11 @@ def create_app(
             )
         return rows
 
-    @app.get("/v1/jobs/{job_id}/logs", response_class=PlainTextResponse)
+    @app.get(
+        "/v1/jobs/{job_id}/logs",
+        response_class=Response,
+        responses={200: {"description": "The log's bytes", "content": {"text/plain": {"schema": {"type": "string"}}}}},
+    )
     def logs(job_id: str, who: Caller, offset: Annotated[int, Query(ge=0)] = 0) -> Response:
         """The log's bytes from `offset` (at most 4 MiB); `X-Corral-Next-Offset` says where the next read starts and
         `X-Corral-Job-State` whether more can come (a final state: no more output), for `corral logs -f`."""

@@ -91,3 +91,14 @@ class TokenOut(BaseModel):
     @classmethod
     def of(cls, token: Token, secret: str | None = None) -> TokenOut:
         return cls(id=token.id, name=token.name, user=token.user, created_at=token.created_at, token=secret)
+
+
+class ErrorDetail(BaseModel):
+    field: str
+    message: str
+
+
+class ErrorOut(BaseModel):
+    """Every error: which field (or part of the request) was wrong, and the rule it broke."""
+
+    detail: ErrorDetail

@@ -1,0 +1,49 @@
+"""Fuzz the OpenAPI spec with schemathesis: no request, however malformed, gets a 5xx, and every answer has the
+status codes, content type and body the spec documents.
+
+The daemon behind the API is real (SQLite store, scheduling after each submit) with a fake executor, so jobs move
+through their states while the fuzzer talks to it.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+import schemathesis
+from hypothesis import HealthCheck, settings
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import content_type_conformance, response_schema_conformance
+
+from corral.api.app import create_app
+from corral.daemon.core import Daemon
+from corral.daemon.tokens import TokenStore
+from corral.executor.fake import FakeExecutor
+from corral.gpu.simulated import parse_simulated_inventory
+from corral.placement import PlacementConfig
+from corral.store import SqliteStore
+from tests.api.test_api import ALICE, AsPeer
+
+
+def make_app() -> AsPeer:
+    state = Path(tempfile.mkdtemp(prefix="corral-fuzz-"))
+    node = parse_simulated_inventory("2xA100-80GB")[0]
+    daemon = Daemon(SqliteStore(state / "jobs.db"), FakeExecutor(), node, PlacementConfig(), state)
+    lock = threading.Lock()
+
+    def wake() -> None:
+        with lock:
+            daemon.tick()
+
+    return AsPeer(create_app(daemon, lock, wake, tokens=TokenStore(state / "tokens.json")), ALICE, "unix")
+
+
+schema = schemathesis.openapi.from_asgi("/openapi.json", make_app())
+
+
+@schema.parametrize()
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+def test_no_input_gets_a_server_error(case: schemathesis.Case[Any]) -> None:
+    case.call_and_validate(checks=[not_a_server_error, content_type_conformance, response_schema_conformance])
