@@ -161,6 +161,7 @@ class Daemon:
                 started.append(start.job_id)
                 busy.update(self.node.gpus[g.index].uuid for g in start.allocation.gpus)
         self._stop_idle_mps(busy)
+        reasons: dict[str, dict[str, object]] = {}
         for job in waiting:
             reason = plan.waiting.get(job.id)
             if job.not_before > now:
@@ -168,7 +169,9 @@ class Daemon:
             if reason is not None and foreign and job.spec.request.wants_gpu:
                 reason = f"{reason}; {foreign}"
             if reason is not None and reason != job.reason:
-                self.store.update(job.id, reason=reason)
+                reasons[job.id] = {"reason": reason}
+        if reasons:  # one durable write for the round, however many reasons changed
+            self.store.update_many(reasons)
         return started
 
     def _mps_share(self, request: Request) -> bool:

@@ -83,6 +83,11 @@ class Store(Protocol):
         """
         ...
 
+    def update_many(self, changes: Mapping[str, Mapping[str, Any]]) -> builtins.list[Job]:
+        """`update` of many jobs (job id -> fields) in one atomic, durable write: all of them or, when any id is
+        unknown or any field cannot be set, none. Returns the new jobs in the order given."""
+        ...
+
     def close(self) -> None:
         """Release the store; further calls raise `StoreError`. Closing twice is harmless."""
         ...

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import builtins
 import threading
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from corral.jobs.model import Job, JobSpec, JobState, spec_from_json, spec_to_json
@@ -67,6 +67,15 @@ class MemoryStore:
             new = job.evolve(version=job.version + 1, **changes)
             self._jobs[job_id] = new
             return new
+
+    def update_many(self, changes: Mapping[str, Mapping[str, Any]]) -> builtins.list[Job]:
+        checked = {job_id: check_fields(fields) for job_id, fields in changes.items()}
+        with self._lock:
+            jobs = [self._get(job_id) for job_id in checked]  # all or nothing: every id is checked first
+            out = [job.evolve(version=job.version + 1, **checked[job.id]) for job in jobs]
+            for new in out:
+                self._jobs[new.id] = new
+            return out
 
     def close(self) -> None:
         with self._lock:

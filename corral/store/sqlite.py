@@ -14,7 +14,11 @@ Why these settings:
 - `AUTOINCREMENT`: ids are never reused, also across reopen.
 - One connection shared by the daemon's threads (`check_same_thread=False`), serialised by a lock: SQLite
   connections are not safe for concurrent use, and the daemon writes far below what one connection can do.
-- Every `sqlite3.Error` becomes a `StoreError` naming the file (the API turns it into a 500, never a traceback).
+- Every `sqlite3.Error` becomes a `StoreError` naming the file (the API turns it into a 503, never a traceback).
+- Jobs that are not finished (queued, starting, running) are also kept decoded in memory, because the scheduler reads
+  all of them every round (10,000 queued jobs: 170 ms to read and decode from SQLite, ~2 ms from memory). Writes
+  through this store update that copy; a commit by any other connection changes SQLite's `PRAGMA data_version`, and
+  the next read then reloads it, so the copy is never stale.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import builtins
 import json
 import sqlite3
 import threading
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -33,6 +37,8 @@ from corral.model.resources import GpuGrant
 from corral.store.base import JobNotFound, StaleJob, StoreError, canonical_id, check_fields, check_transition
 
 SCHEMA_VERSION = 1
+#: States whose jobs are kept in memory as well (everything the scheduler reads each round).
+ACTIVE = frozenset({JobState.QUEUED, JobState.STARTING, JobState.RUNNING})
 #: How long a write waits for another process that holds the file's write lock before it fails.
 BUSY_TIMEOUT_S = 10.0
 
@@ -91,6 +97,8 @@ class SqliteStore:
         self._busy_timeout_ms = max(0, round(busy_timeout_s * 1000))
         self._lock = threading.Lock()
         self._closed = False
+        self._active: dict[int, Job] = {}  # unfinished jobs by row id, decoded
+        self._data_version: int | None = None  # SQLite's data_version when `_active` was loaded
         try:
             self._conn = sqlite3.connect(
                 self.path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
@@ -112,18 +120,34 @@ class SqliteStore:
                 (spec_text, spec.user, JobState.QUEUED.value, float(now)),
             )
             row_id = cursor.lastrowid
-        assert row_id is not None
-        return Job(str(row_id), spec_from_json(spec_text), JobState.QUEUED, submitted_at=float(now), version=1)
+            assert row_id is not None
+            job = Job(str(row_id), spec_from_json(spec_text), JobState.QUEUED, submitted_at=float(now), version=1)
+            self._active[row_id] = job
+        return job
 
     def get(self, job_id: str) -> Job | None:
         row_id = canonical_id(job_id)
         if row_id is None:
             return None
         with self._read(f"reading job {job_id}"):
+            self._sync()
+            cached = self._active.get(row_id)
+            if cached is not None:
+                return cached
             row = self._conn.execute(f"{_SELECT} WHERE id = ?", (row_id,)).fetchone()
         return None if row is None else self._decode(row)
 
     def list(self, states: Collection[JobState] | None = None, user: str | None = None) -> builtins.list[Job]:
+        wanted = None if states is None else frozenset(JobState(s) for s in states)
+        if wanted is not None and wanted <= ACTIVE:
+            with self._read("listing jobs"):
+                self._sync()
+                found = [
+                    job
+                    for row_id, job in self._active.items()
+                    if job.state in wanted and (user is None or job.spec.user == user)
+                ]
+            return sorted(found, key=lambda j: int(j.id))
         where: builtins.list[str] = []
         params: builtins.list[Any] = []
         if states is not None:
@@ -161,6 +185,17 @@ class SqliteStore:
             new = job.evolve(version=job.version + 1, **changes)
             self._store(new, changes)
         return new
+
+    def update_many(self, changes: Mapping[str, Mapping[str, Any]]) -> builtins.list[Job]:
+        checked = {job_id: check_fields(fields) for job_id, fields in changes.items()}
+        out = []
+        with self._write(f"changing {len(checked)} jobs"):
+            for job_id, fields in checked.items():
+                job = self._get_for_write(job_id)
+                new = job.evolve(version=job.version + 1, **fields)
+                self._store(new, fields)
+                out.append(new)
+        return out
 
     def close(self) -> None:
         with self._lock:
@@ -246,6 +281,7 @@ class SqliteStore:
                     yield
                     conn.execute("COMMIT")
                 except BaseException:
+                    self._data_version = None  # the memory copy may hold what was rolled back: reload it
                     if conn.in_transaction:
                         conn.execute("ROLLBACK")
                     raise
@@ -253,8 +289,15 @@ class SqliteStore:
                 raise self._error(f"{what} failed", exc) from exc
 
     def _get_for_write(self, job_id: str) -> Job:
+        """The job as stored, inside a write transaction (so the memory copy is checked against SQLite first)."""
         row_id = canonical_id(job_id)
-        row = None if row_id is None else self._conn.execute(f"{_SELECT} WHERE id = ?", (row_id,)).fetchone()
+        if row_id is None:
+            raise JobNotFound(job_id)
+        self._sync()
+        cached = self._active.get(row_id)
+        if cached is not None:
+            return cached
+        row = self._conn.execute(f"{_SELECT} WHERE id = ?", (row_id,)).fetchone()
         if row is None:
             raise JobNotFound(job_id)
         return self._decode(row)
@@ -264,6 +307,23 @@ class SqliteStore:
         values["version"] = job.version
         assignments = ", ".join(f"{name} = ?" for name in values)  # names come from check_fields, never the caller
         self._conn.execute(f"UPDATE jobs SET {assignments} WHERE id = ?", (*values.values(), int(job.id)))
+        # The memory copy changes with the row; if the transaction rolls back, `_write` drops the copy.
+        if job.state in ACTIVE:
+            self._active[int(job.id)] = job
+        else:
+            self._active.pop(int(job.id), None)
+
+    def _sync(self) -> None:
+        """Reload the unfinished jobs if another connection committed since they were loaded (or never loaded)."""
+        version = int(self._conn.execute("PRAGMA data_version").fetchone()[0])
+        if version == self._data_version:
+            return
+        values = sorted(s.value for s in ACTIVE)
+        rows = self._conn.execute(
+            f"{_SELECT} WHERE state IN ({', '.join('?' * len(values))}) ORDER BY id", values
+        ).fetchall()
+        self._active = {int(row[0]): self._decode(row) for row in rows}
+        self._data_version = version
 
     def _decode(self, row: Sequence[Any]) -> Job:
         d = dict(zip(_COLUMNS, row, strict=True))

@@ -293,6 +293,22 @@ def test_update_bumps_version_and_checks_expect_version(store: Store) -> None:
     assert stored is not None and (stored.version, stored.reason) == (4, "waiting: 0/1 nodes fit")
 
 
+def test_update_many_is_all_or_nothing(store: Store) -> None:
+    ids = [store.add(simple_spec(), now=0).id for _ in range(3)]
+    done = store.update_many({ids[2]: {"reason": "c"}, ids[0]: {"reason": "a", "not_before": 5}})
+    assert [(j.id, j.reason, j.version) for j in done] == [(ids[2], "c", 2), (ids[0], "a", 2)]
+    first = store.get(ids[0])
+    assert first is not None and (first.reason, first.not_before) == ("a", 5.0)
+    with pytest.raises(JobNotFound):
+        store.update_many({ids[1]: {"reason": "b"}, "99": {"reason": "x"}})
+    with pytest.raises(ValueError, match="unknown job field"):
+        store.update_many({ids[1]: {"reason": "b"}, ids[2]: {"colour": "x"}})
+    untouched = store.get(ids[1])
+    assert untouched is not None and (untouched.reason, untouched.version) == ("", 1)
+    assert [j.reason for j in store.list([Q])] == ["a", "", "c"]
+    assert store.update_many({}) == []
+
+
 def test_unknown_job(store: Store) -> None:
     store.add(simple_spec(), now=0)
     for job_id in ("2", "99", "01", "0", "-1", "abc", "", "1 ", "١", "9" * 40):
@@ -367,6 +383,44 @@ def test_sqlite_reopen_keeps_everything_and_ids_continue(tmp_path: Path) -> None
         assert store.list() == before == [a, b]
         assert store.add(simple_spec(), now=4.0).id == "3"
         assert store.transition(b.id, R).version == b.version + 1
+    finally:
+        store.close()
+
+
+def test_sqlite_sees_what_another_connection_committed(tmp_path: Path) -> None:
+    # Unfinished jobs are also kept in memory; a write through another connection (another process on the file)
+    # must still be seen by the next read, and a compare-and-set must still compare with what is stored.
+    first = SqliteStore(tmp_path / "jobs.db")
+    other = SqliteStore(tmp_path / "jobs.db")
+    try:
+        job = first.add(simple_spec(), now=0)
+        assert [j.id for j in first.list([Q])] == [job.id]
+        other.transition(job.id, S, reason="started elsewhere")
+        other.add(simple_spec("bob"), now=1)
+        assert [(j.id, j.state) for j in first.list([Q, S])] == [(job.id, S), ("2", Q)]
+        seen = first.get(job.id)
+        assert seen is not None and seen.reason == "started elsewhere" and seen.version == 2
+        with pytest.raises(InvalidTransition):
+            first.transition(job.id, S, expect=[Q])
+        other.transition(job.id, R)
+        other.transition(job.id, JobState.SUCCEEDED)
+        assert first.list([Q, S, R]) == [first.get("2")]
+        finished = first.get(job.id)
+        assert finished is not None and finished.state is JobState.SUCCEEDED
+    finally:
+        first.close()
+        other.close()
+
+
+def test_sqlite_memory_copy_follows_a_rolled_back_write(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "jobs.db")
+    try:
+        job = store.add(simple_spec(), now=0)
+        with pytest.raises(JobNotFound):
+            store.update_many({job.id: {"reason": "never stored"}, "42": {"reason": "x"}})
+        stored = store.get(job.id)
+        assert stored is not None and stored.reason == "" and stored.version == 1
+        assert store.list([Q]) == [stored]
     finally:
         store.close()
 
