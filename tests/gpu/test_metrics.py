@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -111,7 +112,12 @@ def test_read_process_reads_this_process() -> None:
     finally:
         del os.environ["CORRAL_JOB_ID"]
     try:
+        # The kernel closes the exec-status pipe (Popen returns) a moment before it sets the new environment up.
+        deadline = time.monotonic() + 10
         info = read_process(child.pid)
+        while info is not None and info.job_id is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+            info = read_process(child.pid)
         assert info is not None
         assert info.job_id == "42" and info.pgrp == os.getpgrp() and info.comm.startswith("python")
     finally:
