@@ -23,7 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from corral.mesos.errors import ObjectNotValid, Problems, validate_model
+from corral.mesos.errors import Problems, validate_model
 from corral.mesos.model import (
     Artifact,
     ContainerImage,
@@ -32,8 +32,8 @@ from corral.mesos.model import (
     ScheduleRule,
     to_request,
 )
-from corral.model.errors import InvalidRequest
-from corral.model.resources import Constraint
+from corral.model.errors import CorralError, InvalidRequest
+from corral.model.resources import Constraint, GpuBehavior
 from corral.schedule.clock import ConcurrencyPolicy
 from corral.schedule.cron import DAY_OF_MONTH_MUST_EXIST, CronSchedule, CronSyntaxError
 
@@ -314,6 +314,73 @@ def parse_schedule(data: Any) -> ScheduleSpec:
     return spec
 
 
+# ------------------------------------------------------------------------------------------ REST-level rules
+EMBED_OPTIONS = ("activeRuns", "schedules", "history", "historySummary")
+
+
+class MetronomeError(CorralError):
+    """An answer other than 422 that Metronome's API gives for jobs and schedules: `status` and the JSON `body`."""
+
+    def __init__(self, status: int, body: dict[str, Any]) -> None:
+        super().__init__(str(body.get("message", "")))
+        self.status = status
+        self.body = body
+
+
+def job_not_found(job_id: str) -> MetronomeError:
+    return MetronomeError(404, {"id": job_id, "message": JOB_NOT_FOUND})
+
+
+def job_exists() -> MetronomeError:
+    return MetronomeError(409, {"message": JOB_EXISTS})
+
+
+def parse_embed(values: Sequence[str]) -> frozenset[str]:
+    """`?embed=` values (repeated or comma-separated); unknown ones are a 400."""
+    wanted = {v.strip() for value in values for v in value.split(",") if v.strip()}
+    unknown = sorted(wanted - set(EMBED_OPTIONS))
+    if unknown:
+        raise MetronomeError(
+            400,
+            {"message": f"Unknown embed options: {', '.join(unknown)}. Valid options are: {', '.join(EMBED_OPTIONS)}"},
+        )
+    return frozenset(wanted)
+
+
+def add_schedule(job: MetronomeJob, spec: ScheduleSpec) -> MetronomeJob:
+    """`POST /v1/jobs/{id}/schedules`: a job has at most one schedule, and none when it has dependencies."""
+    if any(s.id == spec.id for s in job.schedules):
+        raise MetronomeError(409, {"message": f"A schedule with id {spec.id} already exists"})
+    if job.schedules:
+        raise MetronomeError(409, {"message": ONE_SCHEDULE_ONLY})
+    if job.dependencies:
+        problems = Problems()
+        problems.add("/", DEPENDENCIES_AND_SCHEDULES)
+        problems.raise_if_any()
+    return job.model_copy(update={"schedules": [spec]})
+
+
+def replace_job(old: MetronomeJob, new: MetronomeJob) -> MetronomeJob:
+    """`PUT /v1/jobs/{id}` replaces the spec but keeps the job's schedules (they have their own endpoints)."""
+    return new.model_copy(update={"schedules": list(old.schedules)})
+
+
+GPU_BEHAVIOR_SETTINGS = ("undefined", "restricted", "unrestricted", "preferential")
+
+
+def gpu_scheduling_behavior(value: str | None) -> GpuBehavior | None:
+    """The global GPU behaviour from `METRONOME_GPU_SCHEDULING_BEHAVIOR` (None: unset, no GPU opt-in). An unknown
+    value stops the daemon at start-up, as in Marathon; corral adds `preferential`."""
+    if value is None:
+        return None
+    if value not in GPU_BEHAVIOR_SETTINGS:
+        raise InvalidRequest(
+            "gpu_scheduling_behavior",
+            f"Setting {value} is invalid. Valid settings are {', '.join(GPU_BEHAVIOR_SETTINGS)}",
+        )
+    return GpuBehavior(value)
+
+
 # ---------------------------------------------------------------------------------------------------- echoing
 def _instant(t: datetime) -> str:
     return t.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
@@ -445,17 +512,3 @@ def new_run_id(now: datetime, rng: random.Random) -> str:
     """`yyyyMMddHHmmss` (UTC) and five letters or digits, as Metronome names runs."""
     return now.astimezone(UTC).strftime("%Y%m%d%H%M%S") + "".join(rng.choice(_RUN_ID_CHARS) for _ in range(5))
 
-
-__all__ = [
-    "MetronomeJob",
-    "ObjectNotValid",
-    "ScheduleSpec",
-    "after_task",
-    "check_job_id",
-    "dependencies_met",
-    "job_to_json",
-    "new_run_id",
-    "parse_job",
-    "parse_schedule",
-    "to_definition",
-]

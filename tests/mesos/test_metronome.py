@@ -340,3 +340,47 @@ def test_dependency_trigger() -> None:
     assert not m.dependencies_met({"a": ("FAILED", t[2]), "b": ("SUCCESS", t[3])}, None, None)
     assert not m.dependencies_met({"a": None, "b": ("SUCCESS", t[3])}, None, None)
     assert m.dependencies_met({"a": ("SUCCESS", t[0])}, None, None)
+
+
+# ------------------------------------------------------------------------------------------- REST-level rules
+def test_second_schedule_through_its_endpoint_is_a_conflict() -> None:
+    j = m.parse_job(job())
+    first = m.add_schedule(j, m.parse_schedule({"id": "a", "cron": "0 * * * *"}))
+    with pytest.raises(m.MetronomeError) as err:
+        m.add_schedule(first, m.parse_schedule({"id": "b", "cron": "0 * * * *"}))
+    assert (err.value.status, err.value.body) == (409, {"message": "Only one schedule supported at the moment"})
+    with pytest.raises(m.MetronomeError) as err:
+        m.add_schedule(first, m.parse_schedule({"id": "a", "cron": "0 * * * *"}))
+    assert (err.value.status, err.value.body) == (409, {"message": "A schedule with id a already exists"})
+    dependent = m.parse_job({**job(), "dependencies": [{"id": "p"}]})
+    with pytest.raises(ObjectNotValid) as invalid_err:
+        m.add_schedule(dependent, m.parse_schedule({"id": "a", "cron": "0 * * * *"}))
+    assert invalid_err.value.errors_at("/") == (m.DEPENDENCIES_AND_SCHEDULES,)
+
+
+def test_put_without_schedules_keeps_them() -> None:
+    old = m.parse_job({**job(), "schedules": [{"id": "s", "cron": "0 * * * *"}]})
+    new = m.replace_job(old, m.parse_job(job(cmd="sleep 2")))
+    assert new.run.cmd == "sleep 2" and [s.id for s in new.schedules] == ["s"]
+
+
+def test_not_found_and_exists_bodies() -> None:
+    assert (m.job_not_found("x").status, m.job_not_found("x").body) == (404, {"id": "x", "message": "Job not found"})
+    assert (m.job_exists().status, m.job_exists().body) == (409, {"message": "Job with this id already exists"})
+
+
+def test_embed_options() -> None:
+    assert m.parse_embed(["activeRuns,schedules", "history"]) == {"activeRuns", "schedules", "history"}
+    with pytest.raises(m.MetronomeError) as err:
+        m.parse_embed(["activeRuns,tasks"])
+    assert err.value.status == 400 and err.value.body["message"].startswith("Unknown embed options: tasks.")
+
+
+def test_global_gpu_behaviour_setting() -> None:
+    assert m.gpu_scheduling_behavior(None) is None
+    assert m.gpu_scheduling_behavior("restricted") is GpuBehavior.RESTRICTED
+    with pytest.raises(InvalidRequest) as err:
+        m.gpu_scheduling_behavior("scarce")
+    assert err.value.message == (
+        "Setting scarce is invalid. Valid settings are undefined, restricted, unrestricted, preferential"
+    )
