@@ -36,7 +36,7 @@ from corral.model.resources import Constraint
 from corral.schedule.clock import ConcurrencyPolicy
 from corral.schedule.iso8601 import parse_repeating_interval
 
-JOB_NAME = re.compile(r"[\w.-]+")
+JOB_NAME = re.compile(r"[\w.-]+", re.ASCII)  # Java's \w: ASCII letters, digits, _
 GPU_NEEDS_MESOS = "GPU resources only work with the Mesos containerizer"
 FETCH_AND_URIS = "Use fetch or uris, not both (uris is deprecated)"
 SCHEDULE_AND_PARENTS = "A job has either a schedule or parents, not both"

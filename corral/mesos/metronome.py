@@ -511,4 +511,3 @@ _RUN_ID_CHARS = string.ascii_letters + string.digits
 def new_run_id(now: datetime, rng: random.Random) -> str:
     """`yyyyMMddHHmmss` (UTC) and five letters or digits, as Metronome names runs."""
     return now.astimezone(UTC).strftime("%Y%m%d%H%M%S") + "".join(rng.choice(_RUN_ID_CHARS) for _ in range(5))
-

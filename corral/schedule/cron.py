@@ -23,9 +23,10 @@ Time zones and daylight saving (`CronSchedule.next_after`): the expression descr
 
     * A wall time that does not exist (the hour skipped when clocks go forward) is **shifted forward by the length of
       the gap**: `30 2 * * *` in America/New_York fires at 03:30 EDT on the spring-forward day. This is java.time's
-      rule for turning a local time into an instant (`ZonedDateTime.of`), which cron-utils, and so Metronome, relies
-      on; a daily job is never silently dropped for a day. A shifted time that coincides with another firing time
-      fires once.
+      rule for turning a local time into an instant (`ZonedDateTime.of`), the time library Metronome's cron-utils
+      works in (cron-utils' own output on gap days has varied between releases: its issues #61 and #446), and a
+      daily job is never silently dropped for a day. A shifted time that coincides with another firing time fires
+      once.
     * A wall time that occurs twice (the hour repeated when clocks go back) **fires once**, at its first occurrence
       (the earlier instant, daylight time).
 """
@@ -233,7 +234,10 @@ def _parse_dow(text: str) -> DayOfWeek:
                 raise CronSyntaxError(field, "'L' needs a weekday before it (5L or FRIL: the last Friday of the month)")
             last.add(_value(field, upper[:-1], 0, 7, DOW_NAMES) % 7)
         else:
-            weekdays.update(v % 7 for v in _parse_values(field, item, 0, 7, DOW_NAMES))
+            # "FRI-SUN" means Friday to Sunday: a range that ends on Sunday ends on 7, not 0.
+            if re.fullmatch(r"[^-/]+-SUN(?:/\d+)?", upper):
+                upper = upper.replace("-SUN", "-7")
+            weekdays.update(v % 7 for v in _parse_values(field, upper, 0, 7, DOW_NAMES))
     return DayOfWeek(frozenset(weekdays), frozenset(last), frozenset(nth))
 
 

@@ -152,6 +152,7 @@ def test_other_fields_map() -> None:
     ("data", "path", "text"),
     [
         ({"name": "a b!", "command": "x"}, "/name", "must be letters, digits, '_', '.' or '-', got 'a b!'"),
+        ({"name": "caf\u00e9", "command": "x"}, "/name", "must be letters, digits, '_', '.' or '-'"),
         ({"name": "a"}, "/command", "is required (it may be empty only for a container image)"),
         ({"name": "a", "command": "x", "schedule": "R/2014-03-08T20:00:00Z/P"}, "/schedule", "'P' is not an ISO 8601"),
         (

@@ -281,6 +281,9 @@ def test_mapping_to_corral() -> None:
     assert (r.cpu_milli, r.memory_mib, r.gpu_count, r.gpu_milli, d.disk_mib) == (500, 33, 1, 1000, 100)
     assert r.labels["team"] == "ml"
     assert r.effective_behavior(GpuBehavior.UNRESTRICTED) is GpuBehavior.RESTRICTED
+    data["labels"]["GPU_SCHEDULING_BEHAVIOR"] = "bogus"  # Marathon ignores a label value it does not know
+    ignored = m.to_definition(m.parse_job(data)).request
+    assert ignored.effective_behavior(GpuBehavior.UNRESTRICTED) is GpuBehavior.UNRESTRICTED
     assert [(c.attribute, c.op, c.value) for c in r.constraints] == [("hostname", ConstraintOp.LIKE, "gpu-.*")]
     assert d.command == ("/bin/sh", "-c", "sleep 1")
     assert d.env == {"MODE": "fast"} and d.secret_env == {"TOKEN": "tok"}

@@ -68,6 +68,7 @@ def test_sunday_is_0_and_7() -> None:
     assert CronExpression.parse("0 0 * * 7").dow == CronExpression.parse("0 0 * * SUN").dow
     assert all(t.weekday() == 6 for t in fires("0 0 * * 7", utc(2026, 1, 1), 5))
     assert [t.weekday() for t in fires("0 0 * * 5-7", utc(2026, 1, 1), 3)] == [4, 5, 6]  # Fri 2, Sat 3, Sun 4
+    assert CronExpression.parse("0 0 * * FRI-SUN").dow == CronExpression.parse("0 0 * * 5-7").dow
 
 
 @pytest.mark.parametrize(
