@@ -22,11 +22,11 @@ import logging
 import pwd
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
@@ -117,6 +117,7 @@ def create_app(
     live: Callable[[], Mapping[str, GpuInfo]] | None = None,
     tokens: TokenStore | None = None,
     clock: Callable[[], float] = time.time,
+    routers: Sequence[APIRouter] = (),
 ) -> FastAPI:
     """`live`: measured use per GPU UUID (NVML); None for a simulated inventory. `tokens`: bearer tokens for TCP."""
     documented: dict[int | str, dict[str, Any]] = {
@@ -319,4 +320,6 @@ def create_app(
         token_store(who).revoke(token_id, None if who.root else who.uid)
         return Response(status_code=204)
 
+    for router in routers:  # the faces installed by corral.daemon.extensions
+        app.include_router(router)
     return app

@@ -47,6 +47,7 @@ class JobOut(BaseModel):
     attempts: int
     gpus: list[GpuOut]
     reason: str
+    origin: str = ""  # "" for `corral submit`; else the definition that made it (e.g. a scheduled job's run)
 
     @classmethod
     def of(cls, job: Job) -> JobOut:
@@ -68,6 +69,7 @@ class JobOut(BaseModel):
                 for g, u in zip(job.gpus, uuids, strict=False)
             ],
             reason=job.reason,
+            origin=job.spec.origin,
         )
 
 

@@ -23,9 +23,10 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -74,6 +75,19 @@ def find_job_process(job_id: str, proc: Path = Path("/proc")) -> tuple[int, int]
     return None
 
 
+class Controller(Protocol):
+    """Something that keeps jobs coming: schedules, job definitions' runs, services' instances.
+
+    Called under the daemon's lock: `tick` at the start of every round (it may `daemon.submit` jobs whose
+    `spec.origin` names it, and `daemon.cancel` them), `job_ended` when a job it made reaches its end for good (no
+    retry follows). Controllers keep their own state in the store's documents, so a restart loses nothing.
+    """
+
+    def tick(self, daemon: Daemon, now: float) -> None: ...
+
+    def job_ended(self, daemon: Daemon, job: Job) -> None: ...
+
+
 class Daemon:
     def __init__(
         self,
@@ -90,6 +104,7 @@ class Daemon:
         watchdog: str = "kill",
         sample_every_s: float = 1.0,
         describe: Callable[[int], ProcessInfo | None] = read_process,
+        controllers: Sequence[Controller] = (),
     ) -> None:
         if watchdog not in WATCHDOG_MODES:
             raise InvalidRequest("gpu_memory_watchdog", f"must be one of {', '.join(WATCHDOG_MODES)}, got {watchdog!r}")
@@ -114,6 +129,7 @@ class Daemon:
         self.gpu_use: dict[str, GpuUse] = {}  # by GPU UUID, from the latest sample
         self._sampled_at = -math.inf
         self._sample_failed = False
+        self.controllers: list[Controller] = list(controllers)
 
     # ---------------------------------------------------------------------------------------------- requests
     def submit(self, spec: JobSpec) -> Job:
@@ -134,7 +150,9 @@ class Daemon:
         if uid is not None and job.spec.uid != uid:
             raise InvalidRequest("job", f"job {job_id} is not yours")
         if job.state is JobState.QUEUED:
-            return self.store.transition(job_id, JobState.CANCELLED, expect=[JobState.QUEUED], reason="cancelled")
+            done = self.store.transition(job_id, JobState.CANCELLED, expect=[JobState.QUEUED], reason="cancelled")
+            self._tell_ended(done)
+            return done
         if job.state.holds_resources:
             self.executor.cancel(job_id)
             return self.store.update(job_id, reason=CANCELLING)
@@ -146,6 +164,11 @@ class Daemon:
         now = self.clock()
         for ended in self.executor.poll():
             self._finish(ended, now)
+        for controller in self.controllers:
+            try:
+                controller.tick(self, now)
+            except Exception:  # one controller's fault must not stop scheduling
+                log.exception("controller %s failed", type(controller).__name__)
         holding = self.store.list([JobState.STARTING, JobState.RUNNING])
         self._sample(holding, now)
         if self.watchdog != "off":
@@ -334,18 +357,30 @@ class Daemon:
 
     def _ended(self, job: Job, state: JobState, now: float, exit_code: int | None, reason: str) -> None:
         done = self.store.transition(job.id, state, finished_at=now, exit_code=exit_code, reason=reason)
-        if state in (JobState.FAILED, JobState.LOST) and done.attempts <= job.spec.retries:
-            wait = backoff_s(done.attempts)
-            self.store.transition(
-                job.id,
-                JobState.QUEUED,
-                not_before=now + wait,
-                gpus=(),
-                gpu_uuids=(),
-                pid=None,
-                pid_start_time=None,
-                reason=f"{reason}; retry {done.attempts} of {job.spec.retries} in {wait:g} s",
-            )
+        if not (state in (JobState.FAILED, JobState.LOST) and done.attempts <= job.spec.retries):
+            self._tell_ended(done)
+            return
+        wait = backoff_s(done.attempts)
+        self.store.transition(
+            job.id,
+            JobState.QUEUED,
+            not_before=now + wait,
+            gpus=(),
+            gpu_uuids=(),
+            pid=None,
+            pid_start_time=None,
+            reason=f"{reason}; retry {done.attempts} of {job.spec.retries} in {wait:g} s",
+        )
+
+    def _tell_ended(self, job: Job) -> None:
+        """A job has ended for good: the controller that made it (if any) hears of it."""
+        if not job.spec.origin:
+            return
+        for controller in self.controllers:
+            try:
+                controller.job_ended(self, job)
+            except Exception:
+                log.exception("controller %s failed on the end of job %s", type(controller).__name__, job.id)
 
     # ---------------------------------------------------------------------------------------------- restart
     def recover(self) -> None:

@@ -33,6 +33,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from corral.api.app import PEER_KEY, VIA_KEY, create_app
 from corral.daemon.core import Daemon
+from corral.daemon.extensions import install_extensions
 from corral.daemon.tokens import TokenFileError, TokenStore
 from corral.executor.local import LocalExecutor
 from corral.gpu.discovery import GpuDiscoveryError, discover_gpus, local_node
@@ -295,7 +296,8 @@ def serve(
 
     ticker = threading.Thread(target=loop, name="corral-tick", daemon=True)
     live = None if simulate is not None else (lambda: {g.uuid: g for g in discover_gpus()})
-    app = create_app(daemon, lock, woken.set, live, tokens)
+    routers = install_extensions(daemon, lock, woken.set)
+    app = create_app(daemon, lock, woken.set, live, tokens, routers=routers)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", http=protocol_for(tokens)))
 
     def on_signal(sig: int, _frame: FrameType | None) -> None:

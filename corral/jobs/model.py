@@ -74,6 +74,9 @@ class JobSpec:
     time_limit_s: float | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: str = "/"
+    #: What made this job: "" for `corral submit`; otherwise "<kind>:<name>[:<run>]" of the definition it runs
+    #: (a scheduled job's run, a service's instance), so the definition's controller can follow it.
+    origin: str = ""
 
     def __post_init__(self) -> None:
         if not self.command or not self.command[0]:
@@ -139,6 +142,7 @@ def spec_to_json(s: JobSpec) -> str:
             "time_limit_s": s.time_limit_s,
             "env": dict(s.env),
             "cwd": s.cwd,
+            "origin": s.origin,
         },
         sort_keys=True,
     )
@@ -157,4 +161,5 @@ def spec_from_json(text: str) -> JobSpec:
         time_limit_s=d["time_limit_s"],
         env=d["env"],
         cwd=d["cwd"],
+        origin=d.get("origin", ""),  # absent in jobs stored before origins existed
     )

@@ -4,11 +4,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from corral.store.base import JobNotFound, StaleJob, Store, StoreError
+from corral.store.base import JobNotFound, StaleDocument, StaleJob, Store, StoreError
 from corral.store.memory import MemoryStore
 from corral.store.sqlite import SqliteStore
 
-__all__ = ["JobNotFound", "MemoryStore", "SqliteStore", "StaleJob", "Store", "StoreError", "open_store"]
+__all__ = [
+    "JobNotFound",
+    "MemoryStore",
+    "SqliteStore",
+    "StaleDocument",
+    "StaleJob",
+    "Store",
+    "StoreError",
+    "open_store",
+]
 
 
 def open_store(path: Path | None) -> Store:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import json
 import math
 from collections.abc import Collection, Mapping
 from typing import Any, Protocol, cast, runtime_checkable
@@ -41,6 +42,18 @@ class StaleJob(InvalidRequest):
             "version", f"job {job_id} changed since it was read (version {actual}, expected {expected}); read it again"
         )
         self.job_id = job_id
+        self.expected = expected
+        self.actual = actual
+
+
+class StaleDocument(InvalidRequest):
+    """A `put_doc`/`delete_doc` with `expect_version` lost a race (or the document is not there)."""
+
+    def __init__(self, kind: str, key: str, expected: int, actual: int) -> None:
+        super().__init__(
+            "version",
+            f"{kind} {key!r} changed since it was read (version {actual}, expected {expected}); read it again",
+        )
         self.expected = expected
         self.actual = actual
 
@@ -90,6 +103,28 @@ class Store(Protocol):
 
     def close(self) -> None:
         """Release the store; further calls raise `StoreError`. Closing twice is harmless."""
+        ...
+
+    # -------------------------------------------------------------------------------------------- documents
+    # Named JSON documents beside the jobs (job definitions, schedules' cursors, services...): durable like a job
+    # write, with a version for compare-and-set. `kind` groups them ("metronome.job"), `key` names one.
+
+    def put_doc(self, kind: str, key: str, body: Mapping[str, Any], *, expect_version: int | None = None) -> int:
+        """Store `body` (JSON-able) under (kind, key); returns its new version (1 for a new document).
+
+        `expect_version`: 0 = it must not exist yet, n = it must be at version n; else `StaleDocument`."""
+        ...
+
+    def get_doc(self, kind: str, key: str) -> tuple[dict[str, Any], int] | None:
+        """(body, version), or None."""
+        ...
+
+    def list_docs(self, kind: str) -> builtins.list[tuple[str, dict[str, Any], int]]:
+        """Every document of a kind as (key, body, version), by key."""
+        ...
+
+    def delete_doc(self, kind: str, key: str, *, expect_version: int | None = None) -> bool:
+        """Delete it; False if there was none. `expect_version` as for `put_doc`."""
         ...
 
 
@@ -173,3 +208,14 @@ def canonical_id(job_id: str) -> int | None:
         return None
     number = int(job_id)
     return number if str(number) == job_id and number > 0 else None
+
+
+def check_doc(kind: str, key: str, body: Mapping[str, Any]) -> str:
+    """The document as stored (canonical JSON); ValueError/TypeError for a kind, key or body that cannot be stored."""
+    if not isinstance(kind, str) or not kind or len(kind) > 100:
+        raise ValueError(f"a document kind is 1..100 characters, got {kind!r}")
+    if not isinstance(key, str) or not key or len(key) > 1000:
+        raise ValueError(f"a document key is 1..1000 characters, got {key!r}")
+    if not isinstance(body, Mapping):
+        raise TypeError(f"a document body is a mapping, got {type(body).__name__}")
+    return json.dumps(body, sort_keys=True, allow_nan=False)

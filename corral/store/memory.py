@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import builtins
+import json
 import threading
 from collections.abc import Collection, Mapping
 from typing import Any
 
 from corral.jobs.model import Job, JobSpec, JobState, spec_from_json, spec_to_json
-from corral.store.base import JobNotFound, StaleJob, StoreError, check_fields, check_transition
+from corral.store.base import (
+    JobNotFound,
+    StaleDocument,
+    StaleJob,
+    StoreError,
+    check_doc,
+    check_fields,
+    check_transition,
+)
 
 
 class MemoryStore:
@@ -19,6 +28,7 @@ class MemoryStore:
         self._jobs: dict[str, Job] = {}  # insertion order is id order
         self._last_id = 0
         self._closed = False
+        self._docs: dict[tuple[str, str], tuple[str, int]] = {}  # (kind, key) -> (JSON text, version)
 
     def add(self, spec: JobSpec, now: float) -> Job:
         # A copy through JSON, as SQLite stores it: the caller's dicts (env, labels) cannot change the stored job, and
@@ -80,6 +90,38 @@ class MemoryStore:
     def close(self) -> None:
         with self._lock:
             self._closed = True
+
+    def put_doc(self, kind: str, key: str, body: Mapping[str, Any], *, expect_version: int | None = None) -> int:
+        text = check_doc(kind, key, body)
+        with self._lock:
+            self._check_open()
+            current = self._docs.get((kind, key))
+            version = 0 if current is None else current[1]
+            if expect_version is not None and expect_version != version:
+                raise StaleDocument(kind, key, expect_version, version)
+            self._docs[(kind, key)] = (text, version + 1)
+            return version + 1
+
+    def get_doc(self, kind: str, key: str) -> tuple[dict[str, Any], int] | None:
+        with self._lock:
+            self._check_open()
+            current = self._docs.get((kind, key))
+        return None if current is None else (json.loads(current[0]), current[1])
+
+    def list_docs(self, kind: str) -> builtins.list[tuple[str, dict[str, Any], int]]:
+        with self._lock:
+            self._check_open()
+            found = sorted((k, v) for (d, k), v in self._docs.items() if d == kind)
+        return [(key, json.loads(text), version) for key, (text, version) in found]
+
+    def delete_doc(self, kind: str, key: str, *, expect_version: int | None = None) -> bool:
+        with self._lock:
+            self._check_open()
+            current = self._docs.get((kind, key))
+            version = 0 if current is None else current[1]
+            if expect_version is not None and expect_version != version:
+                raise StaleDocument(kind, key, expect_version, version)
+            return self._docs.pop((kind, key), None) is not None
 
     def _get(self, job_id: str) -> Job:
         self._check_open()

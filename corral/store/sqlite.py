@@ -4,6 +4,8 @@
          not_before, started_at, finished_at, exit_code, pid, pid_start_time, gpus TEXT ([[index, milli, MiB]]),
          gpu_uuids TEXT ([uuid]), reason, version)
     meta(key TEXT PRIMARY KEY, value TEXT)   -- schema_version
+    docs(kind, key, body TEXT (JSON), version)  -- named documents beside the jobs (schema 2; a schema-1 file gains
+                                                  the table when opened)
 
 Why these settings:
 - WAL journal + `synchronous=FULL`: a commit is fsynced to the WAL before `add`/`transition`/`update` return, so an
@@ -34,9 +36,18 @@ from typing import Any
 
 from corral.jobs.model import Job, JobSpec, JobState, spec_from_json, spec_to_json
 from corral.model.resources import GpuGrant
-from corral.store.base import JobNotFound, StaleJob, StoreError, canonical_id, check_fields, check_transition
+from corral.store.base import (
+    JobNotFound,
+    StaleDocument,
+    StaleJob,
+    StoreError,
+    canonical_id,
+    check_doc,
+    check_fields,
+    check_transition,
+)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 #: States whose jobs are kept in memory as well (everything the scheduler reads each round).
 ACTIVE = frozenset({JobState.QUEUED, JobState.STARTING, JobState.RUNNING})
 #: How long a write waits for another process that holds the file's write lock before it fails.
@@ -67,6 +78,13 @@ CREATE TABLE IF NOT EXISTS jobs (
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state);
 CREATE INDEX IF NOT EXISTS jobs_user ON jobs (user);
+CREATE TABLE IF NOT EXISTS docs (
+    kind    TEXT    NOT NULL,
+    key     TEXT    NOT NULL,
+    body    TEXT    NOT NULL,
+    version INTEGER NOT NULL,
+    PRIMARY KEY (kind, key)
+);
 """
 
 _COLUMNS = (
@@ -197,6 +215,52 @@ class SqliteStore:
                 out.append(new)
         return out
 
+    def put_doc(self, kind: str, key: str, body: Mapping[str, Any], *, expect_version: int | None = None) -> int:
+        text = check_doc(kind, key, body)
+        with self._write(f"storing {kind} {key!r}"):
+            row = self._conn.execute("SELECT version FROM docs WHERE kind = ? AND key = ?", (kind, key)).fetchone()
+            version = 0 if row is None else int(row[0])
+            if expect_version is not None and expect_version != version:
+                raise StaleDocument(kind, key, expect_version, version)
+            self._conn.execute(
+                "INSERT INTO docs (kind, key, body, version) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (kind, key) DO UPDATE SET body = excluded.body, version = excluded.version",
+                (kind, key, text, version + 1),
+            )
+        return version + 1
+
+    def get_doc(self, kind: str, key: str) -> tuple[dict[str, Any], int] | None:
+        with self._read(f"reading {kind} {key!r}"):
+            row = self._conn.execute(
+                "SELECT body, version FROM docs WHERE kind = ? AND key = ?", (kind, key)
+            ).fetchone()
+        return None if row is None else (self._doc_body(kind, key, row[0]), int(row[1]))
+
+    def list_docs(self, kind: str) -> builtins.list[tuple[str, dict[str, Any], int]]:
+        with self._read(f"listing {kind}"):
+            rows = self._conn.execute(
+                "SELECT key, body, version FROM docs WHERE kind = ? ORDER BY key", (kind,)
+            ).fetchall()
+        return [(str(k), self._doc_body(kind, k, b), int(v)) for k, b, v in rows]
+
+    def delete_doc(self, kind: str, key: str, *, expect_version: int | None = None) -> bool:
+        with self._write(f"deleting {kind} {key!r}"):
+            row = self._conn.execute("SELECT version FROM docs WHERE kind = ? AND key = ?", (kind, key)).fetchone()
+            version = 0 if row is None else int(row[0])
+            if expect_version is not None and expect_version != version:
+                raise StaleDocument(kind, key, expect_version, version)
+            self._conn.execute("DELETE FROM docs WHERE kind = ? AND key = ?", (kind, key))
+        return row is not None
+
+    def _doc_body(self, kind: str, key: str, text: str) -> dict[str, Any]:
+        try:
+            body = json.loads(text)
+        except ValueError as exc:
+            raise StoreError(f"job store {self.path}: {kind} {key!r} cannot be read ({exc})") from exc
+        if not isinstance(body, dict):
+            raise StoreError(f"job store {self.path}: {kind} {key!r} is not a JSON object")
+        return body
+
     def close(self) -> None:
         with self._lock:
             if self._closed:
@@ -253,6 +317,9 @@ class SqliteStore:
             version = int(row[0])
         except ValueError:
             version = -1
+        if version == 1:  # schema 1 lacked `docs`, which the statements above have just created
+            conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
+            return
         if version != SCHEMA_VERSION:
             newer = version > SCHEMA_VERSION
             raise StoreError(

@@ -10,7 +10,7 @@ import pytest
 from corral.daemon.core import Daemon, backoff_s
 from corral.executor.fake import FakeExecutor
 from corral.gpu.mps import MpsControl
-from corral.jobs.model import JobSpec, JobState
+from corral.jobs.model import Job, JobSpec, JobState
 from corral.model.errors import InvalidRequest
 from corral.model.resources import GpuBehavior, Request
 from corral.placement import PlacementConfig
@@ -232,3 +232,63 @@ def test_mps_shares_keep_one_user_per_gpu_and_get_the_pipe(tmp_path: Path) -> No
     d.tick()  # no shares left: both control daemons are stopped
     calls = (tmp_path / "mps-calls").read_text().splitlines()
     assert calls[2:] == [" GPU-box-0", " GPU-box-1"] and not mps.running
+
+
+class Recorder:
+    """A controller that submits one job of its own on its first round and records how its jobs end."""
+
+    def __init__(self, retries: int = 0) -> None:
+        self.retries = retries
+        self.ticks: list[float] = []
+        self.ended: list[tuple[str, JobState]] = []
+
+    def tick(self, d: Daemon, now: float) -> None:
+        if not self.ticks:
+            d.submit(spec(retries=self.retries, origin="test:recorder"))
+        self.ticks.append(now)
+
+    def job_ended(self, d: Daemon, job: Job) -> None:
+        self.ended.append((job.id, job.state))
+
+
+def test_controllers_submit_jobs_and_hear_when_they_end_for_good(tmp_path: Path) -> None:
+    clock = Clock()
+    d = daemon(tmp_path, clock=clock)
+    rec = Recorder(retries=1)
+    d.controllers.append(rec)
+    assert d.tick() == ["1"]  # the controller's job is scheduled in the same round
+    ex = d.executor
+    assert isinstance(ex, FakeExecutor)
+    ex.finish("1", 3)
+    d.tick()
+    assert rec.ended == []  # a retry follows: not the end yet
+    clock.t += 10
+    assert d.tick() == ["1"]
+    ex.finish("1", 3)
+    d.tick()
+    assert rec.ended == [("1", JobState.FAILED)]
+    d.submit(spec())  # a one-off job (no origin): controllers do not hear of it
+    d.submit(spec(gpus=2))
+    d.tick()
+    d.cancel("3")
+    assert rec.ended == [("1", JobState.FAILED)] and len(rec.ticks) == 5
+
+
+def test_a_failing_controller_does_not_stop_scheduling(tmp_path: Path) -> None:
+    class Broken:
+        def tick(self, d: Daemon, now: float) -> None:
+            raise RuntimeError("bug")
+
+        def job_ended(self, d: Daemon, job: Job) -> None:
+            raise RuntimeError("bug")
+
+    d = daemon(tmp_path)
+    d.controllers.append(Broken())
+    d.submit(spec(origin="x:y"))
+    assert d.tick() == ["1"]
+    d.cancel("1")
+    ex = d.executor
+    assert isinstance(ex, FakeExecutor)
+    d.tick()
+    done = d.store.get("1")
+    assert done is not None and done.state is JobState.CANCELLED

@@ -21,7 +21,16 @@ import pytest
 from corral.jobs.model import FINAL_STATES, TRANSITIONS, InvalidTransition, Job, JobSpec, JobState
 from corral.model.errors import InvalidRequest
 from corral.model.resources import Constraint, GpuBehavior, GpuGrant, Request
-from corral.store import JobNotFound, MemoryStore, SqliteStore, StaleJob, Store, StoreError, open_store
+from corral.store import (
+    JobNotFound,
+    MemoryStore,
+    SqliteStore,
+    StaleDocument,
+    StaleJob,
+    Store,
+    StoreError,
+    open_store,
+)
 
 Q, S, R = JobState.QUEUED, JobState.STARTING, JobState.RUNNING
 
@@ -309,6 +318,48 @@ def test_update_many_is_all_or_nothing(store: Store) -> None:
     assert store.update_many({}) == []
 
 
+def test_documents_put_get_list_delete_with_versions(store: Store) -> None:
+    assert store.get_doc("metronome.job", "a") is None and store.list_docs("metronome.job") == []
+    assert store.put_doc("metronome.job", "b", {"id": "b", "run": {"cpus": 1}}, expect_version=0) == 1
+    assert store.put_doc("metronome.job", "a", {"id": "a"}) == 1
+    assert store.put_doc("marathon.app", "a", {"id": "/a"}) == 1  # kinds are separate
+    assert store.put_doc("metronome.job", "a", {"id": "a", "x": [1, "é"]}, expect_version=1) == 2
+    assert store.get_doc("metronome.job", "a") == ({"id": "a", "x": [1, "é"]}, 2)
+    assert [(k, v) for k, _, v in store.list_docs("metronome.job")] == [("a", 2), ("b", 1)]
+    with pytest.raises(StaleDocument) as info:
+        store.put_doc("metronome.job", "a", {"id": "a"}, expect_version=1)
+    assert str(info.value) == (
+        "version: metronome.job 'a' changed since it was read (version 2, expected 1); read it again"
+    )
+    with pytest.raises(StaleDocument):
+        store.put_doc("metronome.job", "b", {}, expect_version=0)  # exists already
+    with pytest.raises(StaleDocument):
+        store.delete_doc("metronome.job", "a", expect_version=1)
+    assert store.delete_doc("metronome.job", "a", expect_version=2) is True
+    assert store.delete_doc("metronome.job", "a") is False
+    assert store.get_doc("metronome.job", "a") is None
+    body = {"nested": {"list": [1, 2]}}
+    store.put_doc("k", "doc", body)
+    body["nested"]["list"].append(3)  # the stored copy does not follow the caller's dict
+    assert store.get_doc("k", "doc") == ({"nested": {"list": [1, 2]}}, 1)
+
+
+@pytest.mark.parametrize(
+    ("kind", "key", "body", "error"),
+    [
+        ("", "k", {}, ValueError),
+        ("k", "", {}, ValueError),
+        ("k", "k", [], TypeError),
+        ("k", "k", {"x": float("nan")}, ValueError),
+        ("k", "k", {"x": object()}, TypeError),
+    ],
+)
+def test_documents_that_cannot_be_stored(store: Store, kind: str, key: str, body: Any, error: type[Exception]) -> None:
+    with pytest.raises(error):
+        store.put_doc(kind, key, body)
+    assert store.list_docs(kind or "k") == []
+
+
 def test_unknown_job(store: Store) -> None:
     store.add(simple_spec(), now=0)
     for job_id in ("2", "99", "01", "0", "-1", "abc", "", "1 ", "١", "9" * 40):
@@ -425,6 +476,25 @@ def test_sqlite_memory_copy_follows_a_rolled_back_write(tmp_path: Path) -> None:
         store.close()
 
 
+def test_sqlite_schema_1_file_is_upgraded_and_keeps_its_jobs(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.db"
+    store = SqliteStore(path)
+    job = store.add(full_spec(), now=3)
+    store.close()
+    old = sqlite3.connect(path)  # what the previous corral wrote: schema 1, no documents table
+    old.execute("DROP TABLE docs")
+    old.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    old.commit()
+    old.close()
+    store = SqliteStore(path)
+    try:
+        assert store.get(job.id) == job
+        assert store.put_doc("k", "a", {"x": 1}) == 1 and store.get_doc("k", "a") == ({"x": 1}, 1)
+        assert store._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "2"
+    finally:
+        store.close()
+
+
 def test_sqlite_is_wal_with_synchronous_full(tmp_path: Path) -> None:
     path = tmp_path / "jobs.db"
     store = SqliteStore(path)
@@ -435,7 +505,7 @@ def test_sqlite_is_wal_with_synchronous_full(tmp_path: Path) -> None:
         other = sqlite3.connect(path)
         try:
             assert other.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-            assert other.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "1"
+            assert other.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "2"
         finally:
             other.close()
     finally:
