@@ -210,6 +210,12 @@ def canonical_id(job_id: str) -> int | None:
     return number if str(number) == job_id and number > 0 else None
 
 
+def check_doc_version(kind: str, key: str, expect: int | None, actual: int) -> None:
+    """Raise StaleDocument unless the document is at the expected version (0: absent); None expects nothing."""
+    if expect is not None and expect != actual:
+        raise StaleDocument(kind, key, expect, actual)
+
+
 def check_doc(kind: str, key: str, body: Mapping[str, Any]) -> str:
     """The document as stored (canonical JSON); ValueError/TypeError for a kind, key or body that cannot be stored."""
     if not isinstance(kind, str) or not kind or len(kind) > 100:

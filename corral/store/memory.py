@@ -11,10 +11,10 @@ from typing import Any
 from corral.jobs.model import Job, JobSpec, JobState, spec_from_json, spec_to_json
 from corral.store.base import (
     JobNotFound,
-    StaleDocument,
     StaleJob,
     StoreError,
     check_doc,
+    check_doc_version,
     check_fields,
     check_transition,
 )
@@ -97,8 +97,7 @@ class MemoryStore:
             self._check_open()
             current = self._docs.get((kind, key))
             version = 0 if current is None else current[1]
-            if expect_version is not None and expect_version != version:
-                raise StaleDocument(kind, key, expect_version, version)
+            check_doc_version(kind, key, expect_version, version)
             self._docs[(kind, key)] = (text, version + 1)
             return version + 1
 
@@ -119,8 +118,7 @@ class MemoryStore:
             self._check_open()
             current = self._docs.get((kind, key))
             version = 0 if current is None else current[1]
-            if expect_version is not None and expect_version != version:
-                raise StaleDocument(kind, key, expect_version, version)
+            check_doc_version(kind, key, expect_version, version)
             return self._docs.pop((kind, key), None) is not None
 
     def _get(self, job_id: str) -> Job:

@@ -38,11 +38,11 @@ from corral.jobs.model import Job, JobSpec, JobState, spec_from_json, spec_to_js
 from corral.model.resources import GpuGrant
 from corral.store.base import (
     JobNotFound,
-    StaleDocument,
     StaleJob,
     StoreError,
     canonical_id,
     check_doc,
+    check_doc_version,
     check_fields,
     check_transition,
 )
@@ -220,8 +220,7 @@ class SqliteStore:
         with self._write(f"storing {kind} {key!r}"):
             row = self._conn.execute("SELECT version FROM docs WHERE kind = ? AND key = ?", (kind, key)).fetchone()
             version = 0 if row is None else int(row[0])
-            if expect_version is not None and expect_version != version:
-                raise StaleDocument(kind, key, expect_version, version)
+            check_doc_version(kind, key, expect_version, version)
             self._conn.execute(
                 "INSERT INTO docs (kind, key, body, version) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT (kind, key) DO UPDATE SET body = excluded.body, version = excluded.version",
@@ -247,8 +246,7 @@ class SqliteStore:
         with self._write(f"deleting {kind} {key!r}"):
             row = self._conn.execute("SELECT version FROM docs WHERE kind = ? AND key = ?", (kind, key)).fetchone()
             version = 0 if row is None else int(row[0])
-            if expect_version is not None and expect_version != version:
-                raise StaleDocument(kind, key, expect_version, version)
+            check_doc_version(kind, key, expect_version, version)
             self._conn.execute("DELETE FROM docs WHERE kind = ? AND key = ?", (kind, key))
         return row is not None
 

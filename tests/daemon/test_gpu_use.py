@@ -114,14 +114,20 @@ def test_a_jobs_own_processes_are_not_foreign(tmp_path: Path) -> None:
     assert w.job("1").state is JobState.RUNNING and w.ex.cancelled == []
 
 
-def test_watchdog_kills_a_job_over_its_memory_grant(tmp_path: Path) -> None:
-    w = World(tmp_path)
+def over_its_grant(tmp_path: Path, watchdog: str) -> World:
+    """Job 1 (a half GPU with 4 GiB) running, and a sample that shows its process using 5000 MiB."""
+    w = World(tmp_path, watchdog=watchdog)
     w.submit(gpus=1, milli=500, memory_mib=4096)
     w.later()
     job = w.job("1")
     assert job.pid is not None
     w.procs[job.pid] = ProcessInfo(job.pid, "1", "python")
     w.sampler.procs = {job.gpu_uuids[0]: [(job.pid, 5000)]}
+    return w
+
+
+def test_watchdog_kills_a_job_over_its_memory_grant(tmp_path: Path) -> None:
+    w = over_its_grant(tmp_path, "kill")
     w.later()
     assert w.ex.cancelled == [("1", 2.0)]
     w.later()  # the fake ends it on cancel; the next round records how
@@ -131,13 +137,7 @@ def test_watchdog_kills_a_job_over_its_memory_grant(tmp_path: Path) -> None:
 
 
 def test_watchdog_warns_once_when_told_to_warn(tmp_path: Path) -> None:
-    w = World(tmp_path, watchdog="warn")
-    w.submit(gpus=1, milli=500, memory_mib=4096)
-    w.later()
-    job = w.job("1")
-    assert job.pid is not None
-    w.procs[job.pid] = ProcessInfo(job.pid, "1", "python")
-    w.sampler.procs = {job.gpu_uuids[0]: [(job.pid, 5000)]}
+    w = over_its_grant(tmp_path, "warn")
     w.later()
     warned = w.job("1")
     assert warned.state is JobState.RUNNING and w.ex.cancelled == []
