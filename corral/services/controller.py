@@ -447,9 +447,11 @@ class ServicesController:
                 victim = self._victims(app, old, 1)[0]
                 self._kill(daemon, app, victim, "replaced by a new version", grace)
                 old.remove(victim)
-            missing = min(target - len(current), most - len(current) - len(old))
+            missing = min(target - len(current), most - len(jobs))
         else:
-            missing = target - len(current)
+            # An instance being killed still holds its place (ports, GPUs, a single-instance app's one slot) until
+            # it has ended, as Marathon replaces a task once it is terminal.
+            missing = target - len(current) - (len(jobs) - len(active))
         if missing <= 0:
             app.waiting = ""
             return
