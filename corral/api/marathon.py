@@ -158,7 +158,7 @@ def router(daemon: Daemon, lock: threading.Lock, wake: Callable[[], None], contr
     def change(app: App, deployment: str | None = None) -> dict[str, Any]:
         return {"version": app.doc["version"], "deploymentId": deployment or app.doc.get("deployment", "")}
 
-    @api.post("/v2/apps", status_code=201)
+    @api.post("/v2/apps", status_code=201, response_model=None)
     async def create(request: Request, who: Caller) -> Any:
         raw = await body_of(request)
         if isinstance(raw, Response):
@@ -171,7 +171,7 @@ def router(daemon: Daemon, lock: threading.Lock, wake: Callable[[], None], contr
 
         return await run_in_threadpool(answer, work)
 
-    @api.get("/v2/apps")
+    @api.get("/v2/apps", response_model=None)
     def list_apps(who: Caller) -> Any:
         def work() -> Any:
             live = controller.live_jobs(daemon)
@@ -180,7 +180,7 @@ def router(daemon: Daemon, lock: threading.Lock, wake: Callable[[], None], contr
 
         return answer(work)
 
-    @api.get("/v2/apps/{app_id:path}/tasks")
+    @api.get("/v2/apps/{app_id:path}/tasks", response_model=None)
     def tasks(app_id: str, who: Caller) -> Any:
         def work() -> Any:
             app = mine(controller.get(daemon, app_id), who, app_id)
@@ -188,7 +188,7 @@ def router(daemon: Daemon, lock: threading.Lock, wake: Callable[[], None], contr
 
         return answer(work)
 
-    @api.post("/v2/apps/{app_id:path}/restart")
+    @api.post("/v2/apps/{app_id:path}/restart", response_model=None)
     def restart(app_id: str, who: Caller) -> Any:
         def work() -> Any:
             mine(controller.get(daemon, app_id), who, app_id)
@@ -196,7 +196,7 @@ def router(daemon: Daemon, lock: threading.Lock, wake: Callable[[], None], contr
 
         return answer(work)
 
-    @api.get("/v2/apps/{app_id:path}")
+    @api.get("/v2/apps/{app_id:path}", response_model=None)
     def show(app_id: str, who: Caller) -> Any:
         def work() -> Any:
             app = mine(controller.get(daemon, app_id), who, app_id)
@@ -204,7 +204,7 @@ def router(daemon: Daemon, lock: threading.Lock, wake: Callable[[], None], contr
 
         return answer(work)
 
-    @api.put("/v2/apps/{app_id:path}")
+    @api.put("/v2/apps/{app_id:path}", response_model=None)
     async def update(app_id: str, request: Request, who: Caller) -> Any:
         raw = await body_of(request)
         if isinstance(raw, Response):
@@ -219,7 +219,7 @@ def router(daemon: Daemon, lock: threading.Lock, wake: Callable[[], None], contr
 
         return await run_in_threadpool(answer, work)
 
-    @api.delete("/v2/apps/{app_id:path}")
+    @api.delete("/v2/apps/{app_id:path}", response_model=None)
     def delete(app_id: str, who: Caller) -> Any:
         def work() -> Any:
             mine(controller.get(daemon, app_id), who, app_id)
@@ -228,7 +228,7 @@ def router(daemon: Daemon, lock: threading.Lock, wake: Callable[[], None], contr
 
         return answer(work)
 
-    @api.delete("/v2/queue/{app_id:path}/delay", status_code=204)
+    @api.delete("/v2/queue/{app_id:path}/delay", status_code=204, response_model=None)
     def reset_delay(app_id: str, who: Caller) -> Any:
         def work() -> Any:
             mine(controller.get(daemon, app_id), who, app_id)
