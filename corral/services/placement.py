@@ -18,7 +18,7 @@ them: GPUs held by the app's own instances need no exclusion of their own.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from corral.mesos.constraints import check
@@ -121,13 +121,3 @@ def admit(
         f"{', '.join(str(g.index) for g in allowed)}, which corral's engine cannot do (it narrows GPUs by model or "
         "memory only): use gpu_model or gpu_memory_mib, or spread with UNIQUE/MAX_PER/GROUP_BY over gpu"
     )
-
-
-def fields_of_instance(node: Node, gpu_indices: Sequence[int]) -> Mapping[str, str]:
-    """The fields an instance shows (for `corral app show`): the machine's, and those of its first GPU."""
-    by_index = {g.index: g for g in node.gpus}
-    if gpu_indices and gpu_indices[0] in by_index:
-        fields = gpu_fields(node, by_index[gpu_indices[0]])
-        fields["gpu"] = ",".join(str(i) for i in gpu_indices)
-        return fields
-    return machine_fields(node)
