@@ -16,10 +16,12 @@ from collections.abc import Callable
 
 from fastapi import APIRouter
 
+from corral.api.marathon import install as install_services
 from corral.daemon.core import Daemon
 
 
 def install_extensions(daemon: Daemon, lock: threading.Lock, wake: Callable[[], None]) -> list[APIRouter]:
     """Give `daemon` its controllers; return the routes to mount. Faces register themselves below, one line each."""
     routers: list[APIRouter] = []
+    routers.append(install_services(daemon, lock, wake))  # Marathon apps: corral.services, /marathon/v2/apps
     return routers

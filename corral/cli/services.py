@@ -1,0 +1,164 @@
+"""`corral app ...`: Marathon apps on corral serve (the daemon's /marathon/v2/apps).
+
+corral app create -f app.json     the app's id
+corral app list [--json]          each app: instances running/wanted, healthy, waiting reason
+corral app show ID [--json]       the app and its instances: state, ports, GPUs, health
+corral app scale ID N | restart ID | delete ID
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import quote
+
+import httpx
+import typer
+from rich.table import Table
+
+from corral.cli.client import EXIT_BAD_INPUT, EXIT_SERVER, JsonOpt, SocketOpt, dump, error_text, fail, out, socket_for
+
+app = typer.Typer(no_args_is_help=True, help="Services (Marathon apps): keep instances running.")
+
+
+def _path(app_id: str) -> str:
+    return "/marathon/v2/apps/" + quote(app_id.strip("/"), safe="/")
+
+
+def marathon_error(response: httpx.Response) -> str:
+    """Marathon's error bodies in one line: the message, and each invalid field with its errors."""
+    try:
+        body = response.json()
+    except ValueError:
+        return f"HTTP {response.status_code}: {response.text.strip()[:200]}"
+    if not isinstance(body, dict) or "message" not in body:
+        return f"HTTP {response.status_code}: {body}"
+    details = body.get("details") or []
+    parts = [f"{d.get('path', '/')}: {'; '.join(d.get('errors', []))}" for d in details if isinstance(d, dict)]
+    return f"{body['message']}" + (f" ({', '.join(parts)})" if parts else "")
+
+
+def _request(socket: Path | None, method: str, url: str, **kwargs: Any) -> Any:
+    """One request to the daemon, as `corral.cli.client.call` makes it, with Marathon's error bodies read as such."""
+    base = os.environ.get("CORRAL_URL", "").rstrip("/")
+    if base and socket is None:
+        where = base
+        token = os.environ.get("CORRAL_TOKEN", "")
+        if not token:
+            raise fail("CORRAL_URL is set but CORRAL_TOKEN is not: create one with `corral token create NAME`")
+        client = httpx.Client(base_url=base, timeout=30, headers={"Authorization": f"Bearer {token}"})
+    else:
+        where = str(socket_for(socket))
+        client = httpx.Client(transport=httpx.HTTPTransport(uds=where), base_url="http://corral", timeout=30)
+    try:
+        with client:
+            response = client.request(method, url, **kwargs)
+    except (httpx.ConnectError, FileNotFoundError, ConnectionRefusedError):
+        raise fail(f"corral serve is not running at {where}") from None
+    except httpx.HTTPError as exc:
+        raise fail(f"talking to corral serve at {where}: {exc}", EXIT_SERVER) from None
+    if response.status_code >= 400:
+        text = error_text(response) if '"detail"' in response.text[:20] else marathon_error(response)
+        raise fail(text, EXIT_BAD_INPUT if response.status_code < 500 else EXIT_SERVER)
+    return response.json() if response.content else None
+
+
+@app.command("create")
+def create_cmd(
+    file: Annotated[Path, typer.Option("--file", "-f", help="The app's JSON (Marathon format); - reads stdin.")],
+    socket: SocketOpt = None,
+) -> None:
+    """Create an app from Marathon app JSON; prints its id."""
+    try:
+        text = sys.stdin.read() if str(file) == "-" else file.read_text()
+        body = json.loads(text)
+    except OSError as exc:
+        raise fail(f"cannot read {file}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise fail(f"{file} is not JSON: {exc}") from None
+    created = _request(socket, "POST", "/marathon/v2/apps", json=body)
+    sys.stdout.write(f"{created['id']}\n")
+
+
+@app.command("list")
+def list_cmd(as_json: JsonOpt = False, socket: SocketOpt = None) -> None:
+    """Your apps (root: everyone's)."""
+    apps = _request(socket, "GET", "/marathon/v2/apps")["apps"]
+    if as_json:
+        dump(apps)
+        return
+    table = Table("ID", "INSTANCES", "HEALTHY", "GPUS", "USER", "WAITING")
+    for a in apps:
+        checks = "-" if not a.get("healthChecks") else str(a["tasksHealthy"])
+        table.add_row(
+            a["id"], f"{a['tasksRunning']}/{a['instances']}", checks, str(a["gpus"]), a["corral"]["user"],
+            a["corral"]["waiting"] or "-",
+        )  # fmt: skip
+    out.print(table)
+
+
+@app.command("show")
+def show_cmd(app_id: str, as_json: JsonOpt = False, socket: SocketOpt = None) -> None:
+    """One app: its instances with their state, ports, GPUs and health."""
+    data = _request(socket, "GET", _path(app_id))["app"]
+    if as_json:
+        dump(data)
+        return
+    delay = data["corral"]["launchDelaySeconds"]
+    lines = [
+        ("id", data["id"]),
+        ("command", data.get("cmd") or " ".join(data.get("args") or []) or "(the image's)"),
+        ("instances", f"{data['tasksRunning']} running of {data['instances']}, {data['tasksStaged']} staged"),
+        ("resources", f"cpus {data['cpus']:g}, mem {data['mem']:g} MiB, gpus {data['gpus']}"),
+        ("version", data["version"]),
+        ("waiting", data["corral"]["waiting"] or "-"),
+        ("launch delay", f"{delay:g} s" if delay else "-"),
+    ]
+    failure = data.get("lastTaskFailure")
+    if failure:
+        lines.append(("last failure", f"{failure['taskId']} {failure['state']}: {failure['message']}"))
+    for key, value in lines:
+        out.print(f"{key:>13}: {value}", highlight=False)
+    table = Table("INSTANCE", "JOB", "STATE", "PORTS", "GPUS", "HEALTH", "STARTED")
+    for t in data.get("tasks", []):
+        results = t["healthCheckResults"]
+        if not data.get("healthChecks"):
+            health = "-"
+        elif not results or any(r["lastSuccess"] is None and r["lastFailure"] is None for r in results):
+            health = "unknown"
+        elif all(r["alive"] for r in results):
+            health = "healthy"
+        else:
+            health = "unhealthy: " + "; ".join(r["lastFailureCause"] or "" for r in results if not r["alive"])
+        gpus = ",".join(f"{g['index']} ({g['model']})" for g in t["corral"]["gpus"]) or "-"
+        table.add_row(
+            t["id"], t["corral"]["job"], t["state"], ",".join(map(str, t["ports"])) or "-", gpus, health,
+            t["startedAt"] or "-",
+        )  # fmt: skip
+    out.print(table)
+
+
+@app.command("scale")
+def scale_cmd(app_id: str, instances: int, socket: SocketOpt = None) -> None:
+    """Keep N instances running (killSelection picks whom a scale-down stops)."""
+    if instances < 0:
+        raise fail(f"instances must be >= 0, got {instances}")
+    _request(socket, "PUT", _path(app_id), json={"instances": instances})
+    out.print(f"app /{app_id.strip('/')}: scaling to {instances} instance(s)", highlight=False)
+
+
+@app.command("restart")
+def restart_cmd(app_id: str, socket: SocketOpt = None) -> None:
+    """Replace every instance (within the app's upgrade strategy)."""
+    _request(socket, "POST", _path(app_id) + "/restart")
+    out.print(f"app /{app_id.strip('/')}: restarting", highlight=False)
+
+
+@app.command("delete")
+def delete_cmd(app_id: str, socket: SocketOpt = None) -> None:
+    """Delete the app and stop its instances."""
+    _request(socket, "DELETE", _path(app_id))
+    out.print(f"app /{app_id.strip('/')}: deleted", highlight=False)

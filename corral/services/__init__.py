@@ -1,0 +1,1 @@
+"""Services (Marathon apps) on `corral serve`: keep instances running, ports, health checks, constraints."""
