@@ -249,6 +249,8 @@ def serve(
     lock = threading.Lock()
     woken = threading.Event()
     stop = threading.Event()
+    # Controllers first: a job the restart finds lost is reported to the controller that made it.
+    routers = install_extensions(daemon, lock, woken.set)
     with lock:
         daemon.recover()
     gpus = ", ".join(f"{g.index}: {g.model} {g.memory_mib} MiB" for g in node.gpus) or "none"
@@ -296,7 +298,6 @@ def serve(
 
     ticker = threading.Thread(target=loop, name="corral-tick", daemon=True)
     live = None if simulate is not None else (lambda: {g.uuid: g for g in discover_gpus()})
-    routers = install_extensions(daemon, lock, woken.set)
     app = create_app(daemon, lock, woken.set, live, tokens, routers=routers)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", http=protocol_for(tokens)))
 
