@@ -22,4 +22,7 @@ from corral.daemon.core import Daemon
 def install_extensions(daemon: Daemon, lock: threading.Lock, wake: Callable[[], None]) -> list[APIRouter]:
     """Give `daemon` its controllers; return the routes to mount. Faces register themselves below, one line each."""
     routers: list[APIRouter] = []
+    from corral.api.definitions import install_jobs  # here: corral.api imports the daemon
+
+    routers += install_jobs(daemon, lock, wake)
     return routers
