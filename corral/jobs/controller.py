@@ -244,8 +244,14 @@ class JobsController:
     def state(self, name: str) -> dict[str, Any]:
         return self.book.get(STATE, name) or blank_state()
 
-    def runs(self, name: str, active_only: bool = False) -> list[dict[str, Any]]:
+    def runs(self, name: str, active_only: bool = False, fresh: bool = True) -> list[dict[str, Any]]:
+        """The job's runs, oldest first. `fresh`: bring active runs up to date with their tasks first (the round
+        follows runs before it launches jobs, so a run read between rounds would lag by one)."""
         prefix = f"{name}/"
+        if fresh:
+            now = self.daemon.clock()
+            for key in sorted(k for k in self._active if k.startswith(prefix)):
+                self._follow(key, now)
         if active_only:  # from the index of active runs: the round asks this for every scheduled or dependent job
             found = [self.book.get(RUN, k) for k in self._active if k.startswith(prefix)]
             runs = [r for r in found if r is not None and r["status"] not in FINAL]
@@ -254,6 +260,8 @@ class JobsController:
         return sorted(runs, key=lambda r: (r["created_at"], r["id"]))
 
     def run(self, name: str, run_id: str) -> dict[str, Any]:
+        if run_key(name, run_id) in self._active:
+            self._follow(run_key(name, run_id), self.daemon.clock())
         run = self.book.get(RUN, run_key(name, run_id))
         if run is None:
             raise RunNotFound(name, run_id)
@@ -371,12 +379,12 @@ class JobsController:
 
     def delete(self, name: str, owner: Owner, stop_runs: bool) -> Entry:
         entry = self.visible(name, owner)
-        children = sorted(e.name for e in self.entries() if name in e.parents)
-        if children:
-            raise Conflict(f"Job {name} is a dependency of {', '.join(children)}; delete them first")
         active = self.runs(name, active_only=True)
         if active and not stop_runs:
             raise Conflict(metronome.ACTIVE_RUNS)
+        children = sorted(e.name for e in self.entries() if name in e.parents)
+        if children:
+            raise Conflict(f"Job {name} is a dependency of {', '.join(children)}; delete them first")
         for run in active:
             self._cancel_tasks(run)
         for run in self.runs(name):
@@ -670,7 +678,7 @@ class JobsController:
         if self._next_check.get(entry.name, -math.inf) > now:
             return
         state = self.state(entry.name)
-        active = len(self.runs(entry.name, active_only=True))
+        active = len(self.runs(entry.name, active_only=True, fresh=False))
         disabled = state["auto_disabled"]
         next_check = math.inf
         for rule, sched in entry.schedules:
@@ -700,7 +708,7 @@ class JobsController:
         self._next_check[entry.name] = next_check
 
     def _dependencies(self, entry: Entry, now: float) -> None:
-        if any(r["trigger"] == "dependency" for r in self.runs(entry.name, active_only=True)):
+        if any(r["trigger"] == "dependency" for r in self.runs(entry.name, active_only=True, fresh=False)):
             return  # one dependency-triggered run at a time
         state = self.state(entry.name)
         if entry.definition.disabled or state["auto_disabled"]:

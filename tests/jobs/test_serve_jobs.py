@@ -28,7 +28,7 @@ def test_metronome_job_over_the_socket_runs_and_shows_in_ps_and_runs(tmp_path: P
         task = run.json()["tasks"][0]["id"]
 
         def finished() -> bool:
-            return api.get(f"/v1/jobs/hello.world/runs/{run_id}").json()["status"] == "SUCCESS"
+            return bool(api.get(f"/v1/jobs/hello.world/runs/{run_id}").json()["status"] == "SUCCESS")
 
         wait_for("the run to succeed", finished)
         ps = corral.jobs()
