@@ -124,6 +124,10 @@ def serve_cmd(
         str | None,
         typer.Option(help="Also serve over TCP at [HOST:]PORT (127.0.0.1 unless a host is given), with bearer tokens."),
     ] = None,
+    container_runtime: Annotated[
+        str | None,
+        typer.Option(help="docker or podman: runs job definitions that name a container image (default: none)."),
+    ] = None,
 ) -> None:
     """Run the corral daemon on this machine until SIGTERM or Ctrl-C."""
     from corral.daemon.server import ServeError, serve
@@ -133,7 +137,10 @@ def serve_cmd(
     state = state_dir or default_state_dir()
     sock = socket or (state / "corral.sock")
     try:
-        serve(state, sock, simulate_gpus, policy, watchdog=gpu_memory_watchdog, sharing=sharing, listen=listen)
+        serve(
+            state, sock, simulate_gpus, policy, watchdog=gpu_memory_watchdog, sharing=sharing, listen=listen,
+            container_runtime=container_runtime,
+        )  # fmt: skip
     except (ServeError, InvalidRequest, StoreError, OSError) as exc:
         raise fail(str(exc)) from None
 

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from corral.cli.client import register as register_client
+from corral.cli.jobs import job_app
 from corral.cli.services import app as services_app
 from corral.cli.sim import app as sim_app
 from corral.gpu.simulated import parse_simulated_inventory
@@ -32,6 +33,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="corral: a GP
 app.add_typer(sim_app, name="sim")
 register_client(app)
 app.add_typer(services_app, name="app")
+app.add_typer(job_app, name="job")
 out = Console()
 err = Console(stderr=True, soft_wrap=True)
 

@@ -105,6 +105,7 @@ class Daemon:
         sample_every_s: float = 1.0,
         describe: Callable[[int], ProcessInfo | None] = read_process,
         controllers: Sequence[Controller] = (),
+        container_runtime: str | None = None,
     ) -> None:
         if watchdog not in WATCHDOG_MODES:
             raise InvalidRequest("gpu_memory_watchdog", f"must be one of {', '.join(WATCHDOG_MODES)}, got {watchdog!r}")
@@ -130,6 +131,8 @@ class Daemon:
         self._sampled_at = -math.inf
         self._sample_failed = False
         self.controllers: list[Controller] = list(controllers)
+        #: "docker" or "podman": how jobs that name a container image run; None: such jobs are refused at admission.
+        self.container_runtime = container_runtime
 
     # ---------------------------------------------------------------------------------------------- requests
     def submit(self, spec: JobSpec) -> Job:

@@ -24,4 +24,7 @@ def install_extensions(daemon: Daemon, lock: threading.Lock, wake: Callable[[], 
     """Give `daemon` its controllers; return the routes to mount. Faces register themselves below, one line each."""
     routers: list[APIRouter] = []
     routers.append(install_services(daemon, lock, wake))  # Marathon apps: corral.services, /marathon/v2/apps
+    from corral.api.definitions import install_jobs  # here: corral.api imports the daemon
+
+    routers += install_jobs(daemon, lock, wake)
     return routers

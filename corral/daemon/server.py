@@ -35,6 +35,7 @@ from corral.api.app import PEER_KEY, VIA_KEY, create_app
 from corral.daemon.core import Daemon
 from corral.daemon.extensions import install_extensions
 from corral.daemon.tokens import TokenFileError, TokenStore
+from corral.executor.container import RUNTIMES
 from corral.executor.local import LocalExecutor
 from corral.gpu.discovery import GpuDiscoveryError, discover_gpus, local_node
 from corral.gpu.metrics import NvmlSampler
@@ -218,6 +219,7 @@ def serve(
     watchdog: str = "kill",
     sharing: str = "mps",
     listen: str | None = None,
+    container_runtime: str | None = None,
 ) -> None:
     """Run the daemon until SIGTERM or SIGINT.
 
@@ -225,7 +227,10 @@ def serve(
     "time-slicing" lets shares of different users share a GPU without MPS (the memory watchdog guards the grants).
     `watchdog`: what happens to a job over its GPU memory grant where MPS does not enforce it: off, warn or kill.
     `listen`: also serve over TCP at [HOST:]PORT (127.0.0.1 unless a host is named), with bearer tokens.
+    `container_runtime`: "docker" or "podman" runs job definitions that name an image; None refuses them.
     """
+    if container_runtime is not None and container_runtime not in RUNTIMES:
+        raise ServeError(f"--container-runtime must be one of {', '.join(RUNTIMES)}, got {container_runtime!r}")
     if sharing not in SHARING_MODES:
         raise ServeError(f"--sharing must be one of {', '.join(SHARING_MODES)}, got {sharing!r}")
     tcp_at = parse_listen(listen) if listen is not None else None
@@ -245,7 +250,10 @@ def serve(
     if mps is not None and not mps.available():
         mps = None
     sampler = NvmlSampler() if simulate is None else None
-    daemon = Daemon(store, executor, node, config, state_dir, mps=mps, sampler=sampler, watchdog=watchdog)
+    daemon = Daemon(
+        store, executor, node, config, state_dir, mps=mps, sampler=sampler, watchdog=watchdog,
+        container_runtime=container_runtime,
+    )  # fmt: skip
     lock = threading.Lock()
     woken = threading.Event()
     stop = threading.Event()

@@ -184,7 +184,7 @@ def prepare(raw: Any, daemon: Daemon, who: Owner) -> tuple[mr.MarathonApp, Servi
     model = mr.parse_app(raw)
     service = mr.to_service(model)
     problems = Problems()
-    if service.image is not None and getattr(daemon, "container_runtime", None) is None:
+    if service.image is not None and daemon.container_runtime is None:
         problems.add("/container", NO_RUNTIME.format(image=service.image.image))
     if model.secrets:
         problems.add("/secrets", "corral has no secret store: give the value in env, or a file the app reads")
@@ -532,7 +532,7 @@ class ServicesController:
             env["PORT"] = str(ports[0])
         command = service.command
         if service.image is not None:
-            runtime = getattr(daemon, "container_runtime", None)
+            runtime = daemon.container_runtime
             if runtime is None:
                 raise InvalidRequest("container", NO_RUNTIME.format(image=service.image.image))
             command, extra = container_command(runtime, service.image.image, command, sorted(env))

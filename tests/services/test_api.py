@@ -96,7 +96,7 @@ def test_an_image_needs_a_container_runtime(api: Api) -> None:
     assert r.json()["details"] == [{"path": "/container", "errors": [
         "the app names the container image 'cuda:12', but this corral serve has no container runtime: start it with "
         "--container-runtime docker|podman, or give a cmd that runs without one"]}]  # fmt: skip
-    api.world.daemon.container_runtime = "podman"  # type: ignore[attr-defined]
+    api.world.daemon.container_runtime = "podman"
     assert c.post("/marathon/v2/apps", json=ucr).status_code == 201
     api.tick()
     (job,) = api.world.live("/u")

@@ -1,0 +1,327 @@
+"""Metronome's REST API for jobs, mounted under `/metronome` (a Metronome client's base URL is
+`http://HOST:PORT/metronome`; corral's own `/v1/jobs` is for one-off jobs).
+
+    GET    /v1/jobs[?embed=activeRuns|schedules|history|historySummary]
+    POST   /v1/jobs                                   201 | 409 "Job with this id already exists" | 422
+    GET    /v1/jobs/{id}[?embed=...]                  404 {"id", "message": "Job not found"}
+    PUT    /v1/jobs/{id}                              replaces the spec, keeps its schedules
+    DELETE /v1/jobs/{id}[?stopCurrentJobRuns=true]    409 while runs are active, or when another job depends on it
+    GET|POST /v1/jobs/{id}/schedules, GET|PUT|DELETE /v1/jobs/{id}/schedules/{sid}
+    POST   /v1/jobs/{id}/runs                         201 a manual run
+    GET    /v1/jobs/{id}/runs[/{runId}]               active runs (one run: finished ones too)
+    POST   /v1/jobs/{id}/runs/{runId}/actions/stop
+    GET    /v1/queue                                  runs waiting to start
+
+Answers use Metronome's shapes: 422 `{"message": "Object is not valid", "details": [{"path", "errors"}]}`, 400 "Not
+a valid id: ...", 404/409 `{"message": ...}`. Bodies are read raw and validated by `corral.mesos.metronome`, so the
+answer is Metronome's and not FastAPI's.
+"""
+
+from __future__ import annotations
+
+import pwd
+import threading
+from collections.abc import Callable
+from datetime import datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Query
+from fastapi.responses import JSONResponse
+
+from corral.api.app import Caller, Peer
+from corral.jobs.controller import Entry, JobsController
+from corral.jobs.definitions import (
+    STARTING,
+    Conflict,
+    DefinitionNotFound,
+    NameTaken,
+    Owner,
+    RunNotFound,
+    instant,
+    iso,
+    run_json,
+)
+from corral.mesos import metronome as m
+from corral.mesos.errors import ErrorDetail, ObjectNotValid, Problems
+from corral.model.errors import InvalidRequest
+
+STATUS = 422
+
+
+def owner(who: Peer) -> Owner:
+    return Owner(who.user, who.uid, who.gid)
+
+
+def run_as(requested: str | None, who: Owner) -> Owner:
+    """`run.user`: corral runs a job as the user who created it; root may name another user of this machine."""
+    if requested is None or requested == who.user:
+        return who
+    if not who.root:
+        why = f"corral runs a job as its creator ({who.user}); only root may name {requested}"
+        raise ObjectNotValid([ErrorDetail("/run/user", (why,))])
+    try:
+        entry = pwd.getpwnam(requested)
+    except KeyError:
+        raise ObjectNotValid([ErrorDetail("/run/user", (f"no user {requested!r} on this machine",))]) from None
+    return Owner(entry.pw_name, entry.pw_uid, entry.pw_gid)
+
+
+def history(ctl: JobsController, name: str, full: bool) -> dict[str, Any]:
+    state = ctl.state(name)
+    out: dict[str, Any] = {
+        "successCount": state["success_count"],
+        "failureCount": state["failure_count"],
+        "lastSuccessAt": iso(state["last_success_at"]),
+        "lastFailureAt": iso(state["last_failure_at"]),
+    }
+    if full:
+        for key, listed in (("successfulFinishedRuns", "successful_runs"), ("failedFinishedRuns", "failed_runs")):
+            out[key] = [
+                {"id": r["id"], "createdAt": iso(r["createdAt"]), "finishedAt": iso(r["finishedAt"])}
+                for r in reversed(state[listed])
+            ]
+    return out
+
+
+def job_json(ctl: JobsController, entry: Entry, now: float, embed: frozenset[str] = frozenset()) -> dict[str, Any]:
+    assert entry.metronome is not None
+    out = m.job_to_json(entry.metronome, _next_from(ctl, entry, now))
+    if "activeRuns" in embed:
+        out["activeRuns"] = [run_json(r) for r in ctl.runs(entry.name, active_only=True)]
+    if "history" in embed:
+        out["history"] = history(ctl, entry.name, True)
+    if "historySummary" in embed:
+        out["historySummary"] = history(ctl, entry.name, False)
+    return out
+
+
+def _next_from(ctl: JobsController, entry: Entry, now: float) -> datetime:
+    """`nextRunAt` counts from the later of now and the schedule's cursor (a tick already handled is not next)."""
+    cursors = ctl.state(entry.name)["cursors"]
+    return instant(max([now, *cursors.values()]))
+
+
+def _answer(status: int, body: Any) -> JSONResponse:
+    return JSONResponse(status_code=status, content=body)
+
+
+def metronome_router(
+    ctl: JobsController, lock: threading.Lock, wake: Callable[[], None], clock: Callable[[], float]
+) -> APIRouter:
+    router = APIRouter(prefix="/metronome", tags=["metronome"])
+
+    def guarded(work: Callable[[], JSONResponse], job_id: str | None = None) -> JSONResponse:
+        """Run `work` under the daemon's lock and answer errors as Metronome does."""
+        try:
+            if job_id is not None:
+                m.check_job_id(job_id)
+            with lock:
+                return work()
+        except ObjectNotValid as exc:
+            return _answer(exc.status, exc.to_json())
+        except m.MetronomeError as exc:
+            return _answer(exc.status, exc.body)
+        except DefinitionNotFound as exc:
+            return _answer(404, {"id": exc.name, "message": m.JOB_NOT_FOUND})
+        except NameTaken:
+            return _answer(409, {"message": m.JOB_EXISTS})
+        except Conflict as exc:
+            return _answer(409, {"message": str(exc)})
+        except RunNotFound:
+            return _answer(404, {"message": m.RUN_NOT_FOUND})
+        except InvalidRequest as exc:
+            return _answer(400, {"message": exc.message})
+
+    def mine(job_id: str, who: Peer) -> Entry:
+        return ctl.visible(job_id, owner(who), "metronome")
+
+    @router.get("/v1/jobs")
+    def list_jobs(who: Caller, embed: Annotated[list[str], Query()] = []) -> JSONResponse:  # noqa: B006
+        def work() -> JSONResponse:
+            wanted = m.parse_embed(embed)
+            now = clock()
+            return _answer(200, [job_json(ctl, e, now, wanted) for e in ctl.entries(owner(who), "metronome")])
+
+        return guarded(work)
+
+    @router.post("/v1/jobs", status_code=201)
+    def create(who: Caller, data: Annotated[Any, Body()] = None) -> JSONResponse:
+        def work() -> JSONResponse:
+            me = owner(who)
+            job = m.parse_job(data, known_jobs=ctl.known_metronome(me))
+            runner = run_as(job.run.user, me)
+            now = clock()
+            entry = ctl.create("metronome", job.id, _dump(job), runner, now, STATUS)
+            return _answer(201, job_json(ctl, entry, now))
+
+        return guarded(work)
+
+    @router.get("/v1/jobs/{job_id}")
+    def show(job_id: str, who: Caller, embed: Annotated[list[str], Query()] = []) -> JSONResponse:  # noqa: B006
+        def work() -> JSONResponse:
+            wanted = m.parse_embed(embed)
+            return _answer(200, job_json(ctl, mine(job_id, who), clock(), wanted))
+
+        return guarded(work, job_id)
+
+    @router.put("/v1/jobs/{job_id}")
+    def replace(job_id: str, who: Caller, data: Annotated[Any, Body()] = None) -> JSONResponse:
+        def work() -> JSONResponse:
+            old = mine(job_id, who)
+            assert old.metronome is not None
+            job = m.parse_job(data, known_jobs=ctl.known_metronome(owner(who)))
+            if job.id != job_id:
+                raise ObjectNotValid([ErrorDetail("/id", (f"must be {job_id}, the id in the URL",))])
+            if job.run.user not in (None, old.owner.user):
+                why = f"the user a job runs as is fixed when it is created ({old.owner.user})"
+                raise ObjectNotValid([ErrorDetail("/run/user", (why,))])
+            merged = m.replace_job(old.metronome, job)
+            _check(merged)
+            now = clock()
+            entry = ctl.replace(job_id, _dump(merged), owner(who), now, STATUS)
+            return _answer(200, job_json(ctl, entry, now))
+
+        return guarded(work, job_id)
+
+    @router.delete("/v1/jobs/{job_id}")
+    def delete(job_id: str, who: Caller, stopCurrentJobRuns: bool = False) -> JSONResponse:
+        def work() -> JSONResponse:
+            now = clock()
+            entry = mine(job_id, who)
+            body = job_json(ctl, entry, now)
+            ctl.delete(job_id, owner(who), stopCurrentJobRuns)
+            wake()
+            return _answer(200, body)
+
+        return guarded(work, job_id)
+
+    # ------------------------------------------------------------------------------------------ schedules
+    def schedule_of(entry: Entry, sid: str) -> m.ScheduleSpec:
+        assert entry.metronome is not None
+        for s in entry.metronome.schedules:
+            if s.id == sid:
+                return s
+        raise m.MetronomeError(404, {"message": m.SCHEDULE_NOT_FOUND})
+
+    def save(entry: Entry, job: m.MetronomeJob, who: Peer) -> Entry:
+        _check(job)
+        return ctl.replace(entry.name, _dump(job), owner(who), clock(), STATUS)
+
+    @router.get("/v1/jobs/{job_id}/schedules")
+    def schedules(job_id: str, who: Caller) -> JSONResponse:
+        def work() -> JSONResponse:
+            entry = mine(job_id, who)
+            assert entry.metronome is not None
+            when = _next_from(ctl, entry, clock())
+            return _answer(200, [m.schedule_to_json(s, when) for s in entry.metronome.schedules])
+
+        return guarded(work, job_id)
+
+    @router.post("/v1/jobs/{job_id}/schedules", status_code=201)
+    def add_schedule(job_id: str, who: Caller, data: Annotated[Any, Body()] = None) -> JSONResponse:
+        def work() -> JSONResponse:
+            entry = mine(job_id, who)
+            assert entry.metronome is not None
+            spec = m.parse_schedule(data)
+            saved = save(entry, m.add_schedule(entry.metronome, spec), who)
+            return _answer(201, m.schedule_to_json(spec, _next_from(ctl, saved, clock())))
+
+        return guarded(work, job_id)
+
+    @router.get("/v1/jobs/{job_id}/schedules/{schedule_id}")
+    def show_schedule(job_id: str, schedule_id: str, who: Caller) -> JSONResponse:
+        def work() -> JSONResponse:
+            entry = mine(job_id, who)
+            return _answer(200, m.schedule_to_json(schedule_of(entry, schedule_id), _next_from(ctl, entry, clock())))
+
+        return guarded(work, job_id)
+
+    @router.put("/v1/jobs/{job_id}/schedules/{schedule_id}")
+    def replace_schedule(
+        job_id: str, schedule_id: str, who: Caller, data: Annotated[Any, Body()] = None
+    ) -> JSONResponse:
+        def work() -> JSONResponse:
+            entry = mine(job_id, who)
+            assert entry.metronome is not None
+            schedule_of(entry, schedule_id)
+            spec = m.parse_schedule(data)
+            if spec.id != schedule_id:
+                raise ObjectNotValid([ErrorDetail("/id", (f"must be {schedule_id}, the id in the URL",))])
+            kept = [spec if s.id == schedule_id else s for s in entry.metronome.schedules]
+            saved = save(entry, entry.metronome.model_copy(update={"schedules": kept}), who)
+            return _answer(200, m.schedule_to_json(spec, _next_from(ctl, saved, clock())))
+
+        return guarded(work, job_id)
+
+    @router.delete("/v1/jobs/{job_id}/schedules/{schedule_id}")
+    def delete_schedule(job_id: str, schedule_id: str, who: Caller) -> JSONResponse:
+        def work() -> JSONResponse:
+            entry = mine(job_id, who)
+            assert entry.metronome is not None
+            gone = schedule_of(entry, schedule_id)
+            kept = [s for s in entry.metronome.schedules if s.id != schedule_id]
+            save(entry, entry.metronome.model_copy(update={"schedules": kept}), who)
+            return _answer(200, m.schedule_to_json(gone, None))
+
+        return guarded(work, job_id)
+
+    # ------------------------------------------------------------------------------------------ runs
+    @router.post("/v1/jobs/{job_id}/runs", status_code=201)
+    def start_run(job_id: str, who: Caller) -> JSONResponse:
+        def work() -> JSONResponse:
+            mine(job_id, who)
+            run = ctl.start_run(job_id, owner(who), clock())
+            wake()
+            return _answer(201, run_json(run))
+
+        return guarded(work, job_id)
+
+    @router.get("/v1/jobs/{job_id}/runs")
+    def active_runs(job_id: str, who: Caller) -> JSONResponse:
+        def work() -> JSONResponse:
+            mine(job_id, who)
+            return _answer(200, [run_json(r) for r in ctl.runs(job_id, active_only=True)])
+
+        return guarded(work, job_id)
+
+    @router.get("/v1/jobs/{job_id}/runs/{run_id}")
+    def show_run(job_id: str, run_id: str, who: Caller) -> JSONResponse:
+        def work() -> JSONResponse:
+            mine(job_id, who)
+            return _answer(200, run_json(ctl.run(job_id, run_id)))
+
+        return guarded(work, job_id)
+
+    @router.post("/v1/jobs/{job_id}/runs/{run_id}/actions/stop")
+    def stop_run(job_id: str, run_id: str, who: Caller) -> JSONResponse:
+        def work() -> JSONResponse:
+            run = ctl.stop_run(job_id, run_id, owner(who), clock())
+            wake()
+            return _answer(200, run_json(run))
+
+        return guarded(work, job_id)
+
+    @router.get("/v1/queue")
+    def queue(who: Caller) -> JSONResponse:
+        def work() -> JSONResponse:
+            out = []
+            for e in ctl.entries(owner(who), "metronome"):
+                waiting = [{"runId": r["id"]} for r in ctl.runs(e.name, active_only=True) if r["status"] == STARTING]
+                if waiting:
+                    out.append({"jobId": e.name, "runs": waiting})
+            return _answer(200, out)
+
+        return guarded(work)
+
+    return router
+
+
+def _dump(job: m.MetronomeJob) -> dict[str, Any]:
+    return job.model_dump(by_alias=True, exclude_none=True)
+
+
+def _check(job: m.MetronomeJob) -> None:
+    """The rules over a job put together from its stored parts (one schedule; not with dependencies)."""
+    problems = Problems()
+    m.check_job(job, None, problems)
+    problems.raise_if_any()

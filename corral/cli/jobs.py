@@ -1,0 +1,136 @@
+"""`corral job ...`: named job definitions (Metronome or Chronos JSON) kept by `corral serve`.
+
+corral job create -f job.json      a Metronome job ({"id", "run": {...}}) or a Chronos job ({"name", "command"})
+corral job list [--json]           your definitions: schedule, next run, last outcome
+corral job show NAME [--json]      one definition, as its source system shows it, with its runs
+corral job run NAME                run it now; prints the run id and its corral job
+corral job runs NAME [--json]      its runs (active and recent), with the corral jobs that ran them
+corral job delete NAME [--stop-runs]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from corral.cli.client import JsonOpt, SocketOpt, call, dump, fail, out
+
+job_app = typer.Typer(no_args_is_help=True, help="Named job definitions (Metronome or Chronos JSON) and their runs.")
+
+
+def _when(value: str | None) -> str:
+    return "-" if not value else value.replace("T", " ").replace(".000Z", "Z")
+
+
+def _schedule_text(d: dict[str, Any]) -> str:
+    parts = []
+    for s in d["schedules"]:
+        zone = f" {s['timezone']}" if s["timezone"] and s["timezone"] != "UTC" else ""
+        off = "" if s["enabled"] else " (disabled)"
+        parts.append(f"{s['expression']}{zone}{off}")
+    if d["parents"]:
+        parts.append("after " + ", ".join(d["parents"]))
+    return "; ".join(parts) or "-"
+
+
+@job_app.command("create")
+def create_cmd(
+    file: Annotated[Path, typer.Option("--file", "-f", help="The job's JSON (Metronome or Chronos); - for stdin.")],
+    as_json: JsonOpt = False,
+    socket: SocketOpt = None,
+) -> None:
+    """Create a job definition from Metronome or Chronos JSON (which one is detected)."""
+    try:
+        text = sys.stdin.read() if str(file) == "-" else file.read_text()
+    except OSError as exc:
+        raise fail(f"--file: cannot read {file}: {exc.strerror or exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise fail(f"--file: {file} is not JSON: {exc}") from None
+    created = call(socket, "POST", "/v1/definitions", json=data).json()
+    if as_json:
+        dump(created)
+        return
+    nxt = f"; next run {_when(created['next_run_at'])}" if created["next_run_at"] else ""
+    out.print(f"job {created['name']} created ({created['source']}){nxt}", highlight=False)
+
+
+@job_app.command("list")
+def list_cmd(as_json: JsonOpt = False, socket: SocketOpt = None) -> None:
+    """Your job definitions (root: everyone's)."""
+    rows = call(socket, "GET", "/v1/definitions").json()
+    if as_json:
+        dump(rows)
+        return
+    table = Table("NAME", "SOURCE", "USER", "SCHEDULE", "NEXT RUN", "ACTIVE", "LAST", "OK/FAILED")
+    for d in rows:
+        table.add_row(
+            d["name"], d["source"], d["user"], _schedule_text(d), _when(d["next_run_at"]), str(d["active_runs"]),
+            d["last_status"] or "-", f"{d['success_count']}/{d['failure_count']}",
+        )  # fmt: skip
+    out.print(table)
+
+
+@job_app.command("show")
+def show_cmd(name: str, as_json: JsonOpt = False, socket: SocketOpt = None) -> None:
+    """One job definition with its runs."""
+    d = call(socket, "GET", f"/v1/definitions/{name}").json()
+    if as_json:
+        dump(d)
+        return
+    for key in ("name", "source", "user", "description", "command", "image", "cpus", "memory_mib", "gpus"):
+        value = d[key]
+        text = " ".join(value) if isinstance(value, list) else ("-" if value in (None, "") else value)
+        out.print(f"{key:>13}: {text}", highlight=False)
+    out.print(f"{'schedule':>13}: {_schedule_text(d)}", highlight=False)
+    out.print(f"{'next run':>13}: {_when(d['next_run_at'])}", highlight=False)
+    out.print(f"{'runs':>13}: {d['success_count']} succeeded, {d['failure_count']} failed", highlight=False)
+    for r in d["runs"][-10:]:
+        tasks = ",".join(t["id"] for t in r["tasks"]) or "-"
+        out.print(f"{'':>13}  {r['id']} {r['status']:<8} {r['trigger']:<10} jobs {tasks}", highlight=False)
+
+
+@job_app.command("run")
+def run_cmd(name: str, as_json: JsonOpt = False, socket: SocketOpt = None) -> None:
+    """Run a job definition now (whatever its schedule says)."""
+    run = call(socket, "POST", f"/v1/definitions/{name}/runs").json()
+    if as_json:
+        dump(run)
+        return
+    tasks = ",".join(t["id"] for t in run["tasks"])
+    sys.stdout.write(f"{run['id']}\n")
+    out.print(f"run {run['id']} of {name}: {run['status']}" + (f" (corral job {tasks})" if tasks else ""),
+              highlight=False)  # fmt: skip
+
+
+@job_app.command("runs")
+def runs_cmd(name: str, as_json: JsonOpt = False, socket: SocketOpt = None) -> None:
+    """A job definition's runs, oldest first, with the corral jobs that ran them (`corral logs ID`)."""
+    runs = call(socket, "GET", f"/v1/definitions/{name}/runs").json()
+    if as_json:
+        dump(runs)
+        return
+    table = Table("RUN", "STATUS", "TRIGGER", "CREATED", "COMPLETED", "JOBS", "REASON")
+    for r in runs:
+        table.add_row(
+            r["id"], r["status"], r["trigger"], _when(r["createdAt"]), _when(r["completedAt"]),
+            ",".join(t["id"] for t in r["tasks"]) or "-", r["reason"],
+        )  # fmt: skip
+    out.print(table)
+
+
+@job_app.command("delete")
+def delete_cmd(
+    name: str,
+    stop_runs: Annotated[bool, typer.Option("--stop-runs", help="Stop its active runs too.")] = False,
+    socket: SocketOpt = None,
+) -> None:
+    """Delete a job definition (refused while it has active runs, unless --stop-runs)."""
+    call(socket, "DELETE", f"/v1/definitions/{name}", params={"stop_runs": str(stop_runs).lower()})
+    out.print(f"job {name} deleted", highlight=False)
