@@ -189,12 +189,13 @@ def _mapping(value: Any, field: str) -> Mapping[str, Any]:
 
 
 def _extended(resources: Mapping[str, Any], name: str, where: str) -> object | None:
+    """The amount of an extended resource (limit, else request), validated as a quantity where it was given."""
     limits = _mapping(resources.get("limits"), f"{where}.limits")
     requests = _mapping(resources.get("requests"), f"{where}.requests")
     lim, req = limits.get(name), requests.get(name)
-    if lim is not None and req is not None and parse_quantity(lim, f"{where}.limits[{name}]") != parse_quantity(
-        req, f"{where}.requests[{name}]"
-    ):
+    lim_q = None if lim is None else parse_quantity(lim, f"{where}.limits[{name}]")
+    req_q = None if req is None else parse_quantity(req, f"{where}.requests[{name}]")
+    if lim_q is not None and req_q is not None and lim_q != req_q:
         raise InvalidRequest(
             f"{where}[{name}]",
             f"request {req!r} and limit {lim!r} differ; extended resources cannot be over-committed, give one value",
