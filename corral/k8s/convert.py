@@ -188,7 +188,7 @@ def _mapping(value: Any, field: str) -> Mapping[str, Any]:
     return value
 
 
-def _extended(resources: Mapping[str, Any], name: str, where: str) -> object | None:
+def extended_amount(resources: Mapping[str, Any], name: str, where: str) -> object | None:
     """The amount of an extended resource (limit, else request), validated as a quantity where it was given."""
     limits = _mapping(resources.get("limits"), f"{where}.limits")
     requests = _mapping(resources.get("requests"), f"{where}.requests")
@@ -208,7 +208,7 @@ def _container_gpu(container: Mapping[str, Any], where: str, annotations: Mappin
     name = str(container.get("name") or "")
     given: dict[str, object] = {}
     for res in GPU_RESOURCES:
-        value = _extended(resources, res, f"{where}.resources")
+        value = extended_amount(resources, res, f"{where}.resources")
         if value is not None:
             given[res] = value
     given = {r: v for r, v in given.items() if parse_quantity(v, f"{where}.resources[{r}]") != 0}
