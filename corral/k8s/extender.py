@@ -14,13 +14,15 @@ conflicting requests) gets an `Error` naming the field, never a 500.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+import orjson
 from fastapi import FastAPI
 from fastapi import Request as HttpRequest
 from fastapi.responses import Response
@@ -37,6 +39,7 @@ from corral.k8s.convert import (
 from corral.k8s.state import ClusterState, PodRecord
 from corral.model.errors import AllocationError, InvalidRequest
 from corral.model.resources import Allocation, Constraint, ConstraintOp, Request
+from corral.model.snapshot import ClusterSnapshot
 from corral.placement import PlacementConfig, place
 from corral.placement.explain import node_reason_text, render
 from corral.placement.reasons import UNRESOLVABLE_BITS
@@ -44,6 +47,8 @@ from corral.placement.reasons import UNRESOLVABLE_BITS
 log = logging.getLogger("corral.k8s.extender")
 
 MAX_PRIORITY = 10  # kube-scheduler's MaxExtenderPriority
+#: How many of the best nodes the engine ranks for prioritize (the rest that fit score 1).
+TOP_RANKED = 32
 UNKNOWN_NODE = "unknown to corral: the node is not in its cache (yet); is the corral device plugin running there?"
 
 
@@ -54,9 +59,10 @@ class Verdict:
     generation: int
     request: Request
     ask: PodAsk
-    order: tuple[str, ...]  # feasible nodes, best first (the engine's selection order)
-    reasons: Mapping[str, str]  # rejected node -> every reason, in words
-    unresolvable: frozenset[str]  # rejected nodes that waiting or preemption can never make fit
+    order: tuple[str, ...]  # the best feasible nodes, best first (the engine's selection order), at most TOP_RANKED
+    feasible: frozenset[str]  # every node that fits
+    failed: Mapping[str, str]  # rejected node -> every reason, in words (waiting or preemption may help)
+    unresolvable: Mapping[str, str]  # rejected nodes that can never fit -> reasons
     summary: str  # the one-line explanation
     allocation: Allocation | None  # the engine's own choice over all nodes
     error: str = ""  # the whole request is impossible here (e.g. a GPU model this cluster lacks)
@@ -69,6 +75,9 @@ class Extender:
         self.config = config or PlacementConfig()
         self._verdicts: OrderedDict[str, Verdict] = OrderedDict()
         self._pods: OrderedDict[str, JsonObj] = OrderedDict()  # recent Pod objects by UID, for bind
+        self._names_for: ClusterSnapshot | None = None
+        self._names: npt.NDArray[np.object_] = np.array([], dtype=object)
+        self._known: frozenset[str] = frozenset()
 
     # ------------------------------------------------------------------ decisions
     def _remember(self, store: OrderedDict[str, Any], key: str, value: Any) -> None:
@@ -95,30 +104,49 @@ class Extender:
         request = ask.request
         gen = self.state.generation
         if s is None:
-            return Verdict(gen, request, ask, (), {}, frozenset(), "no nodes known", None, "corral knows no nodes yet")
-        config = dataclasses.replace(self.config, top_scores=max(1, len(s)))
+            none = "corral knows no nodes yet"
+            return Verdict(gen, request, ask, (), frozenset(), {}, {}, none, None, none)
+        config = dataclasses.replace(self.config, top_scores=min(len(s), TOP_RANKED))
         try:
             d = place(s, request, config)
         except InvalidRequest as exc:
             # Something this cluster has nowhere (a GPU model, that much GPU memory): no node can ever help.
-            return Verdict(gen, request, ask, (), {}, frozenset(s.names), str(exc), None, str(exc))
-        e = d.explanation
-        labels = e.labels
-        texts: dict[int, str] = {}
-        reasons: dict[str, str] = {}
-        unresolvable: set[str] = set()
+            return Verdict(gen, request, ask, (), frozenset(), {}, dict.fromkeys(s.names, str(exc)), str(exc), None,
+                           str(exc))  # fmt: skip
+        names = self._names_array(s)
         bits_all = d.node_reasons
-        for i in (bits_all != 0).nonzero()[0]:
-            bits = int(bits_all[i])
-            text = texts.get(bits)
-            if text is None:
-                text = texts[bits] = node_reason_text(bits, labels)
-            name = s.names[int(i)]
-            reasons[name] = text
-            if bits & UNRESOLVABLE_BITS:
-                unresolvable.add(name)
-        order = tuple(n for n, _ in e.top)
-        return Verdict(gen, request, ask, order, reasons, frozenset(unresolvable), render(e), d.allocation)
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        # One text per distinct reason mask (a handful), not per node: this runs on every filter over every node.
+        for bits in np.unique(bits_all):
+            b = int(bits)
+            if b == 0:
+                continue
+            text = node_reason_text(b, d.explanation.labels)
+            target = unresolvable if b & UNRESOLVABLE_BITS else failed
+            target.update(dict.fromkeys(names[bits_all == bits].tolist(), text))
+        feasible = frozenset(names[bits_all == 0].tolist())
+        order = tuple(n for n, _ in d.explanation.top)
+        return Verdict(gen, request, ask, order, feasible, failed, unresolvable, render(d.explanation), d.allocation)
+
+    def _names_array(self, s: ClusterSnapshot) -> npt.NDArray[np.object_]:
+        if self._names_for is not s:
+            self._names = np.array(s.names, dtype=object)
+            self._known = frozenset(s.names)
+            self._names_for = s
+        return self._names
+
+    def _best_among(self, v: Verdict, candidates: set[str]) -> str | None:
+        """The engine's choice restricted to the nodes kube-scheduler let through."""
+        for name in v.order:
+            if name in candidates:
+                return name
+        if not (v.feasible & candidates):
+            return None
+        s = self.state.snapshot
+        assert s is not None
+        full = place(s, v.request, dataclasses.replace(self.config, top_scores=len(s)))
+        return next((n for n, _ in full.explanation.top if n in candidates), None)
 
     def allocation_on(self, verdict: Verdict, node: str) -> Allocation | None:
         """The engine's allocation for the pod on one given node (GPU choice by the same policy)."""
@@ -140,22 +168,16 @@ class Extender:
                 self.state.upsert_node(obj)
         v = self.verdict(pod)
         if v.error:
-            failed_unres = dict.fromkeys(names, v.error)
-            return self._filter_result([], node_objs, {}, failed_unres, "")
-        feasible = set(v.order)
-        passing: list[str] = []
-        failed: dict[str, str] = {}
-        failed_unres = {}
-        for name in names:
-            if name in feasible:
-                passing.append(name)
-            elif name in v.reasons:
-                if name in v.unresolvable:
-                    failed_unres[name] = v.reasons[name]
-                else:
-                    failed[name] = v.reasons[name]
-            else:
-                failed[name] = UNKNOWN_NODE
+            return self._filter_result([], node_objs, {}, dict.fromkeys(names, v.error), "")
+        passing = [n for n in names if n in v.feasible]
+        wanted = set(names)
+        if wanted == self._known:
+            failed, failed_unres = dict(v.failed), dict(v.unresolvable)
+        else:
+            failed = {n: v.failed[n] for n in names if n in v.failed}
+            failed_unres = {n: v.unresolvable[n] for n in names if n in v.unresolvable}
+            for n in wanted - self._known:
+                failed[n] = UNKNOWN_NODE
         return self._filter_result(passing, node_objs, failed, failed_unres, "")
 
     @staticmethod
@@ -186,12 +208,16 @@ class Extender:
         v = self.verdict(pod)
         wanted = set(names)
         ranked = [n for n in v.order if n in wanted]
-        score: dict[str, int] = {}
-        m = len(ranked)
-        for pos, name in enumerate(ranked):
-            # The engine's pick gets the top score; the rest keep the engine's order in 9..1.
-            score[name] = MAX_PRIORITY if pos == 0 else 1 + (8 * (m - 1 - pos)) // max(1, m - 2)
-        return [{"Host": n, "Score": score.get(n, 0)} for n in names]
+        if not ranked and v.feasible & wanted:
+            best = self._best_among(v, wanted)
+            ranked = [best] if best else []
+        # The engine's pick gets the top score; the next best keep the engine's order in 9..2; any other node that
+        # fits gets 1 and a node that does not fit 0.
+        score = {n: max(2, 9 - pos) for pos, n in enumerate(ranked)}
+        if ranked:
+            score[ranked[0]] = MAX_PRIORITY
+        feasible = v.feasible
+        return [{"Host": n, "Score": score.get(n, 1 if n in feasible else 0)} for n in names]
 
     def bind(self, args: Any) -> JsonObj:
         if not isinstance(args, Mapping):
@@ -222,7 +248,7 @@ class Extender:
                 raise InvalidRequest("Node", f"{node!r} is unknown to corral")
             alloc = self.allocation_on(v, node)
             if alloc is None:
-                why = v.reasons.get(node, "no longer fits")
+                why = v.failed.get(node) or v.unresolvable.get(node) or "no longer fits"
                 raise AllocationError(f"the pod does not fit on {node} now: {why}")
             assignment = make_assignment(alloc, s.nodes[s.index[node]], v.ask)
             rec = PodRecord(pod_key(pod), pod_name(pod), node, v.request, assignment)
@@ -292,7 +318,7 @@ class Extender:
         names = args.get("NodeNames")
         nodes = args.get("Nodes")
         if names is not None:
-            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            if not isinstance(names, list) or not set(map(type, names)) <= {str}:
                 raise InvalidRequest("ExtenderArgs.NodeNames", "expected a list of node names")
             return dict(pod), names, None
         if isinstance(nodes, Mapping) and isinstance(nodes.get("items"), list):
@@ -303,7 +329,7 @@ class Extender:
 
 # ---------------------------------------------------------------------------------------------------- HTTP
 def _json(body: Any, status: int = 200) -> Response:
-    return Response(json.dumps(body, separators=(",", ":")), status_code=status, media_type="application/json")
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
 
 
 def create_app(extender: Extender) -> FastAPI:
@@ -313,8 +339,8 @@ def create_app(extender: Extender) -> FastAPI:
     async def body_of(request: HttpRequest) -> Any:
         raw = await request.body()
         try:
-            return json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
             raise InvalidRequest("body", f"not valid JSON: {exc}") from None
 
     def failed_filter(message: str) -> Response:
