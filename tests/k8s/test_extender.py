@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 
 from corral.k8s.client import KubeApiError
@@ -206,3 +207,56 @@ def test_pods_without_gpus_stay_off_gpu_nodes(served: tuple[str, Cluster]) -> No
     scores = {h["Host"]: h["Score"] for h in post(url, "prioritize", {"Pod": p, "NodeNames": ALL}).json()}
     assert scores["cpu-1"] == 10
     assert max(v for k, v in scores.items() if k != "cpu-1") < 10
+
+
+def test_json_answers_equal_the_readable_ones(small_cluster: Cluster) -> None:
+    """The HTTP face writes filter and prioritize answers from per-node fragments; they must say exactly what the
+    dict answers say, for any list of names (reordered, partial, unknown, repeated, empty) and any kind of pod."""
+    c = small_cluster
+    pods = [
+        kube_pod("two", {"corral.dev/gpu": "2"}),
+        kube_pod("share", {"corral.dev/gpu-milli": "300"}),
+        kube_pod("h100", {"corral.dev/gpu": "1"}, {"corral.dev/gpu-model": "H100"}),  # unknown model: an error
+        pod_object("web", [{"name": "w", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}]),
+    ]
+    lists = [ALL, ALL[::-1], ["gpu-b"], ["ghost", "gpu-a", "ghost-2"], [], ["gpu-a", "gpu-a"], ALL, ["cpu-1"]]
+    for p in pods:
+        for names in lists:
+            args = {"Pod": p, "NodeNames": names}
+            answer = c.extender.filter(args)
+            assert orjson.loads(c.extender.filter_json(args)) == answer, (p["metadata"]["name"], names)
+            args = {"Pod": p, "NodeNames": answer["NodeNames"] or names}
+            assert orjson.loads(c.extender.prioritize_json(args)) == c.extender.prioritize(args)
+        full = {"Pod": p, "Nodes": {"metadata": {}, "items": [c.api.nodes[n] for n in ALL]}}
+        assert orjson.loads(c.extender.filter_json(full)) == c.extender.filter(full)
+    empty = Cluster()  # no nodes known yet
+    args = {"Pod": pods[0], "NodeNames": ["gpu-a"]}
+    assert orjson.loads(empty.extender.filter_json(args)) == empty.extender.filter(args) == {
+        "Nodes": None, "NodeNames": [], "FailedNodes": {},
+        "FailedAndUnresolvableNodes": {"gpu-a": "corral knows no nodes yet"}, "Error": "",
+    }  # fmt: skip
+    assert orjson.loads(empty.extender.prioritize_json(args)) == [{"Host": "gpu-a", "Score": 0}]
+
+
+def test_node_name_lookups_follow_the_list_asked_about(small_cluster: Cluster) -> None:
+    """Lookups are cached per list of names; lists of the same length but other names must not share an answer."""
+    c = small_cluster
+    p = kube_pod("one", {"corral.dev/gpu": "1"})
+    seen = []
+    for names in (["gpu-a", "cpu-1"], ["cpu-1", "gpu-a"], ["gpu-b", "cpu-1"], ["gpu-a", "cpu-1"]):
+        answer = c.extender.filter({"Pod": p, "NodeNames": names})
+        seen.append((answer["NodeNames"], sorted(answer["FailedAndUnresolvableNodes"])))
+    assert seen == [(["gpu-a"], ["cpu-1"]), (["gpu-a"], ["cpu-1"]), (["gpu-b"], ["cpu-1"]), (["gpu-a"], ["cpu-1"])]
+
+
+def test_unknown_routes_and_methods_get_json_errors(served: tuple[str, Cluster]) -> None:
+    url, _ = served
+    r = httpx.get(f"{url}/filter", timeout=10)
+    assert r.status_code == 405
+    assert r.headers["allow"] == "POST"
+    assert r.json() == {"Error": "GET /filter: method not allowed (allowed: POST)"}
+    r = httpx.post(f"{url}/schedule", content=b"{}", timeout=10)
+    assert r.status_code == 404
+    assert "/schedule: no such endpoint" in r.json()["Error"]
+    assert httpx.get(f"{url}/healthz", timeout=10).json() == {"ok": True}
+    assert httpx.get(f"{url}/status", timeout=10).json()["nodes"] == 4

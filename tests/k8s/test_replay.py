@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import orjson
 import pytest
 
 from corral.k8s.convert import node_from_k8s, parse_assignment, pod_request
@@ -35,11 +36,15 @@ def make_pod(rng: random.Random, i: int) -> dict[str, Any]:
 
 
 def fake_kube_scheduler(c: Cluster, pod: dict[str, Any], names: list[str]) -> str | None:
-    f = c.extender.filter({"Pod": pod, "NodeNames": names})
+    args = {"Pod": pod, "NodeNames": names}
+    f = orjson.loads(c.extender.filter_json(args))  # what the HTTP face sends
+    assert f == c.extender.filter(args)  # ... equals the readable form
     assert f["Error"] == ""
     if not f["NodeNames"]:
         return None
-    scores = c.extender.prioritize({"Pod": pod, "NodeNames": f["NodeNames"]})
+    args = {"Pod": pod, "NodeNames": f["NodeNames"]}
+    scores = orjson.loads(c.extender.prioritize_json(args))
+    assert scores == c.extender.prioritize(args)
     best = max(scores, key=lambda h: h["Score"])
     meta = pod["metadata"]
     args = {"PodName": meta["name"], "PodNamespace": "default", "PodUID": meta["uid"], "Node": best["Host"]}
