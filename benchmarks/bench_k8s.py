@@ -36,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import time
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -190,7 +191,7 @@ def run(nodes: int, latency_pods: int, bind_pods: int, seed: int) -> dict[str, A
             if not f["NodeNames"]:
                 continue
             scores = client.post("prioritize", {"Pod": p, "Nodes": None, "NodeNames": f["NodeNames"]})
-            best = max(scores, key=lambda h: h["Score"])["Host"]
+            best = max(scores, key=itemgetter("Score"))["Host"]
             m = p["metadata"]
             r = client.post("bind", {"PodName": m["name"], "PodNamespace": m["namespace"], "PodUID": m["uid"],
                                      "Node": best})  # fmt: skip

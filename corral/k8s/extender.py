@@ -65,6 +65,11 @@ _NO_NODES: IntArray = np.zeros(0, dtype=np.int64)
 _SCORE_TAILS = tuple(b',"Score":%d}' % s for s in range(MAX_PRIORITY + 1))
 
 
+def check_names(names: list[Any]) -> None:
+    if not set(map(type, names)) <= {str}:
+        raise InvalidRequest("ExtenderArgs.NodeNames", "expected a list of node names")
+
+
 @dataclass(frozen=True, eq=False)
 class Lookup:
     """Requested node names as snapshot indices."""
@@ -109,6 +114,7 @@ class NodeTable:
                 if seen is not self._recent[0][0]:
                     self.remember(seen, found)
                 return found
+        check_names(names)
         get = self.index.get
         idx: IntArray = np.array([get(n, -1) for n in names], dtype=np.int64)
         if len(idx) and idx.min() < 0:
@@ -248,7 +254,8 @@ class Extender:
             return Verdict(gen, request, ask, table, _NO_NODES, none, (), {}, str(exc), None, str(exc))
         bits = d.node_reasons.astype(np.int64, copy=False)
         # One text per distinct reason mask (a handful), not per node.
-        texts = {b: node_reason_text(b, d.explanation.labels) for b in np.unique(bits).tolist() if b}
+        present = np.flatnonzero(np.bincount(bits))  # reason masks are small (one bit per Reason)
+        texts = {b: node_reason_text(b, d.explanation.labels) for b in present.tolist() if b}
         order = tuple(s.index[n] for n, _ in d.explanation.top)
         fits = (bits == 0).astype(np.int8)
         return Verdict(gen, request, ask, table, bits, fits, order, texts, render(d.explanation), d.allocation)
@@ -292,6 +299,7 @@ class Extender:
         v = self.verdict(pod)
         table = v.table
         if table is None:
+            check_names(names)
             return FilterAnswer(None, _NO_NODES, (Group(v.error, True, _NO_NODES, tuple(names)),)), node_objs
         look = table.lookup(names)
         if v.error:
@@ -325,6 +333,7 @@ class Extender:
         v = self.verdict(pod)
         table = v.table
         if table is None or v.error:
+            check_names(names)
             return names, None, None, np.zeros(len(names), dtype=np.int8)
         look = table.lookup(names)
         member = np.zeros(len(table), dtype=np.bool_)
@@ -456,8 +465,10 @@ class Extender:
         names = args.get("NodeNames")
         nodes = args.get("Nodes")
         if names is not None:
-            if not isinstance(names, list) or not set(map(type, names)) <= {str}:
+            if not isinstance(names, list):
                 raise InvalidRequest("ExtenderArgs.NodeNames", "expected a list of node names")
+            # Each name is checked to be a string where it is first looked up (`check_names`): kube-scheduler sends
+            # the same few lists over and over, and a list equal to one already checked needs no second look.
             return dict(pod), names, None
         if isinstance(nodes, Mapping) and isinstance(nodes.get("items"), list):
             items = [n for n in nodes["items"] if isinstance(n, Mapping)]

@@ -150,6 +150,8 @@ def test_failed_binding_gives_the_gpus_back(served: tuple[str, Cluster]) -> None
         ("filter", {"Pod": {"spec": {"containers": [{"name": "c", "resources": {"limits": {
             "corral.dev/gpu": "1", "elasticgpu.io/gpu-core": "100"}}}]}}, "NodeNames": ALL}, 200, "mixes GPU"),
         ("filter", {"Pod": {"spec": {}}, "NodeNames": "gpu-a"}, 200, "NodeNames: expected a list"),
+        ("filter", {"Pod": kube_pod("x", {}), "NodeNames": ["gpu-a", 7]}, 200, "NodeNames: expected a list of node"),
+        ("prioritize", {"Pod": kube_pod("x", {}), "NodeNames": [["gpu-a"]]}, 400, "NodeNames: expected a list of node"),
         ("prioritize", b"\x00\xff", 400, "body: not valid JSON"),
         ("bind", {"PodName": "x"}, 200, "ExtenderBindingArgs.Node: must be a non-empty string"),
         ("bind", {"PodName": "nobody", "PodNamespace": "default", "PodUID": "u", "Node": "gpu-a"}, 200,
