@@ -10,6 +10,7 @@ Objects are plain JSON dicts everywhere (as kube-scheduler sends them to the ext
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections.abc import Iterator
@@ -18,6 +19,10 @@ from typing import Any, Protocol
 from corral.model.errors import CorralError
 
 JsonObj = dict[str, Any]
+
+
+#: How long one watch request lasts before the API server ends it (the informer then lists and watches again).
+WATCH_SECONDS = 300
 
 
 class KubeApiError(CorralError):
@@ -48,23 +53,26 @@ class KubeApi(Protocol):
 
 
 class RealKubeApi:
-    """KubeApi over the official client (in-cluster service account, else the local kubeconfig)."""
+    """KubeApi over the official client (in-cluster service account, else the local kubeconfig, or a given
+    `kubernetes.client.Configuration`: tests point one at their fake API server)."""
 
-    def __init__(self, kubeconfig: str | None = None) -> None:
+    def __init__(self, kubeconfig: str | None = None, configuration: Any = None) -> None:
         from kubernetes import client, config
 
         try:
-            if kubeconfig:
-                config.load_kube_config(config_file=kubeconfig)
-            else:
-                try:
-                    config.load_incluster_config()
-                except config.ConfigException:
-                    config.load_kube_config()
+            if configuration is None:
+                if kubeconfig:
+                    config.load_kube_config(config_file=kubeconfig)
+                else:
+                    try:
+                        config.load_incluster_config()
+                    except config.ConfigException:
+                        config.load_kube_config()
+            api_client = client.ApiClient(configuration)  # None: the default configuration just loaded
         except Exception as exc:  # the client raises several unrelated types here
             raise KubeApiError(f"cannot configure the Kubernetes client: {exc}") from None
         self._client = client
-        self.core = client.CoreV1Api()
+        self.core = client.CoreV1Api(api_client)
 
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         from kubernetes.client.rest import ApiException
@@ -72,7 +80,7 @@ class RealKubeApi:
         try:
             return fn(*args, _preload_content=False, **kwargs)
         except ApiException as exc:
-            raise KubeApiError(f"{what}: {exc.status} {exc.reason}: {exc.body}", exc.status) from None
+            raise KubeApiError(f"{what}: {exc.status} {exc.reason}: {_status_message(exc.body)}", exc.status) from None
         except Exception as exc:  # connection errors come from urllib3
             raise KubeApiError(f"{what}: {exc}") from None
 
@@ -83,24 +91,34 @@ class RealKubeApi:
         return list(body.get("items") or []), str(body.get("metadata", {}).get("resourceVersion", ""))
 
     def watch(self, kind: str, resource_version: str, stop: threading.Event) -> Iterator[tuple[str, JsonObj]]:
-        from kubernetes import watch
-        from kubernetes.client.rest import ApiException
-
+        # The stream is read here, not through kubernetes.watch.Watch: corral wants the objects as JSON (Watch would
+        # build model objects first), and a watch must end as soon as `stop` is set, not at the next event (Watch
+        # checks its stop flag only between events, and a quiet cluster may send none for minutes).
         fn = self.core.list_node if kind == "nodes" else self.core.list_pod_for_all_namespaces
-        w = watch.Watch()
+        resp = self._call(f"watch {kind}", fn, watch=True, resource_version=resource_version or None,
+                          timeout_seconds=WATCH_SECONDS)  # fmt: skip
+        done = threading.Event()
+        closer = threading.Thread(target=_end_on_stop, args=(resp, stop, done), name=f"corral-watch-{kind}-stop",
+                                  daemon=True)  # fmt: skip
+        closer.start()
         try:
-            for event in w.stream(fn, resource_version=resource_version, timeout_seconds=300):
-                if stop.is_set():
-                    break
-                kind_ = event.get("type", "")
-                raw = event.get("raw_object") or {}
-                if kind_ == "ERROR":
-                    raise KubeApiError(f"watch {kind}: {raw.get('message', raw)}", int(raw.get("code") or 0) or None)
-                yield kind_, raw
-        except ApiException as exc:
-            raise KubeApiError(f"watch {kind}: {exc.status} {exc.reason}", exc.status) from None
+            for line in _lines(resp):
+                event = json.loads(line)
+                kind_ = str(event.get("type", ""))
+                obj = event.get("object") or {}
+                if kind_ == "ERROR":  # e.g. 410: the version is too old, list again
+                    raise KubeApiError(f"watch {kind}: {obj.get('message', obj)}", int(obj.get("code") or 0) or None)
+                if kind_ == "BOOKMARK":
+                    continue
+                yield kind_, obj
+        except KubeApiError:
+            raise
+        except Exception as exc:  # urllib3 raises when the stream breaks, or when it is ended on stop
+            if not stop.is_set():
+                raise KubeApiError(f"watch {kind}: the stream broke: {exc}") from None
         finally:
-            w.stop()
+            done.set()
+            resp.release_conn()
 
     def get_pod(self, namespace: str, name: str) -> JsonObj:
         resp = self._call(f"get pod {namespace}/{name}", self.core.read_namespaced_pod, name, namespace)
@@ -122,3 +140,37 @@ class RealKubeApi:
     def patch_node_metadata(self, name: str, annotations: dict[str, str], labels: dict[str, str]) -> None:
         body = {"metadata": {"annotations": annotations, "labels": labels}}
         self._call(f"annotate node {name}", self.core.patch_node, name, body)
+
+
+def _status_message(body: Any) -> str:
+    """The message of the API server's Status answer (its body as it came, where it is no Status)."""
+    text = body.decode(errors="replace") if isinstance(body, bytes) else str(body or "")
+    try:
+        status = json.loads(text)
+    except ValueError:
+        return text
+    return str(status.get("message") or text) if isinstance(status, dict) else text
+
+
+def _lines(resp: Any) -> Iterator[bytes]:
+    """The non-empty lines of a streamed response (one JSON watch event each), as they arrive."""
+    buffer = b""
+    for chunk in resp.stream(amt=None, decode_content=False):
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        yield from (line for line in lines if line.strip())
+    if buffer.strip():
+        yield buffer
+
+
+def _end_on_stop(resp: Any, stop: threading.Event, done: threading.Event) -> None:
+    """Shut a watch's socket when `stop` is set, so the thread reading it wakes up at once."""
+    while not done.is_set():
+        if stop.wait(0.1):
+            if done.is_set():
+                return
+            shutdown = getattr(resp, "shutdown", None)  # urllib3 >= 2.3: wakes a read blocked in another thread
+            # RuntimeError: the stream ended meanwhile and its connection went back to the pool; nothing to wake.
+            with contextlib.suppress(RuntimeError, OSError):
+                (shutdown or resp.close)()
+            return
