@@ -11,10 +11,10 @@ import pytest
 
 from corral.k8s.client import KubeApiError
 from corral.k8s.convert import ANN_ASSIGNMENT, ANN_ELASTIC_ASSUMED, ANN_KETI_UUID, parse_assignment
-from corral.k8s.extender import UNKNOWN_NODE
+from corral.k8s.extender import TOP_RANKED, UNKNOWN_NODE
 from corral.k8s.fake import pod_object
-from corral.placement import place
-from tests.k8s.conftest import Cluster
+from corral.placement import PlacementConfig, place
+from tests.k8s.conftest import Cluster, gpu_node
 
 FILTER_KEYS = {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
 ALL = ["gpu-a", "gpu-b", "gpu-t4", "cpu-1"]
@@ -262,3 +262,23 @@ def test_unknown_routes_and_methods_get_json_errors(served: tuple[str, Cluster])
     assert "/schedule: no such endpoint" in r.json()["Error"]
     assert httpx.get(f"{url}/healthz", timeout=10).json() == {"ok": True}
     assert httpx.get(f"{url}/status", timeout=10).json()["nodes"] == 4
+
+
+def test_prioritize_beyond_the_engines_best_few_still_follows_the_engine() -> None:
+    """kube-scheduler may pass none of the nodes the engine ranked first (its own filters dropped them): the engine's
+    order over the rest still decides who gets 10."""
+    c = Cluster()
+    for i in range(TOP_RANKED + 8):
+        c.api.put_node(gpu_node(f"g{i:02d}", 1 + i % 4))
+    c.sync()
+    p = kube_pod("one", {"corral.dev/gpu": "1"})
+    ranked = c.extender.verdict(p).order
+    assert len(ranked) == TOP_RANKED
+    assert c.state.snapshot is not None
+    rest = [n for i, n in enumerate(c.state.snapshot.names) if i not in ranked]
+    scores = c.extender.prioritize({"Pod": p, "NodeNames": rest})
+    assert orjson.loads(c.extender.prioritize_json({"Pod": p, "NodeNames": rest})) == scores
+    full = place(c.state.snapshot, c.extender.verdict(p).request, PlacementConfig(top_scores=len(c.state.snapshot)))
+    expected = next(n for n, _ in full.explanation.top if n in rest)
+    assert [h["Host"] for h in scores if h["Score"] == 10] == [expected]
+    assert sorted(h["Score"] for h in scores) == [1] * (len(rest) - 1) + [10]
