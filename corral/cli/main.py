@@ -21,6 +21,7 @@ from corral.cli.jobs import job_app
 from corral.cli.services import app as services_app
 from corral.cli.sim import app as sim_app
 from corral.gpu.simulated import parse_simulated_inventory
+from corral.k8s.cli import app as k8s_app
 from corral.model.errors import InvalidRequest
 from corral.model.inventory import load_inventory
 from corral.model.resources import MILLI_PER_GPU, Constraint, GpuBehavior, Node, Request
@@ -31,6 +32,7 @@ from corral.placement.explain import render_long
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="corral: a GPU-aware scheduler.")
 app.add_typer(sim_app, name="sim")
+app.add_typer(k8s_app, name="k8s")
 register_client(app)
 app.add_typer(services_app, name="app")
 app.add_typer(job_app, name="job")

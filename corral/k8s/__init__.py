@@ -1,0 +1,1 @@
+"""corral on Kubernetes: scheduler extender, device plugin, conversion of Kubernetes objects."""

@@ -1,0 +1,191 @@
+"""`corral k8s`: the scheduler extender and the device plugin as commands (what the manifests in deploy/ run).
+
+corral k8s extender --port 8888 --policy binpack          serve kube-scheduler's extender verbs
+corral k8s device-plugin --node-name $NODE_NAME           advertise this node's GPUs to kubelet, publish inventory
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import signal
+import threading
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from corral.model.errors import CorralError, InvalidRequest
+from corral.model.resources import GpuBehavior
+from corral.model.units import parse_cpu_milli, parse_memory_mib
+from corral.placement import GpuReserve, PlacementConfig
+
+RESOURCE_HELP = (
+    "Resource to advertise (repeatable; default corral.dev/gpu, corral.dev/gpu-milli, elasticgpu.io/gpu-core, "
+    "keti.com/mpsgpu; nvidia.com/gpu only when asked, as NVIDIA's plugin may own it)."
+)
+app = typer.Typer(no_args_is_help=True, help="corral on Kubernetes: scheduler extender and device plugin.")
+log = logging.getLogger("corral.k8s")
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(2)
+
+
+@app.command("extender")
+def extender_cmd(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8888,
+    policy: Annotated[str, typer.Option(help="Default policy (a pod may set corral.dev/policy).")] = "binpack",
+    behavior: Annotated[str, typer.Option(help="GPU scheduling behaviour for pods without GPUs.")] = "preferential",
+    reserve_cpus: Annotated[str, typer.Option(help="preferential: CPUs kept free per free GPU.")] = "4",
+    reserve_memory: Annotated[str, typer.Option(help="preferential: memory kept free per free GPU.")] = "16GiB",
+    load_weight: Annotated[float, typer.Option(help="0..1: how much live GPU utilisation lowers scores.")] = 0.0,
+    kubeconfig: Annotated[str | None, typer.Option(help="Kubeconfig (default: in-cluster, else ~/.kube).")] = None,
+) -> None:
+    """Serve the kube-scheduler extender verbs (filter, prioritize, bind, preempt) from corral's engine."""
+    import uvicorn
+
+    from corral.k8s.client import RealKubeApi
+    from corral.k8s.extender import Extender, create_app
+    from corral.k8s.state import ClusterState, Informer
+
+    try:
+        config = PlacementConfig(
+            policy=policy,
+            gpu_behavior=GpuBehavior.parse(behavior, "--behavior"),
+            reserve=GpuReserve(
+                parse_cpu_milli(reserve_cpus, "--reserve-cpus"), parse_memory_mib(reserve_memory, "--reserve-memory")
+            ),
+            load_weight=load_weight,
+        )
+        api = RealKubeApi(kubeconfig)
+    except (InvalidRequest, CorralError) as exc:
+        raise _fail(str(exc)) from None
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    state = ClusterState()
+    informer = Informer(api, state)
+    informer.start()
+    if not informer.wait_synced(60):
+        log.warning("nodes and pods not listed within 60 s; serving anyway, answers improve as the watch catches up")
+    # Thousands of long-lived node and pod objects: keep them out of the collector's full scans (pauses of 10s of ms)
+    gc.collect()
+    gc.freeze()
+    try:
+        uvicorn.run(create_app(Extender(state, api, config)), host=host, port=port, log_level="warning")
+    finally:
+        informer.close()
+
+
+@app.command("device-plugin")
+def device_plugin_cmd(
+    node_name: Annotated[str, typer.Option(envvar="NODE_NAME", help="This node's name (downward API).")] = "",
+    plugin_dir: Annotated[Path, typer.Option(help="kubelet's device plugin directory.")] = Path(
+        "/var/lib/kubelet/device-plugins"
+    ),
+    pod_resources_socket: Annotated[Path, typer.Option(help="kubelet's PodResources socket.")] = Path(
+        "/var/lib/kubelet/pod-resources/kubelet.sock"
+    ),
+    resource: Annotated[list[str], typer.Option(help=RESOURCE_HELP)] = [],  # noqa: B006
+    share_slots: Annotated[int, typer.Option(help="keti.com/mpsgpu IDs per GPU (pods that may share one).")] = 10,
+    mps_root: Annotated[
+        Path | None, typer.Option(help="Run one MPS daemon per shared GPU under this host folder (mounted in pods).")
+    ] = None,
+    simulate_gpus: Annotated[str | None, typer.Option(help="Simulated inventory, e.g. 4xH100-80GB.")] = None,
+    publish_seconds: Annotated[float, typer.Option(help="How often to publish live GPU utilisation.")] = 15.0,
+    kubeconfig: Annotated[str | None, typer.Option(help="Kubeconfig (default: in-cluster).")] = None,
+) -> None:
+    """Advertise this node's GPUs to kubelet (device plugin API v1beta1) and publish them for the extender."""
+    from corral.gpu.discovery import GpuDiscoveryError, discover_gpus
+    from corral.gpu.mps import MpsControl
+    from corral.gpu.simulated import parse_simulated_inventory
+    from corral.k8s.client import RealKubeApi
+    from corral.k8s.deviceplugin import (
+        DEFAULT_RESOURCES,
+        IDS_PER_GPU,
+        CorralDevicePlugin,
+        DevicePluginError,
+        NodePublisher,
+        PodFinder,
+        PodResourcesClient,
+        register,
+        serve,
+    )
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    names = resource or list(DEFAULT_RESOURCES)
+    unknown = [r for r in names if r not in IDS_PER_GPU]
+    if unknown:
+        raise _fail(f"--resource: cannot advertise {', '.join(unknown)}; use any of {', '.join(IDS_PER_GPU)}")
+    if not node_name:
+        raise _fail("--node-name (or NODE_NAME) is required")
+    try:
+        if simulate_gpus:
+            gpus = parse_simulated_inventory(simulate_gpus)[0].gpus
+            sample = None
+        else:
+            infos = discover_gpus()
+            gpus = tuple(i.device() for i in infos)
+            sample = discover_gpus
+        api = RealKubeApi(kubeconfig)
+    except (InvalidRequest, GpuDiscoveryError, CorralError) as exc:
+        raise _fail(str(exc)) from None
+    mps = MpsControl(mps_root) if mps_root else None
+
+    def pipe_dir(uuid: str) -> str | None:
+        if mps is None:
+            return None
+        try:
+            return str(mps.start(uuid))
+        except CorralError as exc:
+            log.warning("no MPS for %s: %s (the share runs without enforced limits)", uuid, exc)
+            return None
+
+    finder = PodFinder(api, node_name, PodResourcesClient(pod_resources_socket))
+    running = []
+    try:
+        for r in names:
+            per_gpu = share_slots if r == "keti.com/mpsgpu" else IDS_PER_GPU[r]
+            running.append(serve(CorralDevicePlugin(r, gpus, finder, per_gpu, pipe_dir), plugin_dir))
+            register(plugin_dir, r)
+    except DevicePluginError as exc:
+        for p in running:
+            p.stop()
+        raise _fail(str(exc)) from None
+    publisher = NodePublisher(api, node_name, gpus)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    kubelet_sock = plugin_dir / "kubelet.sock"
+    started = kubelet_sock.stat().st_ino if kubelet_sock.exists() else None
+    try:
+        while not stop.is_set():
+            util: list[float | None] = []
+            if sample is not None:
+                try:
+                    util = [None if g.utilization_pct is None else g.utilization_pct / 100 for g in sample()]
+                except GpuDiscoveryError as exc:
+                    log.warning("utilisation: %s", exc)
+            try:
+                publisher.publish(util)
+            except CorralError as exc:
+                log.warning("publishing the inventory: %s", exc)
+            # kubelet restarts remove every plugin socket: re-register on a new kubelet.sock
+            now = kubelet_sock.stat().st_ino if kubelet_sock.exists() else None
+            if now != started and now is not None:
+                log.info("kubelet restarted; registering again")
+                for p in running:
+                    p.stop()
+                running = [serve(CorralDevicePlugin(p.plugin.resource, gpus, finder, p.plugin.per_gpu, pipe_dir),
+                                 plugin_dir) for p in running]  # fmt: skip
+                for p in running:
+                    register(plugin_dir, p.plugin.resource)
+                started = now
+            stop.wait(publish_seconds)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for p in running:
+            p.stop()
+        if mps is not None:
+            mps.stop_all()

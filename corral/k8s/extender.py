@@ -1,0 +1,593 @@
+"""The kube-scheduler extender: filter, prioritize, bind and preempt, decided by corral's placement engine.
+
+    kube-scheduler --POST /filter {Pod, Nodes|NodeNames}-->  engine: feasible nodes + a reason for every other
+                   --POST /prioritize {Pod, NodeNames}---->  engine's order: its choice 10, the rest 9..1, misfits 0
+                   --POST /bind {PodName, PodNamespace, PodUID, Node}-->  reserve GPUs, annotate pod, create Binding
+                   --POST /preempt {Pod, NodeNameToMetaVictims}-->  nodes where evicting the victims makes room
+
+The JSON keys are kube-scheduler's Go field names (its extender types carry no json tags). A decision made at filter
+is kept for the pod until the cluster changes (keyed by pod UID and the state's generation), so prioritize and bind
+reuse it; bind checks again against the state of that moment, so two binds never get the same GPU share. Bad input
+(malformed JSON, invalid quantities, conflicting requests) gets an `Error` naming the field, never a 500.
+
+The hot path (every pod, every node of the cluster, three requests per pod) works on the snapshot's node indices:
+
+    NodeNames --NodeTable.lookup (cached: the full list, the list filter just passed)--> indices
+    Verdict.bits[indices] --> passing / one group per distinct reason --> JSON joined from per-node fragments
+
+so no per-request Python loop runs over thousands of names. `filter`/`prioritize` return plain dicts (the readable
+form, used in-process); `filter_json`/`prioritize_json` write the same answers as bytes for the HTTP face, and the
+tests check that the two agree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import orjson
+
+from corral.k8s.client import JsonObj, KubeApi, KubeApiError
+from corral.k8s.convert import (
+    PodAsk,
+    assignment_annotations,
+    make_assignment,
+    pod_key,
+    pod_name,
+    pod_request,
+)
+from corral.k8s.state import ClusterState, PodRecord
+from corral.model.arrays import IntArray
+from corral.model.errors import AllocationError, InvalidRequest
+from corral.model.resources import Allocation, Constraint, ConstraintOp, Request
+from corral.model.snapshot import ClusterSnapshot
+from corral.placement import PlacementConfig, place
+from corral.placement.explain import node_reason_text, render
+from corral.placement.reasons import UNRESOLVABLE_BITS
+
+log = logging.getLogger("corral.k8s.extender")
+
+MAX_PRIORITY = 10  # kube-scheduler's MaxExtenderPriority
+#: How many of the best nodes the engine ranks for prioritize (the rest that fit score 1).
+TOP_RANKED = 32
+UNKNOWN_NODE = "unknown to corral: the node is not in its cache (yet); is the corral device plugin running there?"
+#: Verdicts kept (all of the state's current generation: an older one is never used again).
+VERDICTS_KEPT = 256
+
+ObjArray = npt.NDArray[np.object_]
+_NO_NODES: IntArray = np.zeros(0, dtype=np.int64)
+_SCORE_TAILS = tuple(b',"Score":%d}' % s for s in range(MAX_PRIORITY + 1))
+
+
+def check_names(names: list[Any]) -> None:
+    if not set(map(type, names)) <= {str}:
+        raise InvalidRequest("ExtenderArgs.NodeNames", "expected a list of node names")
+
+
+@dataclass(frozen=True, eq=False)
+class Lookup:
+    """Requested node names as snapshot indices."""
+
+    idx: IntArray  # per requested name, in request order: its index, -1 where corral does not know it
+    known: IntArray  # `idx` without the unknown ones
+    unknown: tuple[str, ...]
+
+
+class NodeTable:
+    """The snapshot's node names as indices and as JSON fragments, built once per set of node names.
+
+    kube-scheduler asks about the same few lists over and over (every node it has, then the ones filter passed), so
+    the last two lookups are kept: comparing two lists of names is one C loop, mapping them is a Python one.
+    """
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = list(names)
+        self.index = {n: i for i, n in enumerate(self.names)}
+        self.name_array: ObjArray = np.array(self.names, dtype=object)
+        self.quoted: ObjArray = np.array([orjson.dumps(n) for n in self.names], dtype=object)
+        self._hosts: ObjArray | None = None
+        self._recent: list[tuple[list[str], Lookup]] = []
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    @property
+    def hosts(self) -> ObjArray:
+        """hosts[i, s]: node i's HostPriority with score s, as JSON (built at the first prioritize)."""
+        if self._hosts is None:
+            table = np.empty((len(self.names), len(_SCORE_TAILS)), dtype=object)
+            for i, quoted in enumerate(self.quoted.tolist()):
+                head = b'{"Host":' + quoted
+                table[i] = [head + tail for tail in _SCORE_TAILS]
+            self._hosts = table
+        return self._hosts
+
+    def lookup(self, names: list[str]) -> Lookup:
+        for seen, found in self._recent:
+            if seen == names:
+                if seen is not self._recent[0][0]:
+                    self.remember(seen, found)
+                return found
+        check_names(names)
+        get = self.index.get
+        idx: IntArray = np.array([get(n, -1) for n in names], dtype=np.int64)
+        if len(idx) and idx.min() < 0:
+            found = Lookup(idx, idx[idx >= 0], tuple(n for n, i in zip(names, idx.tolist(), strict=True) if i < 0))
+        else:
+            found = Lookup(idx, idx, ())
+        self.remember(list(names), found)
+        return found
+
+    def remember(self, names: list[str], found: Lookup) -> None:
+        self._recent = [(names, found), *self._recent[:1]]
+
+
+@dataclass(frozen=True, eq=False)
+class Verdict:
+    """The engine's answer for one pod over the nodes corral knows, kept between filter, prioritize and bind."""
+
+    generation: int
+    request: Request
+    ask: PodAsk
+    table: NodeTable | None  # the snapshot's nodes (None: corral knows no nodes)
+    bits: IntArray  # per snapshot node: the engine's reason bits, 0 where the pod fits (empty with `error`)
+    fits: npt.NDArray[np.int8]  # per snapshot node: 1 where the pod fits (prioritize's base score)
+    order: tuple[int, ...]  # the best feasible nodes (snapshot indices), best first, at most TOP_RANKED
+    texts: Mapping[int, str]  # every distinct nonzero value of `bits` -> its reasons in words
+    summary: str  # the one-line explanation
+    allocation: Allocation | None  # the engine's own choice over all nodes
+    error: str = ""  # the whole request is impossible here (e.g. a GPU model this cluster lacks)
+
+    def reason(self, node: int) -> str:
+        """Why the pod does not fit on node index `node` ("" where it fits)."""
+        if self.error:
+            return self.error
+        return self.texts.get(int(self.bits[node]), "")
+
+
+@dataclass(frozen=True, eq=False)
+class Group:
+    """Rejected nodes that share one reason."""
+
+    text: str
+    unresolvable: bool
+    idx: IntArray  # snapshot indices
+    extra: tuple[str, ...] = ()  # names corral does not know
+
+
+@dataclass(frozen=True, eq=False)
+class FilterAnswer:
+    table: NodeTable | None
+    passing: IntArray  # snapshot indices of the nodes that fit, in request order
+    groups: tuple[Group, ...]
+
+    def _names(self, g: Group) -> list[str]:
+        known: list[str] = [] if self.table is None else self.table.name_array[g.idx].tolist()
+        return known + list(g.extra)
+
+    def as_dict(self, node_objs: list[JsonObj] | None) -> JsonObj:
+        failed: dict[str, str] = {}
+        failed_unres: dict[str, str] = {}
+        for g in self.groups:
+            (failed_unres if g.unresolvable else failed).update(dict.fromkeys(self._names(g), g.text))
+        passing: list[str] = [] if self.table is None else self.table.name_array[self.passing].tolist()
+        nodes: Any = None
+        node_names: Any = passing
+        if node_objs is not None:
+            keep = set(passing)
+            nodes = {"metadata": {}, "items": [n for n in node_objs if (n.get("metadata") or {}).get("name") in keep]}
+            node_names = None
+        return {"Nodes": nodes, "NodeNames": node_names, "FailedNodes": failed,
+                "FailedAndUnresolvableNodes": failed_unres, "Error": ""}  # fmt: skip
+
+    def as_json(self) -> bytes:
+        """The NodeNames answer as JSON, joined from the per-node fragments: one join per reason, not per node."""
+        parts: dict[bool, list[bytes]] = {False: [], True: []}
+        for g in self.groups:
+            keys: list[bytes] = [] if self.table is None else self.table.quoted[g.idx].tolist()
+            keys.extend(orjson.dumps(n) for n in g.extra)
+            if keys:
+                value = b":" + orjson.dumps(g.text)
+                parts[g.unresolvable].append((value + b",").join(keys) + value)
+        passing: list[bytes] = [] if self.table is None else self.table.quoted[self.passing].tolist()
+        return b"".join((
+            b'{"Nodes":null,"NodeNames":[', b",".join(passing),
+            b'],"FailedNodes":{', b",".join(parts[False]),
+            b'},"FailedAndUnresolvableNodes":{', b",".join(parts[True]),
+            b'},"Error":""}',
+        ))  # fmt: skip
+
+
+class Extender:
+    def __init__(self, state: ClusterState, api: KubeApi | None, config: PlacementConfig | None = None) -> None:
+        self.state = state
+        self.api = api
+        self.config = config or PlacementConfig()
+        self._verdicts: OrderedDict[str, Verdict] = OrderedDict()
+        self._pods: OrderedDict[str, JsonObj] = OrderedDict()  # recent Pod objects by UID, for bind
+        self._table_for: ClusterSnapshot | None = None
+        self._table: NodeTable | None = None
+
+    # ------------------------------------------------------------------ decisions
+    @staticmethod
+    def _remember(store: OrderedDict[str, Any], key: str, value: Any, keep: int) -> None:
+        store[key] = value
+        store.move_to_end(key)
+        while len(store) > keep:
+            store.popitem(last=False)
+
+    def verdict(self, pod: JsonObj) -> Verdict:
+        """The engine's answer for a pod (cached while the cluster is unchanged). Raises InvalidRequest."""
+        key = pod_key(pod)
+        with self.state.lock:
+            cached = self._verdicts.get(key)
+            if cached is not None and cached.generation == self.state.generation:
+                return cached
+            ask = pod_request(pod)
+            verdict = self._decide(ask)
+            if self._verdicts and next(reversed(self._verdicts.values())).generation != verdict.generation:
+                self._verdicts.clear()  # the cluster changed: none of them can be used again
+            self._remember(self._verdicts, key, verdict, VERDICTS_KEPT)
+            self._remember(self._pods, key, pod, 1024)
+            return verdict
+
+    def _decide(self, ask: PodAsk) -> Verdict:
+        s = self.state.snapshot
+        request = ask.request
+        gen = self.state.generation
+        none = np.zeros(0, dtype=np.int8)
+        if s is None:
+            text = "corral knows no nodes yet"
+            return Verdict(gen, request, ask, None, _NO_NODES, none, (), {}, text, None, text)
+        table = self.table(s)
+        config = dataclasses.replace(self.config, top_scores=min(len(s), TOP_RANKED))
+        try:
+            d = place(s, request, config)
+        except InvalidRequest as exc:
+            # Something this cluster has nowhere (a GPU model, that much GPU memory): no node can ever help.
+            return Verdict(gen, request, ask, table, _NO_NODES, none, (), {}, str(exc), None, str(exc))
+        bits = d.node_reasons.astype(np.int64, copy=False)
+        # One text per distinct reason mask (a handful), not per node.
+        present = np.flatnonzero(np.bincount(bits))  # reason masks are small (one bit per Reason)
+        texts = {b: node_reason_text(b, d.explanation.labels) for b in present.tolist() if b}
+        order = tuple(s.index[n] for n, _ in d.explanation.top)
+        fits = (bits == 0).astype(np.int8)
+        return Verdict(gen, request, ask, table, bits, fits, order, texts, render(d.explanation), d.allocation)
+
+    def table(self, s: ClusterSnapshot) -> NodeTable:
+        """The NodeTable of snapshot `s` (kept while the node names stay the same)."""
+        if self._table_for is not s:
+            if self._table is None or self._table.names != s.names:
+                self._table = NodeTable(s.names)
+            self._table_for = s
+        assert self._table is not None
+        return self._table
+
+    def _best_among(self, v: Verdict, member: npt.NDArray[np.bool_]) -> int | None:
+        """The engine's choice restricted to the nodes kube-scheduler let through (none of its best few were)."""
+        with self.state.lock:
+            s = self.state.snapshot
+            if s is None or v.table is None or s.names != v.table.names:
+                return None
+            full = place(s, v.request, dataclasses.replace(self.config, top_scores=len(s)))
+            return next((s.index[n] for n, _ in full.explanation.top if member[s.index[n]]), None)
+
+    def allocation_on(self, verdict: Verdict, node: str) -> Allocation | None:
+        """The engine's allocation for the pod on one given node (GPU choice by the same policy)."""
+        if verdict.allocation is not None and verdict.allocation.node == node:
+            return verdict.allocation
+        s = self.state.snapshot
+        if s is None or node not in s.index:
+            return None
+        pinned = dataclasses.replace(
+            verdict.request, constraints=(*verdict.request.constraints, Constraint("hostname", ConstraintOp.IS, node))
+        )
+        return place(s, pinned, self.config).allocation
+
+    # ------------------------------------------------------------------ verbs
+    def _filter(self, args: Any) -> tuple[FilterAnswer, list[JsonObj] | None]:
+        pod, names, node_objs = self._args(args)
+        if node_objs is not None:
+            for obj in node_objs:
+                self.state.upsert_node(obj)
+        v = self.verdict(pod)
+        table = v.table
+        if table is None:
+            check_names(names)
+            return FilterAnswer(None, _NO_NODES, (Group(v.error, True, _NO_NODES, tuple(names)),)), node_objs
+        look = table.lookup(names)
+        if v.error:
+            return FilterAnswer(table, _NO_NODES, (Group(v.error, True, look.known, look.unknown),)), node_objs
+        bits = v.bits[look.known]
+        passing = look.known[bits == 0]
+        groups = []
+        for b, text in v.texts.items():
+            mask = bits == b
+            if mask.any():
+                groups.append(Group(text, bool(b & UNRESOLVABLE_BITS), look.known[mask]))
+        if look.unknown:
+            groups.append(Group(UNKNOWN_NODE, False, _NO_NODES, look.unknown))
+        # kube-scheduler's prioritize comes next with the nodes that passed: have their lookup ready.
+        table.remember(table.name_array[passing].tolist(), Lookup(passing, passing, ()))
+        return FilterAnswer(table, passing, tuple(groups)), node_objs
+
+    def filter(self, args: Any) -> JsonObj:
+        """ExtenderFilterResult for ExtenderArgs (raises InvalidRequest on bad input)."""
+        answer, node_objs = self._filter(args)
+        return answer.as_dict(node_objs)
+
+    def filter_json(self, args: Any) -> bytes:
+        """`filter`'s answer as JSON bytes."""
+        answer, node_objs = self._filter(args)
+        return answer.as_json() if node_objs is None else orjson.dumps(answer.as_dict(node_objs))
+
+    def _prioritize(self, args: Any) -> tuple[list[str], NodeTable | None, Lookup | None, npt.NDArray[np.int8]]:
+        """(names, the node table, their lookup, score per name in request order)."""
+        pod, names, _ = self._args(args)
+        v = self.verdict(pod)
+        table = v.table
+        if table is None or v.error:
+            check_names(names)
+            return names, None, None, np.zeros(len(names), dtype=np.int8)
+        look = table.lookup(names)
+        member = np.zeros(len(table), dtype=np.bool_)
+        member[look.known] = True
+        ranked = [i for i in v.order if member[i]]
+        if not ranked and v.fits[look.known].any():
+            best = self._best_among(v, member)
+            ranked = [best] if best is not None else []
+        # The engine's pick gets the top score; the next best keep the engine's order in 9..2; any other node that
+        # fits gets 1 and a node that does not fit 0.
+        score = v.fits
+        if ranked:
+            score = score.copy()
+            score[ranked] = [max(2, 9 - pos) for pos in range(len(ranked))]
+            score[ranked[0]] = MAX_PRIORITY
+        if look.unknown:
+            return names, table, look, np.where(look.idx >= 0, score[np.maximum(look.idx, 0)], 0).astype(np.int8)
+        return names, table, look, score[look.idx]
+
+    def prioritize(self, args: Any) -> list[JsonObj]:
+        """HostPriorityList for ExtenderArgs (raises InvalidRequest on bad input)."""
+        names, _, _, scores = self._prioritize(args)
+        return [{"Host": n, "Score": s} for n, s in zip(names, scores.tolist(), strict=True)]
+
+    def prioritize_json(self, args: Any) -> bytes:
+        """`prioritize`'s answer as JSON bytes, joined from per-node fragments."""
+        names, table, look, scores = self._prioritize(args)
+        if table is None or look is None or look.unknown:
+            return orjson.dumps([{"Host": n, "Score": s} for n, s in zip(names, scores.tolist(), strict=True)])
+        return b"[" + b",".join(table.hosts[look.idx, scores].tolist()) + b"]"
+
+    def bind(self, args: Any) -> JsonObj:
+        if not isinstance(args, Mapping):
+            return {"Error": "ExtenderBindingArgs: expected a JSON object with PodName, PodNamespace, PodUID, Node"}
+        name, ns, uid, node = (args.get(k) for k in ("PodName", "PodNamespace", "PodUID", "Node"))
+        for key, value in (("PodName", name), ("Node", node)):
+            if not isinstance(value, str) or not value:
+                return {"Error": f"ExtenderBindingArgs.{key}: must be a non-empty string"}
+        ns = ns if isinstance(ns, str) and ns else "default"
+        uid = uid if isinstance(uid, str) else ""
+        assert isinstance(name, str) and isinstance(node, str)
+        try:
+            return self._bind(ns, name, uid, node)
+        except (InvalidRequest, KubeApiError, AllocationError) as exc:
+            return {"Error": f"bind {ns}/{name} to {node}: {exc}"}
+
+    def _bind(self, ns: str, name: str, uid: str, node: str) -> JsonObj:
+        key = uid or f"{ns}/{name}"
+        pod = self._pods.get(key)
+        if pod is None:
+            if self.api is None:
+                raise InvalidRequest("PodUID", "pod not seen at filter and no API server to read it from")
+            pod = self.api.get_pod(ns, name)
+        with self.state.lock:
+            # The verdict of filter/prioritize when nothing changed since (the usual case): no new decision.
+            v = self.verdict(pod)
+            s = self.state.snapshot
+            if s is None or node not in s.index:
+                raise InvalidRequest("Node", f"{node!r} is unknown to corral")
+            alloc = self.allocation_on(v, node)
+            if alloc is None:
+                why = v.reason(s.index[node]) or "no longer fits"
+                raise AllocationError(f"the pod does not fit on {node} now: {why}")
+            assignment = make_assignment(alloc, s.nodes[s.index[node]], v.ask)
+            rec = PodRecord(pod_key(pod), pod_name(pod), node, v.request, assignment)
+            self.state.reserve(rec, alloc)
+        ok = False
+        try:
+            if self.api is not None:
+                self.api.patch_pod_annotations(ns, name, assignment_annotations(assignment, v.ask.style))
+                self.api.create_binding(ns, name, uid, node)
+            ok = True
+        finally:
+            self.state.settle(rec.key, ok)
+            self._verdicts.pop(key, None)
+            self._pods.pop(key, None)
+        return {"Error": ""}
+
+    def preempt(self, args: Any) -> JsonObj:
+        if not isinstance(args, Mapping):
+            raise InvalidRequest("ExtenderPreemptionArgs", "expected a JSON object")
+        pod = args.get("Pod")
+        if not isinstance(pod, Mapping):
+            raise InvalidRequest("Pod", "expected a Pod object")
+        meta_victims = args.get("NodeNameToMetaVictims")
+        full_victims = args.get("NodeNameToVictims")
+        victims: dict[str, list[str]] = {}
+        pdb: dict[str, int] = {}
+        if isinstance(meta_victims, Mapping):
+            for node, vs in meta_victims.items():
+                victims[node] = [str(p.get("UID", "")) for p in (vs or {}).get("Pods") or []]
+                pdb[node] = int((vs or {}).get("NumPDBViolations") or 0)
+        elif isinstance(full_victims, Mapping):
+            for node, vs in full_victims.items():
+                victims[node] = [pod_key(p) for p in (vs or {}).get("Pods") or []]
+                pdb[node] = int((vs or {}).get("NumPDBViolations") or 0)
+        request = pod_request(dict(pod)).request
+        result: dict[str, Any] = {}
+        with self.state.lock:
+            s = self.state.snapshot
+            if s is None:
+                return {"NodeNameToMetaVictims": {}}
+            for node, uids in victims.items():
+                if node not in s.index:
+                    continue
+                released = [s.release(u) for u in uids if u in s.allocations]
+                try:
+                    pinned = dataclasses.replace(
+                        request, constraints=(*request.constraints, Constraint("hostname", ConstraintOp.IS, node))
+                    )
+                    fits = place(s, pinned, self.config).placed
+                except InvalidRequest:
+                    fits = False
+                finally:
+                    for a in released:
+                        s.allocate(a)
+                if fits:
+                    result[node] = {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": pdb.get(node, 0)}
+        return {"NodeNameToMetaVictims": result}
+
+    # ------------------------------------------------------------------ input
+    @staticmethod
+    def _args(args: Any) -> tuple[JsonObj, list[str], list[JsonObj] | None]:
+        if not isinstance(args, Mapping):
+            raise InvalidRequest("ExtenderArgs", "expected a JSON object with Pod and NodeNames (or Nodes)")
+        pod = args.get("Pod")
+        if not isinstance(pod, Mapping):
+            raise InvalidRequest("ExtenderArgs.Pod", "expected a Pod object")
+        names = args.get("NodeNames")
+        nodes = args.get("Nodes")
+        if names is not None:
+            if not isinstance(names, list):
+                raise InvalidRequest("ExtenderArgs.NodeNames", "expected a list of node names")
+            # Each name is checked to be a string where it is first looked up (`check_names`): kube-scheduler sends
+            # the same few lists over and over, and a list equal to one already checked needs no second look.
+            return dict(pod), names, None
+        if isinstance(nodes, Mapping) and isinstance(nodes.get("items"), list):
+            items = [n for n in nodes["items"] if isinstance(n, Mapping)]
+            return dict(pod), [str((n.get("metadata") or {}).get("name", "")) for n in items], [dict(n) for n in items]
+        raise InvalidRequest("ExtenderArgs", "needs NodeNames (nodeCacheCapable) or Nodes.items")
+
+
+# ---------------------------------------------------------------------------------------------------- HTTP
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+Handler = Callable[[bytes], tuple[int, bytes]]
+
+
+def _loads(raw: bytes) -> Any:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest("body", f"not valid JSON: {exc}") from None
+
+
+def _failed_filter(message: str) -> bytes:
+    return orjson.dumps({"Nodes": None, "NodeNames": None, "FailedNodes": {}, "FailedAndUnresolvableNodes": {},
+                         "Error": message})  # fmt: skip
+
+
+class ExtenderApp:
+    """The HTTP face, a bare ASGI app: POST /filter, /prioritize, /bind, /preempt (kube-scheduler's verbs), GET
+    /healthz and /status.
+
+    Four fixed routes with JSON in and out need no framework: request validation happens in the Extender (each
+    error names its field), and a framework's per-request machinery cost more than the verbs' own work.
+    """
+
+    def __init__(self, extender: Extender) -> None:
+        self.extender = extender
+        self.routes: dict[tuple[str, str], Handler] = {
+            ("POST", "/filter"): self._filter,
+            ("POST", "/prioritize"): self._prioritize,
+            ("POST", "/bind"): self._bind,
+            ("POST", "/preempt"): self._preempt,
+            ("GET", "/healthz"): lambda _: (200, orjson.dumps({"ok": extender.state.snapshot is not None})),
+            ("GET", "/status"): lambda _: (200, orjson.dumps(extender.state.status())),
+        }
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        method, path = scope["method"], scope["path"]
+        handler = self.routes.get((method, path))
+        chunks = []
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        headers = [(b"content-type", b"application/json")]
+        if handler is not None:
+            status, body = handler(b"".join(chunks))
+        elif any(p == path for _, p in self.routes):
+            allowed = ", ".join(m for m, p in self.routes if p == path)
+            status, body = 405, orjson.dumps({"Error": f"{method} {path}: method not allowed (allowed: {allowed})"})
+            headers.append((b"allow", allowed.encode()))
+        else:
+            known = ", ".join(sorted({p for _, p in self.routes}))
+            status, body = 404, orjson.dumps({"Error": f"{path}: no such endpoint (known: {known})"})
+        headers.append((b"content-length", str(len(body)).encode()))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    def _filter(self, raw: bytes) -> tuple[int, bytes]:
+        try:
+            return 200, self.extender.filter_json(_loads(raw))
+        except InvalidRequest as exc:
+            return 200, _failed_filter(str(exc))
+        except Exception as exc:
+            log.exception("filter failed")
+            return 200, _failed_filter(f"corral internal error: {type(exc).__name__}: {exc}")
+
+    def _prioritize(self, raw: bytes) -> tuple[int, bytes]:
+        # kube-scheduler ignores prioritize errors; a 400 with the reason keeps them visible in its log.
+        try:
+            return 200, self.extender.prioritize_json(_loads(raw))
+        except InvalidRequest as exc:
+            return 400, orjson.dumps({"Error": str(exc)})
+        except Exception as exc:
+            log.exception("prioritize failed")
+            return 400, orjson.dumps({"Error": f"corral internal error: {type(exc).__name__}: {exc}"})
+
+    def _bind(self, raw: bytes) -> tuple[int, bytes]:
+        try:
+            return 200, orjson.dumps(self.extender.bind(_loads(raw)))
+        except InvalidRequest as exc:
+            return 200, orjson.dumps({"Error": str(exc)})
+        except Exception as exc:
+            log.exception("bind failed")
+            return 200, orjson.dumps({"Error": f"corral internal error: {type(exc).__name__}: {exc}"})
+
+    def _preempt(self, raw: bytes) -> tuple[int, bytes]:
+        try:
+            return 200, orjson.dumps(self.extender.preempt(_loads(raw)))
+        except InvalidRequest as exc:
+            return 400, orjson.dumps({"NodeNameToMetaVictims": None, "Error": str(exc)})
+        except Exception as exc:
+            log.exception("preempt failed")
+            return 400, orjson.dumps({"NodeNameToMetaVictims": None, "Error": f"corral internal error: {exc}"})
+
+
+def create_app(extender: Extender) -> ExtenderApp:
+    """The extender's ASGI app (served by uvicorn)."""
+    return ExtenderApp(extender)

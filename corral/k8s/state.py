@@ -1,0 +1,307 @@
+"""The extender's view of the cluster: nodes from Node objects, allocations from Pod objects, one ClusterSnapshot.
+
+    list nodes + pods  --replace-->  ClusterState  <--apply(event)--  watch nodes / pods (Informer threads)
+                                        |  bind: reserve() before the API calls, so a second pod never gets
+                                        v        the same GPU share while the first one's annotation travels
+                                  ClusterSnapshot (allocations keyed by pod UID)
+
+Every pod that occupies a node counts (its CPU and memory), GPU pods also with the GPUs their `corral.dev/assignment`
+annotation names. A pod's allocation is keyed by its UID, so the same pod seen twice (bind, then the watch event
+of that bind, or a relist after a restart) is granted once: that is how a restarted extender rebuilds its state
+without double booking. The snapshot is rebuilt only when the set of nodes or what they are changes; live GPU
+utilisation updates it in place.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from corral.k8s.client import JsonObj, KubeApi, KubeApiError
+from corral.k8s.convert import (
+    Assignment,
+    allocation_of,
+    node_from_k8s,
+    node_utilization,
+    parse_assignment,
+    pod_key,
+    pod_name,
+    pod_request,
+)
+from corral.model.errors import AllocationError, InvalidRequest
+from corral.model.resources import Allocation, Node, Request
+from corral.model.snapshot import ClusterSnapshot
+
+log = logging.getLogger("corral.k8s.state")
+
+_TERMINAL = {"Succeeded", "Failed"}
+
+
+@dataclass(frozen=True)
+class PodRecord:
+    key: str
+    name: str
+    node: str
+    request: Request
+    assignment: Assignment | None
+
+
+class ClusterState:
+    """Nodes, pods on nodes, and the snapshot the engine decides on. Guard every use with `lock`."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.nodes: dict[str, Node] = {}
+        self.utilization: dict[str, list[float | None]] = {}
+        self.pods: dict[str, PodRecord] = {}
+        self.snapshot: ClusterSnapshot | None = None
+        #: Bumped on every change that can alter a decision (cached decisions compare it).
+        self.generation = 0
+        #: Problems seen in the cluster's own objects (a damaged annotation, a pod the snapshot refused):
+        #: kept for /status and logs, never raised into a scheduling answer.
+        self.problems: list[str] = []
+        #: Pods whose bind is in flight: their reservation survives a relist that does not show them bound yet.
+        self._reserved: set[str] = set()
+
+    # ------------------------------------------------------------------ nodes
+    def _rebuild(self) -> None:
+        if not self.nodes:
+            self.snapshot = None
+            self.generation += 1
+            return
+        names = sorted(self.nodes)
+        self.snapshot = ClusterSnapshot([self.nodes[n] for n in names])
+        for name in names:
+            self._apply_utilization(name)
+        for rec in self.pods.values():
+            self._grant(rec)
+        self.generation += 1
+
+    def _apply_utilization(self, name: str) -> None:
+        s = self.snapshot
+        if s is None or name not in s.index:
+            return
+        i = s.index[name]
+        values = self.utilization.get(name, [])
+        for j in range(int(s.gpu_count[i])):
+            s.set_gpu_utilization(i, j, values[j] if j < len(values) else None)
+
+    def upsert_node(self, obj: JsonObj) -> None:
+        try:
+            node = node_from_k8s(obj)
+        except InvalidRequest as exc:
+            self._problem(f"node ignored: {exc}")
+            return
+        with self.lock:
+            util = node_utilization(obj)
+            changed_util = self.utilization.get(node.name) != util
+            self.utilization[node.name] = util
+            if self.nodes.get(node.name) != node:
+                self.nodes[node.name] = node
+                self._rebuild()
+            elif changed_util:
+                self._apply_utilization(node.name)
+                self.generation += 1
+
+    def remove_node(self, name: str) -> None:
+        with self.lock:
+            if self.nodes.pop(name, None) is not None:
+                self.utilization.pop(name, None)
+                self._rebuild()
+
+    def replace_nodes(self, objs: list[JsonObj]) -> None:
+        with self.lock:
+            self.nodes.clear()
+            self.utilization.clear()
+            for obj in objs:
+                try:
+                    node = node_from_k8s(obj)
+                except InvalidRequest as exc:
+                    self._problem(f"node ignored: {exc}")
+                    continue
+                self.nodes[node.name] = node
+                self.utilization[node.name] = node_utilization(obj)
+            self._rebuild()
+
+    # ------------------------------------------------------------------ pods
+    def _grant(self, rec: PodRecord) -> bool:
+        s = self.snapshot
+        if s is None or rec.node not in s.index:
+            return False  # granted when its node appears
+        alloc = allocation_of(rec.request, rec.assignment, rec.node, s.index[rec.node])
+        try:
+            s.allocate(alloc)
+        except AllocationError as exc:
+            self._problem(f"pod {rec.name} on {rec.node} not counted: {exc}")
+            return False
+        return True
+
+    def _record(self, obj: JsonObj) -> PodRecord | None:
+        spec = obj.get("spec") or {}
+        status = obj.get("status") or {}
+        meta = obj.get("metadata") or {}
+        if status.get("phase") in _TERMINAL:
+            return None
+        try:
+            assignment = parse_assignment(meta.get("annotations"))
+        except InvalidRequest as exc:
+            self._problem(f"pod {pod_name(obj)}: {exc}")
+            assignment = None
+        node = spec.get("nodeName")
+        if not node:
+            # Pending (an annotation without a binding is a bind in flight, or one that failed): holds nothing.
+            return None
+        if assignment is not None and assignment.node != node:
+            self._problem(f"pod {pod_name(obj)}: assignment names {assignment.node} but the pod runs on {node}")
+            assignment = None
+        try:
+            request = pod_request(obj, min_cpu_milli=0).request
+        except InvalidRequest as exc:
+            self._problem(f"pod {pod_name(obj)} on {node}: {exc}")
+            return None
+        return PodRecord(pod_key(obj), pod_name(obj), str(node), request, assignment)
+
+    def upsert_pod(self, obj: JsonObj) -> None:
+        rec = self._record(obj)
+        key = pod_key(obj)
+        with self.lock:
+            old = self.pods.get(key)
+            if rec is None:
+                if old is not None and key not in self._reserved:
+                    self._drop(key)
+                return
+            if old is not None and old.node == rec.node and old.assignment == rec.assignment:
+                return  # already counted (e.g. the watch event of our own bind)
+            if old is not None:
+                self._drop(key)
+            self.pods[key] = rec
+            self._grant(rec)
+            self.generation += 1
+
+    def remove_pod(self, obj: JsonObj) -> None:
+        with self.lock:
+            self._drop(pod_key(obj))
+
+    def _drop(self, key: str) -> None:
+        self.pods.pop(key, None)
+        s = self.snapshot
+        if s is not None and key in s.allocations:
+            s.release(key)
+        self.generation += 1
+
+    def replace_pods(self, objs: list[JsonObj]) -> None:
+        with self.lock:
+            records = {}
+            for obj in objs:
+                rec = self._record(obj)
+                if rec is not None:
+                    records[rec.key] = rec
+            # Keep reservations of binds in flight whose pods the list does not show bound yet.
+            for key, rec in self.pods.items():
+                if key not in records and rec.assignment is not None and key in self._reserved:
+                    records[key] = rec
+            self.pods = records
+            self._rebuild()
+
+    # ------------------------------------------------------------------ bind
+    def reserve(self, rec: PodRecord, alloc: Allocation) -> None:
+        """Grant a bind's allocation now (raises AllocationError if it no longer fits)."""
+        with self.lock:
+            if self.snapshot is None:
+                raise AllocationError("no nodes known")
+            if rec.key in self.pods:
+                self._drop(rec.key)
+            self.snapshot.allocate(alloc)
+            self.pods[rec.key] = rec
+            self._reserved.add(rec.key)
+            self.generation += 1
+
+    def settle(self, key: str, ok: bool) -> None:
+        """The bind's API calls finished: keep the reservation, or give it back."""
+        with self.lock:
+            self._reserved.discard(key)
+            if not ok:
+                self._drop(key)
+
+    # ------------------------------------------------------------------ events
+    def apply(self, kind: str, event: str, obj: JsonObj) -> None:
+        if kind == "nodes":
+            if event == "DELETED":
+                self.remove_node(str((obj.get("metadata") or {}).get("name", "")))
+            else:
+                self.upsert_node(obj)
+        elif event == "DELETED":
+            self.remove_pod(obj)
+        else:
+            self.upsert_pod(obj)
+
+    def _problem(self, text: str) -> None:
+        log.warning(text)
+        self.problems = [*self.problems[-99:], text]
+
+    def status(self) -> dict[str, Any]:
+        with self.lock:
+            s = self.snapshot
+            return {
+                "nodes": len(self.nodes),
+                "gpus": 0 if s is None else s.total_gpus,
+                "pods": len(self.pods),
+                "gpu_pods": sum(1 for p in self.pods.values() if p.assignment and p.assignment.slots),
+                "gpu_allocated_milli": 0 if s is None else s.gpu_allocated_milli,
+                "generation": self.generation,
+                "problems": list(self.problems[-20:]),
+            }
+
+
+class Informer:
+    """Keeps a ClusterState current: list, then watch from that version; list again when the watch breaks."""
+
+    def __init__(self, api: KubeApi, state: ClusterState, retry_seconds: float = 2.0) -> None:
+        self.api = api
+        self.state = state
+        self.retry_seconds = retry_seconds
+        self.stop = threading.Event()
+        self.synced = {"nodes": threading.Event(), "pods": threading.Event()}
+        self._threads: list[threading.Thread] = []
+
+    def sync_once(self) -> None:
+        """List nodes and pods and replace the state (what a restart does)."""
+        nodes, _ = self.api.list("nodes")
+        self.state.replace_nodes(nodes)
+        pods, _ = self.api.list("pods")
+        self.state.replace_pods(pods)
+
+    def start(self) -> None:
+        for kind in ("nodes", "pods"):
+            t = threading.Thread(target=self._run, args=(kind,), name=f"corral-watch-{kind}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def wait_synced(self, timeout: float) -> bool:
+        return all(e.wait(timeout) for e in self.synced.values())
+
+    def close(self) -> None:
+        self.stop.set()
+        for t in self._threads:
+            t.join(timeout=5)
+
+    def _run(self, kind: str) -> None:
+        while not self.stop.is_set():
+            try:
+                items, version = self.api.list(kind)
+                if kind == "nodes":
+                    self.state.replace_nodes(items)
+                else:
+                    self.state.replace_pods(items)
+                self.synced[kind].set()
+                for event, obj in self.api.watch(kind, version, self.stop):
+                    self.state.apply(kind, event, obj)
+            except KubeApiError as exc:
+                log.warning("watch %s: %s; listing again", kind, exc)
+                self.stop.wait(self.retry_seconds if exc.status != 410 else 0)
+            except Exception:  # a watch thread must survive anything the client throws
+                log.exception("watch %s failed; listing again", kind)
+                self.stop.wait(self.retry_seconds)
+
