@@ -15,6 +15,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -67,8 +68,16 @@ def error_text(response: httpx.Response) -> str:
     return f"HTTP {response.status_code}: {detail}"
 
 
-def call(socket_opt: Path | None, method: str, url: str, **kwargs: Any) -> httpx.Response:
-    """One request to the daemon (CORRAL_URL if set, else its Unix socket); exits with a one-line error if it fails."""
+def call(
+    socket_opt: Path | None,
+    method: str,
+    url: str,
+    describe: Callable[[httpx.Response], str] | None = None,
+    **kwargs: Any,
+) -> httpx.Response:
+    """One request to the daemon (CORRAL_URL if set, else its Unix socket); exits with a one-line error if it fails.
+
+    `describe` words an error answer (default `error_text`, corral's own error bodies)."""
     base = os.environ.get("CORRAL_URL", "").rstrip("/")
     if base and socket_opt is None:
         where = base
@@ -88,7 +97,8 @@ def call(socket_opt: Path | None, method: str, url: str, **kwargs: Any) -> httpx
     except httpx.HTTPError as exc:
         raise fail(f"talking to corral serve at {where}: {exc}", EXIT_SERVER) from None
     if response.status_code >= 400:
-        raise fail(error_text(response), EXIT_BAD_INPUT if response.status_code < 500 else EXIT_SERVER)
+        text = (describe or error_text)(response)
+        raise fail(text, EXIT_BAD_INPUT if response.status_code < 500 else EXIT_SERVER)
     return response
 
 

@@ -9,7 +9,6 @@ corral app scale ID N | restart ID | delete ID
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -19,7 +18,7 @@ import httpx
 import typer
 from rich.table import Table
 
-from corral.cli.client import EXIT_BAD_INPUT, EXIT_SERVER, JsonOpt, SocketOpt, dump, error_text, fail, out, socket_for
+from corral.cli.client import JsonOpt, SocketOpt, call, dump, error_text, fail, out
 
 app = typer.Typer(no_args_is_help=True, help="Services (Marathon apps): keep instances running.")
 
@@ -42,27 +41,12 @@ def marathon_error(response: httpx.Response) -> str:
 
 
 def _request(socket: Path | None, method: str, url: str, **kwargs: Any) -> Any:
-    """One request to the daemon, as `corral.cli.client.call` makes it, with Marathon's error bodies read as such."""
-    base = os.environ.get("CORRAL_URL", "").rstrip("/")
-    if base and socket is None:
-        where = base
-        token = os.environ.get("CORRAL_TOKEN", "")
-        if not token:
-            raise fail("CORRAL_URL is set but CORRAL_TOKEN is not: create one with `corral token create NAME`")
-        client = httpx.Client(base_url=base, timeout=30, headers={"Authorization": f"Bearer {token}"})
-    else:
-        where = str(socket_for(socket))
-        client = httpx.Client(transport=httpx.HTTPTransport(uds=where), base_url="http://corral", timeout=30)
-    try:
-        with client:
-            response = client.request(method, url, **kwargs)
-    except (httpx.ConnectError, FileNotFoundError, ConnectionRefusedError):
-        raise fail(f"corral serve is not running at {where}") from None
-    except httpx.HTTPError as exc:
-        raise fail(f"talking to corral serve at {where}: {exc}", EXIT_SERVER) from None
-    if response.status_code >= 400:
-        text = error_text(response) if '"detail"' in response.text[:20] else marathon_error(response)
-        raise fail(text, EXIT_BAD_INPUT if response.status_code < 500 else EXIT_SERVER)
+    """One request to the daemon through `corral.cli.client.call`, with Marathon's error bodies read as such."""
+
+    def describe(response: httpx.Response) -> str:
+        return error_text(response) if '"detail"' in response.text[:20] else marathon_error(response)
+
+    response = call(socket, method, url, describe, **kwargs)
     return response.json() if response.content else None
 
 

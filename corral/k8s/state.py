@@ -304,4 +304,3 @@ class Informer:
             except Exception:  # a watch thread must survive anything the client throws
                 log.exception("watch %s failed; listing again", kind)
                 self.stop.wait(self.retry_seconds)
-

@@ -1,6 +1,6 @@
 """Regenerate the committed Python modules from the two .proto files (needs grpcio-tools, a dev dependency).
 
-    python -m corral.k8s.proto.generate
+python -m corral.k8s.proto.generate
 """
 
 from __future__ import annotations
