@@ -130,6 +130,13 @@ def serve_cmd(
     gpu_memory_watchdog: Annotated[
         str, typer.Option(help="A job over its GPU memory grant where MPS does not cap it: off, warn or kill.")
     ] = "kill",
+    gpu_behavior: Annotated[
+        str,
+        typer.Option(
+            help="Work without GPUs on this GPU machine: preferential (keeps each free GPU's CPU/memory reserve), "
+            "restricted (waits while a GPU is free: DeclinedScarceResources), unrestricted, undefined (warns)."
+        ),
+    ] = "preferential",
     listen: Annotated[
         str | None,
         typer.Option(help="Also serve over TCP at [HOST:]PORT (127.0.0.1 unless a host is given), with bearer tokens."),
@@ -149,6 +156,7 @@ def serve_cmd(
     try:
         serve(
             state, sock, simulate_gpus, policy, watchdog=gpu_memory_watchdog, sharing=sharing, listen=listen,
+            gpu_behavior=gpu_behavior,
             container_runtime=container_runtime,
         )  # fmt: skip
     except (ServeError, InvalidRequest, StoreError, OSError) as exc:

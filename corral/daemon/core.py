@@ -183,7 +183,9 @@ class Daemon:
         started = []
         busy = {u for j in holding for u in j.gpu_uuids}
         for start in plan.starts:
-            if self._launch(start.job_id, start.allocation, now):
+            for note in start.notes:  # e.g. Marathon's "undefined" behaviour warns on every GPU-node placement
+                log.warning("job %s: %s", start.job_id, note)
+            if self._launch(start.job_id, start.allocation, now, "; ".join(start.notes)):
                 started.append(start.job_id)
                 busy.update(self.node.gpus[g.index].uuid for g in start.allocation.gpus)
         self._stop_idle_mps(busy)
@@ -293,11 +295,11 @@ class Daemon:
         for uuid in sorted(self.mps.running - busy):
             self.mps.stop(uuid)
 
-    def _launch(self, job_id: str, alloc: Allocation, now: float) -> bool:
+    def _launch(self, job_id: str, alloc: Allocation, now: float, notes: str = "") -> bool:
         uuids = tuple(self.node.gpus[g.index].uuid for g in alloc.gpus)
         try:
             job = self.store.transition(
-                job_id, JobState.STARTING, expect=[JobState.QUEUED], gpus=alloc.gpus, gpu_uuids=uuids, reason=""
+                job_id, JobState.STARTING, expect=[JobState.QUEUED], gpus=alloc.gpus, gpu_uuids=uuids, reason=notes
             )
         except InvalidRequest:  # cancelled meanwhile
             return False

@@ -29,6 +29,7 @@ from corral.queue import queue_order
 class Start:
     job_id: str
     allocation: Allocation
+    notes: tuple[str, ...] = ()  # the engine's notes on the placement (e.g. the undefined-behaviour warning)
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ def schedule(
             continue
         if decision.allocation is not None:
             snapshot.allocate(decision.allocation)
-            plan.starts.append(Start(job.id, decision.allocation))
+            plan.starts.append(Start(job.id, decision.allocation, decision.explanation.notes))
             continue
         text = render(decision.explanation)
         never = all(decision.unresolvable(i) for i in range(len(snapshot)))

@@ -42,7 +42,7 @@ from corral.gpu.metrics import NvmlSampler
 from corral.gpu.mps import MpsControl
 from corral.gpu.simulated import parse_simulated_inventory
 from corral.model.errors import CorralError
-from corral.model.resources import Node
+from corral.model.resources import GpuBehavior, Node
 from corral.placement import PlacementConfig
 from corral.store import SqliteStore
 
@@ -156,6 +156,15 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host, port
 
 
+def parse_gpu_behavior(value: str) -> GpuBehavior:
+    """The global GPU scheduling behaviour for work without GPUs; an invalid one stops the start (as Marathon's)."""
+    try:
+        return GpuBehavior(value.strip().lower())
+    except ValueError:
+        valid = ", ".join(b.value for b in GpuBehavior)
+        raise ServeError(f"Setting {value} is invalid. Valid settings are {valid}") from None
+
+
 def is_loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host).is_loopback
@@ -219,6 +228,7 @@ def serve(
     watchdog: str = "kill",
     sharing: str = "mps",
     listen: str | None = None,
+    gpu_behavior: str = "preferential",
     container_runtime: str | None = None,
 ) -> None:
     """Run the daemon until SIGTERM or SIGINT.
@@ -234,8 +244,9 @@ def serve(
     if sharing not in SHARING_MODES:
         raise ServeError(f"--sharing must be one of {', '.join(SHARING_MODES)}, got {sharing!r}")
     tcp_at = parse_listen(listen) if listen is not None else None
+    behavior = parse_gpu_behavior(gpu_behavior)
     node = build_node(simulate)
-    config = PlacementConfig(policy=policy)
+    config = PlacementConfig(policy=policy, gpu_behavior=behavior)
     state_dir.mkdir(parents=True, exist_ok=True)
     socket_path.parent.mkdir(parents=True, exist_ok=True)
     _check_free(socket_path)
@@ -283,6 +294,7 @@ def serve(
         where += f" and http://{host}:{bound} (bearer tokens)"
         if not is_loopback(tcp_at[0]):
             label += "; WARNING: TCP is not loopback-only and carries tokens in clear text: put TLS in front of it"
+    label += f"; work without GPUs: {behavior.value}"
     sys.stderr.write(f"corral serve: listening on {where}; state in {state_dir}; policy {policy}; {label}\n")
     sys.stderr.flush()
 
