@@ -134,8 +134,12 @@ def definitions_router(
             with lock:
                 return work()
         except ObjectNotValid as exc:
-            first = exc.details[0].path if exc.details else "/"
-            return _error(422, first, str(exc))
+            # field: the first invalid path; message: its errors, then the other paths with theirs
+            if not exc.details:
+                return _error(422, "/", str(exc))
+            first, rest = exc.details[0], exc.details[1:]
+            text = "; ".join([", ".join(first.errors), *(f"{d.path}: {', '.join(d.errors)}" for d in rest)])
+            return _error(422, first.path, text)
         except m.MetronomeError as exc:
             return _error(exc.status, "definition", str(exc))
         except DefinitionNotFound as exc:

@@ -389,3 +389,13 @@ def test_dependencies_child_runs_after_parents_succeed_once_per_round(world: Wor
     world.finish(child.id, 0)
     world.tick()
     assert len(world.jobs("metronome:child")) == 1  # not again until the parents run again
+
+
+def test_corrals_own_definitions_api_names_the_first_bad_path_once(world: World) -> None:
+    c = world.client()
+    r = c.post("/v1/definitions", json={"id": "bad job"})
+    assert r.status_code == 422 and r.json() == {"detail": {"field": "/run", "message": "is required"}}
+    r = c.post("/v1/definitions", json={"id": "ok", "run": {"cpus": 1, "mem": 31, "disk": 0, "cmd": "x", "gpus": 1.5}})
+    detail = r.json()["detail"]
+    assert detail["field"].startswith("/run/") and not detail["message"].startswith("/")
+    assert "; /run/" in detail["message"]  # the other invalid paths follow, each named once
