@@ -137,6 +137,10 @@ def serve_cmd(
             "restricted (waits while a GPU is free: DeclinedScarceResources), unrestricted, undefined (warns)."
         ),
     ] = "preferential",
+    service_ports: Annotated[
+        str | None,
+        typer.Option(envvar="CORRAL_SERVICE_PORTS", help="Ports for services' $PORT0...: LOW-HIGH (31000-32000)."),
+    ] = None,
     listen: Annotated[
         str | None,
         typer.Option(help="Also serve over TCP at [HOST:]PORT (127.0.0.1 unless a host is given), with bearer tokens."),
@@ -156,7 +160,7 @@ def serve_cmd(
     try:
         serve(
             state, sock, simulate_gpus, policy, watchdog=gpu_memory_watchdog, sharing=sharing, listen=listen,
-            gpu_behavior=gpu_behavior,
+            gpu_behavior=gpu_behavior, service_ports=service_ports,
             container_runtime=container_runtime,
         )  # fmt: skip
     except (ServeError, InvalidRequest, StoreError, OSError) as exc:

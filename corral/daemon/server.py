@@ -41,9 +41,11 @@ from corral.gpu.discovery import GpuDiscoveryError, discover_gpus, local_node
 from corral.gpu.metrics import NvmlSampler
 from corral.gpu.mps import MpsControl
 from corral.gpu.simulated import parse_simulated_inventory
-from corral.model.errors import CorralError
+from corral.model.errors import CorralError, InvalidRequest
 from corral.model.resources import GpuBehavior, Node
 from corral.placement import PlacementConfig
+from corral.services.ports import ENV as PORTS_ENV
+from corral.services.ports import parse_range
 from corral.store import SqliteStore
 
 log = logging.getLogger("corral.serve")
@@ -229,6 +231,7 @@ def serve(
     sharing: str = "mps",
     listen: str | None = None,
     gpu_behavior: str = "preferential",
+    service_ports: str | None = None,
     container_runtime: str | None = None,
 ) -> None:
     """Run the daemon until SIGTERM or SIGINT.
@@ -245,6 +248,12 @@ def serve(
         raise ServeError(f"--sharing must be one of {', '.join(SHARING_MODES)}, got {sharing!r}")
     tcp_at = parse_listen(listen) if listen is not None else None
     behavior = parse_gpu_behavior(gpu_behavior)
+    if service_ports is not None:  # the services controller reads its port range from the environment
+        try:
+            low, high = parse_range(service_ports)
+            os.environ[PORTS_ENV] = f"{low}-{high}"
+        except InvalidRequest as exc:
+            raise ServeError(f"--service-ports: {exc.message}") from None
     node = build_node(simulate)
     config = PlacementConfig(policy=policy, gpu_behavior=behavior)
     state_dir.mkdir(parents=True, exist_ok=True)
