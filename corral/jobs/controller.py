@@ -26,7 +26,6 @@ import copy
 import logging
 import math
 import os
-import pwd
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -54,6 +53,7 @@ from corral.jobs.definitions import (
     instant,
     run_key,
 )
+from corral.jobs.environment import base_environment
 from corral.jobs.model import Job, JobSpec, JobState
 from corral.mesos import chronos, metronome
 from corral.mesos.errors import Problems
@@ -71,7 +71,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("corral.jobs")
 
 Source = Literal["metronome", "chronos"]
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 TASK_FINAL = frozenset({"TASK_FINISHED", "TASK_FAILED", "TASK_KILLED"})
 _TASK_STATUS = {
     JobState.QUEUED: "TASK_CREATED",
@@ -597,14 +596,7 @@ class JobsController:
         command = d.command
         if run["arguments"] and entry.chronos is not None and not entry.chronos.shell:
             command = (*command, *run["arguments"])
-        home = "/"
-        try:
-            pw_dir = pwd.getpwuid(entry.owner.uid).pw_dir
-            if os.path.isdir(pw_dir):
-                home = pw_dir
-        except KeyError:
-            pass
-        env = {"PATH": DEFAULT_PATH, "HOME": home, "USER": entry.owner.user, "LOGNAME": entry.owner.user}
+        env, home = base_environment(entry.owner.uid, entry.owner.user)
         env.update(d.env)
         if d.image is not None:
             runtime = self.daemon.container_runtime

@@ -31,6 +31,7 @@ from typing import Any
 
 from corral.daemon.core import CANCELLING, Daemon
 from corral.executor.container import container_command
+from corral.jobs.environment import base_environment
 from corral.jobs.model import Job, JobSpec, JobState
 from corral.mesos import marathon as mr
 from corral.mesos.errors import ErrorDetail, ObjectNotValid, Problems
@@ -50,7 +51,6 @@ KIND = "marathon.app"
 UNHEALTHY = "unhealthy"
 ORIGIN = "marathon:"
 LIVE = (JobState.QUEUED, JobState.STARTING, JobState.RUNNING)
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 NO_RUNTIME = (
     "the app names the container image {image!r}, but this corral serve has no container runtime: start it with "
     "--container-runtime docker|podman, or give a cmd that runs without one"
@@ -514,7 +514,8 @@ class ServicesController:
         request = engine_request(service)
         if gpu_models is not None or min_gpu_memory:
             request = replace(request, gpu_models=gpu_models, min_gpu_memory_mib=min_gpu_memory)
-        env: dict[str, str] = {"PATH": DEFAULT_PATH, **service.env}
+        env, home = base_environment(app.owner.uid, app.owner.user)
+        env.update(service.env)
         env.update(
             HOST=daemon.node.name,
             MARATHON_APP_ID=app.key,
@@ -546,6 +547,7 @@ class ServicesController:
             gid=owner.gid,
             name=app.key,
             env=env,
+            cwd=home,
             origin=origin_of(app.key, instance),
         )
 

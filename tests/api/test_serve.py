@@ -67,14 +67,33 @@ def serving(sock: Path, state: Path, *extra: str) -> Iterator[tuple[Corral, str]
         assert server.stdout is not None
         yield Corral(sock), server.stdout.readline()
     finally:
+        # A daemon that stops leaves its jobs running (a restart re-adopts them); a test's daemon must not.
+        jobs = _children(server.pid)
         server.send_signal(signal.SIGTERM)
         try:
             output, _ = server.communicate(timeout=10)
         except subprocess.TimeoutExpired:
             server.kill()
             output, _ = server.communicate()
+        for group in jobs:
+            with contextlib.suppress(OSError):
+                os.killpg(group, signal.SIGKILL)
         assert server.returncode == 0, output
         assert not sock.exists()
+
+
+def _children(pid: int) -> set[int]:
+    """PIDs whose parent is `pid` (a daemon's job leaders: each is its job's process group)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+                if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
+                    found.add(int(entry.name))
+            except (OSError, ValueError, IndexError):
+                continue
+    return found
 
 
 @pytest.fixture

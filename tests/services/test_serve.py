@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from corral.daemon.core import find_job_process
 from corral.services.ports import bindable
 from tests.api.test_serve import Corral, serving, wait_for
 
@@ -55,9 +54,9 @@ def test_an_app_keeps_two_healthy_http_servers_running(tmp_path: Path, monkeypat
         assert "healthy" in text and str(min(ports)) in text
 
         victim = first[0]["corral"]["job"]
-        found = find_job_process(victim)
-        assert found is not None, "the instance's process was not found"
-        os.killpg(os.getpgid(found[0]), signal.SIGKILL)
+        pid = instance_process(victim, first[0]["ports"][0])
+        assert pid is not None, "the instance's process was not found"
+        os.killpg(os.getpgid(pid), signal.SIGKILL)
 
         def replaced() -> bool:
             tasks = show()["tasks"]
@@ -74,6 +73,19 @@ def test_an_app_keeps_two_healthy_http_servers_running(tmp_path: Path, monkeypat
         assert missing.returncode == 2 and missing.stderr.strip() == "error: App '/nope' does not exist"
         corral.run("app", "delete", "web")
         wait_for("the instances to stop", lambda: _no_live_jobs(corral), timeout=20)
+
+
+def instance_process(job_id: str, port: int) -> int | None:
+    """The PID of this daemon's instance: its CORRAL_JOB_ID and its PORT0 (another daemon's job 1 may be running)."""
+    wanted = {f"CORRAL_JOB_ID={job_id}".encode(), f"PORT0={port}".encode()}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if wanted <= set((entry / "environ").read_bytes().split(b"\0")):
+                    return int(entry.name)
+            except OSError:
+                continue
+    return None
 
 
 def _no_live_jobs(corral: Corral) -> bool:
