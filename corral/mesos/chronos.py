@@ -18,9 +18,9 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
+from pydantic import Field
 
+from corral.mesos.common import FetchUri, KeyValue, MesosModel
 from corral.mesos.errors import Problems, validate_model
 from corral.mesos.model import (
     Artifact,
@@ -54,43 +54,27 @@ class ChronosDefaults:
     disable_after_failures: int = 0  # --disable_after_failures; 0 = never
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore", populate_by_name=True, alias_generator=to_camel, frozen=True)
-
-
-class Parameter(_Model):
-    key: str
-    value: str
-
-
-class ChronosVolume(_Model):
+class ChronosVolume(MesosModel):
     container_path: str = Field(min_length=1)
     host_path: str | None = None
     mode: Literal["RO", "RW"] = "RW"
 
 
-class Container(_Model):
+class Container(MesosModel):
     type: Literal["DOCKER", "MESOS"] = "DOCKER"
     image: str = Field(min_length=1)
     force_pull_image: bool = False
     network: Literal["BRIDGE", "HOST", "USER"] = "HOST"
     volumes: list[ChronosVolume] = []
-    parameters: list[Parameter] = []
+    parameters: list[KeyValue] = []
 
 
-class Fetch(_Model):
-    uri: str = Field(min_length=1)
-    executable: bool = False
-    extract: bool = True
-    cache: bool = False
-
-
-class NameValue(_Model):
+class NameValue(MesosModel):
     name: str = Field(min_length=1)
     value: str
 
 
-class ChronosJob(_Model):
+class ChronosJob(MesosModel):
     name: str
     command: str = ""
     shell: bool = True
@@ -105,7 +89,7 @@ class ChronosJob(_Model):
     disk: float = Field(default=0, ge=0)
     gpus: int = Field(default=0, ge=0)
     container: Container | None = None
-    fetch: list[Fetch] = []
+    fetch: list[FetchUri] = []
     uris: list[str] = []
     environment_variables: list[NameValue] = []
     labels: list[NameValue] = []

@@ -12,9 +12,9 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
+from pydantic import Field
 
+from corral.mesos.common import FetchUri, MesosModel
 from corral.mesos.constraints import parse_constraints
 from corral.mesos.errors import Problems, validate_model
 from corral.mesos.model import (
@@ -39,15 +39,11 @@ _SEGMENT = r"(?:[a-z0-9]|[a-z0-9][a-z0-9-]*[a-z0-9])"
 APP_ID = re.compile(rf"/?{_SEGMENT}(?:/{_SEGMENT})*")
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore", populate_by_name=True, alias_generator=to_camel, frozen=True)
-
-
-class CommandCheck(_Model):
+class CommandCheck(MesosModel):
     value: str = Field(min_length=1)
 
 
-class HealthCheck(_Model):
+class HealthCheck(MesosModel):
     protocol: Literal["HTTP", "HTTPS", "TCP", "COMMAND", "MESOS_HTTP", "MESOS_HTTPS", "MESOS_TCP"] = "HTTP"
     path: str = "/"
     port_index: int | None = Field(default=None, ge=0)
@@ -60,40 +56,33 @@ class HealthCheck(_Model):
     delay_seconds: int = Field(default=15, ge=0)
 
 
-class UpgradeStrategy(_Model):
+class UpgradeStrategy(MesosModel):
     minimum_health_capacity: float = Field(default=1.0, ge=0, le=1)
     maximum_over_capacity: float = Field(default=1.0, ge=0, le=1)
 
 
-class DockerImage(_Model):
+class DockerImage(MesosModel):
     image: str = Field(min_length=1)
     force_pull_image: bool = False
     privileged: bool = False
 
 
-class Container(_Model):
+class Container(MesosModel):
     type: Literal["DOCKER", "MESOS"] = "DOCKER"
     docker: DockerImage | None = None
 
 
-class PortDefinition(_Model):
+class PortDefinition(MesosModel):
     port: int = Field(default=0, ge=0, le=65535)
     name: str | None = None
     protocol: str = "tcp"
 
 
-class FetchUri(_Model):
-    uri: str = Field(min_length=1)
-    executable: bool = False
-    extract: bool = True
-    cache: bool = False
-
-
-class SecretSource(_Model):
+class SecretSource(MesosModel):
     source: str = Field(min_length=1)
 
 
-class MarathonApp(_Model):
+class MarathonApp(MesosModel):
     id: str
     cmd: str | None = Field(default=None, min_length=1)
     args: list[str] | None = None

@@ -20,9 +20,9 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
+from pydantic import ConfigDict, Field
 
+from corral.mesos.common import FetchUri, KeyValue, MesosModel
 from corral.mesos.errors import Problems, validate_model
 from corral.mesos.model import (
     Artifact,
@@ -61,73 +61,57 @@ RUN_ID = re.compile(r"\d{14}[A-Za-z0-9]{5}")
 MIN_STARTING_DEADLINE_S = 60
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore", populate_by_name=True, alias_generator=to_camel, frozen=True)
-
-
-class DockerParameter(_Model):
-    key: str
-    value: str
-
-
-class Docker(_Model):
+class Docker(MesosModel):
     image: str = Field(min_length=1)
     force_pull_image: bool = False
     privileged: bool = False
-    parameters: list[DockerParameter] = []
+    parameters: list[KeyValue] = []
 
 
-class UcrImage(_Model):
+class UcrImage(MesosModel):
     id: str = Field(min_length=1)
     kind: Literal["docker", "appc"] = "docker"
     force_pull: bool = False
 
 
-class Ucr(_Model):
+class Ucr(MesosModel):
     image: UcrImage
     privileged: bool = False
 
 
-class PlacementConstraint(_Model):
+class PlacementConstraint(MesosModel):
     attribute: str = Field(min_length=1)
     operator: Literal["IS", "EQ", "LIKE", "UNLIKE"]
     value: str | None = None
 
 
-class Placement(_Model):
+class Placement(MesosModel):
     constraints: list[PlacementConstraint] = []
 
 
-class ArtifactSpec(_Model):
-    uri: str = Field(min_length=1)
-    executable: bool = False
-    extract: bool = True
-    cache: bool = False
-
-
-class Restart(_Model):
+class Restart(MesosModel):
     policy: Literal["NEVER", "ON_FAILURE"]
     active_deadline_seconds: int | None = Field(default=None, ge=1)
 
 
-class VolumeSpec(_Model):
+class VolumeSpec(MesosModel):
     container_path: str = Field(min_length=1)
     host_path: str | None = None
     mode: Literal["RO", "RW"] | None = None
     secret: str | None = None
 
 
-class NetworkSpec(_Model):
+class NetworkSpec(MesosModel):
     mode: Literal["host", "container", "container/bridge"]
     name: str | None = None
     labels: dict[str, str] = {}
 
 
-class SecretSource(_Model):
+class SecretSource(MesosModel):
     source: str = Field(min_length=1)
 
 
-class Run(_Model):
+class Run(MesosModel):
     model_config = ConfigDict(extra="forbid")
 
     cpus: float = Field(ge=0.01)
@@ -141,7 +125,7 @@ class Run(_Model):
     env: dict[str, Any] = {}  # a string, or {"secret": name}: checked by the rules
     secrets: dict[str, SecretSource] = {}
     placement: Placement = Placement()
-    artifacts: list[ArtifactSpec] = []
+    artifacts: list[FetchUri] = []
     max_launch_delay: int = Field(default=3600, ge=1)
     restart: Restart = Restart(policy="NEVER")
     user: str | None = None
@@ -150,7 +134,7 @@ class Run(_Model):
     networks: list[NetworkSpec] = []
 
 
-class ScheduleSpec(_Model):
+class ScheduleSpec(MesosModel):
     id: str
     cron: str
     timezone: str = "UTC"
@@ -159,11 +143,11 @@ class ScheduleSpec(_Model):
     enabled: bool = True
 
 
-class Dependency(_Model):
+class Dependency(MesosModel):
     id: str
 
 
-class MetronomeJob(_Model):
+class MetronomeJob(MesosModel):
     model_config = ConfigDict(extra="forbid")
 
     id: str
