@@ -1,15 +1,17 @@
-"""fgd-fill against fgd on the FGD study's pod lists, with an ablation (issue 7, part 2).
+"""fgd-scarcity against fgd on the FGD study's pod lists, with an ablation (issue 7, part 2).
 
     python -m benchmarks.beyond_fgd [--traces DIR] [--lists default,cpu100,...] [--seeds 42-51]
-        [--policies fgd,fgd-fill,fgd-fill-gpu-only,fgd-fill-cpu-only,fill-only] [--csv FILE] [--write BENCHMARKS.md]
+        [--policies fgd,fgd-scarcity,...] [--csv FILE] [--write BENCHMARKS.md]
 
 Each (pod list, seed) replays the authors' exact order file where `DIR/orders` has one, else corral's own seeded
 shuffle and tuning to 130 % (as `corral sim run --seed S`), and records allocation % at arrived 100 % and 130 %.
-One process, one run at a time. The ablation variants are registered here only (not in the product):
+One process, one run at a time; with `--csv`, runs already in the file are skipped (the table is printed from it).
+The ablation variants are registered here only (not in the product), each `fgd-scarcity` with one part changed:
 
-    fgd-fill-gpu-only   fill gain breaks FGD's ties only for pods with GPUs (CPU-only pods: node rank, as fgd)
-    fgd-fill-cpu-only   fill gain breaks FGD's ties only for pods without GPUs
-    fill-only           the fill gain alone, no FGD points
+    fgd-fill                  every pod's ties broken by the plain fill gain (no scarcity weights, no model level)
+    fgd-scarcity-cpu-pods     only pods without GPUs get the tie-break (pods with GPUs: FGD's node rank)
+    fgd-scarcity-no-model     pods with GPUs: no model level first
+    fgd-scarcity-unweighted   pods with GPUs: model level, then the plain fill gain (no scarcity weights)
 """
 
 from __future__ import annotations
@@ -25,52 +27,54 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.bench_engine import cpu_name, emit, memory_gib
-from corral.model.arrays import FloatArray, IntArray
 from corral.model.resources import GpuBehavior
 from corral.placement import PlacementConfig
-from corral.placement.context import Context
 from corral.placement.registry import policy_names, register_policy
-from corral.placement.scores.fgd_fill import FILL_WEIGHT, FgdFill
+from corral.placement.scores.fgd_scarcity import FgdScarcity
 from corral.sim.experiment import order_arrivals, study_arrivals
 from corral.sim.openb import load_nodes, load_order, load_pods, target_workload
 from corral.sim.replay import replay
 
 DEFAULT_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces" / "openb"
 LISTS = ("default", "cpu100", "gpushare60", "gpuspec20", "multigpu30")
-POLICIES = ("fgd", "fgd-fill", "fgd-fill-gpu-only", "fgd-fill-cpu-only", "fill-only")
+POLICIES = ("fgd", "fgd-scarcity")
+ABLATION_POLICIES = ("fgd-fill", "fgd-scarcity-cpu-pods", "fgd-scarcity-no-model", "fgd-scarcity-unweighted")
 
 
-class _FillOnlyFor(FgdFill):
-    """fgd-fill whose fill fraction is dropped (FGD points only) for one kind of pod."""
+class _FgdFill(FgdScarcity):
+    """The earlier fgd-fill: every pod's ties broken by the plain fill gain, no scarcity weights, no model level."""
 
-    name = "fgd-fill-gpu-only"
-    fill_for_gpu_pods = True
-
-    def _compute(self, ctx: Context, nodes: IntArray) -> tuple[FloatArray, IntArray]:
-        scores, aux = super()._compute(ctx, nodes)
-        if ctx.request.wants_gpu != self.fill_for_gpu_pods:
-            scores = np.floor(scores)
-        return scores, aux
+    name = "fgd-fill"
+    weighted = False
+    model_guard = False
 
 
-class _FillForCpuPods(_FillOnlyFor):
-    name = "fgd-fill-cpu-only"
-    fill_for_gpu_pods = False
+class _CpuPodsOnly(FgdScarcity):
+    """Only pods without GPUs get the tie-break; pods with GPUs keep FGD's node rank."""
+
+    name = "fgd-scarcity-cpu-pods"
+    gpu_pods = False
 
 
-class _FillOnly(FgdFill):
-    """The fill gain alone: FGD points dropped, the fraction kept (a monotone map of the gain)."""
+class _NoModelLevel(FgdScarcity):
+    """Pods with GPUs: scarcity-weighted fill gain only, no model level first."""
 
-    name = "fill-only"
+    name = "fgd-scarcity-no-model"
+    model_guard = False
 
-    def _compute(self, ctx: Context, nodes: IntArray) -> tuple[FloatArray, IntArray]:
-        scores, aux = super()._compute(ctx, nodes)
-        frac: FloatArray = scores - np.floor(scores)
-        return np.where(scores < 0, -1.0, frac / FILL_WEIGHT), aux
+
+class _Unweighted(FgdScarcity):
+    """Pods with GPUs: model level, then the plain (unweighted) fill gain."""
+
+    name = "fgd-scarcity-unweighted"
+    weighted = False
+
+
+ABLATIONS: tuple[type[FgdScarcity], ...] = (_FgdFill, _CpuPodsOnly, _NoModelLevel, _Unweighted)
 
 
 def register_ablations() -> None:
-    for cls in (_FillOnlyFor, _FillForCpuPods, _FillOnly):
+    for cls in ABLATIONS:
         if cls.name not in policy_names():
             register_policy(cls.name, cls)
 
@@ -128,7 +132,7 @@ def main() -> None:
                             fh.write("pod_list,policy,seed,alloc_at_100,alloc_at_130,exact_order,seconds\n")
                         fh.write(f"{pod_list},{policy},{seed},{row[0]},{row[1]},{int(row[2])},{row[3]:.2f}\n")
     lines = [
-        f"## fgd-fill vs fgd: allocation on the study's pod lists ({datetime.date.today()})",
+        f"## fgd-scarcity vs fgd: allocation on the study's pod lists ({datetime.date.today()})",
         "",
         f"Machine: {cpu_name()}, {os.cpu_count()} logical CPUs, {memory_gib()}; Python {platform.python_version()}, "
         f"numpy {np.__version__}. Command: `python -m benchmarks.beyond_fgd --lists {args.lists} --seeds {args.seeds} "

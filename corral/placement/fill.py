@@ -29,17 +29,17 @@ from corral.placement.workload import TargetWorkload, compile_workload
 _BLOCK = 1024
 
 
-def _unfilled(
+def type_fill(
     snapshot: ClusterSnapshot,
     workload: TargetWorkload,
     nodes: IntArray,
     cpu_free: IntArray,
     milli_free: IntArray,
-) -> FloatArray:
-    """W for `nodes` with hypothetical free CPU (shape S) and per-GPU free milli (shape S x GPUs).
+) -> tuple[IntArray, IntArray]:
+    """Per target type: (slots_m, unfilled_m), each shaped (types, *S), for hypothetical node states.
 
-    S is (nodes,) or (nodes, candidates): the second form scores several hypothetical states of each node at once
-    (one per GPU a share could go to).
+    S is (nodes,) or (nodes, candidates) with free CPU shaped S and per-GPU free milli shaped S x GPUs: the second
+    form scores several hypothetical states of each node at once (one per GPU a share could go to).
     """
     w = compile_workload(snapshot, workload)
     t = len(w.prob)
@@ -59,9 +59,24 @@ def _unfilled(
     gpu_slots = np.where(share, share_slots, whole_free // np.maximum(count, 1))
     cpu = w.cpu.reshape(t, *extra)
     cpu_slots = np.where(cpu > 0, np.maximum(cpu_free, 0)[None] // np.maximum(cpu, 1), np.iinfo(np.int64).max)
-    usable = np.minimum(np.minimum(gpu_slots, cpu_slots) * count * milli, idle[None])
-    unfilled = np.where(w.cpu_only.reshape(t, *extra), idle[None], idle[None] - usable)
-    out: FloatArray = (w.prob.reshape(t, *extra) * unfilled).sum(axis=0)
+    cpu_only = w.cpu_only.reshape(t, *extra)
+    slots = np.where(cpu_only, cpu_slots, np.minimum(gpu_slots, cpu_slots))
+    usable = np.minimum(slots * count * milli, idle[None])
+    unfilled = np.where(cpu_only, idle[None], idle[None] - usable)
+    return slots, unfilled
+
+
+def _unfilled(
+    snapshot: ClusterSnapshot,
+    workload: TargetWorkload,
+    nodes: IntArray,
+    cpu_free: IntArray,
+    milli_free: IntArray,
+) -> FloatArray:
+    """W for `nodes` with hypothetical free CPU (shape S) and per-GPU free milli (shape S x GPUs)."""
+    w = compile_workload(snapshot, workload)
+    _, unfilled = type_fill(snapshot, workload, nodes, cpu_free, milli_free)
+    out: FloatArray = (w.prob.reshape(-1, *((1,) * cpu_free.ndim)) * unfilled).sum(axis=0)
     return out
 
 

@@ -38,7 +38,7 @@ def test_registry_has_every_policy() -> None:
         "binpack",
         "dotprod",
         "fgd",
-        "fgd-fill",
+        "fgd-scarcity",
         "gpu-clustering",
         "gpu-packing",
         "load",

@@ -1,4 +1,5 @@
-"""fgd-fill: the fill measure on hand-worked nodes, its tie-breaking against fgd, and its safety on random streams."""
+"""fgd-scarcity: the fill measure, scarcity weights and model levels on hand-worked clusters, its tie-breaking
+against fgd, and its safety on random streams."""
 
 from __future__ import annotations
 
@@ -6,13 +7,17 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from corral.model.resources import MILLI_PER_GPU, Allocation, GpuBehavior
 from corral.model.snapshot import ClusterSnapshot
 from corral.placement import PlacementConfig, place
-from corral.placement.fill import node_unfilled, share_unfilled_after
+from corral.placement.fill import node_unfilled, share_unfilled_after, type_fill
+from corral.placement.registry import policy_names, register_policy
+from corral.placement.scarcity import cluster_slots, model_levels, scarcity_weights
+from corral.placement.scores.fgd_scarcity import FgdScarcity
 from corral.placement.workload import DEFAULT_WORKLOAD, TargetType, TargetWorkload
 from tests.builders import cluster, commit, cpu_only, gpus, node
 from tests.placement.test_properties import (
@@ -102,11 +107,11 @@ def test_share_after_scores_each_gpu_as_the_share_would_leave_it() -> None:
 def test_a_cpu_only_pod_goes_where_it_strands_no_gpu() -> None:
     # Both nodes keep every target type's one-pod fit (fgd: 50 and 50, so the rank decides: "gpu-rich" first).
     # On "gpu-rich" the pod leaves CPU for one 11.3-core pod instead of two (1000 milli more left idle); on "no-gpus"
-    # nothing changes. fgd-fill scores 50 + 0.999 sigmoid(gain / 1000) for each.
+    # nothing changes. fgd-scarcity scores 50 + 0.999 sigmoid(gain / 1000) for each.
     s = cluster(node("gpu-rich").gpus(2).cpu(24), node("no-gpus").cpu(24), ranks=[0, 1])
     cfg = {"gpu_behavior": UNRESTRICTED, "workload": ONE_GPU_11_CORES}
     fgd = place(s, cpu_only(cpu=2000), PlacementConfig(policy="fgd", **cfg))  # type: ignore[arg-type]
-    fill = place(s, cpu_only(cpu=2000), PlacementConfig(policy="fgd-fill", **cfg))  # type: ignore[arg-type]
+    fill = place(s, cpu_only(cpu=2000), PlacementConfig(policy="fgd-scarcity", **cfg))  # type: ignore[arg-type]
     assert fgd.explanation.chosen == "gpu-rich"
     assert fill.explanation.chosen == "no-gpus"
     top = dict(fill.explanation.top)
@@ -116,11 +121,13 @@ def test_a_cpu_only_pod_goes_where_it_strands_no_gpu() -> None:
 
 def test_fill_never_overrides_a_better_fgd_score() -> None:
     # A share of 300 on a node whose GPU 0 already holds 500: fgd prefers the tight GPU (57 vs 33, see
-    # test_fgd_keeps_whole_gpus_whole); the fill fraction stays below one point, so fgd-fill agrees.
+    # test_fgd_keeps_whole_gpus_whole); the fill fraction stays below one point, so fgd-scarcity agrees.
     s = cluster(node("a").gpus(2).cpu(8))
     commit(s, place(s, gpus(1, 500, cpu=0, id="half"), PlacementConfig(policy="binpack", gpu_behavior=UNRESTRICTED)))
     workload = TargetWorkload((TargetType(0, 1000, 1, None, 1.0),))
-    d = place(s, gpus(1, 300, cpu=0), PlacementConfig(policy="fgd-fill", gpu_behavior=UNRESTRICTED, workload=workload))
+    d = place(
+        s, gpus(1, 300, cpu=0), PlacementConfig(policy="fgd-scarcity", gpu_behavior=UNRESTRICTED, workload=workload)
+    )
     assert d.allocation is not None and d.allocation.gpu_indices == (0,)
     assert math.floor(d.explanation.top[0][1]) == 57
 
@@ -133,9 +140,84 @@ def test_a_cpu_heavy_gpu_pod_avoids_the_node_it_would_strand() -> None:
     pod = gpus(1, cpu=20_000)
     cfg = {"gpu_behavior": UNRESTRICTED, "workload": ONE_GPU_11_CORES}
     assert place(s, pod, PlacementConfig(policy="fgd", **cfg)).explanation.chosen == "lean"  # type: ignore[arg-type]
-    d = place(s, pod, PlacementConfig(policy="fgd-fill", **cfg))  # type: ignore[arg-type]
+    d = place(s, pod, PlacementConfig(policy="fgd-scarcity", **cfg))  # type: ignore[arg-type]
     assert d.explanation.chosen == "fat"
     assert dict(d.explanation.top) == {"fat": 50 + 0.999 * 0.5, "lean": 50 + 0.999 / (1 + math.exp(1.0))}
+
+
+# ------------------------------------------------------------------------------------------------ scarcity
+ANY_GPU = TargetType(4000, MILLI_PER_GPU, 1, None, 0.75)
+T4_GPU = TargetType(4000, MILLI_PER_GPU, 1, frozenset({"T4"}), 0.25)
+
+
+def test_scarcity_weights_compare_each_types_room_with_its_share_of_the_pods_still_to_come() -> None:
+    # Slots: any-GPU 8 (G2) + 2 (T4) = 10, T4-only 2. 10 free GPUs at 1000 milli per target pod: 10 more pods,
+    # 7.5 any-GPU (7.5 / 10 -> 0.75) and 2.5 T4-only (2.5 / 2 -> 1, capped).
+    s = cluster(node("g2").gpus(8, model="G2").cpu(96), node("t4").gpus(2, model="T4").cpu(104))
+    workload = TargetWorkload((ANY_GPU, T4_GPU))
+    assert cluster_slots(s, workload).tolist() == [10, 2]
+    assert scarcity_weights(s, workload).tolist() == [0.75, 1.0]
+    # Six G2 GPUs taken: 4 free GPUs, 4 pods to come: 3 any-GPU over 4 slots (0.75), 1 T4-only over 2 (0.5).
+    commit(s, place(s, gpus(6, cpu=0, id="six"), PlacementConfig(policy="binpack", gpu_behavior=UNRESTRICTED)))
+    assert cluster_slots(s, workload).tolist() == [4, 2]
+    assert scarcity_weights(s, workload).tolist() == [0.75, 0.5]
+
+
+def test_weights_move_in_eighths() -> None:
+    # One node, 8 GPUs, 64 cores; any-GPU p 0.3 and 500-milli shares p 0.7: 650 milli per pod, 8000 / 650 = 12.3
+    # pods to come. Any-GPU: 3.69 / 8 slots = 0.46 -> 0.5; shares: 8.62 / 16 slots = 0.54 -> 0.5.
+    s = cluster(node("a").gpus(8).cpu(64))
+    workload = TargetWorkload((TargetType(1000, MILLI_PER_GPU, 1, None, 0.3), TargetType(1000, 500, 1, None, 0.7)))
+    assert scarcity_weights(s, workload).tolist() == [0.5, 0.5]
+
+
+def test_model_levels_rank_nodes_by_the_constrained_demand_on_their_models() -> None:
+    s = cluster(
+        node("g2").gpus(8, model="G2"),
+        node("t4").gpus(2, model="T4"),
+        node("cpu").cpu(32),
+        node("t4b").gpus(4, model="T4"),
+    )
+    level, levels = model_levels(s, TargetWorkload((ANY_GPU, T4_GPU)))
+    # Only the T4-only type is constrained: its demand leans on both T4 nodes alike, on nothing else.
+    assert level.tolist() == [0, 1, 0, 1]
+    assert levels == 2
+
+
+def _sigmoid(x: float) -> float:
+    return 1 / (1 + math.exp(-x))
+
+
+class _NoGuard(FgdScarcity):
+    name = "fgd-scarcity-test-no-model-level"
+    model_guard = False
+
+
+def test_a_pod_that_can_run_anywhere_stays_off_the_model_a_constrained_type_needs() -> None:
+    # fgd ties at 50 (on "g2" the T4-only type's no-access fragment drops by 20 milli, not a whole point; on the
+    # CPU-poor "t4" nothing changes) and the rank picks "t4". Its 5 cores strand one of its GPUs for the 4-core
+    # types, so the fill gain alone also prefers "t4" (it uses that GPU: gain 985 vs 5). The model level comes first:
+    # "t4" is the only home of the T4-only type, so the pod goes to "g2".
+    if _NoGuard.name not in policy_names():
+        register_policy(_NoGuard.name, _NoGuard)
+    s = cluster(node("t4").gpus(2, model="T4").cpu(5), node("g2").gpus(8, model="G2").cpu(96), ranks=[0, 1])
+    workload = TargetWorkload(
+        (TargetType(4000, MILLI_PER_GPU, 1, None, 0.98), TargetType(4000, MILLI_PER_GPU, 1, frozenset({"T4"}), 0.02))
+    )
+    pod = gpus(1, cpu=1000)
+
+    def decide(policy: str) -> dict[str, float]:
+        d = place(s, pod, PlacementConfig(policy=policy, gpu_behavior=UNRESTRICTED, workload=workload))
+        assert d.explanation.top[0][0] == d.explanation.chosen
+        return dict(d.explanation.top)
+
+    assert list(decide("fgd")) == ["t4", "g2"]
+    assert list(decide(_NoGuard.name)) == ["t4", "g2"]
+    top = decide("fgd-scarcity")
+    assert list(top) == ["g2", "t4"]
+    # Weights: any-GPU 9.8 pods to come over 9 slots (1), T4-only 0.2 over 1 slot (0.25).
+    assert top["g2"] == pytest.approx(50 + 0.999 * (1 + _sigmoid(0.02 * 0.25)) / 2)
+    assert top["t4"] == pytest.approx(50 + 0.999 * _sigmoid(0.98 + 0.02 * 0.25) / 2)
 
 
 # ------------------------------------------------------------------------------------------------ properties
@@ -156,11 +238,11 @@ def test_fill_measure_matches_the_definition(data: st.DataObject) -> None:
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
-def test_fgd_fill_never_over_commits(data: st.DataObject) -> None:
-    """Random streams placed, granted and released by fgd-fill keep every snapshot invariant; scores sort like fgd."""
+def test_fgd_scarcity_never_over_commits(data: st.DataObject) -> None:
+    """Random streams placed, granted and released by fgd-scarcity keep every invariant; scores sort like fgd."""
     snap = data.draw(clusters(), label="cluster")
     types = data.draw(st.lists(target_types(snap.models), min_size=1, max_size=5), label="workload")
-    config = PlacementConfig(policy="fgd-fill", gpu_behavior=UNRESTRICTED, workload=normalised(types))
+    config = PlacementConfig(policy="fgd-scarcity", gpu_behavior=UNRESTRICTED, workload=normalised(types))
     fgd_config = PlacementConfig(policy="fgd", gpu_behavior=UNRESTRICTED, workload=config.workload)
     live: dict[str, Allocation] = {}
     for step in range(data.draw(st.integers(1, 25), label="steps")):
@@ -178,3 +260,9 @@ def test_fgd_fill_never_over_commits(data: st.DataObject) -> None:
                 snap.allocate(decision.allocation)
                 live[request.id] = decision.allocation
         assert_invariants(snap, live)
+    # The cluster-wide slot counts, kept per node and refreshed where nodes changed, equal a fresh count.
+    everything = np.arange(len(snap), dtype=np.int64)
+    assert config.workload is not None
+    fresh, _ = type_fill(snap, config.workload, everything, snap.cpu_free, snap.gpu_milli_free)
+    cap = (1 << 40) // len(snap)
+    assert cluster_slots(snap, config.workload).tolist() == np.minimum(fresh, cap).sum(axis=1).tolist()
