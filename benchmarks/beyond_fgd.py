@@ -38,7 +38,6 @@ from corral.sim.replay import replay
 DEFAULT_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces" / "openb"
 LISTS = ("default", "cpu100", "gpushare60", "gpuspec20", "multigpu30")
 POLICIES = ("fgd", "fgd-scarcity")
-ABLATION_POLICIES = ("fgd-fill", "fgd-scarcity-cpu-pods", "fgd-scarcity-no-model", "fgd-scarcity-unweighted")
 
 
 class _FgdFill(FgdScarcity):

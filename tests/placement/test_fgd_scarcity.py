@@ -13,9 +13,8 @@ from hypothesis import strategies as st
 
 from corral.model.resources import MILLI_PER_GPU, Allocation, GpuBehavior
 from corral.model.snapshot import ClusterSnapshot
-from corral.placement import PlacementConfig, place
+from corral.placement import PlacementConfig, place, registry
 from corral.placement.fill import node_unfilled, share_unfilled_after, type_fill
-from corral.placement.registry import policy_names, register_policy
 from corral.placement.scarcity import cluster_slots, model_levels, scarcity_weights
 from corral.placement.scores.fgd_scarcity import FgdScarcity
 from corral.placement.workload import DEFAULT_WORKLOAD, TargetType, TargetWorkload
@@ -193,13 +192,15 @@ class _NoGuard(FgdScarcity):
     model_guard = False
 
 
-def test_a_pod_that_can_run_anywhere_stays_off_the_model_a_constrained_type_needs() -> None:
+def test_a_pod_that_can_run_anywhere_stays_off_the_model_a_constrained_type_needs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # fgd ties at 50 (on "g2" the T4-only type's no-access fragment drops by 20 milli, not a whole point; on the
     # CPU-poor "t4" nothing changes) and the rank picks "t4". Its 5 cores strand one of its GPUs for the 4-core
     # types, so the fill gain alone also prefers "t4" (it uses that GPU: gain 985 vs 5). The model level comes first:
     # "t4" is the only home of the T4-only type, so the pod goes to "g2".
-    if _NoGuard.name not in policy_names():
-        register_policy(_NoGuard.name, _NoGuard)
+    # Registered for this test only (monkeypatch restores the registry), so the product's list stays as it is.
+    monkeypatch.setitem(registry._REGISTRY, _NoGuard.name, _NoGuard)
     s = cluster(node("t4").gpus(2, model="T4").cpu(5), node("g2").gpus(8, model="G2").cpu(96), ranks=[0, 1])
     workload = TargetWorkload(
         (TargetType(4000, MILLI_PER_GPU, 1, None, 0.98), TargetType(4000, MILLI_PER_GPU, 1, frozenset({"T4"}), 0.02))
