@@ -1,0 +1,164 @@
+"""fgd-scarcity against fgd on the FGD study's pod lists, with an ablation (issue 7, part 2).
+
+    python -m benchmarks.beyond_fgd [--traces DIR] [--lists default,cpu100,...] [--seeds 42-51]
+        [--policies fgd,fgd-scarcity,...] [--csv FILE] [--write BENCHMARKS.md]
+
+Each (pod list, seed) replays the authors' exact order file where `DIR/orders` has one, else corral's own seeded
+shuffle and tuning to 130 % (as `corral sim run --seed S`), and records allocation % at arrived 100 % and 130 %.
+One process, one run at a time; with `--csv`, runs already in the file are skipped (the table is printed from it).
+The ablation variants are registered here only (not in the product), each `fgd-scarcity` with one part changed:
+
+    fgd-fill                  every pod's ties broken by the plain fill gain (no scarcity weights, no model level)
+    fgd-scarcity-cpu-pods     only pods without GPUs get the tie-break (pods with GPUs: FGD's node rank)
+    fgd-scarcity-no-model     pods with GPUs: no model level first
+    fgd-scarcity-unweighted   pods with GPUs: model level, then the plain fill gain (no scarcity weights)
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import os
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.bench_engine import cpu_name, emit, memory_gib
+from corral.model.resources import GpuBehavior
+from corral.placement import PlacementConfig
+from corral.placement.registry import policy_names, register_policy
+from corral.placement.scores.fgd_scarcity import FgdScarcity
+from corral.sim.experiment import order_arrivals, study_arrivals
+from corral.sim.openb import load_nodes, load_order, load_pods, target_workload
+from corral.sim.replay import replay
+
+DEFAULT_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces" / "openb"
+LISTS = ("default", "cpu100", "gpushare60", "gpuspec20", "multigpu30")
+POLICIES = ("fgd", "fgd-scarcity")
+
+
+class _FgdFill(FgdScarcity):
+    """The earlier fgd-fill: every pod's ties broken by the plain fill gain, no scarcity weights, no model level."""
+
+    name = "fgd-fill"
+    weighted = False
+    model_guard = False
+
+
+class _CpuPodsOnly(FgdScarcity):
+    """Only pods without GPUs get the tie-break; pods with GPUs keep FGD's node rank."""
+
+    name = "fgd-scarcity-cpu-pods"
+    gpu_pods = False
+
+
+class _NoModelLevel(FgdScarcity):
+    """Pods with GPUs: scarcity-weighted fill gain only, no model level first."""
+
+    name = "fgd-scarcity-no-model"
+    model_guard = False
+
+
+class _Unweighted(FgdScarcity):
+    """Pods with GPUs: model level, then the plain (unweighted) fill gain."""
+
+    name = "fgd-scarcity-unweighted"
+    weighted = False
+
+
+ABLATIONS: tuple[type[FgdScarcity], ...] = (_FgdFill, _CpuPodsOnly, _NoModelLevel, _Unweighted)
+
+
+def register_ablations() -> None:
+    for cls in ABLATIONS:
+        if cls.name not in policy_names():
+            register_policy(cls.name, cls)
+
+
+def seeds_of(text: str) -> list[int]:
+    lo, _, hi = text.partition("-")
+    return list(range(int(lo), int(hi or lo) + 1))
+
+
+def run_one(traces: Path, pod_list: str, policy: str, seed: int) -> tuple[float, float, bool, float]:
+    """(alloc@100, alloc@130, exact order used, seconds) of one offline replay."""
+    nodes = load_nodes(traces / "openb_node_list_gpu_node.csv")
+    pods = load_pods(traces / f"openb_pod_list_{pod_list}.csv")
+    order_file = traces / "orders" / f"openb_pod_list_{pod_list}.seed{seed}.order.gz"
+    exact = order_file.exists()
+    arrivals = order_arrivals(nodes, pods, load_order(order_file)) if exact else study_arrivals(nodes, pods, seed, 1.3)
+    config = PlacementConfig(policy=policy, gpu_behavior=GpuBehavior.UNRESTRICTED, workload=target_workload(pods))
+    start = time.perf_counter()
+    events, _ = replay(nodes, arrivals.requests, config, arrivals.ranks, seed)
+    wall = time.perf_counter() - start
+    alloc, _ = events.curves()
+    return alloc[100], alloc[130], exact, wall
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--traces", type=Path, default=DEFAULT_TRACES)
+    ap.add_argument("--lists", default=",".join(LISTS))
+    ap.add_argument("--seeds", default="42-51")
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--csv", type=Path, help="append one row per run here (and skip runs already in it)")
+    ap.add_argument("--write", type=Path)
+    args = ap.parse_args()
+    register_ablations()
+    lists, policies, seeds = args.lists.split(","), args.policies.split(","), seeds_of(args.seeds)
+    done: dict[tuple[str, str, int], tuple[float, float, bool, float]] = {}
+    if args.csv and args.csv.exists():
+        with args.csv.open() as fh:
+            for r in csv.DictReader(fh):
+                key = (r["pod_list"], r["policy"], int(r["seed"]))
+                done[key] = (float(r["alloc_at_100"]), float(r["alloc_at_130"]), r["exact_order"] == "1",
+                             float(r["seconds"]))  # fmt: skip
+    for pod_list in lists:
+        for policy in policies:
+            for seed in seeds:
+                if (pod_list, policy, seed) in done:
+                    continue
+                row = run_one(args.traces, pod_list, policy, seed)
+                done[(pod_list, policy, seed)] = row
+                print(pod_list, policy, seed, *row, flush=True)
+                if args.csv:
+                    new = not args.csv.exists()
+                    with args.csv.open("a") as fh:
+                        if new:
+                            fh.write("pod_list,policy,seed,alloc_at_100,alloc_at_130,exact_order,seconds\n")
+                        fh.write(f"{pod_list},{policy},{seed},{row[0]},{row[1]},{int(row[2])},{row[3]:.2f}\n")
+    lines = [
+        f"## fgd-scarcity vs fgd: allocation on the study's pod lists ({datetime.date.today()})",
+        "",
+        f"Machine: {cpu_name()}, {os.cpu_count()} logical CPUs, {memory_gib()}; Python {platform.python_version()}, "
+        f"numpy {np.__version__}. Command: `python -m benchmarks.beyond_fgd --lists {args.lists} --seeds {args.seeds} "
+        f"--policies {args.policies}` (one run at a time). Seeds with an order file in `orders/` replay the authors' "
+        "exact order; the others use corral's own shuffle and tuning (`corral sim run --seed S`). Cells: mean over "
+        "seeds of allocation % at arrived 100 % / 130 % (difference to fgd in brackets).",
+        "",
+        "| pod list | seeds (exact orders) | " + " | ".join(policies) + " |",
+        "|---|---|" + "---:|" * len(policies),
+    ]
+    for pod_list in lists:
+        means = {}
+        for policy in policies:
+            rows = [done[(pod_list, policy, s)] for s in seeds]
+            means[policy] = (float(np.mean([r[0] for r in rows])), float(np.mean([r[1] for r in rows])))
+        exact = sum(1 for s in seeds if done[(pod_list, policies[0], s)][2])
+        base = means.get("fgd")
+        cells = []
+        for policy in policies:
+            a, b = means[policy]
+            diff = f" ({a - base[0]:+.2f} / {b - base[1]:+.2f})" if base and policy != "fgd" else ""
+            cells.append(f"{a:.2f} / {b:.2f}{diff}")
+        lines.append(f"| {pod_list} | {len(seeds)} ({exact}) | " + " | ".join(cells) + " |")
+    walls = {p: np.mean([done[(w, p, s)][3] for w in lists for s in seeds]) for p in policies}
+    lines += ["", "Mean seconds per replay: " + ", ".join(f"{p} {walls[p]:.1f} s" for p in policies) + "."]
+    emit("\n".join(lines) + "\n", args.write)
+
+
+if __name__ == "__main__":
+    main()

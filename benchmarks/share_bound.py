@@ -1,0 +1,133 @@
+"""How far any placement could get at arrived 100 %: the GPU-only packing of the shares that arrive by then.
+
+    python -m benchmarks.share_bound [--traces DIR] [--lists default] [--seeds 42-51]
+
+At arrived 100 % the allocation is 100 % minus the GPU demand that failed so far, and that equals the idle GPU milli
+at that moment. Whole GPUs fill a GPU exactly; only shares (one GPU, < 1000 milli) leave idle residues. This script
+drops nodes, CPU and memory altogether (a GPU is a bin of 1000 milli; k-GPU pods take k empty bins) and replays the
+same arrival order (exact order files where they exist), so every number here is an *upper* bound for the real
+cluster, where CPU, memory and node boundaries strand more:
+
+    offline FFD   all shares arrived by 100 %, packed first-fit decreasing (offline, knows the whole list)
+    best fit      online: each share to the fitting bin with the least free milli
+    fgd per GPU   online: each share to the bin where FGD's per-GPU fragmentation u x P(size > u) grows least
+                  (unrounded; sizes and P from the target workload's GPU types)
+    one-step      online: each share to the bin where the expected leftover after one more target pod,
+                  w(u) = sum_m P(m) (u if m > u else u - m), grows least
+
+Prints allocation % at the moment arrived demand first reaches 100 % of capacity, per seed and the mean.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.beyond_fgd import DEFAULT_TRACES, seeds_of
+from corral.model.resources import MILLI_PER_GPU, Request
+from corral.sim.experiment import order_arrivals, study_arrivals
+from corral.sim.openb import load_nodes, load_order, load_pods, target_workload
+
+STEP = 10  # every size in the openb lists is a multiple of 10 milli
+BINS = MILLI_PER_GPU // STEP
+Chooser = Callable[[list[int], int], int]  # (fitting free sizes with a bin, share size) -> free size to use
+
+
+def _size_probabilities(pods_path: Path) -> np.ndarray:
+    p = np.zeros(BINS + 1)
+    for t in target_workload(load_pods(pods_path)).types:
+        if t.gpu_count:
+            p[t.gpu_milli // STEP] += t.probability * (t.gpu_count if t.gpu_milli == MILLI_PER_GPU else 1)
+    out: np.ndarray = p / p.sum()
+    return out
+
+
+def online(requests: list[Request], gpus: int, choose: Chooser) -> float:
+    free = np.zeros(BINS + 1, dtype=np.int64)  # free[u] = bins with u x STEP milli free
+    free[BINS] = gpus
+    arrived = allocated = 0
+    for r in requests:
+        arrived += r.gpu_demand_milli
+        if r.gpu_count and (r.gpu_count > 1 or r.gpu_milli == MILLI_PER_GPU):
+            if free[BINS] >= r.gpu_count:
+                free[BINS] -= r.gpu_count
+                allocated += r.gpu_demand_milli
+        elif r.gpu_count:
+            m = r.gpu_milli // STEP
+            fits = [u for u in range(m, BINS + 1) if free[u]]
+            if fits:
+                u = choose(fits, m)
+                free[u] -= 1
+                free[u - m] += 1
+                allocated += r.gpu_demand_milli
+        if arrived >= gpus * MILLI_PER_GPU:
+            break
+    return 100.0 * allocated / (gpus * MILLI_PER_GPU)
+
+
+def by_cost(cost: np.ndarray) -> Chooser:
+    """The fitting free size where cost[free after] - cost[free before] is least (the tightest on ties)."""
+    return lambda fits, m: min(fits, key=lambda free: (cost[free - m] - cost[free], free))
+
+
+def offline_ffd(requests: list[Request], gpus: int) -> float:
+    shares, arrived = [], 0
+    for r in requests:
+        arrived += r.gpu_demand_milli
+        if arrived > gpus * MILLI_PER_GPU:
+            break
+        if r.gpu_count == 1 and r.gpu_milli < MILLI_PER_GPU:
+            shares.append(r.gpu_milli)
+    room: Counter[int] = Counter()  # free milli -> open bins
+    for x in sorted(shares, reverse=True):
+        fit = min((u for u in room if u >= x and room[u]), default=None)  # the first bin that fits, by size
+        if fit is None:
+            room[MILLI_PER_GPU - x] += 1
+        else:
+            room[fit] -= 1
+            room[fit - x] += 1
+    return 100.0 - 100.0 * sum(u * n for u, n in room.items()) / (gpus * MILLI_PER_GPU)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--traces", type=Path, default=DEFAULT_TRACES)
+    ap.add_argument("--lists", default="default")
+    ap.add_argument("--seeds", default="42-51")
+    args = ap.parse_args()
+    nodes = load_nodes(args.traces / "openb_node_list_gpu_node.csv")
+    gpus = sum(len(n.gpus) for n in nodes)
+    for pod_list in args.lists.split(","):
+        pods_path = args.traces / f"openb_pod_list_{pod_list}.csv"
+        pods = load_pods(pods_path)
+        p = _size_probabilities(pods_path)
+        sizes = np.arange(BINS + 1)
+        above = np.array([p[k + 1 :].sum() for k in sizes])
+        one_step = np.array([k * above[k] + sum(p[m] * (k - m) for m in range(1, k + 1)) for k in sizes])
+        choosers: dict[str, Chooser] = {
+            "best fit": lambda fits, m: fits[0],
+            "fgd per GPU": by_cost(sizes * above),
+            "one-step": by_cost(one_step),
+        }
+        rows: dict[str, list[float]] = {"offline FFD": [], **{k: [] for k in choosers}}
+        for seed in seeds_of(args.seeds):
+            order_file = args.traces / "orders" / f"openb_pod_list_{pod_list}.seed{seed}.order.gz"
+            arrivals = (
+                order_arrivals(nodes, pods, load_order(order_file))
+                if order_file.exists()
+                else study_arrivals(nodes, pods, seed, 1.3)
+            )
+            rows["offline FFD"].append(offline_ffd(arrivals.requests, gpus))
+            for name, choose in choosers.items():
+                rows[name].append(online(arrivals.requests, gpus, choose))
+        for name, values in rows.items():
+            cells = " ".join(f"{v:.2f}" for v in values)
+            print(f"{pod_list:10s} {name:12s} mean {np.mean(values):.2f}  per seed: {cells}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

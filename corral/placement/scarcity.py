@@ -1,0 +1,85 @@
+"""How scarce room for each target type is across the whole cluster, and which GPU models constrained types need.
+
+Two cluster-wide views of the target workload (the FGD study's "typical pods", `placement.workload`), both built
+from the current snapshot and the workload's statistics only:
+
+    slots_m     = sum over nodes of how many pods of type m still fit (`fill.type_fill`: GPU slots and CPU slots)
+    horizon H   = free GPU milli of the cluster / expected GPU milli of one target pod
+                  (how many more pods, drawn from the workload, it takes to fill the cluster)
+    demand_m    = p_m x H                          (how many of those are of type m)
+    weight_m    = min(1, demand_m / slots_m)       rounded to eighths, so it changes in steps, not every decision
+
+A type whose room is plentiful (weight 0) cannot run short before the cluster is full, so losing a slot of it costs
+nothing; a type whose room is about to run out (weight 1) loses a future pod with every slot. Rounding keeps the
+weights, and with them the per-request-shape score cache (`scores.common.cached_node_scores`), stable for long runs
+of decisions.
+
+    model level(n) = rank of sum over model-constrained types m whose models include node n's GPUs of
+                     p_m x (GPU milli of one pod of m) / (GPUs of those models in the cluster)
+
+is the share of the constrained demand, per GPU, that leans on node n's models: 0 where no constrained type can run,
+higher where a type that can run nowhere else competes for few GPUs. It is static (inventory and workload only).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from corral.model.arrays import FloatArray, IntArray
+from corral.model.snapshot import ClusterSnapshot
+from corral.placement.fill import type_fill
+from corral.placement.workload import TargetWorkload, compile_workload
+
+#: Weights move in steps of 1/WEIGHT_STEPS (see the module docstring).
+WEIGHT_STEPS = 8
+#: Slots above this count as unlimited (a type without CPU or GPU needs fits without bound).
+_MANY = 1 << 40
+
+
+def cluster_slots(snapshot: ClusterSnapshot, workload: TargetWorkload) -> IntArray:
+    """Per target type: pods of it that still fit, summed over nodes (kept per node, refreshed where nodes changed)."""
+    n = len(snapshot)
+    key = ("slots", workload.key)
+    entry: tuple[IntArray, IntArray] | None = snapshot.memo.get(key)
+    if entry is None:
+        types = len(compile_workload(snapshot, workload).prob)
+        entry = (np.full(n, -1, dtype=np.int64), np.zeros((types, n), dtype=np.int64))
+        snapshot.memo[key] = entry
+    versions, per_node = entry
+    stale = np.flatnonzero(versions != snapshot.version)
+    if len(stale):
+        slots, _ = type_fill(snapshot, workload, stale, snapshot.cpu_free[stale], snapshot.gpu_milli_free[stale])
+        per_node[:, stale] = np.minimum(slots, _MANY // max(n, 1))
+        versions[stale] = snapshot.version[stale]
+    out: IntArray = per_node.sum(axis=1)
+    return out
+
+
+def scarcity_weights(snapshot: ClusterSnapshot, workload: TargetWorkload) -> FloatArray:
+    """weight_m = min(1, p_m H / slots_m) in steps of 1/WEIGHT_STEPS (module docstring)."""
+    w = compile_workload(snapshot, workload)
+    slots = cluster_slots(snapshot, workload).astype(np.float64)
+    free = float(np.where(snapshot.gpu_present, np.maximum(snapshot.gpu_milli_free, 0), 0).sum())
+    per_pod = float((w.prob * w.count * w.milli).sum())
+    horizon = free / per_pod if per_pod > 0 else 0.0
+    demand = w.prob * horizon
+    ratio = np.where(slots > 0, demand / np.maximum(slots, 1.0), np.where(demand > 0, 1.0, 0.0))
+    out: FloatArray = np.round(np.minimum(ratio, 1.0) * WEIGHT_STEPS) / WEIGHT_STEPS
+    return out
+
+
+def model_levels(snapshot: ClusterSnapshot, workload: TargetWorkload) -> tuple[IntArray, int]:
+    """Per node: its model level (0 = no constrained type needs its GPUs), and the number of distinct levels."""
+    key = ("model-levels", workload.key)
+    cached: tuple[IntArray, int] | None = snapshot.memo.get(key)
+    if cached is None:
+        w = compile_workload(snapshot, workload)
+        constrained = np.array([t.models is not None for t in workload.types], dtype=np.bool_)
+        gpus_of = w.access.sum(axis=(1, 2)).astype(np.float64)
+        lean = np.where(constrained & (gpus_of > 0), w.prob * w.count * w.milli / np.maximum(gpus_of, 1.0), 0.0)
+        # Rounded so that nodes of the same models land on exactly the same level whatever the summation order.
+        pressure = np.round((lean[:, None] * w.access.any(axis=2)).sum(axis=0), 9)
+        values = np.unique(np.concatenate([[0.0], pressure]))
+        cached = (np.searchsorted(values, pressure).astype(np.int64), len(values))
+        snapshot.memo[key] = cached
+    return cached
