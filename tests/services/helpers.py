@@ -85,14 +85,15 @@ class World:
         return d
 
     def restart(self) -> None:
-        """A daemon restart: new executor (same fake machine), new controller, same store; recover, re-install."""
+        """A daemon restart as `corral serve` does it: new executor (same fake machine), new controller installed, same
+        store, then recovery (so instances found lost reach the controller)."""
         self.executor = self.executor.restarted()
         self.checker = ScriptedChecker()
         self.controller = ServicesController(self.ports, self.checker, new_id=self._ids())
         d = Daemon(self.store, self.executor, self.box, CONFIG, self.tmp_path, clock=self.clock,
                    find_process=lambda _: None)  # fmt: skip
-        d.recover()
         d.controllers.append(self.controller)
+        d.recover()
         self.daemon = d
 
     def create(self, **app: Any) -> App:

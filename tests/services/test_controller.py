@@ -182,3 +182,20 @@ def test_deleting_an_app_kills_its_instances_even_across_a_restart(tmp_path: Pat
     world.tick()
     world.tick()
     assert not world.live("/other")
+
+
+def test_an_instance_lost_while_the_daemon_was_down_grows_the_launch_delay(tmp_path: Path) -> None:
+    world = World(tmp_path, store=SqliteStore(tmp_path / "jobs.db"))
+    world.create(instances=1)
+    world.tick()
+    (lost,) = world.running()
+    assert lost.pid is not None
+    world.executor.kill_process(lost.pid)  # its process dies while the daemon is away
+    world.restart()
+    done = world.store.get(lost.id)
+    assert done is not None and done.state is JobState.LOST
+    assert world.controller.apps["/web"].backoff().delay_s == 1.0  # heard of at recovery, before any round
+    world.tick()
+    assert world.live() == [], "replaced before the launch delay"
+    world.tick(1.0)
+    assert len(world.running()) == 1
