@@ -22,7 +22,7 @@ import logging
 import pwd
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -34,9 +34,8 @@ from corral.api.schemas import ErrorOut, ExplainOut, JobOut, SubmitIn, TokenIn, 
 from corral.cli.main import build_request
 from corral.daemon.core import Daemon
 from corral.daemon.tokens import TokenFileError, TokenNotFound, TokenStore
-from corral.gpu.discovery import GpuInfo
 from corral.jobs.model import Job, JobSpec, JobState
-from corral.model.errors import CorralError, InvalidRequest
+from corral.model.errors import InvalidRequest
 from corral.model.units import parse_duration_seconds
 from corral.store import JobNotFound, StoreError
 
@@ -114,12 +113,11 @@ def create_app(
     daemon: Daemon,
     lock: threading.Lock,
     wake: Callable[[], None],
-    live: Callable[[], Mapping[str, GpuInfo]] | None = None,
     tokens: TokenStore | None = None,
     clock: Callable[[], float] = time.time,
     routers: Sequence[APIRouter] = (),
 ) -> FastAPI:
-    """`live`: measured use per GPU UUID (NVML); None for a simulated inventory. `tokens`: bearer tokens for TCP."""
+    """`tokens`: bearer tokens for TCP. Live GPU use comes from the daemon's own NVML sample (none when simulated)."""
     documented: dict[int | str, dict[str, Any]] = {
         code: {"model": ErrorOut, "description": text}
         for code, text in (
@@ -227,12 +225,6 @@ def create_app(
     def gpus(who: Caller) -> list[dict[str, Any]]:
         """Each GPU, who holds which share of it (other users' jobs by number only), and live use where known."""
         holding = daemon.store.list([JobState.STARTING, JobState.RUNNING])
-        measured: Mapping[str, GpuInfo] = {}
-        if live is not None:
-            try:
-                measured = live()
-            except CorralError:
-                measured = {}
         rows = []
         for dev in daemon.node.gpus:
             held = [
@@ -246,7 +238,6 @@ def create_app(
                 for g in j.gpus
                 if g.index == dev.index
             ]
-            info = measured.get(dev.uuid)
             use = daemon.gpu_use.get(dev.uuid)
             rows.append(
                 {
@@ -256,8 +247,8 @@ def create_app(
                     "memory_mib": dev.memory_mib,
                     "granted_milli": sum(g.milli for j in holding for g in j.gpus if g.index == dev.index),
                     "held": held,
-                    "used_memory_mib": None if info is None else info.memory_used_mib,
-                    "utilization_pct": None if info is None else info.utilization_pct,
+                    "used_memory_mib": None if use is None else use.used_mib,
+                    "utilization_pct": None if use is None else use.utilization_pct,
                     # memory of processes corral did not start (never granted); None where not measured
                     "foreign_memory_mib": None if use is None or use.unknown else use.foreign_mib,
                 }

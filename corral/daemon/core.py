@@ -218,23 +218,21 @@ class Daemon:
             owner = job.spec.user if self._mps_share(r) else ""
             alloc = Allocation(job.id, self.node.name, 0, r.cpu_milli, r.memory_mib, job.gpus, affinity_tag(r), owner)
             snap.allocate(alloc)
-        foreign = []
         for dev in self.node.gpus:
             use = self.gpu_use.get(dev.uuid)
-            if use is None or use.foreign_mib <= 0:
+            if use is None:
+                continue
+            if use.utilization_pct is not None:
+                snap.set_gpu_utilization(0, dev.index, use.utilization_pct / 100)
+            if use.foreign_mib <= 0:
                 continue
             # Held as a share of the GPU: the memory it uses, and 1 milli of compute, so a whole-GPU job never lands
             # on a GPU somebody else is using (how much compute it takes is not known). Capped at what is free.
             memory = min(use.foreign_mib, int(snap.gpu_mem_free[0, dev.index]))
             milli = min(1, int(snap.gpu_milli_free[0, dev.index]))
             if memory > 0 or milli > 0:
-                foreign.append(GpuGrant(dev.index, milli, memory))
-        for grant in foreign:
-            snap.allocate(Allocation(f"foreign:{grant.index}", self.node.name, 0, 0, 0, (grant,)))
-        for dev in self.node.gpus:
-            sample_use = self.gpu_use.get(dev.uuid)
-            if sample_use is not None and sample_use.utilization_pct is not None:
-                snap.set_gpu_utilization(0, dev.index, sample_use.utilization_pct / 100)
+                grant = GpuGrant(dev.index, milli, memory)
+                snap.allocate(Allocation(f"foreign:{dev.index}", self.node.name, 0, 0, 0, (grant,)))
         return snap
 
     def foreign_text(self) -> str:

@@ -326,8 +326,7 @@ def serve(
                 stop.wait(rest)
 
     ticker = threading.Thread(target=loop, name="corral-tick", daemon=True)
-    live = None if simulate is not None else (lambda: {g.uuid: g for g in discover_gpus()})
-    app = create_app(daemon, lock, woken.set, live, tokens, routers=routers)
+    app = create_app(daemon, lock, woken.set, tokens, routers=routers)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", http=protocol_for(tokens)))
 
     def on_signal(sig: int, _frame: FrameType | None) -> None:

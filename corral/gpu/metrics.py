@@ -159,6 +159,7 @@ class GpuUse:
     foreign_mib: int = 0
     foreign_pids: list[int] = field(default_factory=list)
     unknown: bool = False  # the driver could not list processes (or their memory): nothing can be attributed
+    used_mib: int | None = None  # the whole GPU's used memory, as NVML counts it
     utilization_pct: int | None = None
 
 
@@ -177,7 +178,7 @@ def attribute(
     """
     out: dict[str, GpuUse] = {}
     for uuid, s in samples.items():
-        use = GpuUse(utilization_pct=s.utilization_pct)
+        use = GpuUse(used_mib=s.used_mib, utilization_pct=s.utilization_pct)
         out[uuid] = use
         if s.processes is None:
             use.unknown = True

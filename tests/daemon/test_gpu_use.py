@@ -3,11 +3,14 @@ watchdog warns about or kills a job over its grant where MPS does not enforce it
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
 
+from corral.api.app import create_app
 from corral.daemon.core import Daemon
 from corral.executor.fake import FakeExecutor
 from corral.gpu.discovery import GpuDiscoveryError
@@ -16,6 +19,7 @@ from corral.jobs.model import Job, JobSpec, JobState
 from corral.model.errors import InvalidRequest
 from corral.model.resources import Request
 from corral.store import MemoryStore
+from tests.api.test_api import ALICE, AsPeer
 from tests.builders import node
 from tests.daemon.test_core import CONFIG, Clock
 
@@ -173,3 +177,14 @@ def test_sampling_is_paced_and_a_lost_driver_is_survived(tmp_path: Path) -> None
 def test_bad_watchdog_mode_is_refused(tmp_path: Path) -> None:
     with pytest.raises(InvalidRequest, match="gpu_memory_watchdog: must be one of off, warn, kill, got 'loud'"):
         World(tmp_path, watchdog="loud")
+
+
+def test_corral_gpus_shows_the_daemons_own_sample(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    w.sampler.procs = {"GPU-box-1": [(555, 300)]}
+    w.later()
+    calls = w.sampler.calls
+    client = TestClient(AsPeer(create_app(w.d, threading.Lock(), lambda: None), ALICE, "unix"))
+    rows = client.get("/v1/gpus").json()
+    assert [(r["utilization_pct"], r["foreign_memory_mib"]) for r in rows] == [(0, 0), (10, 300)]
+    assert w.sampler.calls == calls  # answered from the round's sample: no NVML call per request
