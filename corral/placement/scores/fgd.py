@@ -26,7 +26,29 @@ def fgd_score(delta: FloatArray) -> FloatArray:
     return np.floor(100.0 / (1.0 + np.exp(-delta / 1000.0)))
 
 
-class Fgd:
+class FragmentationScored:
+    """A policy whose cached node scores come with the GPU a one-GPU share would take (FGD and its descendants):
+    `score` reads the scores, `choose_gpus` grants exactly the GPUs the score assumed."""
+
+    def _scores(self, ctx: Context, nodes: IntArray) -> tuple[FloatArray, IntArray]:
+        raise NotImplementedError
+
+    def score(self, ctx: Context, nodes: IntArray) -> FloatArray:
+        return self._scores(ctx, nodes)[0]
+
+    def choose_gpus(self, ctx: Context, node: int) -> list[int]:
+        r = ctx.request
+        if r.gpu_count == 1 and not r.whole_gpus:
+            return [int(self._scores(ctx, np.array([node], dtype=np.int64))[1][0])]
+        if r.whole_gpus:
+            return whole_gpus(ctx, node)
+        # Exactly the GPUs the score assumed: tightest free milli first, lowest index on ties.
+        row = np.array([node], dtype=np.int64)
+        chosen = first_k_ascending(ctx.snapshot.gpu_milli_free[row], ctx.fit.gpu_fit[row], r.gpu_count)[0]
+        return [int(j) for j in np.flatnonzero(chosen)]
+
+
+class Fgd(FragmentationScored):
     name = "fgd"
 
     def _compute(self, ctx: Context, nodes: IntArray) -> tuple[FloatArray, IntArray]:
@@ -49,17 +71,3 @@ class Fgd:
         return cached_node_scores(
             ctx, self.name, nodes, lambda idx: self._compute(ctx, idx), extra_key=ctx.workload.key
         )
-
-    def score(self, ctx: Context, nodes: IntArray) -> FloatArray:
-        return self._scores(ctx, nodes)[0]
-
-    def choose_gpus(self, ctx: Context, node: int) -> list[int]:
-        r = ctx.request
-        if r.gpu_count == 1 and not r.whole_gpus:
-            return [int(self._scores(ctx, np.array([node], dtype=np.int64))[1][0])]
-        if r.whole_gpus:
-            return whole_gpus(ctx, node)
-        # Exactly the GPUs the score assumed: tightest free milli first, lowest index on ties.
-        row = np.array([node], dtype=np.int64)
-        chosen = first_k_ascending(ctx.snapshot.gpu_milli_free[row], ctx.fit.gpu_fit[row], r.gpu_count)[0]
-        return [int(j) for j in np.flatnonzero(chosen)]

@@ -37,8 +37,8 @@ from corral.placement.context import Context
 from corral.placement.fill import type_fill
 from corral.placement.scarcity import model_levels, scarcity_weights
 from corral.placement.scores.common import cached_node_scores
-from corral.placement.scores.fgd import fgd_score
-from corral.placement.select import first_k_ascending, whole_gpus
+from corral.placement.scores.fgd import FragmentationScored, fgd_score
+from corral.placement.select import first_k_ascending
 from corral.placement.workload import compile_workload, node_fragmentation, share_fragmentation_after
 
 #: The tie-break stays below 1 so it can never lift a node past a higher FGD integer.
@@ -51,7 +51,7 @@ def gain_fraction(gain: FloatArray) -> FloatArray:
     return out
 
 
-class FgdScarcity:
+class FgdScarcity(FragmentationScored):
     """The policy; the class attributes switch its parts off for the ablation in `benchmarks/beyond_fgd.py`."""
 
     name = "fgd-scarcity"
@@ -110,17 +110,3 @@ class FgdScarcity:
             lambda idx: self._compute(ctx, idx, weights),
             extra_key=(ctx.workload.key, tuple(weights.tolist())),
         )
-
-    def score(self, ctx: Context, nodes: IntArray) -> FloatArray:
-        return self._scores(ctx, nodes)[0]
-
-    def choose_gpus(self, ctx: Context, node: int) -> list[int]:
-        r = ctx.request
-        if r.gpu_count == 1 and not r.whole_gpus:
-            return [int(self._scores(ctx, np.array([node], dtype=np.int64))[1][0])]
-        if r.whole_gpus:
-            return whole_gpus(ctx, node)
-        # Exactly the GPUs the score assumed: tightest free milli first, lowest index on ties.
-        row = np.array([node], dtype=np.int64)
-        chosen = first_k_ascending(ctx.snapshot.gpu_milli_free[row], ctx.fit.gpu_fit[row], r.gpu_count)[0]
-        return [int(j) for j in np.flatnonzero(chosen)]
