@@ -507,10 +507,19 @@ class ExtenderApp:
     def __init__(self, extender: Extender) -> None:
         self.extender = extender
         self.routes: dict[tuple[str, str], Handler] = {
-            ("POST", "/filter"): self._filter,
-            ("POST", "/prioritize"): self._prioritize,
-            ("POST", "/bind"): self._bind,
-            ("POST", "/preempt"): self._preempt,
+            # kube-scheduler ignores prioritize errors; a 400 with the reason keeps them visible in its log.
+            ("POST", "/filter"): self._guarded("filter", extender.filter_json, lambda e: (200, _failed_filter(e))),
+            ("POST", "/prioritize"): self._guarded(
+                "prioritize", extender.prioritize_json, lambda e: (400, orjson.dumps({"Error": e}))
+            ),
+            ("POST", "/bind"): self._guarded(
+                "bind", lambda args: orjson.dumps(extender.bind(args)), lambda e: (200, orjson.dumps({"Error": e}))
+            ),
+            ("POST", "/preempt"): self._guarded(
+                "preempt",
+                lambda args: orjson.dumps(extender.preempt(args)),
+                lambda e: (400, orjson.dumps({"NodeNameToMetaVictims": None, "Error": e})),
+            ),
             ("GET", "/healthz"): lambda _: (200, orjson.dumps({"ok": extender.state.snapshot is not None})),
             ("GET", "/status"): lambda _: (200, orjson.dumps(extender.state.status())),
         }
@@ -550,42 +559,21 @@ class ExtenderApp:
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
-    def _filter(self, raw: bytes) -> tuple[int, bytes]:
-        try:
-            return 200, self.extender.filter_json(_loads(raw))
-        except InvalidRequest as exc:
-            return 200, _failed_filter(str(exc))
-        except Exception as exc:
-            log.exception("filter failed")
-            return 200, _failed_filter(f"corral internal error: {type(exc).__name__}: {exc}")
+    def _guarded(
+        self, verb: str, answer: Callable[[Any], bytes], refusal: Callable[[str], tuple[int, bytes]]
+    ) -> Handler:
+        """A verb's handler: its answer, or, for bad input or a fault of ours, the verb's own refusal (never a 500)."""
 
-    def _prioritize(self, raw: bytes) -> tuple[int, bytes]:
-        # kube-scheduler ignores prioritize errors; a 400 with the reason keeps them visible in its log.
-        try:
-            return 200, self.extender.prioritize_json(_loads(raw))
-        except InvalidRequest as exc:
-            return 400, orjson.dumps({"Error": str(exc)})
-        except Exception as exc:
-            log.exception("prioritize failed")
-            return 400, orjson.dumps({"Error": f"corral internal error: {type(exc).__name__}: {exc}"})
+        def handle(raw: bytes) -> tuple[int, bytes]:
+            try:
+                return 200, answer(_loads(raw))
+            except InvalidRequest as exc:
+                return refusal(str(exc))
+            except Exception as exc:
+                log.exception("%s failed", verb)
+                return refusal(f"corral internal error: {type(exc).__name__}: {exc}")
 
-    def _bind(self, raw: bytes) -> tuple[int, bytes]:
-        try:
-            return 200, orjson.dumps(self.extender.bind(_loads(raw)))
-        except InvalidRequest as exc:
-            return 200, orjson.dumps({"Error": str(exc)})
-        except Exception as exc:
-            log.exception("bind failed")
-            return 200, orjson.dumps({"Error": f"corral internal error: {type(exc).__name__}: {exc}"})
-
-    def _preempt(self, raw: bytes) -> tuple[int, bytes]:
-        try:
-            return 200, orjson.dumps(self.extender.preempt(_loads(raw)))
-        except InvalidRequest as exc:
-            return 400, orjson.dumps({"NodeNameToMetaVictims": None, "Error": str(exc)})
-        except Exception as exc:
-            log.exception("preempt failed")
-            return 400, orjson.dumps({"NodeNameToMetaVictims": None, "Error": f"corral internal error: {exc}"})
+        return handle
 
 
 def create_app(extender: Extender) -> ExtenderApp:
