@@ -55,14 +55,19 @@ def cluster_slots(snapshot: ClusterSnapshot, workload: TargetWorkload) -> IntArr
     return out
 
 
+def horizon(snapshot: ClusterSnapshot, workload: TargetWorkload) -> float:
+    """H: how many more pods drawn from the workload it takes to fill the cluster's free GPU milli."""
+    w = compile_workload(snapshot, workload)
+    free = float(np.where(snapshot.gpu_present, np.maximum(snapshot.gpu_milli_free, 0), 0).sum())
+    per_pod = float((w.prob * w.count * w.milli).sum())
+    return free / per_pod if per_pod > 0 else 0.0
+
+
 def scarcity_weights(snapshot: ClusterSnapshot, workload: TargetWorkload) -> FloatArray:
     """weight_m = min(1, p_m H / slots_m) in steps of 1/WEIGHT_STEPS (module docstring)."""
     w = compile_workload(snapshot, workload)
     slots = cluster_slots(snapshot, workload).astype(np.float64)
-    free = float(np.where(snapshot.gpu_present, np.maximum(snapshot.gpu_milli_free, 0), 0).sum())
-    per_pod = float((w.prob * w.count * w.milli).sum())
-    horizon = free / per_pod if per_pod > 0 else 0.0
-    demand = w.prob * horizon
+    demand = w.prob * horizon(snapshot, workload)
     ratio = np.where(slots > 0, demand / np.maximum(slots, 1.0), np.where(demand > 0, 1.0, 0.0))
     out: FloatArray = np.round(np.minimum(ratio, 1.0) * WEIGHT_STEPS) / WEIGHT_STEPS
     return out

@@ -54,9 +54,15 @@ class TargetType:
 
 @dataclass(frozen=True)
 class TargetWorkload:
-    """The task types fragmentation is measured against, with their probabilities (summing to 1)."""
+    """The task types fragmentation is measured against, with their probabilities (summing to 1).
+
+    `tail` holds the shapes beyond the typical ones (rare, often the largest pods), with probabilities on the same
+    scale (a tail type of probability p arrives p times per typical pod). FGD's measure ignores them;
+    `placement.reserve` keeps hosts for the multi-GPU ones.
+    """
 
     types: tuple[TargetType, ...]
+    tail: tuple[TargetType, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.types:
@@ -102,17 +108,13 @@ class TargetWorkload:
             cum += counts[k]
             if cum / total >= coverage:
                 break
-        types = tuple(
-            TargetType(
-                cpu_milli=k[0],
-                gpu_milli=k[1],
-                gpu_count=k[2],
-                models=frozenset(k[3].split("|")) if k[3] else None,
-                probability=(c / total) / (cum / total),
-            )
-            for k, c in kept
-        )
-        return cls(types)
+
+        def typed(k: tuple[int, int, int, str], c: int) -> TargetType:
+            models = frozenset(k[3].split("|")) if k[3] else None
+            probability = (c / total) / (cum / total)  # written so, the typical types' values stay bit-identical
+            return TargetType(k[0], k[1], k[2], models, probability)
+
+        return cls(tuple(typed(k, c) for k, c in kept), tuple(typed(k, counts[k]) for k in keys[len(kept) :]))
 
 
 def _neg_str(s: str) -> tuple[int, ...]:
