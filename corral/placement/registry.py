@@ -10,6 +10,7 @@ from corral.placement.scores.bestfit import BestFit
 from corral.placement.scores.binpack import Binpack, Spread
 from corral.placement.scores.dotprod import DotProd
 from corral.placement.scores.fgd import Fgd
+from corral.placement.scores.fgd_priced import FgdPriced
 from corral.placement.scores.fgd_scarcity import FgdScarcity
 from corral.placement.scores.gpu_clustering import GpuClustering
 from corral.placement.scores.gpu_packing import GpuPacking
@@ -40,3 +41,4 @@ def get_policy(name: str) -> Policy:
 for _cls in (Binpack, Spread, RandomPolicy, BestFit, DotProd, GpuPacking, GpuClustering, Fgd, Topology, Load):
     register_policy(_cls.name, _cls)
 register_policy(FgdScarcity.name, FgdScarcity)
+register_policy(FgdPriced.name, FgdPriced)

@@ -38,6 +38,7 @@ def test_registry_has_every_policy() -> None:
         "binpack",
         "dotprod",
         "fgd",
+        "fgd-priced",
         "fgd-scarcity",
         "gpu-clustering",
         "gpu-packing",

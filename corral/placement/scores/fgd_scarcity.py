@@ -81,25 +81,30 @@ class FgdScarcity(FragmentationScored):
             gain = (pw[:, None, None] * (unfilled_before[:, :, None] - unfilled_after)).sum(axis=0)
             points = fgd_score(frag_before[:, None] - share_fragmentation_after(s, wl, nodes, r.cpu_milli, r.gpu_milli))
             frac_gpu = gain_fraction(gain) if use else np.zeros_like(gain)
-            best = np.argmax(np.where(ctx.fit.gpu_fit[nodes], points + TIE_WEIGHT * frac_gpu, -1.0), axis=1)
-            rows = np.arange(len(nodes))
-            points_n, frac = points[rows, best], frac_gpu[rows, best]
-            gpu = best.astype(np.int64)
-        else:
-            cpu_after_n = s.cpu_free[nodes] - r.cpu_milli
-            milli_after_n = s.gpu_milli_free[nodes]
-            if r.wants_gpu:
-                chosen = first_k_ascending(milli_after_n, ctx.fit.gpu_fit[nodes], r.gpu_count)
-                milli_after_n = milli_after_n - np.where(chosen, r.gpu_milli, 0)
-            _, unfilled_after_n = type_fill(s, wl, nodes, cpu_after_n, milli_after_n)
-            gain_n = (pw[:, None] * (unfilled_before - unfilled_after_n)).sum(axis=0)
-            points_n = fgd_score(frag_before - node_fragmentation(s, wl, nodes, cpu_after_n, milli_after_n))
-            frac = gain_fraction(gain_n) if use else np.zeros(len(nodes))
-            gpu = np.full(len(nodes), -1, dtype=np.int64)
+            if use and self.model_guard:
+                level, levels = model_levels(s, wl)
+                frac_gpu = (levels - 1 - level[nodes][:, None] + frac_gpu) / levels
+            per_gpu = self._share_scores(ctx, nodes, points + TIE_WEIGHT * frac_gpu)
+            best = np.argmax(np.where(ctx.fit.gpu_fit[nodes], per_gpu, -1.0), axis=1)
+            return per_gpu[np.arange(len(nodes)), best], best.astype(np.int64)
+        cpu_after_n = s.cpu_free[nodes] - r.cpu_milli
+        milli_after_n = s.gpu_milli_free[nodes]
+        if r.wants_gpu:
+            chosen = first_k_ascending(milli_after_n, ctx.fit.gpu_fit[nodes], r.gpu_count)
+            milli_after_n = milli_after_n - np.where(chosen, r.gpu_milli, 0)
+        _, unfilled_after_n = type_fill(s, wl, nodes, cpu_after_n, milli_after_n)
+        gain_n = (pw[:, None] * (unfilled_before - unfilled_after_n)).sum(axis=0)
+        points_n = fgd_score(frag_before - node_fragmentation(s, wl, nodes, cpu_after_n, milli_after_n))
+        frac = gain_fraction(gain_n) if use else np.zeros(len(nodes))
         if r.wants_gpu and use and self.model_guard:
             level, levels = model_levels(s, wl)
             frac = (levels - 1 - level[nodes] + frac) / levels
+        gpu = np.full(len(nodes), -1, dtype=np.int64)
         return points_n + TIE_WEIGHT * frac, gpu
+
+    def _share_scores(self, ctx: Context, nodes: IntArray, per_gpu: FloatArray) -> FloatArray:
+        """Per (node, GPU) score of a one-GPU share (non-negative); a subclass may put a criterion of its own first."""
+        return per_gpu
 
     def _scores(self, ctx: Context, nodes: IntArray) -> tuple[FloatArray, IntArray]:
         weights = self._weights(ctx)

@@ -1,0 +1,67 @@
+"""fgd-priced: shares go where they spoil the least GPU room the workload's shares would fill; hosts for the
+multi-GPU pods are kept while they run out; fgd-scarcity decides the rest.
+
+    every pod:  0. a node kept for multi-GPU pods comes after every other feasible node    (`placement.reserve`)
+    a share of one GPU, per fitting GPU g (u_g free milli, m the share's milli), then:
+                1. loss(u_g, m), rounded to whole milli, lowest first                     (`placement.pricing`)
+                2. u_g, lowest first                            (the tightest GPU among equally good ones)
+                3. fgd-scarcity's score on that GPU, highest first   (FGD's points, then its look-ahead tie-break)
+    any other pod, then: fgd-scarcity's score
+
+loss(u, m) is what a GPU with u milli free loses beyond the share's own worth when a share of m milli lands on it,
+priced with the dual prices of the LP that packs the workload's shares best. It is zero where the share continues a
+configuration an optimal packing uses (a 470 beside a 470, a 320 beside a 650), positive where it spoils room others
+would fill better (a 320 beside a 470 costs 167). Among GPUs of equal loss the tightest goes first, so a
+configuration that was started is completed before a new one is opened; FGD's points and fgd-scarcity's tie-break
+then choose among the nodes still equal, so node-level fragmentation and CPU still count.
+
+Key 0 exists because the rare largest pods (8 GPUs and 120 cores, which only an empty 8-GPU, 128-core node takes)
+weigh nothing in the expectations above: fgd-scarcity's look-ahead sends 1-GPU pods to exactly those CPU-rich
+nodes, and without key 0 such pods wait in the online replay while FGD, by the luck of its fixed node order, leaves
+enough of those nodes empty.
+
+Keys 1-3 are packed into one float: (1000 - loss) x 1001 + (1000 - u), times 128, plus fgd-scarcity's score (in
+[0, 101)), at most about 1.3e8, which keeps fgd-scarcity's fraction to better than 1e-7; key 0 subtracts 2^28.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from corral.model.arrays import FloatArray, IntArray
+from corral.model.resources import MILLI_PER_GPU
+from corral.placement.context import Context
+from corral.placement.pricing import share_prices
+from corral.placement.reserve import kept_hosts
+from corral.placement.scores.fgd_scarcity import FgdScarcity
+
+#: fgd-scarcity's scores lie in [0, 101); one step of the keys above outweighs any of them.
+STRIDE = 128
+#: Subtracted from the score of a host kept for multi-GPU pods: below every other node's score.
+KEPT_OFF = float(1 << 28)
+
+
+class FgdPriced(FgdScarcity):
+    name = "fgd-priced"
+    tightest = True  # key 2 (False only for the ablation in `benchmarks/beyond_fgd.py`)
+    reserve = True  # keep hosts for multi-GPU types while they run out (`placement.reserve`)
+
+    def score(self, ctx: Context, nodes: IntArray) -> FloatArray:
+        scores = super().score(ctx, nodes)
+        if self.reserve:
+            kept = kept_hosts(ctx.snapshot, ctx.workload, ctx.request, nodes)
+            if kept.any():
+                scores = np.where(kept, scores - KEPT_OFF, scores)
+        return scores
+
+    def _share_scores(self, ctx: Context, nodes: IntArray, per_gpu: FloatArray) -> FloatArray:
+        prices = share_prices(ctx.workload)
+        if prices is None:
+            return per_gpu
+        free = ctx.snapshot.gpu_milli_free[nodes]
+        lost = np.rint(np.minimum(prices.loss(free, ctx.request.gpu_milli), MILLI_PER_GPU))
+        key = MILLI_PER_GPU - lost
+        if self.tightest:
+            key = key * (MILLI_PER_GPU + 1) + (MILLI_PER_GPU - np.clip(free, 0, MILLI_PER_GPU))
+        out: FloatArray = key * STRIDE + per_gpu
+        return out
