@@ -30,6 +30,7 @@ from benchmarks.bench_engine import cpu_name, emit, memory_gib
 from corral.model.resources import GpuBehavior
 from corral.placement import PlacementConfig
 from corral.placement.registry import policy_names, register_policy
+from corral.placement.scores.fgd_priced import FgdPriced
 from corral.placement.scores.fgd_scarcity import FgdScarcity
 from corral.sim.experiment import order_arrivals, study_arrivals
 from corral.sim.openb import load_nodes, load_order, load_pods, target_workload
@@ -69,7 +70,24 @@ class _Unweighted(FgdScarcity):
     weighted = False
 
 
-ABLATIONS: tuple[type[FgdScarcity], ...] = (_FgdFill, _CpuPodsOnly, _NoModelLevel, _Unweighted)
+class _PricedLoose(FgdPriced):
+    """The share prices alone: among GPUs of equal loss fgd-scarcity decides; no hosts kept for multi-GPU pods."""
+
+    name = "fgd-priced-loose"
+    tightest = False
+    reserve = False
+
+
+class _PricedNoReserve(FgdPriced):
+    """fgd-priced without keeping hosts for multi-GPU pods."""
+
+    name = "fgd-priced-no-reserve"
+    reserve = False
+
+
+ABLATIONS: tuple[type[FgdScarcity], ...] = (
+    _FgdFill, _CpuPodsOnly, _NoModelLevel, _Unweighted, _PricedLoose, _PricedNoReserve
+)  # fmt: skip
 
 
 def register_ablations() -> None:
@@ -131,7 +149,7 @@ def main() -> None:
                             fh.write("pod_list,policy,seed,alloc_at_100,alloc_at_130,exact_order,seconds\n")
                         fh.write(f"{pod_list},{policy},{seed},{row[0]},{row[1]},{int(row[2])},{row[3]:.2f}\n")
     lines = [
-        f"## fgd-scarcity vs fgd: allocation on the study's pod lists ({datetime.date.today()})",
+        f"## {args.policies} on the study's pod lists ({datetime.date.today()})",
         "",
         f"Machine: {cpu_name()}, {os.cpu_count()} logical CPUs, {memory_gib()}; Python {platform.python_version()}, "
         f"numpy {np.__version__}. Command: `python -m benchmarks.beyond_fgd --lists {args.lists} --seeds {args.seeds} "

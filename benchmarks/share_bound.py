@@ -5,8 +5,9 @@
 At arrived 100 % the allocation is 100 % minus the GPU demand that failed so far, and that equals the idle GPU milli
 at that moment. Whole GPUs fill a GPU exactly; only shares (one GPU, < 1000 milli) leave idle residues. This script
 drops nodes, CPU and memory altogether (a GPU is a bin of 1000 milli; k-GPU pods take k empty bins) and replays the
-same arrival order (exact order files where they exist), so every number here is an *upper* bound for the real
-cluster, where CPU, memory and node boundaries strand more:
+same arrival order (exact order files where they exist). Each rule's number shows how far that rule gets on GPU
+packing alone; on the real cluster CPU, memory and node boundaries strand more (these are rules, not optima, so
+none of them bounds every policy):
 
     offline FFD   all shares arrived by 100 %, packed first-fit decreasing (offline, knows the whole list)
     best fit      online: each share to the fitting bin with the least free milli
@@ -14,6 +15,8 @@ cluster, where CPU, memory and node boundaries strand more:
                   (unrounded; sizes and P from the target workload's GPU types)
     one-step      online: each share to the bin where the expected leftover after one more target pod,
                   w(u) = sum_m P(m) (u if m > u else u - m), grows least
+    priced        online: each share to the bin of least loss(u, m) under the share-packing LP's dual prices
+                  (`corral.placement.pricing`), the tightest on ties: fgd-priced's GPU rule without nodes
 
 Prints allocation % at the moment arrived demand first reaches 100 % of capacity, per seed and the mean.
 """
@@ -29,6 +32,7 @@ import numpy as np
 
 from benchmarks.beyond_fgd import DEFAULT_TRACES, seeds_of
 from corral.model.resources import MILLI_PER_GPU, Request
+from corral.placement.pricing import SharePrices, share_prices
 from corral.sim.experiment import order_arrivals, study_arrivals
 from corral.sim.openb import load_nodes, load_order, load_pods, target_workload
 
@@ -74,6 +78,16 @@ def by_cost(cost: np.ndarray) -> Chooser:
     return lambda fits, m: min(fits, key=lambda free: (cost[free - m] - cost[free], free))
 
 
+def by_price(prices: SharePrices) -> Chooser:
+    """The fitting free size of least loss under the share prices (rounded to whole milli), the tightest on ties."""
+
+    def choose(fits: list[int], m: int) -> int:
+        losses = prices.loss(np.array(fits, dtype=np.int64) * STEP, m * STEP)
+        return int(min(zip(np.rint(losses).tolist(), fits, strict=True))[1])
+
+    return choose
+
+
 def offline_ffd(requests: list[Request], gpus: int) -> float:
     shares, arrived = [], 0
     for r in requests:
@@ -113,6 +127,9 @@ def main() -> None:
             "fgd per GPU": by_cost(sizes * above),
             "one-step": by_cost(one_step),
         }
+        prices = share_prices(target_workload(pods))
+        if prices is not None:
+            choosers["priced"] = by_price(prices)
         rows: dict[str, list[float]] = {"offline FFD": [], **{k: [] for k in choosers}}
         for seed in seeds_of(args.seeds):
             order_file = args.traces / "orders" / f"openb_pod_list_{pod_list}.seed{seed}.order.gz"
