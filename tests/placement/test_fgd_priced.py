@@ -6,7 +6,7 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.optimize import linprog
 
@@ -17,7 +17,6 @@ from corral.placement.pricing import SharePrices, share_prices, solve_prices
 from corral.placement.reserve import kept_hosts
 from corral.placement.workload import TargetType, TargetWorkload
 from tests.builders import cluster, cpu_only, gpus, node
-from tests.placement.test_properties import assert_invariants, clusters, draw_request, normalised, target_types
 
 UNRESTRICTED = GpuBehavior.UNRESTRICTED
 
@@ -115,29 +114,6 @@ def test_pods_without_shares_are_placed_as_fgd_scarcity_places_them() -> None:
         got = place(s, req, PlacementConfig(policy="fgd-priced", workload=workload), rng=0)
         want = place(s, req, PlacementConfig(policy="fgd-scarcity", workload=workload), rng=0)
         assert got.allocation == want.allocation
-
-
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.data())
-def test_fgd_priced_never_over_commits(data: st.DataObject) -> None:
-    """Random streams placed, granted and released by fgd-priced keep every invariant and place what fgd places."""
-    snap = data.draw(clusters(), label="cluster")
-    types = data.draw(st.lists(target_types(snap.models), min_size=1, max_size=5), label="workload")
-    config = PlacementConfig(policy="fgd-priced", gpu_behavior=UNRESTRICTED, workload=normalised(types))
-    fgd_config = PlacementConfig(policy="fgd", gpu_behavior=UNRESTRICTED, workload=config.workload)
-    live: dict[str, Allocation] = {}
-    for step in range(data.draw(st.integers(1, 25), label="steps")):
-        if live and data.draw(st.integers(0, 3), label="op") == 0:
-            rid = data.draw(st.sampled_from(sorted(live)), label="release")
-            assert snap.release(rid) == live.pop(rid)
-        else:
-            request = draw_request(data, snap, f"r{step}")
-            decision = place(snap, request, config, rng=step)
-            assert decision.placed == place(snap, request, fgd_config, rng=step).placed
-            if decision.allocation is not None:
-                snap.allocate(decision.allocation)
-                live[request.id] = decision.allocation
-        assert_invariants(snap, live)
 
 
 def g3_and_g2() -> ClusterSnapshot:

@@ -26,6 +26,18 @@ def fgd_score(delta: FloatArray) -> FloatArray:
     return np.floor(100.0 / (1.0 + np.exp(-delta / 1000.0)))
 
 
+def node_after(ctx: Context, nodes: IntArray) -> tuple[IntArray, IntArray]:
+    """Free CPU and per-GPU free milli of `nodes` once the request (not a one-GPU share) took its CPU and the GPUs
+    the FGD study picks when scoring: the k fitting GPUs with the least free milli, lowest index on ties."""
+    s, r = ctx.snapshot, ctx.request
+    cpu_after = s.cpu_free[nodes] - r.cpu_milli
+    u_after = s.gpu_milli_free[nodes]
+    if r.wants_gpu:
+        chosen = first_k_ascending(u_after, ctx.fit.gpu_fit[nodes], r.gpu_count)
+        u_after = u_after - np.where(chosen, r.gpu_milli, 0)
+    return cpu_after, u_after
+
+
 class FragmentationScored:
     """A policy whose cached node scores come with the GPU a one-GPU share would take (FGD and its descendants):
     `score` reads the scores, `choose_gpus` grants exactly the GPUs the score assumed."""
@@ -59,11 +71,7 @@ class Fgd(FragmentationScored):
             per_gpu = np.where(ctx.fit.gpu_fit[nodes], fgd_score(before[:, None] - after), -1.0)
             best = np.argmax(per_gpu, axis=1)
             return per_gpu[np.arange(len(nodes)), best], best.astype(np.int64)
-        cpu_after = s.cpu_free[nodes] - r.cpu_milli
-        u_after = s.gpu_milli_free[nodes]
-        if r.wants_gpu:
-            chosen = first_k_ascending(u_after, ctx.fit.gpu_fit[nodes], r.gpu_count)
-            u_after = u_after - np.where(chosen, r.gpu_milli, 0)
+        cpu_after, u_after = node_after(ctx, nodes)
         after_n = node_fragmentation(s, w, nodes, cpu_after, u_after)
         return fgd_score(before - after_n), np.full(len(nodes), -1, dtype=np.int64)
 

@@ -37,8 +37,7 @@ from corral.placement.context import Context
 from corral.placement.fill import type_fill
 from corral.placement.scarcity import model_levels, scarcity_weights
 from corral.placement.scores.common import cached_node_scores
-from corral.placement.scores.fgd import FragmentationScored, fgd_score
-from corral.placement.select import first_k_ascending
+from corral.placement.scores.fgd import FragmentationScored, fgd_score, node_after
 from corral.placement.workload import compile_workload, node_fragmentation, share_fragmentation_after
 
 #: The tie-break stays below 1 so it can never lift a node past a higher FGD integer.
@@ -87,11 +86,7 @@ class FgdScarcity(FragmentationScored):
             per_gpu = self._share_scores(ctx, nodes, points + TIE_WEIGHT * frac_gpu)
             best = np.argmax(np.where(ctx.fit.gpu_fit[nodes], per_gpu, -1.0), axis=1)
             return per_gpu[np.arange(len(nodes)), best], best.astype(np.int64)
-        cpu_after_n = s.cpu_free[nodes] - r.cpu_milli
-        milli_after_n = s.gpu_milli_free[nodes]
-        if r.wants_gpu:
-            chosen = first_k_ascending(milli_after_n, ctx.fit.gpu_fit[nodes], r.gpu_count)
-            milli_after_n = milli_after_n - np.where(chosen, r.gpu_milli, 0)
+        cpu_after_n, milli_after_n = node_after(ctx, nodes)
         _, unfilled_after_n = type_fill(s, wl, nodes, cpu_after_n, milli_after_n)
         gain_n = (pw[:, None] * (unfilled_before - unfilled_after_n)).sum(axis=0)
         points_n = fgd_score(frag_before - node_fragmentation(s, wl, nodes, cpu_after_n, milli_after_n))
