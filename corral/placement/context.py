@@ -27,7 +27,9 @@ class Context:
 class Policy(Protocol):
     """A placement policy: scores feasible nodes (higher is better) and picks the GPUs on the chosen node.
 
-    Register one with `corral.placement.registry.register_policy` to make it available by name everywhere.
+    Register one with `corral.placement.registry.register_policy` to make it available by name everywhere. A policy
+    may also define `notes(ctx, node, gpus) -> list[str]`: sentences on why it chose `node` (and `gpus`), added to
+    the decision's explanation (`fgd-priced` says what a share's GPU cost and which nodes it kept free).
     """
 
     name: str

@@ -121,6 +121,9 @@ def place(
             gpus = policy.choose_gpus(ctx, node)
         allocation = _allocation(snapshot, request, node, gpus)
         notes.extend(_behaviour_notes(snapshot, fit, behavior, node))
+        policy_notes = getattr(policy, "notes", None)
+        if callable(policy_notes):
+            notes.extend(policy_notes(ctx, node, gpus))
     explanation = Explanation(
         request=request.describe_gpus(),
         policy=policy.name,

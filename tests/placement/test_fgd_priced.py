@@ -105,6 +105,10 @@ def test_a_share_continues_the_configuration_the_packing_lp_uses() -> None:
     occupy(s, "b", 0, 650, "y")  # b: GPU 0 has 350 free
     assert run(s, 320, workload) == ("b", 0)  # beside the 650: exactly the configuration the LP uses
     assert run(s, 470, workload) == ("a", 0)  # completes the pair of 470s before opening a GPU
+    # The explanation says what the GPU cost: a 470 is worth half a GPU and the 530 beside the other 470 loses nothing.
+    notes = place(s, gpus(1, 470), PlacementConfig(policy="fgd-priced", workload=workload), rng=0).explanation.notes
+    want = "fgd-priced: the share costs 500 milli of a GPU's worth; GPU 0 had 530 milli free and loses 0 more"
+    assert notes == (want,)
 
 
 def test_pods_without_shares_are_placed_as_fgd_scarcity_places_them() -> None:
@@ -151,6 +155,7 @@ def test_a_small_pod_stays_off_the_last_hosts_of_big_pods_but_lands_there_when_n
     assert scarcity.allocation is not None and scarcity.allocation.node == "g3a"
     d = place(s, gpus(1, cpu=16_000), PlacementConfig(policy="fgd-priced", workload=workload), rng=0)
     assert d.allocation is not None and d.allocation.node.startswith("g2")
+    assert "fgd-priced: 2 nodes kept free for multi-GPU pods came last" in d.explanation.notes
     big = place(s, gpus(8, cpu=120_000), PlacementConfig(policy="fgd-priced", workload=workload), rng=0)
     assert big.allocation is not None and big.allocation.node.startswith("g3")
     # Fill the 96-core nodes' CPU: the small pod has nowhere else to go and takes a kept host.

@@ -20,6 +20,7 @@ weigh nothing in the expectations above: fgd-scarcity's look-ahead sends 1-GPU p
 nodes, and without key 0 such pods wait in the online replay while FGD, by the luck of its fixed node order, leaves
 enough of those nodes empty.
 
+Each decision's notes say it in words: what the share costs and what its GPU loses, and how many nodes were kept.
 Keys 1-3 are packed into one float: (1000 - loss) x 1001 + (1000 - u), times 128, plus fgd-scarcity's score (in
 [0, 101)), at most about 1.3e8, which keeps fgd-scarcity's fraction to better than 1e-7; key 0 subtracts 2^28.
 """
@@ -46,13 +47,31 @@ class FgdPriced(FgdScarcity):
     tightest = True  # key 2 (False only for the ablation in `benchmarks/beyond_fgd.py`)
     reserve = True  # keep hosts for multi-GPU types while they run out (`placement.reserve`)
 
+    _kept = 0  # nodes the last `score` kept for multi-GPU pods (a policy object serves one decision)
+
     def score(self, ctx: Context, nodes: IntArray) -> FloatArray:
         scores = super().score(ctx, nodes)
         if self.reserve:
             kept = kept_hosts(ctx.snapshot, ctx.workload, ctx.request, nodes)
-            if kept.any():
+            self._kept = int(np.count_nonzero(kept))
+            if self._kept:
                 scores = np.where(kept, scores - KEPT_OFF, scores)
         return scores
+
+    def notes(self, ctx: Context, node: int, gpus: list[int]) -> list[str]:
+        """Why the node: the share's priced loss on its GPU, and how many nodes were kept for multi-GPU pods."""
+        out: list[str] = []
+        r, prices = ctx.request, share_prices(ctx.workload)
+        if prices is not None and r.wants_gpu and r.gpu_count == 1 and not r.whole_gpus and gpus:
+            free = int(ctx.snapshot.gpu_milli_free[node, gpus[0]])
+            loss = float(prices.loss(np.array([free], dtype=np.int64), r.gpu_milli)[0])
+            out.append(
+                f"fgd-priced: the share costs {prices.size_value(r.gpu_milli):.0f} milli of a GPU's worth; GPU "
+                f"{gpus[0]} had {free} milli free and loses {loss:.0f} more"
+            )
+        if self._kept:
+            out.append(f"fgd-priced: {self._kept} nodes kept free for multi-GPU pods came last")
+        return out
 
     def _share_scores(self, ctx: Context, nodes: IntArray, per_gpu: FloatArray) -> FloatArray:
         prices = share_prices(ctx.workload)
