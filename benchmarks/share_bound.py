@@ -10,6 +10,9 @@ packing alone; on the real cluster CPU, memory and node boundaries strand more (
 none of them bounds every policy):
 
     offline FFD   all shares arrived by 100 %, packed first-fit decreasing (offline, knows the whole list)
+    offline LP    the same shares packed optimally, LP relaxation (`corral.placement.pricing.solve_prices` on
+                  their counts: the waste is sum_i n_i (v_i - s_i)); every share placed, so online rules that let
+                  wasteful late shares fail can beat it
     best fit      online: each share to the fitting bin with the least free milli
     fgd per GPU   online: each share to the bin where FGD's per-GPU fragmentation u x P(size > u) grows least
                   (unrounded; sizes and P from the target workload's GPU types)
@@ -32,7 +35,7 @@ import numpy as np
 
 from benchmarks.beyond_fgd import DEFAULT_TRACES, seeds_of
 from corral.model.resources import MILLI_PER_GPU, Request
-from corral.placement.pricing import SharePrices, share_prices
+from corral.placement.pricing import SharePrices, share_prices, solve_prices
 from corral.sim.experiment import order_arrivals, study_arrivals
 from corral.sim.openb import load_nodes, load_order, load_pods, target_workload
 
@@ -88,7 +91,7 @@ def by_price(prices: SharePrices) -> Chooser:
     return choose
 
 
-def offline_ffd(requests: list[Request], gpus: int) -> float:
+def arrived_shares(requests: list[Request], gpus: int) -> list[int]:
     shares, arrived = [], 0
     for r in requests:
         arrived += r.gpu_demand_milli
@@ -96,6 +99,18 @@ def offline_ffd(requests: list[Request], gpus: int) -> float:
             break
         if r.gpu_count == 1 and r.gpu_milli < MILLI_PER_GPU:
             shares.append(r.gpu_milli)
+    return shares
+
+
+def offline_lp(requests: list[Request], gpus: int) -> float:
+    counts = Counter(arrived_shares(requests, gpus))
+    prices = solve_prices(list(counts), [float(n) for n in counts.values()])
+    waste = sum(counts[s] * (v - s) for s, v in zip(prices.sizes, prices.value, strict=True))
+    return 100.0 - 100.0 * waste / (gpus * MILLI_PER_GPU)
+
+
+def offline_ffd(requests: list[Request], gpus: int) -> float:
+    shares = arrived_shares(requests, gpus)
     room: Counter[int] = Counter()  # free milli -> open bins
     for x in sorted(shares, reverse=True):
         fit = min((u for u in room if u >= x and room[u]), default=None)  # the first bin that fits, by size
@@ -130,7 +145,7 @@ def main() -> None:
         prices = share_prices(target_workload(pods))
         if prices is not None:
             choosers["priced"] = by_price(prices)
-        rows: dict[str, list[float]] = {"offline FFD": [], **{k: [] for k in choosers}}
+        rows: dict[str, list[float]] = {"offline FFD": [], "offline LP": [], **{k: [] for k in choosers}}
         for seed in seeds_of(args.seeds):
             order_file = args.traces / "orders" / f"openb_pod_list_{pod_list}.seed{seed}.order.gz"
             arrivals = (
@@ -139,6 +154,7 @@ def main() -> None:
                 else study_arrivals(nodes, pods, seed, 1.3)
             )
             rows["offline FFD"].append(offline_ffd(arrivals.requests, gpus))
+            rows["offline LP"].append(offline_lp(arrivals.requests, gpus))
             for name, choose in choosers.items():
                 rows[name].append(online(arrivals.requests, gpus, choose))
         for name, values in rows.items():
