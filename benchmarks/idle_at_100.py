@@ -16,12 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.beyond_fgd import DEFAULT_TRACES, register_ablations
+from benchmarks.beyond_fgd import DEFAULT_TRACES, arrivals_for, register_ablations
 from corral.model.resources import MILLI_PER_GPU, GpuBehavior
 from corral.model.snapshot import ClusterSnapshot
 from corral.placement import PlacementConfig, place
-from corral.sim.experiment import order_arrivals, study_arrivals
-from corral.sim.openb import load_nodes, load_order, load_pods, target_workload
+from corral.sim.openb import load_nodes, load_pods, target_workload
 
 
 def main() -> None:
@@ -34,11 +33,7 @@ def main() -> None:
     register_ablations()
     nodes = load_nodes(args.traces / "openb_node_list_gpu_node.csv")
     pods = load_pods(args.traces / f"openb_pod_list_{args.list}.csv")
-    order_file = args.traces / "orders" / f"openb_pod_list_{args.list}.seed{args.seed}.order.gz"
-    exact = order_file.exists()
-    arrivals = (
-        order_arrivals(nodes, pods, load_order(order_file)) if exact else study_arrivals(nodes, pods, args.seed, 1.3)
-    )
+    arrivals, exact = arrivals_for(args.traces, nodes, pods, args.list, args.seed)
     config = PlacementConfig(policy=args.policy, gpu_behavior=GpuBehavior.UNRESTRICTED, workload=target_workload(pods))
     snap = ClusterSnapshot(nodes, arrivals.ranks)
     rng = np.random.default_rng(args.seed)

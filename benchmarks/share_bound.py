@@ -33,20 +33,20 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.beyond_fgd import DEFAULT_TRACES, seeds_of
+from benchmarks.beyond_fgd import DEFAULT_TRACES, arrivals_for, seeds_of
 from corral.model.resources import MILLI_PER_GPU, Request
 from corral.placement.pricing import SharePrices, share_prices, solve_prices
-from corral.sim.experiment import order_arrivals, study_arrivals
-from corral.sim.openb import load_nodes, load_order, load_pods, target_workload
+from corral.placement.workload import TargetWorkload
+from corral.sim.openb import load_nodes, load_pods, target_workload
 
 STEP = 10  # every size in the openb lists is a multiple of 10 milli
 BINS = MILLI_PER_GPU // STEP
 Chooser = Callable[[list[int], int], int]  # (fitting free sizes with a bin, share size) -> free size to use
 
 
-def _size_probabilities(pods_path: Path) -> np.ndarray:
+def _size_probabilities(workload: TargetWorkload) -> np.ndarray:
     p = np.zeros(BINS + 1)
-    for t in target_workload(load_pods(pods_path)).types:
+    for t in workload.types:
         if t.gpu_count:
             p[t.gpu_milli // STEP] += t.probability * (t.gpu_count if t.gpu_milli == MILLI_PER_GPU else 1)
     out: np.ndarray = p / p.sum()
@@ -131,9 +131,9 @@ def main() -> None:
     nodes = load_nodes(args.traces / "openb_node_list_gpu_node.csv")
     gpus = sum(len(n.gpus) for n in nodes)
     for pod_list in args.lists.split(","):
-        pods_path = args.traces / f"openb_pod_list_{pod_list}.csv"
-        pods = load_pods(pods_path)
-        p = _size_probabilities(pods_path)
+        pods = load_pods(args.traces / f"openb_pod_list_{pod_list}.csv")
+        workload = target_workload(pods)
+        p = _size_probabilities(workload)
         sizes = np.arange(BINS + 1)
         above = np.array([p[k + 1 :].sum() for k in sizes])
         one_step = np.array([k * above[k] + sum(p[m] * (k - m) for m in range(1, k + 1)) for k in sizes])
@@ -142,17 +142,12 @@ def main() -> None:
             "fgd per GPU": by_cost(sizes * above),
             "one-step": by_cost(one_step),
         }
-        prices = share_prices(target_workload(pods))
+        prices = share_prices(workload)
         if prices is not None:
             choosers["priced"] = by_price(prices)
         rows: dict[str, list[float]] = {"offline FFD": [], "offline LP": [], **{k: [] for k in choosers}}
         for seed in seeds_of(args.seeds):
-            order_file = args.traces / "orders" / f"openb_pod_list_{pod_list}.seed{seed}.order.gz"
-            arrivals = (
-                order_arrivals(nodes, pods, load_order(order_file))
-                if order_file.exists()
-                else study_arrivals(nodes, pods, seed, 1.3)
-            )
+            arrivals, _ = arrivals_for(args.traces, nodes, pods, pod_list, seed)
             rows["offline FFD"].append(offline_ffd(arrivals.requests, gpus))
             rows["offline LP"].append(offline_lp(arrivals.requests, gpus))
             for name, choose in choosers.items():
