@@ -73,27 +73,31 @@ class SharePrices:
         return np.maximum(out, 0.0)
 
 
+def _knapsack(sizes: IntArray, values: FloatArray) -> tuple[FloatArray, IntArray]:
+    """The unbounded knapsack of `values` with weights `sizes` (milli) for u = 0..1000: R(u), and per u the item
+    that achieves it (the first of equal ones), -2 where leaving one milli unused is as good."""
+    room = np.zeros(MILLI_PER_GPU + 1, dtype=np.float64)
+    last = np.full(MILLI_PER_GPU + 1, -1, dtype=np.int64)
+    items = np.arange(len(sizes))
+    for u in range(1, MILLI_PER_GPU + 1):
+        room[u], last[u] = room[u - 1], -2  # free room can always be left unused
+        fits = items[sizes <= u]
+        if len(fits):
+            candidates = room[u - sizes[fits]] + values[fits]
+            best = int(np.argmax(candidates))
+            if candidates[best] > room[u]:
+                room[u], last[u] = candidates[best], fits[best]
+    return room, last
+
+
 def room_values(sizes: IntArray, values: FloatArray) -> FloatArray:
     """R(u) for u = 0..1000: the unbounded knapsack of `values` with weights `sizes` (milli)."""
-    room = np.zeros(MILLI_PER_GPU + 1, dtype=np.float64)
-    for u in range(1, MILLI_PER_GPU + 1):
-        best = room[u - 1]  # free room can always be left unused
-        fits = sizes <= u
-        if fits.any():
-            best = max(best, float((room[u - sizes[fits]] + values[fits]).max()))
-        room[u] = best
-    return room
+    return _knapsack(sizes, values)[0]
 
 
 def _best_configuration(sizes: IntArray, values: FloatArray) -> tuple[float, IntArray]:
     """The configuration of greatest total value within one GPU (the knapsack with its argmax), and that value."""
-    room = np.zeros(MILLI_PER_GPU + 1, dtype=np.float64)
-    last = np.full(MILLI_PER_GPU + 1, -1, dtype=np.int64)
-    for u in range(1, MILLI_PER_GPU + 1):
-        room[u], last[u] = room[u - 1], -2  # -2: one milli left unused
-        for i in range(len(sizes)):
-            if sizes[i] <= u and room[u - sizes[i]] + values[i] > room[u]:
-                room[u], last[u] = room[u - sizes[i]] + values[i], i
+    room, last = _knapsack(sizes, values)
     counts = np.zeros(len(sizes), dtype=np.int64)
     u = MILLI_PER_GPU
     while u > 0 and last[u] != -1:
