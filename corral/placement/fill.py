@@ -105,13 +105,18 @@ def share_unfilled_after(
     milli_req: int,
 ) -> FloatArray:
     """W(n') per (node, GPU) for a one-GPU share of `milli_req` placed on that GPU (nodes x GPUs)."""
-    g = snapshot.max_gpus
-    out = np.empty((len(nodes), g), dtype=np.float64)
-    take = np.eye(g, dtype=np.int64) * milli_req  # row j: the share taken from GPU j
-    block = max(1, _BLOCK // g)
+    out = np.empty((len(nodes), snapshot.max_gpus), dtype=np.float64)
+    block = max(1, _BLOCK // snapshot.max_gpus)
     for lo in range(0, len(nodes), block):
         idx = nodes[lo : lo + block]
-        u = snapshot.gpu_milli_free[idx][:, None, :] - take[None]
-        c = np.repeat((snapshot.cpu_free[idx] - cpu_req)[:, None], g, axis=1)
-        out[lo : lo + len(idx)] = _unfilled(snapshot, workload, idx, c, u)
+        out[lo : lo + len(idx)] = _unfilled(snapshot, workload, idx, *share_states(snapshot, idx, cpu_req, milli_req))
     return out
+
+
+def share_states(snapshot: ClusterSnapshot, nodes: IntArray, cpu_req: int, milli_req: int) -> tuple[IntArray, IntArray]:
+    """The hypothetical states of `nodes` with a one-GPU share placed on each GPU in turn: free CPU (nodes x GPUs)
+    and per-GPU free milli (nodes x GPUs x GPUs, row j the share taken from GPU j), as `type_fill` takes them."""
+    g = snapshot.max_gpus
+    milli: IntArray = snapshot.gpu_milli_free[nodes][:, None, :] - np.eye(g, dtype=np.int64)[None] * milli_req
+    cpu: IntArray = np.repeat((snapshot.cpu_free[nodes] - cpu_req)[:, None], g, axis=1)
+    return cpu, milli

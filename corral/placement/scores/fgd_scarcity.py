@@ -34,7 +34,7 @@ import numpy as np
 
 from corral.model.arrays import FloatArray, IntArray
 from corral.placement.context import Context
-from corral.placement.fill import type_fill
+from corral.placement.fill import share_states, type_fill
 from corral.placement.scarcity import model_levels, scarcity_weights
 from corral.placement.scores.common import cached_node_scores
 from corral.placement.scores.fgd import FragmentationScored, fgd_score, node_after
@@ -73,10 +73,7 @@ class FgdScarcity(FragmentationScored):
         use = self.gpu_pods if r.wants_gpu else self.cpu_pods
         if r.wants_gpu and r.gpu_count == 1 and not r.whole_gpus:
             # One hypothetical state per GPU the share could take.
-            g = s.max_gpus
-            milli_after = s.gpu_milli_free[nodes][:, None, :] - np.eye(g, dtype=np.int64)[None] * r.gpu_milli
-            cpu_after = np.repeat((s.cpu_free[nodes] - r.cpu_milli)[:, None], g, axis=1)
-            _, unfilled_after = type_fill(s, wl, nodes, cpu_after, milli_after)
+            _, unfilled_after = type_fill(s, wl, nodes, *share_states(s, nodes, r.cpu_milli, r.gpu_milli))
             gain = (pw[:, None, None] * (unfilled_before[:, :, None] - unfilled_after)).sum(axis=0)
             points = fgd_score(frag_before[:, None] - share_fragmentation_after(s, wl, nodes, r.cpu_milli, r.gpu_milli))
             frac_gpu = gain_fraction(gain) if use else np.zeros_like(gain)
