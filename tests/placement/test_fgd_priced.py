@@ -17,6 +17,7 @@ from corral.placement.pricing import SharePrices, share_prices, solve_prices
 from corral.placement.reserve import kept_hosts
 from corral.placement.workload import TargetType, TargetWorkload
 from tests.builders import cluster, cpu_only, gpus, node
+from tests.placement.test_properties import normalised
 
 UNRESTRICTED = GpuBehavior.UNRESTRICTED
 
@@ -25,8 +26,7 @@ def shares(*pairs: tuple[int, float], whole: float = 0.0) -> TargetWorkload:
     types = [TargetType(4000, milli, 1, None, p) for milli, p in pairs]
     if whole:
         types.append(TargetType(4000, MILLI_PER_GPU, 1, None, whole))
-    total = sum(t.probability for t in types)
-    return TargetWorkload(tuple(TargetType(t.cpu_milli, t.gpu_milli, 1, None, t.probability / total) for t in types))
+    return normalised(types)
 
 
 def value(prices: SharePrices, milli: int) -> float:
