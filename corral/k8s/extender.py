@@ -70,6 +70,11 @@ def check_names(names: list[Any]) -> None:
         raise InvalidRequest("ExtenderArgs.NodeNames", "expected a list of node names")
 
 
+def _meta_uid(pod: Mapping[str, Any]) -> str:
+    """The id of a preemption victim given as a MetaPod (`{"UID": ...}`)."""
+    return str(pod.get("UID", ""))
+
+
 @dataclass(frozen=True, eq=False)
 class Lookup:
     """Requested node names as snapshot indices."""
@@ -418,17 +423,16 @@ class Extender:
         pod = args.get("Pod")
         if not isinstance(pod, Mapping):
             raise InvalidRequest("Pod", "expected a Pod object")
+        # Victims come as MetaPods (just a UID) when the extender is nodeCacheCapable, else as whole Pods.
         meta_victims = args.get("NodeNameToMetaVictims")
-        full_victims = args.get("NodeNameToVictims")
+        by_node, key_of = (
+            (meta_victims, _meta_uid) if isinstance(meta_victims, Mapping) else (args.get("NodeNameToVictims"), pod_key)
+        )
         victims: dict[str, list[str]] = {}
         pdb: dict[str, int] = {}
-        if isinstance(meta_victims, Mapping):
-            for node, vs in meta_victims.items():
-                victims[node] = [str(p.get("UID", "")) for p in (vs or {}).get("Pods") or []]
-                pdb[node] = int((vs or {}).get("NumPDBViolations") or 0)
-        elif isinstance(full_victims, Mapping):
-            for node, vs in full_victims.items():
-                victims[node] = [pod_key(p) for p in (vs or {}).get("Pods") or []]
+        if isinstance(by_node, Mapping):
+            for node, vs in by_node.items():
+                victims[node] = [key_of(p) for p in (vs or {}).get("Pods") or []]
                 pdb[node] = int((vs or {}).get("NumPDBViolations") or 0)
         request = pod_request(dict(pod)).request
         result: dict[str, Any] = {}
