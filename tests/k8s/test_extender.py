@@ -201,6 +201,17 @@ def test_preempt_keeps_only_nodes_where_the_victims_make_room(served: tuple[str,
         "gpu-a": {"Pods": [{"UID": hogs[0]["metadata"]["uid"]}], "NumPDBViolations": 0}
     }
     assert c.state.snapshot is not None and c.state.snapshot.gpu_allocated_milli == 3000  # nothing was evicted
+    # Without nodeCacheCapable the victims come as whole Pods; the answer names them by UID all the same.
+    args = {
+        "Pod": urgent,
+        "NodeNameToVictims": {
+            "gpu-a": {"Pods": [hogs[0]], "NumPDBViolations": 1},
+            "gpu-t4": {"Pods": [], "NumPDBViolations": 0},
+        },
+    }
+    assert post(url, "preempt", args).json()["NodeNameToMetaVictims"] == {
+        "gpu-a": {"Pods": [{"UID": hogs[0]["metadata"]["uid"]}], "NumPDBViolations": 1}
+    }
 
 
 def test_pods_without_gpus_stay_off_gpu_nodes(served: tuple[str, Cluster]) -> None:
