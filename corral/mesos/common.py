@@ -5,6 +5,9 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+#: One segment of a Marathon app id or a Metronome job id: lower-case letters, digits and inner dashes.
+ID_SEGMENT = r"(?:[a-z0-9]|[a-z0-9][a-z0-9-]*[a-z0-9])"
+
 
 class MesosModel(BaseModel):
     """camelCase JSON, strict types, unknown keys ignored here (each format decides what an unknown key means)."""

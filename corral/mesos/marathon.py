@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from corral.mesos.common import FetchUri, MesosModel
+from corral.mesos.common import ID_SEGMENT, FetchUri, MesosModel
 from corral.mesos.constraints import parse_constraints
 from corral.mesos.errors import Problems, validate_model
 from corral.mesos.model import (
@@ -35,8 +35,7 @@ NO_COMMAND = "AppDefinition must either contain one of 'cmd' or 'args', and/or a
 CMD_AND_ARGS = "AppDefinition must either contain a 'cmd' or 'args', but not both."
 SINGLE_INSTANCE_LABEL = "MARATHON_SINGLE_INSTANCE_APP"
 
-_SEGMENT = r"(?:[a-z0-9]|[a-z0-9][a-z0-9-]*[a-z0-9])"
-APP_ID = re.compile(rf"/?{_SEGMENT}(?:/{_SEGMENT})*")
+APP_ID = re.compile(rf"/?{ID_SEGMENT}(?:/{ID_SEGMENT})*")
 
 
 class CommandCheck(MesosModel):

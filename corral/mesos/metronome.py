@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
 
-from corral.mesos.common import FetchUri, KeyValue, MesosModel
+from corral.mesos.common import ID_SEGMENT, FetchUri, KeyValue, MesosModel
 from corral.mesos.errors import Problems, validate_model
 from corral.mesos.model import (
     Artifact,
@@ -54,9 +54,8 @@ SCHEDULE_NOT_FOUND = "Schedule not found"
 RUN_NOT_FOUND = "Job Run not found"
 ACTIVE_RUNS = "There are active job runs. Override with stopCurrentJobRuns=true"
 
-_SEGMENT = r"(?:[a-z0-9]|[a-z0-9][a-z0-9-]*[a-z0-9])"
-JOB_ID = re.compile(rf"{_SEGMENT}(?:\.{_SEGMENT})*")
-SCHEDULE_ID = re.compile(_SEGMENT)
+JOB_ID = re.compile(rf"{ID_SEGMENT}(?:\.{ID_SEGMENT})*")
+SCHEDULE_ID = re.compile(ID_SEGMENT)
 RUN_ID = re.compile(r"\d{14}[A-Za-z0-9]{5}")
 MIN_STARTING_DEADLINE_S = 60
 
