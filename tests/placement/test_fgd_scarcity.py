@@ -17,13 +17,14 @@ from corral.placement import PlacementConfig, place, registry
 from corral.placement.fill import node_unfilled, share_unfilled_after, type_fill
 from corral.placement.scarcity import cluster_slots, model_levels, scarcity_weights
 from corral.placement.scores.fgd_scarcity import FgdScarcity
-from corral.placement.workload import DEFAULT_WORKLOAD, TargetType, TargetWorkload
+from corral.placement.workload import TargetType, TargetWorkload
 from tests.builders import cluster, commit, cpu_only, gpus, node
 from tests.placement.test_properties import (
     assert_invariants,
     clusters,
     draw_request,
     normalised,
+    partly_used,
     target_types,
 )
 
@@ -225,13 +226,7 @@ def test_a_pod_that_can_run_anywhere_stays_off_the_model_a_constrained_type_need
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_fill_measure_matches_the_definition(data: st.DataObject) -> None:
-    snap = data.draw(clusters(), label="cluster")
-    types = data.draw(st.lists(target_types(snap.models), min_size=1, max_size=6), label="workload")
-    workload = data.draw(st.sampled_from([DEFAULT_WORKLOAD, normalised(types)]), label="workload choice")
-    for step in range(data.draw(st.integers(0, 10), label="placements")):
-        decision = place(snap, draw_request(data, snap, f"r{step}"), PlacementConfig(policy="random"), step)
-        if decision.allocation is not None:
-            snap.allocate(decision.allocation)
+    snap, workload = partly_used(data, 10)
     got = unfilled(snap, workload)
     want = [reference_unfilled(snap.node_state(i).cpu_free, pairs(snap, i), workload) for i in range(len(snap))]
     assert np.allclose(got, want, rtol=0, atol=1e-6), (got, want)

@@ -185,6 +185,22 @@ def target_types(models: list[str]) -> st.SearchStrategy[TargetType]:
     )
 
 
+def partly_used(
+    data: st.DataObject, placements: int, behavior: GpuBehavior = GpuBehavior.PREFERENTIAL
+) -> tuple[ClusterSnapshot, TargetWorkload]:
+    """A random cluster with up to `placements` random requests placed by `random`, and a target workload (the
+    default one or random types) to measure it against."""
+    snap = data.draw(clusters(), label="cluster")
+    types = data.draw(st.lists(target_types(snap.models), min_size=1, max_size=6), label="workload")
+    workload = data.draw(st.sampled_from([DEFAULT_WORKLOAD, normalised(types)]), label="workload choice")
+    config = PlacementConfig(policy="random", gpu_behavior=behavior)
+    for step in range(data.draw(st.integers(0, placements), label="placements")):
+        decision = place(snap, draw_request(data, snap, f"r{step}"), config, step)
+        if decision.allocation is not None:
+            snap.allocate(decision.allocation)
+    return snap, workload
+
+
 def normalised(types: list[TargetType]) -> TargetWorkload:
     total = sum(t.probability for t in types)
     return TargetWorkload(
@@ -480,14 +496,7 @@ def test_random_streams_keep_every_invariant(data: st.DataObject) -> None:
 @given(st.data())
 def test_fragmentation_matches_the_reference(data: st.DataObject) -> None:
     """F(n) of the vectorised measure equals the §4.3 definition, node by node, on random partial allocations."""
-    snap = data.draw(clusters(), label="cluster")
-    types = data.draw(st.lists(target_types(snap.models), min_size=1, max_size=6), label="workload")
-    workload = data.draw(st.sampled_from([DEFAULT_WORKLOAD, normalised(types)]), label="workload choice")
-    for step in range(data.draw(st.integers(0, 12), label="placements")):
-        request = draw_request(data, snap, f"r{step}")
-        decision = place(snap, request, PlacementConfig(policy="random", gpu_behavior=GpuBehavior.UNRESTRICTED), step)
-        if decision.allocation is not None:
-            snap.allocate(decision.allocation)
+    snap, workload = partly_used(data, 12, GpuBehavior.UNRESTRICTED)
     every = np.arange(len(snap), dtype=np.int64)
     got = node_fragmentation(snap, workload, every)
     want = [reference_fragmentation(snap, workload, i) for i in range(len(snap))]
