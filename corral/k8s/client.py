@@ -1,6 +1,6 @@
 """The few Kubernetes API calls corral makes, behind a small protocol.
 
-    KubeApi            list / watch nodes and pods, get a pod, patch annotations, create a Binding
+    KubeApi            list / watch nodes and pods, get a pod, patch annotations, create a Binding (with annotations)
     RealKubeApi        the official `kubernetes` client; objects travel as the API server's own JSON (dicts)
     corral.k8s.fake    FakeKubeApi: an in-memory API server for tests and benchmarks
 
@@ -47,7 +47,13 @@ class KubeApi(Protocol):
 
     def patch_pod_annotations(self, namespace: str, name: str, annotations: dict[str, str]) -> None: ...
 
-    def create_binding(self, namespace: str, name: str, uid: str, node: str) -> None: ...
+    def create_binding(
+        self, namespace: str, name: str, uid: str, node: str, annotations: dict[str, str] | None = None
+    ) -> None:
+        """Bind the pod to `node` and set `annotations` on it in the same call (the API server copies a Binding's
+        metadata.annotations onto the pod as it sets spec.nodeName: both land, or neither). A pod already bound
+        gets 409 and keeps its node and annotations."""
+        ...
 
     def patch_node_metadata(self, name: str, annotations: dict[str, str], labels: dict[str, str]) -> None: ...
 
@@ -129,10 +135,12 @@ class RealKubeApi:
         body = {"metadata": {"annotations": annotations}}
         self._call(f"annotate pod {namespace}/{name}", self.core.patch_namespaced_pod, name, namespace, body)
 
-    def create_binding(self, namespace: str, name: str, uid: str, node: str) -> None:
+    def create_binding(
+        self, namespace: str, name: str, uid: str, node: str, annotations: dict[str, str] | None = None
+    ) -> None:
         c = self._client
         body = c.V1Binding(
-            metadata=c.V1ObjectMeta(name=name, namespace=namespace, uid=uid or None),
+            metadata=c.V1ObjectMeta(name=name, namespace=namespace, uid=uid or None, annotations=annotations or None),
             target=c.V1ObjectReference(api_version="v1", kind="Node", name=node),
         )
         self._call(f"bind pod {namespace}/{name} to {node}", self.core.create_namespaced_binding, namespace, body)

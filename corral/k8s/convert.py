@@ -28,7 +28,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
 from corral.model.errors import InvalidRequest
@@ -98,37 +98,70 @@ _SUFFIX = {
     "Ei": Decimal(2) ** 60,
 }
 _MIB = Decimal(2) ** 20
+#: The largest quantity read (2^63, Kubernetes' own int64 bound) and the largest amount in corral's units (milli-CPU,
+#: MiB, GPUs): far beyond any machine, and small enough that the engine's int64 sums and products (x1000) never
+#: overflow. A bigger value is refused as "too large" at the field, instead of failing deep in the engine.
+MAX_QUANTITY = Decimal(2) ** 63
+MAX_UNITS = 2**50
+_MAX_EXPONENT = 30  # "1e400" needs no exact arithmetic to be called too large
+_QUANTITY_TEXT = 64  # characters: longer is no quantity anyone writes
+
+
+def _too_large(field: str, value: object) -> InvalidRequest:
+    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+    return InvalidRequest(field, f"too large: {shown}")
 
 
 def parse_quantity(value: object, field: str) -> Decimal:
-    """A Kubernetes quantity ("500m", "4Gi", "1e3", 2) as an exact Decimal; negative or malformed -> InvalidRequest."""
+    """A Kubernetes quantity ("500m", "4Gi", "1e3", 2) as an exact Decimal; negative, malformed or beyond
+    MAX_QUANTITY -> InvalidRequest."""
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise InvalidRequest(field, f"not a Kubernetes quantity: {value!r}")
+    if isinstance(value, int) and abs(value) > MAX_QUANTITY:
+        raise _too_large(field, value)
     text = str(value).strip() if not isinstance(value, float) else repr(value)
-    m = _QUANTITY.match(text)
+    m = _QUANTITY.match(text) if len(text) <= _QUANTITY_TEXT else None
     if m is None:
-        raise InvalidRequest(field, f"not a Kubernetes quantity: {value!r} (examples: 2, 500m, 4Gi, 1e3)")
+        if len(text) > _QUANTITY_TEXT and re.fullmatch(r"[0-9]+", text):
+            raise _too_large(field, value)
+        shown = repr(value) if len(text) <= _QUANTITY_TEXT else repr(text[:20]) + "..."
+        raise InvalidRequest(field, f"not a Kubernetes quantity: {shown} (examples: 2, 500m, 4Gi, 1e3)")
     number, suffix = m.group(1), m.group(2)
     try:
         if suffix is not None and suffix[0] in "eE":
-            amount = Decimal(number) * (Decimal(10) ** int(suffix[1:]))
+            exponent = int(suffix[1:])
+            if Decimal(number) == 0:
+                amount = Decimal(0)
+            elif exponent > _MAX_EXPONENT:
+                raise _too_large(field, value)
+            else:
+                amount = Decimal(number) * (Decimal(10) ** max(exponent, -_MAX_EXPONENT))
         else:
             amount = Decimal(number) * _SUFFIX[suffix]
-    except (InvalidOperation, KeyError):
+    except (ArithmeticError, KeyError):  # decimal's InvalidOperation and Overflow are ArithmeticErrors
         raise InvalidRequest(field, f"not a Kubernetes quantity: {value!r}") from None
     if amount < 0:
         raise InvalidRequest(field, f"must not be negative, got {value!r}")
+    if amount > MAX_QUANTITY:
+        raise _too_large(field, value)
+    return amount
+
+
+def _units(amount: int, field: str, value: object) -> int:
+    """An amount in corral's units, refused when beyond MAX_UNITS."""
+    if amount > MAX_UNITS:
+        raise _too_large(field, value)
     return amount
 
 
 def cpu_milli(value: object, field: str) -> int:
     """CPU quantity -> milli-CPU, rounded up as Kubernetes does ("1" -> 1000, "250m" -> 250, "0.1" -> 100)."""
-    return math.ceil(parse_quantity(value, field) * 1000)
+    return _units(math.ceil(parse_quantity(value, field) * 1000), field, value)
 
 
 def memory_mib(value: object, field: str) -> int:
     """Memory quantity in bytes -> MiB, rounded up ("4Gi" -> 4096, "1G" -> 954)."""
-    return math.ceil(parse_quantity(value, field) / _MIB)
+    return _units(math.ceil(parse_quantity(value, field) / _MIB), field, value)
 
 
 def whole_number(value: object, field: str) -> int:
@@ -136,21 +169,21 @@ def whole_number(value: object, field: str) -> int:
     amount = parse_quantity(value, field)
     if amount != amount.to_integral_value():
         raise InvalidRequest(field, f"must be a whole number, got {value!r}")
-    return int(amount)
+    return _units(int(amount), field, value)
 
 
 def mib_amount(value: object, field: str) -> int:
     """A GPU memory amount given as a count of MiB (the peers' unit): "256" -> 256; "4Gi" is read as bytes -> 4096."""
     text = str(value).strip()
-    if re.fullmatch(r"[0-9]+", text):
-        return int(text)
+    if re.fullmatch(r"[0-9]{1,20}", text):
+        return _units(int(text), field, value)
     return memory_mib(value, field)
 
 
 # ---------------------------------------------------------------------------------------------------- pods
 def pod_key(pod: Mapping[str, Any]) -> str:
     """The id corral uses for a pod: its UID, else namespace/name (objects in tests may lack a UID)."""
-    meta = pod.get("metadata") or {}
+    meta = _meta(pod)
     uid = meta.get("uid")
     if uid:
         return str(uid)
@@ -158,8 +191,14 @@ def pod_key(pod: Mapping[str, Any]) -> str:
 
 
 def pod_name(pod: Mapping[str, Any]) -> str:
-    meta = pod.get("metadata") or {}
+    meta = _meta(pod)
     return f"{meta.get('namespace') or 'default'}/{meta.get('name') or '?'}"
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    """An object's metadata; {} where it is missing or no object (pod_request names that error)."""
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
 
 
 @dataclass(frozen=True)
@@ -421,23 +460,31 @@ def parse_node_gpus(text: Any, node: str) -> tuple[GpuDevice, ...]:
         raise InvalidRequest(where, "must be a JSON list of GPUs")
     out = []
     try:
-        for i, r in enumerate(sorted(rows, key=lambda r: int(r["index"]))):
+        for i, r in enumerate(sorted(rows, key=lambda r: _small_int(r["index"]))):
             out.append(
                 GpuDevice(
                     index=i,
                     model=str(r["model"]),
-                    memory_mib=int(r.get("memory_mib", 0)),
+                    memory_mib=_small_int(r.get("memory_mib", 0)),
                     uuid=str(r.get("uuid", "")),
-                    numa_node=None if r.get("numa") is None else int(r["numa"]),
-                    pcie_switch=None if r.get("switch") is None else int(r["switch"]),
-                    nvlink_peers=frozenset(int(p) for p in r.get("nvlink", [])),
+                    numa_node=None if r.get("numa") is None else _small_int(r["numa"]),
+                    pcie_switch=None if r.get("switch") is None else _small_int(r["switch"]),
+                    nvlink_peers=frozenset(_small_int(p) for p in r.get("nvlink", [])),
                 )
             )
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
         raise InvalidRequest(where, f"each GPU needs index, model, memory_mib ({exc})") from None
     except InvalidRequest as exc:
         raise InvalidRequest(where, exc.message) from None
     return tuple(out)
+
+
+def _small_int(value: Any) -> int:
+    """A whole number from the device plugin's JSON, within MAX_UNITS (ValueError otherwise: inf, NaN, 1e400)."""
+    number = int(value)
+    if (number != value and not isinstance(value, str)) or abs(number) > MAX_UNITS:
+        raise ValueError(f"{value!r} is no whole number within bounds")
+    return number
 
 
 def node_utilization(obj: Mapping[str, Any]) -> list[float | None]:

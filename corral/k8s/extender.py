@@ -42,7 +42,7 @@ from corral.k8s.convert import (
     pod_name,
     pod_request,
 )
-from corral.k8s.state import ClusterState, PodRecord
+from corral.k8s.state import BindConflict, ClusterState, PodRecord
 from corral.model.arrays import IntArray
 from corral.model.errors import AllocationError, InvalidRequest
 from corral.model.resources import Allocation, Constraint, ConstraintOp, Request
@@ -70,9 +70,50 @@ def check_names(names: list[Any]) -> None:
         raise InvalidRequest("ExtenderArgs.NodeNames", "expected a list of node names")
 
 
-def _meta_uid(pod: Mapping[str, Any]) -> str:
-    """The id of a preemption victim given as a MetaPod (`{"UID": ...}`)."""
-    return str(pod.get("UID", ""))
+#: The most NumPDBViolations taken at face value (kube-scheduler counts them in an int64; none is near this).
+MAX_PDB_VIOLATIONS = 2**31
+
+
+def _victims(args: Mapping[str, Any]) -> tuple[dict[str, list[str]], dict[str, int]]:
+    """ExtenderPreemptionArgs' victims as {node: [pod key]} and {node: NumPDBViolations}, checked field by field.
+
+    Victims come as MetaPods (`{"UID": ...}`) when the extender is nodeCacheCapable, else as whole Pods (keyed as
+    everywhere else: UID, else namespace/name)."""
+    meta = args.get("NodeNameToMetaVictims")
+    field = "NodeNameToMetaVictims" if meta is not None else "NodeNameToVictims"
+    by_node = meta if meta is not None else args.get("NodeNameToVictims")
+    if by_node is None:
+        return {}, {}
+    if not isinstance(by_node, Mapping):
+        raise InvalidRequest(field, "expected an object of node name -> victims")
+    victims: dict[str, list[str]] = {}
+    pdb: dict[str, int] = {}
+    for node, vs in by_node.items():
+        where = f"{field}[{node}]"
+        vs = {} if vs is None else vs
+        if not isinstance(vs, Mapping):
+            raise InvalidRequest(where, "expected an object with Pods and NumPDBViolations")
+        pods = vs.get("Pods") or []
+        if not isinstance(pods, list):
+            raise InvalidRequest(f"{where}.Pods", "expected a list of pods")
+        keys = []
+        for i, p in enumerate(pods):
+            if not isinstance(p, Mapping):
+                raise InvalidRequest(f"{where}.Pods[{i}]", "expected a pod object")
+            if meta is None:
+                keys.append(pod_key(p))
+                continue
+            uid = p.get("UID")
+            if not isinstance(uid, str) or not uid:
+                raise InvalidRequest(f"{where}.Pods[{i}].UID", "expected a non-empty string")
+            keys.append(uid)
+        n = vs.get("NumPDBViolations")
+        n = 0 if n is None else n
+        if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_PDB_VIOLATIONS:
+            raise InvalidRequest(f"{where}.NumPDBViolations", f"expected a whole number 0..{MAX_PDB_VIOLATIONS}")
+        victims[str(node)] = keys
+        pdb[str(node)] = n
+    return victims, pdb
 
 
 @dataclass(frozen=True, eq=False)
@@ -227,14 +268,18 @@ class Extender:
         while len(store) > keep:
             store.popitem(last=False)
 
-    def verdict(self, pod: JsonObj) -> Verdict:
-        """The engine's answer for a pod (cached while the cluster is unchanged). Raises InvalidRequest."""
+    def verdict(self, pod: JsonObj, fresh: bool = False) -> Verdict:
+        """The engine's answer for a pod (cached while the cluster is unchanged). Raises InvalidRequest.
+
+        The cache is keyed by the pod's UID, which any caller may put in a body; `fresh` (bind) reuses a cached
+        verdict only if it was made for what this pod asks for, so a bind always decides on the pod it binds."""
         key = pod_key(pod)
         with self.state.lock:
             cached = self._verdicts.get(key)
-            if cached is not None and cached.generation == self.state.generation:
+            ask = pod_request(pod) if fresh else None
+            if cached is not None and cached.generation == self.state.generation and (ask is None or ask == cached.ask):
                 return cached
-            ask = pod_request(pod)
+            ask = ask or pod_request(pod)
             verdict = self._decide(ask)
             if self._verdicts and next(reversed(self._verdicts.values())).generation != verdict.generation:
                 self._verdicts.clear()  # the cluster changed: none of them can be used again
@@ -372,29 +417,57 @@ class Extender:
 
     def bind(self, args: Any) -> JsonObj:
         if not isinstance(args, Mapping):
-            return {"Error": "ExtenderBindingArgs: expected a JSON object with PodName, PodNamespace, PodUID, Node"}
+            raise InvalidRequest(
+                "ExtenderBindingArgs", "expected a JSON object with PodName, PodNamespace, PodUID, Node"
+            )
         name, ns, uid, node = (args.get(k) for k in ("PodName", "PodNamespace", "PodUID", "Node"))
         for key, value in (("PodName", name), ("Node", node)):
             if not isinstance(value, str) or not value:
-                return {"Error": f"ExtenderBindingArgs.{key}: must be a non-empty string"}
-        ns = ns if isinstance(ns, str) and ns else "default"
-        uid = uid if isinstance(uid, str) else ""
-        assert isinstance(name, str) and isinstance(node, str)
+                raise InvalidRequest(f"ExtenderBindingArgs.{key}", "must be a non-empty string")
+        for key, value in (("PodNamespace", ns), ("PodUID", uid)):
+            if value is not None and not isinstance(value, str):
+                raise InvalidRequest(f"ExtenderBindingArgs.{key}", "must be a string")
+        ns = ns or "default"
+        uid = uid or ""
+        assert isinstance(name, str) and isinstance(node, str) and isinstance(ns, str) and isinstance(uid, str)
         try:
             return self._bind(ns, name, uid, node)
         except (InvalidRequest, KubeApiError, AllocationError) as exc:
-            return {"Error": f"bind {ns}/{name} to {node}: {exc}"}
+            message = f"bind {ns}/{name} to {node}: {exc}"
+            log.warning("bind refused: %s", _short(message))
+            return {"Error": message}
+
+    def _pod_for_bind(self, ns: str, name: str, uid: str) -> JsonObj:
+        """The pod as the API server has it now (its node, annotations and requests are the truth a bind must
+        follow); without an API server, the pod filter saw."""
+        if self.api is not None:
+            pod = self.api.get_pod(ns, name)
+            real = str((pod.get("metadata") or {}).get("uid") or "")
+            if uid and real and uid != real:
+                # kube-apiserver does not check a Binding's UID: the pod of that name is another one (recreated).
+                raise InvalidRequest("PodUID", f"{uid!r} is not the UID of pod {ns}/{name} (it is {real!r})")
+            return pod
+        seen = self._pods.get(uid or f"{ns}/{name}")
+        if seen is None:
+            raise InvalidRequest("PodUID", "pod not seen at filter and no API server to read it from")
+        return seen
 
     def _bind(self, ns: str, name: str, uid: str, node: str) -> JsonObj:
-        key = uid or f"{ns}/{name}"
-        pod = self._pods.get(key)
-        if pod is None:
-            if self.api is None:
-                raise InvalidRequest("PodUID", "pod not seen at filter and no API server to read it from")
-            pod = self.api.get_pod(ns, name)
+        pod = self._pod_for_bind(ns, name, uid)
+        key = pod_key(pod)
+        bound_to = (pod.get("spec") or {}).get("nodeName")
+        if bound_to:
+            # Kubernetes never moves a bound pod (a second Binding gets 409): refuse before reserving anything, and
+            # make sure the pod is counted where it is.
+            self.state.upsert_pod(pod)
+            raise BindConflict(f"the pod is already bound to {bound_to}")
         with self.state.lock:
+            held = self.state.held(key)
+            if held is not None and not held.confirmed and not self.state.in_flight(key):
+                self.state.upsert_pod(pod)  # an earlier bind whose answer was lost; the pod just read is pending
+            self.state.check_unbound(key, pod_name(pod))
             # The verdict of filter/prioritize when nothing changed since (the usual case): no new decision.
-            v = self.verdict(pod)
+            v = self.verdict(pod, fresh=True)
             s = self.state.snapshot
             if s is None or node not in s.index:
                 raise InvalidRequest("Node", f"{node!r} is unknown to corral")
@@ -403,19 +476,42 @@ class Extender:
                 why = v.reason(s.index[node]) or "no longer fits"
                 raise AllocationError(f"the pod does not fit on {node} now: {why}")
             assignment = make_assignment(alloc, s.nodes[s.index[node]], v.ask)
-            rec = PodRecord(pod_key(pod), pod_name(pod), node, v.request, assignment)
+            rec = PodRecord(key, pod_name(pod), node, v.request, assignment, confirmed=False)
             self.state.reserve(rec, alloc)
-        ok = False
+        outcome = "unknown"
         try:
             if self.api is not None:
-                self.api.patch_pod_annotations(ns, name, assignment_annotations(assignment, v.ask.style))
-                self.api.create_binding(ns, name, uid, node)
-            ok = True
+                # One write: the node and the assignment land together, or neither does (a refused Binding leaves
+                # the pod, and whatever assignment it had, as it was).
+                self.api.create_binding(ns, name, uid, node, assignment_annotations(assignment, v.ask.style))
+            outcome = "bound"
+        except KubeApiError as exc:
+            outcome = "refused" if exc.status is not None and 400 <= exc.status < 500 else "unknown"
+            raise
         finally:
-            self.state.settle(rec.key, ok)
+            self.state.settle(rec, outcome)
             self._verdicts.pop(key, None)
             self._pods.pop(key, None)
+            if outcome != "bound":
+                self._follow(ns, name, key)
         return {"Error": ""}
+
+    def _follow(self, ns: str, name: str, key: str) -> None:
+        """After a Binding that failed or went unanswered, read the pod back so the state follows what the API
+        server holds (bound elsewhere, bound by this very Binding, pending, or gone)."""
+        if self.api is None:
+            return
+        try:
+            pod = self.api.get_pod(ns, name)
+        except KubeApiError as exc:
+            if exc.status == 404:
+                self.state.forget(key)  # deleted meanwhile
+            else:  # unknown: the reservation stays unconfirmed until a view of the pod or a list decides
+                log.warning("bind %s/%s: cannot read the pod back (%s); its GPUs stay reserved until it is seen", ns,
+                            name, exc)  # fmt: skip
+            return
+        if pod_key(pod) == key:
+            self.state.upsert_pod(pod)
 
     def preempt(self, args: Any) -> JsonObj:
         if not isinstance(args, Mapping):
@@ -423,17 +519,7 @@ class Extender:
         pod = args.get("Pod")
         if not isinstance(pod, Mapping):
             raise InvalidRequest("Pod", "expected a Pod object")
-        # Victims come as MetaPods (just a UID) when the extender is nodeCacheCapable, else as whole Pods.
-        meta_victims = args.get("NodeNameToMetaVictims")
-        by_node, key_of = (
-            (meta_victims, _meta_uid) if isinstance(meta_victims, Mapping) else (args.get("NodeNameToVictims"), pod_key)
-        )
-        victims: dict[str, list[str]] = {}
-        pdb: dict[str, int] = {}
-        if isinstance(by_node, Mapping):
-            for node, vs in by_node.items():
-                victims[node] = [key_of(p) for p in (vs or {}).get("Pods") or []]
-                pdb[node] = int((vs or {}).get("NumPDBViolations") or 0)
+        victims, pdb = _victims(args)
         request = pod_request(dict(pod)).request
         result: dict[str, Any] = {}
         with self.state.lock:
@@ -466,6 +552,8 @@ class Extender:
         pod = args.get("Pod")
         if not isinstance(pod, Mapping):
             raise InvalidRequest("ExtenderArgs.Pod", "expected a Pod object")
+        if not isinstance(pod.get("metadata") or {}, Mapping):
+            raise InvalidRequest("ExtenderArgs.Pod.metadata", "expected an object")
         names = args.get("NodeNames")
         nodes = args.get("Nodes")
         if names is not None:
@@ -488,11 +576,29 @@ Send = Callable[[Message], Awaitable[None]]
 Handler = Callable[[bytes], tuple[int, bytes]]
 
 
+#: The largest body read. kube-scheduler's biggest is a filter with whole Node objects (nodeCacheCapable off): about
+#: 10 KiB a node, so 64 MiB is several thousand nodes; a bigger body is refused before it is read on.
+MAX_BODY = 64 * 1024 * 1024
+_JSON_TYPES = {b"", b"application/json"}
+
+
 def _loads(raw: bytes) -> Any:
     try:
-        return orjson.loads(raw)
+        return orjson.loads(raw)  # refuses bytes that are not UTF-8, NaN/Infinity, and nesting beyond 1024 levels
     except orjson.JSONDecodeError as exc:
         raise InvalidRequest("body", f"not valid JSON: {exc}") from None
+
+
+def _json_type(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """None when the body may be read as JSON (kube-scheduler says application/json; no type is taken as JSON too),
+    else the type that came."""
+    for key, value in headers:
+        if key.lower() == b"content-type":
+            media = value.split(b";", 1)[0].strip().lower()
+            if media in _JSON_TYPES or media.endswith(b"+json"):
+                return None
+            return value.decode("latin-1")
+    return None
 
 
 def _failed_filter(message: str) -> bytes:
@@ -510,20 +616,20 @@ class ExtenderApp:
 
     def __init__(self, extender: Extender) -> None:
         self.extender = extender
+        # Each verb's refusal in its own shape: filter's and bind's `Error` fail the pod in kube-scheduler (a 200
+        # keeps the reason in its event); kube-scheduler ignores prioritize errors, and preempt has no Error field,
+        # so those two answer 400 with the reason, which keeps it visible in kube-scheduler's log.
+        self.refusals: dict[str, Callable[[int, str], tuple[int, bytes]]] = {
+            "/filter": lambda status, e: (200 if status == 400 else status, _failed_filter(e)),
+            "/prioritize": lambda status, e: (status, orjson.dumps({"Error": e})),
+            "/bind": lambda status, e: (200 if status == 400 else status, orjson.dumps({"Error": e})),
+            "/preempt": lambda status, e: (status, orjson.dumps({"NodeNameToMetaVictims": None, "Error": e})),
+        }
         self.routes: dict[tuple[str, str], Handler] = {
-            # kube-scheduler ignores prioritize errors; a 400 with the reason keeps them visible in its log.
-            ("POST", "/filter"): self._guarded("filter", extender.filter_json, lambda e: (200, _failed_filter(e))),
-            ("POST", "/prioritize"): self._guarded(
-                "prioritize", extender.prioritize_json, lambda e: (400, orjson.dumps({"Error": e}))
-            ),
-            ("POST", "/bind"): self._guarded(
-                "bind", lambda args: orjson.dumps(extender.bind(args)), lambda e: (200, orjson.dumps({"Error": e}))
-            ),
-            ("POST", "/preempt"): self._guarded(
-                "preempt",
-                lambda args: orjson.dumps(extender.preempt(args)),
-                lambda e: (400, orjson.dumps({"NodeNameToMetaVictims": None, "Error": e})),
-            ),
+            ("POST", "/filter"): self._guarded("filter", extender.filter_json),
+            ("POST", "/prioritize"): self._guarded("prioritize", extender.prioritize_json),
+            ("POST", "/bind"): self._guarded("bind", lambda args: orjson.dumps(extender.bind(args))),
+            ("POST", "/preempt"): self._guarded("preempt", lambda args: orjson.dumps(extender.preempt(args))),
             ("GET", "/healthz"): lambda _: (200, orjson.dumps({"ok": extender.state.snapshot is not None})),
             ("GET", "/status"): lambda _: (200, orjson.dumps(extender.state.status())),
         }
@@ -542,15 +648,24 @@ class ExtenderApp:
         method, path = scope["method"], scope["path"]
         handler = self.routes.get((method, path))
         chunks = []
+        size = 0
         more = True
         while more:
             message = await receive()
             if message["type"] == "http.disconnect":
                 return
-            chunks.append(message.get("body", b""))
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size <= MAX_BODY:
+                chunks.append(chunk)
             more = message.get("more_body", False)
         headers = [(b"content-type", b"application/json")]
-        if handler is not None:
+        ctype = _json_type(scope.get("headers") or [])
+        if handler is not None and size > MAX_BODY:
+            status, body = self.refusals[path](413, f"body: larger than {MAX_BODY} bytes")
+        elif handler is not None and ctype is not None and method == "POST":
+            status, body = self.refusals[path](415, f"Content-Type: expected application/json, got {ctype!r}")
+        elif handler is not None:
             status, body = handler(b"".join(chunks))
         elif any(p == path for _, p in self.routes):
             allowed = ", ".join(m for m, p in self.routes if p == path)
@@ -563,21 +678,28 @@ class ExtenderApp:
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
-    def _guarded(
-        self, verb: str, answer: Callable[[Any], bytes], refusal: Callable[[str], tuple[int, bytes]]
-    ) -> Handler:
-        """A verb's handler: its answer, or, for bad input or a fault of ours, the verb's own refusal (never a 500)."""
+    def _guarded(self, verb: str, answer: Callable[[Any], bytes]) -> Handler:
+        """A verb's handler: its answer, or, for bad input, the verb's own refusal naming the field (one log line);
+        a fault of ours (a bug: no input should reach it) is refused the same way, with its traceback logged."""
+        refusal = self.refusals[f"/{verb}"]
 
         def handle(raw: bytes) -> tuple[int, bytes]:
             try:
                 return 200, answer(_loads(raw))
             except InvalidRequest as exc:
-                return refusal(str(exc))
+                log.warning("%s refused: %s", verb, _short(str(exc)))
+                return refusal(400, str(exc))
             except Exception as exc:
                 log.exception("%s failed", verb)
-                return refusal(f"corral internal error: {type(exc).__name__}: {exc}")
+                return refusal(500, f"corral internal error: {type(exc).__name__}: {exc}")
 
         return handle
+
+
+def _short(text: str, limit: int = 300) -> str:
+    """One log line: at most `limit` characters, control characters escaped (the text may quote a hostile body)."""
+    text = text.encode("unicode_escape", "backslashreplace").decode("ascii")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def create_app(extender: Extender) -> ExtenderApp:

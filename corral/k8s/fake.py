@@ -1,8 +1,9 @@
 """FakeKubeApi: an in-memory stand-in for the Kubernetes API server, for tests and benchmarks (no cluster here).
 
 It keeps nodes and pods as JSON dicts with resourceVersions, answers list / watch (events fan out to every open
-watch), merges annotation patches and applies Bindings as the API server does (sets spec.nodeName, refuses a pod
-that is already bound or whose UID does not match). Calls are recorded so tests can check what corral asked for.
+watch), merges annotation patches and applies Bindings as the API server does: sets spec.nodeName and copies the
+Binding's metadata.annotations onto the pod in the same write; a pod already bound gets 409 and stays as it was. Calls
+are recorded so tests can check what corral asked for.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ class FakeKubeApi:
         self.pods: dict[tuple[str, str], JsonObj] = {}
         self._watchers: dict[str, list[queue.Queue[tuple[str, JsonObj] | None]]] = {"nodes": [], "pods": []}
         self.calls: list[tuple[str, ...]] = []
-        self.fail_next: dict[str, KubeApiError] = {}  # call name -> error raised once
+        self.fail_next: dict[str, KubeApiError] = {}  # call name -> error raised once, before the call does anything
+        self.lose_answer: dict[str, KubeApiError] = {}  # call name -> error raised once, after the call took effect
 
     # ------------------------------------------------------------------ server side (what tests do)
     def _bump(self, obj: JsonObj) -> None:
@@ -56,6 +58,13 @@ class FakeKubeApi:
             self._bump(obj)
             self.pods[key] = obj
             self._emit("pods", event, obj)
+
+    def subscribe(self, kind: str) -> queue.Queue[tuple[str, JsonObj] | None]:
+        """A queue that receives every later event of `kind` (tests deliver them to a state when they choose)."""
+        q: queue.Queue[tuple[str, JsonObj] | None] = queue.Queue()
+        with self._lock:
+            self._watchers[kind].append(q)
+        return q
 
     def delete_pod(self, namespace: str, name: str) -> None:
         with self._lock:
@@ -121,7 +130,9 @@ class FakeKubeApi:
             self._bump(pod)
             self._emit("pods", "MODIFIED", pod)
 
-    def create_binding(self, namespace: str, name: str, uid: str, node: str) -> None:
+    def create_binding(
+        self, namespace: str, name: str, uid: str, node: str, annotations: dict[str, str] | None = None
+    ) -> None:
         self._maybe_fail("create_binding")
         with self._lock:
             self.calls.append(("create_binding", namespace, name, node))
@@ -135,8 +146,13 @@ class FakeKubeApi:
             if node not in self.nodes:
                 raise KubeApiError(f"node {node!r} not found", 404)
             pod.setdefault("spec", {})["nodeName"] = node
+            if annotations:  # as the API server does: the Binding's annotations land with the node, in one write
+                pod["metadata"].setdefault("annotations", {}).update(annotations)
             self._bump(pod)
             self._emit("pods", "MODIFIED", pod)
+        lost = self.lose_answer.pop("create_binding", None)
+        if lost is not None:
+            raise lost  # the Binding was applied, but its answer never reached the caller
 
     def patch_node_metadata(self, name: str, annotations: dict[str, str], labels: dict[str, str]) -> None:
         with self._lock:

@@ -1,8 +1,9 @@
 """The extender's view of the cluster: nodes from Node objects, allocations from Pod objects, one ClusterSnapshot.
 
     list nodes + pods  --replace-->  ClusterState  <--apply(event)--  watch nodes / pods (Informer threads)
-                                        |  bind: reserve() before the API calls, so a second pod never gets
-                                        v        the same GPU share while the first one's annotation travels
+                                        |  bind: reserve() before the Binding travels, so a second pod never gets
+                                        |        the same GPU share; settle() with the Binding's answer; a pod
+                                        v        already bound or being bound is never reserved again
                                   ClusterSnapshot (allocations keyed by pod UID)
 
 Every pod that occupies a node counts (its CPU and memory), GPU pods also with the GPUs their `corral.dev/assignment`
@@ -14,6 +15,7 @@ utilisation updates it in place.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from dataclasses import dataclass
@@ -46,6 +48,12 @@ class PodRecord:
     node: str
     request: Request
     assignment: Assignment | None
+    #: False for a bind of ours that the API server has not confirmed: in flight, or one whose answer was lost.
+    confirmed: bool = True
+
+
+class BindConflict(AllocationError):
+    """The pod is already bound (or being bound): Kubernetes never moves a bound pod, so neither does corral."""
 
 
 class ClusterState:
@@ -126,6 +134,10 @@ class ClusterState:
             self._rebuild()
 
     # ------------------------------------------------------------------ pods
+    # A pod's views, as the API server shows it: "bound" (spec.nodeName set, not finished), "pending" (no node yet),
+    # or "gone" (finished, or unreadable). Kubernetes never unbinds a pod, so a pending view of a pod corral knows
+    # bound is older than what corral knows (a watch event or a list that was already travelling when the Binding
+    # landed): it is ignored, and the pod keeps its GPUs until it is deleted or finishes.
     def _grant(self, rec: PodRecord) -> bool:
         s = self.snapshot
         if s is None or rec.node not in s.index:
@@ -138,21 +150,24 @@ class ClusterState:
             return False
         return True
 
-    def _record(self, obj: JsonObj) -> PodRecord | None:
+    def _view(self, obj: JsonObj) -> tuple[str, PodRecord | None]:
         spec = obj.get("spec") or {}
         status = obj.get("status") or {}
         meta = obj.get("metadata") or {}
+        if not isinstance(spec, dict) or not isinstance(status, dict) or not isinstance(meta, dict):
+            return "gone", None
         if status.get("phase") in _TERMINAL:
-            return None
+            return "gone", None
+        node = spec.get("nodeName")
+        if not node:
+            # Pending: holds nothing. An annotation without a node is no grant either: corral writes its assignment
+            # only with the Binding, so a pending pod that carries one got it from someone else.
+            return "pending", None
         try:
             assignment = parse_assignment(meta.get("annotations"))
         except InvalidRequest as exc:
             self._problem(f"pod {pod_name(obj)}: {exc}")
             assignment = None
-        node = spec.get("nodeName")
-        if not node:
-            # Pending (an annotation without a binding is a bind in flight, or one that failed): holds nothing.
-            return None
         if assignment is not None and assignment.node != node:
             self._problem(f"pod {pod_name(obj)}: assignment names {assignment.node} but the pod runs on {node}")
             assignment = None
@@ -160,19 +175,24 @@ class ClusterState:
             request = pod_request(obj, min_cpu_milli=0).request
         except InvalidRequest as exc:
             self._problem(f"pod {pod_name(obj)} on {node}: {exc}")
-            return None
-        return PodRecord(pod_key(obj), pod_name(obj), str(node), request, assignment)
+            return "gone", None
+        return "bound", PodRecord(pod_key(obj), pod_name(obj), str(node), request, assignment)
 
     def upsert_pod(self, obj: JsonObj) -> None:
-        rec = self._record(obj)
+        """Follow one view of a pod (a watch event, or the pod read back after a bind)."""
+        view, rec = self._view(obj)
         key = pod_key(obj)
         with self.lock:
             old = self.pods.get(key)
             if rec is None:
-                if old is not None and key not in self._reserved:
+                if old is None:
+                    return
+                if view == "gone" or (not old.confirmed and key not in self._reserved):
                     self._drop(key)
-                return
+                return  # pending, but known bound (the view is stale) or a bind of ours in flight
             if old is not None and old.node == rec.node and old.assignment == rec.assignment:
+                if not old.confirmed:
+                    self.pods[key] = rec  # our bind, confirmed by the API server: same grant
                 return  # already counted (e.g. the watch event of our own bind)
             if old is not None:
                 self._drop(key)
@@ -192,38 +212,77 @@ class ClusterState:
         self.generation += 1
 
     def replace_pods(self, objs: list[JsonObj]) -> None:
+        """Follow a full list of pods (an informer's list, or a restart)."""
         with self.lock:
-            records = {}
+            records: dict[str, PodRecord] = {}
+            pending: set[str] = set()
             for obj in objs:
-                rec = self._record(obj)
+                view, rec = self._view(obj)
                 if rec is not None:
                     records[rec.key] = rec
-            # Keep reservations of binds in flight whose pods the list does not show bound yet.
-            for key, rec in self.pods.items():
-                if key not in records and rec.assignment is not None and key in self._reserved:
-                    records[key] = rec
+                elif view == "pending":
+                    pending.add(pod_key(obj))
+            for key, old in self.pods.items():
+                if key in records:
+                    continue
+                # A bind in flight keeps its reservation; a pod known bound that the list shows pending keeps its
+                # grant (the list is older than the Binding). A pod missing from the list is gone.
+                if key in self._reserved or (old.confirmed and key in pending):
+                    records[key] = old
             self.pods = records
             self._rebuild()
 
     # ------------------------------------------------------------------ bind
     def reserve(self, rec: PodRecord, alloc: Allocation) -> None:
-        """Grant a bind's allocation now (raises AllocationError if it no longer fits)."""
+        """Grant a bind's allocation now, before its Binding travels, so that no other bind gets the same GPU share.
+        Raises BindConflict if the pod is already bound or being bound, AllocationError if it no longer fits."""
         with self.lock:
             if self.snapshot is None:
                 raise AllocationError("no nodes known")
-            if rec.key in self.pods:
-                self._drop(rec.key)
+            self.check_unbound(rec.key, rec.name)
             self.snapshot.allocate(alloc)
             self.pods[rec.key] = rec
             self._reserved.add(rec.key)
             self.generation += 1
 
-    def settle(self, key: str, ok: bool) -> None:
-        """The bind's API calls finished: keep the reservation, or give it back."""
+    def check_unbound(self, key: str, name: str) -> None:
+        """Raise BindConflict if the pod is bound (or a bind of it is in flight or unanswered)."""
         with self.lock:
-            self._reserved.discard(key)
-            if not ok:
+            held = self.pods.get(key)
+            if held is None:
+                return
+            if key in self._reserved:
+                raise BindConflict(f"a bind of pod {name} to {held.node} is already in flight")
+            if not held.confirmed:
+                raise BindConflict(f"a bind of pod {name} to {held.node} went unanswered; waiting to see the pod")
+            raise BindConflict(f"pod {name} is already bound to {held.node}")
+
+    def forget(self, key: str) -> None:
+        """The pod is gone (read back as 404): drop what it held, unless a bind of it is in flight."""
+        with self.lock:
+            if key in self.pods and key not in self._reserved:
                 self._drop(key)
+
+    def settle(self, rec: PodRecord, outcome: str) -> None:
+        """The Binding's answer: "bound" keeps the grant, "refused" gives it back, "unknown" (no answer: the Binding
+        may or may not have landed) keeps it unconfirmed until the pod's next view or list says which."""
+        with self.lock:
+            self._reserved.discard(rec.key)
+            if self.pods.get(rec.key) is not rec:
+                return  # a view of the pod came first (bound by someone else, deleted): that is the truth now
+            if outcome == "bound":
+                self.pods[rec.key] = dataclasses.replace(rec, confirmed=True)
+            elif outcome == "refused":
+                self._drop(rec.key)
+
+    def held(self, key: str) -> PodRecord | None:
+        """The pod's record (bound, or a bind of ours in flight), None when it holds nothing."""
+        with self.lock:
+            return self.pods.get(key)
+
+    def in_flight(self, key: str) -> bool:
+        with self.lock:
+            return key in self._reserved
 
     # ------------------------------------------------------------------ events
     def apply(self, kind: str, event: str, obj: JsonObj) -> None:

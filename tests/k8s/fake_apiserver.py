@@ -11,8 +11,9 @@ It implements only what corral calls, with the API server's own paths, JSON and 
     GET   /api/v1/namespaces/{ns}/pods/{name}, /api/v1/nodes/{name}
     PATCH the same, and /api/v1/nodes/{name}/status                     merge and strategic merge patches (maps merge,
                                                                         null deletes, lists are replaced)
-    POST  /api/v1/namespaces/{ns}/pods/{name}/binding                   Binding: sets spec.nodeName (409 if already
-          /api/v1/namespaces/{ns}/bindings                              bound or the UID differs)
+    POST  /api/v1/namespaces/{ns}/pods/{name}/binding                   Binding: sets spec.nodeName and the Binding's
+          /api/v1/namespaces/{ns}/bindings                              metadata.annotations in one write (409 if
+                                                                        already bound or the UID differs)
 
 Errors are `Status` objects. Every request is recorded (`requests`) so tests can check what the client sent.
 """
@@ -253,6 +254,9 @@ class FakeApiServer:
                 node = pod["spec"]["nodeName"]
                 raise ApiError(409, "Conflict", f'pod {name} is already assigned to node "{node}"')
             pod.setdefault("spec", {})["nodeName"] = target
+            annotations = meta.get("annotations") or {}
+            if annotations:  # kube-apiserver copies a Binding's annotations onto the pod in the same write
+                pod.setdefault("metadata", {}).setdefault("annotations", {}).update(annotations)
             self._record("pods", "MODIFIED", pod)
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
 

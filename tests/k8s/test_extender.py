@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
@@ -86,7 +87,7 @@ def test_prioritize_gives_the_engines_choice_ten(served: tuple[str, Cluster]) ->
     assert {h["Host"]: h["Score"] for h in scores}["cpu-1"] == 0  # cannot take a GPU pod
 
 
-def test_bind_annotates_then_binds_and_never_double_books(served: tuple[str, Cluster]) -> None:
+def test_bind_writes_node_and_assignment_in_one_call_and_never_double_books(served: tuple[str, Cluster]) -> None:
     url, c = served
     pods = [kube_pod(f"w{i}", {"corral.dev/gpu": "1"}) for i in range(2)]
     granted: list[str] = []
@@ -103,7 +104,7 @@ def test_bind_annotates_then_binds_and_never_double_books(served: tuple[str, Clu
         granted.extend(s.uuid for s in a.containers["cuda"])
     assert sorted(granted) == ["GPU-gpu-a-0", "GPU-gpu-a-1"]
     calls = [k for k in c.api.calls if k[0] in ("patch_pod_annotations", "create_binding")]
-    assert [k[0] for k in calls] == ["patch_pod_annotations", "create_binding"] * 2
+    assert [k[0] for k in calls] == ["create_binding"] * 2  # the assignment travels in the Binding itself
     third = kube_pod("w2", {"corral.dev/gpu": "1"})
     c.api.put_pod(third)
     f = post(url, "filter", {"Pod": third, "NodeNames": ["gpu-a"]}).json()
@@ -293,3 +294,48 @@ def test_prioritize_beyond_the_engines_best_few_still_follows_the_engine() -> No
     expected = next(n for n, _ in full.explanation.top if n in rest)
     assert [h["Host"] for h in scores if h["Score"] == 10] == [expected]
     assert sorted(h["Score"] for h in scores) == [1] * (len(rest) - 1) + [10]
+
+
+def test_rebinding_a_bound_pod_changes_nothing_and_never_over_commits(served: tuple[str, Cluster]) -> None:
+    """Finding 9: a second bind of a bound pod (to another node) used to patch the assignment before the Binding
+    failed with 409 and never undo it; the extender then stopped counting that GPU and put 3 whole-GPU pods on a
+    2-GPU node. Now the assignment travels in the Binding (409: nothing lands) and a bound pod is never reserved
+    again."""
+    url, c = served
+    first = kube_pod("first", {"corral.dev/gpu": "1"})
+    c.api.put_pod(first)
+    assert post(url, "bind", bind_args(first, "gpu-a")).json() == {"Error": ""}
+    before = copy.deepcopy(c.api.pods[("default", "first")])
+    for node in ("gpu-b", "gpu-a"):
+        again = post(url, "bind", bind_args(first, node)).json()
+        assert again["Error"] == f"bind default/first to {node}: the pod is already bound to gpu-a"
+    assert c.api.pods[("default", "first")]["metadata"]["annotations"] == before["metadata"]["annotations"]
+    assert c.api.pods[("default", "first")]["spec"]["nodeName"] == "gpu-a"
+    others = [kube_pod(f"other-{i}", {"corral.dev/gpu": "1"}) for i in range(2)]
+    answers = []
+    for p in others:
+        c.api.put_pod(p)
+        answers.append(post(url, "bind", bind_args(p, "gpu-a")).json()["Error"])
+    assert answers[0] == "" and "does not fit on gpu-a" in answers[1]
+    on_a = [p for p in c.api.pods.values() if p["spec"].get("nodeName") == "gpu-a"]
+    uuids = [s.uuid for p in on_a for a in [parse_assignment(p["metadata"]["annotations"])] if a
+             for s in a.slots]  # fmt: skip
+    assert sorted(uuids) == ["GPU-gpu-a-0", "GPU-gpu-a-1"]  # two pods, two GPUs, each once
+    assert c.state.snapshot is not None and c.state.snapshot.gpu_allocated_milli == 2000
+
+
+def test_a_binding_whose_answer_is_lost_keeps_its_gpus_until_the_pod_is_read_back(served: tuple[str, Cluster]) -> None:
+    """The Binding landed but its answer did not come back (a timeout, a dropped connection): the extender reads the
+    pod back, sees it bound with this very assignment, and keeps counting it."""
+    url, c = served
+    p = kube_pod("lost", {"corral.dev/gpu": "2"})
+    c.api.put_pod(p)
+    c.api.lose_answer["create_binding"] = KubeApiError("connection reset")
+    assert "connection reset" in post(url, "bind", bind_args(p, "gpu-a")).json()["Error"]
+    assert c.api.pods[("default", "lost")]["spec"]["nodeName"] == "gpu-a"
+    assert c.state.snapshot is not None and c.state.snapshot.gpu_allocated_milli == 2000
+    again = post(url, "bind", bind_args(p, "gpu-b")).json()["Error"]
+    assert again == "bind default/lost to gpu-b: the pod is already bound to gpu-a"
+    late = kube_pod("late", {"corral.dev/gpu": "1"})
+    c.api.put_pod(late)
+    assert "does not fit on gpu-a" in post(url, "bind", bind_args(late, "gpu-a")).json()["Error"]
