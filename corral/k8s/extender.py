@@ -489,9 +489,10 @@ class Extender:
             outcome = "refused" if exc.status is not None and 400 <= exc.status < 500 else "unknown"
             raise
         finally:
-            self.state.settle(rec, outcome)
-            self._verdicts.pop(key, None)
-            self._pods.pop(key, None)
+            with self.state.lock:  # the caches are shared with concurrent binds, which change them under the lock
+                self.state.settle(rec, outcome)
+                self._verdicts.pop(key, None)
+                self._pods.pop(key, None)
             if outcome != "bound":
                 self._follow(ns, name, key)
         return {"Error": ""}

@@ -66,6 +66,11 @@ class FakeKubeApi:
             self._watchers[kind].append(q)
         return q
 
+    def unsubscribe(self, kind: str, q: queue.Queue[tuple[str, JsonObj] | None]) -> None:
+        with self._lock:
+            if q in self._watchers[kind]:
+                self._watchers[kind].remove(q)
+
     def delete_pod(self, namespace: str, name: str) -> None:
         with self._lock:
             obj = self.pods.pop((namespace, name))

@@ -65,8 +65,14 @@ def corpus() -> list[Case]:
     for verb in ("filter", "prioritize", "bind", "preempt"):
         for label, raw in raw_bodies.items():
             add(f"{verb}: {label}", verb, raw)
-        for ctype in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x",
-                      "application/xml", "application/jsonx", "image/png"):
+        for ctype in (
+            "text/plain",
+            "application/x-www-form-urlencoded",
+            "multipart/form-data; boundary=x",
+            "application/xml",
+            "application/jsonx",
+            "image/png",
+        ):
             add(f"{verb}: content type {ctype!r}", verb, {"Pod": good, "NodeNames": ALL}, ctype)
     # filter / prioritize: ExtenderArgs
     for verb in ("filter", "prioritize"):
@@ -78,11 +84,17 @@ def corpus() -> list[Case]:
             add(f"{verb}: metadata={bad!r}", verb, {"Pod": {**good, "metadata": bad}, "NodeNames": ALL})
             add(f"{verb}: spec={bad!r}", verb, {"Pod": {**good, "spec": bad}, "NodeNames": ALL})
             add(f"{verb}: containers={bad!r}", verb, {"Pod": {**good, "spec": {"containers": bad}}, "NodeNames": ALL})
-            add(f"{verb}: resources={bad!r}", verb,
-                {"Pod": {**good, "spec": {"containers": [{"name": "c", "resources": bad}]}}, "NodeNames": ALL})
+            add(
+                f"{verb}: resources={bad!r}",
+                verb,
+                {"Pod": {**good, "spec": {"containers": [{"name": "c", "resources": bad}]}}, "NodeNames": ALL},
+            )
             add(f"{verb}: annotations={bad!r}", verb, {"Pod": _pod({"corral.dev/gpu": "1"}, bad), "NodeNames": ALL})
-            add(f"{verb}: priority={bad!r}", verb,
-                {"Pod": {**good, "spec": {**good["spec"], "priority": bad}}, "NodeNames": ALL})
+            add(
+                f"{verb}: priority={bad!r}",
+                verb,
+                {"Pod": {**good, "spec": {**good["spec"], "priority": bad}}, "NodeNames": ALL},
+            )
         add(f"{verb}: no Pod", verb, {"NodeNames": ALL})
         add(f"{verb}: neither names nor nodes", verb, {"Pod": good})
         add(f"{verb}: 100k unknown names", verb, {"Pod": good, "NodeNames": [f"n{i}" for i in range(100_000)]})
@@ -91,10 +103,20 @@ def corpus() -> list[Case]:
                 add(f"{verb}: {res}={q!r}", verb, {"Pod": _pod({res: q}), "NodeNames": ALL})
             for q in WRONG_TYPES:
                 add(f"{verb}: {res}={q!r} (JSON)", verb, {"Pod": _pod({res: q}), "NodeNames": ALL})
-        add(f"{verb}: float NaN quantity", verb, b'{"Pod": {"spec": {"containers": [{"name": "c", "resources": '
-            b'{"limits": {"cpu": 1e400}}}]}}, "NodeNames": ["gpu-a"]}')
-        for ann in ("corral.dev/gpu-count", "corral.dev/min-gpu-memory", "GPUrequest", "corral.dev/gpu-behavior",
-                    "corral.dev/policy", "corral.dev/gpu-model"):
+        add(
+            f"{verb}: float NaN quantity",
+            verb,
+            b'{"Pod": {"spec": {"containers": [{"name": "c", "resources": '
+            b'{"limits": {"cpu": 1e400}}}]}}, "NodeNames": ["gpu-a"]}',
+        )
+        for ann in (
+            "corral.dev/gpu-count",
+            "corral.dev/min-gpu-memory",
+            "GPUrequest",
+            "corral.dev/gpu-behavior",
+            "corral.dev/policy",
+            "corral.dev/gpu-model",
+        ):
             for q in ["1e400", "-3", "0", "99999999999999999999Gi", "", ",", "x" * 10_000]:
                 limits = {"keti.com/mpsgpu": "1"} if ann == "GPUrequest" else {"corral.dev/gpu-milli": "300"}
                 add(f"{verb}: annotation {ann}={q[:20]!r}", verb, {"Pod": _pod(limits, {ann: q}), "NodeNames": ALL})
@@ -114,7 +136,7 @@ def corpus() -> list[Case]:
         node = node_object("evil", "8", "32Gi")
         node["metadata"]["name"] = 7
         add(f"{verb}: Node name 7", verb, {"Pod": good, "Nodes": {"items": [node]}})
-        node = node_object("evil", "8", "32Gi", {"corral.dev/gpu-utilization": "[1e400, NaN, -1, \"x\"]"})
+        node = node_object("evil", "8", "32Gi", {"corral.dev/gpu-utilization": '[1e400, NaN, -1, "x"]'})
         add(f"{verb}: Node utilization", verb, {"Pod": good, "Nodes": {"items": [node]}})
     # bind: ExtenderBindingArgs
     base = bind_args(good, "gpu-a")
@@ -131,20 +153,35 @@ def corpus() -> list[Case]:
         add(f"preempt: Victims={bad!r}", "preempt", {"Pod": good, "NodeNameToVictims": bad})
         add(f"preempt: node victims={bad!r}", "preempt", {"Pod": good, "NodeNameToMetaVictims": {"gpu-a": bad}})
         add(f"preempt: Pods={bad!r}", "preempt", {"Pod": good, "NodeNameToMetaVictims": {"gpu-a": {"Pods": bad}}})
-        add(f"preempt: a victim={bad!r}", "preempt",
-            {"Pod": good, "NodeNameToMetaVictims": {"gpu-a": {"Pods": [bad], "NumPDBViolations": 0}}})
-        add(f"preempt: whole victim={bad!r}", "preempt",
-            {"Pod": good, "NodeNameToVictims": {"gpu-a": {"Pods": [bad], "NumPDBViolations": 0}}})
+        add(
+            f"preempt: a victim={bad!r}",
+            "preempt",
+            {"Pod": good, "NodeNameToMetaVictims": {"gpu-a": {"Pods": [bad], "NumPDBViolations": 0}}},
+        )
+        add(
+            f"preempt: whole victim={bad!r}",
+            "preempt",
+            {"Pod": good, "NodeNameToVictims": {"gpu-a": {"Pods": [bad], "NumPDBViolations": 0}}},
+        )
         add(f"preempt: UID={bad!r}", "preempt", {"Pod": good, "NodeNameToMetaVictims": {"gpu-a": {"Pods": [
             {"UID": bad}]}}})  # fmt: skip
-        add(f"preempt: NumPDBViolations={bad!r}", "preempt",
-            {"Pod": good, "NodeNameToMetaVictims": {"gpu-a": {"Pods": [uid], "NumPDBViolations": bad}}})
+        add(
+            f"preempt: NumPDBViolations={bad!r}",
+            "preempt",
+            {"Pod": good, "NodeNameToMetaVictims": {"gpu-a": {"Pods": [uid], "NumPDBViolations": bad}}},
+        )
     for n in ["x", "1e400", "NaN", -5, 2**70, 1e308]:
-        add(f"preempt: NumPDBViolations={n!r}", "preempt",
-            {"Pod": good, "NodeNameToMetaVictims": {"gpu-a": {"Pods": [uid], "NumPDBViolations": n}}})
+        add(
+            f"preempt: NumPDBViolations={n!r}",
+            "preempt",
+            {"Pod": good, "NodeNameToMetaVictims": {"gpu-a": {"Pods": [uid], "NumPDBViolations": n}}},
+        )
     for q in HUGE:
-        add(f"preempt: pod gpu={q!r}", "preempt",
-            {"Pod": _pod({"corral.dev/gpu": q}), "NodeNameToMetaVictims": {"gpu-a": {"Pods": [uid]}}})
+        add(
+            f"preempt: pod gpu={q!r}",
+            "preempt",
+            {"Pod": _pod({"corral.dev/gpu": q}), "NodeNameToMetaVictims": {"gpu-a": {"Pods": [uid]}}},
+        )
     add("preempt: 10k victims", "preempt", {"Pod": good, "NodeNameToMetaVictims": {
         "gpu-a": {"Pods": [{"UID": f"u{i}"} for i in range(10_000)]}}})  # fmt: skip
     return cases
