@@ -275,7 +275,7 @@ def _container_gpu(container: Mapping[str, Any], where: str, annotations: Mappin
         return GpuAsk(name, count, 0, mib_amount(text, f"metadata.annotations[{ANN_KETI_REQUEST}]"), style)
     if style == "elasticgpu":
         core = whole_number(given[ELASTIC_CORE], field(ELASTIC_CORE)) if ELASTIC_CORE in given else 0
-        mem = mib_amount(given[ELASTIC_MEMORY], field(ELASTIC_MEMORY)) if ELASTIC_MEMORY in given else 0
+        mem = resource_mib(given[ELASTIC_MEMORY], field(ELASTIC_MEMORY)) if ELASTIC_MEMORY in given else 0
         if core >= ELASTIC_CORE_PER_CARD:
             if core % ELASTIC_CORE_PER_CARD:
                 raise InvalidRequest(
@@ -301,12 +301,25 @@ def _container_gpu(container: Mapping[str, Any], where: str, annotations: Mappin
     milli = whole_number(given[GPU_MILLI], field(GPU_MILLI)) if GPU_MILLI in given else 0
     if milli > MILLI_PER_GPU:
         raise InvalidRequest(field(GPU_MILLI), f"must be 1..{MILLI_PER_GPU} per GPU, got {milli}; for more use {GPU}")
-    mem = memory_amount_mib(given[GPU_MEMORY], field(GPU_MEMORY)) if GPU_MEMORY in given else 0
+    mem = resource_mib(given[GPU_MEMORY], field(GPU_MEMORY)) if GPU_MEMORY in given else 0
     count_text = annotations.get(ANN_GPU_COUNT, "1")
     count = whole_number(count_text, f"metadata.annotations[{ANN_GPU_COUNT}]")
     if count < 1:
         raise InvalidRequest(f"metadata.annotations[{ANN_GPU_COUNT}]", f"must be >= 1, got {count_text!r}")
     return GpuAsk(name, count, milli, mem, style)
+
+
+_BINARY_SUFFIXES = ("Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
+
+
+def resource_mib(value: object, field: str) -> int:
+    """A GPU memory extended resource (corral.dev/gpu-memory, elasticgpu.io/gpu-memory): a count of MiB, one device-
+    plugin unit each. kube-apiserver stores a quantity in canonical form, so the pod kube-scheduler sends says "30k"
+    for a count of 30000 (and "2048k" for 2048000): a decimal suffix or exponent is still a count of MiB. Only a
+    binary suffix ("10Gi") is read as bytes."""
+    if isinstance(value, str) and value.strip().endswith(_BINARY_SUFFIXES):
+        return memory_mib(value, field)
+    return _units(math.ceil(parse_quantity(value, field)), field, value)
 
 
 def memory_amount_mib(value: object, field: str) -> int:

@@ -30,18 +30,21 @@ from corral.k8s.extender import Extender
 from corral.k8s.fake import FakeKubeApi, pod_object
 from corral.k8s.state import ClusterState, Informer
 
-#: (limits, annotations) of the pods the sequences create.
-KINDS: list[tuple[dict[str, str], dict[str, str]]] = [
-    ({"corral.dev/gpu": "1"}, {}),
-    ({"corral.dev/gpu": "2"}, {}),
-    ({"nvidia.com/gpu": "1"}, {}),
-    ({"corral.dev/gpu-milli": "300"}, {}),
-    ({"corral.dev/gpu-milli": "500"}, {}),
-    ({"corral.dev/gpu-milli": "400", "corral.dev/gpu-memory": "30000"}, {}),
-    ({"elasticgpu.io/gpu-core": "40", "elasticgpu.io/gpu-memory": "20000"}, {}),
-    ({"keti.com/mpsgpu": "1"}, {"GPUrequest": "40000"}),
-    ({}, {}),
+#: (limits, annotations, GPU memory per GPU in MiB that a share must be granted) of the pods the sequences create.
+#: The memory counts are multiples of 1000 on purpose: kube-apiserver stores "30000" as "30k".
+KINDS: list[tuple[dict[str, str], dict[str, str], int]] = [
+    ({"corral.dev/gpu": "1"}, {}, 0),
+    ({"corral.dev/gpu": "2"}, {}, 0),
+    ({"nvidia.com/gpu": "1"}, {}, 0),
+    ({"corral.dev/gpu-milli": "300"}, {}, 0),
+    ({"corral.dev/gpu-milli": "500"}, {}, 0),
+    ({"corral.dev/gpu-milli": "400", "corral.dev/gpu-memory": "30000"}, {}, 30000),
+    ({"elasticgpu.io/gpu-core": "40", "elasticgpu.io/gpu-memory": "20000"}, {}, 20000),
+    ({"keti.com/mpsgpu": "1"}, {"GPUrequest": "40000"}, 40000),
+    ({}, {}, 0),
 ]
+#: The annotation where a sequence's pod keeps the GPU memory it must be granted (for the checks).
+ANN_WANTS_MIB = "test.corral.dev/gpu-memory-mib"
 
 
 class Backend(Protocol):
@@ -161,7 +164,7 @@ def violations(nodes: list[JsonObj], pods: list[JsonObj]) -> list[tuple[str, str
     """What is wrong with the GPUs the API server's bound pods hold (the truth), as (kind, words): "over-commit" (a
     node's bound pods ask for more GPU than it has, a GPU gives out more than 1000 milli or more memory than it has,
     a whole GPU is shared, a pod holds one GPU twice) or "assignment" (a bound GPU pod without an assignment that
-    names its node)."""
+    names its node, or a share granted other GPU memory than its pod asked for)."""
     gpus = {}
     count: dict[str, int] = defaultdict(int)
     for n in nodes:
@@ -187,6 +190,9 @@ def violations(nodes: list[JsonObj], pods: list[JsonObj]) -> list[tuple[str, str
             continue
         if a is None:
             continue
+        wants_mib = int((p["metadata"].get("annotations") or {}).get(ANN_WANTS_MIB) or 0)
+        if any(s.memory_mib != wants_mib for s in a.slots if s.milli < 1000):
+            out.append(("assignment", f"{name} asked for {wants_mib} MiB of GPU memory, got {a.slots}"))
         indices = [s.index for s in a.slots]
         if len(set(indices)) != len(indices):
             out.append(("over-commit", f"{name} holds one GPU twice: {indices}"))
@@ -251,7 +257,8 @@ class Sequence:
         return [p["metadata"]["name"] for p in self.b.pods() if p["spec"].get("nodeName")]
 
     def create(self, kind: int | None = None) -> str:
-        limits, ann = self.rng.choice(KINDS) if kind is None else KINDS[kind]
+        limits, ann, mib = self.rng.choice(KINDS) if kind is None else KINDS[kind]
+        ann = {**ann, ANN_WANTS_MIB: str(mib)}
         self.made += 1
         name = f"{self.prefix}{self.seed}-{self.made}"
         resources = {"limits": dict(limits), "requests": {"cpu": "1", "memory": "1Gi"}}

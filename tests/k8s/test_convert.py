@@ -77,6 +77,11 @@ def test_cpu_and_memory_sum_containers_and_take_the_largest_init_container() -> 
         ({"elasticgpu.io/gpu-core": "200"}, {}, (2, 1000, 0)),
         ({"elasticgpu.io/gpu-core": "30", "elasticgpu.io/gpu-memory": "1024"}, {}, (1, 300, 1024)),
         ({"elasticgpu.io/gpu-memory": "256"}, {}, (1, 0, 256)),
+        # kube-apiserver's canonical form of the counts 30000 and 2048000: still MiB, not bytes
+        ({"corral.dev/gpu-memory": "30k"}, {}, (1, 0, 30000)),
+        ({"corral.dev/gpu-milli": "400", "corral.dev/gpu-memory": "2048k"}, {}, (1, 400, 2048000)),
+        ({"elasticgpu.io/gpu-core": "40", "elasticgpu.io/gpu-memory": "20k"}, {}, (1, 400, 20000)),
+        ({"elasticgpu.io/gpu-memory": "1e3"}, {}, (1, 0, 1000)),
         ({"nvidia.com/gpu": 4}, {}, (4, 1000, 0)),
         ({"keti.com/mpsgpu": "1"}, {"GPUrequest": "2048"}, (1, 0, 2048)),
         ({"keti.com/mpsgpu": "2"}, {}, (2, 1000, 0)),
