@@ -2,8 +2,9 @@
 
 It keeps nodes and pods as JSON dicts with resourceVersions, answers list / watch (events fan out to every open
 watch), merges annotation patches and applies Bindings as the API server does: sets spec.nodeName and copies the
-Binding's metadata.annotations onto the pod in the same write; a pod already bound gets 409 and stays as it was. Calls
-are recorded so tests can check what corral asked for.
+Binding's metadata.annotations onto the pod in the same write; a pod already bound gets 409 and stays as it was; like
+kube-apiserver it checks neither the Binding's UID nor its node. Calls are recorded so tests can check what corral
+asked for.
 """
 
 from __future__ import annotations
@@ -144,12 +145,11 @@ class FakeKubeApi:
             pod = self.pods.get((namespace, name))
             if pod is None:
                 raise KubeApiError(f"pods {name!r} not found", 404)
-            if uid and pod["metadata"].get("uid") != uid:
-                raise KubeApiError(f"pod {namespace}/{name}: UID mismatch", 409)
+            # Like kube-apiserver (v1.34.2, seen in tests/k8s/test_control_plane.py): neither the Binding's UID nor
+            # its node is checked; only a pod that is bound already is refused.
             if (pod.get("spec") or {}).get("nodeName"):
-                raise KubeApiError(f"pod {namespace}/{name} is already assigned to a node", 409)
-            if node not in self.nodes:
-                raise KubeApiError(f"node {node!r} not found", 404)
+                node_ = pod["spec"]["nodeName"]
+                raise KubeApiError(f"pod {namespace}/{name} is already assigned to node {node_!r}", 409)
             pod.setdefault("spec", {})["nodeName"] = node
             if annotations:  # as the API server does: the Binding's annotations land with the node, in one write
                 pod["metadata"].setdefault("annotations", {}).update(annotations)

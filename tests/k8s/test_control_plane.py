@@ -209,3 +209,20 @@ def test_gpu_memory_counts_survive_the_api_servers_canonical_form(kubeconfig: st
         assert (request.gpu_milli, request.gpu_memory_mib) == (400, 30000)
     finally:
         backend.delete_pod("mem")
+
+
+def test_the_api_server_checks_neither_a_bindings_uid_nor_its_node(kubeconfig: str) -> None:
+    """What the fakes copy: kube-apiserver binds the pod of that name whatever UID the Binding names, and to a node
+    that does not exist. So the extender checks the UID itself (a pod deleted and created again under the same name
+    is another pod) and binds only to nodes it knows."""
+    backend = RealBackend(kubeconfig)
+    for name in ("other-uid", "no-node"):
+        backend.create_pod(kube_pod(name, {}))
+    try:
+        backend.api.create_binding("default", "other-uid", "6f1f4a52-0000-4000-8000-000000000000", "gpu-a")
+        assert backend.api.get_pod("default", "other-uid")["spec"]["nodeName"] == "gpu-a"
+        backend.api.create_binding("default", "no-node", "", "no-such-node")
+        assert backend.api.get_pod("default", "no-node")["spec"]["nodeName"] == "no-such-node"
+    finally:
+        for name in ("other-uid", "no-node"):
+            backend.delete_pod(name)

@@ -339,3 +339,20 @@ def test_a_binding_whose_answer_is_lost_keeps_its_gpus_until_the_pod_is_read_bac
     late = kube_pod("late", {"corral.dev/gpu": "1"})
     c.api.put_pod(late)
     assert "does not fit on gpu-a" in post(url, "bind", bind_args(late, "gpu-a")).json()["Error"]
+
+
+def test_a_bind_for_a_pod_deleted_and_created_again_is_refused(served: tuple[str, Cluster]) -> None:
+    """kube-apiserver binds the pod of that name whatever UID the Binding names, so the extender checks it: a bind
+    meant for an old pod must not bind (and annotate) its successor."""
+    url, c = served
+    old = kube_pod("again", {"corral.dev/gpu": "1"})
+    c.api.put_pod(old)
+    c.api.delete_pod("default", "again")
+    new = copy.deepcopy(old)
+    new["metadata"]["uid"] = "uid-default-again-2"
+    c.api.put_pod(new)
+    refused = post(url, "bind", bind_args(old, "gpu-a")).json()["Error"]
+    assert "PodUID: 'uid-default-again' is not the UID of pod default/again" in refused
+    assert not c.api.pods[("default", "again")]["spec"].get("nodeName")
+    assert c.state.snapshot is not None and c.state.snapshot.gpu_allocated_milli == 0
+    assert post(url, "bind", bind_args(new, "gpu-a")).json() == {"Error": ""}
