@@ -50,6 +50,8 @@ class PodRecord:
     assignment: Assignment | None
     #: False for a bind of ours that the API server has not confirmed: in flight, or one whose answer was lost.
     confirmed: bool = True
+    #: When the state learnt that the pod is bound (ClusterState.epoch()): a list begun before that cannot show it.
+    epoch: int = 0
 
 
 class BindConflict(AllocationError):
@@ -72,6 +74,7 @@ class ClusterState:
         self.problems: list[str] = []
         #: Pods whose bind is in flight: their reservation survives a relist that does not show them bound yet.
         self._reserved: set[str] = set()
+        self._epoch = 0
 
     # ------------------------------------------------------------------ nodes
     def _rebuild(self) -> None:
@@ -190,6 +193,7 @@ class ClusterState:
                 if view == "gone" or (not old.confirmed and key not in self._reserved):
                     self._drop(key)
                 return  # pending, but known bound (the view is stale) or a bind of ours in flight
+            rec = dataclasses.replace(rec, epoch=self._next_epoch())
             if old is not None and old.node == rec.node and old.assignment == rec.assignment:
                 if not old.confirmed:
                     self.pods[key] = rec  # our bind, confirmed by the API server: same grant
@@ -211,8 +215,18 @@ class ClusterState:
             s.release(key)
         self.generation += 1
 
-    def replace_pods(self, objs: list[JsonObj]) -> None:
-        """Follow a full list of pods (an informer's list, or a restart)."""
+    def epoch(self) -> int:
+        """A mark to take before listing pods: `replace_pods(items, since=mark)` keeps what was learnt after it."""
+        with self.lock:
+            return self._epoch
+
+    def _next_epoch(self) -> int:
+        self._epoch += 1
+        return self._epoch
+
+    def replace_pods(self, objs: list[JsonObj], since: int | None = None) -> None:
+        """Follow a full list of pods (an informer's list, or a restart); `since` is the epoch() taken before the
+        list was asked for (None: the list is taken to be newer than anything the state knows)."""
         with self.lock:
             records: dict[str, PodRecord] = {}
             pending: set[str] = set()
@@ -226,8 +240,13 @@ class ClusterState:
                 if key in records:
                     continue
                 # A bind in flight keeps its reservation; a pod known bound that the list shows pending keeps its
-                # grant (the list is older than the Binding). A pod missing from the list is gone.
-                if key in self._reserved or (old.confirmed and key in pending):
+                # grant (the list is older than the Binding), and so does one learnt bound after the list was asked
+                # for (the list may not show it at all). Any other pod missing from the list is gone.
+                if (
+                    key in self._reserved
+                    or (old.confirmed and key in pending)
+                    or (since is not None and old.confirmed and old.epoch > since)
+                ):
                     records[key] = old
             self.pods = records
             self._rebuild()
@@ -271,7 +290,7 @@ class ClusterState:
             if self.pods.get(rec.key) is not rec:
                 return  # a view of the pod came first (bound by someone else, deleted): that is the truth now
             if outcome == "bound":
-                self.pods[rec.key] = dataclasses.replace(rec, confirmed=True)
+                self.pods[rec.key] = dataclasses.replace(rec, confirmed=True, epoch=self._next_epoch())
             elif outcome == "refused":
                 self._drop(rec.key)
 
@@ -329,8 +348,9 @@ class Informer:
         """List nodes and pods and replace the state (what a restart does)."""
         nodes, _ = self.api.list("nodes")
         self.state.replace_nodes(nodes)
+        since = self.state.epoch()
         pods, _ = self.api.list("pods")
-        self.state.replace_pods(pods)
+        self.state.replace_pods(pods, since)
 
     def start(self) -> None:
         for kind in ("nodes", "pods"):
@@ -349,11 +369,12 @@ class Informer:
     def _run(self, kind: str) -> None:
         while not self.stop.is_set():
             try:
+                since = self.state.epoch()
                 items, version = self.api.list(kind)
                 if kind == "nodes":
                     self.state.replace_nodes(items)
                 else:
-                    self.state.replace_pods(items)
+                    self.state.replace_pods(items, since)
                 self.synced[kind].set()
                 for event, obj in self.api.watch(kind, version, self.stop):
                     self.state.apply(kind, event, obj)

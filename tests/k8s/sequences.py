@@ -68,7 +68,10 @@ class Backend(Protocol):
         """Deliver some (rng) or all (None) of the events not yet delivered."""
         ...
 
-    def relist(self) -> None: ...
+    def relist(self, meanwhile: Callable[[], object] | None = None) -> None:
+        """List pods again, as an informer does when its watch breaks; `meanwhile` runs between the list's answer
+        and the state taking it in (so the list is older than what `meanwhile` did)."""
+        ...
 
     def stop(self) -> None: ...
 
@@ -117,11 +120,15 @@ class FakeBackend:
             if item is not None:
                 self.state.apply("pods", *item)
 
-    def relist(self) -> None:
-        # An informer whose watch broke: it lists, then watches from the list's version (older events are dropped).
+    def relist(self, meanwhile: Callable[[], object] | None = None) -> None:
+        # An informer whose watch broke: it lists, then watches from the list's version (older events are dropped,
+        # later ones, such as what `meanwhile` does, come through the new watch).
         self.events = self._resubscribe()
+        since = self.state.epoch()
         pods, _ = self.fake.list("pods")
-        self.state.replace_pods(pods)
+        if meanwhile is not None:
+            meanwhile()
+        self.state.replace_pods(pods, since)
 
     def _resubscribe(self) -> queue.Queue[tuple[str, JsonObj] | None]:
         self.fake.unsubscribe("pods", self.events)
@@ -348,7 +355,13 @@ class Sequence:
             self.restart()
         elif r < 0.81:
             op = "relist"
-            self.b.relist()
+            if self.rng.random() < 0.5:
+                # The list is older than a bind: of a pod it shows pending, or of one created after it.
+                op = "relist older than a bind"
+                name = self.rng.choice(pending) if pending and self.rng.random() < 0.5 else ""
+                self.b.relist(lambda: self.bind(name or self.create()))
+            else:
+                self.b.relist()
         elif r < 0.86 and pending and isinstance(self.b, FakeBackend):
             op = "binding fails"
             self.b.fake.fail_next["create_binding"] = KubeApiError("etcdserver: request timed out", 500)

@@ -15,7 +15,7 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -106,9 +106,12 @@ class RealBackend:
         while time.monotonic() < deadline and truth(self.pods()) != counted(self.state):
             time.sleep(0.05)
 
-    def relist(self) -> None:
+    def relist(self, meanwhile: Callable[[], object] | None = None) -> None:
+        since = self.state.epoch()
         pods, _ = self.api.list("pods")
-        self.state.replace_pods(pods)
+        if meanwhile is not None:
+            meanwhile()
+        self.state.replace_pods(pods, since)
 
     def stop(self) -> None:
         if self.informer is not None:

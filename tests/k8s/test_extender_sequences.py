@@ -28,7 +28,8 @@ def test_random_sequences_never_over_commit_and_the_count_follows_the_api_server
               "mismatches:\n" + "\n".join(stats.failures[:10]))  # fmt: skip
     assert (stats.over_commits, stats.damaged, stats.mismatches, stats.rebinds_granted) == (0, 0, 0, 0), report
     # The sequences did what they are for: every kind of step ran, binds were granted and refused.
-    assert {"bind", "rebind", "concurrent binds", "delete", "finish", "restart", "relist", "binding fails",
+    assert {"bind", "rebind", "concurrent binds", "delete", "finish", "restart", "relist", "relist older than a bind",
+            "binding fails",
             "binding answer lost", "deliver events"} <= set(stats.ops)  # fmt: skip
     assert stats.bound > SEQUENCES * 5 and stats.refused > SEQUENCES
 

@@ -103,3 +103,26 @@ def test_a_damaged_annotation_is_reported_not_fatal(small_cluster: Cluster) -> N
     c.sync()
     assert any("unreadable assignment" in t for t in c.state.status()["problems"])
     assert "uid-default-broken" in c.state.pods  # still counted for its CPU and memory
+
+
+def test_a_list_older_than_what_the_state_knows_takes_no_gpu_away(small_cluster: Cluster) -> None:
+    """An informer's list can be older than a bind that landed meanwhile: it shows the pod pending, or (asked for
+    before the pod was even created) not at all. Kubernetes never unbinds a pod, so neither list frees its GPUs; a
+    pod that a list begun after its bind does not show is gone."""
+    c = small_cluster
+    c.api.put_pod(kube_pod("early", {"corral.dev/gpu": "1"}))
+    stale, _ = c.api.list("pods")  # "early" pending
+    since = c.state.epoch()
+    bind(c, "early", {"corral.dev/gpu": "1"}, "gpu-a")
+    bind(c, "late", {"corral.dev/gpu": "1"}, "gpu-a")  # not in the stale list at all
+    c.state.replace_pods(stale, since)
+    assert c.state.snapshot is not None and c.state.snapshot.gpu_allocated_milli == 2000
+    # A watch event from before the bind says the same stale thing: ignored too.
+    c.state.upsert_pod(stale[0])
+    assert c.state.snapshot.gpu_allocated_milli == 2000
+    # A list asked for after the binds, without "late" (deleted meanwhile): "late" is gone, "early" stays.
+    since = c.state.epoch()
+    c.api.delete_pod("default", "late")
+    c.state.replace_pods(c.api.list("pods")[0], since)
+    assert c.state.snapshot.gpu_allocated_milli == 1000
+    assert sorted(r.name for r in c.state.pods.values()) == ["default/early"]
