@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import dataclass
@@ -75,6 +76,10 @@ def check_names(names: list[Any]) -> None:
         raise InvalidRequest("ExtenderArgs.NodeNames", "expected a list of node names")
 
 
+#: A Kubernetes object name (a DNS subdomain, RFC 1123): what a pod, namespace or node may be called, so anything
+#: else in a bind is refused before it reaches a URL of the API server.
+_K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+MAX_UID = 128
 #: The most NumPDBViolations taken at face value (kube-scheduler counts them in an int64; none is near this).
 MAX_PDB_VIOLATIONS = 2**31
 
@@ -435,6 +440,13 @@ class Extender:
         ns = ns or "default"
         uid = uid or ""
         assert isinstance(name, str) and isinstance(node, str) and isinstance(ns, str) and isinstance(uid, str)
+        for key, value in (("PodName", name), ("PodNamespace", ns), ("Node", node)):
+            if not _K8S_NAME.fullmatch(value):
+                raise InvalidRequest(
+                    f"ExtenderBindingArgs.{key}", "must be a Kubernetes name (at most 253 of a-z, 0-9, '-' and '.')"
+                )
+        if len(uid) > MAX_UID:
+            raise InvalidRequest("ExtenderBindingArgs.PodUID", f"longer than {MAX_UID} characters")
         try:
             return self._bind(ns, name, uid, node)
         except (InvalidRequest, KubeApiError, AllocationError) as exc:

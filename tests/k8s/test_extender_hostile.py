@@ -245,6 +245,7 @@ def test_refusals_name_the_field_and_keep_the_verbs_shape(hostile: tuple[httpx.C
         ("preempt", {"Pod": kube_pod("p", {}), "NodeNameToMetaVictims": {"gpu-a": {"Pods": [{"UID": "u"}],
                      "NumPDBViolations": "x"}}}, 400, "NodeNameToMetaVictims[gpu-a].NumPDBViolations: expected"),
         ("bind", {"PodName": "p", "Node": ["gpu-a"]}, 200, "ExtenderBindingArgs.Node: must be a non-empty string"),
+        ("bind", {"PodName": "../x", "Node": "gpu-a"}, 200, "ExtenderBindingArgs.PodName: must be a Kubernetes name"),
     ]  # fmt: skip
     for verb, body, status, words in expect:
         r = client.post(f"/{verb}", content=_j(body), headers={"Content-Type": "application/json"})
