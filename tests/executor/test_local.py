@@ -177,7 +177,7 @@ def test_cancel_sends_sigterm_then_sigkill_after_the_grace(ex: LocalExecutor, tm
     assert wait_until(lambda: "ready" in spec.log_path.read_text())
     ex.cancel("stubborn", grace_s=0.3)
     ended = wait_exit(ex, "stubborn")
-    assert ended == Exit("stubborn", None, signal.SIGKILL, False)
+    assert ended == Exit("stubborn", None, signal.SIGKILL, False, cancelled=True)
     assert "got TERM" in spec.log_path.read_text()  # it was asked politely first
 
 
