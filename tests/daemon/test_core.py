@@ -180,7 +180,7 @@ def test_restart_adopts_running_jobs_and_retries_lost_ones(tmp_path: Path) -> No
     assert ex2.adopted and ex2.adopted[0][0] == "1"
     again = d2.store.get("2")
     assert again is not None and again.state is JobState.QUEUED
-    assert again.reason.startswith("lost: the process was gone when the daemon restarted; retry 1 of 1")
+    assert again.reason.startswith("lost: its supervisor was gone when the daemon restarted; retry 1 of 1")
     ex2.finish("1", 0)
     d2.tick()
     assert d2.store.get("1").state is JobState.SUCCEEDED  # type: ignore[union-attr]
