@@ -463,7 +463,9 @@ class LocalExecutor:
             known = self._jobs.get(job_id)
             if isinstance(known, _Supervised) and known.attempt == attempt:
                 return
-            if _lock_free(prefix):
+            done = _read_record(prefix) or {}
+            # An ended record is final (its supervisor only exits after writing it), so it may go before that exit.
+            if done.get("ended") or "error" in done or _lock_free(prefix):
                 for suffix in (".json", ".cancel", ".json.tmp", ".cancel.tmp", ".lock"):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(f"{prefix}{suffix}")

@@ -196,7 +196,7 @@ def test_restart_finds_a_job_started_but_not_recorded(tmp_path: Path) -> None:
     store.fail_when = lambda name, args: name == "transition" and args[1] is JobState.RUNNING
     with contextlib.suppress(StoreError):
         d.tick()  # launched under its supervisor; the daemon dies before storing the pid
-    assert store.get("1").state is JobState.STARTING and store.get("1").pid is None  # type: ignore[union-attr]
+    assert store.get("1").state is JobState.STARTING and store.get("1").pid is None
     store.fail_when = None
     d2 = daemon(tmp_path, store=store, ex=ex.restarted())
     d2.recover()
@@ -348,7 +348,7 @@ class FlakyStore:
 def flaky_daemon(tmp_path: Path, clock: Clock | None = None) -> tuple[Daemon, FlakyStore, FakeExecutor]:
     store = FlakyStore(MemoryStore())
     ex = FakeExecutor()
-    return daemon(tmp_path, store=store, ex=ex, clock=clock or Clock()), store, ex  # type: ignore[arg-type]
+    return daemon(tmp_path, store=store, ex=ex, clock=clock or Clock()), store, ex
 
 
 def tick_through(d: Daemon) -> None:
@@ -398,14 +398,14 @@ def test_a_retry_decided_while_the_store_fails_is_stored_later(tmp_path: Path) -
 def test_a_retry_lost_with_the_daemon_is_stored_by_the_restart(tmp_path: Path) -> None:
     store = FlakyStore(MemoryStore())
     ex = FakeExecutor()
-    d = daemon(tmp_path, store=store, ex=ex)  # type: ignore[arg-type]
+    d = daemon(tmp_path, store=store, ex=ex)
     d.submit(spec(retries=1))
     d.tick()
     store.fail_when = lambda name, args: name == "transition" and args[1] is JobState.QUEUED
     ex.finish("1", 3)
     tick_through(d)  # FAILED stored, then the daemon dies
     store.fail_when = None
-    d2 = daemon(tmp_path, store=store, ex=ex.restarted())  # type: ignore[arg-type]
+    d2 = daemon(tmp_path, store=store, ex=ex.restarted())
     d2.recover()
     job = d2.store.get("1")
     assert job is not None and job.state is JobState.QUEUED and job.attempts == 1
@@ -505,7 +505,7 @@ def test_an_adopted_job_that_exits_0_succeeds_and_is_not_retried(tmp_path: Path)
 def test_a_cancel_recorded_only_by_the_supervisor_ends_cancelled(tmp_path: Path) -> None:
     store = FlakyStore(MemoryStore())
     ex = FakeExecutor(cancel_ends=False)
-    d = daemon(tmp_path, store=store, ex=ex)  # type: ignore[arg-type]
+    d = daemon(tmp_path, store=store, ex=ex)
     d.submit(spec(retries=2))
     d.tick()
     store.fail()
@@ -514,7 +514,7 @@ def test_a_cancel_recorded_only_by_the_supervisor_ends_cancelled(tmp_path: Path)
     store.fail(False)
     ex2 = ex.restarted()
     ex2.finish("1", None, signal=15, cancelled=True)
-    d2 = daemon(tmp_path, store=store, ex=ex2)  # type: ignore[arg-type]
+    d2 = daemon(tmp_path, store=store, ex=ex2)
     d2.recover()
     assert d2.store.get("1").state is JobState.CANCELLED  # type: ignore[union-attr]
 
@@ -540,7 +540,7 @@ def test_only_a_job_whose_supervisor_is_gone_without_a_record_is_lost(tmp_path: 
     d.submit(spec(gpus=0))
     d.tick()
     ex2 = ex.restarted()
-    ex2.kill_process(d.store.get("2").pid)  # type: ignore[arg-type]
+    ex2.kill_process(d.store.get("2").pid)  # type: ignore[arg-type, union-attr]
     d2 = daemon(tmp_path, store=d.store, ex=ex2)
     d2.recover()
     assert d2.store.get("1").state is JobState.RUNNING  # type: ignore[union-attr]
