@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+import os
+import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -429,27 +431,46 @@ def test_cancel_while_the_store_fails_is_sent_says_so_and_ends_cancelled(tmp_pat
     assert job is not None and job.state is JobState.CANCELLED and job.reason == "cancelled"
 
 
-def test_a_real_sqlite_store_made_read_only_converges_after(tmp_path: Path) -> None:
-    import os
-    import stat as st
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 4 MiB tmpfs of its own, to fill up (root only)."""
+    if os.getuid() != 0:
+        pytest.skip("mounting a small file system needs root")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr!r}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
 
-    if os.getuid() == 0:
-        pytest.skip("root writes through file modes; the FlakyStore tests cover the same path")
-    db = tmp_path / "jobs.db"
-    store = SqliteStore(db)
+
+def fill(disk: Path) -> Path:
+    filler = disk / "filler"
+    with open(filler, "wb", buffering=0) as f, contextlib.suppress(OSError):
+        while True:
+            f.write(b"\0" * 65536)
+    return filler
+
+
+def test_a_real_sqlite_store_on_a_full_disk_keeps_the_exit_and_converges_after(tiny_disk: Path) -> None:
+    store = SqliteStore(tiny_disk / "jobs.db")
     ex = FakeExecutor()
-    d = daemon(tmp_path, store=store, ex=ex)
-    d.submit(spec())
+    d = daemon(tiny_disk, store=store, ex=ex)
+    d.submit(spec(gpus=2))
+    d.submit(spec(gpus=2))
     d.tick()
-    for f in tmp_path.glob("jobs.db*"):
-        f.chmod(st.S_IRUSR)
+    filler = fill(tiny_disk)
     ex.finish("1", 0)
-    tick_through(d)
+    assert d.tick() == []  # the round goes on; job 1's exit waits in memory, its GPUs stay held
+    assert d.tick() == []
     assert d.store.get("1").state is JobState.RUNNING  # type: ignore[union-attr]
-    for f in tmp_path.glob("jobs.db*"):
-        f.chmod(st.S_IRUSR | st.S_IWUSR)
-    d.tick()
-    assert d.store.get("1").state is JobState.SUCCEEDED  # type: ignore[union-attr]
+    filler.unlink()
+    assert d.tick() == ["2"]
+    done = d.store.get("1")
+    assert done is not None and done.state is JobState.SUCCEEDED and done.exit_code == 0
 
 
 # ------------------------------------------------------------------------------------------------ restarts
