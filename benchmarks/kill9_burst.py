@@ -385,13 +385,36 @@ def chronos_runs(root: Path, n: int, kills: int, sig: int = signal.SIGKILL) -> R
     return result
 
 
+def launch_rate(n: int = 100) -> float:
+    """Launches per second of `true` through the local executor, one after the other (supervisor start included)."""
+    from corral.executor import LaunchSpec, LocalExecutor
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ex = LocalExecutor()
+        began = time.monotonic()
+        for i in range(n):
+            log = Path(tmp) / f"j{i}.log"
+            env = {"PATH": "/usr/bin:/bin"}
+            ex.launch(LaunchSpec(f"j{i}", ("true",), env, "/", os.getuid(), os.getgid(), (), 0, 0, log, None))
+        took = time.monotonic() - began
+        while ex.running():
+            ex.poll()
+            time.sleep(0.01)
+        ex.close()
+    return n / took
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=500)
     parser.add_argument("--definitions", type=int, default=60, help="Metronome and Chronos jobs (one run each)")
     parser.add_argument("--kills", type=int, default=3)
     parser.add_argument("--signal", choices=["KILL", "TERM"], default="KILL")
+    parser.add_argument("--launch-rate", action="store_true", help="only measure launches per second")
     args = parser.parse_args()
+    if args.launch_rate:
+        print(f"{launch_rate():.0f} launches/s")
+        return
     sig = signal.Signals[f"SIG{args.signal}"]
     results = []
     for name, run, n in (("jobs", plain_jobs, args.jobs), ("metronome", metronome_runs, args.definitions),

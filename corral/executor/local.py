@@ -261,6 +261,7 @@ class LocalExecutor:
         if grace_s < 0:
             raise ValueError(f"grace_s must be >= 0, got {grace_s}")
         self.grace_s = grace_s  # between the SIGTERM and the SIGKILL of a job over its time limit or cancelled
+        self._own_dir = run_dir is None  # a temporary folder no restart could find: removed by close()
         if run_dir is None:
             run_dir = Path(tempfile.mkdtemp(prefix="corral-run-"))
         run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -499,10 +500,8 @@ class LocalExecutor:
             watcher = self._watcher
         if watcher is not None and watcher is not threading.current_thread():
             watcher.join()
-
-    def remove_run_dir(self) -> None:
-        """Tests: delete the run folder (only once nothing runs)."""
-        shutil.rmtree(self.run_dir, ignore_errors=True)
+        if self._own_dir and not self.running():
+            shutil.rmtree(self.run_dir, ignore_errors=True)
 
     # -------------------------------------------------------------------------------------------- internals
     # Everything below runs with self._lock held.
