@@ -155,6 +155,10 @@ class Daemon:
             done = self.store.transition(job_id, JobState.CANCELLED, expect=[JobState.QUEUED], reason="cancelled")
             self._tell_ended(done)
             return done
+        if job.state.holds_resources and job_id in self._exits:
+            raise StoreError(
+                f"job {job_id} has already ended, but the job store cannot record it yet; nothing to cancel"
+            )
         if job.state.holds_resources:
             self.executor.cancel(job_id)
             self._cancelling.add(job_id)  # its exit ends it CANCELLED, stored or not

@@ -568,3 +568,38 @@ def test_only_a_job_whose_supervisor_is_gone_without_a_record_is_lost(tmp_path: 
     lost = d2.store.get("2")
     assert lost is not None and lost.state is JobState.LOST
     assert lost.reason == "lost: its supervisor was gone when the daemon restarted"
+
+
+def test_the_api_answers_a_cancel_during_a_store_failure_with_503_saying_what_happened(tmp_path: Path) -> None:
+    import threading
+
+    from fastapi.testclient import TestClient
+
+    from corral.api.app import create_app
+    from tests.api.test_api import AsPeer
+
+    d, store, ex = flaky_daemon(tmp_path)
+    d.submit(spec(uid=1000, gpus=0))
+    d.submit(spec(uid=1000, gpus=0))
+    d.tick()
+    api = TestClient(AsPeer(create_app(d, threading.Lock(), lambda: None), (1000, 1000, "alice"), "unix"))
+    store.fail()
+    ex.finish("2", 0)
+    tick_through(d)  # job 2's exit waits in memory
+    r = api.post("/v1/jobs/1/cancel")
+    assert r.status_code == 503
+    assert r.json() == {
+        "detail": {
+            "field": "store",
+            "message": "the job store failed: job 1: the cancel was sent to the job, but it could not be recorded "
+            "(job store jobs.db: database or disk is full); the job ends as cancelled once the store works again",
+        }
+    }
+    assert ex.cancelled == [("1", 10.0)]
+    r = api.post("/v1/jobs/2/cancel")  # it has ended already: nothing is sent, and the answer says why
+    assert r.status_code == 503 and "job 2 has already ended" in r.json()["detail"]["message"]
+    assert ex.cancelled == [("1", 10.0)]
+    store.fail(False)
+    d.tick()
+    assert api.get("/v1/jobs/1").json()["state"] == "cancelled"
+    assert api.get("/v1/jobs/2").json()["state"] == "succeeded"  # it ended on its own before the cancel
