@@ -1,6 +1,6 @@
 """The supervisor of one job attempt: a small process that outlives the daemon (the slurmstepd / conmon pattern).
 
-Started by `corral.executor.local` as `python -I -S _supervise.py`, in its own session, with:
+Forked by the daemon's zygote (`python -I -S _supervise.py --zygote`, see `zygote`), in its own session, with:
     stdin    the launch spec as JSON (never argv: /proc/PID/cmdline is world-readable, the env holds secrets)
     stdout   a pipe on which it answers once: {"pid", "start_time"} when the job runs, or {"errno", "message"}
     LOCK_FD  an open file description on PREFIX.lock, locked (flock LOCK_EX) by the daemon *before* the spawn and
@@ -118,8 +118,15 @@ def killpg(pgid: int, sig: signal.Signals) -> None:
         pass
 
 
+def read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 1 << 20):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def main() -> None:
-    spec = json.loads(sys.stdin.buffer.read())
+    spec = json.loads(read_all(0))
     prefix, log_fd, lock_fd = spec["prefix"], spec["log_fd"], spec["lock_fd"]
     os.set_inheritable(lock_fd, False)  # the job must not hold the supervisor's lock
     os.set_inheritable(log_fd, False)
@@ -153,7 +160,7 @@ def main() -> None:
     }
     write_json(f"{prefix}.json", record, False)  # a daemon crash, not a machine crash, is what this must survive
     try:
-        answer.write(json.dumps({"pid": pid, "start_time": record["start_time"]}) + "\n")
+        answer.write(json.dumps({"pid": pid, "start_time": record["start_time"], "supervisor": me}) + "\n")
         answer.close()
     except OSError:
         pass  # the daemon died meanwhile: the record says it all
@@ -224,8 +231,60 @@ def cancel_grace(prefix: str, default: float) -> float:
         return default
 
 
+#: In a supervisor started by the zygote: where the four descriptors of a request are placed (see `zygote`).
+SPEC_FD, ANSWER_FD, LOCK_FD, LOG_FD = 0, 1, 3, 4
+
+
+def zygote() -> None:
+    """`--zygote`: one per daemon, started once. Python's start costs ~20 ms of CPU; a fork of this small process
+    costs ~1 ms, so each launch forks a supervisor from here instead of starting an interpreter.
+
+    Requests arrive on fd 0 (a Unix socket to the daemon): one byte with four descriptors attached (SCM_RIGHTS):
+    the spec pipe's read end, the answer pipe's write end, the attempt's locked lock file, the log. The child
+    double-forks (so the supervisor is nobody's child but init's, and outlives this zygote and the daemon), starts a
+    session, puts the descriptors at SPEC_FD, ANSWER_FD, LOCK_FD, LOG_FD and runs `main`. EOF: the daemon is gone."""
+    import fcntl
+    import socket
+
+    ctl = socket.socket(fileno=0)
+    while True:
+        try:
+            msg, fds, _, _ = socket.recv_fds(ctl, 1, 4)
+        except InterruptedError:
+            continue
+        except OSError:
+            return
+        if not msg:
+            return
+        if len(fds) != 4:
+            for fd in fds:
+                os.close(fd)
+            continue
+        child = os.fork()
+        if child == 0:
+            code = 1
+            try:
+                ctl.close()
+                os.setsid()
+                if os.fork() != 0:
+                    os._exit(0)
+                high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 64) for fd in fds]
+                for fd in fds:
+                    os.close(fd)
+                for fd, target in zip(high, (SPEC_FD, ANSWER_FD, LOCK_FD, LOG_FD), strict=True):
+                    os.dup2(fd, target)
+                    os.close(fd)
+                main()
+                code = 0
+            finally:
+                os._exit(code)
+        for fd in fds:
+            os.close(fd)
+        os.waitpid(child, 0)  # the middle child exits at once; the supervisor lives on
+
+
 if __name__ == "__main__":
     try:
-        main()
+        zygote() if sys.argv[1:] == ["--zygote"] else main()
     except OSError as exc:  # pragma: no cover - the daemon reads a missing answer as a failed start
         sys.exit(errno.EIO if exc.errno is None else 1)

@@ -1,23 +1,26 @@
 """Run jobs as processes on this machine, each under its own supervisor that outlives the daemon.
 
-    daemon (LocalExecutor)                         supervisor (_supervise.py, one per attempt)        job
-    launch: RUN/<id>.<n>.lock flock'd, log opened
-            spawn `python -I -S _supervise.py` --->  (own session) reads the spec on stdin
-            spec as JSON on its stdin                 fork ------------------------------------------>  setsid, log,
-                                                      RUN/<id>.<n>.json {started}                       drop uid/gid,
-            <--- {"pid", "start_time"} on its stdout                                                    cd, exec
-    poll:   our supervisor reaped, or (adopted)       waits: exit, time limit (SIGTERM, grace, SIGKILL)
-            its lock free -> read its record          SIGUSR1/SIGUSR2 cancel, SIGTERM forwarded
-                                                      exit: SIGKILL the rest of the group, reap,
-                                                      RUN/<id>.<n>.json {ended} (write, fsync, rename, fsync dir)
-    cancel: RUN/<id>.<n>.cancel (grace), SIGUSR1 (SIGUSR2 with no grace) to the supervisor
+    daemon (LocalExecutor)              zygote (one, started     supervisor (_supervise.py,        job
+                                        once: python -I -S)      one per attempt)
+    launch: RUN/<id>.<n>.lock flock'd,
+            log opened, two pipes  ---> fds by SCM_RIGHTS -----> fork, setsid, fork (init's child)
+            spec (JSON) on a pipe  ------------------------------> read spec; fork --------------->  setsid, log,
+                                                                 RUN/<id>.<n>.json {started}       drop uid/gid,
+            <-- {"pid", "start_time", "supervisor"} on a pipe                                      cd, exec
+    poll:   the attempt's lock free -> read its record           waits: exit, time limit (SIGTERM, grace, SIGKILL),
+                                                                 SIGUSR1/SIGUSR2 cancel, SIGTERM forwarded
+                                                                 exit: SIGKILL the rest of the group, reap,
+                                                                 RUN/<id>.<n>.json {ended} (write, fsync, rename,
+                                                                 fsync dir)
+    cancel: RUN/<id>.<n>.cancel (grace), SIGUSR1 (SIGUSR2 with no grace) to the supervisor (pid + start time checked)
     reattach (restart): record ended -> ENDED; lock held -> ALIVE; record started, lock free -> GONE (leftover group
             killed); neither -> NEVER_STARTED.  forget: the daemon stored the outcome, the record goes.
 
-The lock is taken by the daemon before the spawn and inherited by the supervisor, so there is no moment when a
-supervisor exists without holding it: a free lock means no supervisor, whatever happened to PIDs meanwhile.
-The job's environment (it may hold the user's secrets) travels through a pipe, never through argv, which every user
-can read in /proc/<pid>/cmdline.
+The lock is taken by the daemon before the request and inherited by the supervisor, so there is no moment when a
+supervisor exists without holding it: a free lock means no supervisor, whatever happened to PIDs meanwhile. The
+zygote exists for speed only (a fork costs ~1 ms, an interpreter's start ~20 ms of CPU); it holds no state, exits when
+the daemon does, and is started again when needed. The job's environment (it may hold the user's secrets) travels
+through a pipe, never through argv, which every user can read in /proc/<pid>/cmdline.
 
 When the daemon runs as root, a job for another user drops to that user's uid, gid and supplementary groups in the
 child; its working directory is entered after the drop, so root's right to traverse any directory does not leak to
@@ -39,6 +42,7 @@ import re
 import select
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -49,6 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from corral.executor._supervise import LOCK_FD, LOG_FD
 from corral.executor.base import Exit, Found, Handle, LaunchSpec, Reattached, readopt
 
 #: The supervisor: run by path with `-I -S` (no site-packages, no venv imports), so it starts in a few milliseconds.
@@ -233,8 +238,7 @@ class _Supervised:
     prefix: Path  # RUN/<job id>.<attempt>: .lock, .json, .cancel
     pid: int  # the job's process (its process group id too)
     start_time: int
-    supervisor: subprocess.Popen[bytes] | None  # None: adopted from a previous daemon (not our child)
-    supervisor_pid: int
+    supervisor_pid: int  # never our child (double-forked by the zygote): signalled only after its start time matches
     supervisor_start: int | None
 
 
@@ -271,6 +275,8 @@ class LocalExecutor:
         self._jobs: dict[str, _Supervised | _Tracked] = {}
         self._watcher: threading.Thread | None = None
         self._closed = False
+        self._zygote: subprocess.Popen[bytes] | None = None  # forks the supervisors (see _supervise.zygote)
+        self._ctl: socket.socket | None = None
 
     def _prefix(self, job_id: str, attempt: int) -> Path:
         if not _SAFE_ID.fullmatch(job_id):
@@ -291,6 +297,7 @@ class LocalExecutor:
                     os.unlink(f"{prefix}{leftover}")
             lock_fd = os.open(f"{prefix}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
             log_fd = -1
+            pipes: list[int] = []
             try:
                 try:
                     fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -309,59 +316,101 @@ class LocalExecutor:
                     "time_limit_s": spec.time_limit_s,
                     "grace_s": self.grace_s,
                     "prefix": str(prefix),
-                    "log_fd": log_fd,
-                    "lock_fd": lock_fd,
+                    "log_fd": LOG_FD,
+                    "lock_fd": LOCK_FD,
                 }
-                supervisor = subprocess.Popen(
-                    [sys.executable, "-I", "-S", str(SUPERVISOR)],
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.DEVNULL,
-                    cwd="/",
-                    env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
-                    pass_fds=(lock_fd, log_fd),
-                    start_new_session=True,  # a kill of the daemon's process group does not reach it
-                )
+                spec_r, spec_w = os.pipe()
+                answer_r, answer_w = os.pipe()
+                pipes = [spec_w, answer_r]
+                try:
+                    self._send([spec_r, answer_w, lock_fd, log_fd])
+                finally:
+                    os.close(spec_r)
+                    os.close(answer_w)
+            except BaseException:
+                for fd in pipes:
+                    os.close(fd)
+                raise
             finally:
                 # The supervisor holds its own copies of both (the lock lives on in the shared open file description).
                 os.close(lock_fd)
                 if log_fd >= 0:
                     os.close(log_fd)
-            answer = self._answer(supervisor, json.dumps(body).encode())
+            answer = self._answer(spec_w, answer_r, json.dumps(body).encode())
             if "pid" not in answer:
-                supervisor.wait()
                 code = answer.get("errno")
                 message = f"job {spec.job_id}: {answer.get('message', 'its supervisor did not answer')}"
                 raise OSError(code, message) if isinstance(code, int) else OSError(errno.EIO, message)
             pid, start = int(answer["pid"]), int(answer["start_time"])
-            sup_start = pid_start_time(supervisor.pid)
+            sup = answer.get("supervisor") or {}
             self._jobs[spec.job_id] = _Supervised(
-                spec.job_id, spec.attempt, prefix, pid, start, supervisor, supervisor.pid, sup_start
+                spec.job_id, spec.attempt, prefix, pid, start, int(sup.get("pid", 0)), sup.get("start_time")
             )
             return Handle(spec.job_id, pid, start)
 
-    @staticmethod
-    def _answer(supervisor: subprocess.Popen[bytes], body: bytes) -> dict[str, Any]:
-        """Send the spec, read the one-line answer (bounded in time)."""
-        assert supervisor.stdin is not None and supervisor.stdout is not None
+    def _send(self, fds: list[int]) -> None:
+        """Hand a request to the zygote (started, or started again, as needed)."""
+        for tries in (1, 2):
+            if self._ctl is None or self._zygote is None or self._zygote.poll() is not None:
+                self._start_zygote()
+            assert self._ctl is not None
+            try:
+                socket.send_fds(self._ctl, [b"L"], fds)
+                return
+            except OSError:
+                if tries == 2:
+                    raise
+                self._stop_zygote()
+
+    def _start_zygote(self) -> None:
+        self._stop_zygote()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            supervisor.stdin.write(body)
-            supervisor.stdin.close()
+            self._zygote = subprocess.Popen(
+                [sys.executable, "-I", "-S", str(SUPERVISOR), "--zygote"],
+                stdin=theirs.fileno(),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                cwd="/",
+                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},  # the jobs' env comes with each request
+            )
+        finally:
+            theirs.close()
+        self._ctl = ours
+
+    def _stop_zygote(self) -> None:
+        if self._ctl is not None:
+            self._ctl.close()  # EOF: the zygote exits (its supervisors live on)
+            self._ctl = None
+        if self._zygote is not None:
+            try:
+                self._zygote.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._zygote.kill()
+                self._zygote.wait()
+            self._zygote = None
+
+    @staticmethod
+    def _answer(spec_w: int, answer_r: int, body: bytes) -> dict[str, Any]:
+        """Send the spec, read the one-line answer (bounded in time)."""
+        try:
+            with open(spec_w, "wb") as pipe:  # closes spec_w
+                pipe.write(body)
         except BrokenPipeError:
             pass
         line = b""
         deadline = time.monotonic() + ANSWER_TIMEOUT_S
-        fd = supervisor.stdout.fileno()
-        while not line.endswith(b"\n"):
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                supervisor.kill()
-                break
-            chunk = os.read(fd, 4096)
-            if not chunk:
-                break
-            line += chunk
-        supervisor.stdout.close()
+        try:
+            while not line.endswith(b"\n"):
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([answer_r], [], [], left)[0]:
+                    break
+                chunk = os.read(answer_r, 4096)
+                if not chunk:
+                    break
+                line += chunk
+        finally:
+            os.close(answer_r)
         try:
             answer = json.loads(line)
         except ValueError:
@@ -443,7 +492,6 @@ class LocalExecutor:
                     prefix,
                     int(record["pid"]),
                     int(record["start_time"]),
-                    None,
                     int(sup.get("pid", 0)),
                     sup.get("start_time"),
                 )
@@ -500,14 +548,14 @@ class LocalExecutor:
             watcher = self._watcher
         if watcher is not None and watcher is not threading.current_thread():
             watcher.join()
+        with self._lock:
+            self._stop_zygote()
         if self._own_dir and not self.running():
             shutil.rmtree(self.run_dir, ignore_errors=True)
 
     # -------------------------------------------------------------------------------------------- internals
     # Everything below runs with self._lock held.
     def _supervisor_alive(self, t: _Supervised) -> bool:
-        if t.supervisor is not None:
-            return t.supervisor.poll() is None  # our child: reaped here, its PID pinned until then
         return not _lock_free(t.prefix)
 
     def _cancel_supervised(self, t: _Supervised, grace_s: float) -> None:
@@ -516,10 +564,9 @@ class LocalExecutor:
         if grace_s > 0:
             with contextlib.suppress(OSError):  # without it, the supervisor uses its own grace
                 _write_text(Path(f"{t.prefix}.cancel"), f"{grace_s!r}")
-        if t.supervisor is None:  # not our child: make sure the PID still names that supervisor
-            st = read_proc_stat(t.supervisor_pid)
-            if st is None or st.start_time != t.supervisor_start or st.state in ("Z", "X", "x"):
-                return
+        st = read_proc_stat(t.supervisor_pid)  # not our child: make sure the PID still names that supervisor
+        if st is None or st.start_time != t.supervisor_start or st.state in ("Z", "X", "x"):
+            return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(t.supervisor_pid, signal.SIGUSR1 if grace_s > 0 else signal.SIGUSR2)
 

@@ -150,8 +150,8 @@ def test_logs_are_0600_even_one_left_0640_by_an_older_corral(first: LocalExecuto
     old.write_text("before\n")
     old.chmod(0o640)
     first.launch(make_spec(tmp_path, "old", "true"))
-    first.launch(make_spec(tmp_path, "new", "true"))
     wait_exit(first, "old")
+    first.launch(make_spec(tmp_path, "new", "true"))
     wait_exit(first, "new")
     assert stat.S_IMODE(old.stat().st_mode) == 0o600
     assert stat.S_IMODE((tmp_path / "logs" / "new.log").stat().st_mode) == 0o600
