@@ -337,6 +337,10 @@ class LocalExecutor:
                 if log_fd >= 0:
                     os.close(log_fd)
             answer = self._answer(spec_w, answer_r, json.dumps(body).encode())
+            if not answer and not _lock_free(prefix):
+                # No answer in time, but a supervisor lives: if its record has a pid, it runs the job (a slow start).
+                late = _read_record(prefix) or {}
+                answer = late if "pid" in late else answer
             if "pid" not in answer:
                 code = answer.get("errno")
                 message = f"job {spec.job_id}: {answer.get('message', 'its supervisor did not answer')}"
