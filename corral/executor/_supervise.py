@@ -8,6 +8,7 @@ Forked by the daemon's zygote (`python -I -S _supervise.py --zygote`, see `zygot
              the supervisor still lives (a PID may be reused; a lock dies with its holder)
     LOG_FD   the job's log, opened by the daemon with its checks (O_NOFOLLOW, link count, owner)
 
+    nobody reads the answer pipe any more (the daemon gave up on the launch, or died): exit, the job never runs
     fork -> child: setsid (the job's own process group), stdin /dev/null, stdout+stderr -> log, signals reset,
                    drop to the job's groups/gid/uid, enter cwd *as the user*, exec
     PREFIX.json  <- {"started": ...}            (write, rename: the daemon may need the pid before the answer)
@@ -24,6 +25,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import select
 import signal
 import sys
 import time
@@ -131,6 +133,10 @@ def main() -> None:
     os.set_inheritable(lock_fd, False)  # the job must not hold the supervisor's lock
     os.set_inheritable(log_fd, False)
     answer = os.fdopen(1, "w")
+    probe = select.poll()
+    probe.register(1, select.POLLOUT)
+    if any(events & select.POLLERR for _, events in probe.poll(0)):
+        return  # nobody reads the answer: the daemon gave up on this launch (or died), so the job must not run
     signal.pthread_sigmask(signal.SIG_BLOCK, WATCHED)
     err_r, err_w = os.pipe()  # close-on-exec: EOF once the child has exec'd
     pid = os.fork()
