@@ -1,13 +1,20 @@
 """The daemon's core: events in (submit, cancel, process exits, clock), decisions out (launch, kill, state changes).
 
     submit(spec)  -> validate against the machine -> store.add (durable) -> acknowledged
-    tick(now)     -> executor.poll(): exits -> SUCCEEDED / FAILED / CANCELLED, or QUEUED again after a back-off
+    tick(now)     -> executor.poll(): exits, kept in memory until stored -> SUCCEEDED / FAILED / CANCELLED / LOST,
+                     or QUEUED again after a back-off; a store that fails keeps them for the next round
                   -> snapshot = the machine minus what STARTING/RUNNING jobs hold
                   -> scheduler.schedule(waiting jobs) -> for each start: QUEUED -> STARTING (grant stored first),
                      launch, pid + start time stored, -> RUNNING
                   -> every waiting job's reason stored, so `explain` can say why it waits
-    recover()     -> after a restart: STARTING/RUNNING jobs are re-adopted (PID + start time, or found by their
-                     CORRAL_JOB_ID) or marked LOST and retried by policy; never started twice at once
+    recover()     -> after a restart, for each STARTING/RUNNING job, what its attempt's supervisor left:
+                       an exit record      -> the real outcome (exit code, end time), never run again
+                       a live supervisor   -> adopted, watched from now on
+                       never started       -> QUEUED again, the attempt not counted
+                       started, then gone  -> LOST (leftovers killed), retried by policy
+
+Each job's supervisor, not the daemon, owns its outcome (see corral.executor.local): the daemon is no longer the
+job's parent, reads exits from the supervisors' records and never guesses one.
 
 The grant is stored before the process exists and released only when it has exited, so a job that has just started
 keeps its reservation, and a cancelled job's GPUs are not handed out while it is still dying.
@@ -19,6 +26,7 @@ With a GPU sampler (NVML on a real machine), every round also looks at who holds
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
@@ -31,7 +39,7 @@ from typing import Protocol
 import numpy as np
 
 from corral.daemon.scheduler import schedule
-from corral.executor.base import Executor, Exit, LaunchSpec
+from corral.executor.base import Executor, Exit, Found, Handle, LaunchSpec
 from corral.gpu.discovery import GpuDiscoveryError
 from corral.gpu.metrics import GpuSampler, GpuUse, ProcessInfo, attribute, read_process
 from corral.gpu.mps import MpsControl, MpsError
@@ -41,7 +49,7 @@ from corral.model.resources import Allocation, GpuGrant, Node, Request, affinity
 from corral.model.snapshot import ClusterSnapshot
 from corral.placement import PlacementConfig, place, render
 from corral.placement.engine import validate_against
-from corral.store.base import Store
+from corral.store.base import Store, StoreError
 
 CANCELLING = "cancel requested"
 #: The reason of a job the watchdog is killing starts with this; its exit is then a failure with that reason.
@@ -54,25 +62,6 @@ log = logging.getLogger("corral.daemon")
 def backoff_s(attempts: int) -> float:
     """Retry delay after the n-th failed attempt: 1, 2, 4, ... seconds, at most 5 minutes."""
     return float(min(MAX_BACKOFF_S, 2.0 ** max(0, attempts - 1)))
-
-
-def find_job_process(job_id: str, proc: Path = Path("/proc")) -> tuple[int, int] | None:
-    """(pid, start time) of a live process whose environment says CORRAL_JOB_ID=<job_id>, if any.
-
-    Covers the gap where the daemon died after launching a job but before storing its PID.
-    """
-    needle = f"CORRAL_JOB_ID={job_id}".encode()
-    for entry in proc.iterdir() if proc.is_dir() else ():
-        if not entry.name.isdigit():
-            continue
-        try:
-            env = (entry / "environ").read_bytes().split(b"\0")
-            if needle in env:
-                stat = (entry / "stat").read_text()
-                return int(entry.name), int(stat[stat.rindex(")") + 2 :].split()[19])
-        except (OSError, ValueError, IndexError):
-            continue
-    return None
 
 
 class Controller(Protocol):
@@ -98,7 +87,7 @@ class Daemon:
         state_dir: Path,
         clock: Callable[[], float] = time.time,
         seed: int = 0,
-        find_process: Callable[[str], tuple[int, int] | None] = find_job_process,
+        find_process: Callable[[str], tuple[int, int] | None] | None = None,
         mps: MpsControl | None = None,
         sampler: GpuSampler | None = None,
         watchdog: str = "kill",
@@ -116,7 +105,17 @@ class Daemon:
         self.state_dir = state_dir
         self.clock = clock
         self.rng = np.random.default_rng(seed)
+        #: Jobs started before supervisors existed and recorded without a PID: finds their process (legacy).
         self.find_process = find_process
+        #: Exits handed over by the executor and not yet stored (a failing store keeps them here for later rounds).
+        self._exits: dict[str, Exit] = {}
+        #: Cancels sent whose "cancel requested" could not be stored: their exits still end them CANCELLED.
+        self._cancelling: set[str] = set()
+        #: Launched jobs whose RUNNING (pid) could not be stored yet.
+        self._unrecorded: dict[str, Handle] = {}
+        #: Failed jobs with retries left whose return to the queue could not be stored yet.
+        self._requeue: dict[str, tuple[str, float]] = {}
+        self._store_failing = False
         #: With MPS, a one-GPU share runs as an MPS client with enforced compute and memory limits; since MPS serves
         #: one Unix user per GPU at a time, such shares carry their user as `share_owner`.
         self.mps = mps
@@ -156,9 +155,20 @@ class Daemon:
             done = self.store.transition(job_id, JobState.CANCELLED, expect=[JobState.QUEUED], reason="cancelled")
             self._tell_ended(done)
             return done
+        if job.state.holds_resources and job_id in self._exits:
+            raise StoreError(
+                f"job {job_id} has already ended, but the job store cannot record it yet; nothing to cancel"
+            )
         if job.state.holds_resources:
             self.executor.cancel(job_id)
-            return self.store.update(job_id, reason=CANCELLING)
+            self._cancelling.add(job_id)  # its exit ends it CANCELLED, stored or not
+            try:
+                return self.store.update(job_id, reason=CANCELLING)
+            except StoreError as exc:
+                raise StoreError(
+                    f"job {job_id}: the cancel was sent to the job, but it could not be recorded ({exc}); the job "
+                    "ends as cancelled once the store works again"
+                ) from exc
         raise InvalidRequest("job", f"job {job_id} already ended ({job.state.value})")
 
     # ---------------------------------------------------------------------------------------------- the loop
@@ -166,7 +176,8 @@ class Daemon:
         """One round: collect exits, schedule, launch. Returns the ids started."""
         now = self.clock()
         for ended in self.executor.poll():
-            self._finish(ended, now)
+            self._exits[ended.job_id] = ended
+        self._flush(now)
         for controller in self.controllers:
             try:
                 controller.tick(self, now)
@@ -295,13 +306,22 @@ class Daemon:
 
     def _launch(self, job_id: str, alloc: Allocation, now: float, notes: str = "") -> bool:
         uuids = tuple(self.node.gpus[g.index].uuid for g in alloc.gpus)
-        try:
+        queued = self.store.get(job_id)
+        if queued is None:
+            return False
+        try:  # one write: the attempt number names the supervisor's record, so it is stored before the launch
             job = self.store.transition(
-                job_id, JobState.STARTING, expect=[JobState.QUEUED], gpus=alloc.gpus, gpu_uuids=uuids, reason=notes
+                job_id,
+                JobState.STARTING,
+                expect=[JobState.QUEUED],
+                gpus=alloc.gpus,
+                gpu_uuids=uuids,
+                reason=notes,
+                attempts=queued.attempts + 1,
+                started_at=now,
             )
         except InvalidRequest:  # cancelled meanwhile
             return False
-        job = self.store.update(job_id, attempts=job.attempts + 1, started_at=now)
         r = job.spec.request
         pipe = None
         if self.mps is not None and self._mps_share(r) and self.mps.available():
@@ -323,40 +343,90 @@ class Daemon:
             log_path=self.log_path(job_id),
             time_limit_s=job.spec.time_limit_s,
             mps_pipe_dir=pipe,
+            attempt=job.attempts,
         )
         try:
             handle = self.executor.launch(spec)
         except (OSError, ValueError) as exc:
             self._ended(job, JobState.FAILED, now, exit_code=None, reason=f"could not start: {exc}")
+            self.executor.forget(job_id, job.attempts)
             return False
-        self.store.transition(
-            job_id, JobState.RUNNING, expect=[JobState.STARTING], pid=handle.pid, pid_start_time=handle.start_time
-        )
+        self._unrecorded[job_id] = handle
+        self._record_start(handle)
         return True
+
+    def _record_start(self, handle: Handle) -> None:
+        """STARTING -> RUNNING with the job's pid; kept for a later round if the store fails (the job runs anyway,
+        under its supervisor, and its exit is handled whether or not this was stored)."""
+        with contextlib.suppress(InvalidRequest):  # InvalidRequest: it has ended meanwhile (its exit stored first)
+            self.store.transition(
+                handle.job_id,
+                JobState.RUNNING,
+                expect=[JobState.STARTING],
+                pid=handle.pid,
+                pid_start_time=handle.start_time,
+            )
+        del self._unrecorded[handle.job_id]
 
     def log_path(self, job_id: str) -> Path:
         return self.state_dir / "logs" / f"{job_id}.log"
 
+    def _flush(self, now: float) -> None:
+        """Store what earlier rounds could not: starts, exits, returns to the queue. Stops at the first StoreError
+        (the store is failing: the rest waits, in memory, for the next round)."""
+        try:
+            for handle in list(self._unrecorded.values()):
+                self._record_start(handle)
+            for job_id, ended in list(self._exits.items()):
+                try:
+                    self._finish(ended, now)
+                except InvalidRequest as exc:  # a bug, not a store failure: never let it block the other exits
+                    log.error("job %s: its exit %s cannot be stored: %s", job_id, ended, exc)
+                del self._exits[job_id]
+            for job_id, (reason, wait) in list(self._requeue.items()):
+                self._retry(job_id, reason, wait, now)
+        except StoreError as exc:
+            if not self._store_failing:
+                log.error(
+                    "the job store fails (%s): %d exits kept in memory until it works again", exc, len(self._exits)
+                )
+            self._store_failing = True
+            return
+        if self._store_failing:
+            log.warning("the job store works again: every exit kept in memory is stored")
+        self._store_failing = False
+
     def _finish(self, ended: Exit, now: float) -> None:
+        """Store a job's exit. Raises StoreError when the store fails; the caller keeps the exit and tries again."""
         job = self.store.get(ended.job_id)
         if job is None or not job.state.holds_resources:
+            self._cancelling.discard(ended.job_id)
             return
-        if job.reason == CANCELLING:
-            self._ended(job, JobState.CANCELLED, now, ended.exit_code, "cancelled")
+        if job.state is JobState.STARTING:  # its start was never stored (the daemon died, or the store failed)
+            job = self.store.transition(job.id, JobState.RUNNING, expect=[JobState.STARTING])
+        when = now if ended.ended_at is None else min(now, ended.ended_at)
+        cancelled = job.reason == CANCELLING or job.id in self._cancelling
+        if cancelled:
+            self._ended(job, JobState.CANCELLED, when, ended.exit_code, "cancelled")
         elif job.reason.startswith(OVER_GRANT):
-            self._ended(job, JobState.FAILED, now, ended.exit_code, job.reason)
-        elif ended.exit_code == 0:
-            self._ended(job, JobState.SUCCEEDED, now, 0, "exit code 0")
+            self._ended(job, JobState.FAILED, when, ended.exit_code, job.reason)
+        elif ended.cancelled:  # cancelled by a daemon that died before it could record the cancel
+            self._ended(job, JobState.CANCELLED, when, ended.exit_code, "cancelled")
+        elif ended.exit_code == 0 and ended.signal is None and not ended.timed_out:
+            self._ended(job, JobState.SUCCEEDED, when, 0, "exit code 0")
+        elif ended.unknown:
+            why = "lost: the job's supervisor ended without recording its exit (exit code unknown)"
+            self._ended(job, JobState.LOST, when, None, why)
         else:
             if ended.timed_out:
                 why = f"time limit of {job.spec.time_limit_s:g} s reached"
             elif ended.signal is not None:
                 why = f"killed by signal {ended.signal}"
-            elif ended.exit_code is None:
-                why = "ended while the daemon was away (exit code unknown)"
             else:
                 why = f"exit code {ended.exit_code}"
-            self._ended(job, JobState.FAILED, now, ended.exit_code, why)
+            self._ended(job, JobState.FAILED, when, ended.exit_code, why)
+        self._cancelling.discard(job.id)
+        self.executor.forget(job.id, job.attempts)  # stored: the supervisor's record has done its work
 
     def _ended(self, job: Job, state: JobState, now: float, exit_code: int | None, reason: str) -> None:
         done = self.store.transition(job.id, state, finished_at=now, exit_code=exit_code, reason=reason)
@@ -364,16 +434,32 @@ class Daemon:
             self._tell_ended(done)
             return
         wait = backoff_s(done.attempts)
-        self.store.transition(
-            job.id,
-            JobState.QUEUED,
-            not_before=now + wait,
-            gpus=(),
-            gpu_uuids=(),
-            pid=None,
-            pid_start_time=None,
-            reason=f"{reason}; retry {done.attempts} of {job.spec.retries} in {wait:g} s",
-        )
+        why = f"{reason}; retry {done.attempts} of {job.spec.retries} in {wait:g} s"
+        try:
+            self._retry(job.id, why, now + wait, now)
+        except StoreError:
+            # The outcome is stored, its return to the queue is not: the next rounds (or a restart) store it.
+            self._requeue[job.id] = (why, now + wait)
+
+    def _retry(self, job_id: str, reason: str, not_before: float, now: float) -> None:
+        self._requeue.pop(job_id, None)
+        try:
+            self.store.transition(
+                job_id,
+                JobState.QUEUED,
+                expect=[JobState.FAILED, JobState.LOST],
+                not_before=not_before,
+                gpus=(),
+                gpu_uuids=(),
+                pid=None,
+                pid_start_time=None,
+                reason=reason,
+            )
+        except StoreError:
+            self._requeue[job_id] = (reason, not_before)
+            raise
+        except InvalidRequest:
+            pass  # requeued already
 
     def _tell_ended(self, job: Job) -> None:
         """A job has ended for good: the controller that made it (if any) hears of it."""
@@ -387,16 +473,46 @@ class Daemon:
 
     # ---------------------------------------------------------------------------------------------- restart
     def recover(self) -> None:
-        """Re-adopt the previous daemon's running jobs, or mark them lost (and retry them by policy)."""
+        """After a restart: each STARTING/RUNNING job gets the outcome its supervisor recorded, is adopted while its
+        supervisor lives, goes back to the queue if it never started, and is LOST (retried by policy) only when
+        its supervisor is gone without a record. Failed jobs whose retry was decided but not stored are requeued."""
         now = self.clock()
+        keep: set[tuple[str, int]] = set()
         for job in self.store.list([JobState.STARTING, JobState.RUNNING]):
-            pid, start = job.pid, job.pid_start_time
-            if pid is None or start is None:
-                found = self.find_process(job.id)
-                if found is not None:
-                    pid, start = found
-            if pid is not None and start is not None and self.executor.adopt(job.id, pid, start, job.spec.time_limit_s):
-                if job.state is JobState.STARTING:
-                    self.store.transition(job.id, JobState.RUNNING, pid=pid, pid_start_time=start)
+            keep.add((job.id, job.attempts))
+            found = self.executor.reattach(job.id, job.attempts) if job.attempts > 0 else None
+            if found is not None and found.found is Found.ENDED and found.exit is not None:
+                self._exits[job.id] = found.exit  # stored just below, or kept for later rounds
+            elif found is not None and found.found is Found.ALIVE:
+                if job.state is JobState.STARTING and found.handle is not None:
+                    self._unrecorded[job.id] = found.handle
+            elif found is not None and found.found is Found.GONE:
+                self._ended(job, JobState.LOST, now, None, "lost: its supervisor was gone when the daemon restarted")
+            elif self._adopt_bare(job):
                 continue
-            self._ended(job, JobState.LOST, now, None, "lost: the process was gone when the daemon restarted")
+            elif job.state is JobState.STARTING:
+                # The daemon stopped between storing STARTING and starting the supervisor: nothing ran.
+                self.store.transition(job.id, JobState.LOST, attempts=max(0, job.attempts - 1), finished_at=now)
+                self._retry(job.id, "the daemon restarted before the job started; queued again", now, now)
+            else:
+                self._ended(job, JobState.LOST, now, None, "lost: the process was gone when the daemon restarted")
+        for state in (JobState.FAILED, JobState.LOST):  # a retry decided, then the daemon stopped before storing it
+            for job in self.store.list([state]):
+                if job.attempts <= job.spec.retries:
+                    wait = backoff_s(job.attempts)
+                    self._retry(job.id, f"{job.reason}; retry {job.attempts} of {job.spec.retries}", now + wait, now)
+        self.executor.sweep(keep)
+        self._flush(now)
+
+    def _adopt_bare(self, job: Job) -> bool:
+        """A job started before supervisors existed: adopted by PID and start time (its exit code stays unknown)."""
+        pid, start = job.pid, job.pid_start_time
+        if (pid is None or start is None) and self.find_process is not None:
+            found = self.find_process(job.id)
+            if found is not None:
+                pid, start = found
+        if pid is None or start is None or not self.executor.adopt(job.id, pid, start, job.spec.time_limit_s):
+            return False
+        if job.state is JobState.STARTING:
+            self.store.transition(job.id, JobState.RUNNING, pid=pid, pid_start_time=start)
+        return True

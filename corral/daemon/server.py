@@ -264,7 +264,7 @@ def serve(
         tokens = TokenStore(state_dir / "tokens.json")
     except TokenFileError as exc:
         raise ServeError(str(exc)) from None
-    executor = LocalExecutor()
+    executor = LocalExecutor(run_dir=state_dir / "run")  # supervisors record outcomes there (see corral.executor)
     # Shares are enforced with MPS where the machine has it (never for a simulated inventory).
     mps = MpsControl(state_dir / "mps") if simulate is None and sharing == "mps" else None
     if mps is not None and not mps.available():

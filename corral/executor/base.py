@@ -1,14 +1,23 @@
 """The executor protocol: how the daemon starts, watches, cancels and re-adopts job processes.
 
-    daemon                       executor
-    ------                       --------
-    launch(LaunchSpec)   ----->  process started       -> Handle(job_id, pid, start_time)
-    poll()               ----->  ended since last poll -> [Exit, ...]   (each exit reported exactly once)
-    cancel(job_id)       ----->  SIGTERM to the job's process group, SIGKILL after the grace period
-    adopt(id, pid, start) ---->  after a daemon restart: watch a job process started by the previous daemon
+    daemon                          executor
+    ------                          --------
+    launch(LaunchSpec)      ----->  process started       -> Handle(job_id, pid, start_time)
+    poll()                  ----->  ended since last poll -> [Exit, ...]   (each exit handed over exactly once)
+    cancel(job_id)          ----->  SIGTERM to the job's process group, SIGKILL after the grace period
+    forget(job_id, attempt) ----->  the daemon has stored that attempt's outcome: its durable record may go
+    reattach(id, attempt)   ----->  after a daemon restart: what became of an attempt the previous daemon started
+                                    -> ALIVE (watched from now on) | ENDED (its real Exit) | NEVER_STARTED | GONE
+    sweep(keep)             ----->  after recovery: drop the records of attempts the store no longer needs
+    adopt(id, pid, start)   ----->  a process started before supervisors existed (exit status unknown)
 
-A job is identified across restarts by its PID *and* the process start time (/proc/<pid>/stat field 22): a PID alone
-may have been reused by an unrelated process by the time the daemon comes back.
+Outcomes outlive the daemon (`local`): each attempt runs under a supervisor process (`_supervise.py`) that holds
+the job's process group, enforces the time limit, forwards cancels and writes the exit durably where a restarted
+daemon reads it. An exit handed over by `poll` is the daemon's to keep (in memory) until it is stored; the record
+stays on disk until `forget`, so a daemon that dies in between finds it again through `reattach`.
+
+A bare process is identified across restarts by its PID *and* the process start time (/proc/<pid>/stat field 22): a
+PID alone may have been reused by an unrelated process by the time the daemon comes back.
 
 Implementations: `local` (real processes on this machine, CUDA_VISIBLE_DEVICES and MPS variables) and `fake`
 (recorded launches, exits driven by tests). `tests/executor/test_contract.py` runs one suite over both.
@@ -17,7 +26,8 @@ Implementations: `local` (real processes on this machine, CUDA_VISIBLE_DEVICES a
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -40,6 +50,7 @@ class LaunchSpec:
     log_path: Path
     time_limit_s: float | None
     mps_pipe_dir: str | None = None  # set when the GPUs are shared under MPS
+    attempt: int = 1  # the job's attempt number: names the attempt's durable record
 
     def __post_init__(self) -> None:
         if not self.job_id:
@@ -52,6 +63,8 @@ class LaunchSpec:
             raise ValueError(f"job {self.job_id}: gpu_milli must be in 0..1000, got {self.gpu_milli}")
         if self.gpu_memory_mib < 0:
             raise ValueError(f"job {self.job_id}: gpu_memory_mib must be >= 0, got {self.gpu_memory_mib}")
+        if self.attempt < 1:
+            raise ValueError(f"job {self.job_id}: attempt must be >= 1, got {self.attempt}")
         if self.time_limit_s is not None and not self.time_limit_s > 0:
             raise ValueError(f"job {self.job_id}: time_limit_s must be > 0 seconds, got {self.time_limit_s}")
 
@@ -73,16 +86,38 @@ class Handle:
 @dataclass(frozen=True)
 class Exit:
     """How a job process ended. A signal death has `exit_code` None and the signal number in `signal`; both are
-    None when the ending could not be observed (an adopted process that is not our child)."""
+    None when the ending could not be observed (a process adopted without a supervisor, or a supervisor that died
+    without writing its record). `cancelled`: it ended after a cancel reached it. `ended_at`: when it ended
+    (epoch seconds; None if unknown), which may be long before the daemon hears of it."""
 
     job_id: str
     exit_code: int | None
     signal: int | None
     timed_out: bool
+    cancelled: bool = False
+    ended_at: float | None = field(default=None, compare=False)
+
+    @property
+    def unknown(self) -> bool:
+        return self.exit_code is None and self.signal is None and not self.timed_out and not self.cancelled
 
     @property
     def succeeded(self) -> bool:
         return self.exit_code == 0 and self.signal is None and not self.timed_out
+
+
+class Found(Enum):
+    ALIVE = "alive"  # its supervisor runs: watched from now on
+    ENDED = "ended"  # it ended (maybe while no daemon ran): `exit` is what its supervisor recorded
+    NEVER_STARTED = "never started"  # no supervisor ever ran for it: nothing ran, the attempt was not used
+    GONE = "gone"  # it started, and its supervisor is gone without recording an end (a reboot, a kill -9 of it)
+
+
+@dataclass(frozen=True)
+class Reattached:
+    found: Found
+    handle: Handle | None = None  # ALIVE: the job's process (None while its supervisor has not reported it yet)
+    exit: Exit | None = None  # ENDED
 
 
 @runtime_checkable
@@ -109,6 +144,19 @@ class Executor(Protocol):
 
     def running(self) -> set[str]:
         """Ids of jobs launched or adopted whose exit `poll` has not reported yet."""
+        ...
+
+    def reattach(self, job_id: str, attempt: int) -> Reattached:
+        """After a daemon restart: what became of that attempt. ALIVE jobs are watched (their exit comes through
+        `poll`); a GONE job's leftover processes are killed, so a retry never runs beside them."""
+        ...
+
+    def forget(self, job_id: str, attempt: int) -> None:
+        """The daemon has stored the attempt's outcome: its record may be deleted. A no-op while it still runs."""
+        ...
+
+    def sweep(self, keep: set[tuple[str, int]]) -> None:
+        """Delete the records of every ended attempt not in `keep` (left by a daemon that died before `forget`)."""
         ...
 
 

@@ -1,41 +1,66 @@
-"""Run jobs as processes on this machine.
+"""Run jobs as processes on this machine, each under its own supervisor that outlives the daemon.
 
-    launch: log file (append, parents created) -> Popen in a new session (pgid = pid), stdin /dev/null,
-            stdout+stderr -> log, env = job env + CORRAL_JOB_ID + CUDA/NVIDIA_VISIBLE_DEVICES (+ MPS caps for a share)
-    watcher thread: time limit -> SIGTERM to the group, SIGKILL `grace_s` later; cancel's SIGKILL after its grace
-    poll:   our children: waitid(WNOWAIT) sees the exit while the zombie still pins the PID, so the rest of the
-            group (a backgrounded grandchild still holding the GPU) is SIGKILLed safely, then the child is reaped.
-            adopted processes (not our children): /proc/<pid> gone, zombie, or start time changed -> ended.
+    daemon (LocalExecutor)              zygote (one, started     supervisor (_supervise.py,        job
+                                        once: python -I -S)      one per attempt)
+    launch: RUN/<id>.<n>.lock flock'd,
+            log opened, two pipes  ---> fds by SCM_RIGHTS -----> fork, setsid, fork (init's child)
+            spec (JSON) on a pipe  ------------------------------> read spec; fork --------------->  setsid, log,
+                                                                 RUN/<id>.<n>.json {started}       drop uid/gid,
+            <-- {"pid", "start_time", "supervisor"} on a pipe                                      cd, exec
+    poll:   the attempt's lock free -> read its record           waits: exit, time limit (SIGTERM, grace, SIGKILL),
+                                                                 SIGUSR1/SIGUSR2 cancel, SIGTERM forwarded
+                                                                 exit: SIGKILL the rest of the group, reap,
+                                                                 RUN/<id>.<n>.json {ended} (write, fsync, rename,
+                                                                 fsync dir)
+    cancel: RUN/<id>.<n>.cancel (grace), SIGUSR1 (SIGUSR2 with no grace) to the supervisor (pid + start time checked)
+    reattach (restart): record ended -> ENDED; lock held -> ALIVE; record started, lock free -> GONE (leftover group
+            killed); neither -> NEVER_STARTED.  forget: the daemon stored the outcome, the record goes.
 
-Signals go to the job's process group, never to a bare number that might have been reused: a child is not reaped
-before its group is signalled, and an adopted process is signalled only after its start time is checked again.
+The lock is taken by the daemon before the request and inherited by the supervisor, so there is no moment when a
+supervisor exists without holding it: a free lock means no supervisor, whatever happened to PIDs meanwhile. The
+zygote exists for speed only (a fork costs ~1 ms, an interpreter's start ~20 ms of CPU); it holds no state, exits when
+the daemon does, and is started again when needed. The job's environment (it may hold the user's secrets) travels
+through a pipe, never through argv, which every user can read in /proc/<pid>/cmdline.
 
 When the daemon runs as root, a job for another user drops to that user's uid, gid and supplementary groups in the
-child; its working directory is entered after the drop (through /bin/sh), so root's right to traverse any directory
-does not leak to the job. A daemon that is not root runs only jobs of its own uid.
+child; its working directory is entered after the drop, so root's right to traverse any directory does not leak to
+the job. A daemon that is not root runs only jobs of its own uid. Logs are 0600 and owned by the job's user.
+
+Processes started before supervisors existed (an upgrade) are still adopted by PID and start time (`adopt`): the
+executor then signals them itself, and their exit status is unknown.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
+import json
 import os
 import pwd
+import re
+import select
+import shutil
 import signal
+import socket
 import stat
 import subprocess
+import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from corral.executor.base import Exit, Handle, LaunchSpec, readopt
+from corral.executor._supervise import LOCK_FD, LOG_FD
+from corral.executor.base import Exit, Found, Handle, LaunchSpec, Reattached, readopt
 
-#: Runs as the job's user: enter the working directory, then become the job's command (same PID, same start time).
-_ENTER_AND_EXEC = (
-    'cd -- "$1" 2>/dev/null || { printf "corral: the job cannot enter its working directory %s as its user\\n" "$1" '
-    '>&2; exit 126; }; shift; exec "$@"'
-)
+#: The supervisor: run by path with `-I -S` (no site-packages, no venv imports), so it starts in a few milliseconds.
+SUPERVISOR = Path(__file__).with_name("_supervise.py")
+#: How long a launch waits for its supervisor's answer (the job's pid) before it gives up.
+ANSWER_TIMEOUT_S = 30.0
+_SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 # ------------------------------------------------------------------------------------------------ /proc helpers
@@ -77,14 +102,15 @@ def pid_start_time(pid: int) -> int | None:
 
 # ------------------------------------------------------------------------------------------------ environment
 def job_environment(spec: LaunchSpec) -> dict[str, str]:
-    """The job's environment: its own variables, then corral's, which always win.
+    """The job's environment: its own variables without any CORRAL_* one, then corral's, which always win.
 
     CUDA_VISIBLE_DEVICES lists the granted GPUs by UUID; with no GPUs it is set to the empty string, which hides all
     GPUs (unset would show them all). For a share under MPS, corral owns every CUDA_MPS_* variable: the pipe
     directory of the GPU's MPS daemon, the SM thread cap and the memory cap of each visible device (the job sees only
     its GPUs, numbered from 0).
     """
-    env = dict(spec.env)
+    # CORRAL_* variables are corral's to set: a token or a forged job id in the submitted env never reaches the job.
+    env = {k: v for k, v in spec.env.items() if not k.startswith("CORRAL_")}
     visible = ",".join(spec.gpu_uuids)
     env["CUDA_VISIBLE_DEVICES"] = visible
     env["NVIDIA_VISIBLE_DEVICES"] = visible
@@ -132,8 +158,9 @@ def _identity_for(spec: LaunchSpec) -> _Identity | None:
 
 
 def _open_log(path: Path, owner: _Identity | None) -> int:
+    """The job's log, 0600 and owned by the job's user; never through a symlink, never a planted hard link."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW, 0o640)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -142,19 +169,86 @@ def _open_log(path: Path, owner: _Identity | None) -> int:
             if st.st_nlink != 1:  # a hard link planted to make root hand some other file to the user
                 raise PermissionError(f"log {path} has {st.st_nlink} links; refusing to hand it to uid {owner.uid}")
             os.fchown(fd, owner.uid, owner.gid)
+        if stat.S_IMODE(st.st_mode) != 0o600 and st.st_nlink == 1:
+            os.fchmod(fd, 0o600)  # a log left by an older corral (0640): nobody else reads it from now on
+        os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
         raise
     return fd
 
 
+# ------------------------------------------------------------------------------------------------ records
+def _write_text(path: Path, text: str) -> None:
+    """Replace `path` atomically (a reader sees the old or the new text, never a part)."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def _read_record(prefix: Path) -> dict[str, Any] | None:
+    try:
+        with open(f"{prefix}.json", encoding="utf-8") as f:
+            body = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def _lock_free(prefix: Path) -> bool:
+    """True when no supervisor holds the attempt's lock (it never started, or it has ended)."""
+    try:
+        fd = os.open(f"{prefix}.lock", os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)  # closing drops a lock we may just have taken
+    return True
+
+
+def _exit_of(job_id: str, record: dict[str, Any] | None) -> Exit:
+    """The Exit a supervisor recorded; an unknown one if it recorded none."""
+    if record is None or not record.get("ended"):
+        return Exit(job_id, None, None, False)
+    return Exit(
+        job_id,
+        record.get("exit_code"),
+        record.get("signal"),
+        bool(record.get("timed_out")),
+        bool(record.get("cancelled")),
+        record.get("ended_at"),
+    )
+
+
 # ------------------------------------------------------------------------------------------------ executor
 @dataclass
+class _Supervised:
+    """An attempt running under its supervisor."""
+
+    job_id: str
+    attempt: int
+    prefix: Path  # RUN/<job id>.<attempt>: .lock, .json, .cancel
+    pid: int  # the job's process (its process group id too)
+    start_time: int
+    supervisor_pid: int  # never our child (double-forked by the zygote): signalled only after its start time matches
+    supervisor_start: int | None
+
+
+@dataclass
 class _Tracked:
+    """A bare process adopted by PID (started before supervisors existed): signalled by the executor itself."""
+
     job_id: str
     pid: int
     start_time: int
-    popen: subprocess.Popen[bytes] | None  # None for an adopted process (not our child)
     group: bool  # signal the process group (pgid == pid), not only the process
     deadline: float | None  # monotonic time of the time limit
     kill_at: float | None = None  # monotonic time of the SIGKILL that follows a SIGTERM
@@ -162,58 +256,170 @@ class _Tracked:
 
 
 class LocalExecutor:
-    """Jobs as local processes, one session and process group each. Thread-safe."""
+    """Jobs as local processes under supervisors, one session and process group each. Thread-safe.
 
-    def __init__(self, grace_s: float = 10.0) -> None:
+    `run_dir`: where the supervisors keep their records (the daemon's STATE/run, private to it); by default a fresh
+    private temporary folder (outcomes then do not outlive this executor's process)."""
+
+    def __init__(self, grace_s: float = 10.0, run_dir: Path | None = None) -> None:
         if grace_s < 0:
             raise ValueError(f"grace_s must be >= 0, got {grace_s}")
-        self.grace_s = grace_s  # between the SIGTERM and the SIGKILL of a job over its time limit
+        self.grace_s = grace_s  # between the SIGTERM and the SIGKILL of a job over its time limit or cancelled
+        self._own_dir = run_dir is None  # a temporary folder no restart could find: removed by close()
+        if run_dir is None:
+            run_dir = Path(tempfile.mkdtemp(prefix="corral-run-"))
+        run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.run_dir = run_dir
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._jobs: dict[str, _Tracked] = {}
+        self._jobs: dict[str, _Supervised | _Tracked] = {}
         self._watcher: threading.Thread | None = None
         self._closed = False
+        self._zygote: subprocess.Popen[bytes] | None = None  # forks the supervisors (see _supervise.zygote)
+        self._ctl: socket.socket | None = None
+
+    def _prefix(self, job_id: str, attempt: int) -> Path:
+        if not _SAFE_ID.fullmatch(job_id):
+            raise ValueError(f"job id {job_id!r} cannot name a file (letters, digits, '.', '_', '-')")
+        return self.run_dir / f"{job_id}.{attempt}"
 
     # -------------------------------------------------------------------------------------------- protocol
     def launch(self, spec: LaunchSpec) -> Handle:
         identity = _identity_for(spec)
-        env = job_environment(spec)
-        if identity is None:
-            argv: tuple[str, ...] = spec.command
-            cwd = spec.cwd
-        else:
-            argv = ("/bin/sh", "-c", _ENTER_AND_EXEC, "corral-job", spec.cwd, *spec.command)
-            cwd = "/"
+        prefix = self._prefix(spec.job_id, spec.attempt)
         with self._lock:
             if self._closed:
                 raise RuntimeError("the executor is closed")
             if spec.job_id in self._jobs:
                 raise ValueError(f"job {spec.job_id} is already running (pid {self._jobs[spec.job_id].pid})")
-            log_fd = _open_log(spec.log_path, identity)
+            for leftover in (".json", ".cancel"):  # an attempt never launched twice, but a test may reuse an id
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(f"{prefix}{leftover}")
+            lock_fd = os.open(f"{prefix}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+            log_fd = -1
+            pipes: list[int] = []
             try:
-                popen = subprocess.Popen(
-                    argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log_fd,
-                    stderr=subprocess.STDOUT,
-                    cwd=cwd,
-                    env=env,
-                    start_new_session=True,
-                    user=None if identity is None else identity.uid,
-                    group=None if identity is None else identity.gid,
-                    extra_groups=None if identity is None else list(identity.groups),
-                )
+                try:
+                    fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    raise ValueError(f"job {spec.job_id} attempt {spec.attempt} already has a supervisor") from None
+                log_fd = _open_log(spec.log_path, identity)
+                body = {
+                    "job_id": spec.job_id,
+                    "attempt": spec.attempt,
+                    "argv": list(spec.command),
+                    "env": job_environment(spec),
+                    "cwd": spec.cwd,
+                    "drop": None
+                    if identity is None
+                    else {"uid": identity.uid, "gid": identity.gid, "groups": list(identity.groups)},
+                    "time_limit_s": spec.time_limit_s,
+                    "grace_s": self.grace_s,
+                    "prefix": str(prefix),
+                    "log_fd": LOG_FD,
+                    "lock_fd": LOCK_FD,
+                }
+                spec_r, spec_w = os.pipe()
+                answer_r, answer_w = os.pipe()
+                pipes = [spec_w, answer_r]
+                try:
+                    self._send([spec_r, answer_w, lock_fd, log_fd])
+                finally:
+                    os.close(spec_r)
+                    os.close(answer_w)
+            except BaseException:
+                for fd in pipes:
+                    os.close(fd)
+                raise
             finally:
-                os.close(log_fd)
-            start = pid_start_time(popen.pid)  # the unreaped child keeps its /proc entry, so this is always found
-            if start is None:  # pragma: no cover - only if someone else reaped our child already
-                popen.returncode = -1
-                raise OSError(f"job {spec.job_id}: process {popen.pid} vanished right after it started")
-            deadline = None if spec.time_limit_s is None else time.monotonic() + spec.time_limit_s
-            self._jobs[spec.job_id] = _Tracked(spec.job_id, popen.pid, start, popen, True, deadline)
-            if deadline is not None:
-                self._kick()
-            return Handle(spec.job_id, popen.pid, start)
+                # The supervisor holds its own copies of both (the lock lives on in the shared open file description).
+                os.close(lock_fd)
+                if log_fd >= 0:
+                    os.close(log_fd)
+            answer = self._answer(spec_w, answer_r, json.dumps(body).encode())
+            if not answer and not _lock_free(prefix):
+                # No answer in time, but a supervisor lives: if its record has a pid, it runs the job (a slow start).
+                late = _read_record(prefix) or {}
+                answer = late if "pid" in late else answer
+            if "pid" not in answer:
+                code = answer.get("errno")
+                message = f"job {spec.job_id}: {answer.get('message', 'its supervisor did not answer')}"
+                raise OSError(code, message) if isinstance(code, int) else OSError(errno.EIO, message)
+            pid, start = int(answer["pid"]), int(answer["start_time"])
+            sup = answer.get("supervisor") or {}
+            self._jobs[spec.job_id] = _Supervised(
+                spec.job_id, spec.attempt, prefix, pid, start, int(sup.get("pid", 0)), sup.get("start_time")
+            )
+            return Handle(spec.job_id, pid, start)
+
+    def _send(self, fds: list[int]) -> None:
+        """Hand a request to the zygote (started, or started again, as needed)."""
+        for tries in (1, 2):
+            if self._ctl is None or self._zygote is None or self._zygote.poll() is not None:
+                self._start_zygote()
+            assert self._ctl is not None
+            try:
+                socket.send_fds(self._ctl, [b"L"], fds)
+                return
+            except OSError:
+                if tries == 2:
+                    raise
+                self._stop_zygote()
+
+    def _start_zygote(self) -> None:
+        self._stop_zygote()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._zygote = subprocess.Popen(
+                [sys.executable, "-I", "-S", str(SUPERVISOR), "--zygote"],
+                stdin=theirs.fileno(),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                cwd="/",
+                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},  # the jobs' env comes with each request
+            )
+        finally:
+            theirs.close()
+        self._ctl = ours
+
+    def _stop_zygote(self) -> None:
+        if self._ctl is not None:
+            self._ctl.close()  # EOF: the zygote exits (its supervisors live on)
+            self._ctl = None
+        if self._zygote is not None:
+            try:
+                self._zygote.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._zygote.kill()
+                self._zygote.wait()
+            self._zygote = None
+
+    @staticmethod
+    def _answer(spec_w: int, answer_r: int, body: bytes) -> dict[str, Any]:
+        """Send the spec, read the one-line answer (bounded in time)."""
+        try:
+            with open(spec_w, "wb") as pipe:  # closes spec_w
+                pipe.write(body)
+        except BrokenPipeError:
+            pass
+        line = b""
+        deadline = time.monotonic() + ANSWER_TIMEOUT_S
+        try:
+            while not line.endswith(b"\n"):
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([answer_r], [], [], left)[0]:
+                    break
+                chunk = os.read(answer_r, 4096)
+                if not chunk:
+                    break
+                line += chunk
+        finally:
+            os.close(answer_r)
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            return {}
+        return answer if isinstance(answer, dict) else {}
 
     def poll(self) -> list[Exit]:
         exits: list[Exit] = []
@@ -228,7 +434,12 @@ class LocalExecutor:
     def cancel(self, job_id: str, grace_s: float = 10.0) -> None:
         with self._lock:
             tracked = self._jobs.get(job_id)
-            if tracked is None or not self._alive(tracked):
+            if tracked is None:
+                return
+            if isinstance(tracked, _Supervised):
+                self._cancel_supervised(tracked, grace_s)
+                return
+            if not self._alive(tracked):
                 return
             self._signal(tracked, signal.SIGTERM)
             if grace_s <= 0:
@@ -241,16 +452,86 @@ class LocalExecutor:
 
     def adopt(self, job_id: str, pid: int, start_time: int, time_limit_s: float | None = None) -> bool:
         with self._lock:
-            if readopt(self._jobs.get(job_id), job_id, pid, start_time):
+            known = self._jobs.get(job_id)
+            if readopt(known, job_id, pid, start_time):
                 return True
             st = read_proc_stat(pid)
             if st is None or st.start_time != start_time or st.state in ("Z", "X", "x"):
                 return False
             deadline = None if time_limit_s is None else time.monotonic() + max(0.0, time_limit_s)
-            self._jobs[job_id] = _Tracked(job_id, pid, start_time, None, st.pgrp == pid, deadline)
+            self._jobs[job_id] = _Tracked(job_id, pid, start_time, st.pgrp == pid, deadline)
             if deadline is not None:
                 self._kick()
             return True
+
+    def reattach(self, job_id: str, attempt: int) -> Reattached:
+        prefix = self._prefix(job_id, attempt)
+        with self._lock:
+            known = self._jobs.get(job_id)
+            if isinstance(known, _Supervised) and known.attempt == attempt:
+                return Reattached(Found.ALIVE, Handle(job_id, known.pid, known.start_time))
+            alive = not _lock_free(prefix)
+            record = _read_record(prefix)
+            if record is not None and record.get("ended"):
+                return Reattached(Found.ENDED, exit=_exit_of(job_id, record))
+            if record is not None and "error" in record:  # it could not start: nothing ran
+                return Reattached(Found.NEVER_STARTED)
+            if alive:
+                # The supervisor writes its "started" record right after the fork; wait for it briefly.
+                deadline = time.monotonic() + 5.0
+                while (
+                    (record is None or "pid" not in record) and time.monotonic() < deadline and not _lock_free(prefix)
+                ):
+                    time.sleep(0.01)
+                    record = _read_record(prefix)
+                if record is None or "pid" not in record:
+                    record = _read_record(prefix)
+                    if record is not None and record.get("ended"):
+                        return Reattached(Found.ENDED, exit=_exit_of(job_id, record))
+                    return Reattached(Found.ALIVE)  # pragma: no cover - a supervisor stuck before its fork
+                sup = record.get("supervisor") or {}
+                watched = _Supervised(
+                    job_id,
+                    attempt,
+                    prefix,
+                    int(record["pid"]),
+                    int(record["start_time"]),
+                    int(sup.get("pid", 0)),
+                    sup.get("start_time"),
+                )
+                self._jobs[job_id] = watched
+                return Reattached(Found.ALIVE, Handle(job_id, watched.pid, watched.start_time))
+            if record is None:
+                return Reattached(Found.NEVER_STARTED)
+            # Started, and its supervisor is gone without a word: kill what may be left, so a retry runs alone.
+            pid, start = int(record.get("pid", 0)), record.get("start_time")
+            st = read_proc_stat(pid)
+            if st is not None and st.start_time == start and st.pgrp == pid:
+                self._killpg(pid, signal.SIGKILL)
+            return Reattached(Found.GONE)
+
+    def forget(self, job_id: str, attempt: int) -> None:
+        prefix = self._prefix(job_id, attempt)
+        with self._lock:
+            known = self._jobs.get(job_id)
+            if isinstance(known, _Supervised) and known.attempt == attempt:
+                return
+            done = _read_record(prefix) or {}
+            # An ended record is final (its supervisor only exits after writing it), so it may go before that exit.
+            if done.get("ended") or "error" in done or _lock_free(prefix):
+                for suffix in (".json", ".cancel", ".json.tmp", ".cancel.tmp", ".lock"):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(f"{prefix}{suffix}")
+
+    def sweep(self, keep: set[tuple[str, int]]) -> None:
+        names: set[tuple[str, int]] = set()
+        for entry in os.scandir(self.run_dir):
+            stem = entry.name.split(".json")[0].split(".lock")[0].split(".cancel")[0]
+            job_id, _, number = stem.rpartition(".")
+            if number.isdigit() and _SAFE_ID.fullmatch(job_id):
+                names.add((job_id, int(number)))
+        for job_id, attempt in sorted(names - keep):
+            self.forget(job_id, attempt)
 
     def running(self) -> set[str]:
         with self._lock:
@@ -263,51 +544,55 @@ class LocalExecutor:
             return None if t is None else Handle(t.job_id, t.pid, t.start_time)
 
     def close(self) -> None:
-        """Stop the watcher thread: no further launches, time limits or SIGKILL escalations. Running jobs are left
-        alone (a restarted daemon adopts them); `poll` and `cancel`'s SIGTERM still work."""
+        """Stop the watcher thread and further launches. Running jobs are left to their supervisors (a restarted
+        daemon reattaches them); `poll` and `cancel` still work."""
         with self._lock:
             self._closed = True
             self._wake.notify_all()
             watcher = self._watcher
         if watcher is not None and watcher is not threading.current_thread():
             watcher.join()
+        with self._lock:
+            self._stop_zygote()
+        if self._own_dir and not self.running():
+            shutil.rmtree(self.run_dir, ignore_errors=True)
 
     # -------------------------------------------------------------------------------------------- internals
     # Everything below runs with self._lock held.
+    def _supervisor_alive(self, t: _Supervised) -> bool:
+        return not _lock_free(t.prefix)
+
+    def _cancel_supervised(self, t: _Supervised, grace_s: float) -> None:
+        if not self._supervisor_alive(t):
+            return
+        if grace_s > 0:
+            with contextlib.suppress(OSError):  # without it, the supervisor uses its own grace
+                _write_text(Path(f"{t.prefix}.cancel"), f"{grace_s!r}")
+        st = read_proc_stat(t.supervisor_pid)  # not our child: make sure the PID still names that supervisor
+        if st is None or st.start_time != t.supervisor_start or st.state in ("Z", "X", "x"):
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(t.supervisor_pid, signal.SIGUSR1 if grace_s > 0 else signal.SIGUSR2)
+
     def _alive(self, t: _Tracked) -> bool:
-        if t.popen is not None:
-            try:
-                return os.waitid(os.P_PID, t.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
-            except ChildProcessError:
-                return False
         st = read_proc_stat(t.pid)
         return st is not None and st.start_time == t.start_time and st.state not in ("Z", "X", "x")
 
-    def _reap(self, t: _Tracked) -> Exit | None:
-        if t.popen is None:
+    def _reap(self, t: _Supervised | _Tracked) -> Exit | None:
+        if isinstance(t, _Tracked):
             return None if self._alive(t) else Exit(t.job_id, None, None, t.timed_out)
-        try:
-            if os.waitid(os.P_PID, t.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
-                return None
-        except ChildProcessError:  # reaped behind our back: the PID may be reused, so signal nothing
-            t.popen.returncode = -1
-            return Exit(t.job_id, None, None, t.timed_out)
-        # The zombie still pins the PID and the group id: kill what is left of the group, then reap.
-        self._killpg(t.pid, signal.SIGKILL)
-        code = t.popen.wait()
-        if code < 0:
-            return Exit(t.job_id, None, -code, t.timed_out)
-        return Exit(t.job_id, code, None, t.timed_out)
+        if self._supervisor_alive(t):
+            return None
+        return _exit_of(t.job_id, _read_record(t.prefix))
 
     def _signal(self, t: _Tracked, sig: signal.Signals) -> None:
-        if t.popen is None:  # not our child: make sure the PID still names the adopted process
-            st = read_proc_stat(t.pid)
-            if st is None or st.start_time != t.start_time or st.state in ("Z", "X", "x"):
-                return
-            if not t.group:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(t.pid, sig)
-                return
+        # Not our child: make sure the PID still names the adopted process.
+        if not self._alive(t):
+            return
+        if not t.group:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(t.pid, sig)
+            return
         self._killpg(t.pid, sig)
 
     @staticmethod
@@ -322,11 +607,14 @@ class LocalExecutor:
         self._wake.notify_all()
 
     def _watch(self) -> None:
+        """Time limits and SIGKILL escalations of processes adopted without a supervisor."""
         with self._wake:
             while not self._closed:
                 now = time.monotonic()
                 next_due: float | None = None
                 for t in self._jobs.values():
+                    if not isinstance(t, _Tracked):
+                        continue
                     if t.deadline is not None and t.deadline <= now:
                         t.deadline = None
                         if self._alive(t):

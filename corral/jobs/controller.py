@@ -15,6 +15,10 @@
                        by this child; one dependency run at a time, the state kept in the store
 
 Runs' corral jobs have no retries of their own: the definition's restart or retry rule decides, in the controller.
+A task's outcome is its corral job's state, which the daemon takes from the job's supervisor record (see
+corral.executor.local): a task that finished while the daemon was down is SUCCEEDED or FAILED with its real exit
+code, never LOST, so a restart neither re-runs a finished run nor spends an ON_FAILURE relaunch or a Chronos retry
+on it. LOST (its supervisor vanished without a record, e.g. a reboot) counts as a failure, as Mesos' lost tasks do.
 `job_ended` needs no work: the round reads each task's job from the store right after the daemon has ended it, which
 also covers a restart that happened between the two.
 """

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import os
+import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,7 +18,7 @@ from corral.jobs.model import Job, JobSpec, JobState
 from corral.model.errors import InvalidRequest
 from corral.model.resources import GpuBehavior, Request
 from corral.placement import PlacementConfig
-from corral.store import MemoryStore, SqliteStore
+from corral.store import MemoryStore, SqliteStore, StoreError
 from corral.store.base import Store
 from tests.builders import node
 
@@ -40,7 +44,7 @@ def daemon(
     store: Store | None = None,
     ex: FakeExecutor | None = None,
     clock: Clock | None = None,
-    find_process: Callable[[str], tuple[int, int] | None] = lambda _: None,
+    find_process: Callable[[str], tuple[int, int] | None] | None = None,
 ) -> Daemon:
     box = node("box").gpus(2, memory_gib=80).cpu(16).mem(64).build()
     return Daemon(
@@ -180,17 +184,37 @@ def test_restart_adopts_running_jobs_and_retries_lost_ones(tmp_path: Path) -> No
     assert ex2.adopted and ex2.adopted[0][0] == "1"
     again = d2.store.get("2")
     assert again is not None and again.state is JobState.QUEUED
-    assert again.reason.startswith("lost: the process was gone when the daemon restarted; retry 1 of 1")
+    assert again.reason.startswith("lost: its supervisor was gone when the daemon restarted; retry 1 of 1")
     ex2.finish("1", 0)
     d2.tick()
     assert d2.store.get("1").state is JobState.SUCCEEDED  # type: ignore[union-attr]
 
 
 def test_restart_finds_a_job_started_but_not_recorded(tmp_path: Path) -> None:
+    store = FlakyStore(MemoryStore())
+    ex = FakeExecutor()
+    d = daemon(tmp_path, store=store, ex=ex)
+    d.submit(spec())
+    store.fail_when = lambda name, args: name == "transition" and args[1] is JobState.RUNNING
+    with contextlib.suppress(StoreError):
+        d.tick()  # launched under its supervisor; the daemon dies before storing the pid
+    assert store.get("1").state is JobState.STARTING and store.get("1").pid is None
+    store.fail_when = None
+    d2 = daemon(tmp_path, store=store, ex=ex.restarted())
+    d2.recover()
+    job = d2.store.get("1")
+    assert (
+        job is not None
+        and job.state is JobState.RUNNING
+        and (job.pid, job.attempts) == (ex.records[("1", 1)].handle.pid, 1)
+    )
+
+
+def test_a_job_started_before_supervisors_is_still_adopted_by_pid(tmp_path: Path) -> None:
     ex = FakeExecutor()
     d = daemon(tmp_path, ex=ex)
     d.submit(spec())
-    # the daemon died after storing STARTING and launching, before storing the PID
+    # an older daemon stored STARTING and launched a bare process (no supervisor record), then stopped
     d.store.transition("1", JobState.STARTING, gpus=(), gpu_uuids=())
     pid, start = ex.spawn_process()
     d2 = daemon(
@@ -292,3 +316,290 @@ def test_a_failing_controller_does_not_stop_scheduling(tmp_path: Path) -> None:
     d.tick()
     done = d.store.get("1")
     assert done is not None and done.state is JobState.CANCELLED
+
+
+# ------------------------------------------------------------------------------------------------ a failing store
+WRITES = ("add", "transition", "update", "update_many", "put_doc", "delete_doc")
+
+
+class FlakyStore:
+    """A store whose writes fail on demand (a full disk, an immutable file): reads keep working."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+        self.fail_when: Callable[[str, tuple[Any, ...]], bool] | None = None
+        self.refused = 0
+
+    def fail(self, on: bool = True) -> None:
+        self.fail_when = (lambda name, args: True) if on else None
+
+    def __getattr__(self, name: str) -> Any:
+        real = getattr(self.inner, name)
+        if name not in WRITES:
+            return real
+
+        def write(*args: Any, **kwargs: Any) -> Any:
+            if self.fail_when is not None and self.fail_when(name, args):
+                self.refused += 1
+                raise StoreError("job store jobs.db: database or disk is full")
+            return real(*args, **kwargs)
+
+        return write
+
+
+def flaky_daemon(tmp_path: Path, clock: Clock | None = None) -> tuple[Daemon, FlakyStore, FakeExecutor]:
+    store = FlakyStore(MemoryStore())
+    ex = FakeExecutor()
+    return daemon(tmp_path, store=store, ex=ex, clock=clock or Clock()), store, ex
+
+
+def tick_through(d: Daemon) -> None:
+    with contextlib.suppress(StoreError):  # the serve loop logs a failed round and goes on
+        d.tick()
+
+
+def test_an_exit_is_kept_while_the_store_fails_and_stored_when_it_works(tmp_path: Path) -> None:
+    d, store, ex = flaky_daemon(tmp_path)
+    d.submit(spec(gpus=2))
+    d.submit(spec(gpus=2))
+    assert d.tick() == ["1"]
+    d.clock.t = 1001.0  # type: ignore[attr-defined]
+    store.fail()
+    ex.finish("1", 0, ended_at=1000.5)
+    tick_through(d)
+    tick_through(d)
+    assert store.refused >= 2  # it tried each round
+    assert d.store.get("1").state is JobState.RUNNING  # type: ignore[union-attr]
+    store.fail(False)
+    assert d.tick() == ["2"]  # converged without a restart: job 1 stored, its GPUs handed to job 2
+    done = d.store.get("1")
+    assert done is not None and done.state is JobState.SUCCEEDED and done.exit_code == 0
+    assert done.finished_at == 1000.5  # when it ended, not when the store came back
+    assert ex.forgotten == [("1", 1)]  # its supervisor's record was dropped only once stored
+
+
+def test_a_retry_decided_while_the_store_fails_is_stored_later(tmp_path: Path) -> None:
+    clock = Clock()
+    d, store, ex = flaky_daemon(tmp_path, clock)
+    d.submit(spec(retries=1))
+    d.tick()
+    # the failure is stored, its return to the queue is not
+    store.fail_when = lambda name, args: name == "transition" and args[1] is JobState.QUEUED
+    ex.finish("1", 3)
+    tick_through(d)
+    assert d.store.get("1").state is JobState.FAILED  # type: ignore[union-attr]
+    store.fail_when = None
+    clock.t += 5
+    d.tick()
+    d.tick()
+    job = d.store.get("1")
+    assert job is not None and job.state is JobState.RUNNING and job.attempts == 2
+    assert [s.attempt for s in ex.launched] == [1, 2]
+
+
+def test_a_retry_lost_with_the_daemon_is_stored_by_the_restart(tmp_path: Path) -> None:
+    store = FlakyStore(MemoryStore())
+    ex = FakeExecutor()
+    d = daemon(tmp_path, store=store, ex=ex)
+    d.submit(spec(retries=1))
+    d.tick()
+    store.fail_when = lambda name, args: name == "transition" and args[1] is JobState.QUEUED
+    ex.finish("1", 3)
+    tick_through(d)  # FAILED stored, then the daemon dies
+    store.fail_when = None
+    d2 = daemon(tmp_path, store=store, ex=ex.restarted())
+    d2.recover()
+    job = d2.store.get("1")
+    assert job is not None and job.state is JobState.QUEUED and job.attempts == 1
+    assert job.reason.startswith("exit code 3; retry 1 of 1")
+
+
+def test_cancel_while_the_store_fails_is_sent_says_so_and_ends_cancelled(tmp_path: Path) -> None:
+    d, store, ex = flaky_daemon(tmp_path)
+    d.submit(spec())
+    d.tick()
+    store.fail()
+    with pytest.raises(StoreError) as info:
+        d.cancel("1")
+    assert str(info.value).startswith("job 1: the cancel was sent to the job, but it could not be recorded")
+    assert ex.cancelled == [("1", 10.0)]  # the signal went out
+    tick_through(d)
+    assert d.store.get("1").state is JobState.RUNNING  # type: ignore[union-attr]
+    store.fail(False)
+    d.tick()
+    job = d.store.get("1")
+    assert job is not None and job.state is JobState.CANCELLED and job.reason == "cancelled"
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 4 MiB tmpfs of its own, to fill up (root only)."""
+    if os.getuid() != 0:
+        pytest.skip("mounting a small file system needs root")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr!r}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def fill(disk: Path) -> Path:
+    filler = disk / "filler"
+    with open(filler, "wb", buffering=0) as f, contextlib.suppress(OSError):
+        while True:
+            f.write(b"\0" * 65536)
+    return filler
+
+
+def test_a_real_sqlite_store_on_a_full_disk_keeps_the_exit_and_converges_after(tiny_disk: Path) -> None:
+    store = SqliteStore(tiny_disk / "jobs.db")
+    ex = FakeExecutor()
+    d = daemon(tiny_disk, store=store, ex=ex)
+    d.submit(spec(gpus=2))
+    d.submit(spec(gpus=2))
+    d.tick()
+    filler = fill(tiny_disk)
+    ex.finish("1", 0)
+    assert d.tick() == []  # the round goes on; job 1's exit waits in memory, its GPUs stay held
+    assert d.tick() == []
+    assert d.store.get("1").state is JobState.RUNNING  # type: ignore[union-attr]
+    filler.unlink()
+    assert d.tick() == ["2"]
+    done = d.store.get("1")
+    assert done is not None and done.state is JobState.SUCCEEDED and done.exit_code == 0
+
+
+# ------------------------------------------------------------------------------------------------ restarts
+def restart(d: Daemon, ex: FakeExecutor) -> tuple[Daemon, FakeExecutor]:
+    ex2 = ex.restarted()
+    d2 = daemon(d.state_dir, store=d.store, ex=ex2, clock=d.clock)  # type: ignore[arg-type]
+    d2.recover()
+    return d2, ex2
+
+
+def test_an_exit_recorded_while_the_daemon_was_away_is_the_real_outcome(tmp_path: Path) -> None:
+    clock = Clock()
+    ex = FakeExecutor(cancel_ends=False)
+    d = daemon(tmp_path, ex=ex, clock=clock)
+    for retries, _ in ((2, "ok"), (2, "fails"), (0, "killed"), (2, "cancelled")):
+        d.submit(spec(gpus=0, retries=retries))
+    d.tick()
+    d.cancel("4")  # the cancel is stored; the exit comes while the daemon is away
+    ex2 = ex.restarted()  # the daemon is down; its jobs end meanwhile, under their supervisors
+    ex2.finish("1", 0, ended_at=1001.0)
+    ex2.finish("2", 3, ended_at=1002.0)
+    ex2.finish("3", None, signal=9, ended_at=1003.0)
+    ex2.finish("4", None, signal=15, cancelled=True)
+    clock.t = 2000.0
+    d2 = daemon(tmp_path, store=d.store, ex=ex2, clock=clock)
+    d2.recover()
+    got = {j.id: (j.state, j.exit_code, j.finished_at, j.attempts, j.reason) for j in d2.store.list()}
+    assert got == {
+        "1": (JobState.SUCCEEDED, 0, 1001.0, 1, "exit code 0"),
+        "2": (JobState.QUEUED, 3, 1002.0, 1, "exit code 3; retry 1 of 2 in 1 s"),
+        "3": (JobState.FAILED, None, 1003.0, 1, "killed by signal 9"),
+        "4": (JobState.CANCELLED, None, 2000.0, 1, "cancelled"),
+    }
+    assert d2.tick() == ["2"]  # only the job that really failed runs again, as its second attempt
+    assert [(s.job_id, s.attempt) for s in ex2.launched] == [("2", 2)]
+    assert sorted(ex2.forgotten) == [("1", 1), ("2", 1), ("3", 1), ("4", 1)]
+
+
+def test_an_adopted_job_that_exits_0_succeeds_and_is_not_retried(tmp_path: Path) -> None:
+    ex = FakeExecutor()
+    d = daemon(tmp_path, ex=ex)
+    d.submit(spec(retries=3))
+    d.tick()
+    d2, ex2 = restart(d, ex)
+    assert d2.store.get("1").state is JobState.RUNNING and ex2.adopted  # type: ignore[union-attr]
+    ex2.finish("1", 0)
+    d2.tick()
+    job = d2.store.get("1")
+    assert job is not None and job.state is JobState.SUCCEEDED and job.exit_code == 0 and job.attempts == 1
+    assert ex2.launched == []
+
+
+def test_a_cancel_recorded_only_by_the_supervisor_ends_cancelled(tmp_path: Path) -> None:
+    store = FlakyStore(MemoryStore())
+    ex = FakeExecutor(cancel_ends=False)
+    d = daemon(tmp_path, store=store, ex=ex)
+    d.submit(spec(retries=2))
+    d.tick()
+    store.fail()
+    with pytest.raises(StoreError):
+        d.cancel("1")  # sent, not recorded; then the daemon dies
+    store.fail(False)
+    ex2 = ex.restarted()
+    ex2.finish("1", None, signal=15, cancelled=True)
+    d2 = daemon(tmp_path, store=store, ex=ex2)
+    d2.recover()
+    assert d2.store.get("1").state is JobState.CANCELLED  # type: ignore[union-attr]
+
+
+def test_a_job_whose_supervisor_never_started_is_queued_again_without_using_an_attempt(tmp_path: Path) -> None:
+    ex = FakeExecutor()
+    d = daemon(tmp_path, ex=ex)
+    d.submit(spec(retries=0))
+    # the daemon stored STARTING (attempt 1) and died before it started the supervisor
+    d.store.transition("1", JobState.STARTING, attempts=1, started_at=1000.0)
+    d2, ex2 = restart(d, ex)
+    job = d2.store.get("1")
+    assert job is not None and job.state is JobState.QUEUED and job.attempts == 0
+    assert job.reason == "the daemon restarted before the job started; queued again"
+    assert d2.tick() == ["1"]
+    assert ex2.launched[0].attempt == 1
+
+
+def test_only_a_job_whose_supervisor_is_gone_without_a_record_is_lost(tmp_path: Path) -> None:
+    ex = FakeExecutor()
+    d = daemon(tmp_path, ex=ex)
+    d.submit(spec(gpus=0))
+    d.submit(spec(gpus=0))
+    d.tick()
+    ex2 = ex.restarted()
+    ex2.kill_process(d.store.get("2").pid)  # type: ignore[arg-type, union-attr]
+    d2 = daemon(tmp_path, store=d.store, ex=ex2)
+    d2.recover()
+    assert d2.store.get("1").state is JobState.RUNNING  # type: ignore[union-attr]
+    lost = d2.store.get("2")
+    assert lost is not None and lost.state is JobState.LOST
+    assert lost.reason == "lost: its supervisor was gone when the daemon restarted"
+
+
+def test_the_api_answers_a_cancel_during_a_store_failure_with_503_saying_what_happened(tmp_path: Path) -> None:
+    import threading
+
+    from fastapi.testclient import TestClient
+
+    from corral.api.app import create_app
+    from tests.api.test_api import AsPeer
+
+    d, store, ex = flaky_daemon(tmp_path)
+    d.submit(spec(uid=1000, gpus=0))
+    d.submit(spec(uid=1000, gpus=0))
+    d.tick()
+    api = TestClient(AsPeer(create_app(d, threading.Lock(), lambda: None), (1000, 1000, "alice"), "unix"))
+    store.fail()
+    ex.finish("2", 0)
+    tick_through(d)  # job 2's exit waits in memory
+    r = api.post("/v1/jobs/1/cancel")
+    assert r.status_code == 503
+    assert r.json() == {
+        "detail": {
+            "field": "store",
+            "message": "the job store failed: job 1: the cancel was sent to the job, but it could not be recorded "
+            "(job store jobs.db: database or disk is full); the job ends as cancelled once the store works again",
+        }
+    }
+    assert ex.cancelled == [("1", 10.0)]
+    r = api.post("/v1/jobs/2/cancel")  # it has ended already: nothing is sent, and the answer says why
+    assert r.status_code == 503 and "job 2 has already ended" in r.json()["detail"]["message"]
+    assert ex.cancelled == [("1", 10.0)]
+    store.fail(False)
+    d.tick()
+    assert api.get("/v1/jobs/1").json()["state"] == "cancelled"
+    assert api.get("/v1/jobs/2").json()["state"] == "succeeded"  # it ended on its own before the cancel

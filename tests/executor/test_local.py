@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import subprocess
 import threading
 import time
@@ -177,7 +178,7 @@ def test_cancel_sends_sigterm_then_sigkill_after_the_grace(ex: LocalExecutor, tm
     assert wait_until(lambda: "ready" in spec.log_path.read_text())
     ex.cancel("stubborn", grace_s=0.3)
     ended = wait_exit(ex, "stubborn")
-    assert ended == Exit("stubborn", None, signal.SIGKILL, False)
+    assert ended == Exit("stubborn", None, signal.SIGKILL, False, cancelled=True)
     assert "got TERM" in spec.log_path.read_text()  # it was asked politely first
 
 
@@ -290,7 +291,8 @@ def test_root_runs_the_job_as_its_user(ex: LocalExecutor, tmp_path: Path) -> Non
     ended, log = run(ex, spec)
     assert ended.succeeded, log
     assert log.splitlines() == [str(NOBODY), str(NOBODY), str(NOBODY), "/"]  # no root group left behind
-    assert spec.log_path.stat().st_uid == NOBODY  # the user can read their own log
+    st = spec.log_path.stat()
+    assert st.st_uid == NOBODY and stat.S_IMODE(st.st_mode) == 0o600  # the user reads their own log; nobody else
 
 
 @pytest.mark.skipif(not ROOT, reason="switching users needs root")

@@ -399,3 +399,31 @@ def test_corrals_own_definitions_api_names_the_first_bad_path_once(world: World)
     detail = r.json()["detail"]
     assert detail["field"].startswith("/run/") and not detail["message"].startswith("/")
     assert "; /run/" in detail["message"]  # the other invalid paths follow, each named once
+
+
+def test_a_task_that_ended_while_the_daemon_was_down_is_its_real_outcome_not_a_relaunch(tmp_path: Path) -> None:
+    from corral.store import SqliteStore
+
+    world = World(tmp_path, store=SqliteStore(tmp_path / "jobs.db"))
+    c = world.client()
+    create(c, metronome_job("ok", restart={"policy": "ON_FAILURE", "activeDeadlineSeconds": 600}))
+    create(c, metronome_job("bad", restart={"policy": "ON_FAILURE", "activeDeadlineSeconds": 600}))
+    ok, bad = run_now(c, "ok"), run_now(c, "bad")
+    world.tick()
+    machine = world.executor.restarted()  # the daemon is down; both tasks end under their supervisors meanwhile
+    machine.finish(ok["tasks"][0]["id"], 0)
+    machine.finish(bad["tasks"][0]["id"], 4)
+    world.executor = machine
+    back = world.restarted()
+    back.tick()
+    c = back.client()
+    done = get_run(c, "ok", ok["id"])
+    assert done["status"] == "SUCCESS" and [t["status"] for t in done["tasks"]] == ["TASK_FINISHED"]
+    relaunched = get_run(c, "bad", bad["id"])  # a real failure: ON_FAILURE relaunches, once
+    assert [t["status"] for t in relaunched["tasks"]] == ["TASK_FAILED", "TASK_RUNNING"]
+    assert (
+        relaunched["reason"]
+        == f"task {bad['tasks'][0]['id']} failed (exit code 4); relaunched (restart policy ON_FAILURE)"
+    )
+    history = c.get(f"{JOBS}/ok", params={"embed": "history"}).json()["history"]
+    assert (history["successCount"], history["failureCount"]) == (1, 0)
