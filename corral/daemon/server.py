@@ -6,6 +6,19 @@ uvicorn on the sockets (one server, one event loop):
     Unix socket (mode 0666)  every connection carries its peer's (uid, gid, user) from SO_PEERCRED
     TCP (--listen, 127.0.0.1 unless a host is named)  every request must carry "Authorization: Bearer <token>";
                              it then acts as the token's user, or gets 401
+
+Files (the state directory is a trust boundary):
+    STATE_DIR (0700)  jobs.db, -wal, -shm, tokens.json (0600), logs/ (0700; each log 0600, owned by its job's user)
+                      private to the daemon's user: the daemon runs with umask 077 and, on start, takes back the
+                      modes an older corral left (0644 databases holding tokens and environments)
+    RUNTIME_DIR       the socket's directory (root's default /run/corral, 0755): the only thing others reach; a
+                      root daemon's MPS pipe directories live here too, since jobs of other users must reach them
+A root daemon's defaults are system locations (/var/lib/corral, /run/corral; see corral.cli.client).
+
+Shutdown: SIGTERM or SIGINT stops the server (requests in flight get SHUTDOWN_GRACE_S), the tick loop and the
+store; none of it waits for a tick that holds the lock. If cleaning up has not finished SHUTDOWN_DEADLINE_S after
+the signal, the process exits anyway: every acknowledged write is already durable in SQLite's WAL, and jobs outlive
+the daemon (a restart adopts them), so there is nothing left whose loss a faster exit would cause.
 """
 
 from __future__ import annotations
@@ -19,6 +32,7 @@ import os
 import pwd
 import signal
 import socket
+import stat
 import struct
 import sys
 import threading
@@ -41,6 +55,7 @@ from corral.gpu.discovery import GpuDiscoveryError, discover_gpus, local_node
 from corral.gpu.metrics import NvmlSampler
 from corral.gpu.mps import MpsControl
 from corral.gpu.simulated import parse_simulated_inventory
+from corral.jobs.environment import admitted_environment, is_denied
 from corral.model.errors import CorralError, InvalidRequest
 from corral.model.resources import GpuBehavior, Node
 from corral.placement import PlacementConfig
@@ -57,6 +72,14 @@ AsgiApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 SHARING_MODES = ("mps", "time-slicing")
+#: Seconds requests in flight get to finish after SIGTERM (one waiting for a stuck tick's lock would wait forever).
+SHUTDOWN_GRACE_S = 2.0
+#: Seconds after SIGTERM at which the daemon exits even if cleaning up has not finished.
+SHUTDOWN_DEADLINE_S = 5.0
+#: The daemon's own files and folders: nobody else may read or enter them.
+PRIVATE_FILE, PRIVATE_DIR = 0o600, 0o700
+#: The socket's folder, when it is not the state directory: others must be able to reach the socket in it.
+RUNTIME_DIR_MODE = 0o755
 
 
 class ServeError(CorralError):
@@ -196,6 +219,54 @@ def bind_tcp(host: str, port: int) -> socket.socket:
     return sock
 
 
+# ------------------------------------------------------------------------------------------------ files
+def make_private(state_dir: Path) -> None:
+    """Create the state directory (0700) or take back an existing one: the directory and everything in it become
+    the daemon user's alone (folders 0700, files 0600; logs keep their owner, the job's user).
+
+    An older corral left jobs.db and its WAL 0644 in a 0755 directory, with tokens and environments inside; this runs
+    on every start, so an upgrade closes that at once. Symbolic links are neither followed nor changed."""
+    state_dir.mkdir(parents=True, mode=PRIVATE_DIR, exist_ok=True)
+    st = os.lstat(state_dir)
+    if not stat.S_ISDIR(st.st_mode):
+        raise ServeError(f"the state directory {state_dir} is not a directory")
+    if st.st_uid != os.geteuid():
+        raise ServeError(
+            f"the state directory {state_dir} belongs to uid {st.st_uid}, not to the daemon's user (uid {os.geteuid()})"
+            ": give corral serve a directory of its own (--state-dir)"
+        )
+    os.chmod(state_dir, PRIVATE_DIR)
+    for top, dirs, files in os.walk(state_dir):
+        for name in dirs + files:
+            path = os.path.join(top, name)
+            try:
+                mode = os.lstat(path).st_mode
+            except FileNotFoundError:
+                continue
+            want = PRIVATE_DIR if stat.S_ISDIR(mode) else PRIVATE_FILE
+            if stat.S_ISLNK(mode) or stat.S_ISSOCK(mode) or stat.S_IMODE(mode) == want:
+                continue  # a personal daemon's socket sits here, reachable by its own user only
+            with contextlib.suppress(FileNotFoundError):
+                os.chmod(path, want)
+
+
+def prepare_runtime_dir(runtime_dir: Path, state_dir: Path) -> None:
+    """The socket's folder: one corral creates is 0755, so other users reach the socket (0666) in it; one that exists
+    (/tmp, a folder the administrator made) is left as it is. Inside the state directory it stays private."""
+    if runtime_dir.resolve() == state_dir.resolve() or runtime_dir.is_dir():
+        return
+    runtime_dir.mkdir(parents=True, mode=RUNTIME_DIR_MODE, exist_ok=True)
+    os.chmod(runtime_dir, RUNTIME_DIR_MODE)  # mkdir's mode is cut by the umask (077)
+
+
+def drop_client_credentials() -> None:
+    """Remove corral's client variables (CORRAL_TOKEN above all) and login agents from the daemon's own environment,
+    so that nothing it starts (MPS daemons, container runtimes, health checks) inherits them. The daemon's settings
+    that are read later (CORRAL_SERVICE_PORTS) stay."""
+    for name in [n for n in os.environ if is_denied(n) and n != PORTS_ENV]:
+        del os.environ[name]
+
+
 # ------------------------------------------------------------------------------------------------ the daemon
 def build_node(simulate: str | None) -> Node:
     if simulate:
@@ -256,17 +327,27 @@ def serve(
             raise ServeError(f"--service-ports: {exc.message}") from None
     node = build_node(simulate)
     config = PlacementConfig(policy=policy, gpu_behavior=behavior)
-    state_dir.mkdir(parents=True, exist_ok=True)
-    socket_path.parent.mkdir(parents=True, exist_ok=True)
+    # Everything the daemon creates from here on (SQLite's files, tokens, logs, folders) is its user's alone.
+    os.umask(0o077)
+    drop_client_credentials()
+    make_private(state_dir)
+    runtime_dir = socket_path.parent
+    prepare_runtime_dir(runtime_dir, state_dir)
     _check_free(socket_path)
     store = SqliteStore(state_dir / "jobs.db")
+    # An older corral stored each submitter's whole environment, CORRAL_TOKEN included: clean those jobs now.
+    scrubbed = store.scrub_submitted_env(admitted_environment)
+    if scrubbed:
+        log.warning("removed corral credentials and login agents from the stored environment of %d jobs", scrubbed)
     try:
         tokens = TokenStore(state_dir / "tokens.json")
     except TokenFileError as exc:
         raise ServeError(str(exc)) from None
     executor = LocalExecutor()
-    # Shares are enforced with MPS where the machine has it (never for a simulated inventory).
-    mps = MpsControl(state_dir / "mps") if simulate is None and sharing == "mps" else None
+    # Shares are enforced with MPS where the machine has it (never for a simulated inventory). Jobs of every user must
+    # reach the pipe directories, so they live beside the socket, not in the private state directory.
+    shared_dir = runtime_dir if runtime_dir.resolve() != state_dir.resolve() else state_dir
+    mps = MpsControl(shared_dir / "mps") if simulate is None and sharing == "mps" else None
     if mps is not None and not mps.available():
         mps = None
     sampler = NvmlSampler() if simulate is None else None
@@ -327,10 +408,36 @@ def serve(
 
     ticker = threading.Thread(target=loop, name="corral-tick", daemon=True)
     app = create_app(daemon, lock, woken.set, tokens, routers=routers)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", http=protocol_for(tokens)))
+    finished = threading.Event()
+
+    def stopping() -> None:
+        """At the first SIGTERM/SIGINT: stop the tick loop, and make sure the process ends within the deadline."""
+        if stop.is_set():
+            return
+        stop.set()
+        woken.set()
+
+        def deadline() -> None:
+            if finished.wait(SHUTDOWN_DEADLINE_S):
+                return
+            # A tick (or a request) holds the lock and does not return: exit without it (see the module's note).
+            log.error("corral serve: shutdown did not finish in %.0f s; exiting now", SHUTDOWN_DEADLINE_S)
+            with contextlib.suppress(OSError):
+                socket_path.unlink()
+            os._exit(0)
+
+        threading.Thread(target=deadline, name="corral-shutdown-deadline", daemon=True).start()
+
+    server = _Server(
+        uvicorn.Config(
+            app, log_level="warning", http=protocol_for(tokens), timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S)
+        ),
+        stopping,
+    )
 
     def on_signal(sig: int, _frame: FrameType | None) -> None:
         server.should_exit = True
+        stopping()
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     ticker.start()
@@ -339,15 +446,34 @@ def serve(
     finally:
         for sock in sockets:
             sock.close()
-        stop.set()
-        woken.set()
-        ticker.join(timeout=10)
+        stopping()
+        # Bounded: a tick stuck holding the lock must not keep the daemon alive (the tick thread is a daemon thread).
+        ticker.join(timeout=SHUTDOWN_GRACE_S)
         executor.close()
         if sampler is not None:
             sampler.close()
-        with lock:
-            store.close()
+        if lock.acquire(timeout=SHUTDOWN_GRACE_S):
+            try:
+                store.close()
+            finally:
+                lock.release()
+        else:  # SQLite's WAL already holds every commit; the file is closed when the process ends
+            log.warning("corral serve: a tick still holds the lock; leaving the store to close with the process")
         with contextlib.suppress(OSError):
             socket_path.unlink()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        finished.set()
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, telling the daemon at once when a signal asks it to stop (uvicorn's own handler is the one
+    installed while it runs)."""
+
+    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_exit = on_exit
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        self._on_exit()
