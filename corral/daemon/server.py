@@ -225,9 +225,9 @@ def make_private(state_dir: Path) -> None:
     the daemon user's alone (folders 0700, files 0600; logs keep their owner, the job's user).
 
     An older corral left jobs.db and its WAL 0644 in a 0755 directory, with tokens and environments inside; this runs
-    on every start, so an upgrade closes that at once. Symbolic links are neither followed nor changed."""
+    on every start, so an upgrade closes that at once. Symbolic links inside are neither followed nor changed."""
     state_dir.mkdir(parents=True, mode=PRIVATE_DIR, exist_ok=True)
-    st = os.lstat(state_dir)
+    st = os.stat(state_dir)  # the directory may be a link the administrator made (/var/lib/corral -> /data/corral)
     if not stat.S_ISDIR(st.st_mode):
         raise ServeError(f"the state directory {state_dir} is not a directory")
     if st.st_uid != os.geteuid():
