@@ -252,11 +252,26 @@ def make_private(state_dir: Path) -> None:
 
 def prepare_runtime_dir(runtime_dir: Path, state_dir: Path) -> None:
     """The socket's folder: one corral creates is 0755, so other users reach the socket (0666) in it; one that exists
-    (/tmp, a folder the administrator made) is left as it is. Inside the state directory it stays private."""
-    if runtime_dir.resolve() == state_dir.resolve() or runtime_dir.is_dir():
+    (a folder the administrator made) keeps its mode. Inside the state directory it stays private.
+
+    Clients send their environment through this socket, so nobody but root and the daemon's user may be able to put
+    another socket in its place: the folder must be theirs, and not writable by others unless sticky (/tmp)."""
+    if runtime_dir.resolve() == state_dir.resolve():
         return
-    runtime_dir.mkdir(parents=True, mode=RUNTIME_DIR_MODE, exist_ok=True)
-    os.chmod(runtime_dir, RUNTIME_DIR_MODE)  # mkdir's mode is cut by the umask (077)
+    if not runtime_dir.is_dir():
+        runtime_dir.mkdir(parents=True, mode=RUNTIME_DIR_MODE, exist_ok=True)
+        os.chmod(runtime_dir, RUNTIME_DIR_MODE)  # mkdir's mode is cut by the umask (077)
+    st = runtime_dir.stat()
+    if st.st_uid not in (0, os.geteuid()):
+        raise ServeError(
+            f"the socket's folder {runtime_dir} belongs to uid {st.st_uid}: another user could replace "
+            "the socket; use a folder of root's or the daemon's user (--runtime-dir, --socket)"
+        )
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        raise ServeError(
+            f"the socket's folder {runtime_dir} is writable by other users, who could replace the "
+            f"socket (mode {stat.S_IMODE(st.st_mode):o}); use one only its owner can write to"
+        )
 
 
 def drop_client_credentials() -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from corral.daemon.server import ServeError, make_private, prepare_runtime_dir
 from corral.jobs.environment import admitted_environment
 from corral.jobs.model import JobSpec, JobState, spec_from_json
 from corral.model.resources import Request
@@ -132,3 +133,25 @@ def test_admitted_environment_is_the_documented_rule() -> None:
         "PATH": "/usr/bin", "AWS_SECRET_ACCESS_KEY": "k", "VIRTUAL_ENV": "/v", "CUDA_HOME": "/c", "SSH_CONNECTION": "c",
     }  # fmt: skip
     assert json.dumps(admitted_environment({})) == "{}"
+
+
+def test_the_sockets_folder_must_not_let_others_replace_the_socket(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    open_to_all = tmp_path / "open"
+    open_to_all.mkdir()
+    open_to_all.chmod(0o777)
+    with pytest.raises(ServeError, match=r"writable by other users, who could replace the socket \(mode 777\)"):
+        prepare_runtime_dir(open_to_all, state)
+    open_to_all.chmod(0o1777)  # sticky, as /tmp: others cannot remove or rename what is not theirs
+    prepare_runtime_dir(open_to_all, state)
+    created = tmp_path / "made" / "run"
+    prepare_runtime_dir(created, state)
+    assert stat.S_IMODE(created.stat().st_mode) == 0o755
+    if os.geteuid() == 0:
+        theirs = tmp_path / "theirs"
+        theirs.mkdir(mode=0o755)
+        os.chown(theirs, 4242, 4242)
+        with pytest.raises(ServeError, match="belongs to uid 4242: another user could replace the socket"):
+            prepare_runtime_dir(theirs, state)
+        with pytest.raises(ServeError, match="belongs to uid 4242, not to the daemon's user"):
+            make_private(theirs)
