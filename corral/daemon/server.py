@@ -385,23 +385,6 @@ def serve(
         else:
             label += "; time-sliced shares (no MPS)" if sharing == "time-slicing" else "; no MPS here"
         label += f"; GPU memory watchdog: {watchdog}"
-    sockets = [bind_unix(socket_path)]
-    where = str(socket_path)
-    if tcp_at is not None:
-        try:
-            sockets.append(bind_tcp(*tcp_at))
-        except ServeError:
-            sockets[0].close()
-            socket_path.unlink(missing_ok=True)
-            raise
-        bound = sockets[1].getsockname()[1]  # the port the system chose for --listen HOST:0
-        host = f"[{tcp_at[0]}]" if ":" in tcp_at[0] else tcp_at[0]
-        where += f" and http://{host}:{bound} (bearer tokens)"
-        if not is_loopback(tcp_at[0]):
-            label += "; WARNING: TCP is not loopback-only and carries tokens in clear text: put TLS in front of it"
-    label += f"; work without GPUs: {behavior.value}"
-    sys.stderr.write(f"corral serve: listening on {where}; state in {state_dir}; policy {policy}; {label}\n")
-    sys.stderr.flush()
 
     def loop() -> None:
         while not stop.is_set():
@@ -454,7 +437,28 @@ def serve(
         server.should_exit = True
         stopping()
 
+    # Before the socket exists: a SIGTERM that comes as soon as a client can connect must stop the daemon cleanly.
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    sockets = [bind_unix(socket_path)]
+    where = str(socket_path)
+    if tcp_at is not None:
+        try:
+            sockets.append(bind_tcp(*tcp_at))
+        except ServeError:
+            sockets[0].close()
+            socket_path.unlink(missing_ok=True)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            raise
+        bound = sockets[1].getsockname()[1]  # the port the system chose for --listen HOST:0
+        host = f"[{tcp_at[0]}]" if ":" in tcp_at[0] else tcp_at[0]
+        where += f" and http://{host}:{bound} (bearer tokens)"
+        if not is_loopback(tcp_at[0]):
+            label += "; WARNING: TCP is not loopback-only and carries tokens in clear text: put TLS in front of it"
+    label += f"; work without GPUs: {behavior.value}"
+    sys.stderr.write(f"corral serve: listening on {where}; state in {state_dir}; policy {policy}; {label}\n")
+    sys.stderr.flush()
+
     ticker.start()
     try:
         server.run(sockets=sockets)

@@ -199,6 +199,7 @@ class LocalExecutor:
                     cwd=cwd,
                     env=env,
                     start_new_session=True,
+                    umask=0o022,  # a login's, not the daemon's 077 (which keeps the state directory private)
                     user=None if identity is None else identity.uid,
                     group=None if identity is None else identity.gid,
                     extra_groups=None if identity is None else list(identity.groups),

@@ -135,7 +135,7 @@ def test_users_find_the_root_daemon_with_no_flags(system_runtime: tuple[Path, di
             env = user_env(**setting)
             jobs = {}
             for role in ("a", "b"):
-                done = as_user(users[role], [*CLI, "submit", "--", "sh", "-c", "id -un"], env=env)
+                done = as_user(users[role], [*CLI, "submit", "--", "sh", "-c", "id -un; umask"], env=env)
                 assert done.returncode == 0, done.stderr
                 jobs[role] = done.stdout.strip()
 
@@ -151,7 +151,7 @@ def test_users_find_the_root_daemon_with_no_flags(system_runtime: tuple[Path, di
                 assert done.returncode == 0, done.stderr
                 assert [j["id"] for j in json.loads(done.stdout)] == ([jobs[role]] if role in jobs else [])
             shown = as_user(users["a"], [*CLI, "logs", jobs["a"]], env=env)
-            assert shown.stdout == f"{users['a'].name}\n"  # it ran as a
+            assert shown.stdout == f"{users['a'].name}\n0022\n"  # it ran as a, with a login's umask
 
             # C starts a daemon of its own: C's CLI now talks to it, not to root's
             home_sock = Path(users["c"].home) / ".local/state/corral/corral.sock"
