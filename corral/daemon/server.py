@@ -55,7 +55,7 @@ from corral.gpu.discovery import GpuDiscoveryError, discover_gpus, local_node
 from corral.gpu.metrics import NvmlSampler
 from corral.gpu.mps import MpsControl
 from corral.gpu.simulated import parse_simulated_inventory
-from corral.jobs.environment import admitted_environment, is_denied
+from corral.jobs.environment import RULE, admitted_environment, is_denied
 from corral.model.errors import CorralError, InvalidRequest
 from corral.model.resources import GpuBehavior, Node
 from corral.placement import PlacementConfig
@@ -351,7 +351,7 @@ def serve(
     _check_free(socket_path)
     store = SqliteStore(state_dir / "jobs.db")
     # An older corral stored each submitter's whole environment, CORRAL_TOKEN included: clean those jobs now.
-    scrubbed = store.scrub_submitted_env(admitted_environment)
+    scrubbed = store.scrub_submitted_env(admitted_environment, RULE)
     if scrubbed:
         log.warning("removed corral credentials and login agents from the stored environment of %d jobs", scrubbed)
     try:

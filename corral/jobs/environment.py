@@ -28,6 +28,10 @@ CORRAL_PREFIX = "CORRAL_"
 SESSION_VARIABLES = frozenset({"SSH_AUTH_SOCK", "SSH_AGENT_PID", "GPG_AGENT_INFO"})
 
 
+#: Names the rule below; a store scrubbed under it is not scanned again (change it whenever the rule changes).
+RULE = "corral-env-1: no CORRAL_*, no SSH_AUTH_SOCK, SSH_AGENT_PID, GPG_AGENT_INFO"
+
+
 def is_denied(name: str) -> bool:
     """Whether a submitted variable is dropped at admission (corral's own, or a login session's agent)."""
     return name.upper().startswith(CORRAL_PREFIX) or name in SESSION_VARIABLES

@@ -259,14 +259,20 @@ class SqliteStore:
             raise StoreError(f"job store {self.path}: {kind} {key!r} is not a JSON object")
         return body
 
-    def scrub_submitted_env(self, clean: Callable[[Mapping[str, str]], dict[str, str]]) -> int:
+    def scrub_submitted_env(self, clean: Callable[[Mapping[str, str]], dict[str, str]], rule: str) -> int:
         """Rewrite the environment of every submitted job (origin "") to `clean(env)`; returns how many changed.
 
         For stores written by an older corral, which kept the submitter's whole environment (CORRAL_TOKEN too). When
         something changed, the file is rebuilt (VACUUM) with secure_delete on and the WAL checkpointed and truncated,
-        so the old pages, in the database and in the WAL, no longer hold the removed values."""
+        so the old pages, in the database and in the WAL, no longer hold the removed values. `rule` names the rule
+        `clean` applies: once a store is scrubbed under it (kept in `meta`), later starts skip the scan, since jobs
+        admitted since were cleaned at admission."""
         changed = 0
         with self._write("scrubbing job environments"):
+            done = self._conn.execute("SELECT value FROM meta WHERE key = 'env_rule'").fetchone()
+            if done is not None and done[0] == rule:
+                return 0
+            self._conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('env_rule', ?)", (rule,))
             rows = self._conn.execute("SELECT id, spec FROM jobs").fetchall()
             for row_id, text in rows:
                 try:

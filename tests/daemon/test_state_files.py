@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from corral.daemon.server import ServeError, make_private, prepare_runtime_dir
-from corral.jobs.environment import admitted_environment
+from corral.jobs.environment import RULE, admitted_environment
 from corral.jobs.model import JobSpec, JobState, spec_from_json
 from corral.model.resources import Request
 from corral.store import SqliteStore
@@ -114,10 +114,15 @@ def test_scrub_reports_what_it_changed_and_is_idempotent(tmp_path: Path) -> None
     store = SqliteStore(tmp_path / "jobs.db")
     try:
         kept = store.add(spec({"PATH": "/bin", "SSH_AUTH_SOCK": "/tmp/agent", "corral_token": TOKEN}), now=1.0)
-        assert store.scrub_submitted_env(admitted_environment) == 1
-        assert store.scrub_submitted_env(admitted_environment) == 0
+        assert store.scrub_submitted_env(admitted_environment, RULE) == 1
         assert store.get(kept.id).spec.env == {"PATH": "/bin"}  # type: ignore[union-attr]
         assert (tmp_path / "jobs.db-wal").stat().st_size == 0  # checkpointed and truncated
+        # once scrubbed under a rule, a start does not scan again (admission applies the rule to new jobs) ...
+        dirty = store.add(spec({"CORRAL_TOKEN": TOKEN}), now=2.0)
+        assert store.scrub_submitted_env(admitted_environment, RULE) == 0
+        # ... until the rule changes
+        assert store.scrub_submitted_env(admitted_environment, RULE + " and more") == 1
+        assert store.get(dirty.id).spec.env == {}  # type: ignore[union-attr]
     finally:
         store.close()
     assert TOKEN.encode() not in (tmp_path / "jobs.db").read_bytes()
