@@ -78,6 +78,8 @@ SHUTDOWN_GRACE_S = 2.0
 SHUTDOWN_DEADLINE_S = 5.0
 #: The daemon's own files and folders: nobody else may read or enter them.
 PRIVATE_FILE, PRIVATE_DIR = 0o600, 0o700
+#: What corral keeps in the state directory (the database's files, tokens, the logs' folder).
+STATE_FILES = ("jobs.db", "jobs.db-wal", "jobs.db-shm", "jobs.db-journal", "tokens.json", "logs")
 #: The socket's folder, when it is not the state directory: others must be able to reach the socket in it.
 RUNTIME_DIR_MODE = 0o755
 
@@ -221,11 +223,13 @@ def bind_tcp(host: str, port: int) -> socket.socket:
 
 # ------------------------------------------------------------------------------------------------ files
 def make_private(state_dir: Path) -> None:
-    """Create the state directory (0700) or take back an existing one: the directory and everything in it become
-    the daemon user's alone (folders 0700, files 0600; logs keep their owner, the job's user).
+    """Create the state directory (0700) or take back an existing one: the directory becomes the daemon user's alone
+    (0700), and so do the files an older corral kept in it (0600: jobs.db and its WAL, SHM and journal, tokens.json,
+    the logs; logs/ 0700; each log keeps its owner, the job's user).
 
     An older corral left jobs.db and its WAL 0644 in a 0755 directory, with tokens and environments inside; this runs
-    on every start, so an upgrade closes that at once. Symbolic links inside are neither followed nor changed."""
+    on every start, so an upgrade closes that at once. Only corral's own entries change mode (a mistaken --state-dir
+    must not lose its files' modes), and a folder others may write to (/tmp) is refused rather than closed."""
     state_dir.mkdir(parents=True, mode=PRIVATE_DIR, exist_ok=True)
     st = os.stat(state_dir)  # the directory may be a link the administrator made (/var/lib/corral -> /data/corral)
     if not stat.S_ISDIR(st.st_mode):
@@ -235,17 +239,28 @@ def make_private(state_dir: Path) -> None:
             f"the state directory {state_dir} belongs to uid {st.st_uid}, not to the daemon's user (uid {os.geteuid()})"
             ": give corral serve a directory of its own (--state-dir)"
         )
+    if st.st_mode & (stat.S_IWOTH | stat.S_ISVTX):
+        raise ServeError(
+            f"the state directory {state_dir} is a shared folder (mode {stat.S_IMODE(st.st_mode):o}): give corral serve"
+            " a directory of its own (--state-dir)"
+        )
     os.chmod(state_dir, PRIVATE_DIR)
-    for top, dirs, files in os.walk(state_dir):
-        for name in dirs + files:
-            path = os.path.join(top, name)
-            try:
-                mode = os.lstat(path).st_mode
-            except FileNotFoundError:
-                continue
-            want = PRIVATE_DIR if stat.S_ISDIR(mode) else PRIVATE_FILE
-            if stat.S_ISLNK(mode) or stat.S_ISSOCK(mode) or stat.S_IMODE(mode) == want:
-                continue  # a personal daemon's socket sits here, reachable by its own user only
+    logs = state_dir / "logs"
+    entries = [state_dir / name for name in STATE_FILES]
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        entries += [logs / name for name in os.listdir(logs)]
+    for path in entries:
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            continue
+        if stat.S_ISDIR(mode):
+            want = PRIVATE_DIR
+        elif stat.S_ISREG(mode):
+            want = PRIVATE_FILE
+        else:
+            continue  # a link is neither followed nor changed
+        if stat.S_IMODE(mode) != want:
             with contextlib.suppress(FileNotFoundError):
                 os.chmod(path, want)
 

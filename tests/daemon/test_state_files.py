@@ -61,6 +61,8 @@ def old_state(tmp_path: Path) -> Path:
     (old / "logs").mkdir()
     (old / "logs" / "1.log").write_text("output\n")
     (old / "tokens.json").write_text('{"tokens": []}')
+    (old / "notes.sh").write_text("#!/bin/sh\n")  # not corral's: keeps its mode
+    (old / "notes.sh").chmod(0o755)
     for path in [old, old / "logs"]:
         path.chmod(0o755)
     for path in [*old.glob("jobs.db*"), old / "logs" / "1.log", old / "tokens.json"]:
@@ -96,7 +98,7 @@ def test_a_daemon_takes_back_an_older_corrals_state_directory(daemon_on: Path) -
     }
     assert modes == {
         ".": 0o700, "logs": 0o700, "logs/1.log": 0o600, "tokens.json": 0o600,
-        "jobs.db": 0o600, "jobs.db-wal": 0o600, "jobs.db-shm": 0o600,
+        "jobs.db": 0o600, "jobs.db-wal": 0o600, "jobs.db-shm": 0o600, "notes.sh": 0o755,
     }  # fmt: skip
     # the token is gone from the database, its WAL and its SHM while the daemon runs ...
     for path in state.glob("jobs.db*"):
@@ -140,7 +142,7 @@ def test_admitted_environment_is_the_documented_rule() -> None:
     assert json.dumps(admitted_environment({})) == "{}"
 
 
-def test_the_sockets_folder_must_not_let_others_replace_the_socket(tmp_path: Path) -> None:
+def test_folders_others_may_write_to_are_refused_for_the_socket_and_the_state(tmp_path: Path) -> None:
     state = tmp_path / "state"
     open_to_all = tmp_path / "open"
     open_to_all.mkdir()
@@ -152,6 +154,12 @@ def test_the_sockets_folder_must_not_let_others_replace_the_socket(tmp_path: Pat
     created = tmp_path / "made" / "run"
     prepare_runtime_dir(created, state)
     assert stat.S_IMODE(created.stat().st_mode) == 0o755
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    with pytest.raises(ServeError, match=r"is a shared folder \(mode 1777\): give corral serve a directory of its own"):
+        make_private(shared)
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
     if os.geteuid() == 0:
         theirs = tmp_path / "theirs"
         theirs.mkdir(mode=0o755)
