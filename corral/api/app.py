@@ -34,6 +34,7 @@ from corral.api.schemas import ErrorOut, ExplainOut, JobOut, SubmitIn, TokenIn, 
 from corral.cli.main import build_request
 from corral.daemon.core import Daemon
 from corral.daemon.tokens import TokenFileError, TokenNotFound, TokenStore
+from corral.jobs.environment import admitted_environment
 from corral.jobs.model import Job, JobSpec, JobState
 from corral.model.errors import InvalidRequest
 from corral.model.units import parse_duration_seconds
@@ -104,7 +105,7 @@ def spec_from(body: SubmitIn, who: Peer) -> JobSpec:
         name=body.name,
         retries=body.retries,
         time_limit_s=limit,
-        env=dict(body.env),
+        env=admitted_environment(body.env),  # never CORRAL_TOKEN & co (corral.jobs.environment)
         cwd=body.cwd,
     )
 

@@ -1,6 +1,6 @@
 """`corral serve` and the commands that talk to it, over its Unix socket or, with CORRAL_URL, over TCP.
 
-corral serve --simulate-gpus 2xA100-80GB          run the daemon (socket: $CORRAL_STATE_DIR/corral.sock)
+corral serve --simulate-gpus 2xA100-80GB          run the daemon (socket: see serve_locations)
 corral submit --gpus 1 -- python train.py        prints the job id
 corral ps [--all] [--json]                       your jobs (root with --all: everyone's)
 corral show ID | logs [-f] ID | cancel ID | explain ID | gpus
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket as sock_module
 import sys
 import time
 from collections.abc import Callable
@@ -23,6 +24,8 @@ import httpx
 import typer
 from rich.console import Console
 from rich.table import Table
+
+from corral.jobs.environment import admitted_environment
 
 EXIT_BAD_INPUT = 2
 EXIT_SERVER = 1
@@ -36,20 +39,87 @@ def fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
     return typer.Exit(code)
 
 
+#: A root daemon's defaults: the system's places for a service's state and for its socket (a shared machine).
+SYSTEM_STATE_DIR = Path("/var/lib/corral")
+SYSTEM_RUNTIME_DIR = Path("/run/corral")
+SOCKET_NAME = "corral.sock"
+
+
 def default_state_dir() -> Path:
+    """A user's own daemon's state: $CORRAL_STATE_DIR, else ~/.local/state/corral."""
     env = os.environ.get("CORRAL_STATE_DIR")
     return Path(env) if env else Path.home() / ".local" / "state" / "corral"
 
 
-def socket_for(socket_opt: Path | None) -> Path:
-    if socket_opt is not None:
-        return socket_opt
+def runtime_dir() -> Path:
+    """Where a shared (root) daemon's socket is: $CORRAL_RUNTIME_DIR, else /run/corral."""
+    env = os.environ.get("CORRAL_RUNTIME_DIR")
+    return Path(env) if env else SYSTEM_RUNTIME_DIR
+
+
+def serve_locations(state_dir: Path | None, socket: Path | None, runtime: Path | None, root: bool) -> tuple[Path, Path]:
+    """(state directory, socket) of `corral serve`.
+
+    state:  --state-dir, $CORRAL_STATE_DIR, then /var/lib/corral for root, ~/.local/state/corral for a user
+    socket: --socket, $CORRAL_SOCKET, RUNTIME/corral.sock (--runtime-dir, $CORRAL_RUNTIME_DIR, /run/corral for root),
+            then STATE/corral.sock for a user (a personal daemon: its socket stays in its private state directory)"""
+    env_state = os.environ.get("CORRAL_STATE_DIR")
+    if state_dir is not None:
+        state = state_dir
+    elif env_state:
+        state = Path(env_state)
+    else:
+        state = SYSTEM_STATE_DIR if root else default_state_dir()
+    if socket is not None:
+        return state, socket
+    if env_socket := os.environ.get("CORRAL_SOCKET"):
+        return state, Path(env_socket)
+    env_runtime = os.environ.get("CORRAL_RUNTIME_DIR")
+    if runtime is None and env_runtime:
+        runtime = Path(env_runtime)
+    if runtime is None and root:
+        runtime = SYSTEM_RUNTIME_DIR
+    return state, (runtime if runtime is not None else state) / SOCKET_NAME
+
+
+def _answers(path: Path) -> bool:
+    probe = sock_module.socket(sock_module.AF_UNIX, sock_module.SOCK_STREAM)
+    try:
+        probe.settimeout(2)
+        probe.connect(str(path))
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
+def locate_socket() -> tuple[Path, list[Path]]:
+    """The daemon's socket, and every place looked at: $CORRAL_SOCKET if set; else your own daemon's
+    (STATE_DIR/corral.sock) when one answers there, else a shared daemon's (RUNTIME_DIR/corral.sock)."""
     env = os.environ.get("CORRAL_SOCKET")
-    return Path(env) if env else default_state_dir() / "corral.sock"
+    if env:
+        return Path(env), [Path(env)]
+    personal, shared = default_state_dir() / SOCKET_NAME, runtime_dir() / SOCKET_NAME
+    looked = [personal, shared]
+    if personal.exists() and _answers(personal):
+        return personal, looked
+    if shared.exists():
+        return shared, looked
+    return personal, looked
+
+
+def socket_for(socket_opt: Path | None) -> Path:
+    return socket_opt if socket_opt is not None else locate_socket()[0]
 
 
 SocketOpt = Annotated[
-    Path | None, typer.Option("--socket", help="Daemon socket (default: $CORRAL_SOCKET or STATE_DIR/corral.sock).")
+    Path | None,
+    typer.Option(
+        "--socket",
+        help="Daemon socket (default: $CORRAL_SOCKET, else your own daemon's STATE_DIR/corral.sock if it runs, "
+        "else the shared one, /run/corral/corral.sock or $CORRAL_RUNTIME_DIR/corral.sock).",
+    ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print as JSON.")]
 
@@ -86,8 +156,8 @@ def call(
             raise fail("CORRAL_URL is set but CORRAL_TOKEN is not: create one with `corral token create NAME`")
         client = httpx.Client(base_url=base, timeout=30, headers={"Authorization": f"Bearer {token}"})
     else:
-        path = socket_for(socket_opt)
-        where = str(path)
+        path, looked = (socket_opt, [socket_opt]) if socket_opt is not None else locate_socket()
+        where = " nor at ".join(str(p) for p in looked)
         client = httpx.Client(transport=httpx.HTTPTransport(uds=str(path)), base_url="http://corral", timeout=30)
     try:
         with client:
@@ -113,9 +183,27 @@ def gpus_text(job: dict[str, Any]) -> str:
 # ------------------------------------------------------------------------------------------------ commands
 def serve_cmd(
     state_dir: Annotated[
-        Path | None, typer.Option("--state-dir", help="Jobs, logs (default: $CORRAL_STATE_DIR, ~/.local/state/corral).")
+        Path | None,
+        typer.Option(
+            "--state-dir",
+            help="Jobs, tokens, logs, private to the daemon's user (default: $CORRAL_STATE_DIR, else /var/lib/corral "
+            "for root, ~/.local/state/corral for a user).",
+        ),
     ] = None,
-    socket: Annotated[Path | None, typer.Option("--socket", help="Socket (default: STATE_DIR/corral.sock).")] = None,
+    socket: Annotated[
+        Path | None,
+        typer.Option(
+            "--socket", help="Socket (default: $CORRAL_SOCKET, else RUNTIME_DIR/corral.sock, else STATE_DIR's)."
+        ),
+    ] = None,
+    runtime_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--runtime-dir",
+            help="Folder of the socket, reachable by other users (default: $CORRAL_RUNTIME_DIR, else /run/corral for "
+            "root; a user's daemon keeps its socket in its state directory).",
+        ),
+    ] = None,
     simulate_gpus: Annotated[
         str | None, typer.Option("--simulate-gpus", help="Simulated GPUs instead of this machine's, e.g. 2xA100-80GB.")
     ] = None,
@@ -155,8 +243,7 @@ def serve_cmd(
     from corral.model.errors import InvalidRequest
     from corral.store import StoreError
 
-    state = state_dir or default_state_dir()
-    sock = socket or (state / "corral.sock")
+    state, sock = serve_locations(state_dir, socket, runtime_dir, root=os.geteuid() == 0)
     try:
         serve(
             state, sock, simulate_gpus, policy, watchdog=gpu_memory_watchdog, sharing=sharing, listen=listen,
@@ -194,7 +281,8 @@ def submit_cmd(
         "name": name,
         "retries": retries,
         "time_limit": time_limit,
-        "env": dict(os.environ),
+        # the rule of corral.jobs.environment: never corral's own variables (CORRAL_TOKEN), never the login's agents
+        "env": admitted_environment(os.environ),
         "cwd": os.getcwd(),
     }
     job = call(socket, "POST", "/v1/jobs", json=body).json()

@@ -6,6 +6,19 @@ uvicorn on the sockets (one server, one event loop):
     Unix socket (mode 0666)  every connection carries its peer's (uid, gid, user) from SO_PEERCRED
     TCP (--listen, 127.0.0.1 unless a host is named)  every request must carry "Authorization: Bearer <token>";
                              it then acts as the token's user, or gets 401
+
+Files (the state directory is a trust boundary):
+    STATE_DIR (0700)  jobs.db, -wal, -shm, tokens.json (0600), logs/ (0700; each log 0600, owned by its job's user)
+                      private to the daemon's user: the daemon runs with umask 077 and, on start, takes back the
+                      modes an older corral left (0644 databases holding tokens and environments)
+    RUNTIME_DIR       the socket's directory (root's default /run/corral, 0755): the only thing others reach; a
+                      root daemon's MPS pipe directories live here too, since jobs of other users must reach them
+A root daemon's defaults are system locations (/var/lib/corral, /run/corral; see corral.cli.client).
+
+Shutdown: SIGTERM or SIGINT stops the server (requests in flight get SHUTDOWN_GRACE_S), the tick loop and the
+store; none of it waits for a tick that holds the lock. If cleaning up has not finished SHUTDOWN_DEADLINE_S after
+the signal, the process exits anyway: every acknowledged write is already durable in SQLite's WAL, and jobs outlive
+the daemon (a restart adopts them), so there is nothing left whose loss a faster exit would cause.
 """
 
 from __future__ import annotations
@@ -19,6 +32,7 @@ import os
 import pwd
 import signal
 import socket
+import stat
 import struct
 import sys
 import threading
@@ -41,6 +55,7 @@ from corral.gpu.discovery import GpuDiscoveryError, discover_gpus, local_node
 from corral.gpu.metrics import NvmlSampler
 from corral.gpu.mps import MpsControl
 from corral.gpu.simulated import parse_simulated_inventory
+from corral.jobs.environment import RULE, admitted_environment, is_denied
 from corral.model.errors import CorralError, InvalidRequest
 from corral.model.resources import GpuBehavior, Node
 from corral.placement import PlacementConfig
@@ -57,6 +72,16 @@ AsgiApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 SHARING_MODES = ("mps", "time-slicing")
+#: Seconds requests in flight get to finish after SIGTERM (one waiting for a stuck tick's lock would wait forever).
+SHUTDOWN_GRACE_S = 2.0
+#: Seconds after SIGTERM at which the daemon exits even if cleaning up has not finished.
+SHUTDOWN_DEADLINE_S = 5.0
+#: The daemon's own files and folders: nobody else may read or enter them.
+PRIVATE_FILE, PRIVATE_DIR = 0o600, 0o700
+#: What corral keeps in the state directory (the database's files, tokens, the logs' folder).
+STATE_FILES = ("jobs.db", "jobs.db-wal", "jobs.db-shm", "jobs.db-journal", "tokens.json", "logs")
+#: The socket's folder, when it is not the state directory: others must be able to reach the socket in it.
+RUNTIME_DIR_MODE = 0o755
 
 
 class ServeError(CorralError):
@@ -196,6 +221,82 @@ def bind_tcp(host: str, port: int) -> socket.socket:
     return sock
 
 
+# ------------------------------------------------------------------------------------------------ files
+def make_private(state_dir: Path) -> None:
+    """Create the state directory (0700) or take back an existing one: the directory becomes the daemon user's alone
+    (0700), and so do the files an older corral kept in it (0600: jobs.db and its WAL, SHM and journal, tokens.json,
+    the logs; logs/ 0700; each log keeps its owner, the job's user).
+
+    An older corral left jobs.db and its WAL 0644 in a 0755 directory, with tokens and environments inside; this runs
+    on every start, so an upgrade closes that at once. Only corral's own entries change mode (a mistaken --state-dir
+    must not lose its files' modes), and a folder others may write to (/tmp) is refused rather than closed."""
+    state_dir.mkdir(parents=True, mode=PRIVATE_DIR, exist_ok=True)
+    st = os.stat(state_dir)  # the directory may be a link the administrator made (/var/lib/corral -> /data/corral)
+    if not stat.S_ISDIR(st.st_mode):
+        raise ServeError(f"the state directory {state_dir} is not a directory")
+    if st.st_uid != os.geteuid():
+        raise ServeError(
+            f"the state directory {state_dir} belongs to uid {st.st_uid}, not to the daemon's user (uid {os.geteuid()})"
+            ": give corral serve a directory of its own (--state-dir)"
+        )
+    if st.st_mode & (stat.S_IWOTH | stat.S_ISVTX):
+        raise ServeError(
+            f"the state directory {state_dir} is a shared folder (mode {stat.S_IMODE(st.st_mode):o}): give corral serve"
+            " a directory of its own (--state-dir)"
+        )
+    os.chmod(state_dir, PRIVATE_DIR)
+    logs = state_dir / "logs"
+    entries = [state_dir / name for name in STATE_FILES]
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        entries += [logs / name for name in os.listdir(logs)]
+    for path in entries:
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            continue
+        if stat.S_ISDIR(mode):
+            want = PRIVATE_DIR
+        elif stat.S_ISREG(mode):
+            want = PRIVATE_FILE
+        else:
+            continue  # a link is neither followed nor changed
+        if stat.S_IMODE(mode) != want:
+            with contextlib.suppress(FileNotFoundError):
+                os.chmod(path, want)
+
+
+def prepare_runtime_dir(runtime_dir: Path, state_dir: Path) -> None:
+    """The socket's folder: one corral creates is 0755, so other users reach the socket (0666) in it; one that exists
+    (a folder the administrator made) keeps its mode. Inside the state directory it stays private.
+
+    Clients send their environment through this socket, so nobody but root and the daemon's user may be able to put
+    another socket in its place: the folder must be theirs, and not writable by others unless sticky (/tmp)."""
+    if runtime_dir.resolve() == state_dir.resolve():
+        return
+    if not runtime_dir.is_dir():
+        runtime_dir.mkdir(parents=True, mode=RUNTIME_DIR_MODE, exist_ok=True)
+        os.chmod(runtime_dir, RUNTIME_DIR_MODE)  # mkdir's mode is cut by the umask (077)
+    st = runtime_dir.stat()
+    if st.st_uid not in (0, os.geteuid()):
+        raise ServeError(
+            f"the socket's folder {runtime_dir} belongs to uid {st.st_uid}: another user could replace "
+            "the socket; use a folder of root's or the daemon's user (--runtime-dir, --socket)"
+        )
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        raise ServeError(
+            f"the socket's folder {runtime_dir} is writable by other users, who could replace the "
+            f"socket (mode {stat.S_IMODE(st.st_mode):o}); use one only its owner can write to"
+        )
+
+
+def drop_client_credentials() -> None:
+    """Remove corral's client variables (CORRAL_TOKEN above all) and login agents from the daemon's own environment,
+    so that nothing it starts (MPS daemons, container runtimes, health checks) inherits them. The daemon's settings
+    that are read later (CORRAL_SERVICE_PORTS) stay."""
+    for name in [n for n in os.environ if is_denied(n) and n != PORTS_ENV]:
+        del os.environ[name]
+
+
 # ------------------------------------------------------------------------------------------------ the daemon
 def build_node(simulate: str | None) -> Node:
     if simulate:
@@ -256,17 +357,27 @@ def serve(
             raise ServeError(f"--service-ports: {exc.message}") from None
     node = build_node(simulate)
     config = PlacementConfig(policy=policy, gpu_behavior=behavior)
-    state_dir.mkdir(parents=True, exist_ok=True)
-    socket_path.parent.mkdir(parents=True, exist_ok=True)
+    # Everything the daemon creates from here on (SQLite's files, tokens, logs, folders) is its user's alone.
+    os.umask(0o077)
+    drop_client_credentials()
+    make_private(state_dir)
+    runtime_dir = socket_path.parent
+    prepare_runtime_dir(runtime_dir, state_dir)
     _check_free(socket_path)
     store = SqliteStore(state_dir / "jobs.db")
+    # An older corral stored each submitter's whole environment, CORRAL_TOKEN included: clean those jobs now.
+    scrubbed = store.scrub_submitted_env(admitted_environment, RULE)
+    if scrubbed:
+        log.warning("removed corral credentials and login agents from the stored environment of %d jobs", scrubbed)
     try:
         tokens = TokenStore(state_dir / "tokens.json")
     except TokenFileError as exc:
         raise ServeError(str(exc)) from None
     executor = LocalExecutor(run_dir=state_dir / "run")  # supervisors record outcomes there (see corral.executor)
-    # Shares are enforced with MPS where the machine has it (never for a simulated inventory).
-    mps = MpsControl(state_dir / "mps") if simulate is None and sharing == "mps" else None
+    # Shares are enforced with MPS where the machine has it (never for a simulated inventory). Jobs of every user must
+    # reach the pipe directories, so they live beside the socket, not in the private state directory.
+    shared_dir = runtime_dir if runtime_dir.resolve() != state_dir.resolve() else state_dir
+    mps = MpsControl(shared_dir / "mps") if simulate is None and sharing == "mps" else None
     if mps is not None and not mps.available():
         mps = None
     sampler = NvmlSampler() if simulate is None else None
@@ -289,23 +400,6 @@ def serve(
         else:
             label += "; time-sliced shares (no MPS)" if sharing == "time-slicing" else "; no MPS here"
         label += f"; GPU memory watchdog: {watchdog}"
-    sockets = [bind_unix(socket_path)]
-    where = str(socket_path)
-    if tcp_at is not None:
-        try:
-            sockets.append(bind_tcp(*tcp_at))
-        except ServeError:
-            sockets[0].close()
-            socket_path.unlink(missing_ok=True)
-            raise
-        bound = sockets[1].getsockname()[1]  # the port the system chose for --listen HOST:0
-        host = f"[{tcp_at[0]}]" if ":" in tcp_at[0] else tcp_at[0]
-        where += f" and http://{host}:{bound} (bearer tokens)"
-        if not is_loopback(tcp_at[0]):
-            label += "; WARNING: TCP is not loopback-only and carries tokens in clear text: put TLS in front of it"
-    label += f"; work without GPUs: {behavior.value}"
-    sys.stderr.write(f"corral serve: listening on {where}; state in {state_dir}; policy {policy}; {label}\n")
-    sys.stderr.flush()
 
     def loop() -> None:
         while not stop.is_set():
@@ -327,27 +421,93 @@ def serve(
 
     ticker = threading.Thread(target=loop, name="corral-tick", daemon=True)
     app = create_app(daemon, lock, woken.set, tokens, routers=routers)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", http=protocol_for(tokens)))
+    finished = threading.Event()
+
+    def stopping() -> None:
+        """At the first SIGTERM/SIGINT: stop the tick loop, and make sure the process ends within the deadline."""
+        if stop.is_set():
+            return
+        stop.set()
+        woken.set()
+
+        def deadline() -> None:
+            if finished.wait(SHUTDOWN_DEADLINE_S):
+                return
+            # A tick (or a request) holds the lock and does not return: exit without it (see the module's note).
+            log.error("corral serve: shutdown did not finish in %.0f s; exiting now", SHUTDOWN_DEADLINE_S)
+            with contextlib.suppress(OSError):
+                socket_path.unlink()
+            os._exit(0)
+
+        threading.Thread(target=deadline, name="corral-shutdown-deadline", daemon=True).start()
+
+    server = _Server(
+        uvicorn.Config(
+            app, log_level="warning", http=protocol_for(tokens), timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S)
+        ),
+        stopping,
+    )
 
     def on_signal(sig: int, _frame: FrameType | None) -> None:
         server.should_exit = True
+        stopping()
 
+    # Before the socket exists: a SIGTERM that comes as soon as a client can connect must stop the daemon cleanly.
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    sockets = [bind_unix(socket_path)]
+    where = str(socket_path)
+    if tcp_at is not None:
+        try:
+            sockets.append(bind_tcp(*tcp_at))
+        except ServeError:
+            sockets[0].close()
+            socket_path.unlink(missing_ok=True)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            raise
+        bound = sockets[1].getsockname()[1]  # the port the system chose for --listen HOST:0
+        host = f"[{tcp_at[0]}]" if ":" in tcp_at[0] else tcp_at[0]
+        where += f" and http://{host}:{bound} (bearer tokens)"
+        if not is_loopback(tcp_at[0]):
+            label += "; WARNING: TCP is not loopback-only and carries tokens in clear text: put TLS in front of it"
+    label += f"; work without GPUs: {behavior.value}"
+    sys.stderr.write(f"corral serve: listening on {where}; state in {state_dir}; policy {policy}; {label}\n")
+    sys.stderr.flush()
+
     ticker.start()
     try:
         server.run(sockets=sockets)
     finally:
         for sock in sockets:
             sock.close()
-        stop.set()
-        woken.set()
-        ticker.join(timeout=10)
+        stopping()
+        # Bounded: a tick stuck holding the lock must not keep the daemon alive (the tick thread is a daemon thread).
+        ticker.join(timeout=SHUTDOWN_GRACE_S)
         executor.close()
         if sampler is not None:
             sampler.close()
-        with lock:
-            store.close()
+        if lock.acquire(timeout=SHUTDOWN_GRACE_S):
+            try:
+                store.close()
+            finally:
+                lock.release()
+        else:  # SQLite's WAL already holds every commit; the file is closed when the process ends
+            log.warning("corral serve: a tick still holds the lock; leaving the store to close with the process")
         with contextlib.suppress(OSError):
             socket_path.unlink()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        finished.set()
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, telling the daemon at once when a signal asks it to stop (uvicorn's own handler is the one
+    installed while it runs)."""
+
+    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_exit = on_exit
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        self._on_exit()

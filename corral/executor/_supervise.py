@@ -69,6 +69,7 @@ def child(spec: dict[str, Any], err_w: int) -> NoReturn:
     """In the forked child: become the job. Never returns."""
     try:
         os.setsid()
+        os.umask(0o022)  # a login's, not the daemon's 077 (which keeps the state directory private)
         signal.pthread_sigmask(signal.SIG_SETMASK, set())
         for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):  # Python's own dispositions; exec keeps SIG_IGN
             signal.signal(sig, signal.SIG_DFL)

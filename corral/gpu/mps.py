@@ -55,7 +55,11 @@ class MpsControl:
             raise MpsError(f"{self.binary} not found: GPU shares cannot be enforced with MPS on this machine")
         for sub in ("pipe", "log"):
             (self.root / uuid / sub).mkdir(parents=True, exist_ok=True)
-        done = subprocess.run([self.binary, "-d"], env=self._env(uuid), capture_output=True, text=True, timeout=30)
+        for folder in (self.root, self.root / uuid, self.pipe_dir(uuid), self.root / uuid / "log"):
+            folder.chmod(0o755)  # jobs of any user reach the pipes (the daemon's umask is 077)
+        done = subprocess.run(  # umask 022: the pipes it creates must be reachable by jobs of any user
+            [self.binary, "-d"], env=self._env(uuid), capture_output=True, text=True, timeout=30, umask=0o022
+        )
         said = f"{done.stdout} {done.stderr}".lower()
         if done.returncode != 0 and "already running" in said:
             # a daemon of a previous corral serve (its jobs were re-adopted): keep using it

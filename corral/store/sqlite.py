@@ -29,7 +29,7 @@ import builtins
 import json
 import sqlite3
 import threading
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -258,6 +258,43 @@ class SqliteStore:
         if not isinstance(body, dict):
             raise StoreError(f"job store {self.path}: {kind} {key!r} is not a JSON object")
         return body
+
+    def scrub_submitted_env(self, clean: Callable[[Mapping[str, str]], dict[str, str]], rule: str) -> int:
+        """Rewrite the environment of every submitted job (origin "") to `clean(env)`; returns how many changed.
+
+        For stores written by an older corral, which kept the submitter's whole environment (CORRAL_TOKEN too). When
+        something changed, the file is rebuilt (VACUUM) with secure_delete on and the WAL checkpointed and truncated,
+        so the old pages, in the database and in the WAL, no longer hold the removed values. `rule` names the rule
+        `clean` applies: once a store is scrubbed under it (kept in `meta`), later starts skip the scan, since jobs
+        admitted since were cleaned at admission."""
+        changed = 0
+        with self._write("scrubbing job environments"):
+            done = self._conn.execute("SELECT value FROM meta WHERE key = 'env_rule'").fetchone()
+            if done is not None and done[0] == rule:
+                return 0
+            self._conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('env_rule', ?)", (rule,))
+            rows = self._conn.execute("SELECT id, spec FROM jobs").fetchall()
+            for row_id, text in rows:
+                try:
+                    spec = json.loads(text)
+                    env = spec.get("env")
+                    if spec.get("origin", "") != "" or not isinstance(env, dict):
+                        continue
+                except (ValueError, AttributeError):
+                    continue  # a row that cannot be read is reported when it is read, not here
+                kept = clean(env)
+                if kept == env:
+                    continue
+                spec["env"] = kept
+                self._conn.execute("UPDATE jobs SET spec = ? WHERE id = ?", (json.dumps(spec, sort_keys=True), row_id))
+                changed += 1
+            self._data_version = None  # reload the memory copy with the cleaned specs
+        if changed:
+            with self._read("erasing scrubbed values"):
+                self._conn.execute("PRAGMA secure_delete = ON")
+                self._conn.execute("VACUUM")
+                self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        return changed
 
     def close(self) -> None:
         with self._lock:
