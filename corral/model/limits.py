@@ -101,12 +101,12 @@ def env_problems(env: Mapping[str, str]) -> list[Problem]:
     total = 0
     for key, value in env.items():
         why = env_key_problem(key)
-        if why is None and isinstance(value, str):
-            why = text_problem(value)
-            if why is not None:
-                why = f"the value {why}"
+        if why is not None:  # a bad name is reported on the environment: it cannot name a field itself
+            out.append(("", why if len(key) <= MAX_ENV_KEY else why.replace("the name", "a name")))
+            continue
+        why = text_problem(value) if isinstance(value, str) else None
         if why is not None:
-            out.append((key if key and text_problem(key) is None else "", why))
+            out.append((key, f"the value {why}"))
             continue
         total += _utf8_len(key) + (_utf8_len(value) if isinstance(value, str) else 0) + 2
     if total > MAX_ENV_BYTES:
