@@ -145,7 +145,8 @@ def check_json(raw: bytes) -> Any:
             continue
         elif isinstance(value, int):
             if abs(value) > MAX_JSON_INT:
-                raise BodyRejected(422, where, f"must be at most {MAX_JSON_INT} in size (2^53), got {value:.3g}")
+                shown = str(value) if len(str(value)) <= 30 else f"a number of {len(str(value))} digits"
+                raise BodyRejected(422, where, f"must be at most {MAX_JSON_INT} in size (2^53), got {shown}")
         elif isinstance(value, float):
             if not math.isfinite(value):
                 raise BodyRejected(422, where, "must be a finite number")

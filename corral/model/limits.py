@@ -1,7 +1,7 @@
 """What a job may carry: the bounds every face checks at admission, so that nothing stored can fail at launch.
 
     command   1..MAX_ARGS arguments, each at most MAX_ARG_BYTES, together at most MAX_COMMAND_BYTES (UTF-8)
-    env       at most MAX_ENV_VARS; keys 1..MAX_ENV_KEY characters without '=' or NUL; all of it <= MAX_ENV_BYTES
+    env       at most MAX_ENV_VARS; keys 1..MAX_ENV_KEY printable characters without '='; all of it <= MAX_ENV_BYTES
     cwd       an absolute path of at most MAX_PATH bytes
     any text  valid Unicode (no lone UTF-16 surrogate, which has no UTF-8 form) and no NUL (execve and C strings end
               at NUL, so the process would get something else than what was stored)
@@ -86,10 +86,12 @@ def env_key_problem(key: str) -> str | None:
     why = text_problem(key)
     if why is not None:
         return f"the name {why}"
-    if "=" in key:
-        return f"the name must not contain '=', got {key!r}"
     if len(key) > MAX_ENV_KEY:
         return f"the name must be at most {MAX_ENV_KEY} characters, got {len(key)}"
+    if "=" in key:
+        return f"the name must not contain '=', got {key!r}"
+    if not key.isprintable():  # the kernel takes any byte but '=' and NUL; shells and `env` print them raw
+        return f"the name must not contain control characters, got {key!r}"
     return None
 
 

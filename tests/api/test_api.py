@@ -307,7 +307,9 @@ def test_body_over_one_mib_is_413(world: World) -> None:
     big = {"command": ["echo"], "env": {f"K{i}": "v" * 1000 for i in range(1100)}}
     r = alice.post("/v1/jobs", json=big)
     assert r.status_code == 413 and r.json()["detail"]["field"] == "body", r.text
-    chunked = alice.post("/v1/jobs", content=iter([b" " * (600 * 1024)] * 2), headers={"content-type": "application/json"})
+    chunked = alice.post(
+        "/v1/jobs", content=iter([b" " * (600 * 1024)] * 2), headers={"content-type": "application/json"}
+    )
     assert chunked.status_code == 413, chunked.text
     r = alice.post("/metronome/v1/jobs", json=big)
     assert r.status_code == 413 and set(r.json()) == {"message"}
