@@ -271,9 +271,10 @@ def test_hostile_corpus_against_each_api(
         if r.status_code < 300:
             driver.accepted(face, r, raw)
     tally.garbage += driver.stored_garbage()
-    assert driver.alive(), "the daemon stopped serving"
+    alive = driver.alive()
     with capsys.disabled():
-        print(f"\n[{face}] {tally.line()}")
+        print(f"\n[{face}] {tally.line()}; {'still serving' if alive else 'NOT SERVING'}")
+    assert alive, "the daemon stopped serving"
     assert not tally.server_errors, "\n".join(tally.server_errors[:20])
     assert not tally.wrong_shape, "\n".join(tally.wrong_shape[:20])
     assert not tally.garbage, "\n".join(tally.garbage[:20])
@@ -294,10 +295,11 @@ def test_hostile_paths_methods_and_raw_requests(daemon: tuple[Path, Path], capsy
         statuses.append(status)
         if status >= 500:
             tally.server_errors.append(f"raw {data[:60]!r} -> {answer[:200]!r}")
-    assert driver.alive(), "the daemon stopped serving"
+    alive = driver.alive()
     tally.garbage += driver.stored_garbage()
     with capsys.disabled():
         print(f"\n[paths and raw requests] {tally.line()}; raw answers {statuses} (0: closed without an answer)")
+    assert alive, "the daemon stopped serving"
     assert not tally.server_errors, "\n".join(tally.server_errors[:20])
     assert not tally.wrong_shape, "\n".join(tally.wrong_shape[:20])
     assert not tally.garbage, "\n".join(tally.garbage[:20])
