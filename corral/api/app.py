@@ -149,7 +149,9 @@ def create_app(
             (503, "The job store failed"),
         )
     }
-    app = FastAPI(title="corral", version="1", responses=documented, default_response_class=SafeJSONResponse)
+    # Not default_response_class=SafeJSONResponse: a custom class turns off FastAPI's fast path (pydantic straight
+    # to JSON bytes) for every response model; JobOut cleans its own text instead.
+    app = FastAPI(title="corral", version="1", responses=documented)
     app.add_middleware(InputLimits)
 
     @app.exception_handler(RequestValidationError)

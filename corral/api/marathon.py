@@ -125,7 +125,8 @@ def app_json(
 
 
 def router(daemon: Daemon, lock: threading.Lock, wake: Callable[[], None], controller: ServicesController) -> APIRouter:
-    api = APIRouter(prefix=PREFIX, tags=["marathon"])
+    # Routes answer plain dicts of stored documents: SafeJSONResponse encodes text an older corral stored unchecked.
+    api = APIRouter(prefix=PREFIX, tags=["marathon"], default_response_class=SafeJSONResponse)
 
     def mine(app: App | None, who: Peer, app_id: str) -> App:
         if app is None or not (who.root or app.owner.uid == who.uid or app.doc.get("createdBy") == who.user):

@@ -10,9 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
 
 from corral.api.app import PEER_KEY, VIA_KEY, create_app
+from corral.api.limits import SafeJSONResponse, clean
 from corral.daemon.core import Daemon
 from corral.daemon.tokens import TokenStore
 from corral.executor.fake import FakeExecutor
@@ -393,3 +395,14 @@ def test_idempotency_key_returns_the_same_job(world: World) -> None:
     assert [j.id for j in world.daemon.store.list()] == ["1", "2", "3"]
     bad = alice.post("/v1/jobs", json={"command": ["x"]}, headers={"Idempotency-Key": "x" * 200})
     assert bad.status_code == 422 and bad.json()["detail"]["field"] == "Idempotency-Key"
+
+
+def test_answers_encode_stored_lone_surrogates() -> None:
+    """What the peers' routes answer from stored documents: JSONResponse would raise UnicodeEncodeError (a 500)."""
+    content = {"cmd": "echo \ud800", "ok": "é 😀"}
+    with pytest.raises(UnicodeEncodeError):
+        JSONResponse(content)
+    body = bytes(SafeJSONResponse(content).body)
+    assert json.loads(body) == content and b"\\ud800" in body
+    assert SafeJSONResponse({"ok": "é 😀"}).body == JSONResponse({"ok": "é 😀"}).body  # unchanged otherwise
+    assert clean("x\ud800y") == "x\\ud800y" and clean("é") == "é"
