@@ -221,6 +221,22 @@ FIELDS: dict[str, list[tuple[str | int, ...]]] = {
     ],
 }
 
+#: Updates of an existing object (created from the template first): the value goes into a small partial document.
+UPDATES: dict[str, tuple[str, str, dict[str, Any], list[tuple[str | int, ...]]]] = {
+    "marathon": (
+        "PUT",
+        "/marathon/v2/apps/hostile",
+        {"cmd": "sleep 600"},
+        [("instances",), ("cmd",), ("cpus",), ("env",), ("args",)],
+    ),
+    "metronome": (
+        "PUT",
+        "/metronome/v1/jobs/hostile",
+        {"id": "hostile", "run": {"cmd": "true", "cpus": 0.1, "mem": 32, "disk": 0}},
+        [("run", "cmd"), ("run", "mem"), ("run", "env"), ("description",)],
+    ),
+}
+
 #: Hostile URL paths (already percent-encoded where it matters), sent with GET and with a method the route lacks.
 PATHS: list[str] = [
     "/",

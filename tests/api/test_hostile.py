@@ -270,6 +270,20 @@ def test_hostile_corpus_against_each_api(
         r = driver.send(method, url, raw)
         if r.status_code < 300:
             driver.accepted(face, r, raw)
+    if face in corpus.UPDATES:
+        created = driver.send(method, url, json.dumps(template).encode())
+        assert created.status_code in (200, 201), created.text
+        put_method, put_url, partial, places = corpus.UPDATES[face]
+        for where in places:
+            for value in corpus.VALUES:
+                r = driver.send(put_method, put_url, json.dumps(put(partial, where, value)).encode())
+                if r.status_code < 300:
+                    tally.accepted += 1
+                    got = driver.send("GET", put_url)
+                    tally.garbage += [f"{put_url}: {g}" for g in garbage_in(got.json())]
+                    if face == "marathon" and got.json()["app"]["instances"] > 128:
+                        tally.garbage.append(f"{put_url}: instances {got.json()['app']['instances']}")
+        driver.accepted(face, created, template)  # read back and delete
     tally.garbage += driver.stored_garbage()
     alive = driver.alive()
     with capsys.disabled():
