@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 from corral.api.app import PEER_KEY, VIA_KEY, create_app
 from corral.api.limits import SafeJSONResponse, clean
 from corral.daemon.core import Daemon
+from corral.daemon.extensions import install_extensions
 from corral.daemon.tokens import TokenStore
 from corral.executor.fake import FakeExecutor
 from corral.gpu.simulated import parse_simulated_inventory
@@ -406,3 +407,52 @@ def test_answers_encode_stored_lone_surrogates() -> None:
     assert json.loads(body) == content and b"\\ud800" in body
     assert SafeJSONResponse({"ok": "é 😀"}).body == JSONResponse({"ok": "é 😀"}).body  # unchanged otherwise
     assert clean("x\ud800y") == "x\\ud800y" and clean("é") == "é"
+
+
+def test_the_texts_of_the_input_limits(world: World) -> None:
+    routers = install_extensions(world.daemon, world.lock, world.wake)
+    app = create_app(world.daemon, world.lock, world.wake, tokens=world.tokens, routers=routers)
+    alice = TestClient(AsPeer(app, ALICE, "unix"), raise_server_exceptions=False)
+
+    def post(url: str, raw: bytes) -> Any:
+        return alice.post(url, content=raw, headers={"content-type": "application/json"}).json()
+
+    assert post("/v1/jobs", b'{"command": ["a\\u0000"]}') == {
+        "detail": {"field": "command.0", "message": "must not contain a NUL character"}
+    }
+    assert post("/v1/jobs", b'{"command": ["x\\ud800"]}')["detail"]["message"] == (
+        "is not valid Unicode: it has a lone surrogate \\ud800 at character 1"
+    )
+    assert post("/v1/jobs", b'{"command": ["x"], "env": {"A=B": "1"}}')["detail"] == {
+        "field": "env",
+        "message": "the name must not contain '=', got 'A=B'",
+    }
+    assert post("/v1/jobs", b"[" * 50 + b"]" * 50)["detail"] == {
+        "field": "body",
+        "message": "the JSON is nested deeper than 32 levels",
+    }
+    assert (
+        post("/v1/jobs", b'{"cpus": NaN}')["detail"]["message"]
+        == "the body is not valid JSON: NaN is not a JSON number"
+    )
+    assert post("/metronome/v1/jobs", b'{"id": "j", "run": {"cmd": "a\\u0000"}}') == {
+        "message": "Object is not valid",
+        "details": [{"path": "/run/cmd", "errors": ["must not contain a NUL character"]}],
+    }
+    app_doc = b'{"id": "/a", "cmd": "x", "instances": 1000000000}'
+    assert post("/marathon/v2/apps", app_doc) == {
+        "message": "Object is not valid",
+        "details": [{"path": "/instances", "errors": ["must be <= 128, got 1000000000"]}],
+    }
+    r = alice.post("/chronos/v1/scheduler/iso8601", content=b'{"name": "c", "command": "\\ud800"}')
+    assert r.status_code == 400 and r.json()["details"] == [
+        {"path": "/command", "errors": ["is not valid Unicode: it has a lone surrogate \\ud800 at character 0"]}
+    ]
+    r = alice.post("/v1/jobs", content=b" " * (1024 * 1024 + 1), headers={"content-type": "application/json"})
+    assert r.status_code == 413 and r.json() == {
+        "detail": {"field": "body", "message": "the request body is larger than 1048576 bytes (1 MiB), the limit"}
+    }
+    r = alice.get("/marathon/v2/nope")
+    assert r.status_code == 404 and r.json() == {"message": "no route GET /marathon/v2/nope"}
+    r = alice.delete("/metronome/v1/queue")
+    assert r.status_code == 405 and r.json() == {"message": "/metronome/v1/queue does not take DELETE"}
