@@ -93,6 +93,15 @@ def face_of(path: str) -> str:
     return "definitions" if path.startswith("/v1/definitions") else "corral"
 
 
+LISTINGS = {
+    "corral": ["/v1/jobs?all=true"],
+    "definitions": ["/v1/definitions"],
+    "metronome": ["/metronome/v1/jobs", "/metronome/v1/queue"],
+    "chronos": ["/chronos/v1/scheduler/jobs"],
+    "marathon": ["/marathon/v2/apps"],
+}
+
+
 def put(doc: dict[str, Any], where: tuple[str | int, ...], value: Any) -> dict[str, Any]:
     out = copy.deepcopy(doc)
     target: Any = out
@@ -149,7 +158,7 @@ class Driver:
         deletes: list[tuple[str, str]] = []
         if face == "corral":
             job = r.json()
-            reads = [f"/v1/jobs/{job['id']}", "/v1/jobs?all=true"]
+            reads = [f"/v1/jobs/{job['id']}"]
             deletes = [("POST", f"/v1/jobs/{job['id']}/cancel")]
             command = job["command"]
             if sum(len(a.encode("utf-8", "surrogatepass")) + 1 for a in command) > MAX_COMMAND_BYTES or any(
@@ -161,7 +170,7 @@ class Driver:
             reads, deletes = [f"/v1/definitions/{name}"], [("DELETE", f"/v1/definitions/{name}?stop_runs=true")]
         elif face == "metronome":
             jid = r.json()["id"]
-            reads = [f"/metronome/v1/jobs/{jid}", "/metronome/v1/jobs"]
+            reads = [f"/metronome/v1/jobs/{jid}"]
             deletes = [("DELETE", f"/metronome/v1/jobs/{jid}?stopCurrentJobRuns=true")]
         elif face == "chronos":
             reads = ["/chronos/v1/scheduler/jobs"]
@@ -169,7 +178,7 @@ class Driver:
                 deletes.append(("DELETE", f"/chronos/v1/scheduler/job/{listed['name']}"))
         elif face == "marathon":
             app = r.json()["id"]
-            reads, deletes = [f"/marathon/v2/apps{app}", "/marathon/v2/apps"], [("DELETE", f"/marathon/v2/apps{app}")]
+            reads, deletes = [f"/marathon/v2/apps{app}"], [("DELETE", f"/marathon/v2/apps{app}")]
         for url in reads:
             got = self.send("GET", url)
             if got.status_code != 200:
@@ -284,6 +293,9 @@ def test_hostile_corpus_against_each_api(
                     if face == "marathon" and got.json()["app"]["instances"] > 128:
                         tally.garbage.append(f"{put_url}: instances {got.json()['app']['instances']}")
         driver.accepted(face, created, template)  # read back and delete
+    for listing in LISTINGS[face]:  # every object each API lists, read back once more (besides the one read after each)
+        got = driver.send("GET", listing)
+        tally.garbage += [f"{listing}: {g}" for g in garbage_in(got.json())] if got.status_code == 200 else []
     tally.garbage += driver.stored_garbage()
     alive = driver.alive()
     with capsys.disabled():
