@@ -1,7 +1,8 @@
 """What a job may carry: the bounds every face checks at admission, so that nothing stored can fail at launch.
 
     command   1..MAX_ARGS arguments, each at most MAX_ARG_BYTES, together at most MAX_COMMAND_BYTES (UTF-8)
-    env       at most MAX_ENV_VARS; keys 1..MAX_ENV_KEY printable characters without '='; all of it <= MAX_ENV_BYTES
+    env       at most MAX_ENV_VARS; keys 1..MAX_ENV_KEY printable characters without '='; each NAME=value at most
+              MAX_ARG_BYTES; all of it <= MAX_ENV_BYTES
     cwd       an absolute path of at most MAX_PATH bytes
     any text  valid Unicode (no lone UTF-16 surrogate, which has no UTF-8 form) and no NUL (execve and C strings end
               at NUL, so the process would get something else than what was stored)
@@ -109,6 +110,10 @@ def env_problems(env: Mapping[str, str]) -> list[Problem]:
         why = text_problem(value) if isinstance(value, str) else None
         if why is not None:
             out.append((key, f"the value {why}"))
+            continue
+        if isinstance(value, str) and _utf8_len(key) + 1 + _utf8_len(value) > MAX_ARG_BYTES:
+            # NAME=value is one string for execve, under the same per-string limit as an argument
+            out.append((key, f"NAME=value must be at most {MAX_ARG_BYTES} bytes, got {_utf8_len(value)} for the value"))
             continue
         total += _utf8_len(key) + (_utf8_len(value) if isinstance(value, str) else 0) + 2
     if total > MAX_ENV_BYTES:
