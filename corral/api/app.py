@@ -12,8 +12,11 @@
 The caller is whoever is on the other end of the Unix socket: the server puts (uid, gid, user) from SO_PEERCRED into
 `scope["corral.peer"]` and "unix" into `scope["corral.via"]`; over TCP it is the owner of the bearer token ("token").
 Users see and cancel only their own jobs (another user's job is "no job N"); uid 0 sees all.
-Errors are `{"detail": {"field": ..., "message": ...}}`: 422 for a bad request, 404 for an unknown job, 503 when the
-store fails.
+Errors are `{"detail": {"field": ..., "message": ...}}`: 422 for a bad request, 404 for an unknown job (or route),
+405 for a method a route does not take, 400 for a body that is not JSON, 409 for an idempotency key used for another
+request, 413 for a body over 1 MiB, 415 for a body that is not JSON by its content type, 503 when the store fails.
+Under the peers' prefixes (/metronome, /marathon, /chronos) the same errors come in the peer's shape
+(`corral.api.limits`). Every limit on input is in docs/limits.md.
 """
 
 from __future__ import annotations
@@ -26,19 +29,21 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from corral.api.schemas import ErrorOut, ExplainOut, JobOut, SubmitIn, TokenIn, TokenOut
+from corral.api.limits import MAX_OFFSET, InputLimits, SafeJSONResponse, clean, face_of, message_answer
+from corral.api.schemas import IDEMPOTENCY_KEY, ErrorOut, ExplainOut, JobOut, SubmitIn, TokenIn, TokenOut
 from corral.cli.main import build_request
 from corral.daemon.core import Daemon
 from corral.daemon.tokens import TokenFileError, TokenNotFound, TokenStore
 from corral.jobs.environment import admitted_environment
-from corral.jobs.model import Job, JobSpec, JobState
+from corral.jobs.model import Job, JobSpec, JobState, check_admissible, spec_to_json
 from corral.model.errors import InvalidRequest
 from corral.model.units import parse_duration_seconds
-from corral.store import JobNotFound, StoreError
+from corral.store import JobNotFound, KeyInUse, StoreError
 
 log = logging.getLogger("corral.api")
 
@@ -65,7 +70,7 @@ def api_field(name: str) -> str:
 
 
 def error(status: int, field: str, message: str) -> JSONResponse:
-    return JSONResponse(status_code=status, content={"detail": {"field": field, "message": message}})
+    return SafeJSONResponse(status_code=status, content={"detail": {"field": field, "message": message}})
 
 
 def peer(request: Request) -> Peer:
@@ -77,6 +82,18 @@ def peer(request: Request) -> Peer:
 
 
 Caller = Annotated[Peer, Depends(peer)]
+
+#: The priorities a user other than root may give (root: any 32-bit priority). Higher runs first, so an unbounded
+#: priority let any user jump every queue; the range leaves users room to order their own work.
+USER_PRIORITY = (-100, 100)
+
+
+def check_priority(priority: int, who: Peer) -> None:
+    low, high = USER_PRIORITY
+    if not who.root and not low <= priority <= high:
+        raise HTTPException(
+            403, {"field": "priority", "message": f"must be in {low}..{high} (only root may go beyond), got {priority}"}
+        )
 
 
 def spec_from(body: SubmitIn, who: Peer) -> JobSpec:
@@ -122,33 +139,50 @@ def create_app(
     documented: dict[int | str, dict[str, Any]] = {
         code: {"model": ErrorOut, "description": text}
         for code, text in (
+            (400, "The body is not JSON (not UTF-8, a syntax error, NaN or Infinity)"),
             (401, "Unknown caller (no peer credentials, or no valid bearer token over TCP)"),
             (403, "Not allowed for this caller"),
-            (404, "No such job or token (or not the caller's)"),
+            (404, "No such job or token (or not the caller's), or no such route"),
+            (405, "The route does not take this method"),
+            (413, "The body is larger than 1 MiB"),
+            (415, "The body is not application/json"),
             (422, "Invalid request: the field and the rule it broke"),
             (503, "The job store failed"),
         )
     }
+    # Not default_response_class=SafeJSONResponse: a custom class turns off FastAPI's fast path (pydantic straight
+    # to JSON bytes) for every response model; JobOut cleans its own text instead.
     app = FastAPI(title="corral", version="1", responses=documented)
+    app.add_middleware(InputLimits)
 
     @app.exception_handler(RequestValidationError)
-    def _malformed(_: Request, exc: Exception) -> JSONResponse:
+    def _malformed(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
         errors = exc.errors()
         if not errors:
-            return error(422, "request", "invalid request")
+            return message_answer(422, request.url.path, "request", "invalid request")
         first = errors[0]
-        loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path")]
+        if first.get("type") == "json_invalid":  # InputLimits parses every body first; this is a fallback
+            return message_answer(400, request.url.path, "body", f"the body is not valid JSON: {first.get('msg')}")
+        loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "header")]
         field = ".".join(loc) or "request"
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        return error(422, field, f"{first.get('msg', 'invalid')}{more}")
+        text = f"{first.get('msg', 'invalid')}{more}"
+        if face_of(request.url.path) in ("corral", "definitions"):
+            return message_answer(422, request.url.path, field, text)
+        return message_answer(400, request.url.path, field, f"{field}: {text}")  # a peer's query parameter
 
-    @app.exception_handler(HTTPException)
-    def _http(_: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, HTTPException)
+    @app.exception_handler(StarletteHTTPException)
+    def _http(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        path = request.url.path
         if isinstance(exc.detail, dict):
             return JSONResponse(status_code=exc.status_code, content={"detail": exc.detail}, headers=exc.headers)
-        return error(exc.status_code, "request", str(exc.detail))
+        if exc.status_code == 404:
+            return message_answer(404, path, "path", f"no route {request.method} {path}")
+        if exc.status_code == 405:
+            return message_answer(405, path, "method", f"{path} does not take {request.method}", headers=exc.headers)
+        return message_answer(exc.status_code, path, "request", str(exc.detail), headers=exc.headers)
 
     @app.exception_handler(TokenNotFound)
     @app.exception_handler(JobNotFound)
@@ -183,17 +217,41 @@ def create_app(
             raise JobNotFound(job_id)
         return job
 
-    @app.post("/v1/jobs", status_code=201, response_model=JobOut)
-    def submit(body: SubmitIn, who: Caller) -> JobOut:
+    @app.post(
+        "/v1/jobs",
+        status_code=201,
+        response_model=JobOut,
+        responses={
+            200: {"model": JobOut, "description": "The job made earlier with this Idempotency-Key (a retry)"},
+            409: {"model": ErrorOut, "description": "The Idempotency-Key was used for another request"},
+        },
+    )
+    def submit(
+        body: SubmitIn,
+        who: Caller,
+        key_header: Annotated[str | None, Header(alias="Idempotency-Key", pattern=IDEMPOTENCY_KEY)] = None,
+    ) -> Any:
+        check_priority(body.priority, who)
         try:
             spec = spec_from(body, who)
         except InvalidRequest:
             raise
         except (ValueError, TypeError) as exc:  # a malformed value that no check above named
             raise InvalidRequest("request", str(exc)) from exc
+        check_admissible(spec)
+        key = key_header if key_header is not None else body.idempotency_key
         # Admission needs no scheduler lock (the store is atomic; the daemon checks against an idle machine under a
         # lock of its own), so submissions are not held up by a scheduling round.
-        job = daemon.submit(spec)
+        try:
+            job = daemon.submit(spec, idempotency_key=key)
+        except KeyInUse as exc:
+            if spec_to_json(exc.job.spec) != spec_to_json(spec):
+                return error(
+                    409,
+                    "idempotency_key",
+                    f"the key {exc.key!r} was used for job {exc.job.id}, a different request; use a new key",
+                )
+            return JSONResponse(status_code=200, content=JobOut.of(exc.job).model_dump(mode="json"))
         wake()
         return JobOut.of(job)
 
@@ -220,7 +278,7 @@ def create_app(
     @app.get("/v1/jobs/{job_id}/explain", response_model=ExplainOut)
     def explain(job_id: str, who: Caller) -> ExplainOut:
         job = visible(job_id, who)
-        return ExplainOut(state=job.state.value, reason=job.reason)
+        return ExplainOut(state=job.state.value, reason=clean(job.reason))
 
     @app.get("/v1/gpus")
     def gpus(who: Caller) -> list[dict[str, Any]]:
@@ -261,7 +319,7 @@ def create_app(
         response_class=Response,
         responses={200: {"description": "The log's bytes", "content": {"text/plain": {"schema": {"type": "string"}}}}},
     )
-    def logs(job_id: str, who: Caller, offset: Annotated[int, Query(ge=0)] = 0) -> Response:
+    def logs(job_id: str, who: Caller, offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0) -> Response:
         """The log's bytes from `offset` (at most 4 MiB); `X-Corral-Next-Offset` says where the next read starts and
         `X-Corral-Job-State` whether more can come (a final state: no more output), for `corral logs -f`."""
         job = visible(job_id, who)

@@ -24,12 +24,14 @@ from fastapi import APIRouter, Body
 from fastapi.responses import JSONResponse, Response
 
 from corral.api.app import Caller, Peer
+from corral.api.limits import SafeJSONResponse
 from corral.jobs.controller import Entry, JobsController
 from corral.jobs.definitions import Conflict, DefinitionNotFound, NameTaken, Owner, instant, iso
 from corral.mesos import chronos as c
 from corral.mesos import metronome
 from corral.mesos.errors import ErrorDetail, ObjectNotValid, Problems
 from corral.model.errors import InvalidRequest
+from corral.model.limits import command_problems
 from corral.schedule.iso8601 import RepeatingInterval
 
 STATUS = c.STATUS
@@ -66,7 +68,7 @@ def job_json(ctl: JobsController, entry: Entry, now: float) -> dict[str, Any]:
 
 
 def _answer(status: int, body: Any) -> JSONResponse:
-    return JSONResponse(status_code=status, content=body)
+    return SafeJSONResponse(status_code=status, content=body)
 
 
 def _problem(path: str, message: str) -> ObjectNotValid:
@@ -154,6 +156,8 @@ def chronos_router(
         def work() -> Response:
             ctl.visible(name, owner(who), "chronos")
             args = [a for a in arguments.split(",") if a] if arguments else []
+            for _, why in command_problems(args):  # appended to the job's command: the same bounds
+                raise InvalidRequest("arguments", f"arguments {why}")
             ctl.start_run(name, owner(who), clock(), arguments=args)
             wake()
             return Response(status_code=204)

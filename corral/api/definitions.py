@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse
 from corral.api import chronos as chronos_api
 from corral.api import metronome as metronome_api
 from corral.api.app import Caller, Peer
+from corral.api.limits import SafeJSONResponse
 from corral.daemon.core import Daemon
 from corral.jobs.controller import Entry, JobsController
 from corral.jobs.definitions import (
@@ -118,7 +119,7 @@ def summary(ctl: JobsController, entry: Entry, now: float) -> dict[str, Any]:
 
 
 def _error(status: int, field: str, message: str) -> JSONResponse:
-    return JSONResponse(status_code=status, content={"detail": {"field": field, "message": message}})
+    return SafeJSONResponse(status_code=status, content={"detail": {"field": field, "message": message}})
 
 
 def definitions_router(
@@ -169,7 +170,7 @@ def definitions_router(
                 spec = cjob.model_dump(by_alias=True, exclude_none=True)
                 entry = ctl.create("chronos", cjob.name, spec, runner, now, c.STATUS)
             wake()
-            return JSONResponse(status_code=201, content=summary(ctl, entry, now))
+            return SafeJSONResponse(status_code=201, content=summary(ctl, entry, now))
 
         return guarded(work)
 
@@ -177,7 +178,7 @@ def definitions_router(
     def list_definitions(who: Caller) -> JSONResponse:
         def work() -> JSONResponse:
             now = clock()
-            return JSONResponse([summary(ctl, e, now) for e in ctl.entries(owner(who))])
+            return SafeJSONResponse([summary(ctl, e, now) for e in ctl.entries(owner(who))])
 
         return guarded(work)
 
@@ -192,7 +193,7 @@ def definitions_router(
             else:
                 out["spec"] = chronos_api.job_json(ctl, entry, now)
             out["runs"] = [run_json(r) for r in ctl.runs(name)]
-            return JSONResponse(out)
+            return SafeJSONResponse(out)
 
         return guarded(work)
 
@@ -201,7 +202,7 @@ def definitions_router(
         def work() -> JSONResponse:
             entry = ctl.delete(name, owner(who), stop_runs)
             wake()
-            return JSONResponse({"name": entry.name, "deleted": True})
+            return SafeJSONResponse({"name": entry.name, "deleted": True})
 
         return guarded(work)
 
@@ -210,7 +211,7 @@ def definitions_router(
         def work() -> JSONResponse:
             run = ctl.start_run(name, owner(who), clock())
             wake()
-            return JSONResponse(status_code=201, content=run_json(run))
+            return SafeJSONResponse(status_code=201, content=run_json(run))
 
         return guarded(work)
 
@@ -218,7 +219,7 @@ def definitions_router(
     def runs(name: str, who: Caller) -> JSONResponse:
         def work() -> JSONResponse:
             ctl.visible(name, owner(who))
-            return JSONResponse([run_json(r) for r in ctl.runs(name)])
+            return SafeJSONResponse([run_json(r) for r in ctl.runs(name)])
 
         return guarded(work)
 

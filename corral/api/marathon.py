@@ -28,6 +28,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from corral.api.app import Caller, Peer
+from corral.api.limits import SafeJSONResponse
 from corral.daemon.core import CANCELLING, Daemon
 from corral.jobs.model import Job, JobState
 from corral.mesos.errors import ObjectNotValid
@@ -51,7 +52,7 @@ PREFIX = "/marathon"
 
 
 def _message(status: int, text: str) -> JSONResponse:
-    return JSONResponse(status_code=status, content={"message": text})
+    return SafeJSONResponse(status_code=status, content={"message": text})
 
 
 def task_json(app: App, job: Job, controller: ServicesController, daemon: Daemon) -> dict[str, Any]:
@@ -124,7 +125,8 @@ def app_json(
 
 
 def router(daemon: Daemon, lock: threading.Lock, wake: Callable[[], None], controller: ServicesController) -> APIRouter:
-    api = APIRouter(prefix=PREFIX, tags=["marathon"])
+    # Routes answer plain dicts of stored documents: SafeJSONResponse encodes text an older corral stored unchecked.
+    api = APIRouter(prefix=PREFIX, tags=["marathon"], default_response_class=SafeJSONResponse)
 
     def mine(app: App | None, who: Peer, app_id: str) -> App:
         if app is None or not (who.root or app.owner.uid == who.uid or app.doc.get("createdBy") == who.user):
@@ -137,7 +139,7 @@ def router(daemon: Daemon, lock: threading.Lock, wake: Callable[[], None], contr
             with lock:
                 result = work()
         except ObjectNotValid as exc:
-            return JSONResponse(status_code=422, content=exc.to_json())
+            return SafeJSONResponse(status_code=422, content=exc.to_json())
         except AppExists as exc:
             return _message(409, str(exc))
         except AppNotFound as exc:
@@ -167,7 +169,7 @@ def router(daemon: Daemon, lock: threading.Lock, wake: Callable[[], None], contr
         def work() -> Any:
             app = controller.create(daemon, raw, Owner(who.uid, who.gid, who.user))
             body = app_json(app, [], controller, daemon)
-            return JSONResponse(status_code=201, content=body, headers={"Location": f"{PREFIX}/v2/apps{app.key}"})
+            return SafeJSONResponse(status_code=201, content=body, headers={"Location": f"{PREFIX}/v2/apps{app.key}"})
 
         return await run_in_threadpool(answer, work)
 
@@ -215,7 +217,7 @@ def router(daemon: Daemon, lock: threading.Lock, wake: Callable[[], None], contr
             if existing is not None:
                 mine(existing, who, app_id)
             app, created = controller.update(daemon, app_id, raw, Owner(who.uid, who.gid, who.user))
-            return JSONResponse(status_code=201 if created else 200, content=change(app))
+            return SafeJSONResponse(status_code=201 if created else 200, content=change(app))
 
         return await run_in_threadpool(answer, work)
 

@@ -29,6 +29,7 @@ from fastapi import APIRouter, Body, Query
 from fastapi.responses import JSONResponse
 
 from corral.api.app import Caller, Peer
+from corral.api.limits import SafeJSONResponse
 from corral.jobs.controller import Entry, JobsController
 from corral.jobs.definitions import (
     STARTING,
@@ -102,7 +103,7 @@ def _next_from(ctl: JobsController, entry: Entry, now: float) -> datetime:
 
 
 def _answer(status: int, body: Any) -> JSONResponse:
-    return JSONResponse(status_code=status, content=body)
+    return SafeJSONResponse(status_code=status, content=body)
 
 
 def metronome_router(

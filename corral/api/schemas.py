@@ -2,28 +2,40 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
+from corral.api.limits import clean
 from corral.daemon.tokens import MAX_NAME, Token
 from corral.jobs.model import Job
+from corral.model import limits
+from corral.model.resources import MAX_PRIORITY, MAX_QUANTITY
+from corral.model.units import MAX_QUANTITY_TEXT
+
+#: An Idempotency-Key (header or field): printable ASCII, as the IETF draft's examples (a UUID fits).
+IDEMPOTENCY_KEY = r"^[\x21-\x7e]{1,128}$"
 
 
 class SubmitIn(BaseModel):
-    """A job to run. Resource fields read like the CLI flags of `corral submit`."""
+    """A job to run. Resource fields read like the CLI flags of `corral submit`. Bounds: docs/limits.md."""
 
-    command: list[str] = Field(min_length=1)
-    gpus: int | None = None
-    gpu_fraction: float | None = None
-    gpu_memory: str | None = None
-    cpus: str = "1"
-    memory: str = "1GiB"
-    gpu_model: list[str] = Field(default_factory=list)
-    priority: int = 0
-    name: str = ""
-    retries: int = 0
-    time_limit: str | None = None
-    env: dict[str, str] = Field(default_factory=dict)
-    cwd: str = "/"
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    command: list[str] = Field(min_length=1, max_length=limits.MAX_ARGS)
+    gpus: int | None = Field(default=None, ge=0, le=MAX_QUANTITY["gpu_count"])
+    gpu_fraction: float | None = Field(default=None, gt=0, lt=1)
+    gpu_memory: str | None = Field(default=None, max_length=MAX_QUANTITY_TEXT)
+    cpus: str = Field(default="1", max_length=MAX_QUANTITY_TEXT)
+    memory: str = Field(default="1GiB", max_length=MAX_QUANTITY_TEXT)
+    gpu_model: list[str] = Field(default_factory=list, max_length=64)
+    #: users: USER_PRIORITY; root: up to MAX_PRIORITY
+    priority: int = Field(default=0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
+    name: str = Field(default="", max_length=limits.MAX_NAME)
+    retries: int = Field(default=0, ge=0, le=100)
+    time_limit: str | None = Field(default=None, max_length=MAX_QUANTITY_TEXT)
+    env: dict[str, str] = Field(default_factory=dict, max_length=limits.MAX_ENV_VARS)
+    cwd: str = Field(default="/", max_length=limits.MAX_PATH)
+    #: The same job for the same key (the `Idempotency-Key` header does the same; the header wins)
+    idempotency_key: str | None = Field(default=None, pattern=IDEMPOTENCY_KEY)
 
 
 class GpuOut(BaseModel):
@@ -52,12 +64,13 @@ class JobOut(BaseModel):
     @classmethod
     def of(cls, job: Job) -> JobOut:
         uuids = list(job.gpu_uuids) + [""] * max(0, len(job.gpus) - len(job.gpu_uuids))
+        # clean(): a job stored by an older corral may hold a lone surrogate; the answer must still encode.
         return cls(
             id=job.id,
-            name=job.spec.name,
-            user=job.spec.user,
+            name=clean(job.spec.name),
+            user=clean(job.spec.user),
             state=job.state.value,
-            command=list(job.spec.command),
+            command=[clean(a) for a in job.spec.command],
             priority=job.spec.request.priority,
             submitted_at=job.submitted_at,
             started_at=job.started_at,
@@ -68,8 +81,8 @@ class JobOut(BaseModel):
                 GpuOut(index=g.index, uuid=u, milli=g.milli, memory_mib=g.memory_mib)
                 for g, u in zip(job.gpus, uuids, strict=False)
             ],
-            reason=job.reason,
-            origin=job.spec.origin,
+            reason=clean(job.reason),
+            origin=clean(job.spec.origin),
         )
 
 
@@ -80,7 +93,7 @@ class ExplainOut(BaseModel):
 
 class TokenIn(BaseModel):
     name: str = Field(min_length=1, max_length=MAX_NAME)
-    user: str | None = None  # root only: a token for another user
+    user: str | None = Field(default=None, min_length=1, max_length=256)  # root only: a token for another user
 
 
 class TokenOut(BaseModel):

@@ -16,6 +16,7 @@ import os
 import socket as sock_module
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -25,17 +26,20 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from corral.cli.render import error_line, row, say
 from corral.jobs.environment import admitted_environment
 
 EXIT_BAD_INPUT = 2
 EXIT_SERVER = 1
+#: Resends of a submission whose answer was lost (with backoff: about 6 s in all), enough for a daemon restart.
+SUBMIT_RETRIES = 5
 
 out = Console()
 err = Console(stderr=True, soft_wrap=True)
 
 
 def fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    error_line(err, message)
     return typer.Exit(code)
 
 
@@ -143,29 +147,47 @@ def call(
     method: str,
     url: str,
     describe: Callable[[httpx.Response], str] | None = None,
+    *,
+    retries: int = 0,
     **kwargs: Any,
 ) -> httpx.Response:
     """One request to the daemon (CORRAL_URL if set, else its Unix socket); exits with a one-line error if it fails.
 
-    `describe` words an error answer (default `error_text`, corral's own error bodies)."""
+    `describe` words an error answer (default `error_text`, corral's own error bodies). `retries`: how often to send
+    the request again when it went out but no answer came back (the connection broke, the daemon restarted), for
+    requests that are safe to repeat (a submission with an Idempotency-Key)."""
     base = os.environ.get("CORRAL_URL", "").rstrip("/")
+    token = os.environ.get("CORRAL_TOKEN", "")
     if base and socket_opt is None:
         where = base
-        token = os.environ.get("CORRAL_TOKEN", "")
         if not token:
             raise fail("CORRAL_URL is set but CORRAL_TOKEN is not: create one with `corral token create NAME`")
-        client = httpx.Client(base_url=base, timeout=30, headers={"Authorization": f"Bearer {token}"})
     else:
         path, looked = (socket_opt, [socket_opt]) if socket_opt is not None else locate_socket()
         where = " nor at ".join(str(p) for p in looked)
-        client = httpx.Client(transport=httpx.HTTPTransport(uds=str(path)), base_url="http://corral", timeout=30)
-    try:
-        with client:
-            response = client.request(method, url, **kwargs)
-    except (httpx.ConnectError, FileNotFoundError, ConnectionRefusedError):
-        raise fail(f"corral serve is not running at {where}") from None
-    except httpx.HTTPError as exc:
-        raise fail(f"talking to corral serve at {where}: {exc}", EXIT_SERVER) from None
+
+    def connect() -> httpx.Client:
+        if base and socket_opt is None:
+            return httpx.Client(base_url=base, timeout=30, headers={"Authorization": f"Bearer {token}"})
+        return httpx.Client(transport=httpx.HTTPTransport(uds=str(path)), base_url="http://corral", timeout=30)
+
+    attempt = 0
+    while True:
+        try:
+            with connect() as client:
+                response = client.request(method, url, **kwargs)
+            break
+        except (httpx.ConnectError, FileNotFoundError, ConnectionRefusedError):
+            # Nothing was sent. The first time: no daemon. After a lost answer: it may be restarting, so try again.
+            if attempt == 0 or attempt >= retries:
+                raise fail(f"corral serve is not running at {where}") from None
+        except httpx.TransportError as exc:  # sent, but the answer was lost
+            if attempt >= retries:
+                raise fail(f"talking to corral serve at {where}: {exc}", EXIT_SERVER) from None
+        except httpx.HTTPError as exc:
+            raise fail(f"talking to corral serve at {where}: {exc}", EXIT_SERVER) from None
+        attempt += 1
+        time.sleep(min(0.1 * 2**attempt, 2.0))
     if response.status_code >= 400:
         text = (describe or error_text)(response)
         raise fail(text, EXIT_BAD_INPUT if response.status_code < 500 else EXIT_SERVER)
@@ -285,7 +307,9 @@ def submit_cmd(
         "env": admitted_environment(os.environ),
         "cwd": os.getcwd(),
     }
-    job = call(socket, "POST", "/v1/jobs", json=body).json()
+    # One key per submission: a retry after a lost answer gets the job the first attempt made, not a second one.
+    key = {"Idempotency-Key": str(uuid.uuid4())}
+    job = call(socket, "POST", "/v1/jobs", json=body, headers=key, retries=SUBMIT_RETRIES).json()
     sys.stdout.write(f"{job['id']}\n")
 
 
@@ -301,7 +325,7 @@ def ps_cmd(
         return
     table = Table("ID", "NAME", "USER", "STATE", "GPUS", "COMMAND", "REASON")
     for j in jobs:
-        table.add_row(j["id"], j["name"], j["user"], j["state"], gpus_text(j), " ".join(j["command"]), j["reason"])
+        row(table, j["id"], j["name"], j["user"], j["state"], gpus_text(j), " ".join(j["command"]), j["reason"])
     out.print(table)
 
 
@@ -313,7 +337,7 @@ def show_cmd(job_id: str, as_json: JsonOpt = False, socket: SocketOpt = None) ->
         return
     for key, value in job.items():
         text = gpus_text(job) if key == "gpus" else " ".join(value) if key == "command" else value
-        out.print(f"{key:>13}: {'' if text is None else text}", highlight=False)
+        say(out, f"{key:>13}: ", "" if text is None else text)
 
 
 FINAL_STATES = {"succeeded", "failed", "cancelled", "lost"}
@@ -354,7 +378,7 @@ def logs_cmd(
 def cancel_cmd(job_id: str, socket: SocketOpt = None) -> None:
     """Cancel a job (a running one gets SIGTERM)."""
     job = call(socket, "POST", f"/v1/jobs/{job_id}/cancel").json()
-    out.print(f"job {job['id']}: {job['state']} ({job['reason']})", highlight=False)
+    say(out, f"job {job['id']}: {job['state']} (", job["reason"], ")")
 
 
 def explain_cmd(job_id: str, as_json: JsonOpt = False, socket: SocketOpt = None) -> None:
@@ -363,7 +387,7 @@ def explain_cmd(job_id: str, as_json: JsonOpt = False, socket: SocketOpt = None)
     if as_json:
         dump(data)
         return
-    out.print(f"job {job_id} is {data['state']}: {data['reason'] or '-'}", highlight=False)
+    say(out, f"job {job_id} is {data['state']}: ", data["reason"] or "-")
 
 
 def gpus_cmd(as_json: JsonOpt = False, socket: SocketOpt = None) -> None:
@@ -379,8 +403,8 @@ def gpus_cmd(as_json: JsonOpt = False, socket: SocketOpt = None) -> None:
         def known(v: object) -> str:
             return "-" if v is None else str(v)
 
-        table.add_row(
-            f"{r['index']} {r['uuid']}", r["model"], f"{r['granted_milli'] / 10:g} %", held,
+        row(
+            table, f"{r['index']} {r['uuid']}", r["model"], f"{r['granted_milli'] / 10:g} %", held,
             known(r["used_memory_mib"]), known(r["foreign_memory_mib"]), known(r["utilization_pct"]),
         )  # fmt: skip
     out.print(table)
@@ -402,7 +426,7 @@ def token_create_cmd(
         dump(token)
         return
     sys.stdout.write(f"{token['token']}\n")
-    err.print(f"token {token['id']} ({token['name']}) for {token['user']}: use it as CORRAL_TOKEN", highlight=False)
+    say(err, f"token {token['id']} ({token['name']}) for {token['user']}: use it as CORRAL_TOKEN")
 
 
 @token_app.command("list")
@@ -414,7 +438,7 @@ def token_list_cmd(as_json: JsonOpt = False, socket: SocketOpt = None) -> None:
         return
     table = Table("ID", "NAME", "USER", "CREATED")
     for t in tokens:
-        table.add_row(t["id"], t["name"], t["user"], time.strftime("%Y-%m-%d %H:%M", time.localtime(t["created_at"])))
+        row(table, t["id"], t["name"], t["user"], time.strftime("%Y-%m-%d %H:%M", time.localtime(t["created_at"])))
     out.print(table)
 
 
@@ -422,7 +446,7 @@ def token_list_cmd(as_json: JsonOpt = False, socket: SocketOpt = None) -> None:
 def token_revoke_cmd(token_id: str, socket: SocketOpt = None) -> None:
     """Revoke a token: requests carrying it get 401 from now on."""
     call(socket, "DELETE", f"/v1/tokens/{token_id}")
-    out.print(f"token {token_id} revoked", highlight=False)
+    say(out, f"token {token_id} revoked")
 
 
 def register(app: typer.Typer) -> None:

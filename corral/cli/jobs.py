@@ -19,6 +19,7 @@ import typer
 from rich.table import Table
 
 from corral.cli.client import JsonOpt, SocketOpt, call, dump, fail, out
+from corral.cli.render import row, say
 
 job_app = typer.Typer(no_args_is_help=True, help="Named job definitions (Metronome or Chronos JSON) and their runs.")
 
@@ -58,7 +59,7 @@ def create_cmd(
         dump(created)
         return
     nxt = f"; next run {_when(created['next_run_at'])}" if created["next_run_at"] else ""
-    out.print(f"job {created['name']} created ({created['source']}){nxt}", highlight=False)
+    say(out, f"job {created['name']} created ({created['source']}){nxt}")
 
 
 @job_app.command("list")
@@ -70,8 +71,8 @@ def list_cmd(as_json: JsonOpt = False, socket: SocketOpt = None) -> None:
         return
     table = Table("NAME", "SOURCE", "USER", "SCHEDULE", "NEXT RUN", "ACTIVE", "LAST", "OK/FAILED")
     for d in rows:
-        table.add_row(
-            d["name"], d["source"], d["user"], _schedule_text(d), _when(d["next_run_at"]), str(d["active_runs"]),
+        row(
+            table, d["name"], d["source"], d["user"], _schedule_text(d), _when(d["next_run_at"]), str(d["active_runs"]),
             d["last_status"] or "-", f"{d['success_count']}/{d['failure_count']}",
         )  # fmt: skip
     out.print(table)
@@ -87,13 +88,13 @@ def show_cmd(name: str, as_json: JsonOpt = False, socket: SocketOpt = None) -> N
     for key in ("name", "source", "user", "description", "command", "image", "cpus", "memory_mib", "gpus"):
         value = d[key]
         text = " ".join(value) if isinstance(value, list) else ("-" if value in (None, "") else value)
-        out.print(f"{key:>13}: {text}", highlight=False)
-    out.print(f"{'schedule':>13}: {_schedule_text(d)}", highlight=False)
-    out.print(f"{'next run':>13}: {_when(d['next_run_at'])}", highlight=False)
-    out.print(f"{'runs':>13}: {d['success_count']} succeeded, {d['failure_count']} failed", highlight=False)
+        say(out, f"{key:>13}: ", text)
+    say(out, f"{'schedule':>13}: ", _schedule_text(d))
+    say(out, f"{'next run':>13}: ", _when(d["next_run_at"]))
+    say(out, f"{'runs':>13}: {d['success_count']} succeeded, {d['failure_count']} failed")
     for r in d["runs"][-10:]:
         tasks = ",".join(t["id"] for t in r["tasks"]) or "-"
-        out.print(f"{'':>13}  {r['id']} {r['status']:<8} {r['trigger']:<10} jobs {tasks}", highlight=False)
+        say(out, f"{'':>13}  {r['id']} {r['status']:<8} {r['trigger']:<10} jobs {tasks}")
 
 
 @job_app.command("run")
@@ -105,8 +106,7 @@ def run_cmd(name: str, as_json: JsonOpt = False, socket: SocketOpt = None) -> No
         return
     tasks = ",".join(t["id"] for t in run["tasks"])
     sys.stdout.write(f"{run['id']}\n")
-    out.print(f"run {run['id']} of {name}: {run['status']}" + (f" (corral job {tasks})" if tasks else ""),
-              highlight=False)  # fmt: skip
+    say(out, f"run {run['id']} of {name}: {run['status']}" + (f" (corral job {tasks})" if tasks else ""))
 
 
 @job_app.command("runs")
@@ -118,8 +118,8 @@ def runs_cmd(name: str, as_json: JsonOpt = False, socket: SocketOpt = None) -> N
         return
     table = Table("RUN", "STATUS", "TRIGGER", "CREATED", "COMPLETED", "JOBS", "REASON")
     for r in runs:
-        table.add_row(
-            r["id"], r["status"], r["trigger"], _when(r["createdAt"]), _when(r["completedAt"]),
+        row(
+            table, r["id"], r["status"], r["trigger"], _when(r["createdAt"]), _when(r["completedAt"]),
             ",".join(t["id"] for t in r["tasks"]) or "-", r["reason"],
         )  # fmt: skip
     out.print(table)
@@ -133,4 +133,4 @@ def delete_cmd(
 ) -> None:
     """Delete a job definition (refused while it has active runs, unless --stop-runs)."""
     call(socket, "DELETE", f"/v1/definitions/{name}", params={"stop_runs": str(stop_runs).lower()})
-    out.print(f"job {name} deleted", highlight=False)
+    say(out, f"job {name} deleted")

@@ -18,6 +18,7 @@ from rich.table import Table
 
 from corral.cli.client import register as register_client
 from corral.cli.jobs import job_app
+from corral.cli.render import error_line, literal, row
 from corral.cli.services import app as services_app
 from corral.cli.sim import app as sim_app
 from corral.gpu.simulated import parse_simulated_inventory
@@ -44,7 +45,7 @@ EXIT_NO_FIT = 3
 
 
 def fail(message: str) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    error_line(err, message)
     return typer.Exit(EXIT_BAD_INPUT)
 
 
@@ -179,13 +180,13 @@ def place_cmd(
     else:
         if simulate_gpus:
             out.print("[yellow]simulated GPU inventory[/] (no real devices)", highlight=False)
-        out.print(render_long(decision.explanation) if explain else render(decision.explanation), highlight=False)
+        out.print(literal(render_long(decision.explanation) if explain else render(decision.explanation), lines=True))
         if decision.allocation is not None:
             table = Table("GPU", "UUID", "model", "milli", "memory MiB", title=f"granted on {decision.allocation.node}")
             node = snapshot.nodes[decision.allocation.node_index]
             for g in decision.allocation.gpus:
                 dev = node.gpus[g.index]
-                table.add_row(str(g.index), dev.uuid, dev.model, str(g.milli), str(g.memory_mib))
+                row(table, g.index, dev.uuid, dev.model, g.milli, g.memory_mib)
             if decision.allocation.gpus:
                 out.print(table)
     if not decision.placed:
@@ -227,8 +228,8 @@ def discover_cmd(
 
     for g in gpus:
         peers = ",".join(str(p) for p in sorted(g.nvlink_peers)) or "-"
-        table.add_row(
-            str(g.index), g.uuid, g.model, str(g.memory_total_mib), cell(g.memory_used_mib), cell(g.utilization_pct),
+        row(
+            table, g.index, g.uuid, g.model, g.memory_total_mib, cell(g.memory_used_mib), cell(g.utilization_pct),
             cell(g.numa_node), cell(g.pcie_switch), peers,
         )  # fmt: skip
     out.print(table)

@@ -19,6 +19,7 @@ import typer
 from rich.table import Table
 
 from corral.cli.client import JsonOpt, SocketOpt, call, dump, error_text, fail, out
+from corral.cli.render import row, say
 
 app = typer.Typer(no_args_is_help=True, help="Services (Marathon apps): keep instances running.")
 
@@ -77,8 +78,8 @@ def list_cmd(as_json: JsonOpt = False, socket: SocketOpt = None) -> None:
     table = Table("ID", "INSTANCES", "HEALTHY", "GPUS", "USER", "WAITING")
     for a in apps:
         checks = "-" if not a.get("healthChecks") else str(a["tasksHealthy"])
-        table.add_row(
-            a["id"], f"{a['tasksRunning']}/{a['instances']}", checks, str(a["gpus"]), a["corral"]["user"],
+        row(
+            table, a["id"], f"{a['tasksRunning']}/{a['instances']}", checks, str(a["gpus"]), a["corral"]["user"],
             a["corral"]["waiting"] or "-",
         )  # fmt: skip
     out.print(table)
@@ -105,7 +106,7 @@ def show_cmd(app_id: str, as_json: JsonOpt = False, socket: SocketOpt = None) ->
     if failure:
         lines.append(("last failure", f"{failure['taskId']} {failure['state']}: {failure['message']}"))
     for key, value in lines:
-        out.print(f"{key:>13}: {value}", highlight=False)
+        say(out, f"{key:>13}: ", value)
     table = Table("INSTANCE", "JOB", "STATE", "PORTS", "GPUS", "HEALTH", "STARTED")
     for t in data.get("tasks", []):
         results = t["healthCheckResults"]
@@ -118,8 +119,8 @@ def show_cmd(app_id: str, as_json: JsonOpt = False, socket: SocketOpt = None) ->
         else:
             health = "unhealthy: " + "; ".join(r["lastFailureCause"] or "" for r in results if not r["alive"])
         gpus = ",".join(f"{g['index']} ({g['model']})" for g in t["corral"]["gpus"]) or "-"
-        table.add_row(
-            t["id"], t["corral"]["job"], t["state"], ",".join(map(str, t["ports"])) or "-", gpus, health,
+        row(
+            table, t["id"], t["corral"]["job"], t["state"], ",".join(map(str, t["ports"])) or "-", gpus, health,
             t["startedAt"] or "-",
         )  # fmt: skip
     out.print(table)
@@ -131,18 +132,18 @@ def scale_cmd(app_id: str, instances: int, socket: SocketOpt = None) -> None:
     if instances < 0:
         raise fail(f"instances must be >= 0, got {instances}")
     _request(socket, "PUT", _path(app_id), json={"instances": instances})
-    out.print(f"app /{app_id.strip('/')}: scaling to {instances} instance(s)", highlight=False)
+    say(out, f"app /{app_id.strip('/')}: scaling to {instances} instance(s)")
 
 
 @app.command("restart")
 def restart_cmd(app_id: str, socket: SocketOpt = None) -> None:
     """Replace every instance (within the app's upgrade strategy)."""
     _request(socket, "POST", _path(app_id) + "/restart")
-    out.print(f"app /{app_id.strip('/')}: restarting", highlight=False)
+    say(out, f"app /{app_id.strip('/')}: restarting")
 
 
 @app.command("delete")
 def delete_cmd(app_id: str, socket: SocketOpt = None) -> None:
     """Delete the app and stop its instances."""
     _request(socket, "DELETE", _path(app_id))
-    out.print(f"app /{app_id.strip('/')}: deleted", highlight=False)
+    say(out, f"app /{app_id.strip('/')}: deleted")

@@ -134,15 +134,16 @@ class Daemon:
         self.container_runtime = container_runtime
 
     # ---------------------------------------------------------------------------------------------- requests
-    def submit(self, spec: JobSpec) -> Job:
-        """Validate against this machine and store durably; the returned job is acknowledged."""
+    def submit(self, spec: JobSpec, idempotency_key: str | None = None) -> Job:
+        """Validate against this machine and store durably; the returned job is acknowledged. `idempotency_key`:
+        see `Store.add` (KeyInUse carries the job stored earlier under the key)."""
         with self._admit_lock:
             validate_against(self._empty, spec.request)
             # Refuse what this machine can never run, even when idle: it would wait for ever.
             empty = place(self._empty, spec.request, self.config, 0)
         if not empty.placed and all(empty.unresolvable(i) for i in range(len(self._empty))):
             raise InvalidRequest("request", f"can never run on this machine: {render(empty.explanation)}")
-        return self.store.add(spec, self.clock())
+        return self.store.add(spec, self.clock(), idempotency_key=idempotency_key)
 
     def cancel(self, job_id: str, uid: int | None = None) -> Job:
         """Cancel a job. `uid` None = root (any job); otherwise only the submitter's own jobs."""

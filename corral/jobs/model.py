@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
+from corral.model import limits
 from corral.model.errors import InvalidRequest
 from corral.model.resources import Constraint, GpuBehavior, GpuGrant, Request
 
@@ -85,8 +86,36 @@ class JobSpec:
             raise InvalidRequest("retries", f"must be in 0..100, got {self.retries}")
         if self.time_limit_s is not None and not self.time_limit_s > 0:
             raise InvalidRequest("time_limit", f"must be > 0 seconds, got {self.time_limit_s}")
-        if len(self.name) > 200:
-            raise InvalidRequest("name", "must be at most 200 characters")
+        if len(self.name) > limits.MAX_NAME:
+            raise InvalidRequest("name", f"must be at most {limits.MAX_NAME} characters")
+
+
+def admission_problems(spec: JobSpec) -> list[tuple[str, str]]:
+    """Everything that would make `spec` fail at launch or garble a listing, as (field, message) pairs.
+
+    Not in `__post_init__`: a job stored by an older corral must still be readable (and shown, escaped), so these
+    rules guard admission (the API, each face, and `Store.add`), not decoding."""
+    out: list[tuple[str, str]] = []
+    out += [(limits.joined("command", sub), why) for sub, why in limits.command_problems(spec.command)]
+    out += [(limits.joined("env", sub), why) for sub, why in limits.env_problems(spec.env)]
+    for name, problem in (
+        ("name", limits.name_problem(spec.name)),
+        ("cwd", limits.cwd_problem(spec.cwd)),
+        ("user", limits.text_problem(spec.user)),
+        ("origin", limits.free_text_problem(spec.origin, limits.MAX_PATH)),
+    ):
+        if problem is not None:
+            out.append((name, problem))
+    return out
+
+
+def check_admissible(spec: JobSpec) -> None:
+    """Raise InvalidRequest naming the first field of `spec` that cannot be admitted (see `admission_problems`)."""
+    problems = admission_problems(spec)
+    if problems:
+        field, message = problems[0]
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise InvalidRequest(field, message + more)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,21 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from corral.mesos.common import FetchUri, KeyValue, MesosModel
+from corral.mesos.common import (
+    MAX_CPUS,
+    MAX_GPUS,
+    MAX_ID,
+    MAX_MIB,
+    MAX_RETRIES,
+    MAX_SECONDS,
+    FetchUri,
+    KeyValue,
+    MesosModel,
+    check_command,
+    check_env,
+    check_shell,
+    check_text,
+)
 from corral.mesos.errors import Problems, validate_model
 from corral.mesos.model import (
     Artifact,
@@ -83,11 +97,11 @@ class ChronosJob(MesosModel):
     schedule_time_zone: str = ""
     parents: list[str] = []
     epsilon: str | None = None
-    retries: int = Field(default=2, ge=0)
-    cpus: float = Field(default=0, ge=0)
-    mem: float = Field(default=0, ge=0)
-    disk: float = Field(default=0, ge=0)
-    gpus: int = Field(default=0, ge=0)
+    retries: int = Field(default=2, ge=0, le=MAX_RETRIES)
+    cpus: float = Field(default=0, ge=0, le=MAX_CPUS)
+    mem: float = Field(default=0, ge=0, le=MAX_MIB)
+    disk: float = Field(default=0, ge=0, le=MAX_MIB)
+    gpus: int = Field(default=0, ge=0, le=MAX_GPUS)
     container: Container | None = None
     fetch: list[FetchUri] = []
     uris: list[str] = []
@@ -98,7 +112,7 @@ class ChronosJob(MesosModel):
     concurrent: bool = False
     soft_error: bool = False
     high_priority: bool = False
-    max_completion_time: int | None = Field(default=None, ge=1)
+    max_completion_time: int | None = Field(default=None, ge=1, le=MAX_SECONDS)
     constraints: list[list[str]] = []
     owner: str = ""
     description: str = ""
@@ -130,8 +144,16 @@ def parse_job(data: Any, *, now: datetime, known_jobs: Mapping[str, Any] | None 
     checks the parents; None skips that check."""
     job = validate_model(ChronosJob, data, STATUS)
     problems = Problems(status=STATUS)
-    if not JOB_NAME.fullmatch(job.name):
+    if len(job.name) > MAX_ID:
+        problems.add("/name", f"must be at most {MAX_ID} characters, got {len(job.name)}")
+    elif not JOB_NAME.fullmatch(job.name):
         problems.add("/name", f"must be letters, digits, '_', '.' or '-', got {job.name!r}")
+    check_shell(problems, job.command, "/command")
+    if not job.shell:
+        check_command(problems, job.arguments, "/arguments")
+    check_env(problems, {e.name: e.value for e in job.environment_variables}, "/environmentVariables")
+    for path, text in (("/description", job.description), ("/owner", job.owner)):
+        check_text(problems, text, path)
     if not job.command and job.container is None:
         problems.add("/command", "is required (it may be empty only for a container image)")
     if job.schedule is not None:

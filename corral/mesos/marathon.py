@@ -14,7 +14,21 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from corral.mesos.common import ID_SEGMENT, FetchUri, MesosModel
+from corral.mesos.common import (
+    ID_SEGMENT,
+    MAX_CPUS,
+    MAX_GPUS,
+    MAX_ID,
+    MAX_INSTANCES,
+    MAX_MIB,
+    MAX_SECONDS,
+    FetchUri,
+    MesosModel,
+    check_command,
+    check_env,
+    check_labels,
+    check_shell,
+)
 from corral.mesos.constraints import parse_constraints
 from corral.mesos.errors import Problems, validate_model
 from corral.mesos.model import (
@@ -45,14 +59,14 @@ class CommandCheck(MesosModel):
 class HealthCheck(MesosModel):
     protocol: Literal["HTTP", "HTTPS", "TCP", "COMMAND", "MESOS_HTTP", "MESOS_HTTPS", "MESOS_TCP"] = "HTTP"
     path: str = "/"
-    port_index: int | None = Field(default=None, ge=0)
+    port_index: int | None = Field(default=None, ge=0, le=65535)
     port: int | None = Field(default=None, ge=0, le=65535)
     command: CommandCheck | None = None
-    grace_period_seconds: int = Field(default=300, ge=0)
-    interval_seconds: int = Field(default=60, ge=1)
-    timeout_seconds: int = Field(default=20, ge=1)
-    max_consecutive_failures: int = Field(default=3, ge=0)
-    delay_seconds: int = Field(default=15, ge=0)
+    grace_period_seconds: int = Field(default=300, ge=0, le=MAX_SECONDS)
+    interval_seconds: int = Field(default=60, ge=1, le=MAX_SECONDS)
+    timeout_seconds: int = Field(default=20, ge=1, le=MAX_SECONDS)
+    max_consecutive_failures: int = Field(default=3, ge=0, le=2**31 - 1)
+    delay_seconds: int = Field(default=15, ge=0, le=MAX_SECONDS)
 
 
 class UpgradeStrategy(MesosModel):
@@ -85,15 +99,15 @@ class MarathonApp(MesosModel):
     id: str
     cmd: str | None = Field(default=None, min_length=1)
     args: list[str] | None = None
-    instances: int = Field(default=1, ge=0)
-    cpus: float = Field(default=1.0, ge=0.001)
-    mem: float = Field(default=128.0, ge=0)
-    disk: float = Field(default=0.0, ge=0)
-    gpus: int = Field(default=0, ge=0)
+    instances: int = Field(default=1, ge=0, le=MAX_INSTANCES)
+    cpus: float = Field(default=1.0, ge=0.001, le=MAX_CPUS)
+    mem: float = Field(default=128.0, ge=0, le=MAX_MIB)
+    disk: float = Field(default=0.0, ge=0, le=MAX_MIB)
+    gpus: int = Field(default=0, ge=0, le=MAX_GPUS)
     constraints: list[Any] = []  # [[field, OP, value?]]: checked by corral.mesos.constraints
-    backoff_seconds: float = Field(default=1.0, ge=0)
-    backoff_factor: float = Field(default=1.15, ge=1.0)
-    max_launch_delay_seconds: float = Field(default=300.0, ge=0)
+    backoff_seconds: float = Field(default=1.0, ge=0, le=MAX_SECONDS)
+    backoff_factor: float = Field(default=1.15, ge=1.0, le=1000.0)
+    max_launch_delay_seconds: float = Field(default=300.0, ge=0, le=MAX_SECONDS)
     health_checks: list[HealthCheck] = []
     upgrade_strategy: UpgradeStrategy | None = None
     kill_selection: Literal["YOUNGEST_FIRST", "OLDEST_FIRST"] = "YOUNGEST_FIRST"
@@ -108,7 +122,7 @@ class MarathonApp(MesosModel):
     accepted_resource_roles: list[str] = []
     user: str | None = None
     residency: Any = None
-    task_kill_grace_period_seconds: float | None = Field(default=None, ge=0)
+    task_kill_grace_period_seconds: float | None = Field(default=None, ge=0, le=MAX_SECONDS)
 
 
 def _check_unreachable(value: Any, problems: Problems) -> None:
@@ -130,7 +144,9 @@ def parse_app(data: Any, *, gpu_feature_enabled: bool = True) -> MarathonApp:
     `--enable_features gpu_resources` did; corral's daemon keeps them pending with a reason instead."""
     app = validate_model(MarathonApp, data)
     problems = Problems()
-    if not APP_ID.fullmatch(app.id):
+    if len(app.id) > MAX_ID:
+        problems.add("/id", f"must be at most {MAX_ID} characters, got {len(app.id)}")
+    elif not APP_ID.fullmatch(app.id):
         problems.add(
             "/id",
             f"must be a path of segments of lowercase letters, digits and hyphens (not starting or ending with a "
@@ -162,6 +178,11 @@ def parse_app(data: Any, *, gpu_feature_enabled: bool = True) -> MarathonApp:
         )
         if not ok:
             problems.add(f"/env/{name}", 'must be a string or {"secret": "<name of a defined secret>"}')
+    check_shell(problems, app.cmd, "/cmd")
+    if app.args is not None:
+        check_command(problems, app.args, "/args")
+    check_env(problems, app.env, "/env")
+    check_labels(problems, app.labels, "/labels")
     _check_unreachable(app.unreachable_strategy, problems)
     parse_constraints(app.constraints, "/constraints", problems)
     problems.raise_if_any()

@@ -22,7 +22,22 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
 
-from corral.mesos.common import ID_SEGMENT, FetchUri, KeyValue, MesosModel
+from corral.mesos.common import (
+    ID_SEGMENT,
+    MAX_CPUS,
+    MAX_GPUS,
+    MAX_ID,
+    MAX_MIB,
+    MAX_SECONDS,
+    FetchUri,
+    KeyValue,
+    MesosModel,
+    check_command,
+    check_env,
+    check_labels,
+    check_shell,
+    check_text,
+)
 from corral.mesos.errors import Problems, validate_model
 from corral.mesos.model import (
     Artifact,
@@ -90,7 +105,7 @@ class Placement(MesosModel):
 
 class Restart(MesosModel):
     policy: Literal["NEVER", "ON_FAILURE"]
-    active_deadline_seconds: int | None = Field(default=None, ge=1)
+    active_deadline_seconds: int | None = Field(default=None, ge=1, le=MAX_SECONDS)
 
 
 class VolumeSpec(MesosModel):
@@ -113,10 +128,10 @@ class SecretSource(MesosModel):
 class Run(MesosModel):
     model_config = ConfigDict(extra="forbid")
 
-    cpus: float = Field(ge=0.01)
-    mem: float = Field(ge=32)
-    disk: float = Field(ge=0)
-    gpus: int = Field(default=0, ge=0)
+    cpus: float = Field(ge=0.01, le=MAX_CPUS)
+    mem: float = Field(ge=32, le=MAX_MIB)
+    disk: float = Field(ge=0, le=MAX_MIB)
+    gpus: int = Field(default=0, ge=0, le=MAX_GPUS)
     cmd: str | None = Field(default=None, min_length=1)
     args: list[str] | None = None
     docker: Docker | None = None
@@ -125,10 +140,10 @@ class Run(MesosModel):
     secrets: dict[str, SecretSource] = {}
     placement: Placement = Placement()
     artifacts: list[FetchUri] = []
-    max_launch_delay: int = Field(default=3600, ge=1)
+    max_launch_delay: int = Field(default=3600, ge=1, le=MAX_SECONDS)
     restart: Restart = Restart(policy="NEVER")
     user: str | None = None
-    task_kill_grace_period_seconds: float | None = Field(default=None, ge=0)
+    task_kill_grace_period_seconds: float | None = Field(default=None, ge=0, le=MAX_SECONDS)
     volumes: list[VolumeSpec] = []
     networks: list[NetworkSpec] = []
 
@@ -137,7 +152,7 @@ class ScheduleSpec(MesosModel):
     id: str
     cron: str
     timezone: str = "UTC"
-    starting_deadline_seconds: int = Field(default=900, ge=1)
+    starting_deadline_seconds: int = Field(default=900, ge=1, le=MAX_SECONDS)
     concurrency_policy: Literal["ALLOW", "FORBID"] = "ALLOW"
     enabled: bool = True
 
@@ -229,8 +244,16 @@ def check_dependencies(
 
 def check_job(job: MetronomeJob, known_jobs: Mapping[str, Sequence[str]] | None, problems: Problems) -> None:
     run = job.run
-    if not JOB_ID.fullmatch(job.id):
+    if len(job.id) > MAX_ID:
+        problems.add("/id", f"must be at most {MAX_ID} characters, got {len(job.id)}")
+    elif not JOB_ID.fullmatch(job.id):
         problems.add("/id", f"must be dot-separated segments of {ID_RULE}, got {job.id!r}")
+    check_shell(problems, run.cmd, "/run/cmd")
+    if run.args is not None:
+        check_command(problems, run.args, "/run/args")
+    check_env(problems, run.env, "/run/env")
+    check_text(problems, job.description, "/description")
+    check_labels(problems, job.labels, "/labels")
     if run.cmd is None and run.docker is None and run.ucr is None:
         problems.add("/run", NO_COMMAND)
     if run.docker is not None and run.ucr is not None:

@@ -22,6 +22,19 @@ from corral.model.errors import InvalidRequest
 
 MILLI_PER_GPU = 1000
 
+#: Upper bounds of a request's quantities (docs/limits.md). Far beyond any machine, yet small enough that the engine's
+#: int64 sums over thousands of nodes cannot overflow: an absurd request is refused by name, not by an OverflowError.
+MAX_QUANTITY = {
+    "cpu_milli": 10**9,  # a million CPUs
+    "memory_mib": 2**40,  # 1 EiB
+    "gpu_count": 1024,
+    "gpu_milli": MILLI_PER_GPU,
+    "gpu_memory_mib": 2**30,  # 1 PiB per GPU
+    "min_gpu_memory_mib": 2**30,
+}
+#: The widest priority anyone may give (a 32-bit integer); the API narrows it for users other than root.
+MAX_PRIORITY = 2**31 - 1
+
 #: The request label that overrides the global GPU scheduling behaviour, as in Marathon and Metronome.
 GPU_BEHAVIOR_LABEL = "GPU_SCHEDULING_BEHAVIOR"
 
@@ -167,6 +180,10 @@ class Request:
                 raise InvalidRequest(name, f"must be a whole number, got {value!r}")
             if value < 0:
                 raise InvalidRequest(name, f"must be >= 0, got {value}")
+            if value > MAX_QUANTITY[name] and name != "gpu_milli":
+                raise InvalidRequest(name, f"must be at most {MAX_QUANTITY[name]}, got {value}")
+        if not isinstance(self.priority, int) or isinstance(self.priority, bool) or abs(self.priority) > MAX_PRIORITY:
+            raise InvalidRequest("priority", f"must be a whole number in -{MAX_PRIORITY}..{MAX_PRIORITY}")
         if self.gpu_milli > MILLI_PER_GPU:
             raise InvalidRequest(
                 "gpu_milli",

@@ -9,6 +9,12 @@ import math
 import re
 
 from corral.model.errors import InvalidRequest
+from corral.model.resources import MAX_QUANTITY
+
+#: A quantity is a short text; a longer one is refused before it is parsed (float("9" * 10**6) is slow, and inf).
+MAX_QUANTITY_TEXT = 64
+#: The longest duration (a time limit): ten years, far beyond any job, well inside what datetime can add.
+MAX_DURATION_S = 10 * 366 * 86400.0
 
 _MEM_UNITS = {
     "": 1.0 / (1024 * 1024),  # a bare number is bytes, as in Kubernetes quantities
@@ -35,14 +41,20 @@ _QTY = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
 
 def parse_memory_mib(text: str | int | float, field: str = "memory") -> int:
     """'10GiB' -> 10240, '512Mi' -> 512, '1G' -> 954; rounds up to whole MiB. Bare numbers are bytes."""
+    limit = MAX_QUANTITY["memory_mib"]
     if isinstance(text, int | float):
         if text < 0 or not math.isfinite(text):
             raise InvalidRequest(field, f"must be a non-negative amount, got {text!r}")
-        return math.ceil(text)
-    m = _QTY.match(text)
-    if not m or m.group(2).lower() not in _MEM_UNITS:
-        raise InvalidRequest(field, f"not a memory amount: {text!r} (examples: 512MiB, 10GiB, 16Gi, 2TB)")
-    return math.ceil(float(m.group(1)) * _MEM_UNITS[m.group(2).lower()] - 1e-9)
+        value = float(text)
+    else:
+        m = _QTY.match(text) if len(text) <= MAX_QUANTITY_TEXT else None
+        if not m or m.group(2).lower() not in _MEM_UNITS:
+            shown = text if len(text) <= MAX_QUANTITY_TEXT else text[:MAX_QUANTITY_TEXT] + "..."
+            raise InvalidRequest(field, f"not a memory amount: {shown!r} (examples: 512MiB, 10GiB, 16Gi, 2TB)")
+        value = float(m.group(1)) * _MEM_UNITS[m.group(2).lower()] - 1e-9
+    if not math.isfinite(value) or value > limit:
+        raise InvalidRequest(field, f"must be at most {limit} MiB (1 EiB), got {text!r}")
+    return max(0, math.ceil(value))
 
 
 def parse_cpu_milli(text: str | int | float, field: str = "cpus") -> int:
@@ -50,12 +62,15 @@ def parse_cpu_milli(text: str | int | float, field: str = "cpus") -> int:
     if isinstance(text, int | float):
         value = float(text) * 1000
     else:
-        m = _QTY.match(text)
+        m = _QTY.match(text) if len(text) <= MAX_QUANTITY_TEXT else None
         if not m or m.group(2) not in {"", "m"}:
-            raise InvalidRequest(field, f"not a CPU amount: {text!r} (examples: 2, 0.5, 250m)")
+            shown = text if len(text) <= MAX_QUANTITY_TEXT else text[:MAX_QUANTITY_TEXT] + "..."
+            raise InvalidRequest(field, f"not a CPU amount: {shown!r} (examples: 2, 0.5, 250m)")
         value = float(m.group(1)) * (1 if m.group(2) == "m" else 1000)
     if value < 0 or not math.isfinite(value):
         raise InvalidRequest(field, f"must be a non-negative amount, got {text!r}")
+    if value > MAX_QUANTITY["cpu_milli"]:
+        raise InvalidRequest(field, f"must be at most {MAX_QUANTITY['cpu_milli'] // 1000} CPUs, got {text!r}")
     return math.ceil(value - 1e-9)
 
 
@@ -66,9 +81,15 @@ _DURATION_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 def parse_duration_seconds(text: str, field: str = "time limit") -> float:
     """'90' -> 90.0, '2h' -> 7200.0, '1h30m' -> 5400.0."""
     stripped = text.strip()
+    if len(stripped) > MAX_QUANTITY_TEXT:
+        raise InvalidRequest(field, f"not a duration: at most {MAX_QUANTITY_TEXT} characters (examples: 90, 2h)")
     if re.fullmatch(r"\d+(?:\.\d+)?", stripped):
-        return float(stripped)
-    parts = _DURATION.findall(stripped)
-    if not parts or "".join(n + u for n, u in parts) != stripped.replace(" ", ""):
-        raise InvalidRequest(field, f"not a duration: {text!r} (examples: 90, 45m, 2h, 1h30m)")
-    return sum(float(n) * _DURATION_SECONDS[u] for n, u in parts)
+        seconds = float(stripped)
+    else:
+        parts = _DURATION.findall(stripped)
+        if not parts or "".join(n + u for n, u in parts) != stripped.replace(" ", ""):
+            raise InvalidRequest(field, f"not a duration: {text!r} (examples: 90, 45m, 2h, 1h30m)")
+        seconds = sum(float(n) * _DURATION_SECONDS[u] for n, u in parts)
+    if not seconds <= MAX_DURATION_S:
+        raise InvalidRequest(field, f"must be at most {MAX_DURATION_S:.0f} seconds (ten years), got {text!r}")
+    return seconds

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from corral.store.base import JobNotFound, StaleDocument, StaleJob, Store, StoreError
+from corral.store.base import IDEMPOTENCY_TTL_S, JobNotFound, KeyInUse, StaleDocument, StaleJob, Store, StoreError
 from corral.store.memory import MemoryStore
 from corral.store.sqlite import SqliteStore
 
 __all__ = [
+    "IDEMPOTENCY_TTL_S",
     "JobNotFound",
+    "KeyInUse",
     "MemoryStore",
     "SqliteStore",
     "StaleDocument",

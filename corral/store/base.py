@@ -58,6 +58,21 @@ class StaleDocument(InvalidRequest):
         self.actual = actual
 
 
+#: How long an idempotency key names its job: a retry within this time (of the job's submission) gets that job back;
+#: later, the key is free again (the rule of Stripe's API, which the IETF Idempotency-Key draft follows).
+IDEMPOTENCY_TTL_S = 24 * 3600.0
+
+
+class KeyInUse(InvalidRequest):
+    """`add(..., idempotency_key=k)`: the user already stored `job` under `k` (within IDEMPOTENCY_TTL_S); nothing new
+    was stored. The caller compares the specs: the same request gets `job` back, another one is a conflict."""
+
+    def __init__(self, key: str, job: Job) -> None:
+        super().__init__("idempotency_key", f"the key {key!r} was already used for job {job.id}")
+        self.key = key
+        self.job = job
+
+
 class StoreError(CorralError):
     """The store could not be read or written (an I/O error, a corrupt or foreign file, a closed store)."""
 
@@ -66,8 +81,17 @@ class StoreError(CorralError):
 class Store(Protocol):
     """The jobs of one `corral serve`. Safe to share between threads; every write is atomic and durable."""
 
-    def add(self, spec: JobSpec, now: float) -> Job:
-        """Store a new QUEUED job (version 1) submitted at `now`; ids are "1", "2", ..., never reused."""
+    def add(self, spec: JobSpec, now: float, *, idempotency_key: str | None = None) -> Job:
+        """Store a new QUEUED job (version 1) submitted at `now`; ids are "1", "2", ..., never reused.
+
+        A spec that `check_admissible` refuses (NUL, lone surrogates, oversized commands...) raises InvalidRequest
+        and is never stored. `idempotency_key`: recorded with the job in the same atomic write; if `spec.uid`
+        stored a job under the same key less than IDEMPOTENCY_TTL_S before `now`, nothing is stored and
+        `KeyInUse` carries that job."""
+        ...
+
+    def by_idempotency_key(self, uid: int, key: str, now: float) -> Job | None:
+        """The job `uid` stored under `key` less than IDEMPOTENCY_TTL_S before `now`, or None."""
         ...
 
     def get(self, job_id: str) -> Job | None:

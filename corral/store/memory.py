@@ -8,9 +8,11 @@ import threading
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from corral.jobs.model import Job, JobSpec, JobState, spec_from_json, spec_to_json
+from corral.jobs.model import Job, JobSpec, JobState, check_admissible, spec_from_json, spec_to_json
 from corral.store.base import (
+    IDEMPOTENCY_TTL_S,
     JobNotFound,
+    KeyInUse,
     StaleJob,
     StoreError,
     check_doc,
@@ -29,17 +31,36 @@ class MemoryStore:
         self._last_id = 0
         self._closed = False
         self._docs: dict[tuple[str, str], tuple[str, int]] = {}  # (kind, key) -> (JSON text, version)
+        self._keys: dict[tuple[int, str], tuple[str, float]] = {}  # (uid, idempotency key) -> (job id, when)
 
-    def add(self, spec: JobSpec, now: float) -> Job:
+    def add(self, spec: JobSpec, now: float, *, idempotency_key: str | None = None) -> Job:
+        check_admissible(spec)
         # A copy through JSON, as SQLite stores it: the caller's dicts (env, labels) cannot change the stored job, and
         # a spec that SQLite could not store fails here too.
         stored = spec_from_json(spec_to_json(spec))
         with self._lock:
             self._check_open()
+            if idempotency_key is not None:
+                earlier = self._keyed(spec.uid, idempotency_key, now)
+                if earlier is not None:
+                    raise KeyInUse(idempotency_key, earlier)
             self._last_id += 1
             job = Job(str(self._last_id), stored, JobState.QUEUED, submitted_at=float(now), version=1)
             self._jobs[job.id] = job
+            if idempotency_key is not None:
+                self._keys[(spec.uid, idempotency_key)] = (job.id, float(now))
             return job
+
+    def by_idempotency_key(self, uid: int, key: str, now: float) -> Job | None:
+        with self._lock:
+            self._check_open()
+            return self._keyed(uid, key, now)
+
+    def _keyed(self, uid: int, key: str, now: float) -> Job | None:
+        found = self._keys.get((uid, key))
+        if found is None or now - found[1] >= IDEMPOTENCY_TTL_S:
+            return None
+        return self._jobs.get(found[0])
 
     def get(self, job_id: str) -> Job | None:
         with self._lock:

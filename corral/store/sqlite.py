@@ -6,6 +6,8 @@
     meta(key TEXT PRIMARY KEY, value TEXT)   -- schema_version
     docs(kind, key, body TEXT (JSON), version)  -- named documents beside the jobs (schema 2; a schema-1 file gains
                                                   the table when opened)
+    idempotency(uid, key, job_id, created_at)   -- Idempotency-Key -> job, written in the job's own transaction
+                                                  (schema 3; older files gain the table when opened)
 
 Why these settings:
 - WAL journal + `synchronous=FULL`: a commit is fsynced to the WAL before `add`/`transition`/`update` return, so an
@@ -34,10 +36,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from corral.jobs.model import Job, JobSpec, JobState, spec_from_json, spec_to_json
+from corral.jobs.model import Job, JobSpec, JobState, check_admissible, spec_from_json, spec_to_json
 from corral.model.resources import GpuGrant
 from corral.store.base import (
+    IDEMPOTENCY_TTL_S,
     JobNotFound,
+    KeyInUse,
     StaleJob,
     StoreError,
     canonical_id,
@@ -47,7 +51,7 @@ from corral.store.base import (
     check_transition,
 )
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: States whose jobs are kept in memory as well (everything the scheduler reads each round).
 ACTIVE = frozenset({JobState.QUEUED, JobState.STARTING, JobState.RUNNING})
 #: How long a write waits for another process that holds the file's write lock before it fails.
@@ -85,6 +89,14 @@ CREATE TABLE IF NOT EXISTS docs (
     version INTEGER NOT NULL,
     PRIMARY KEY (kind, key)
 );
+CREATE TABLE IF NOT EXISTS idempotency (
+    uid        INTEGER NOT NULL,
+    key        TEXT    NOT NULL,
+    job_id     INTEGER NOT NULL,
+    created_at REAL    NOT NULL,
+    PRIMARY KEY (uid, key)
+);
+CREATE INDEX IF NOT EXISTS idempotency_created ON idempotency (created_at);
 """
 
 _COLUMNS = (
@@ -130,18 +142,48 @@ class SqliteStore:
             raise
 
     # ----------------------------------------------------------------------------------------------------- API
-    def add(self, spec: JobSpec, now: float) -> Job:
+    def add(self, spec: JobSpec, now: float, *, idempotency_key: str | None = None) -> Job:
+        check_admissible(spec)
         spec_text = spec_to_json(spec)
+        earlier: Job | None = None
         with self._write("adding a job"):
-            cursor = self._conn.execute(
-                "INSERT INTO jobs (spec, user, state, submitted_at, version) VALUES (?, ?, ?, ?, 1)",
-                (spec_text, spec.user, JobState.QUEUED.value, float(now)),
-            )
-            row_id = cursor.lastrowid
-            assert row_id is not None
-            job = Job(str(row_id), spec_from_json(spec_text), JobState.QUEUED, submitted_at=float(now), version=1)
-            self._active[row_id] = job
+            if idempotency_key is not None:
+                earlier = self._keyed(spec.uid, idempotency_key, now)
+            if earlier is None:
+                cursor = self._conn.execute(
+                    "INSERT INTO jobs (spec, user, state, submitted_at, version) VALUES (?, ?, ?, ?, 1)",
+                    (spec_text, spec.user, JobState.QUEUED.value, float(now)),
+                )
+                row_id = cursor.lastrowid
+                assert row_id is not None
+                job = Job(str(row_id), spec_from_json(spec_text), JobState.QUEUED, submitted_at=float(now), version=1)
+                if idempotency_key is not None:
+                    # The key goes in with the job (one transaction): a crash keeps both or neither. Expired keys
+                    # are dropped on the way, so the table holds about a day of keyed submissions.
+                    self._conn.execute("DELETE FROM idempotency WHERE created_at <= ?", (now - IDEMPOTENCY_TTL_S,))
+                    self._conn.execute(
+                        "INSERT OR REPLACE INTO idempotency (uid, key, job_id, created_at) VALUES (?, ?, ?, ?)",
+                        (spec.uid, idempotency_key, row_id, float(now)),
+                    )
+                self._active[row_id] = job
+        # Raised after the (empty) transaction committed: a rollback would make the next read reload every job.
+        if earlier is not None:
+            assert idempotency_key is not None
+            raise KeyInUse(idempotency_key, earlier)
         return job
+
+    def by_idempotency_key(self, uid: int, key: str, now: float) -> Job | None:
+        with self._read("looking up an idempotency key"):
+            return self._keyed(uid, key, now)
+
+    def _keyed(self, uid: int, key: str, now: float) -> Job | None:
+        """Inside `_read` or `_write`: the job stored under (uid, key) within the TTL."""
+        row = self._conn.execute(
+            "SELECT job_id, created_at FROM idempotency WHERE uid = ? AND key = ?", (uid, key)
+        ).fetchone()
+        if row is None or now - float(row[1]) >= IDEMPOTENCY_TTL_S:
+            return None
+        return self._get_for_write(str(row[0]))
 
     def get(self, job_id: str) -> Job | None:
         row_id = canonical_id(job_id)
@@ -352,7 +394,7 @@ class SqliteStore:
             version = int(row[0])
         except ValueError:
             version = -1
-        if version == 1:  # schema 1 lacked `docs`, which the statements above have just created
+        if version in (1, 2):  # schema 1 lacked `docs`, 2 `idempotency`: the statements above have just created them
             conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
             return
         if version != SCHEMA_VERSION:

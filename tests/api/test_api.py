@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import threading
 from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
 
 from corral.api.app import PEER_KEY, VIA_KEY, create_app
+from corral.api.limits import SafeJSONResponse, clean
 from corral.daemon.core import Daemon
+from corral.daemon.extensions import install_extensions
 from corral.daemon.tokens import TokenStore
 from corral.executor.fake import FakeExecutor
 from corral.gpu.simulated import parse_simulated_inventory
@@ -230,3 +235,225 @@ def test_tokens_for_other_users_are_roots_and_never_over_tcp(world: World) -> No
         assert r.status_code == 403, (method, r.text)
         assert r.json()["detail"]["message"] == "tokens are created, listed and revoked over the Unix socket only"
     assert alice.post("/v1/tokens", json={"name": ""}).status_code == 422
+
+
+# ------------------------------------------------------------------------------------------ hostile input (issue 12)
+HUGE = "99999999999999999999999999"
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"cpus": HUGE}, "cpus"),
+        ({"memory": HUGE}, "memory"),
+        ({"gpus": 1, "gpu_memory": HUGE}, "gpu_memory"),
+        ({"memory": "9" * 400}, "memory"),
+        ({"time_limit": "9" * 400}, "time_limit"),
+        ({"time_limit": "99999999999999d"}, "time_limit"),
+        ({"gpus": 2**40}, "gpus"),
+        ({"name": "x\ud800"}, "name"),
+        ({"command": ["echo", "a\ud800"]}, "command.1"),
+        ({"command": ["echo", "a\x00b"]}, "command.1"),
+        ({"command": ["echo", "x" * (129 * 1024)]}, "command.1"),
+        ({"command": ["echo"] + ["x" * 100_000] * 3}, "command"),
+        ({"command": ["echo"] * 5000}, "command"),
+        ({"cwd": "/tmp\x00"}, "cwd"),
+        ({"cwd": "../../etc/passwd"}, "cwd"),
+        ({"env": {"A=B": "1"}}, "env"),
+        ({"env": {"": "1"}}, "env"),
+        ({"env": {"K\x00": "1"}}, "env"),
+        ({"env": {"K": "v\x00"}}, "env.K"),
+        ({"env": {"K": "v" * (128 * 1024)}}, "env.K"),
+        ({"env": {"K" * 300: "1"}}, "env"),
+        ({"env": {f"K{i}": "1" for i in range(1100)}}, "env"),
+        ({"name": "bell\x07"}, "name"),
+        ({"name": "n" * 201}, "name"),
+        ({"idempotency_key": "with space"}, "idempotency_key"),
+    ],
+    ids=lambda v: repr(v)[:60],
+)
+def test_hostile_fields_are_4xx_naming_the_field_and_never_stored(
+    world: World, body: dict[str, Any], field: str
+) -> None:
+    raw = json.dumps({"command": ["train.py"], **body})  # ASCII: a lone surrogate travels as its JSON escape
+    r = world.client(ALICE).post("/v1/jobs", content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"]["field"] == field, r.json()
+    assert world.daemon.store.list() == []
+
+
+@pytest.mark.parametrize(
+    ("raw", "status", "field"),
+    [
+        (b'{"command": ["x"], "cpus": NaN}', 400, "body"),
+        (b'{"command": ["x"], "gpu_fraction": Infinity}', 400, "body"),
+        (b'{"command": ["x"], "gpu_fraction": 1e999}', 422, "gpu_fraction"),
+        (b'{"command": ["x"], "priority": 1e29}', 422, "priority"),
+        (b'{"command": ["x"], "retries": 99999999999999999999999999}', 422, "retries"),
+        (b'{"command": ["x\\ud800"]}', 422, "command.0"),
+        (b'{"command": ["\xff\xfe"]}', 400, "body"),
+        (b'{"command": ["\xed\xa0\x80"]}', 400, "body"),  # a surrogate encoded as UTF-8 bytes: not UTF-8
+        (b"[" * 10_000 + b"]" * 10_000, 422, "body"),
+        (b'{"a":' * 40 + b"1" + b"}" * 40, 422, "body"),
+        (b"{bad", 400, "body"),
+    ],
+    ids=lambda v: repr(v)[:50],
+)
+def test_hostile_bodies_are_4xx_in_corrals_shape(world: World, raw: bytes, status: int, field: str) -> None:
+    r = world.client(ALICE).post("/v1/jobs", content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == status, r.text
+    assert r.json()["detail"]["field"] == field, r.json()
+    assert world.daemon.store.list() == []
+
+
+def test_body_over_one_mib_is_413(world: World) -> None:
+    alice = world.client(ALICE)
+    big = {"command": ["echo"], "env": {f"K{i}": "v" * 1000 for i in range(1100)}}
+    r = alice.post("/v1/jobs", json=big)
+    assert r.status_code == 413 and r.json()["detail"]["field"] == "body", r.text
+    chunked = alice.post(
+        "/v1/jobs", content=iter([b" " * (600 * 1024)] * 2), headers={"content-type": "application/json"}
+    )
+    assert chunked.status_code == 413, chunked.text
+    r = alice.post("/metronome/v1/jobs", json=big)
+    assert r.status_code == 413 and set(r.json()) == {"message"}
+
+
+def test_framework_errors_use_the_documented_shape(world: World) -> None:
+    alice = world.client(ALICE)
+    r = alice.get("/v1/nope")
+    assert r.status_code == 404 and r.json() == {"detail": {"field": "path", "message": "no route GET /v1/nope"}}
+    r = alice.patch("/v1/jobs")
+    assert r.status_code == 405 and r.json()["detail"]["field"] == "method"
+    r = alice.post("/v1/jobs", content=b"command=x", headers={"content-type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 415 and r.json()["detail"]["field"] == "content-type"
+    r = alice.get("/v1/jobs/1/logs", params={"offset": 2**63})
+    assert r.status_code == 422 and r.json()["detail"]["field"] == "offset"
+    r = alice.get("/v1/jobs/1/logs", params={"offset": "x"})
+    assert r.status_code == 422 and r.json()["detail"]["field"] == "offset"
+
+
+def test_offset_at_the_limit_is_no_500(world: World) -> None:
+    alice = world.client(ALICE)
+    submit(alice)
+    path = world.daemon.log_path("1")
+    path.parent.mkdir(parents=True)
+    path.write_text("hello\n")
+    r = alice.get("/v1/jobs/1/logs", params={"offset": 2**63 - 1})
+    assert r.status_code in (200, 422), r.text
+
+
+def test_token_for_a_user_with_nul_is_4xx(world: World) -> None:
+    r = world.client(ROOT).post("/v1/tokens", json={"name": "x", "user": "ro\x00ot"})
+    assert r.status_code == 422 and r.json()["detail"]["field"] == "user", r.text
+
+
+def test_users_priority_is_bounded_root_may_exceed(world: World) -> None:
+    alice, root = world.client(ALICE), world.client(ROOT)
+    assert submit(alice, priority=100)["priority"] == 100
+    assert submit(alice, priority=-100)["priority"] == -100
+    r = alice.post("/v1/jobs", json={"command": ["x"], "priority": 101})
+    assert r.status_code == 403 and r.json()["detail"] == {
+        "field": "priority",
+        "message": "must be in -100..100 (only root may go beyond), got 101",
+    }
+    assert submit(root, priority=10**6)["priority"] == 10**6
+    r = root.post("/v1/jobs", json={"command": ["x"], "priority": 2**31})
+    assert r.status_code == 422 and r.json()["detail"]["field"] == "priority"
+
+
+def test_a_stored_lone_surrogate_does_not_break_reads(world: World) -> None:
+    """A job an older corral stored with a lone surrogate in its name, command and reason still lists and shows."""
+    alice, root = world.client(ALICE), world.client(ROOT)
+    submit(alice)
+    job = world.daemon.store.get("1")
+    assert job is not None
+    bad = dataclasses.replace(job.spec, name="x\ud800", command=("echo", "\udfff"))
+    world.daemon.store._jobs["1"] = job.evolve(spec=bad, reason="why \ud800")  # type: ignore[attr-defined]
+    for client, url in ((alice, "/v1/jobs"), (root, "/v1/jobs?all=true")):
+        r = client.get(url)
+        assert r.status_code == 200, r.text
+        assert r.json()[0]["name"] == "x\\ud800" and r.json()[0]["command"] == ["echo", "\\udfff"]
+    assert alice.get("/v1/jobs/1").json()["name"] == "x\\ud800"
+    assert alice.get("/v1/jobs/1/explain").json()["reason"] == "why \\ud800"
+
+
+def test_idempotency_key_returns_the_same_job(world: World) -> None:
+    alice, bob = world.client(ALICE), world.client(BOB)
+    key = {"Idempotency-Key": "3f1c7a0e-5d2b-4c7e-9a1f-2b8d6e4c0a9f"}
+    first = alice.post("/v1/jobs", json={"command": ["train.py"], "name": "a"}, headers=key)
+    assert first.status_code == 201
+    again = alice.post("/v1/jobs", json={"command": ["train.py"], "name": "a"}, headers=key)
+    assert again.status_code == 200 and again.json() == first.json()
+    other = alice.post("/v1/jobs", json={"command": ["train.py"], "name": "b"}, headers=key)
+    assert other.status_code == 409 and other.json()["detail"] == {
+        "field": "idempotency_key",
+        "message": f"the key {key['Idempotency-Key']!r} was used for job 1, a different request; use a new key",
+    }
+    # the field works like the header, and keys are per user
+    by_field = alice.post("/v1/jobs", json={"command": ["x"], "idempotency_key": "k2"})
+    assert alice.post("/v1/jobs", json={"command": ["x"], "idempotency_key": "k2"}).json() == by_field.json()
+    assert bob.post("/v1/jobs", json={"command": ["train.py"], "name": "a"}, headers=key).status_code == 201
+    assert [j.id for j in world.daemon.store.list()] == ["1", "2", "3"]
+    bad = alice.post("/v1/jobs", json={"command": ["x"]}, headers={"Idempotency-Key": "x" * 200})
+    assert bad.status_code == 422 and bad.json()["detail"]["field"] == "Idempotency-Key"
+
+
+def test_answers_encode_stored_lone_surrogates() -> None:
+    """What the peers' routes answer from stored documents: JSONResponse would raise UnicodeEncodeError (a 500)."""
+    content = {"cmd": "echo \ud800", "ok": "é 😀"}
+    with pytest.raises(UnicodeEncodeError):
+        JSONResponse(content)
+    body = bytes(SafeJSONResponse(content).body)
+    assert json.loads(body) == content and b"\\ud800" in body
+    assert SafeJSONResponse({"ok": "é 😀"}).body == JSONResponse({"ok": "é 😀"}).body  # unchanged otherwise
+    assert clean("x\ud800y") == "x\\ud800y" and clean("é") == "é"
+
+
+def test_the_texts_of_the_input_limits(world: World) -> None:
+    routers = install_extensions(world.daemon, world.lock, world.wake)
+    app = create_app(world.daemon, world.lock, world.wake, tokens=world.tokens, routers=routers)
+    alice = TestClient(AsPeer(app, ALICE, "unix"), raise_server_exceptions=False)
+
+    def post(url: str, raw: bytes) -> Any:
+        return alice.post(url, content=raw, headers={"content-type": "application/json"}).json()
+
+    assert post("/v1/jobs", b'{"command": ["a\\u0000"]}') == {
+        "detail": {"field": "command.0", "message": "must not contain a NUL character"}
+    }
+    assert post("/v1/jobs", b'{"command": ["x\\ud800"]}')["detail"]["message"] == (
+        "is not valid Unicode: it has a lone surrogate \\ud800 at character 1"
+    )
+    assert post("/v1/jobs", b'{"command": ["x"], "env": {"A=B": "1"}}')["detail"] == {
+        "field": "env",
+        "message": "the name must not contain '=', got 'A=B'",
+    }
+    assert post("/v1/jobs", b"[" * 50 + b"]" * 50)["detail"] == {
+        "field": "body",
+        "message": "the JSON is nested deeper than 32 levels",
+    }
+    assert (
+        post("/v1/jobs", b'{"cpus": NaN}')["detail"]["message"]
+        == "the body is not valid JSON: NaN is not a JSON number"
+    )
+    assert post("/metronome/v1/jobs", b'{"id": "j", "run": {"cmd": "a\\u0000"}}') == {
+        "message": "Object is not valid",
+        "details": [{"path": "/run/cmd", "errors": ["must not contain a NUL character"]}],
+    }
+    app_doc = b'{"id": "/a", "cmd": "x", "instances": 1000000000}'
+    assert post("/marathon/v2/apps", app_doc) == {
+        "message": "Object is not valid",
+        "details": [{"path": "/instances", "errors": ["must be <= 128, got 1000000000"]}],
+    }
+    r = alice.post("/chronos/v1/scheduler/iso8601", content=b'{"name": "c", "command": "\\ud800"}')
+    assert r.status_code == 400 and r.json()["details"] == [
+        {"path": "/command", "errors": ["is not valid Unicode: it has a lone surrogate \\ud800 at character 0"]}
+    ]
+    r = alice.post("/v1/jobs", content=b" " * (1024 * 1024 + 1), headers={"content-type": "application/json"})
+    assert r.status_code == 413 and r.json() == {
+        "detail": {"field": "body", "message": "the request body is larger than 1048576 bytes (1 MiB), the limit"}
+    }
+    r = alice.get("/marathon/v2/nope")
+    assert r.status_code == 404 and r.json() == {"message": "no route GET /marathon/v2/nope"}
+    r = alice.delete("/metronome/v1/queue")
+    assert r.status_code == 405 and r.json() == {"message": "/metronome/v1/queue does not take DELETE"}

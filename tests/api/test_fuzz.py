@@ -19,6 +19,7 @@ from schemathesis.specs.openapi.checks import content_type_conformance, response
 
 from corral.api.app import create_app
 from corral.daemon.core import Daemon
+from corral.daemon.extensions import install_extensions
 from corral.daemon.tokens import TokenStore
 from corral.executor.fake import FakeExecutor
 from corral.gpu.simulated import parse_simulated_inventory
@@ -27,7 +28,8 @@ from corral.store import SqliteStore
 from tests.api.test_api import ALICE, AsPeer
 
 
-def make_app() -> AsPeer:
+def make_app(peers: bool = False) -> AsPeer:
+    """corral's API over a real daemon; `peers`: with the Metronome, Chronos and Marathon routes mounted too."""
     state = Path(tempfile.mkdtemp(prefix="corral-fuzz-"))
     node = parse_simulated_inventory("2xA100-80GB")[0]
     daemon = Daemon(SqliteStore(state / "jobs.db"), FakeExecutor(), node, PlacementConfig(), state)
@@ -37,13 +39,27 @@ def make_app() -> AsPeer:
         with lock:
             daemon.tick()
 
-    return AsPeer(create_app(daemon, lock, wake, tokens=TokenStore(state / "tokens.json")), ALICE, "unix")
+    routers = install_extensions(daemon, lock, wake) if peers else []
+    return AsPeer(
+        create_app(daemon, lock, wake, tokens=TokenStore(state / "tokens.json"), routers=routers), ALICE, "unix"
+    )
 
 
 schema = schemathesis.openapi.from_asgi("/openapi.json", make_app())
+#: The peers' routes (their bodies are free JSON and their answers the peers' shapes, which the spec leaves open):
+#: fewer examples each, and only the check that matters for them, no 5xx.
+peer_schema = schemathesis.openapi.from_asgi("/openapi.json", make_app(peers=True)).include(
+    path_regex="^/(metronome|marathon|chronos|v1/definitions)"
+)
 
 
 @schema.parametrize()
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 def test_no_input_gets_a_server_error(case: schemathesis.Case[Any]) -> None:
     case.call_and_validate(checks=[not_a_server_error, content_type_conformance, response_schema_conformance])
+
+
+@peer_schema.parametrize()
+@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
+def test_no_input_to_the_peers_apis_gets_a_server_error(case: schemathesis.Case[Any]) -> None:
+    case.call_and_validate(checks=[not_a_server_error])

@@ -5,6 +5,7 @@ Then what only SQLite promises: reopen, kill -9, WAL, readable errors for bad fi
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sqlite3
@@ -22,7 +23,9 @@ from corral.jobs.model import FINAL_STATES, TRANSITIONS, InvalidTransition, Job,
 from corral.model.errors import InvalidRequest
 from corral.model.resources import Constraint, GpuBehavior, GpuGrant, Request
 from corral.store import (
+    IDEMPOTENCY_TTL_S,
     JobNotFound,
+    KeyInUse,
     MemoryStore,
     SqliteStore,
     StaleDocument,
@@ -31,6 +34,7 @@ from corral.store import (
     StoreError,
     open_store,
 )
+from corral.store.sqlite import SCHEMA_VERSION
 
 Q, S, R = JobState.QUEUED, JobState.STARTING, JobState.RUNNING
 
@@ -483,6 +487,7 @@ def test_sqlite_schema_1_file_is_upgraded_and_keeps_its_jobs(tmp_path: Path) -> 
     store.close()
     old = sqlite3.connect(path)  # what the previous corral wrote: schema 1, no documents table
     old.execute("DROP TABLE docs")
+    old.execute("DROP TABLE idempotency")
     old.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     old.commit()
     old.close()
@@ -490,7 +495,90 @@ def test_sqlite_schema_1_file_is_upgraded_and_keeps_its_jobs(tmp_path: Path) -> 
     try:
         assert store.get(job.id) == job
         assert store.put_doc("k", "a", {"x": 1}) == 1 and store.get_doc("k", "a") == ({"x": 1}, 1)
-        assert store._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "2"
+        version = store._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0]
+        assert version == str(SCHEMA_VERSION)
+    finally:
+        store.close()
+
+
+def test_idempotency_key_returns_the_first_job_and_stores_nothing_new(store: Store) -> None:
+    first = store.add(simple_spec(name="a"), now=10, idempotency_key="k-1")
+    with pytest.raises(KeyInUse) as caught:
+        store.add(simple_spec(name="b"), now=11, idempotency_key="k-1")
+    assert caught.value.job == first and caught.value.field == "idempotency_key"
+    assert [j.id for j in store.list()] == [first.id]
+    assert store.by_idempotency_key(1000, "k-1", now=12) == first
+    # keys are per user, and a key of another user (or no key) is a new job
+    bob = JobSpec(("true",), Request(cpu_milli=1000, memory_mib=512), "bob", 1001, 1001)
+    other = store.add(bob, now=13, idempotency_key="k-1")
+    assert other.id != first.id and store.by_idempotency_key(1001, "k-1", now=14) == other
+    assert store.add(simple_spec(), now=15).id not in (first.id, other.id)
+    assert store.by_idempotency_key(1000, "unknown", now=15) is None
+
+
+def test_idempotency_key_expires(store: Store) -> None:
+    first = store.add(simple_spec(), now=0, idempotency_key="k")
+    assert store.by_idempotency_key(1000, "k", now=IDEMPOTENCY_TTL_S - 1) == first
+    assert store.by_idempotency_key(1000, "k", now=IDEMPOTENCY_TTL_S) is None
+    again = store.add(simple_spec(), now=IDEMPOTENCY_TTL_S, idempotency_key="k")
+    assert again.id != first.id and store.by_idempotency_key(1000, "k", now=IDEMPOTENCY_TTL_S + 1) == again
+
+
+def test_only_one_of_8_threads_with_one_key_stores_a_job(store: Store) -> None:
+    made: list[str] = []
+    replayed: list[str] = []
+
+    def submit() -> None:
+        try:
+            made.append(store.add(simple_spec(), now=1, idempotency_key="same").id)
+        except KeyInUse as exc:
+            replayed.append(exc.job.id)
+
+    threads = [threading.Thread(target=submit) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(made) == 1 and replayed == made * 7 and len(store.list()) == 1
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"command": ("bad\x00arg",)},
+        {"command": ("x\ud800",)},
+        {"name": "bell\x07"},
+        {"env": {"A=B": "1"}},
+        {"env": {"": "1"}},
+        {"env": {"K": "v\x00"}},
+        {"cwd": "relative/../../etc"},
+        {"cwd": "/tmp\x00"},
+        {"command": ("x" * (200 * 1024), "y" * (100 * 1024))},
+    ],
+    ids=repr,
+)
+def test_a_spec_that_would_fail_at_launch_is_never_stored(store: Store, change: dict[str, Any]) -> None:
+    spec = dataclasses.replace(simple_spec(), **change)
+    with pytest.raises(InvalidRequest):
+        store.add(spec, now=1)
+    assert store.list() == []
+
+
+def test_sqlite_schema_2_file_gains_the_idempotency_table(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.db"
+    store = SqliteStore(path)
+    job = store.add(simple_spec(), now=3)
+    store.close()
+    old = sqlite3.connect(path)
+    old.execute("DROP TABLE idempotency")
+    old.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+    old.commit()
+    old.close()
+    store = SqliteStore(path)
+    try:
+        assert store.get(job.id) == job
+        keyed = store.add(simple_spec(), now=4, idempotency_key="k")
+        assert store.by_idempotency_key(1000, "k", now=5) == keyed
     finally:
         store.close()
 
@@ -505,7 +593,8 @@ def test_sqlite_is_wal_with_synchronous_full(tmp_path: Path) -> None:
         other = sqlite3.connect(path)
         try:
             assert other.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-            assert other.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "2"
+            version = other.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0]
+            assert version == str(SCHEMA_VERSION)
         finally:
             other.close()
     finally:
