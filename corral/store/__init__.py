@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from corral.store.base import JobNotFound, StaleDocument, StaleJob, Store, StoreError
+from corral.store.base import JobNotFound, JobQuery, StaleDocument, StaleJob, Store, StoreError
 from corral.store.memory import MemoryStore
 from corral.store.sqlite import SqliteStore
 
 __all__ = [
     "JobNotFound",
+    "JobQuery",
     "MemoryStore",
     "SqliteStore",
     "StaleDocument",

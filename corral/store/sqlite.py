@@ -38,6 +38,7 @@ from corral.jobs.model import Job, JobSpec, JobState, spec_from_json, spec_to_js
 from corral.model.resources import GpuGrant
 from corral.store.base import (
     JobNotFound,
+    JobQuery,
     StaleJob,
     StoreError,
     canonical_id,
@@ -45,6 +46,7 @@ from corral.store.base import (
     check_doc_version,
     check_fields,
     check_transition,
+    may_transition,
 )
 
 SCHEMA_VERSION = 2
@@ -53,7 +55,13 @@ ACTIVE = frozenset({JobState.QUEUED, JobState.STARTING, JobState.RUNNING})
 #: How long a write waits for another process that holds the file's write lock before it fails.
 BUSY_TIMEOUT_S = 10.0
 
-_SCHEMA = """
+#: The submitter's uid and the job's name, read from the spec: `query` filters on them through indexes on these very
+#: expressions (SQLite uses an expression index only for the same expression). `json_valid` first, so that a row whose
+#: spec is damaged is still written and read (as a StoreError naming the job) instead of failing every write.
+_UID = "(CASE WHEN json_valid(spec) THEN json_extract(spec, '$.uid') END)"
+_NAME = "(CASE WHEN json_valid(spec) THEN json_extract(spec, '$.name') END)"
+
+_SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS meta (
     key   TEXT PRIMARY KEY,
     value TEXT NOT NULL
@@ -78,6 +86,9 @@ CREATE TABLE IF NOT EXISTS jobs (
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state);
 CREATE INDEX IF NOT EXISTS jobs_user ON jobs (user);
+CREATE INDEX IF NOT EXISTS jobs_uid ON jobs ({_UID});
+CREATE INDEX IF NOT EXISTS jobs_name ON jobs ({_NAME});
+CREATE INDEX IF NOT EXISTS jobs_submitted ON jobs (submitted_at);
 CREATE TABLE IF NOT EXISTS docs (
     kind    TEXT    NOT NULL,
     key     TEXT    NOT NULL,
@@ -182,6 +193,41 @@ class SqliteStore:
             rows = self._conn.execute(sql, params).fetchall()
         return [self._decode(row) for row in rows]
 
+    def query(self, query: JobQuery) -> builtins.list[Job]:
+        # Each filter is a condition SQLite answers from an index (state, user, uid, name, submitted_at; ids are the
+        # rowid), and only the page's rows are read: jobs still active come from the memory copy, others are decoded.
+        where: builtins.list[str] = []
+        params: builtins.list[Any] = []
+        if query.states is not None:
+            if not query.states:
+                return []
+            values = sorted(s.value for s in query.states)
+            where.append(f"state IN ({', '.join('?' * len(values))})")
+            params.extend(values)
+        for column, value in (("user", query.user), (_UID, query.uid), (_NAME, query.name)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
+        if query.since is not None:
+            where.append("submitted_at >= ?")
+            params.append(float(query.since))
+        if query.after is not None:
+            cursor = canonical_id(query.after)
+            if cursor is None:
+                return []
+            where.append("id < ?" if query.newest_first else "id > ?")
+            params.append(cursor)
+        sql = _SELECT + (f" WHERE {' AND '.join(where)}" if where else "")
+        sql += " ORDER BY id DESC" if query.newest_first else " ORDER BY id"
+        if query.limit is not None:
+            sql += " LIMIT ?"
+            params.append(query.limit)
+        with self._read("listing jobs"):
+            self._sync()
+            rows = self._conn.execute(sql, params).fetchall()
+            active = self._active
+            return [active.get(row[0]) or self._decode(row) for row in rows]
+
     def transition(
         self, job_id: str, to: JobState, *, expect: Collection[JobState] | None = None, **fields: Any
     ) -> Job:
@@ -193,6 +239,40 @@ class SqliteStore:
             new = job.evolve(state=to, version=job.version + 1, **changes)
             self._store(new, {"state": to.value, **changes})
         return new
+
+    def transition_many(
+        self, job_ids: Collection[str], to: JobState, *, expect: Collection[JobState] | None = None, **fields: Any
+    ) -> builtins.list[Job]:
+        to = JobState(to)
+        changes = check_fields(fields)
+        rows = sorted({row_id for job_id in job_ids if (row_id := canonical_id(job_id)) is not None})
+        out: builtins.list[Job] = []
+        if not rows:
+            return out
+        columns = {"state": to.value, **{name: _encode(name, value) for name, value in changes.items()}}
+        assignments = ", ".join(f"{name} = ?" for name in columns)  # names come from check_fields, never the caller
+        with self._write(f"changing {len(rows)} jobs"):
+            self._sync()
+            missing = [row_id for row_id in rows if row_id not in self._active]
+            found = {row_id: self._active[row_id] for row_id in rows if row_id in self._active}
+            for chunk in range(0, len(missing), 500):  # SQLite's limit on parameters is far above 500
+                part = missing[chunk : chunk + 500]
+                sql = f"{_SELECT} WHERE id IN ({', '.join('?' * len(part))})"
+                found.update((int(row[0]), self._decode(row)) for row in self._conn.execute(sql, part))
+            moved = [
+                job for row_id in rows if (job := found.get(row_id)) is not None and may_transition(job, to, expect)
+            ]
+            out = [job.evolve(state=to, version=job.version + 1, **changes) for job in moved]
+            self._conn.executemany(
+                f"UPDATE jobs SET {assignments}, version = ? WHERE id = ?",
+                [(*columns.values(), new.version, int(new.id)) for new in out],
+            )
+            for new in out:  # the memory copy changes with the rows; `_write` drops it if the commit fails
+                if new.state in ACTIVE:
+                    self._active[int(new.id)] = new
+                else:
+                    self._active.pop(int(new.id), None)
+        return out
 
     def update(self, job_id: str, *, expect_version: int | None = None, **fields: Any) -> Job:
         changes = check_fields(fields)
