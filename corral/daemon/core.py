@@ -24,13 +24,12 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
-from corral.daemon.scheduler import schedule
+from corral.daemon.scheduler import ShapeCache, schedule
 from corral.executor.base import Executor, Exit, LaunchSpec
 from corral.gpu.discovery import GpuDiscoveryError
 from corral.gpu.metrics import GpuSampler, GpuUse, ProcessInfo, attribute, read_process
@@ -133,6 +132,7 @@ class Daemon:
         self.controllers: list[Controller] = list(controllers)
         #: "docker" or "podman": how jobs that name a container image run; None: such jobs are refused at admission.
         self.container_runtime = container_runtime
+        self._shapes = ShapeCache()  # each queued job's queue key and shape, kept across rounds (a long queue)
 
     # ---------------------------------------------------------------------------------------------- requests
     def submit(self, spec: JobSpec) -> Job:
@@ -178,7 +178,8 @@ class Daemon:
             self._watch_memory(holding)
         snapshot = self.snapshot(holding)
         waiting = self.store.list([JobState.QUEUED])
-        plan = schedule(snapshot, [self._with_owner(j) for j in waiting], self.config, now, self.rng)
+        owner = self._share_owner if self.mps is not None else None
+        plan = schedule(snapshot, waiting, self.config, now, self.rng, owner=owner, cache=self._shapes)
         foreign = self.foreign_text()
         started = []
         busy = {u for j in holding for u in j.gpu_uuids}
@@ -190,13 +191,15 @@ class Daemon:
                 busy.update(self.node.gpus[g.index].uuid for g in start.allocation.gpus)
         self._stop_idle_mps(busy)
         reasons: dict[str, dict[str, object]] = {}
-        for job in waiting:
-            reason = plan.waiting.get(job.id)
+        for job in waiting:  # a look-up per job: the words were made once per shape
             if job.not_before > now:
                 continue  # its reason already says what failed and when it retries
-            if reason is not None and foreign and job.spec.request.wants_gpu:
+            reason = plan.waiting.get(job.id)
+            if reason is None:
+                continue
+            if foreign and job.spec.request.wants_gpu:
                 reason = f"{reason}; {foreign}"
-            if reason is not None and reason != job.reason:
+            if reason != job.reason:
                 reasons[job.id] = {"reason": reason}
         if reasons:  # one durable write for the round, however many reasons changed
             self.store.update_many(reasons)
@@ -205,10 +208,9 @@ class Daemon:
     def _mps_share(self, request: Request) -> bool:
         return self.mps is not None and request.gpu_count == 1 and not request.whole_gpus
 
-    def _with_owner(self, job: Job) -> Job:
-        if not self._mps_share(job.spec.request):
-            return job
-        return replace(job, spec=replace(job.spec, request=replace(job.spec.request, share_owner=job.spec.user)))
+    def _share_owner(self, job: Job) -> str:
+        """The user an MPS share is tied to (MPS serves one Unix user per GPU at a time); "" for other requests."""
+        return job.spec.user if self._mps_share(job.spec.request) else ""
 
     def snapshot(self, holding: Iterable[Job]) -> ClusterSnapshot:
         """The machine minus what jobs hold, minus GPU memory that processes corral did not start fill."""

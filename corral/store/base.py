@@ -71,7 +71,7 @@ class JobQuery:
     id of the last job of one page as `after` to get the next (ids that come after it in the chosen order).
     """
 
-    states: frozenset[JobState] | None = None
+    states: Collection[JobState] | None = None  # held as a frozenset
     user: str | None = None  # the submitter's user name
     uid: int | None = None  # the submitter's uid (what the API authorises by)
     name: str | None = None  # the job's name, exactly
