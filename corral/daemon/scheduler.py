@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
+from operator import attrgetter
 
 import numpy as np
 
@@ -105,9 +106,10 @@ def schedule(
     `owner`: the MPS owner of a job's share (see `Request.share_owner`), part of its shape; `cache`: the keys and
     shapes of earlier passes (a fresh one if None)."""
     cache = cache if cache is not None else ShapeCache()
-    entries = [cache.entry(job, owner) for job in waiting]
+    known = cache.entries.get  # inlined look-up: this line runs once per queued job every round
+    entries = [e if (e := known(job.id)) is not None and e.job is job else cache.entry(job, owner) for job in waiting]
     cache.prune(len(entries))
-    entries.sort(key=_by_key)
+    entries.sort(key=attrgetter("key"))
     starts: list[Start] = []
     reasons: dict[str, str] = {}
     unresolvable: set[str] = set()
@@ -115,6 +117,7 @@ def schedule(
     placements = 0
     head_starving = False
     generator = rng if rng is not None else np.random.default_rng(0)
+    shape_failed = failed.get
     for position, entry in enumerate(entries):
         job = entry.job
         if job.not_before > now:
@@ -123,10 +126,10 @@ def schedule(
         if head_starving and entry.wants_gpu:
             reasons[job.id] = "waiting behind a job that has waited too long for GPUs"
             continue
-        known = failed.get(entry.shape)
-        if known is not None:
-            reasons[job.id] = known[0]
-            if known[1]:
+        same = shape_failed(entry.shape)
+        if same is not None:
+            reasons[job.id] = same[0]
+            if same[1]:
                 unresolvable.add(job.id)
             continue
         request = replace(job.spec.request, id=job.id, share_owner=entry.owner or job.spec.request.share_owner)
@@ -151,7 +154,3 @@ def schedule(
         elif position == 0 and now - job.submitted_at >= starvation_s and entry.wants_gpu:
             head_starving = True
     return Plan(starts, reasons, unresolvable, placements)
-
-
-def _by_key(entry: _Entry) -> tuple[int, float, int, str]:
-    return entry.key
