@@ -12,9 +12,9 @@
 A real `corral serve --simulate-gpus 1xA100-80GB` (subprocess, temporary state folder and socket, SQLite with WAL and
 synchronous=FULL). The queue is written to the daemon's SQLite file before it starts (by the code under test, so
 filling it is not what is measured): job 1 (`sleep`) holds the only GPU; the others ask for a GPU (four shapes, ten
-users, ten names) and wait. `--code DIR` runs the daemon (and the fill) from another checkout, e.g. the code before
-this change (`git archive <commit> | tar -x -C DIR`); an API it lacks is measured the way it allows (list without
-filters, cancel one job at a time) and says so.
+users, ten names) and wait. `--code DIR` runs the daemon (and the fill) from another checkout (in that folder), e.g.
+the code before this change (`git archive <commit> corral | tar -x -C DIR`); an API it lacks is measured the way it
+allows (list without filters, cancel one job at a time) and says so.
 """
 
 from __future__ import annotations
@@ -122,11 +122,13 @@ def main() -> None:
         state = Path(tmp) / "state"
         state.mkdir()
         sock = Path(tmp) / "corral.sock"
-        subprocess.run([sys.executable, "-c", FILL, str(state / "jobs.db"), str(args.jobs)], env=env, check=True)
+        subprocess.run(
+            [sys.executable, "-c", FILL, str(state / "jobs.db"), str(args.jobs)], env=env, cwd=code, check=True
+        )
         server = subprocess.Popen(
             [sys.executable, "-m", "corral.cli.main", "serve", "--simulate-gpus", "1xA100-80GB",
              "--state-dir", str(state), "--socket", str(sock)],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env=env, cwd=code, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         try:
             for _ in range(600):
@@ -171,6 +173,18 @@ def main() -> None:
                 note(f"list: no filters or paging in this code; `all=true` (every job, as JSON): {summary(ms)}")
             ms = timed(lambda: client.get("/v1/jobs").raise_for_status(), 30 if filters else 5)
             note(f"list of a user with no jobs (root's own): {summary(ms)}")
+            if filters:  # the CLI as a user runs it (the code before this change took 96 s for `corral ps`)
+                cli_env = {**env, "CORRAL_SOCKET": str(sock)}
+                for argv in (
+                    ["ps", "--all"],
+                    ["ps", "--all", "--json"],
+                    ["ps", "--all", "--state", "queued", "--limit", "50"],
+                ):
+                    t0 = time.perf_counter()
+                    subprocess.run([sys.executable, "-m", "corral.cli.main", *argv], env=cli_env, cwd=code,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)  # fmt: skip
+                    note(f"`corral {' '.join(argv)}` (a first page; the CLI process included): "
+                         f"{time.perf_counter() - t0:.2f} s")  # fmt: skip
 
             # Durable submissions from concurrent clients (processes, as users' CLIs are) while the queue is full.
             per = args.submissions // args.clients
