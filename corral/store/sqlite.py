@@ -21,6 +21,9 @@ Why these settings:
   all of them every round (10,000 queued jobs: 170 ms to read and decode from SQLite, ~2 ms from memory). Writes
   through this store update that copy; a commit by any other connection changes SQLite's `PRAGMA data_version`, and
   the next read then reloads it, so the copy is never stale.
+- Indexes on state, user, submission time and, as expressions over the spec, uid and name: `query` (the API's
+  filtered, paged lists) reads only the rows of one page, whatever the table holds (20,000 queued jobs: a page of 100
+  in about 3 ms through the API). They are created when a file is opened, so older files gain them too.
 """
 
 from __future__ import annotations
