@@ -45,7 +45,12 @@ def test_a_round_places_once_per_shape_and_rewrites_only_changed_reasons(
     monkeypatch.setattr("corral.daemon.scheduler.place", counted)
     writes: list[int] = []
     real_update_many = store.update_many
-    monkeypatch.setattr(store, "update_many", lambda changes: writes.append(len(changes)) or real_update_many(changes))
+
+    def counted_writes(changes: dict[str, dict[str, Any]]) -> Any:
+        writes.append(len(changes))
+        return real_update_many(changes)
+
+    monkeypatch.setattr(store, "update_many", counted_writes)
     assert daemon.tick() == []
     assert len(calls) == 3 and writes == [3000]  # one attempt per shape; every new job's reason in one write
     reasons = {j.reason for j in store.list([JobState.QUEUED])}
