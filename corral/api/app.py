@@ -1,7 +1,9 @@
 """The HTTP API of `corral serve`.
 
     POST /v1/jobs                      submit (201, the job)
-    GET  /v1/jobs[?all=true]           the caller's jobs (root with all=true: everyone's)
+    GET  /v1/jobs[?all=true]           the caller's jobs (root with all=true: everyone's), oldest first, 1000 at most;
+         &state=&user=&name=&since=&limit=&order=newest&after=ID   filters and paging (X-Corral-Next-After)
+    POST /v1/jobs/cancel               bulk cancel: {"ids": [...]} | {"state": "queued"} | {"name": "..."}
     GET  /v1/jobs/{id}                 one job
     POST /v1/jobs/{id}/cancel          cancel it
     GET  /v1/jobs/{id}/explain         {"state": ..., "reason": ...}: why it waits, or how it ended
@@ -21,21 +23,34 @@ Under the peers' prefixes (/metronome, /marathon, /chronos) the same errors come
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 import pwd
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
+import orjson
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from corral.api.limits import MAX_OFFSET, InputLimits, SafeJSONResponse, clean, face_of, message_answer
-from corral.api.schemas import IDEMPOTENCY_KEY, ErrorOut, ExplainOut, JobOut, SubmitIn, TokenIn, TokenOut
+from corral.api.schemas import (
+    IDEMPOTENCY_KEY,
+    CancelManyIn,
+    CancelManyOut,
+    ErrorOut,
+    ExplainOut,
+    JobOut,
+    SubmitIn,
+    TokenIn,
+    TokenOut,
+)
 from corral.cli.main import build_request
 from corral.daemon.core import Daemon
 from corral.daemon.tokens import TokenFileError, TokenNotFound, TokenStore
@@ -43,13 +58,16 @@ from corral.jobs.environment import admitted_environment
 from corral.jobs.model import Job, JobSpec, JobState, check_admissible, spec_to_json
 from corral.model.errors import InvalidRequest
 from corral.model.units import parse_duration_seconds
-from corral.store import JobNotFound, KeyInUse, StoreError
+from corral.store import JobNotFound, JobQuery, KeyInUse, StoreError
 
 log = logging.getLogger("corral.api")
 
 PEER_KEY = "corral.peer"
 VIA_KEY = "corral.via"  # "unix" (SO_PEERCRED) or "token" (TCP with a bearer token)
 MAX_LOG_CHUNK = 4 * 1024 * 1024
+#: `GET /v1/jobs` answers at most this many jobs unless told otherwise (`limit`), and never more than the maximum.
+DEFAULT_LIST_LIMIT = 1000
+MAX_LIST_LIMIT = 10000
 
 
 @dataclass(frozen=True)
@@ -125,6 +143,18 @@ def spec_from(body: SubmitIn, who: Peer) -> JobSpec:
         env=admitted_environment(body.env),  # never CORRAL_TOKEN & co (corral.jobs.environment)
         cwd=body.cwd,
     )
+
+
+def parse_states(values: Sequence[str] | None) -> frozenset[JobState] | None:
+    """`state` filters, each repeatable or comma-separated ("queued,running"); InvalidRequest names a bad one."""
+    if values is None:
+        return None
+    names = [part.strip() for value in values for part in value.split(",") if part.strip()]
+    try:
+        return frozenset(JobState(n.lower()) for n in names)
+    except ValueError:
+        valid = ", ".join(s.value for s in JobState)
+        raise InvalidRequest("state", f"must be one of {valid}; got {', '.join(names)}") from None
 
 
 def create_app(
@@ -255,13 +285,55 @@ def create_app(
         wake()
         return JobOut.of(job)
 
+    def scope(who: Peer, everyone: bool, user: str | None) -> tuple[str | None, int | None]:
+        """(user name, uid) the caller may act on: root everyone's (all) or one user's; others their own only."""
+        if who.root:
+            return (user, None) if user is not None or everyone else (None, who.uid)
+        if user is not None and user != who.user:
+            raise HTTPException(403, {"field": "user", "message": "only root can see or cancel other users' jobs"})
+        return None, who.uid
+
     @app.get("/v1/jobs", response_model=list[JobOut])
-    def list_jobs(who: Caller, everyone: Annotated[bool, Query(alias="all")] = False) -> list[JobOut]:
+    def list_jobs(
+        who: Caller,
+        everyone: Annotated[bool, Query(alias="all")] = False,
+        state: Annotated[list[str] | None, Query()] = None,
+        user: str | None = None,
+        name: str | None = None,
+        since: float | None = None,
+        after: str | None = None,
+        limit: Annotated[int, Query(ge=0, le=MAX_LIST_LIMIT)] = DEFAULT_LIST_LIMIT,
+        order: Literal["oldest", "newest"] = "oldest",
+    ) -> Response:
+        """The caller's jobs (root: `all=true` everyone's, `user=NAME` one user's), oldest first (`order=newest`:
+        newest first), at most `limit` (default 1000). Filters: `state` (repeatable or comma-separated), `name`,
+        `since` (submitted at or after, seconds since the epoch). A full page carries `X-Corral-Next-After`: pass it
+        as `after` for the next page."""
+        user_name, uid = scope(who, everyone, user)
+        if since is not None and not math.isfinite(since):
+            raise InvalidRequest("since", f"must be a finite number of seconds since the epoch, got {since}")
+        query = JobQuery(
+            states=parse_states(state), user=user_name, uid=uid, name=name, since=since, after=after, limit=limit,
+            newest_first=order == "newest",
+        )  # fmt: skip
+        jobs = daemon.store.query(query)  # a read of the store: no need to wait for a scheduling round
+        headers = {"X-Corral-Next-After": jobs[-1].id} if jobs and len(jobs) == limit else {}
+        body = orjson.dumps([JobOut.of(j).model_dump() for j in jobs])
+        return Response(body, media_type="application/json", headers=headers)
+
+    @app.post("/v1/jobs/cancel", response_model=CancelManyOut)
+    def cancel_many(body: CancelManyIn, who: Caller) -> CancelManyOut:
+        """Cancel many jobs: by `ids`, or every job in `state` and/or with `name` (both: those that match both);
+        users their own jobs, root anyone's (with a state or name: root's own unless `all` or `user`)."""
+        if body.ids is None and body.state is None and body.name is None:
+            raise InvalidRequest("request", "say which jobs to cancel: ids, state or name")
+        user_name, uid = scope(who, body.all or body.ids is not None, body.user)
+        states = parse_states([body.state] if isinstance(body.state, str) else body.state)
+        query = JobQuery(states=states, user=user_name, name=body.name)
         with lock:
-            jobs = daemon.store.list()
-        if not (who.root and everyone):
-            jobs = [j for j in jobs if j.spec.uid == who.uid]
-        return [JobOut.of(j) for j in jobs]
+            outcome = daemon.cancel_many(body.ids, query, uid)
+        wake()
+        return CancelManyOut(**dataclasses.asdict(outcome))
 
     @app.get("/v1/jobs/{job_id}", response_model=JobOut)
     def show(job_id: str, who: Caller) -> JobOut:

@@ -86,6 +86,23 @@ class JobOut(BaseModel):
         )
 
 
+class CancelManyIn(BaseModel):
+    """Which jobs to cancel: `ids`, or those in `state` and/or with `name` (all given must hold)."""
+
+    ids: list[str] | None = Field(default=None, max_length=100_000)
+    state: str | list[str] | None = None  # queued, running, ... (a list, or comma-separated)
+    name: str | None = None
+    user: str | None = None  # root: that user's jobs
+    all: bool = False  # root: every user's jobs
+
+
+class CancelManyOut(BaseModel):
+    cancelled: list[str]  # were queued: cancelled now
+    cancelling: list[str]  # were starting or running: signalled, cancelled when they exit
+    ended: list[str]  # had already ended: left alone
+    not_found: list[str]  # no such job (or not the caller's)
+
+
 class ExplainOut(BaseModel):
     state: str
     reason: str

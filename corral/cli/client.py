@@ -2,8 +2,10 @@
 
 corral serve --simulate-gpus 2xA100-80GB          run the daemon (socket: see serve_locations)
 corral submit --gpus 1 -- python train.py        prints the job id
-corral ps [--all] [--json]                       your jobs (root with --all: everyone's)
-corral show ID | logs [-f] ID | cancel ID | explain ID | gpus
+corral ps [--all] [--state S] [--user U] [--name N] [--since 2h] [--limit N] [--newest] [--after ID] [--json]
+                                                 your jobs (root with --all: everyone's), 1000 at most per page
+corral cancel ID... | --state queued | --name N  cancel one job, several, or all of yours that match
+corral show ID | logs [-f] ID | explain ID | gpus
 corral token create NAME | list | revoke ID      bearer tokens for TCP (over the Unix socket)
 
 CORRAL_URL=http://host:8470 CORRAL_TOKEN=corral_...  talk to a daemon started with --listen instead of the socket.
@@ -313,13 +315,53 @@ def submit_cmd(
     sys.stdout.write(f"{job['id']}\n")
 
 
+def since_time(value: str, now: float) -> float:
+    """`--since`: a duration ago ("90", "45m", "2h") or a date and time ("2026-11-26", "2026-11-26T17:00")."""
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        pass
+    from corral.model.errors import InvalidRequest
+    from corral.model.units import parse_duration_seconds
+
+    try:
+        return now - parse_duration_seconds(value, "--since")
+    except InvalidRequest as exc:
+        raise fail(
+            f"--since: give a duration ago (45m, 2h) or a date and time (2026-11-26T17:00): {exc.message}"
+        ) from None
+
+
 def ps_cmd(
     everyone: Annotated[bool, typer.Option("--all", help="Root: every user's jobs.")] = False,
+    state: Annotated[list[str], typer.Option("--state", help="Only jobs in this state (repeatable).")] = [],  # noqa: B006
+    user: Annotated[str | None, typer.Option("--user", help="Root: this user's jobs.")] = None,
+    name: Annotated[str | None, typer.Option("--name", help="Only jobs with this name.")] = None,
+    since: Annotated[str | None, typer.Option("--since", help="Submitted since: 45m, 2h (ago) or a date.")] = None,
+    limit: Annotated[int, typer.Option("--limit", help="At most this many (the daemon allows 10000).", min=1)] = 1000,
+    newest: Annotated[bool, typer.Option("--newest", help="Newest first (default: oldest first).")] = False,
+    after: Annotated[str | None, typer.Option("--after", help="The page after this job id (see the hint).")] = None,
     as_json: JsonOpt = False,
     socket: SocketOpt = None,
 ) -> None:
-    """List your jobs."""
-    jobs = call(socket, "GET", "/v1/jobs", params={"all": "true"} if everyone else None).json()
+    """List your jobs (root with --all: everyone's), oldest first, 1000 at most: page on with --after."""
+    params: list[tuple[str, str | int | float]] = [("limit", limit)] + [("state", s) for s in state]
+    if everyone:
+        params.append(("all", "true"))
+    for key, value in (("user", user), ("name", name), ("after", after)):
+        if value is not None:
+            params.append((key, value))
+    if since is not None:
+        params.append(("since", since_time(since, time.time())))
+    if newest:
+        params.append(("order", "newest"))
+    response = call(socket, "GET", "/v1/jobs", params=params)
+    jobs = response.json()
+    more = response.headers.get("X-Corral-Next-After")
+    if more:  # on stderr, so that --json output stays one JSON document
+        err.print(f"more jobs: corral ps ... --after {more}", highlight=False)
     if as_json:
         dump(jobs)
         return
@@ -375,10 +417,31 @@ def logs_cmd(
         raise typer.Exit(130) from None
 
 
-def cancel_cmd(job_id: str, socket: SocketOpt = None) -> None:
-    """Cancel a job (a running one gets SIGTERM)."""
-    job = call(socket, "POST", f"/v1/jobs/{job_id}/cancel").json()
-    say(out, f"job {job['id']}: {job['state']} (", job["reason"], ")")
+def cancel_cmd(
+    job_ids: Annotated[list[str] | None, typer.Argument(help="Job ids.", show_default=False)] = None,
+    state: Annotated[list[str], typer.Option("--state", help="Every job in this state (repeatable).")] = [],  # noqa: B006
+    name: Annotated[str | None, typer.Option("--name", help="Every job with this name.")] = None,
+    user: Annotated[str | None, typer.Option("--user", help="Root: that user's jobs (with --state/--name).")] = None,
+    everyone: Annotated[bool, typer.Option("--all", help="Root: every user's jobs (with --state/--name).")] = False,
+    socket: SocketOpt = None,
+) -> None:
+    """Cancel jobs: by id, or every job of yours in a state or with a name (a running one gets SIGTERM)."""
+    ids = job_ids or []
+    if len(ids) == 1 and not (state or name):
+        job = call(socket, "POST", f"/v1/jobs/{ids[0]}/cancel").json()
+        say(out, f"job {job['id']}: {job['state']} (", job["reason"], ")")
+        return
+    if not (ids or state or name):
+        raise fail("say which jobs to cancel: job ids, --state or --name")
+    body: dict[str, object] = {"ids": ids or None, "state": state or None, "name": name, "user": user, "all": everyone}
+    done = call(socket, "POST", "/v1/jobs/cancel", json=body).json()
+    out.print(
+        f"cancelled {len(done['cancelled'])}, cancelling {len(done['cancelling'])} (running: SIGTERM sent), "
+        f"already ended {len(done['ended'])}",
+        highlight=False,
+    )
+    if done["not_found"]:
+        raise fail(f"no job {', '.join(done['not_found'])}")
 
 
 def explain_cmd(job_id: str, as_json: JsonOpt = False, socket: SocketOpt = None) -> None:

@@ -327,7 +327,7 @@ def serve(
     simulate: str | None,
     policy: str,
     tick_s: float = 0.2,
-    min_gap_s: float = 0.05,
+    min_gap_s: float = 0.2,
     watchdog: str = "kill",
     sharing: str = "mps",
     listen: str | None = None,

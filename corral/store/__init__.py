@@ -4,13 +4,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from corral.store.base import IDEMPOTENCY_TTL_S, JobNotFound, KeyInUse, StaleDocument, StaleJob, Store, StoreError
+from corral.store.base import (
+    IDEMPOTENCY_TTL_S,
+    JobNotFound,
+    JobQuery,
+    KeyInUse,
+    StaleDocument,
+    StaleJob,
+    Store,
+    StoreError,
+)
 from corral.store.memory import MemoryStore
 from corral.store.sqlite import SqliteStore
 
 __all__ = [
     "IDEMPOTENCY_TTL_S",
     "JobNotFound",
+    "JobQuery",
     "KeyInUse",
     "MemoryStore",
     "SqliteStore",

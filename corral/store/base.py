@@ -19,6 +19,7 @@ import dataclasses
 import json
 import math
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol, cast, runtime_checkable
 
 from corral.jobs.model import TRANSITIONS, InvalidTransition, Job, JobSpec, JobState
@@ -77,6 +78,49 @@ class StoreError(CorralError):
     """The store could not be read or written (an I/O error, a corrupt or foreign file, a closed store)."""
 
 
+@dataclass(frozen=True)
+class JobQuery:
+    """Which jobs `Store.query` returns: every filter given must hold (None: no filter), in id order, one page.
+
+    Paging is by cursor, not offset, so a page never repeats or skips a job when others are added meanwhile: pass the
+    id of the last job of one page as `after` to get the next (ids that come after it in the chosen order).
+    """
+
+    states: Collection[JobState] | None = None  # held as a frozenset
+    user: str | None = None  # the submitter's user name
+    uid: int | None = None  # the submitter's uid (what the API authorises by)
+    name: str | None = None  # the job's name, exactly
+    since: float | None = None  # submitted at or after this time (seconds since the epoch)
+    after: str | None = None  # the cursor: only jobs after this id in the chosen order
+    limit: int | None = None  # at most this many jobs (None: all)
+    newest_first: bool = False  # by id descending (newest first) instead of ascending
+
+    def __post_init__(self) -> None:
+        if self.limit is not None and self.limit < 0:
+            raise ValueError(f"a query's limit cannot be negative, got {self.limit}")
+        if self.states is not None:
+            object.__setattr__(self, "states", frozenset(JobState(s) for s in self.states))
+
+    def matches(self, job: Job) -> bool:
+        """The filters and the cursor (not the limit) for one job: the reference the SQL store must agree with."""
+        if self.states is not None and job.state not in self.states:
+            return False
+        if self.user is not None and job.spec.user != self.user:
+            return False
+        if self.uid is not None and job.spec.uid != self.uid:
+            return False
+        if self.name is not None and job.spec.name != self.name:
+            return False
+        if self.since is not None and job.submitted_at < self.since:
+            return False
+        if self.after is not None:
+            cursor = canonical_id(self.after)
+            if cursor is None:
+                return False
+            return int(job.id) < cursor if self.newest_first else int(job.id) > cursor
+        return True
+
+
 @runtime_checkable
 class Store(Protocol):
     """The jobs of one `corral serve`. Safe to share between threads; every write is atomic and durable."""
@@ -102,6 +146,13 @@ class Store(Protocol):
         """Jobs in any of `states` (all if None) submitted by `user` (anyone if None), by id in numeric order."""
         ...
 
+    def query(self, query: JobQuery) -> builtins.list[Job]:
+        """One page of the jobs that match `query`, by id (ascending, or descending with `newest_first`).
+
+        Cost follows the page and the jobs the filters select, not the whole table (the SQL store uses its indexes).
+        An `after` that no job can have (not a job id) matches nothing."""
+        ...
+
     def transition(
         self, job_id: str, to: JobState, *, expect: Collection[JobState] | None = None, **fields: Any
     ) -> Job:
@@ -110,6 +161,16 @@ class Store(Protocol):
         Raises `JobNotFound` for an unknown id, `InvalidTransition` if `TRANSITIONS` does not allow the move from the
         current state or the current state is not in `expect`, `ValueError` for a field that cannot be set.
         """
+        ...
+
+    def transition_many(
+        self, job_ids: Collection[str], to: JobState, *, expect: Collection[JobState] | None = None, **fields: Any
+    ) -> builtins.list[Job]:
+        """`transition` of many jobs in one atomic, durable write (bulk cancel: one commit, not one per job).
+
+        Moves every job among `job_ids` that may move now (as `transition` would allow), setting `fields` on each;
+        the others (unknown ids, jobs in another state) are left as they are, since a bulk action races with the
+        scheduler by nature. Returns the moved jobs, by id. `ValueError`/`TypeError` for a field that cannot be set."""
         ...
 
     def update(self, job_id: str, *, expect_version: int | None = None, **fields: Any) -> Job:
@@ -222,8 +283,13 @@ def check_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
 
 def check_transition(job: Job, to: JobState, expect: Collection[JobState] | None) -> None:
     """Raise InvalidTransition unless `job` may move to `to` now."""
-    if to not in TRANSITIONS[job.state] or (expect is not None and job.state not in expect):
+    if not may_transition(job, to, expect):
         raise InvalidTransition(job.id, job.state, to)
+
+
+def may_transition(job: Job, to: JobState, expect: Collection[JobState] | None) -> bool:
+    """Whether `job` may move to `to` now (TRANSITIONS allows it, and its state is in `expect` if given)."""
+    return to in TRANSITIONS[job.state] and (expect is None or job.state in expect)
 
 
 def canonical_id(job_id: str) -> int | None:

@@ -12,6 +12,7 @@ from corral.jobs.model import Job, JobSpec, JobState, check_admissible, spec_fro
 from corral.store.base import (
     IDEMPOTENCY_TTL_S,
     JobNotFound,
+    JobQuery,
     KeyInUse,
     StaleJob,
     StoreError,
@@ -19,6 +20,7 @@ from corral.store.base import (
     check_doc_version,
     check_fields,
     check_transition,
+    may_transition,
 )
 
 
@@ -77,6 +79,17 @@ class MemoryStore:
                 if (wanted is None or job.state in wanted) and (user is None or job.spec.user == user)
             ]
 
+    def query(self, query: JobQuery) -> builtins.list[Job]:
+        with self._lock:
+            self._check_open()
+            jobs = builtins.list(self._jobs.values())
+        if query.newest_first:
+            jobs.reverse()
+        found = (job for job in jobs if query.matches(job))
+        if query.limit is None:
+            return builtins.list(found)
+        return [job for _, job in zip(range(query.limit), found, strict=False)]
+
     def transition(
         self, job_id: str, to: JobState, *, expect: Collection[JobState] | None = None, **fields: Any
     ) -> Job:
@@ -88,6 +101,23 @@ class MemoryStore:
             new = job.evolve(state=to, version=job.version + 1, **changes)
             self._jobs[job_id] = new
             return new
+
+    def transition_many(
+        self, job_ids: Collection[str], to: JobState, *, expect: Collection[JobState] | None = None, **fields: Any
+    ) -> builtins.list[Job]:
+        to = JobState(to)
+        changes = check_fields(fields)
+        out = []
+        with self._lock:
+            self._check_open()
+            for job_id in sorted(set(job_ids), key=_id_order):
+                job = self._jobs.get(job_id)
+                if job is None or not may_transition(job, to, expect):
+                    continue
+                new = job.evolve(state=to, version=job.version + 1, **changes)
+                self._jobs[job_id] = new
+                out.append(new)
+        return out
 
     def update(self, job_id: str, *, expect_version: int | None = None, **fields: Any) -> Job:
         changes = check_fields(fields)
@@ -152,3 +182,7 @@ class MemoryStore:
     def _check_open(self) -> None:
         if self._closed:
             raise StoreError("the job store is closed")
+
+
+def _id_order(job_id: str) -> tuple[int, str]:
+    return (int(job_id), job_id) if job_id.isascii() and job_id.isdigit() else (0, job_id)

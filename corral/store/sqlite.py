@@ -23,6 +23,9 @@ Why these settings:
   all of them every round (10,000 queued jobs: 170 ms to read and decode from SQLite, ~2 ms from memory). Writes
   through this store update that copy; a commit by any other connection changes SQLite's `PRAGMA data_version`, and
   the next read then reloads it, so the copy is never stale.
+- Indexes on state, user, submission time and, as expressions over the spec, uid and name: `query` (the API's
+  filtered, paged lists) reads only the rows of one page, whatever the table holds (20,000 queued jobs: a page of 100
+  in about 3 ms through the API). They are created when a file is opened, so older files gain them too.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from corral.model.resources import GpuGrant
 from corral.store.base import (
     IDEMPOTENCY_TTL_S,
     JobNotFound,
+    JobQuery,
     KeyInUse,
     StaleJob,
     StoreError,
@@ -49,6 +53,7 @@ from corral.store.base import (
     check_doc_version,
     check_fields,
     check_transition,
+    may_transition,
 )
 
 SCHEMA_VERSION = 3
@@ -57,7 +62,13 @@ ACTIVE = frozenset({JobState.QUEUED, JobState.STARTING, JobState.RUNNING})
 #: How long a write waits for another process that holds the file's write lock before it fails.
 BUSY_TIMEOUT_S = 10.0
 
-_SCHEMA = """
+#: The submitter's uid and the job's name, read from the spec: `query` filters on them through indexes on these very
+#: expressions (SQLite uses an expression index only for the same expression). `json_valid` first, so that a row whose
+#: spec is damaged is still written and read (as a StoreError naming the job) instead of failing every write.
+_UID = "(CASE WHEN json_valid(spec) THEN json_extract(spec, '$.uid') END)"
+_NAME = "(CASE WHEN json_valid(spec) THEN json_extract(spec, '$.name') END)"
+
+_SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS meta (
     key   TEXT PRIMARY KEY,
     value TEXT NOT NULL
@@ -82,6 +93,9 @@ CREATE TABLE IF NOT EXISTS jobs (
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state);
 CREATE INDEX IF NOT EXISTS jobs_user ON jobs (user);
+CREATE INDEX IF NOT EXISTS jobs_uid ON jobs ({_UID});
+CREATE INDEX IF NOT EXISTS jobs_name ON jobs ({_NAME});
+CREATE INDEX IF NOT EXISTS jobs_submitted ON jobs (submitted_at);
 CREATE TABLE IF NOT EXISTS docs (
     kind    TEXT    NOT NULL,
     key     TEXT    NOT NULL,
@@ -202,12 +216,13 @@ class SqliteStore:
         if wanted is not None and wanted <= ACTIVE:
             with self._read("listing jobs"):
                 self._sync()
-                found = [
+                # Sorting the int row ids (not jobs by a key function) keeps this cheap for a long queue.
+                active = self._active
+                return [
                     job
-                    for row_id, job in self._active.items()
-                    if job.state in wanted and (user is None or job.spec.user == user)
+                    for row_id in sorted(active)
+                    if (job := active[row_id]).state in wanted and (user is None or job.spec.user == user)
                 ]
-            return sorted(found, key=lambda j: int(j.id))
         where: builtins.list[str] = []
         params: builtins.list[Any] = []
         if states is not None:
@@ -224,6 +239,41 @@ class SqliteStore:
             rows = self._conn.execute(sql, params).fetchall()
         return [self._decode(row) for row in rows]
 
+    def query(self, query: JobQuery) -> builtins.list[Job]:
+        # Each filter is a condition SQLite answers from an index (state, user, uid, name, submitted_at; ids are the
+        # rowid), and only the page's rows are read: jobs still active come from the memory copy, others are decoded.
+        where: builtins.list[str] = []
+        params: builtins.list[Any] = []
+        if query.states is not None:
+            if not query.states:
+                return []
+            values = sorted(s.value for s in query.states)
+            where.append(f"state IN ({', '.join('?' * len(values))})")
+            params.extend(values)
+        for column, value in (("user", query.user), (_UID, query.uid), (_NAME, query.name)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
+        if query.since is not None:
+            where.append("submitted_at >= ?")
+            params.append(float(query.since))
+        if query.after is not None:
+            cursor = canonical_id(query.after)
+            if cursor is None:
+                return []
+            where.append("id < ?" if query.newest_first else "id > ?")
+            params.append(cursor)
+        sql = _SELECT + (f" WHERE {' AND '.join(where)}" if where else "")
+        sql += " ORDER BY id DESC" if query.newest_first else " ORDER BY id"
+        if query.limit is not None:
+            sql += " LIMIT ?"
+            params.append(query.limit)
+        with self._read("listing jobs"):
+            self._sync()
+            rows = self._conn.execute(sql, params).fetchall()
+            active = self._active
+            return [active.get(row[0]) or self._decode(row) for row in rows]
+
     def transition(
         self, job_id: str, to: JobState, *, expect: Collection[JobState] | None = None, **fields: Any
     ) -> Job:
@@ -235,6 +285,40 @@ class SqliteStore:
             new = job.evolve(state=to, version=job.version + 1, **changes)
             self._store(new, {"state": to.value, **changes})
         return new
+
+    def transition_many(
+        self, job_ids: Collection[str], to: JobState, *, expect: Collection[JobState] | None = None, **fields: Any
+    ) -> builtins.list[Job]:
+        to = JobState(to)
+        changes = check_fields(fields)
+        rows = sorted({row_id for job_id in job_ids if (row_id := canonical_id(job_id)) is not None})
+        out: builtins.list[Job] = []
+        if not rows:
+            return out
+        columns = {"state": to.value, **{name: _encode(name, value) for name, value in changes.items()}}
+        assignments = ", ".join(f"{name} = ?" for name in columns)  # names come from check_fields, never the caller
+        with self._write(f"changing {len(rows)} jobs"):
+            self._sync()
+            missing = [row_id for row_id in rows if row_id not in self._active]
+            found = {row_id: self._active[row_id] for row_id in rows if row_id in self._active}
+            for chunk in range(0, len(missing), 500):  # SQLite's limit on parameters is far above 500
+                part = missing[chunk : chunk + 500]
+                sql = f"{_SELECT} WHERE id IN ({', '.join('?' * len(part))})"
+                found.update((int(row[0]), self._decode(row)) for row in self._conn.execute(sql, part))
+            moved = [
+                job for row_id in rows if (job := found.get(row_id)) is not None and may_transition(job, to, expect)
+            ]
+            out = [job.evolve(state=to, version=job.version + 1, **changes) for job in moved]
+            self._conn.executemany(
+                f"UPDATE jobs SET {assignments}, version = ? WHERE id = ?",
+                [(*columns.values(), new.version, int(new.id)) for new in out],
+            )
+            for new in out:  # the memory copy changes with the rows; `_write` drops it if the commit fails
+                if new.state in ACTIVE:
+                    self._active[int(new.id)] = new
+                else:
+                    self._active.pop(int(new.id), None)
+        return out
 
     def update(self, job_id: str, *, expect_version: int | None = None, **fields: Any) -> Job:
         changes = check_fields(fields)

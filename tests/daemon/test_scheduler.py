@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from corral.daemon.scheduler import schedule
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from corral.daemon.scheduler import ShapeCache, schedule
 from corral.jobs.model import Job, JobSpec, JobState
 from corral.model.resources import GpuBehavior, Request
 from corral.model.snapshot import ClusterSnapshot
-from corral.placement import PlacementConfig
+from corral.placement import PlacementConfig, place
 from corral.queue import queue_order
 from tests.builders import cluster, node
 
@@ -79,3 +84,71 @@ def test_priority_jumps_the_queue() -> None:
     s = box(1)
     plan = schedule(s, [job(1, t=0), job(2, t=5, priority=10)], CONFIG, 10)
     assert [st.job_id for st in plan.starts] == ["2"]
+
+
+# ------------------------------------------------------------------------------------------------ a long queue
+def counting_place(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every call the scheduler makes to the engine, by request id."""
+    calls: list[str] = []
+    real = place
+
+    def counted(snapshot: ClusterSnapshot, request: Request, *args: Any, **kwargs: Any) -> Any:
+        calls.append(request.id)
+        return real(snapshot, request, *args, **kwargs)
+
+    monkeypatch.setattr("corral.daemon.scheduler.place", counted)
+    return calls
+
+
+def test_one_placement_per_shape_however_long_the_queue(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = counting_place(monkeypatch)
+    shapes = [dict(gpus=1), dict(gpus=2), dict(gpus=1, milli=500), dict(gpus=3), dict(gpus=1, priority=3)]
+    for length in (50, 2000):
+        s = box(4)
+        assert len(schedule(s, [job(90 + i, gpus=1) for i in range(4)], CONFIG, 0).starts) == 4  # the box is full
+        jobs = [job(1000 + i, t=i, **shapes[i % len(shapes)]) for i in range(length)]
+        calls.clear()
+        plan = schedule(s, jobs, CONFIG, 10)
+        # Nothing fits: one call per distinct shape (priority is not part of a shape), whatever the length.
+        assert len(calls) == plan.placements == 4, calls
+        assert calls[0] == "1004"  # the queue's head (priority 3) is tried first
+        assert not plan.starts and len(plan.waiting) == length
+        # Every job of a shape has the words of its shape's one attempt.
+        by_shape: dict[object, set[str]] = {}
+        for j in jobs:
+            by_shape.setdefault(j.spec.request.placement_key(), set()).add(plan.waiting[j.id])
+        assert all(len(texts) == 1 for texts in by_shape.values()) and len(by_shape) == 4
+
+
+def test_a_jobs_key_and_shape_are_computed_once_across_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[int] = []
+    real = Request.placement_key
+
+    def counted(self: Request) -> tuple[object, ...]:
+        made.append(1)
+        return real(self)
+
+    monkeypatch.setattr(Request, "placement_key", counted)
+    cache = ShapeCache()
+    s = box(1)
+    jobs = [job(i, t=i) for i in range(1, 301)]
+    first = schedule(s.copy(), jobs, CONFIG, 10, cache=cache)
+    assert len(made) == 300 and [st.job_id for st in first.starts] == ["1"]
+    made.clear()
+    changed = job(7, t=7, priority=9)  # the store hands out a new object when a job changes
+    again = schedule(s.copy(), [*jobs[:6], changed, *jobs[7:], job(301, t=301)], CONFIG, 10, cache=cache)
+    assert len(made) == 2  # the changed job and the new one; the other 299 come from the cache
+    assert [st.job_id for st in again.starts] == ["7"]  # and the changed priority is seen
+    assert again.waiting["1"] == first.waiting["2"] == "0/1 nodes fit: 1 insufficient GPU (need 1 whole GPU)"
+
+
+def test_the_mps_owner_is_part_of_a_shares_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = counting_place(monkeypatch)
+    s = box(1)
+    assert schedule(s, [job(90, gpus=1)], CONFIG, 0).starts
+    calls.clear()
+    jobs = [job(i, milli=300, t=i) for i in range(1, 41)]
+    jobs = [j if int(j.id) % 2 else Job(j.id, replace(j.spec, user="bob"), j.state, j.submitted_at) for j in jobs]
+    plan = schedule(s, jobs, CONFIG, 10, owner=lambda j: j.spec.user)
+    assert len(calls) == 2 and not plan.starts  # alice's shares and bob's shares: two shapes
+    assert plan.placements == 2

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import random
 import signal
 import sqlite3
 import subprocess
@@ -25,6 +26,7 @@ from corral.model.resources import Constraint, GpuBehavior, GpuGrant, Request
 from corral.store import (
     IDEMPOTENCY_TTL_S,
     JobNotFound,
+    JobQuery,
     KeyInUse,
     MemoryStore,
     SqliteStore,
@@ -190,6 +192,152 @@ def test_list_filters_by_state_and_user_in_numeric_id_order(store: Store) -> Non
     assert ids(store.list(states=FINAL_STATES, user="alice")) == []
     assert store.list(states=()) == []
     assert store.list(user="nobody") == []
+
+
+def owned(user: str, uid: int, name: str = "") -> JobSpec:
+    return JobSpec(("true",), Request(cpu_milli=1000, memory_mib=512), user, uid, uid, name=name)
+
+
+def fill_for_queries(store: Store) -> None:
+    """30 jobs: alice (uid 1000) and bob (1001) in turn, names a/b/c in turn, submitted at 100, 101, ...; a few
+    moved on (3, 4, 20 running; 5, 6, 29 cancelled; 7 succeeded)."""
+    for i in range(30):
+        user, uid = ("alice", 1000) if i % 2 == 0 else ("bob", 1001)
+        store.add(owned(user, uid, name="abc"[i % 3]), now=100.0 + i)
+    for job_id in ("3", "4", "20"):
+        drive(store, job_id, R)
+    for job_id in ("5", "6", "29"):
+        drive(store, job_id, JobState.CANCELLED)
+    drive(store, "7", JobState.SUCCEEDED)
+
+
+def test_query_filters_each_way_and_together(store: Store) -> None:
+    fill_for_queries(store)
+
+    def ids(**kw: Any) -> list[int]:
+        return [int(j.id) for j in store.query(JobQuery(**kw))]
+
+    assert ids() == list(range(1, 31))
+    assert ids(states={R}) == [3, 4, 20]
+    assert ids(states={R, JobState.SUCCEEDED}, uid=1000) == [3, 7]
+    assert ids(user="bob", name="a") == [4, 10, 16, 22, 28]
+    assert ids(uid=1001, name="a") == [4, 10, 16, 22, 28]
+    assert ids(since=125.0) == [26, 27, 28, 29, 30]
+    assert ids(states={Q}, user="alice", name="b", since=110.0) == [11, 17, 23]  # 29 is cancelled
+    assert ids(uid=4242) == [] and ids(user="nobody") == [] and ids(name="zzz") == [] and ids(states=set()) == []
+    assert ids(uid=1000, newest_first=True, limit=3) == [29, 27, 25]
+    # Every job returned is the job `get` returns (the memory copy and decoded rows agree), whatever its state.
+    for job in store.query(JobQuery()):
+        assert store.get(job.id) == job
+
+
+def test_query_pages_by_cursor_in_both_orders(store: Store) -> None:
+    fill_for_queries(store)
+    for newest_first in (False, True):
+        alice = [j.id for j in store.list(user="alice")]
+        pages: list[list[str]] = []
+        after = None
+        while True:
+            page = store.query(JobQuery(uid=1000, limit=4, after=after, newest_first=newest_first))
+            if not page:
+                break
+            pages.append([j.id for j in page])
+            after = page[-1].id
+            if len(pages) <= 3:  # added meanwhile: paging never repeats nor skips a job
+                store.add(owned("alice", 1000), now=999.0)
+        seen = [job_id for page in pages for job_id in page]
+        assert len(seen) == len(set(seen))
+        if newest_first:
+            assert seen == alice[::-1] and all(len(p) == 4 for p in pages[:-1])
+        else:  # oldest first also reaches the jobs added while it paged
+            assert seen[: len(alice)] == alice and seen == sorted(seen, key=int) and len(seen) == len(alice) + 3
+    assert store.query(JobQuery(after="not-an-id")) == [] and store.query(JobQuery(limit=0)) == []
+    assert [j.id for j in store.query(JobQuery(after="28"))][:2] == ["29", "30"]
+    with pytest.raises(ValueError, match="limit"):
+        JobQuery(limit=-1)
+
+
+def test_query_agrees_with_its_reference_on_random_filters(store: Store) -> None:
+    fill_for_queries(store)
+    everything = store.list()
+    rng = random.Random(7)
+    for _ in range(200):
+        query = JobQuery(
+            states=rng.choice([None, frozenset({Q}), frozenset({R, JobState.CANCELLED}), frozenset()]),
+            user=rng.choice([None, "alice", "bob", "carol"]),
+            uid=rng.choice([None, 1000, 1001]),
+            name=rng.choice([None, "a", "b", "c", "d"]),
+            since=rng.choice([None, 90.0, 110.0, 128.5]),
+            after=rng.choice([None, "1", "12", "30", "31"]),
+            limit=rng.choice([None, 0, 1, 5, 100]),
+            newest_first=rng.random() < 0.5,
+        )
+        expected = [j for j in (everything[::-1] if query.newest_first else everything) if query.matches(j)]
+        assert store.query(query) == expected[: query.limit], query
+
+
+def test_transition_many_moves_the_jobs_that_may_move_in_one_write(store: Store) -> None:
+    ids = [store.add(simple_spec(), now=float(i)).id for i in range(6)]
+    drive(store, ids[1], R)
+    drive(store, ids[2], JobState.SUCCEEDED)
+    moved = store.transition_many(
+        [ids[4], ids[0], ids[1], ids[2], "99", "x", ids[0]], JobState.CANCELLED, expect=[Q], reason="cancelled"
+    )
+    # Only the queued ones, by id, each once; the running, the ended and the unknown ones are left as they are.
+    assert [(j.id, j.state, j.reason, j.version) for j in moved] == [
+        (ids[0], JobState.CANCELLED, "cancelled", 2),
+        (ids[4], JobState.CANCELLED, "cancelled", 2),
+    ]
+    assert [(j.id, j.state) for j in store.list()] == [
+        (ids[0], JobState.CANCELLED), (ids[1], R), (ids[2], JobState.SUCCEEDED),
+        (ids[3], Q), (ids[4], JobState.CANCELLED), (ids[5], Q),
+    ]  # fmt: skip
+    assert [j.id for j in store.list([Q])] == [ids[3], ids[5]]
+    # Without `expect`, TRANSITIONS decides: RUNNING -> CANCELLED is allowed, SUCCEEDED -> anything is not.
+    assert [j.id for j in store.transition_many([ids[1], ids[2]], JobState.CANCELLED, finished_at=5)] == [ids[1]]
+    assert store.transition_many([], JobState.CANCELLED) == []
+    with pytest.raises(ValueError, match="unknown job field"):
+        store.transition_many([ids[3]], JobState.CANCELLED, colour="red")
+    still = store.get(ids[3])
+    assert still is not None and (still.state, still.version) == (Q, 1)
+
+
+def test_sqlite_queries_use_indexes_not_a_scan_of_every_job(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "jobs.db")
+    fill_for_queries(store)
+    store.close()
+    raw = sqlite3.connect(tmp_path / "jobs.db")
+    seen: list[str] = []
+
+    def plan(sql: str, *params: object) -> str:
+        text = " | ".join(str(row[-1]) for row in raw.execute(f"EXPLAIN QUERY PLAN {sql}", params))
+        seen.append(text)
+        return text
+
+    try:
+        # The conditions `query` writes: SQLite answers each from its index (never "SCAN jobs", reading every row).
+        for condition, value in (
+            ("user = ?", "bob"),
+            ("(CASE WHEN json_valid(spec) THEN json_extract(spec, '$.uid') END) = ?", 1000),
+            ("(CASE WHEN json_valid(spec) THEN json_extract(spec, '$.name') END) = ?", "a"),
+            ("state IN (?)", "queued"),
+        ):
+            text = plan(f"SELECT id FROM jobs WHERE {condition} ORDER BY id DESC LIMIT 5", value)
+            assert "USING INDEX" in text or "USING COVERING INDEX" in text, text
+    finally:
+        raw.close()
+    reopened = SqliteStore(tmp_path / "jobs.db")
+    try:
+        statements: list[str] = []
+        reopened._conn.set_trace_callback(statements.append)  # what query() sends: the very conditions planned above
+        reopened.query(JobQuery(uid=1000, name="a", user="alice", states={Q}))
+        sent = [s for s in statements if s.startswith("SELECT") and "FROM jobs" in s]
+        assert sent and all(
+            cond in sent[-1]
+            for cond in ("user = ", "json_extract(spec, '$.uid') END) = ", "json_extract(spec, '$.name') END) = ")
+        ), sent
+    finally:
+        reopened.close()
 
 
 @pytest.mark.parametrize("current", list(JobState))
