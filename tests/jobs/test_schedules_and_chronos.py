@@ -13,9 +13,11 @@ from fastapi.testclient import TestClient
 from corral.jobs.definitions import RUN, iso
 from corral.jobs.model import JobState
 from corral.mesos.chronos import ChronosDefaults
+from corral.schedule.iso8601 import IsoDuration
 from corral.store import SqliteStore
 from corral.store.base import StoreError
 from tests.jobs.harness import World, at, metronome_job
+from tests.schedule.counting import counted
 
 JOBS = "/metronome/v1/jobs"
 CHRONOS = "/chronos/v1/scheduler"
@@ -267,3 +269,38 @@ def test_chronos_errors_and_updates(tmp_path: Path) -> None:
 def test_chronos_2_and_3_paths(tmp_path: Path, path: str) -> None:
     world = World(tmp_path)
     assert world.client().get(path).json() == []
+
+
+# ------------------------------------------------------------------------------------------------ hostile schedules
+def test_a_sub_second_period_is_refused_and_pt1s_from_2000_costs_a_bounded_number_of_steps(tmp_path: Path) -> None:
+    # Issue 12, finding 2: R/2020-01-01T00:00:00Z/PT0.001S held the daemon's lock for 55 s.
+    world = World(tmp_path, start="2026-11-26T12:00:00.250Z")
+    c = world.client()
+    refused = post(c, {"name": "fast", "command": "true", "schedule": "R/2020-01-01T00:00:00Z/PT0.001S"}, status=400)
+    assert refused == {
+        "message": "Object is not valid",
+        "details": [
+            {
+                "path": "/schedule",
+                "errors": [
+                    "period PT0.001S is shorter than the minimum of 1 second: every tick starts a run, and corral "
+                    "starts runs at most once a second per schedule (use PT1S or longer)"
+                ],
+            }
+        ],
+    }
+    assert c.get(f"{CHRONOS}/jobs").json() == []
+    # PT1S from the year 2000: 845 million ticks have passed, all collapsed into one run, in a few tick evaluations.
+    post(c, {"name": "every-second", "command": "true", "schedule": "R/2000-01-01T00:00:00Z/PT1S"})
+    with counted(IsoDuration, "add_to") as calls:
+        world.tick()
+        world.clock.advance(1)
+        world.tick()
+    assert calls[0] <= 30, f"{calls[0]} tick evaluations in two rounds"
+    ticks = sorted(at_iso(r["tick"]) for _, r, _ in world.store.list_docs(RUN))
+    assert ticks == ["2026-11-26T12:00:00.000Z"]  # the second run waits: concurrent is false and the first runs
+    state = world.ctl.state("every-second")
+    # Every second up to 12:00:00 but the one that ran; 12:00:01 was skipped (a run was active), not missed.
+    assert state["missed_ticks"] == (at("2026-11-26T12:00:00Z") - at("2000-01-01T00:00:00Z")).total_seconds()
+    assert state["forbidden_ticks"] == 1
+    assert chronos_job(c, "every-second")["schedule"] == "R/2026-11-26T12:00:02.000Z/PT1S"
