@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from corral.jobs.controller import SCHEDULE_DECISIONS_PER_ROUND
 from corral.jobs.definitions import RUN, iso
 from corral.jobs.model import JobState
 from corral.mesos.chronos import ChronosDefaults
@@ -289,6 +290,9 @@ def test_a_sub_second_period_is_refused_and_pt1s_from_2000_costs_a_bounded_numbe
             }
         ],
     }
+    own = c.post("/v1/definitions", json={"name": "fast", "command": "true", "schedule": "R//PT0.5S"})
+    assert own.status_code == 422 and own.json()["detail"]["field"] == "/schedule"
+    assert own.json()["detail"]["message"].startswith("period PT0.5S is shorter than the minimum of 1 second")
     assert c.get(f"{CHRONOS}/jobs").json() == []
     # PT1S from the year 2000: 845 million ticks have passed, all collapsed into one run, in a few tick evaluations.
     post(c, {"name": "every-second", "command": "true", "schedule": "R/2000-01-01T00:00:00Z/PT1S"})
@@ -304,3 +308,25 @@ def test_a_sub_second_period_is_refused_and_pt1s_from_2000_costs_a_bounded_numbe
     assert state["missed_ticks"] == (at("2026-11-26T12:00:00Z") - at("2000-01-01T00:00:00Z")).total_seconds()
     assert state["forbidden_ticks"] == 1
     assert chronos_job(c, "every-second")["schedule"] == "R/2026-11-26T12:00:02.000Z/PT1S"
+
+
+def test_twenty_schedules_due_at_once_are_decided_a_bounded_number_per_round_earliest_first(tmp_path: Path) -> None:
+    world = World(tmp_path, start="2026-11-26T11:59:00Z")
+    c = world.client()
+    for i in range(20):
+        # job-00 is due last: the names' order is not the order of due times
+        post(c, {"name": f"job-{i:02d}", "command": "true", "schedule": f"R/2026-11-26T12:00:{19 - i:02d}Z/PT1H"})
+    world.tick()  # nothing due yet: every schedule now knows its next tick
+    world.clock.t = at("2026-11-26T12:01:00Z").timestamp()  # all 20 are due
+    runs_per_round = []
+    for _ in range(20 // SCHEDULE_DECISIONS_PER_ROUND + 2):
+        before = len(world.store.list_docs(RUN))
+        world.clock.advance(0.2)
+        world.tick()
+        runs_per_round.append(len(world.store.list_docs(RUN)) - before)
+    expected = [SCHEDULE_DECISIONS_PER_ROUND] * (20 // SCHEDULE_DECISIONS_PER_ROUND)
+    assert runs_per_round == [*expected, 0, 0]
+    # The earliest due first: the order of the runs is the order of the ticks, each run for its own tick.
+    runs = sorted((r["created_at"], r["tick"], r["job"]) for _, r, _ in world.store.list_docs(RUN))
+    assert [at_iso(tick) for _, tick, _ in runs] == [f"2026-11-26T12:00:{i:02d}.000Z" for i in range(20)]
+    assert [job for _, _, job in runs] == [f"job-{19 - i:02d}" for i in range(20)]
