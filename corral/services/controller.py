@@ -17,7 +17,7 @@
 A round launches at most `LAUNCHES_PER_ROUND` instances and kills at most `KILLS_PER_ROUND`, over all apps: each is
 a store write or two and a process to start or signal, under the daemon's lock, so an app of 1,000 instances (or a
 scale to 0, or a delete) is spread over rounds instead of holding the lock for seconds. Marathon paces launches the
-same way (its launch tokens: 100 every 30 s by default); corral's pace, 8 a round at 5 rounds a second, is faster.
+same way (its launch tokens: 100 every 30 s by default); corral's pace, 4 a round at 5 rounds a second, is faster.
 
 Scaling (`instances` only) keeps the config version; any other change, and a restart, makes a new one: the delay
 resets and the instances are replaced, as a Marathon deployment does.
@@ -57,8 +57,8 @@ UNHEALTHY = "unhealthy"
 ORIGIN = "marathon:"
 LIVE = (JobState.QUEUED, JobState.STARTING, JobState.RUNNING)
 #: The most instances one round launches, and kills, over all apps (see the module docstring).
-LAUNCHES_PER_ROUND = 8
-KILLS_PER_ROUND = 32
+LAUNCHES_PER_ROUND = 4
+KILLS_PER_ROUND = 16
 NO_RUNTIME = (
     "the app names the container image {image!r}, but this corral serve has no container runtime: start it with "
     "--container-runtime docker|podman, or give a cmd that runs without one"
@@ -445,10 +445,11 @@ class ServicesController:
         target = app.model.instances
         grace = app.service.kill_grace_s
         if len(current) > target:
-            for job in self._victims(app, current, min(len(current) - target, self._kills_left)):
-                self._take_kill()
-                self._kill(daemon, app, job, "scaled down", grace)
-                current.remove(job)
+            victims = self._victims(app, current, min(len(current) - target, self._kills_left))
+            self._kills_left -= len(victims)
+            self._kill_all(daemon, app, victims, "scaled down", grace)
+            gone = {j.id for j in victims}
+            current = [j for j in current if j.id not in gone]
         if old:
             keep, most = upgrade_bounds(target, app.service.upgrade)
             ready = sum(self._ready(app, j) for j in current) + sum(self._ready(app, j) for j in old)
@@ -486,13 +487,19 @@ class ServicesController:
             return
         placed = [g.index for j in jobs for g in j.gpus]
         alive = len(jobs)
-        for launched in range(missing):
-            if self._launches_left <= 0:
-                app.waiting = (
-                    f"{missing - launched} instance(s) to launch in the next rounds "
-                    f"(at most {LAUNCHES_PER_ROUND} a round)"
-                )
-                return
+        now_count = min(missing, self._launches_left)
+        if now_count < missing:
+            app.waiting = (
+                f"{missing - now_count} instance(s) to launch in the next rounds (at most {LAUNCHES_PER_ROUND} a round)"
+            )
+        if now_count <= 0:
+            return
+        # The round's instance numbers are reserved in one write (a number is never used twice, also across a
+        # restart; one left unused when a launch is held back is skipped).
+        first = int(app.state.get("next", 1))
+        app.state["next"] = first + now_count
+        self._save(daemon, app)
+        for number in range(first, first + now_count):
             admission = admit(app.service.constraints, daemon.node, app.service.request.gpu_count, alive, placed)
             if not admission.ok:
                 app.waiting = f"instance held back: {admission.reason}"
@@ -503,11 +510,8 @@ class ServicesController:
             except NoPorts as exc:
                 app.waiting = f"instance held back: {exc}"
                 return
-            number = int(app.state.get("next", 1))
             instance = f"{app.key.strip('/').replace('/', '_')}.{number}"
             spec = self._spec(daemon, app, instance, ports, admission.gpu_models, admission.min_gpu_memory_mib)
-            app.state["next"] = number + 1
-            self._save(daemon, app)
             self._launches_left -= 1
             try:
                 daemon.submit(spec)
@@ -516,7 +520,8 @@ class ServicesController:
                 return
             taken.update(ports)
             alive += 1
-        app.waiting = ""
+        if now_count == missing:
+            app.waiting = ""
 
     def _victims(self, app: App, jobs: Sequence[Job], count: int) -> list[Job]:
         """Instances not yet running go first (Marathon kills those before running ones), then by killSelection."""
@@ -580,14 +585,22 @@ class ServicesController:
         )
 
     def _kill(self, daemon: Daemon, app: App | None, job: Job, why: str, grace: float | None = None) -> None:
-        if app is not None:
-            app.killing[job.id] = why
+        self._kill_all(daemon, app, [job], why, grace)
+
+    def _kill_all(
+        self, daemon: Daemon, app: App | None, jobs: Sequence[Job], why: str, grace: float | None = None
+    ) -> None:
+        """Kill instances: why, recorded for all of them in one write of the app first, then each one signalled."""
+        if app is not None and jobs:
+            for job in jobs:
+                app.killing[job.id] = why
             self._save(daemon, app)
-        if job.state is JobState.QUEUED:
-            daemon.cancel(job.id)  # ends it at once: job_ended follows
-            return
-        daemon.store.update(job.id, reason=CANCELLING)
-        daemon.executor.cancel(job.id, grace_s=10.0 if grace is None else grace)
+        for job in jobs:
+            if job.state is JobState.QUEUED:
+                daemon.cancel(job.id)  # ends it at once: job_ended follows
+                continue
+            daemon.store.update(job.id, reason=CANCELLING)
+            daemon.executor.cancel(job.id, grace_s=10.0 if grace is None else grace)
 
     def job_ended(self, daemon: Daemon, job: Job) -> None:
         parsed = parse_origin(job.spec.origin)
