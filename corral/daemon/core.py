@@ -47,6 +47,9 @@ CANCELLING = "cancel requested"
 #: The reason of a job the watchdog is killing starts with this; its exit is then a failure with that reason.
 OVER_GRANT = "killed by corral: "
 MAX_BACKOFF_S = 300.0
+#: Jobs launched per round (each: three durable writes and a process start under the daemon's lock); the rest of a
+#: burst waits for the next rounds, so 500 submissions do not hold the lock for seconds (issue 12).
+STARTS_PER_ROUND = 4
 WATCHDOG_MODES = ("off", "warn", "kill")
 log = logging.getLogger("corral.daemon")
 
@@ -182,7 +185,7 @@ class Daemon:
         foreign = self.foreign_text()
         started = []
         busy = {u for j in holding for u in j.gpu_uuids}
-        for start in plan.starts:
+        for start in plan.starts[:STARTS_PER_ROUND]:  # the others stay queued, planned again next round
             for note in start.notes:  # e.g. Marathon's "undefined" behaviour warns on every GPU-node placement
                 log.warning("job %s: %s", start.job_id, note)
             if self._launch(start.job_id, start.allocation, now, "; ".join(start.notes)):
