@@ -13,7 +13,7 @@ def test_a_burst_is_launched_a_bounded_number_per_round_in_queue_order(tmp_path:
     d = daemon(tmp_path, clock=clock)
     burst = 3 * STARTS_PER_ROUND + 1
     ids = [d.submit(spec(gpus=0)).id for _ in range(burst)]
-    rounds = []
+    rounds: list[list[str]] = []
     while len(rounds) < 10 and sum(len(r) for r in rounds) < burst:
         clock.t += 1
         rounds.append(d.tick())
