@@ -83,9 +83,10 @@ _TASK_STATUS = {
 }
 COUNTED_KEPT = 200  # run ids whose outcome is already in the counters (a restart must not count one twice)
 #: Schedule decisions that write (a run triggered, or a cursor moved past ticks that did not run) per round, the
-#: earliest due first. Each is about five durable store writes under the daemon's lock (and a run's launch three
-#: more), so 20 schedules due at once are spread over rounds instead of holding the lock for their sum; a tick that
-#: waits a round is still due (its cursor has not moved) and runs late, within its starting deadline.
+#: earliest due first: 10 a second at the loop's pace. Each is about five durable store writes under the daemon's
+#: lock (and a run's launch three more), so 20 schedules due at once are spread over rounds instead of holding the
+#: lock for their sum; a tick that waits a round is still due (its cursor has not moved) and runs late, within its
+#: starting deadline.
 SCHEDULE_DECISIONS_PER_ROUND = 2
 
 
