@@ -269,6 +269,7 @@ class ServicesController:
         self._loaded = False
         self._new_id: Callable[[], str] = new_id or (lambda: str(uuid.uuid4()))
         self._launches_left = LAUNCHES_PER_ROUND  # this round's budgets, reset by tick
+        self._ports_of: dict[str, list[int]] = {}  # live instance -> its ports (fixed at launch; read every round)
         self._kills_left = KILLS_PER_ROUND
 
     # -------------------------------------------------------------------------------------------- documents
@@ -413,7 +414,7 @@ class ServicesController:
                 for job in js:
                     if job.reason != CANCELLING and self._take_kill():
                         self._kill(daemon, None, job, "deleted")
-        taken = {p for js in live.values() for j in js for p in instance_ports(j)}
+        taken = {p for js in live.values() for j in js for p in self._instance_ports(j)}
         for app in list(self.apps.values()):
             try:
                 self._reconcile(daemon, app, live.get(app.key, []), now, taken)
@@ -423,6 +424,14 @@ class ServicesController:
         self._schedule_checks(live, now)
         for job_id in [j for j in self.health if j not in jobs]:
             del self.health[job_id]
+        if len(self._ports_of) > len(jobs):
+            self._ports_of = {j: p for j, p in self._ports_of.items() if j in jobs}
+
+    def _instance_ports(self, job: Job) -> list[int]:
+        ports = self._ports_of.get(job.id)
+        if ports is None:
+            ports = self._ports_of[job.id] = instance_ports(job)
+        return ports
 
     def _take_kill(self) -> bool:
         """Whether this round may still kill an instance (and count it if so)."""
@@ -441,8 +450,10 @@ class ServicesController:
 
     def _reconcile(self, daemon: Daemon, app: App, jobs: list[Job], now: float, taken: set[int]) -> None:
         active = [j for j in jobs if j.reason != CANCELLING and j.id not in app.killing]
-        current = [j for j in active if instance_version(j) == app.config_version]
-        old = [j for j in active if instance_version(j) != app.config_version]
+        current: list[Job] = []
+        old: list[Job] = []
+        for j in active:
+            (current if instance_version(j) == app.config_version else old).append(j)
         target = app.model.instances
         grace = app.service.kill_grace_s
         if len(current) > target:
