@@ -13,6 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from corral.mesos import chronos
+from corral.mesos.errors import ObjectNotValid
 from corral.model.errors import InvalidRequest
 from corral.schedule.clock import MISSED_COUNT_CAP, Schedule, TickPolicy, due_ticks
 from corral.schedule.cron import CronExpression, CronSchedule, DayOfMonth, DayOfWeek
@@ -210,3 +212,12 @@ def test_periods_under_a_second_are_refused(period: str) -> None:
 @pytest.mark.parametrize("period", ["PT1S", "PT1.0S", "PT0M60S", "P1D", "P1M", "PT1.5S"])
 def test_periods_of_a_second_or_more_are_accepted(period: str) -> None:
     check_min_period(parse_repeating_interval(f"R/2020-01-01T00:00:00Z/{period}", now=NOW))
+
+
+def test_the_minimum_is_checked_at_submission_and_a_stored_job_still_loads() -> None:
+    body = {"name": "fast", "command": "true", "schedule": "R/2020-01-01T00:00:00Z/PT0.001S"}
+    with pytest.raises(ObjectNotValid) as caught:
+        chronos.parse_job(body, now=NOW, known_jobs={})  # a submission
+    assert caught.value.status == 400 and caught.value.details[0].path == "/schedule"
+    stored = chronos.parse_job(body, now=NOW)  # read back from the store: admitted by an older corral
+    assert stored.schedule == body["schedule"]
