@@ -47,8 +47,9 @@ CANCELLING = "cancel requested"
 #: The reason of a job the watchdog is killing starts with this; its exit is then a failure with that reason.
 OVER_GRANT = "killed by corral: "
 MAX_BACKOFF_S = 300.0
-#: Jobs launched per round (each: three durable writes and a process start under the daemon's lock); the rest of a
-#: burst waits for the next rounds, so 500 submissions do not hold the lock for seconds (issue 12).
+#: Jobs launched per round (each: three durable writes and a process start under the daemon's lock); the pass stops
+#: placing once it has this many, and the rest of a burst waits for the next rounds, so 500 submissions do not hold
+#: the lock for seconds (issue 12).
 STARTS_PER_ROUND = 4
 WATCHDOG_MODES = ("off", "warn", "kill")
 log = logging.getLogger("corral.daemon")
@@ -181,11 +182,13 @@ class Daemon:
             self._watch_memory(holding)
         snapshot = self.snapshot(holding)
         waiting = self.store.list([JobState.QUEUED])
-        plan = schedule(snapshot, [self._with_owner(j) for j in waiting], self.config, now, self.rng)
+        plan = schedule(
+            snapshot, [self._with_owner(j) for j in waiting], self.config, now, self.rng, max_starts=STARTS_PER_ROUND
+        )
         foreign = self.foreign_text()
         started = []
         busy = {u for j in holding for u in j.gpu_uuids}
-        for start in plan.starts[:STARTS_PER_ROUND]:  # the others stay queued, planned again next round
+        for start in plan.starts:
             for note in start.notes:  # e.g. Marathon's "undefined" behaviour warns on every GPU-node placement
                 log.warning("job %s: %s", start.job_id, note)
             if self._launch(start.job_id, start.allocation, now, "; ".join(start.notes)):

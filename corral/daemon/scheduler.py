@@ -46,13 +46,18 @@ def schedule(
     now: float,
     rng: np.random.Generator | None = None,
     starvation_s: float = 300.0,
+    max_starts: int | None = None,
 ) -> Plan:
-    """Decide which waiting jobs start now. Grants go into `snapshot` as they are decided."""
+    """Decide which waiting jobs start now. Grants go into `snapshot` as they are decided. With `max_starts`, the
+    pass places nothing more once that many are decided: the rest wait for the next pass, unplaced."""
     plan = Plan()
     failed: dict[Hashable, tuple[str, bool]] = {}
     head_starving = False
     generator = rng if rng is not None else np.random.default_rng(0)
     for position, job in enumerate(queue_order(waiting)):
+        if max_starts is not None and len(plan.starts) >= max_starts:
+            plan.waiting[job.id] = f"waiting for the next round: at most {max_starts} jobs start in one round"
+            continue
         if job.not_before > now:
             plan.waiting[job.id] = f"retrying after back-off in {job.not_before - now:.0f} s"
             continue
