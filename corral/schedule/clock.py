@@ -146,6 +146,17 @@ def _walk_ticks_in(schedule: Schedule, since: datetime, now: datetime) -> tuple[
     return passed, latest, False
 
 
+def _later_by(t: datetime, seconds: float | None) -> datetime | None:
+    """`t` + `seconds`; None for no deadline, or for one past what a datetime holds (a startingDeadlineSeconds of
+    10^12 is no deadline in practice, and must not fail every round of every schedule with an OverflowError)."""
+    if seconds is None:
+        return None
+    try:
+        return t + timedelta(seconds=seconds)
+    except OverflowError:
+        return None
+
+
 def due_ticks(
     schedule: Schedule,
     cursor: datetime,
@@ -170,7 +181,8 @@ def due_ticks(
         return TickDecision(None, None, None, 0, 0, False, cursor, next_tick)
 
     deadline_s = policy.starting_deadline_s
-    in_time = deadline_s is None or now <= latest + timedelta(seconds=deadline_s)
+    deadline = _later_by(latest, deadline_s)
+    in_time = deadline is None or now <= deadline
     run: datetime | None = None
     forbidden: datetime | None = None
     if policy.enabled and in_time:
@@ -178,6 +190,6 @@ def due_ticks(
             forbidden = latest
         else:
             run = latest
-    run_deadline = run + timedelta(seconds=deadline_s) if run is not None and deadline_s is not None else None
+    run_deadline = _later_by(run, deadline_s) if run is not None else None
     missed = passed - (1 if run is not None or forbidden is not None else 0)
     return TickDecision(run, run_deadline, forbidden, passed, missed, capped, latest, next_tick)

@@ -330,3 +330,13 @@ def test_twenty_schedules_due_at_once_are_decided_a_bounded_number_per_round_ear
     runs = sorted((r["created_at"], r["tick"], r["job"]) for _, r, _ in world.store.list_docs(RUN))
     assert [at_iso(tick) for _, tick, _ in runs] == [f"2026-11-26T12:00:{i:02d}.000Z" for i in range(20)]
     assert [job for _, _, job in runs] == [f"job-{19 - i:02d}" for i in range(20)]
+
+
+def test_a_huge_starting_deadline_does_not_stop_the_rounds(tmp_path: Path) -> None:
+    # 10^15 s overflowed a datetime in every round, so the controller failed for every job definition.
+    world = World(tmp_path, start="2024-01-01T00:00:30Z")
+    scheduled(world.client(), "*/10 * * * *", startingDeadlineSeconds=10**15)
+    scheduled(world.client(), "*/10 * * * *", job_id="other")
+    step(world, "2024-01-01T00:20:30Z")
+    assert run_ticks(world) == ["2024-01-01T00:10:00.000Z", "2024-01-01T00:20:00.000Z"]
+    assert run_ticks(world, "metronome:other") == ["2024-01-01T00:10:00.000Z", "2024-01-01T00:20:00.000Z"]

@@ -221,3 +221,10 @@ def test_the_minimum_is_checked_at_submission_and_a_stored_job_still_loads() -> 
     assert caught.value.status == 400 and caught.value.details[0].path == "/schedule"
     stored = chronos.parse_job(body, now=NOW)  # read back from the store: admitted by an older corral
     assert stored.schedule == body["schedule"]
+
+
+@pytest.mark.parametrize("deadline_s", [1e12, 1e15, 1e300])
+def test_a_starting_deadline_past_year_9999_is_no_deadline_not_an_overflow(deadline_s: float) -> None:
+    minutely = CronSchedule.parse("* * * * *")
+    d = due_ticks(minutely, NOW - timedelta(minutes=2), NOW + timedelta(seconds=30), TickPolicy(deadline_s))
+    assert d.run == NOW and d.run_deadline is None and d.missed == 1
