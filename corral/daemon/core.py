@@ -55,6 +55,10 @@ CANCELLING = "cancel requested"
 #: The reason of a job the watchdog is killing starts with this; its exit is then a failure with that reason.
 OVER_GRANT = "killed by corral: "
 MAX_BACKOFF_S = 300.0
+#: Jobs launched per round (each: three durable writes and a process start under the daemon's lock); the pass stops
+#: placing once it has this many, and the rest of a burst waits for the next rounds, so 500 submissions do not hold
+#: the lock for seconds (issue 12).
+STARTS_PER_ROUND = 4
 WATCHDOG_MODES = ("off", "warn", "kill")
 log = logging.getLogger("corral.daemon")
 
@@ -202,7 +206,9 @@ class Daemon:
         snapshot = self.snapshot(holding)
         waiting = self.store.list([JobState.QUEUED])
         owner = self._share_owner if self.mps is not None else None
-        plan = schedule(snapshot, waiting, self.config, now, self.rng, owner=owner, cache=self._shapes)
+        plan = schedule(
+            snapshot, waiting, self.config, now, self.rng, owner=owner, cache=self._shapes, max_starts=STARTS_PER_ROUND
+        )
         foreign = self.foreign_text()
         started = []
         busy = {u for j in holding for u in j.gpu_uuids}

@@ -100,11 +100,14 @@ def schedule(
     starvation_s: float = 300.0,
     owner: Owner | None = None,
     cache: ShapeCache | None = None,
+    max_starts: int | None = None,
 ) -> Plan:
     """Decide which waiting jobs start now. Grants go into `snapshot` as they are decided.
 
     `owner`: the MPS owner of a job's share (see `Request.share_owner`), part of its shape; `cache`: the keys and
-    shapes of earlier passes (a fresh one if None)."""
+    shapes of earlier passes (a fresh one if None). With `max_starts`, the pass places nothing more once that many
+    are decided: the rest wait for the next pass, unplaced, keeping the reason they had (a job that has none yet is
+    told it waits for the next round), so a burst does not rewrite every queued job's reason."""
     cache = cache if cache is not None else ShapeCache()
     known = cache.entries.get  # inlined look-up: this line runs once per queued job every round
     entries = [e if (e := known(job.id)) is not None and e.job is job else cache.entry(job, owner) for job in waiting]
@@ -120,6 +123,10 @@ def schedule(
     shape_failed = failed.get
     for position, entry in enumerate(entries):
         job = entry.job
+        if max_starts is not None and len(starts) >= max_starts:
+            if not job.reason:
+                reasons[job.id] = f"waiting for the next round: at most {max_starts} jobs start in one round"
+            continue
         if job.not_before > now:
             reasons[job.id] = f"retrying after back-off in {job.not_before - now:.0f} s"
             continue

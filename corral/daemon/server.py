@@ -48,6 +48,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from corral.api.app import PEER_KEY, VIA_KEY, create_app
 from corral.daemon.core import Daemon
 from corral.daemon.extensions import install_extensions
+from corral.daemon.lockstat import daemon_lock
 from corral.daemon.tokens import TokenFileError, TokenStore
 from corral.executor.container import RUNTIMES
 from corral.executor.local import LocalExecutor
@@ -385,7 +386,7 @@ def serve(
         store, executor, node, config, state_dir, mps=mps, sampler=sampler, watchdog=watchdog,
         container_runtime=container_runtime,
     )  # fmt: skip
-    lock = threading.Lock()
+    lock = daemon_lock()  # a threading.Lock that times its holds; the figures go to stderr at exit
     woken = threading.Event()
     stop = threading.Event()
     # Controllers first: a job the restart finds lost is reported to the controller that made it.

@@ -86,6 +86,12 @@ _TASK_STATUS = {
     JobState.LOST: "TASK_FAILED",  # Mesos' lost and error tasks are failures in Metronome
 }
 COUNTED_KEPT = 200  # run ids whose outcome is already in the counters (a restart must not count one twice)
+#: Schedule decisions that write (a run triggered, or a cursor moved past ticks that did not run) per round, the
+#: earliest due first: 10 a second at the loop's pace. Each is about five durable store writes under the daemon's
+#: lock (and a run's launch three more), so 20 schedules due at once are spread over rounds instead of holding the
+#: lock for their sum; a tick that waits a round is still due (its cursor has not moved) and runs late, within its
+#: starting deadline.
+SCHEDULE_DECISIONS_PER_ROUND = 2
 
 
 @dataclass
@@ -145,6 +151,7 @@ class JobsController:
         self._entries: dict[str, tuple[dict[str, Any], Entry]] = {}  # name -> (the document parsed, its entry)
         self._active: set[str] = set()  # keys of runs not yet SUCCESS/FAILED
         self._next_check: dict[str, float] = {}  # name -> when its schedule can next have a due tick
+        self._decisions_left = SCHEDULE_DECISIONS_PER_ROUND  # this round's, reset by tick
         self._loaded = False
 
     # ------------------------------------------------------------------------------------------ the Controller
@@ -152,7 +159,9 @@ class JobsController:
         self.load()
         for key in sorted(self._active):
             self._follow(key, now)
-        for name in sorted(n for n, _ in self.book.items(DEF)):
+        self._decisions_left = SCHEDULE_DECISIONS_PER_ROUND
+        due_first = sorted((self._next_check.get(n, -math.inf), n) for n, _ in self.book.items(DEF))
+        for _, name in due_first:
             entry = self.entry(name)
             if entry is None:
                 continue
@@ -671,8 +680,8 @@ class JobsController:
 
     # ------------------------------------------------------------------------------------------ triggers
     def _schedule(self, entry: Entry, now: float) -> None:
-        if self._next_check.get(entry.name, -math.inf) > now:
-            return
+        if self._next_check.get(entry.name, -math.inf) > now or self._decisions_left <= 0:
+            return  # not due; or due, and this round has made its decisions (see SCHEDULE_DECISIONS_PER_ROUND)
         state = self.state(entry.name)
         active = len(self.runs(entry.name, active_only=True, fresh=False))
         disabled = state["auto_disabled"]
@@ -692,6 +701,7 @@ class JobsController:
                 "missed_ticks": state["missed_ticks"] + decision.missed,
                 "forbidden_ticks": state["forbidden_ticks"] + (decision.skipped_by_forbid is not None),
             }
+            self._decisions_left -= 1
             if decision.missed:
                 log.info("job %s: %d tick(s) of schedule %s missed", entry.name, decision.missed, rule.id)
             if decision.run is not None:

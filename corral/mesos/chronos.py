@@ -48,7 +48,7 @@ from corral.mesos.model import (
 from corral.model.errors import InvalidRequest
 from corral.model.resources import Constraint
 from corral.schedule.clock import ConcurrencyPolicy
-from corral.schedule.iso8601 import parse_repeating_interval
+from corral.schedule.iso8601 import check_min_period, parse_repeating_interval
 
 JOB_NAME = re.compile(r"[\w.-]+", re.ASCII)  # Java's \w: ASCII letters, digits, _
 GPU_NEEDS_MESOS = "GPU resources only work with the Mesos containerizer"
@@ -141,7 +141,8 @@ def _constraints(job: ChronosJob, problems: Problems) -> tuple[Constraint, ...]:
 
 def parse_job(data: Any, *, now: datetime, known_jobs: Mapping[str, Any] | None = None) -> ChronosJob:
     """Validate a Chronos job. `now` (aware) anchors an empty schedule start; `known_jobs` (names of stored jobs)
-    checks the parents; None skips that check."""
+    checks the parents; None skips that check. A submission (`known_jobs` given) is also held to the schedules'
+    minimum period; a stored job (None) is read as it was admitted, so one stored by an older corral still loads."""
     job = validate_model(ChronosJob, data, STATUS)
     problems = Problems(status=STATUS)
     if len(job.name) > MAX_ID:
@@ -158,7 +159,9 @@ def parse_job(data: Any, *, now: datetime, known_jobs: Mapping[str, Any] | None 
         problems.add("/command", "is required (it may be empty only for a container image)")
     if job.schedule is not None:
         try:
-            parse_repeating_interval(job.schedule, job.schedule_time_zone, now=now)
+            interval = parse_repeating_interval(job.schedule, job.schedule_time_zone, now=now)
+            if known_jobs is not None:
+                check_min_period(interval)
         except InvalidRequest as exc:
             problems.add("/scheduleTimeZone" if exc.field == "scheduleTimeZone" else "/schedule", exc.message)
         if job.parents:

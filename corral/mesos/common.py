@@ -50,7 +50,7 @@ class FetchUri(MesosModel):
 # The same bounds as corral's own API (corral.model.limits), checked at admission in each format's error shape, so
 # a definition never fails when its run launches. Numbers: the `le=` bounds on each model's fields.
 MAX_ID = 200  # an app id, job id or job name: shown in tables, used in paths and as a corral job name
-MAX_INSTANCES = 128  # a Marathon app's instances on one machine (docs/limits.md)
+MAX_INSTANCES = 1000  # a Marathon app's instances on one machine (docs/limits.md)
 MAX_CPUS = MAX_QUANTITY["cpu_milli"] / 1000
 MAX_MIB = float(MAX_QUANTITY["memory_mib"])
 MAX_GPUS = MAX_QUANTITY["gpu_count"]

@@ -6,6 +6,7 @@ Everything here is pure: no sleeping and no reading of the system clock except t
 from corral.schedule.clock import (
     Clock,
     ConcurrencyPolicy,
+    CountingSchedule,
     FakeClock,
     Schedule,
     SystemClock,
@@ -14,11 +15,20 @@ from corral.schedule.clock import (
     due_ticks,
 )
 from corral.schedule.cron import CronExpression, CronSchedule, CronSyntaxError
-from corral.schedule.iso8601 import IsoDuration, RepeatingInterval, parse_duration, parse_repeating_interval
+from corral.schedule.iso8601 import (
+    MIN_PERIOD_S,
+    IsoDuration,
+    RepeatingInterval,
+    check_min_period,
+    parse_duration,
+    parse_repeating_interval,
+)
 
 __all__ = [
+    "MIN_PERIOD_S",
     "Clock",
     "ConcurrencyPolicy",
+    "CountingSchedule",
     "CronExpression",
     "CronSchedule",
     "CronSyntaxError",
@@ -29,6 +39,7 @@ __all__ = [
     "SystemClock",
     "TickDecision",
     "TickPolicy",
+    "check_min_period",
     "due_ticks",
     "parse_duration",
     "parse_repeating_interval",

@@ -18,15 +18,25 @@ a fixed zone (no daylight saving) and a start without an offset is UTC.
 
 `Rn` counts ticks, not runs: a tick that passes while the daemon is down, or is collapsed into a later run (see
 `corral.schedule.clock`), uses up one repetition just as Chronos' schedule stream does when it skips forward.
+
+Cost: finding the first tick after an instant, or counting the ticks in a window, never walks over ticks (a
+`PT0.001S` schedule started in 2020 has 10^11 of them). A period without a date part is exact integer arithmetic:
+tick k is `start + floor(k x period)` in microseconds, so the index is one ceiling division. A period with a date
+part (at least a day long) starts from a division by its average length and corrects the estimate with a few tick
+evaluations (the calendar drifts from the average by days, not periods), bracketed and bisected so that even a bad
+estimate costs O(log) evaluations. Admission also refuses periods shorter than `MIN_PERIOD_S` (see
+`check_min_period`), so a schedule cannot ask for a run more often than the daemon can start one.
 """
 
 from __future__ import annotations
 
 import calendar
+import math
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone, tzinfo
 from decimal import Decimal
+from fractions import Fraction
 
 from corral.model.errors import InvalidRequest
 from corral.schedule.cron import parse_zone
@@ -36,6 +46,13 @@ _DURATION = re.compile(
     r"(?:T(?:(?P<h>\d+)H)?(?:(?P<m>\d+)M)?(?:(?P<s>\d+(?:[.,]\d+)?)S)?)?"
 )
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+#: The shortest period a schedule may have. A run is a process (fork, exec, a store write or three); a period shorter
+#: than a second asks for more runs than any daemon starts, and every tick that cannot run is only bookkeeping. One
+#: second is also the resolution of cron (a minute) made sixty times finer, which no peer offers: Chronos itself ran
+#: jobs on a scheduler loop of seconds.
+MIN_PERIOD_S = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,9 +75,23 @@ class IsoDuration:
     def is_zero(self) -> bool:
         return not (self.years or self.months or self.weeks or self.days) and self.time_seconds == 0
 
+    @property
+    def has_date_part(self) -> bool:
+        return bool(self.years or self.months or self.weeks or self.days)
+
+    @property
+    def elapsed_us(self) -> Fraction:
+        """The time part in microseconds, exactly (a fraction when the seconds are finer than a microsecond)."""
+        return Fraction(self.time_seconds) * 1_000_000
+
     def approx_seconds(self) -> float:
         days = self.years * 365.2425 + self.months * 30.436875 + self.weeks * 7 + self.days
         return days * 86400 + float(self.time_seconds)
+
+    def shortest_seconds(self) -> Decimal:
+        """A lower bound of the period's length: calendar months of 28 days, days of 23 hours (daylight saving)."""
+        days = (self.years * 12 + self.months) * 28 + self.weeks * 7 + self.days
+        return days * Decimal(23 * 3600) + self.time_seconds
 
     def add_to(self, start: datetime, times: int, zone: tzinfo) -> datetime:
         """`start` (aware) plus `times` x this duration: the date part on the wall clock of `zone`, then the time
@@ -74,7 +105,8 @@ class IsoDuration:
         day = min(wall.day, calendar.monthrange(year, month)[1])
         wall = wall.replace(year=year, month=month, day=day) + timedelta(days=(self.weeks * 7 + self.days) * times)
         instant = wall.replace(tzinfo=zone, fold=0).astimezone(UTC)
-        return instant + timedelta(seconds=float(self.time_seconds * times))
+        # Exact: floor(times x period) in whole microseconds (a float of the product drifts by microseconds far out).
+        return instant + timedelta(microseconds=math.floor(self.elapsed_us * times))
 
     def __str__(self) -> str:
         units = ((self.years, "Y"), (self.months, "M"), (self.weeks, "W"), (self.days, "D"))
@@ -131,42 +163,79 @@ class RepeatingInterval:
         except OverflowError:
             return None
 
-    def _first_index_after(self, instant: datetime) -> int:
-        """The smallest k whose tick is later than `instant` (ignoring the repetitions; may be past year 9999)."""
+    def _later(self, k: int, instant: datetime) -> bool:
+        """Whether tick k (repetitions ignored) is later than `instant`; a tick past year 9999 is later than all."""
+        if k < 0:
+            return False
+        try:
+            return self.period.add_to(self.start, k, self.zone) > instant
+        except OverflowError:
+            return True
 
-        def later(k: int) -> bool:
-            try:
-                return self.period.add_to(self.start, k, self.zone) > instant
-            except OverflowError:
-                return True
+    def index_after(self, instant: datetime) -> int:
+        """The smallest k >= 0 whose tick is later than `instant` (ignoring the repetitions; may be past year 9999).
 
-        if later(0):
+        O(1) for a period without a date part (one ceiling division); for a calendar period a division estimate
+        corrected by a few tick evaluations, O(log) in the estimate's error at worst (see the module docstring)."""
+        if instant.tzinfo is None:
+            raise ValueError("index_after needs an aware datetime (a naive one has no instant)")
+        instant = instant.astimezone(UTC)
+        if not self.period.has_date_part:
+            base = self.period.add_to(self.start, 0, self.zone)  # tick 0; tick k = base + floor(k x period) us
+            behind = (instant - base) // _MICROSECOND
+            if behind < 0:
+                return 0
+            # floor(k p) > behind  <=>  k p >= behind + 1  <=>  k >= (behind + 1) / p
+            return math.ceil((behind + 1) / self.period.elapsed_us)
+        if self._later(0, instant):
             return 0
         estimate = int((instant - self.start).total_seconds() / self.period.approx_seconds())
-        lo, hi = max(estimate - 2, 0), max(estimate, 1)
-        if later(lo):
-            lo = 0
-        while not later(hi):  # no tick after `instant` up to hi: widen
-            lo, hi = hi, hi * 2
+        return self._settle(max(estimate, 0), instant)
+
+    def _settle(self, k: int, instant: datetime) -> int:
+        """The smallest index whose tick is later than `instant`, searched from the estimate `k`: gallop away from
+        it until the answer is bracketed, then bisect (ticks of a calendar period increase with k)."""
+        step = 1
+        if self._later(k, instant):
+            hi = k
+            lo = hi - step
+            while self._later(lo, instant):  # _later(-1) is False: this stops
+                hi, step = lo, step * 2
+                lo = hi - step
+        else:
+            lo = k
+            hi = lo + step
+            while not self._later(hi, instant):
+                lo, step = hi, step * 2
+                hi = lo + step
         while hi - lo > 1:  # invariant: tick(lo) <= instant < tick(hi)
             mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if later(mid) else (mid, hi)
+            lo, hi = (lo, mid) if self._later(mid, instant) else (mid, hi)
         return hi
+
+    def ticks_in(self, since: datetime, until: datetime) -> tuple[int, datetime | None]:
+        """How many ticks fall in (since, until], and the latest of them: two index computations, no walk."""
+        first, end = self.index_after(since), self.index_after(until)
+        if self.repetitions is not None:
+            first, end = min(first, self.repetitions), min(end, self.repetitions)
+        if end <= first:
+            return 0, None
+        return end - first, self.tick(end - 1)
 
     def next_after(self, instant: datetime) -> datetime | None:
         if instant.tzinfo is None:
             raise ValueError("next_after needs an aware datetime (a naive one has no instant)")
-        return self.tick(self._first_index_after(instant.astimezone(UTC)))
+        return self.tick(self.index_after(instant))
 
     def remaining_after(self, instant: datetime) -> int | None:
         """Ticks still to come after `instant` (Chronos' n in `Rn`); None = forever."""
         if self.repetitions is None:
             return None
-        return max(self.repetitions - self._first_index_after(instant.astimezone(UTC)), 0)
+        return max(self.repetitions - self.index_after(instant), 0)
 
     def rewritten(self, after: datetime) -> str:
         """The schedule as Chronos echoes it once ticks up to `after` have passed: `R{left}/{next tick}/{period}`."""
-        k = self._first_index_after(after.astimezone(UTC))
+        k = self.index_after(after)
         left = None if self.repetitions is None else max(self.repetitions - k, 0)
         nxt = self.tick(k) if left != 0 else None
         when = (nxt or self.start).astimezone(self.zone).isoformat(timespec="milliseconds")
@@ -175,6 +244,16 @@ class RepeatingInterval:
     def describe(self) -> str:
         times = "forever" if self.repetitions is None else f"{self.repetitions} times"
         return f"every {self.period} from {self.start.isoformat()} ({times}) in {self.zone}"
+
+
+def check_min_period(interval: RepeatingInterval, field: str = "schedule") -> None:
+    """Refuse a period shorter than `MIN_PERIOD_S` (at admission: a stored schedule is read as it was admitted)."""
+    if interval.period.shortest_seconds() < MIN_PERIOD_S:
+        raise InvalidRequest(
+            field,
+            f"period {interval.period} is shorter than the minimum of {MIN_PERIOD_S} second: every tick starts a "
+            f"run, and corral starts runs at most once a second per schedule (use PT{MIN_PERIOD_S}S or longer)",
+        )
 
 
 def parse_repeating_interval(

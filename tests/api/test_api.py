@@ -443,7 +443,7 @@ def test_the_texts_of_the_input_limits(world: World) -> None:
     app_doc = b'{"id": "/a", "cmd": "x", "instances": 1000000000}'
     assert post("/marathon/v2/apps", app_doc) == {
         "message": "Object is not valid",
-        "details": [{"path": "/instances", "errors": ["must be <= 128, got 1000000000"]}],
+        "details": [{"path": "/instances", "errors": ["must be <= 1000, got 1000000000"]}],
     }
     r = alice.post("/chronos/v1/scheduler/iso8601", content=b'{"name": "c", "command": "\\ud800"}')
     assert r.status_code == 400 and r.json()["details"] == [

@@ -10,12 +10,15 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from corral.jobs.controller import SCHEDULE_DECISIONS_PER_ROUND
 from corral.jobs.definitions import RUN, iso
 from corral.jobs.model import JobState
 from corral.mesos.chronos import ChronosDefaults
+from corral.schedule.iso8601 import IsoDuration
 from corral.store import SqliteStore
 from corral.store.base import StoreError
 from tests.jobs.harness import World, at, metronome_job
+from tests.schedule.counting import counted
 
 JOBS = "/metronome/v1/jobs"
 CHRONOS = "/chronos/v1/scheduler"
@@ -267,3 +270,73 @@ def test_chronos_errors_and_updates(tmp_path: Path) -> None:
 def test_chronos_2_and_3_paths(tmp_path: Path, path: str) -> None:
     world = World(tmp_path)
     assert world.client().get(path).json() == []
+
+
+# ------------------------------------------------------------------------------------------------ hostile schedules
+def test_a_sub_second_period_is_refused_and_pt1s_from_2000_costs_a_bounded_number_of_steps(tmp_path: Path) -> None:
+    # Issue 12, finding 2: R/2020-01-01T00:00:00Z/PT0.001S held the daemon's lock for 55 s.
+    world = World(tmp_path, start="2026-11-26T12:00:00.250Z")
+    c = world.client()
+    refused = post(c, {"name": "fast", "command": "true", "schedule": "R/2020-01-01T00:00:00Z/PT0.001S"}, status=400)
+    assert refused == {
+        "message": "Object is not valid",
+        "details": [
+            {
+                "path": "/schedule",
+                "errors": [
+                    "period PT0.001S is shorter than the minimum of 1 second: every tick starts a run, and corral "
+                    "starts runs at most once a second per schedule (use PT1S or longer)"
+                ],
+            }
+        ],
+    }
+    own = c.post("/v1/definitions", json={"name": "fast", "command": "true", "schedule": "R//PT0.5S"})
+    assert own.status_code == 422 and own.json()["detail"]["field"] == "/schedule"
+    assert own.json()["detail"]["message"].startswith("period PT0.5S is shorter than the minimum of 1 second")
+    assert c.get(f"{CHRONOS}/jobs").json() == []
+    # PT1S from the year 2000: 845 million ticks have passed, all collapsed into one run, in a few tick evaluations.
+    post(c, {"name": "every-second", "command": "true", "schedule": "R/2000-01-01T00:00:00Z/PT1S"})
+    with counted(IsoDuration, "add_to") as calls:
+        world.tick()
+        world.clock.advance(1)
+        world.tick()
+    assert calls[0] <= 30, f"{calls[0]} tick evaluations in two rounds"
+    ticks = sorted(at_iso(r["tick"]) for _, r, _ in world.store.list_docs(RUN))
+    assert ticks == ["2026-11-26T12:00:00.000Z"]  # the second run waits: concurrent is false and the first runs
+    state = world.ctl.state("every-second")
+    # Every second up to 12:00:00 but the one that ran; 12:00:01 was skipped (a run was active), not missed.
+    assert state["missed_ticks"] == (at("2026-11-26T12:00:00Z") - at("2000-01-01T00:00:00Z")).total_seconds()
+    assert state["forbidden_ticks"] == 1
+    assert chronos_job(c, "every-second")["schedule"] == "R/2026-11-26T12:00:02.000Z/PT1S"
+
+
+def test_twenty_schedules_due_at_once_are_decided_a_bounded_number_per_round_earliest_first(tmp_path: Path) -> None:
+    world = World(tmp_path, start="2026-11-26T11:59:00Z")
+    c = world.client()
+    for i in range(20):
+        # job-00 is due last: the names' order is not the order of due times
+        post(c, {"name": f"job-{i:02d}", "command": "true", "schedule": f"R/2026-11-26T12:00:{19 - i:02d}Z/PT1H"})
+    world.tick()  # nothing due yet: every schedule now knows its next tick
+    world.clock.t = at("2026-11-26T12:01:00Z").timestamp()  # all 20 are due
+    runs_per_round = []
+    for _ in range(20 // SCHEDULE_DECISIONS_PER_ROUND + 2):
+        before = len(world.store.list_docs(RUN))
+        world.clock.advance(0.2)
+        world.tick()
+        runs_per_round.append(len(world.store.list_docs(RUN)) - before)
+    expected = [SCHEDULE_DECISIONS_PER_ROUND] * (20 // SCHEDULE_DECISIONS_PER_ROUND)
+    assert runs_per_round == [*expected, 0, 0]
+    # The earliest due first: the order of the runs is the order of the ticks, each run for its own tick.
+    runs = sorted((r["created_at"], r["tick"], r["job"]) for _, r, _ in world.store.list_docs(RUN))
+    assert [at_iso(tick) for _, tick, _ in runs] == [f"2026-11-26T12:00:{i:02d}.000Z" for i in range(20)]
+    assert [job for _, _, job in runs] == [f"job-{19 - i:02d}" for i in range(20)]
+
+
+def test_a_huge_starting_deadline_does_not_stop_the_rounds(tmp_path: Path) -> None:
+    # 10^15 s overflowed a datetime in every round, so the controller failed for every job definition.
+    world = World(tmp_path, start="2024-01-01T00:00:30Z")
+    scheduled(world.client(), "*/10 * * * *", startingDeadlineSeconds=10**15)
+    scheduled(world.client(), "*/10 * * * *", job_id="other")
+    step(world, "2024-01-01T00:20:30Z")
+    assert run_ticks(world) == ["2024-01-01T00:10:00.000Z", "2024-01-01T00:20:00.000Z"]
+    assert run_ticks(world, "metronome:other") == ["2024-01-01T00:10:00.000Z", "2024-01-01T00:20:00.000Z"]

@@ -42,7 +42,7 @@ CASES: list[tuple[str, dict[str, Any], str, int]] = [
     ("marathon", marathon(cpus=1e308), "/cpus", 422),
     ("marathon", marathon(mem=float("inf")), "/mem", 422),
     ("marathon", marathon(instances=10**9), "/instances", 422),
-    ("marathon", marathon(instances=129), "/instances", 422),
+    ("marathon", marathon(instances=1001), "/instances", 422),
     ("marathon", marathon(backoffSeconds=1e300), "/backoffSeconds", 422),
     ("marathon", marathon(healthChecks=[{"gracePeriodSeconds": 10**15}]), "/healthChecks/0/gracePeriodSeconds", 422),
     ("marathon", marathon(env={"": "x"}), "/env", 422),
@@ -75,5 +75,5 @@ def test_out_of_bounds_is_refused_at_its_path(kind: str, data: dict[str, Any], p
 
 def test_values_at_the_bounds_are_accepted() -> None:
     m.parse_job(metronome(cpus=1_000_000, mem=2**40, gpus=1024, env={"K": "v" * 1000}))
-    mr.parse_app(marathon(instances=128, cpus=1_000_000))
+    mr.parse_app(marathon(instances=1000, cpus=1_000_000))
     c.parse_job(chronos(retries=100, maxCompletionTime=316_224_000, shell=False, arguments=["a"] * 100), now=NOW)

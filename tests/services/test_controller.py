@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from corral.jobs.model import JobState
-from corral.services.controller import KIND
+from corral.services.controller import KILLS_PER_ROUND, KIND, LAUNCHES_PER_ROUND
 from corral.store import SqliteStore
 from tests.services.helpers import ALICE, World
 
@@ -199,3 +199,47 @@ def test_an_instance_lost_while_the_daemon_was_down_grows_the_launch_delay(tmp_p
     assert world.live() == [], "replaced before the launch delay"
     world.tick(1.0)
     assert len(world.running()) == 1
+
+
+def test_a_round_launches_and_kills_a_bounded_number_of_instances(world: World) -> None:
+    # Issue 12: an app of 998 instances was launched in one round that held the daemon's lock for 35 s.
+    world.create(instances=1000, cpus=0.01, mem=1)
+    world.tick()
+    assert len(world.live()) == LAUNCHES_PER_ROUND
+    assert world.controller.apps["/web"].waiting == (
+        f"{1000 - LAUNCHES_PER_ROUND} instance(s) to launch in the next rounds (at most {LAUNCHES_PER_ROUND} a round)"
+    )
+    world.tick()
+    assert len(world.live()) == 2 * LAUNCHES_PER_ROUND
+
+    # Scaling to 0 and deleting kill at most KILLS_PER_ROUND a round too; the rounds finish the job.
+    world.controller.update(world.daemon, "/web", {"instances": 40}, ALICE)
+    for _ in range(-(-40 // LAUNCHES_PER_ROUND)):
+        world.tick()
+    assert len(world.running()) == 40 and world.controller.apps["/web"].waiting == ""
+    world.controller.update(world.daemon, "/web", {"instances": 0}, ALICE)
+    killed = []
+    while len(world.executor.cancelled) < 40:
+        before = len(world.executor.cancelled)
+        world.tick()
+        killed.append(len(world.executor.cancelled) - before)
+    assert killed == [KILLS_PER_ROUND] * (40 // KILLS_PER_ROUND) + (
+        [40 % KILLS_PER_ROUND] if 40 % KILLS_PER_ROUND else []
+    )
+    world.tick()
+    assert world.live() == []
+
+
+def test_deleting_a_large_app_kills_a_bounded_number_at_once_and_the_rest_in_rounds(world: World) -> None:
+    size = 2 * KILLS_PER_ROUND + 5
+    world.create(instances=size, cpus=0.01, mem=1)
+    for _ in range(-(-size // LAUNCHES_PER_ROUND)):
+        world.tick()
+    assert len(world.running()) == size
+    world.controller.delete(world.daemon, "/web")
+    assert len(world.executor.cancelled) == KILLS_PER_ROUND
+    world.tick()
+    assert len(world.executor.cancelled) == 2 * KILLS_PER_ROUND
+    world.tick()
+    world.tick()
+    assert len(world.executor.cancelled) == size and world.live() == []
