@@ -31,7 +31,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
@@ -188,8 +188,13 @@ class Daemon:
         raise InvalidRequest("job", f"job {job_id} already ended ({job.state.value})")
 
     # ---------------------------------------------------------------------------------------------- the loop
-    def tick(self) -> list[str]:
-        """One round: collect exits, schedule, launch. Returns the ids started."""
+    def tick(self, unlocked: Callable[[], contextlib.AbstractContextManager[object]] | None = None) -> list[str]:
+        """One round: collect exits, schedule, launch. Returns the ids started.
+
+        `unlocked`: a context in which the daemon's lock is released (the server's loop passes one). The round then
+        starts its jobs' supervisors outside the lock: everything is decided and stored (STARTING, with the grant)
+        under it, and only the process launches, which take milliseconds each, happen without it, so API calls
+        and cancels are not held up by them. A cancel that arrives meanwhile is sent once the launch is done."""
         now = self.clock()
         for ended in self.executor.poll():
             self._exits[ended.job_id] = ended
@@ -210,29 +215,43 @@ class Daemon:
             snapshot, waiting, self.config, now, self.rng, owner=owner, cache=self._shapes, max_starts=STARTS_PER_ROUND
         )
         foreign = self.foreign_text()
-        started = []
+        self._store_reasons(waiting, plan.waiting, foreign, now)  # before any launch: the lock may be let go there
         busy = {u for j in holding for u in j.gpu_uuids}
+        prepared: list[tuple[Job, LaunchSpec]] = []
         for start in plan.starts:
             for note in start.notes:  # e.g. Marathon's "undefined" behaviour warns on every GPU-node placement
                 log.warning("job %s: %s", start.job_id, note)
-            if self._launch(start.job_id, start.allocation, now, "; ".join(start.notes)):
-                started.append(start.job_id)
-                busy.update(self.node.gpus[g.index].uuid for g in start.allocation.gpus)
+            ready = self._prepare(start.job_id, start.allocation, now, "; ".join(start.notes))
+            if ready is not None:
+                prepared.append(ready)
+        if prepared and unlocked is not None:
+            with unlocked():
+                launched = [(job, spec, self._try_launch(spec)) for job, spec in prepared]
+        else:
+            launched = [(job, spec, self._try_launch(spec)) for job, spec in prepared]
+        started = []
+        for job, spec, outcome in launched:
+            if self._launched(job, spec, outcome, now):
+                started.append(job.id)
+                busy.update(spec.gpu_uuids)
         self._stop_idle_mps(busy)
+        return started
+
+    def _store_reasons(self, waiting: Sequence[Job], planned: Mapping[str, str], foreign: str, now: float) -> None:
+        """Every waiting job's reason, in one durable write for the round however many changed."""
         reasons: dict[str, dict[str, object]] = {}
         for job in waiting:  # a look-up per job: the words were made once per shape
             if job.not_before > now:
                 continue  # its reason already says what failed and when it retries
-            reason = plan.waiting.get(job.id)
+            reason = planned.get(job.id)
             if reason is None:
                 continue
             if foreign and job.spec.request.wants_gpu:
                 reason = f"{reason}; {foreign}"
             if reason != job.reason:
                 reasons[job.id] = {"reason": reason}
-        if reasons:  # one durable write for the round, however many reasons changed
+        if reasons:
             self.store.update_many(reasons)
-        return started
 
     def _mps_share(self, request: Request) -> bool:
         return self.mps is not None and request.gpu_count == 1 and not request.whole_gpus
@@ -325,10 +344,19 @@ class Daemon:
             self.mps.stop(uuid)
 
     def _launch(self, job_id: str, alloc: Allocation, now: float, notes: str = "") -> bool:
+        """Prepare, launch and record one job, all under the caller's lock."""
+        ready = self._prepare(job_id, alloc, now, notes)
+        if ready is None:
+            return False
+        job, spec = ready
+        return self._launched(job, spec, self._try_launch(spec), now)
+
+    def _prepare(self, job_id: str, alloc: Allocation, now: float, notes: str = "") -> tuple[Job, LaunchSpec] | None:
+        """QUEUED -> STARTING with its grant and attempt stored, and the LaunchSpec; None if it cannot start now."""
         uuids = tuple(self.node.gpus[g.index].uuid for g in alloc.gpus)
         queued = self.store.get(job_id)
         if queued is None:
-            return False
+            return None
         try:  # one write: the attempt number names the supervisor's record, so it is stored before the launch
             job = self.store.transition(
                 job_id,
@@ -341,7 +369,7 @@ class Daemon:
                 started_at=now,
             )
         except InvalidRequest:  # cancelled meanwhile
-            return False
+            return None
         r = job.spec.request
         pipe = None
         if self.mps is not None and self._mps_share(r) and self.mps.available():
@@ -349,7 +377,7 @@ class Daemon:
                 pipe = str(self.mps.start(uuids[0]))
             except MpsError as exc:
                 self._ended(job, JobState.FAILED, now, exit_code=None, reason=f"could not start: {exc}")
-                return False
+                return None
         spec = LaunchSpec(
             job_id=job_id,
             command=job.spec.command,
@@ -365,14 +393,26 @@ class Daemon:
             mps_pipe_dir=pipe,
             attempt=job.attempts,
         )
+        return job, spec
+
+    def _try_launch(self, spec: LaunchSpec) -> Handle | OSError | ValueError:
+        """The executor's launch; its refusal as a value. Touches no daemon state: it may run without the lock."""
         try:
-            handle = self.executor.launch(spec)
+            return self.executor.launch(spec)
         except (OSError, ValueError) as exc:
-            self._ended(job, JobState.FAILED, now, exit_code=None, reason=f"could not start: {exc}")
-            self.executor.forget(job_id, job.attempts)
+            return exc
+
+    def _launched(self, job: Job, spec: LaunchSpec, outcome: Handle | OSError | ValueError, now: float) -> bool:
+        """Record a launch's outcome (under the lock again): RUNNING with its pid, or FAILED with why."""
+        if not isinstance(outcome, Handle):
+            self._ended(job, JobState.FAILED, now, exit_code=None, reason=f"could not start: {outcome}")
+            self.executor.forget(job.id, job.attempts)
             return False
-        self._unrecorded[job_id] = handle
-        self._record_start(handle)
+        self._unrecorded[job.id] = outcome
+        self._record_start(outcome)
+        current = self.store.get(job.id)
+        if job.id in self._cancelling or (current is not None and current.reason == CANCELLING):
+            self.executor.cancel(job.id)  # cancelled while it was being launched, before the executor knew it
         return True
 
     def _record_start(self, handle: Handle) -> None:
@@ -569,6 +609,7 @@ class Daemon:
         running = [j for j in found if j.state.holds_resources]
         for job in running:
             self.executor.cancel(job.id)
+            self._cancelling.add(job.id)  # its exit ends it CANCELLED, stored or not (as `cancel`)
         signalled = {j.id: {"reason": CANCELLING} for j in running if j.reason != CANCELLING}
         if signalled:
             self.store.update_many(signalled)

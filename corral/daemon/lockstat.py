@@ -141,3 +141,17 @@ def daemon_lock(report: Callable[[str], None] | None = None) -> threading.Lock:
 
     atexit.register(write)
     return cast(threading.Lock, lock)
+
+
+class Released:
+    """A context in which `lock`, held by the caller, is let go, and taken again at the end (a round's process
+    launches run so: see `Daemon.tick`)."""
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self.lock = lock
+
+    def __enter__(self) -> None:
+        self.lock.release()
+
+    def __exit__(self, *_: object) -> None:
+        self.lock.acquire()

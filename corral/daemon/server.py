@@ -48,7 +48,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from corral.api.app import PEER_KEY, VIA_KEY, create_app
 from corral.daemon.core import Daemon
 from corral.daemon.extensions import install_extensions
-from corral.daemon.lockstat import daemon_lock
+from corral.daemon.lockstat import Released, daemon_lock
 from corral.daemon.tokens import TokenFileError, TokenStore
 from corral.executor.container import RUNTIMES
 from corral.executor.local import LocalExecutor
@@ -407,7 +407,7 @@ def serve(
             started = time.monotonic()
             try:
                 with lock:
-                    daemon.tick()
+                    daemon.tick(unlocked=lambda: Released(lock))  # launches run without the lock
             except Exception:  # keep scheduling; the next tick tries again
                 log.exception("tick failed")
             took = time.monotonic() - started

@@ -21,7 +21,7 @@ STUCK_DAEMON = textwrap.dedent(
     import sys, threading
     from corral.daemon import core
 
-    def stuck(self):
+    def stuck(self, unlocked=None):
         sys.stdout.write("tick holds the lock\\n")
         sys.stdout.flush()
         threading.Event().wait()  # a round that never ends
