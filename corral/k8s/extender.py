@@ -632,8 +632,11 @@ class ExtenderApp:
     error names its field), and a framework's per-request machinery cost more than the verbs' own work.
     """
 
-    def __init__(self, extender: Extender) -> None:
+    def __init__(self, extender: Extender, health_only_ports: frozenset[int] | None = None) -> None:
         self.extender = extender
+        #: Local ports that serve only GET /healthz and /status (the pod's address, for probes and the Service):
+        #: the verbs take no credentials, so they are not on an address other pods reach.
+        self.health_only_ports = health_only_ports or frozenset()
         # Each verb's refusal in its own shape: filter's and bind's `Error` fail the pod in kube-scheduler (a 200
         # keeps the reason in its event); kube-scheduler ignores prioritize errors, and preempt has no Error field,
         # so those two answer 400 with the reason, which keeps it visible in kube-scheduler's log.
@@ -665,6 +668,9 @@ class ExtenderApp:
             return
         method, path = scope["method"], scope["path"]
         handler = self.routes.get((method, path))
+        server = scope.get("server")
+        if server and server[1] in self.health_only_ports and method == "POST":
+            handler = None  # 404 below: no verb here
         chunks = []
         size = 0
         more = True
@@ -685,6 +691,9 @@ class ExtenderApp:
             status, body = self.refusals[path](415, f"Content-Type: expected application/json, got {ctype!r}")
         elif handler is not None:
             status, body = handler(b"".join(chunks))
+        elif method == "POST" and server and server[1] in self.health_only_ports:
+            why = f"{path}: not served on this address (read-only: /healthz, /status; verbs are beside kube-scheduler)"
+            status, body = 404, orjson.dumps({"Error": why})
         elif any(p == path for _, p in self.routes):
             allowed = ", ".join(m for m, p in self.routes if p == path)
             status, body = 405, orjson.dumps({"Error": f"{method} {path}: method not allowed (allowed: {allowed})"})
@@ -720,6 +729,6 @@ def _short(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def create_app(extender: Extender) -> ExtenderApp:
-    """The extender's ASGI app (served by uvicorn)."""
-    return ExtenderApp(extender)
+def create_app(extender: Extender, health_only_ports: frozenset[int] | None = None) -> ExtenderApp:
+    """The extender's ASGI app (served by uvicorn); connections to `health_only_ports` get no verbs."""
+    return ExtenderApp(extender, health_only_ports)
