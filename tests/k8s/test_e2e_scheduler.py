@@ -1,0 +1,200 @@
+"""corral's extender (`corral k8s extender`, its own process) behind a REAL kube-scheduler (v1.34.2) with the chart's
+scheduler configuration, against a real kube-apiserver: nodes are API objects carrying what corral's device plugin
+and kubelet publish (tests/k8s/plane.py), pods are the samples in deploy/kubernetes/samples.
+
+- every resource style is bound, with its annotations;
+- an unschedulable pod's FailedScheduling event carries corral's explanation;
+- killing and restarting the extender while pods stream in books no GPU twice;
+- deleting pods frees their GPUs for the next ones.
+
+Skipped where ../shared/k8s/control-plane.sh (or CORRAL_K8S_CONTROL_PLANE) or its tools are absent.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from kubernetes import client
+
+from corral.k8s.client import RealKubeApi
+from corral.k8s.convert import (
+    ANN_ASSIGNMENT,
+    ANN_ELASTIC_ASSUMED,
+    ANN_ELASTIC_CONTAINER,
+    ANN_KETI_UUID,
+    parse_assignment,
+)
+from tests.k8s.chart import DEPLOY
+from tests.k8s.extender_proc import ExtenderProcess
+from tests.k8s.plane import Plane, chart_scheduler_config, gpu_node, pod, write_config
+
+NODES = {"gpu-a": 4, "gpu-b": 4, "gpu-c": 2}
+
+
+@dataclass
+class Setup:
+    plane: Plane
+    core: client.CoreV1Api
+    extender: ExtenderProcess
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+    where = tmp_path_factory.mktemp("e2e-plane")
+    plane = Plane.find(where)
+    if plane is None:
+        pytest.skip("no control plane here (../shared/k8s/control-plane.sh, openssl, curl, xz)")
+    extender: ExtenderProcess | None = None
+    try:
+        kubeconfig = plane.up()
+        core = RealKubeApi(kubeconfig=kubeconfig).core
+        for name, gpus in NODES.items():
+            core.create_node(gpu_node(name, gpus, model="A100" if gpus == 4 else "T4",
+                                      memory_mib=81920 if gpus == 4 else 15360))  # fmt: skip
+        core.create_node(gpu_node("cpu-1", 0))
+        extender = ExtenderProcess(kubeconfig, where / "extender.log")
+        extender.start()
+        plane.scheduler(write_config(where / "scheduler.yaml", chart_scheduler_config(extender.url)))
+        yield Setup(plane, core, extender)
+    finally:
+        if extender is not None:
+            extender.stop()
+        plane.down()
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def pods(core: client.CoreV1Api) -> list[dict[str, Any]]:
+    return list(core.api_client.sanitize_for_serialization(core.list_namespaced_pod("default").items))
+
+
+def delete_all(core: client.CoreV1Api) -> None:
+    core.delete_collection_namespaced_pod("default", grace_period_seconds=0)
+    wait_for("pods to go", lambda: not core.list_namespaced_pod("default").items)
+
+
+def gpu_use(bound: list[dict[str, Any]]) -> dict[str, int]:
+    """milli-GPU per GPU UUID over the bound pods' assignments."""
+    use: dict[str, int] = defaultdict(int)
+    for p in bound:
+        a = parse_assignment(p["metadata"].get("annotations"))
+        assert a is not None and a.node == p["spec"]["nodeName"], p["metadata"]["name"]
+        for s in a.slots:
+            use[s.uuid] += s.milli
+    return dict(use)
+
+
+def test_every_resource_style_is_bound_with_its_annotations(setup: Setup) -> None:
+    core = setup.core
+    samples = sorted((DEPLOY / "samples").glob("*.yaml"))
+    names = []
+    for f in samples:
+        body = yaml.safe_load(f.read_text())
+        names.append(body["metadata"]["name"])
+        core.create_namespaced_pod("default", body)
+    core.create_namespaced_pod("default", pod("no-gpu", {}))
+    names.append("no-gpu")
+    try:
+        wait_for("every sample bound", lambda: all(p["spec"].get("nodeName") for p in pods(core)))
+        by_name = {p["metadata"]["name"]: p for p in pods(core)}
+        assert set(by_name) == set(names)
+        for name, p in by_name.items():
+            ann = p["metadata"].get("annotations") or {}
+            if name == "no-gpu":
+                continue  # bound, and asks for no GPU
+            assert ANN_ASSIGNMENT in ann, name
+            if name.startswith("elastic"):
+                assert ann[ANN_ELASTIC_ASSUMED] == "true" and ANN_ELASTIC_CONTAINER + "cuda" in ann
+            if name == "keti-mps":
+                assert ann[ANN_KETI_UUID].startswith("GPU-")
+        use = gpu_use([p for n, p in by_name.items() if n != "no-gpu"])
+        assert max(use.values()) <= 1000
+    finally:
+        delete_all(core)
+
+
+def test_an_unschedulable_pods_event_carries_corrals_explanation(setup: Setup) -> None:
+    core = setup.core
+    core.create_namespaced_pod("default", pod("too-big", {"corral.dev/gpu": "6"}))
+    try:
+
+        def explained() -> bool:
+            events = core.list_namespaced_event("default", field_selector="involvedObject.name=too-big").items
+            return any(e.reason == "FailedScheduling" and "GPU" in (e.message or "") for e in events)
+
+        wait_for("a FailedScheduling event", explained)
+        events = [e for e in core.list_namespaced_event("default", field_selector="involvedObject.name=too-big").items
+                  if e.reason == "FailedScheduling"]  # fmt: skip
+        for e in events:  # corral's reasons per node, counted by kube-scheduler
+            assert "3 fewer than 6 eligible GPUs" in e.message and "1 no GPUs" in e.message, e.message
+    finally:
+        delete_all(core)
+
+
+def test_restarting_the_extender_while_pods_stream_in_books_no_gpu_twice(setup: Setup) -> None:
+    core, ext = setup.core, setup.extender
+    total = sum(NODES.values())  # 10 GPUs: 10 one-GPU pods fill them exactly, the 11th and 12th must wait
+    made: list[str] = []
+
+    def stream() -> None:
+        for i in range(total + 2):
+            core.create_namespaced_pod("default", pod(f"stream-{i}", {"nvidia.com/gpu": "1"}))
+            made.append(f"stream-{i}")
+            time.sleep(0.15)
+
+    writer = threading.Thread(target=stream)
+    writer.start()
+    try:
+        time.sleep(0.6)
+        ext.kill()
+        time.sleep(0.5)
+        ext.start()
+        writer.join()
+        wait_for("the GPUs to fill", lambda: sum(bool(p["spec"].get("nodeName")) for p in pods(core)) >= total, 60)
+        time.sleep(1)  # the two left over must stay pending
+        bound = [p for p in pods(core) if p["spec"].get("nodeName")]
+        assert len(bound) == total
+        use = gpu_use(bound)
+        assert sorted(use.values()) == [1000] * total, use  # each GPU once, none twice
+        status = httpx.get(f"{ext.url}/status", timeout=5).json()
+        assert status, "the restarted extender reports its state"
+    finally:
+        writer.join()
+        delete_all(core)
+
+
+def test_deleting_pods_frees_their_gpus(setup: Setup) -> None:
+    core = setup.core
+    for i in range(4):
+        core.create_namespaced_pod("default", pod(f"fill-{i}", {"corral.dev/gpu": "2"}))  # 8 of the 10 GPUs
+    try:
+        wait_for("the fill", lambda: all(p["spec"].get("nodeName") for p in pods(core)) and len(pods(core)) == 4)
+        on_a = [p["metadata"]["name"] for p in pods(core) if p["spec"]["nodeName"] == "gpu-a"]
+        core.create_namespaced_pod("default", pod("whole-node", {"corral.dev/gpu": "4"}))
+        time.sleep(2)
+        assert not core.read_namespaced_pod("whole-node", "default").spec.node_name  # no node has 4 free
+        for name in on_a:
+            core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+        wait_for(
+            "the freed node to take it",
+            lambda: bool(core.read_namespaced_pod("whole-node", "default").spec.node_name),
+            40,
+        )
+        assert core.read_namespaced_pod("whole-node", "default").spec.node_name == "gpu-a"
+    finally:
+        delete_all(core)
