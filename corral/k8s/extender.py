@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import dataclass
@@ -65,6 +66,8 @@ TOP_RANKED = 32
 UNKNOWN_NODE = "unknown to corral: the node is not in its cache (yet); is the corral device plugin running there?"
 #: Verdicts kept (all of the state's current generation: an older one is never used again).
 VERDICTS_KEPT = 256
+#: How long after a preempt the preemptor's victims are read back from the API server when it is tried again.
+EVICTION_WATCH_SECONDS = 30.0
 
 ObjArray = npt.NDArray[np.object_]
 _NO_NODES: IntArray = np.zeros(0, dtype=np.int64)
@@ -269,6 +272,9 @@ class Extender:
         self._pods: OrderedDict[str, JsonObj] = OrderedDict()  # recent Pod objects by UID, for bind
         self._table_for: ClusterSnapshot | None = None
         self._table: NodeTable | None = None
+        #: Victims named at preempt, by preemptor: {preemptor key: (when, [(victim key, "ns/name")])}. kube-scheduler
+        #: deletes them and tries the preemptor again, often before the watch tells corral they are gone.
+        self._evicting: OrderedDict[str, tuple[float, list[tuple[str, str]]]] = OrderedDict()
 
     # ------------------------------------------------------------------ decisions
     @staticmethod
@@ -284,6 +290,8 @@ class Extender:
         The cache is keyed by the pod's UID, which any caller may put in a body; `fresh` (bind) reuses a cached
         verdict only if it was made for what this pod asks for, so a bind always decides on the pod it binds."""
         key = pod_key(pod)
+        if key in self._evicting:
+            self._see_evictions(key)
         with self.state.lock:
             cached = self._verdicts.get(key)
             ask = pod_request(pod) if fresh else None
@@ -296,6 +304,29 @@ class Extender:
             self._remember(self._verdicts, key, verdict, VERDICTS_KEPT)
             self._remember(self._pods, key, pod, 1024)
             return verdict
+
+    def _see_evictions(self, preemptor: str) -> None:
+        """Read back the victims named for this preemptor that the state still holds, and forget those the API
+        server no longer has. Without this, a preemptor tried again before the watch delivers the deletions is
+        refused by a stale count, and kube-scheduler preempts a second set of pods for it."""
+        entry = self._evicting.get(preemptor)
+        if entry is None or self.api is None:
+            return
+        when, victims = entry
+        held = [(k, n) for k, n in victims if self.state.held(k) is not None]
+        if not held or time.monotonic() - when > EVICTION_WATCH_SECONDS:
+            self._evicting.pop(preemptor, None)
+            return
+        for key, name in held:
+            ns, _, pod = name.partition("/")
+            try:
+                uid = str((self.api.get_pod(ns, pod).get("metadata") or {}).get("uid") or "")
+            except KubeApiError as exc:
+                if exc.status != 404:
+                    continue  # unknown: the watch will tell
+                uid = ""
+            if uid != key:  # gone, or another pod of that name now
+                self.state.forget(key)
 
     def _decide(self, ask: PodAsk) -> Verdict:
         s = self.state.snapshot
@@ -532,6 +563,15 @@ class Extender:
             self.state.upsert_pod(pod)
 
     def preempt(self, args: Any) -> JsonObj:
+        """ExtenderPreemptionResult: per candidate node, the fewest lower-priority pods whose eviction lets the pod
+        fit there per GPU; nodes where no such set exists are left out.
+
+        kube-scheduler counts the GPU resources itself (the chart ignores only the GPU-memory resources, which no
+        device plugin advertises), so its candidates and victims are right in total but blind to which GPU each
+        share sits on: two halves of different GPUs free "1000 gpu-milli" and no room for a 600 share. Starting from
+        its victims, corral adds lower-priority pods of the node until the pod fits per GPU, then reprieves every
+        victim the pod does not need, most important first. kube-scheduler takes the returned sets as they are
+        (it looks each UID up among the node's pods) and picks the node among them."""
         if not isinstance(args, Mapping):
             raise InvalidRequest("ExtenderPreemptionArgs", "expected a JSON object")
         pod = args.get("Pod")
@@ -540,27 +580,69 @@ class Extender:
         victims, pdb = _victims(args)
         request = pod_request(dict(pod)).request
         result: dict[str, Any] = {}
+        named: list[tuple[str, str]] = []  # (key, ns/name) of every victim named, for _see_evictions
         with self.state.lock:
             s = self.state.snapshot
             if s is None:
                 return {"NodeNameToMetaVictims": {}}
-            for node, uids in victims.items():
+            for node, keys in victims.items():
                 if node not in s.index:
                     continue
-                released = [s.release(u) for u in uids if u in s.allocations]
-                try:
-                    pinned = dataclasses.replace(
-                        request, constraints=(*request.constraints, Constraint("hostname", ConstraintOp.IS, node))
-                    )
-                    fits = place(s, pinned, self.config).placed
-                except InvalidRequest:
-                    fits = False
-                finally:
-                    for a in released:
-                        s.allocate(a)
-                if fits:
-                    result[node] = {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": pdb.get(node, 0)}
+                chosen = self._fewest_victims(s, request, node, keys)
+                if chosen is not None:
+                    result[node] = {"Pods": [{"UID": k} for k in chosen], "NumPDBViolations": pdb.get(node, 0)}
+                    named.extend((k, self.state.pods[k].name) for k in chosen if k in self.state.pods)
+        if named:
+            self._remember(self._evicting, pod_key(dict(pod)), (time.monotonic(), named), VERDICTS_KEPT)
+        log.info(
+            "preempt %s: %s",
+            pod_name(dict(pod)),
+            _short(", ".join(f"{n}: {len(v['Pods'])} victims" for n, v in result.items()) or "no node"),
+        )
         return {"NodeNameToMetaVictims": result}
+
+    def _fewest_victims(self, s: ClusterSnapshot, request: Request, node: str, given: list[str]) -> list[str] | None:
+        """A set of pods on `node` of lower priority than `request` whose release lets it fit there, no member of
+        which can be spared (None: not even all of them make room). Victims corral does not know (not bound in its
+        state yet) are kept as kube-scheduler chose them. Called under the state's lock."""
+        pinned = dataclasses.replace(
+            request, constraints=(*request.constraints, Constraint("hostname", ConstraintOp.IS, node))
+        )
+
+        def fits(keys: list[str]) -> bool:
+            released = [s.release(k) for k in keys]
+            try:
+                return place(s, pinned, self.config).placed
+            except InvalidRequest:
+                return False
+            finally:
+                for a in released:
+                    s.allocate(a)
+
+        def priority(key: str) -> int:
+            rec = self.state.pods.get(key)
+            return rec.request.priority if rec is not None else 0
+
+        def gpu_milli(key: str) -> int:
+            return sum(g.milli for g in s.allocations[key].gpus)
+
+        unknown = [k for k in given if k not in s.allocations]
+        lower = [k for k, a in s.allocations.items() if a.node == node and priority(k) < request.priority]
+        chosen = [k for k in given if k in s.allocations]
+        if not fits(chosen):
+            if not fits(lower):
+                return None
+            # least important first, and among equals the pods holding most GPU: room with few evictions
+            for k in sorted((k for k in lower if k not in chosen), key=lambda k: (priority(k), -gpu_milli(k))):
+                chosen.append(k)
+                if fits(chosen):
+                    break
+        # reprieve: most important first, and among equals the ones holding least GPU
+        for k in sorted(chosen, key=lambda k: (-priority(k), gpu_milli(k))):
+            rest = [v for v in chosen if v != k]
+            if fits(rest):
+                chosen = rest
+        return chosen + unknown
 
     # ------------------------------------------------------------------ input
     @staticmethod

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from corral.k8s.convert import pod_request
+from corral.k8s.deviceplugin import IDS_PER_GPU
 from tests.k8s.chart import DEPLOY, documents, plain_manifests
 
 ROOT = DEPLOY
@@ -55,7 +56,11 @@ def test_scheduler_configuration_has_the_extender_stanza() -> None:
     assert ext["nodeCacheCapable"] is True and ext["weight"] > 0
     fit = profile["pluginConfig"][0]
     assert fit["name"] == "NodeResourcesFit"
-    assert set(fit["args"]["ignoredResourceGroups"]) == {"corral.dev", "elasticgpu.io"}
+    # kube-scheduler counts what device plugins advertise (its preemption needs the counts); only GPU memory, which
+    # none advertises, is corral's alone
+    assert "ignoredResourceGroups" not in fit["args"]
+    assert set(fit["args"]["ignoredResources"]) == {"corral.dev/gpu-memory", "elasticgpu.io/gpu-memory"}
+    assert not set(IDS_PER_GPU) & set(fit["args"]["ignoredResources"])
     deploy = docs[("Deployment", "corral-scheduler")]
     containers = {c["name"]: c for c in deploy["spec"]["template"]["spec"]["containers"]}
     assert containers["corral-extender"]["command"][:3] == ["corral", "k8s", "extender"]

@@ -129,19 +129,21 @@ def test_every_resource_style_is_bound_with_its_annotations(setup: Setup) -> Non
 
 
 def test_an_unschedulable_pods_event_carries_corrals_explanation(setup: Setup) -> None:
+    """A pod the counts allow but no GPU suits (3 T4s: the T4 node has 2, the others are A100s) is refused by corral,
+    in corral's words. (A pod that asks more than any node has in total is refused by kube-scheduler's own count,
+    "Insufficient corral.dev/gpu", before the extender is asked.)"""
     core = setup.core
+    core.create_namespaced_pod("default", pod("three-t4", {"corral.dev/gpu": "3"}, {"corral.dev/gpu-model": "T4"}))
     core.create_namespaced_pod("default", pod("too-big", {"corral.dev/gpu": "6"}))
     try:
-
-        def explained() -> bool:
-            events = core.list_namespaced_event("default", field_selector="involvedObject.name=too-big").items
-            return any(e.reason == "FailedScheduling" and "GPU" in (e.message or "") for e in events)
-
-        wait_for("a FailedScheduling event", explained)
-        events = [e for e in core.list_namespaced_event("default", field_selector="involvedObject.name=too-big").items
-                  if e.reason == "FailedScheduling"]  # fmt: skip
-        for e in events:  # corral's reasons per node, counted by kube-scheduler
-            assert "3 fewer than 6 eligible GPUs" in e.message and "1 no GPUs" in e.message, e.message
+        wait_for(
+            "FailedScheduling events",
+            lambda: failed_scheduling(core, "three-t4") > 0 and failed_scheduling(core, "too-big") > 0,
+        )
+        expect = {"three-t4": "2 GPU model not in [T4]", "too-big": "4 Insufficient corral.dev/gpu"}
+        for name, words in expect.items():
+            for e in core.list_namespaced_event("default", field_selector=f"involvedObject.name={name}").items:
+                assert e.reason == "FailedScheduling" and words in e.message, e.message
     finally:
         delete_all(core)
 
@@ -196,5 +198,88 @@ def test_deleting_pods_frees_their_gpus(setup: Setup) -> None:
             40,
         )
         assert core.read_namespaced_pod("whole-node", "default").spec.node_name == "gpu-a"
+    finally:
+        delete_all(core)
+
+
+# ---------------------------------------------------------------------------------------------------- preemption
+def priority_classes(core: client.CoreV1Api) -> None:
+    sched = client.SchedulingV1Api(core.api_client)
+    for name, value in (("e2e-low", 10), ("e2e-high", 1000)):
+        try:
+            sched.create_priority_class({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                                         "metadata": {"name": name}, "value": value})  # fmt: skip
+        except client.ApiException as exc:
+            if exc.status != 409:
+                raise
+
+
+def failed_scheduling(core: client.CoreV1Api, name: str) -> int:
+    """FailedScheduling events written for a pod, each repetition counted (events.k8s.io folds repeats into a
+    series; core/v1 shows it as `count` or `series.count`)."""
+    n = 0
+    for e in core.list_namespaced_event("default", field_selector=f"involvedObject.name={name}").items:
+        if e.reason == "FailedScheduling":
+            n += max(e.count or 1, e.series.count if e.series and e.series.count else 1)
+    return n
+
+
+def fill(core: client.CoreV1Api, limits: dict[str, str], count: int) -> set[str]:
+    names = {f"low-{i}" for i in range(count)}
+    for name in sorted(names):
+        core.create_namespaced_pod("default", pod(name, limits, priority="e2e-low", cpu="100m"))
+    wait_for("the low-priority fill", lambda: sum(bool(p["spec"].get("nodeName")) for p in pods(core)) == count, 60)
+    return names
+
+
+def test_a_high_priority_pod_preempts_the_fewest_whole_gpu_pods(setup: Setup) -> None:
+    core = setup.core
+    priority_classes(core)
+    low = fill(core, {"corral.dev/gpu": "1"}, sum(NODES.values()))  # every GPU taken
+    try:
+        core.create_namespaced_pod("default", pod("urgent", {"corral.dev/gpu": "2"}, priority="e2e-high", cpu="100m"))
+        wait_for(
+            "the preemptor to bind", lambda: bool(core.read_namespaced_pod("urgent", "default").spec.node_name), 40
+        )
+        left = {p["metadata"]["name"] for p in pods(core)} - {"urgent"}
+        assert len(low - left) == 2, f"evicted {sorted(low - left)}"  # two 1-GPU pods free the two GPUs it needs
+        use = gpu_use([p for p in pods(core) if p["spec"].get("nodeName")])
+        assert sorted(use.values()) == [1000] * sum(NODES.values())
+        assert failed_scheduling(core, "urgent") <= 3, "retried beyond kube-scheduler's backoff"
+    finally:
+        delete_all(core)
+
+
+def test_a_high_priority_share_preempts_the_pods_of_one_gpu(setup: Setup) -> None:
+    core = setup.core
+    priority_classes(core)
+    low = fill(core, {"corral.dev/gpu-milli": "500"}, 2 * sum(NODES.values()))  # two halves on every GPU
+    try:
+        core.create_namespaced_pod(
+            "default", pod("urgent-share", {"corral.dev/gpu-milli": "600"}, priority="e2e-high", cpu="100m")
+        )
+        wait_for("the share to bind", lambda: bool(core.read_namespaced_pod("urgent-share", "default").spec.node_name),
+                 40)  # fmt: skip
+        by_name = {p["metadata"]["name"]: p for p in pods(core)}
+        evicted = low - set(by_name)
+        assert len(evicted) == 2, f"evicted {sorted(evicted)}: {setup.extender.log.read_text()[-3000:]}"
+        use = gpu_use([p for p in by_name.values() if p["spec"].get("nodeName")])
+        assert max(use.values()) <= 1000 and sorted(use.values()).count(600) == 1
+        assert failed_scheduling(core, "urgent-share") <= 3, "retried beyond kube-scheduler's backoff"
+    finally:
+        delete_all(core)
+
+
+def test_a_pod_that_preemption_cannot_help_is_not_retried_in_a_storm(setup: Setup) -> None:
+    core = setup.core
+    priority_classes(core)
+    fill(core, {"corral.dev/gpu": "1"}, sum(NODES.values()))
+    try:
+        core.create_namespaced_pod("default", pod("hopeless", {"corral.dev/gpu": "6"}, priority="e2e-high", cpu="100m"))
+        wait_for("a FailedScheduling event", lambda: failed_scheduling(core, "hopeless") > 0)
+        time.sleep(6)
+        # kube-scheduler's own backoff (1 s, doubling to 10 s) allows a handful in 6 s; the storm wrote ~45 a second
+        assert failed_scheduling(core, "hopeless") <= 6
+        assert len(pods(core)) == sum(NODES.values()) + 1, "no pod was preempted for nothing"
     finally:
         delete_all(core)
