@@ -27,12 +27,14 @@ tests check that the two agree.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import re
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -680,6 +682,10 @@ Handler = Callable[[bytes], tuple[int, bytes]]
 #: 10 KiB a node, so 64 MiB is several thousand nodes; a bigger body is refused before it is read on.
 MAX_BODY = 64 * 1024 * 1024
 _JSON_TYPES = {b"", b"application/json"}
+#: Verbs that wait on the API server, run in threads; kube-scheduler binds asynchronously, many pods at once.
+BLOCKING_VERBS = frozenset({"/bind"})
+#: Binds in flight at once (kube-scheduler's client allows about as many concurrent requests to the API server).
+BIND_THREADS = 16
 
 
 def _loads(raw: bytes) -> Any:
@@ -719,6 +725,7 @@ class ExtenderApp:
         #: Local ports that serve only GET /healthz and /status (the pod's address, for probes and the Service):
         #: the verbs take no credentials, so they are not on an address other pods reach.
         self.health_only_ports = health_only_ports or frozenset()
+        self._pool = ThreadPoolExecutor(max_workers=BIND_THREADS, thread_name_prefix="corral-bind")
         # Each verb's refusal in its own shape: filter's and bind's `Error` fail the pod in kube-scheduler (a 200
         # keeps the reason in its event); kube-scheduler ignores prioritize errors, and preempt has no Error field,
         # so those two answer 400 with the reason, which keeps it visible in kube-scheduler's log.
@@ -772,7 +779,14 @@ class ExtenderApp:
         elif handler is not None and ctype is not None and method == "POST":
             status, body = self.refusals[path](415, f"Content-Type: expected application/json, got {ctype!r}")
         elif handler is not None:
-            status, body = handler(b"".join(chunks))
+            raw = b"".join(chunks)
+            if path in BLOCKING_VERBS:
+                # bind waits on the API server (a read, then the Binding): in a thread, so that binds arriving
+                # together travel together and filter/prioritize keep answering meanwhile. The state's lock keeps
+                # two binds from taking the same GPU.
+                status, body = await asyncio.get_running_loop().run_in_executor(self._pool, handler, raw)
+            else:
+                status, body = handler(raw)
         elif method == "POST" and server and server[1] in self.health_only_ports:
             why = f"{path}: not served on this address (read-only: /healthz, /status; verbs are beside kube-scheduler)"
             status, body = 404, orjson.dumps({"Error": why})
