@@ -565,15 +565,20 @@ class Extender:
             self.state.upsert_pod(pod)
 
     def preempt(self, args: Any) -> JsonObj:
-        """ExtenderPreemptionResult: per candidate node, the fewest lower-priority pods whose eviction lets the pod
-        fit there per GPU; nodes where no such set exists are left out.
+        """ExtenderPreemptionResult: the one candidate node where the fewest lower-priority pods make room for the pod
+        per GPU, with those pods; no node where no such set exists.
 
         kube-scheduler counts the GPU resources itself (the chart ignores only the GPU-memory resources, which no
         device plugin advertises), so its candidates and victims are right in total but blind to which GPU each
         share sits on: two halves of different GPUs free "1000 gpu-milli" and no room for a 600 share. Starting from
         its victims, corral adds lower-priority pods of the node until the pod fits per GPU, then reprieves every
         victim the pod does not need, most important first. kube-scheduler takes the returned sets as they are
-        (it looks each UID up among the node's pods) and picks the node among them."""
+        (it looks each UID up among the node's pods).
+
+        Only the best node is returned (kube-scheduler's own order: fewest PDB violations, then the least important
+        most important victim, the lowest sum of priorities, the fewest victims), so the victims named are the ones
+        kube-scheduler deletes. When the same pod comes back before the watch has shown them gone, they count as
+        gone: the node where they were needs no new victims, and no second set is preempted for one pod."""
         if not isinstance(args, Mapping):
             raise InvalidRequest("ExtenderPreemptionArgs", "expected a JSON object")
         pod = args.get("Pod")
@@ -581,38 +586,61 @@ class Extender:
             raise InvalidRequest("Pod", "expected a Pod object")
         victims, pdb = _victims(args)
         request = pod_request(dict(pod)).request
-        result: dict[str, Any] = {}
-        named: list[tuple[str, str]] = []  # (key, ns/name) of every victim named, for _see_evictions
+        preemptor = pod_key(dict(pod))
+        best: tuple[tuple[int, int, int, int], str, list[str]] | None = None
         with self.state.lock:
             s = self.state.snapshot
             if s is None:
                 return {"NodeNameToMetaVictims": {}}
+            entry = self._evicting.get(preemptor)
+            fresh = entry is not None and time.monotonic() - entry[0] <= EVICTION_WATCH_SECONDS
+            going = tuple(k for k, _ in entry[1] if k in s.allocations) if entry is not None and fresh else ()
             for node, keys in victims.items():
                 if node not in s.index:
                     continue
-                chosen = self._fewest_victims(s, request, node, keys)
-                if chosen is not None:
-                    result[node] = {"Pods": [{"UID": k} for k in chosen], "NumPDBViolations": pdb.get(node, 0)}
-                    named.extend((k, self.state.pods[k].name) for k in chosen if k in self.state.pods)
+                chosen = self._fewest_victims(s, request, node, keys, going)
+                if chosen is None:
+                    continue
+                prios = [self._priority(k) for k in chosen]
+                rank = (pdb.get(node, 0), max(prios, default=-(2**31)), sum(prios), len(chosen))
+                if best is None or rank < best[0]:
+                    best = (rank, node, chosen)
+            if best is None:
+                log.info("preempt %s: no node", pod_name(dict(pod)))
+                return {"NodeNameToMetaVictims": {}}
+            _, node, chosen = best
+            named = [(k, self.state.pods[k].name) for k in chosen if k in self.state.pods]
         if named:
-            self._remember(self._evicting, pod_key(dict(pod)), (time.monotonic(), named), VERDICTS_KEPT)
-        log.info(
-            "preempt %s: %s",
-            pod_name(dict(pod)),
-            _short(", ".join(f"{n}: {len(v['Pods'])} victims" for n, v in result.items()) or "no node"),
-        )
-        return {"NodeNameToMetaVictims": result}
+            self._remember(self._evicting, preemptor, (time.monotonic(), named + (entry[1] if entry else [])),
+                           VERDICTS_KEPT)  # fmt: skip
+        log.info("preempt %s: %s with %d victims", pod_name(dict(pod)), node, len(chosen))
+        return {"NodeNameToMetaVictims": {node: {"Pods": [{"UID": k} for k in chosen],
+                                                 "NumPDBViolations": pdb.get(node, 0)}}}  # fmt: skip
 
-    def _fewest_victims(self, s: ClusterSnapshot, request: Request, node: str, given: list[str]) -> list[str] | None:
+    def _priority(self, key: str) -> int:
+        rec = self.state.pods.get(key)
+        return rec.request.priority if rec is not None else 0
+
+    def _fewest_victims(
+        self,
+        s: ClusterSnapshot,
+        request: Request,
+        node: str,
+        given: list[str],
+        going: tuple[str, ...] = (),
+    ) -> list[str] | None:
         """A set of pods on `node` of lower priority than `request` whose release lets it fit there, no member of
         which can be spared (None: not even all of them make room). Victims corral does not know (not bound in its
-        state yet) are kept as kube-scheduler chose them. Called under the state's lock."""
+        state yet) are kept as kube-scheduler chose them; `going` (being deleted for this pod) count as gone.
+        Called under the state's lock."""
+        gone = [k for k in going if k in s.allocations and s.allocations[k].node == node]
+        given = [k for k in given if k not in gone]
         pinned = dataclasses.replace(
             request, constraints=(*request.constraints, Constraint("hostname", ConstraintOp.IS, node))
         )
 
         def fits(keys: list[str]) -> bool:
-            released = [s.release(k) for k in keys]
+            released = [s.release(k) for k in [*gone, *keys]]
             try:
                 return place(s, pinned, self.config).placed
             except InvalidRequest:
@@ -621,15 +649,15 @@ class Extender:
                 for a in released:
                     s.allocate(a)
 
-        def priority(key: str) -> int:
-            rec = self.state.pods.get(key)
-            return rec.request.priority if rec is not None else 0
+        priority = self._priority
 
         def gpu_milli(key: str) -> int:
             return sum(g.milli for g in s.allocations[key].gpus)
 
         unknown = [k for k in given if k not in s.allocations]
-        lower = [k for k, a in s.allocations.items() if a.node == node and priority(k) < request.priority]
+        lower = [
+            k for k, a in s.allocations.items() if a.node == node and priority(k) < request.priority and k not in gone
+        ]
         chosen = [k for k in given if k in s.allocations]
         if not fits(chosen):
             if not fits(lower):

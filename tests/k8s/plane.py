@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
 
 from corral.k8s.convert import ANN_NODE_GPUS, LABEL_GPU_COUNT, LABEL_GPU_MODEL, node_gpus_annotation
@@ -55,6 +56,17 @@ class Plane:
 
     def down(self) -> None:
         subprocess.run([str(self.script), "down", str(self.where)], env=self.env, capture_output=True, timeout=60)
+
+    def scheduler_attempts(self) -> float:
+        """kube-scheduler's scheduling attempts so far, every result (scheduler_schedule_attempts_total from its
+        /metrics, read with the plane's admin token): what a retry storm drives up. FailedScheduling events are no
+        count of it, as repeats are folded into an event series whose count is written back only now and then."""
+        token = yaml.safe_load(Path(self.kubeconfig).read_text())["users"][0]["user"]["token"]
+        port = int(self.env["CP_PORT_BASE"]) + 59
+        text = httpx.get(f"https://127.0.0.1:{port}/metrics", headers={"Authorization": f"Bearer {token}"},
+                         verify=False, timeout=10).text  # fmt: skip
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("scheduler_schedule_attempts_total{"))  # fmt: skip
 
     def scheduler_log(self) -> str:
         log = self.where / "logs" / "scheduler.log"

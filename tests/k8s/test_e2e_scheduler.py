@@ -236,6 +236,7 @@ def test_a_high_priority_pod_preempts_the_fewest_whole_gpu_pods(setup: Setup) ->
     core = setup.core
     priority_classes(core)
     low = fill(core, {"corral.dev/gpu": "1"}, sum(NODES.values()))  # every GPU taken
+    attempts = setup.plane.scheduler_attempts()
     try:
         core.create_namespaced_pod("default", pod("urgent", {"corral.dev/gpu": "2"}, priority="e2e-high", cpu="100m"))
         wait_for(
@@ -245,7 +246,9 @@ def test_a_high_priority_pod_preempts_the_fewest_whole_gpu_pods(setup: Setup) ->
         assert len(low - left) == 2, f"evicted {sorted(low - left)}"  # two 1-GPU pods free the two GPUs it needs
         use = gpu_use([p for p in pods(core) if p["spec"].get("nodeName")])
         assert sorted(use.values()) == [1000] * sum(NODES.values())
-        assert failed_scheduling(core, "urgent") <= 3, "retried beyond kube-scheduler's backoff"
+        # one attempt that preempts, one that binds (and one spare for a watch that lags)
+        assert setup.plane.scheduler_attempts() - attempts <= 3, "retried beyond kube-scheduler's backoff"
+        assert failed_scheduling(core, "urgent") >= 1
     finally:
         delete_all(core)
 
@@ -254,6 +257,7 @@ def test_a_high_priority_share_preempts_the_pods_of_one_gpu(setup: Setup) -> Non
     core = setup.core
     priority_classes(core)
     low = fill(core, {"corral.dev/gpu-milli": "500"}, 2 * sum(NODES.values()))  # two halves on every GPU
+    attempts = setup.plane.scheduler_attempts()
     try:
         core.create_namespaced_pod(
             "default", pod("urgent-share", {"corral.dev/gpu-milli": "600"}, priority="e2e-high", cpu="100m")
@@ -265,7 +269,7 @@ def test_a_high_priority_share_preempts_the_pods_of_one_gpu(setup: Setup) -> Non
         assert len(evicted) == 2, f"evicted {sorted(evicted)}: {setup.extender.log.read_text()[-3000:]}"
         use = gpu_use([p for p in by_name.values() if p["spec"].get("nodeName")])
         assert max(use.values()) <= 1000 and sorted(use.values()).count(600) == 1
-        assert failed_scheduling(core, "urgent-share") <= 3, "retried beyond kube-scheduler's backoff"
+        assert setup.plane.scheduler_attempts() - attempts <= 3, "retried beyond kube-scheduler's backoff"
     finally:
         delete_all(core)
 
@@ -277,9 +281,10 @@ def test_a_pod_that_preemption_cannot_help_is_not_retried_in_a_storm(setup: Setu
     try:
         core.create_namespaced_pod("default", pod("hopeless", {"corral.dev/gpu": "6"}, priority="e2e-high", cpu="100m"))
         wait_for("a FailedScheduling event", lambda: failed_scheduling(core, "hopeless") > 0)
+        attempts = setup.plane.scheduler_attempts()
         time.sleep(6)
-        # kube-scheduler's own backoff (1 s, doubling to 10 s) allows a handful in 6 s; the storm wrote ~45 a second
-        assert failed_scheduling(core, "hopeless") <= 6
+        # kube-scheduler's own backoff (1 s, doubling to 10 s) allows a handful in 6 s; the storm was ~45 a second
+        assert setup.plane.scheduler_attempts() - attempts <= 4
         assert len(pods(core)) == sum(NODES.values()) + 1, "no pod was preempted for nothing"
     finally:
         delete_all(core)

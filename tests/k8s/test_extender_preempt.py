@@ -90,3 +90,35 @@ def test_a_preemptor_tried_again_before_the_watch_sees_its_victims_gone_fits() -
     c.sync()
     s = c.state.snapshot
     assert s is not None and victim not in s.allocations and s.gpu_allocated_milli == 2000
+
+
+def test_one_node_is_answered_and_a_second_preempt_for_the_same_pod_names_no_new_victims() -> None:
+    """kube-scheduler deletes the victims and may try the pod again before the watch shows them gone; preempt then
+    names nobody new (seen on the real plane: a second pair of halves evicted for one share)."""
+    c = Cluster()
+    c.api.put_node(gpu_node("g2", 2))
+    c.api.put_node(gpu_node("h2", 2))
+    c.sync()
+    made = {}
+    for node in ("g2", "h2"):
+        for i in range(2):
+            p = with_priority(kube_pod(f"{node}-{i}", {"corral.dev/gpu": "1"}), 10)
+            c.api.put_pod(p)
+            assert c.extender.bind(bind_args(p, node)) == {"Error": ""}
+            made[p["metadata"]["name"]] = p
+    c.sync()
+    urgent = with_priority(kube_pod("urgent", {"corral.dev/gpu": "2"}), 1000)
+
+    def ask(victims: dict[str, list[str]]) -> dict[str, Any]:
+        meta = {n: {"Pods": [{"UID": made[v]["metadata"]["uid"]} for v in vs], "NumPDBViolations": 0}
+                for n, vs in victims.items()}  # fmt: skip
+        answer: dict[str, Any] = c.extender.preempt({"Pod": urgent, "NodeNameToMetaVictims": meta})
+        return dict(answer["NodeNameToMetaVictims"])
+
+    first = ask({"g2": ["g2-0", "g2-1"], "h2": ["h2-0", "h2-1"]})
+    [(node, victims)] = first.items()  # one node: the victims named are the ones kube-scheduler deletes
+    assert len(victims["Pods"]) == 2
+    other = "h2" if node == "g2" else "g2"
+    # kube-scheduler's cache has them gone, corral's watch not yet: it offers the other node's pods
+    again = ask({other: [f"{other}-0", f"{other}-1"], node: []})
+    assert again == {node: {"Pods": [], "NumPDBViolations": 0}}
