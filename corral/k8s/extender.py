@@ -292,7 +292,7 @@ class Extender:
         The cache is keyed by the pod's UID, which any caller may put in a body; `fresh` (bind) reuses a cached
         verdict only if it was made for what this pod asks for, so a bind always decides on the pod it binds."""
         key = pod_key(pod)
-        if key in self._evicting:
+        if key in self._evicting and not fresh:  # bind (fresh) reads them back before it takes the state's lock
             self._see_evictions(key)
         with self.state.lock:
             cached = self._verdicts.get(key)
@@ -511,6 +511,8 @@ class Extender:
             # make sure the pod is counted where it is.
             self.state.upsert_pod(pod)
             raise BindConflict(f"the pod is already bound to {bound_to}")
+        if key in self._evicting:
+            self._see_evictions(key)  # API reads: not under the state's lock
         with self.state.lock:
             held = self.state.held(key)
             if held is not None and not held.confirmed and not self.state.in_flight(key):
