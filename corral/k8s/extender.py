@@ -4,7 +4,8 @@
                    --POST /prioritize {Pod, NodeNames}---->  engine's order: its choice 10, the rest 9..1, misfits 0
                    --POST /bind {PodName, PodNamespace, PodUID, Node}-->  read the pod, reserve GPUs, create the
                                                                            Binding carrying the assignment annotations
-                   --POST /preempt {Pod, NodeNameToMetaVictims}-->  nodes where evicting the victims makes room
+                   --POST /preempt {Pod, NodeNameToMetaVictims}-->  the best node and the fewest lower-priority victims
+                                                                    that make room there per GPU
 
 The JSON keys are kube-scheduler's Go field names (its extender types carry no json tags). A decision made at filter
 is kept for the pod until the cluster changes (keyed by pod UID and the state's generation), so prioritize and bind
