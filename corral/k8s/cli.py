@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import logging
 import signal
+import socket
 import threading
 from pathlib import Path
 from typing import Annotated
@@ -24,6 +25,16 @@ RESOURCE_HELP = (
     "Resource to advertise (repeatable; default corral.dev/gpu, corral.dev/gpu-milli, elasticgpu.io/gpu-core, "
     "keti.com/mpsgpu; nvidia.com/gpu only when asked, as NVIDIA's plugin may own it)."
 )
+#: The verbs bind pods with the extender's rights and take no credentials, so by default only this machine (or, in
+#: the chart, this pod, where kube-scheduler runs beside the extender) reaches them.
+HOST_HELP = (
+    "Address of the verbs (filter, prioritize, bind, preempt) and /healthz, /status. They take no credentials: keep it "
+    "on loopback, beside kube-scheduler."
+)
+HEALTH_HOST_HELP = (
+    "Also serve the read-only /healthz and /status (no verbs) on this address, e.g. the pod's IP for probes and a "
+    "Service."
+)
 app = typer.Typer(no_args_is_help=True, help="corral on Kubernetes: scheduler extender and device plugin.")
 log = logging.getLogger("corral.k8s")
 
@@ -35,8 +46,10 @@ def _fail(message: str) -> typer.Exit:
 
 @app.command("extender")
 def extender_cmd(
-    host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8888,
+    host: Annotated[str, typer.Option(help=HOST_HELP)] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port of the verbs.")] = 8888,
+    health_host: Annotated[str | None, typer.Option(help=HEALTH_HOST_HELP)] = None,
+    health_port: Annotated[int, typer.Option(help="Port of --health-host.")] = 8889,
     policy: Annotated[str, typer.Option(help="Default policy (a pod may set corral.dev/policy).")] = "binpack",
     behavior: Annotated[str, typer.Option(help="GPU scheduling behaviour for pods without GPUs.")] = "preferential",
     reserve_cpus: Annotated[str, typer.Option(help="preferential: CPUs kept free per free GPU.")] = "4",
@@ -67,15 +80,44 @@ def extender_cmd(
     state = ClusterState()
     informer = Informer(api, state)
     informer.start()
+    if health_host and health_port == port:
+        # the app tells the two apart by the local port
+        raise _fail("--health-port: must differ from --port")
     if not informer.wait_synced(60):
         log.warning("nodes and pods not listed within 60 s; serving anyway, answers improve as the watch catches up")
     # Thousands of long-lived node and pod objects: keep them out of the collector's full scans (pauses of 10s of ms)
     gc.collect()
     gc.freeze()
     try:
-        uvicorn.run(create_app(Extender(state, api, config)), host=host, port=port, log_level="warning")
+        sockets = [bind_socket(host, port)]
+        if health_host:
+            sockets.append(bind_socket(health_host, health_port))
+    except OSError as exc:
+        informer.close()
+        raise _fail(f"--host/--health-host: cannot listen: {exc}") from None
+    app_ = create_app(Extender(state, api, config), health_only_ports=frozenset({health_port}) if health_host else None)
+    try:
+        uvicorn.Server(uvicorn.Config(app_, log_level="warning")).run(sockets=sockets)
     finally:
         informer.close()
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on host:port (IPv4 or IPv6, as the address says), without Nagle's delay."""
+    info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(info[0], socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # Accepted connections inherit this (Linux), and neither asyncio nor uvicorn sets it: without it the response
+    # body, written after its headers, waits for kube-scheduler's delayed ACK (40 ms) on every verb.
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    try:
+        sock.bind(info[4])
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
 
 
 @app.command("device-plugin")

@@ -4,7 +4,8 @@
                    --POST /prioritize {Pod, NodeNames}---->  engine's order: its choice 10, the rest 9..1, misfits 0
                    --POST /bind {PodName, PodNamespace, PodUID, Node}-->  read the pod, reserve GPUs, create the
                                                                            Binding carrying the assignment annotations
-                   --POST /preempt {Pod, NodeNameToMetaVictims}-->  nodes where evicting the victims makes room
+                   --POST /preempt {Pod, NodeNameToMetaVictims}-->  the best node and the fewest lower-priority victims
+                                                                    that make room there per GPU
 
 The JSON keys are kube-scheduler's Go field names (its extender types carry no json tags). A decision made at filter
 is kept for the pod until the cluster changes (keyed by pod UID and the state's generation), so prioritize and bind
@@ -27,11 +28,14 @@ tests check that the two agree.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import re
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +69,8 @@ TOP_RANKED = 32
 UNKNOWN_NODE = "unknown to corral: the node is not in its cache (yet); is the corral device plugin running there?"
 #: Verdicts kept (all of the state's current generation: an older one is never used again).
 VERDICTS_KEPT = 256
+#: How long after a preempt the preemptor's victims are read back from the API server when it is tried again.
+EVICTION_WATCH_SECONDS = 30.0
 
 ObjArray = npt.NDArray[np.object_]
 _NO_NODES: IntArray = np.zeros(0, dtype=np.int64)
@@ -269,6 +275,9 @@ class Extender:
         self._pods: OrderedDict[str, JsonObj] = OrderedDict()  # recent Pod objects by UID, for bind
         self._table_for: ClusterSnapshot | None = None
         self._table: NodeTable | None = None
+        #: Victims named at preempt, by preemptor: {preemptor key: (when, [(victim key, "ns/name")])}. kube-scheduler
+        #: deletes them and tries the preemptor again, often before the watch tells corral they are gone.
+        self._evicting: OrderedDict[str, tuple[float, list[tuple[str, str]]]] = OrderedDict()
 
     # ------------------------------------------------------------------ decisions
     @staticmethod
@@ -284,6 +293,8 @@ class Extender:
         The cache is keyed by the pod's UID, which any caller may put in a body; `fresh` (bind) reuses a cached
         verdict only if it was made for what this pod asks for, so a bind always decides on the pod it binds."""
         key = pod_key(pod)
+        if key in self._evicting and not fresh:  # bind (fresh) reads them back before it takes the state's lock
+            self._see_evictions(key)
         with self.state.lock:
             cached = self._verdicts.get(key)
             ask = pod_request(pod) if fresh else None
@@ -296,6 +307,29 @@ class Extender:
             self._remember(self._verdicts, key, verdict, VERDICTS_KEPT)
             self._remember(self._pods, key, pod, 1024)
             return verdict
+
+    def _see_evictions(self, preemptor: str) -> None:
+        """Read back the victims named for this preemptor that the state still holds, and forget those the API
+        server no longer has. Without this, a preemptor tried again before the watch delivers the deletions is
+        refused by a stale count, and kube-scheduler preempts a second set of pods for it."""
+        entry = self._evicting.get(preemptor)
+        if entry is None or self.api is None:
+            return
+        when, victims = entry
+        held = [(k, n) for k, n in victims if self.state.held(k) is not None]
+        if not held or time.monotonic() - when > EVICTION_WATCH_SECONDS:
+            self._evicting.pop(preemptor, None)
+            return
+        for key, name in held:
+            ns, _, pod = name.partition("/")
+            try:
+                uid = str((self.api.get_pod(ns, pod).get("metadata") or {}).get("uid") or "")
+            except KubeApiError as exc:
+                if exc.status != 404:
+                    continue  # unknown: the watch will tell
+                uid = ""
+            if uid != key:  # gone, or another pod of that name now
+                self.state.forget(key)
 
     def _decide(self, ask: PodAsk) -> Verdict:
         s = self.state.snapshot
@@ -478,6 +512,8 @@ class Extender:
             # make sure the pod is counted where it is.
             self.state.upsert_pod(pod)
             raise BindConflict(f"the pod is already bound to {bound_to}")
+        if key in self._evicting:
+            self._see_evictions(key)  # API reads: not under the state's lock
         with self.state.lock:
             held = self.state.held(key)
             if held is not None and not held.confirmed and not self.state.in_flight(key):
@@ -532,6 +568,20 @@ class Extender:
             self.state.upsert_pod(pod)
 
     def preempt(self, args: Any) -> JsonObj:
+        """ExtenderPreemptionResult: the one candidate node where the fewest lower-priority pods make room for the pod
+        per GPU, with those pods; no node where no such set exists.
+
+        kube-scheduler counts the GPU resources itself (the chart ignores only the GPU-memory resources, which no
+        device plugin advertises), so its candidates and victims are right in total but blind to which GPU each
+        share sits on: two halves of different GPUs free "1000 gpu-milli" and no room for a 600 share. Starting from
+        its victims, corral adds lower-priority pods of the node until the pod fits per GPU, then reprieves every
+        victim the pod does not need, most important first. kube-scheduler takes the returned sets as they are
+        (it looks each UID up among the node's pods).
+
+        Only the best node is returned (kube-scheduler's own order: fewest PDB violations, then the least important
+        most important victim, the lowest sum of priorities, the fewest victims), so the victims named are the ones
+        kube-scheduler deletes. When the same pod comes back before the watch has shown them gone, they count as
+        gone: the node where they were needs no new victims, and no second set is preempted for one pod."""
         if not isinstance(args, Mapping):
             raise InvalidRequest("ExtenderPreemptionArgs", "expected a JSON object")
         pod = args.get("Pod")
@@ -539,28 +589,93 @@ class Extender:
             raise InvalidRequest("Pod", "expected a Pod object")
         victims, pdb = _victims(args)
         request = pod_request(dict(pod)).request
-        result: dict[str, Any] = {}
+        preemptor = pod_key(dict(pod))
+        best: tuple[tuple[int, int, int, int], str, list[str]] | None = None
         with self.state.lock:
             s = self.state.snapshot
             if s is None:
                 return {"NodeNameToMetaVictims": {}}
-            for node, uids in victims.items():
+            entry = self._evicting.get(preemptor)
+            fresh = entry is not None and time.monotonic() - entry[0] <= EVICTION_WATCH_SECONDS
+            going = tuple(k for k, _ in entry[1] if k in s.allocations) if entry is not None and fresh else ()
+            for node, keys in victims.items():
                 if node not in s.index:
                     continue
-                released = [s.release(u) for u in uids if u in s.allocations]
-                try:
-                    pinned = dataclasses.replace(
-                        request, constraints=(*request.constraints, Constraint("hostname", ConstraintOp.IS, node))
-                    )
-                    fits = place(s, pinned, self.config).placed
-                except InvalidRequest:
-                    fits = False
-                finally:
-                    for a in released:
-                        s.allocate(a)
-                if fits:
-                    result[node] = {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": pdb.get(node, 0)}
-        return {"NodeNameToMetaVictims": result}
+                chosen = self._fewest_victims(s, request, node, keys, going)
+                if chosen is None:
+                    continue
+                prios = [self._priority(k) for k in chosen]
+                rank = (pdb.get(node, 0), max(prios, default=-(2**31)), sum(prios), len(chosen))
+                if best is None or rank < best[0]:
+                    best = (rank, node, chosen)
+            if best is None:
+                log.info("preempt %s: no node", pod_name(dict(pod)))
+                return {"NodeNameToMetaVictims": {}}
+            _, node, chosen = best
+            named = [(k, self.state.pods[k].name) for k in chosen if k in self.state.pods]
+        if named:
+            self._remember(self._evicting, preemptor, (time.monotonic(), named + (entry[1] if entry else [])),
+                           VERDICTS_KEPT)  # fmt: skip
+        log.info("preempt %s: %s with %d victims", pod_name(dict(pod)), node, len(chosen))
+        return {"NodeNameToMetaVictims": {node: {"Pods": [{"UID": k} for k in chosen],
+                                                 "NumPDBViolations": pdb.get(node, 0)}}}  # fmt: skip
+
+    def _priority(self, key: str) -> int:
+        rec = self.state.pods.get(key)
+        return rec.request.priority if rec is not None else 0
+
+    def _fewest_victims(
+        self,
+        s: ClusterSnapshot,
+        request: Request,
+        node: str,
+        given: list[str],
+        going: tuple[str, ...] = (),
+    ) -> list[str] | None:
+        """A set of pods on `node` of lower priority than `request` whose release lets it fit there, no member of
+        which can be spared (None: not even all of them make room). Victims corral does not know (not bound in its
+        state yet) are kept as kube-scheduler chose them; `going` (being deleted for this pod) count as gone.
+        Called under the state's lock."""
+        gone = [k for k in going if k in s.allocations and s.allocations[k].node == node]
+        given = [k for k in given if k not in gone]
+        pinned = dataclasses.replace(
+            request, constraints=(*request.constraints, Constraint("hostname", ConstraintOp.IS, node))
+        )
+
+        def fits(keys: list[str]) -> bool:
+            released = [s.release(k) for k in [*gone, *keys]]
+            try:
+                return place(s, pinned, self.config).placed
+            except InvalidRequest:
+                return False
+            finally:
+                for a in released:
+                    s.allocate(a)
+
+        priority = self._priority
+
+        def gpu_milli(key: str) -> int:
+            return sum(g.milli for g in s.allocations[key].gpus)
+
+        unknown = [k for k in given if k not in s.allocations]
+        lower = [
+            k for k, a in s.allocations.items() if a.node == node and priority(k) < request.priority and k not in gone
+        ]
+        chosen = [k for k in given if k in s.allocations]
+        if not fits(chosen):
+            if not fits(lower):
+                return None
+            # least important first, and among equals the pods holding most GPU: room with few evictions
+            for k in sorted((k for k in lower if k not in chosen), key=lambda k: (priority(k), -gpu_milli(k))):
+                chosen.append(k)
+                if fits(chosen):
+                    break
+        # reprieve: most important first, and among equals the ones holding least GPU
+        for k in sorted(chosen, key=lambda k: (-priority(k), gpu_milli(k))):
+            rest = [v for v in chosen if v != k]
+            if fits(rest):
+                chosen = rest
+        return chosen + unknown
 
     # ------------------------------------------------------------------ input
     @staticmethod
@@ -598,6 +713,10 @@ Handler = Callable[[bytes], tuple[int, bytes]]
 #: 10 KiB a node, so 64 MiB is several thousand nodes; a bigger body is refused before it is read on.
 MAX_BODY = 64 * 1024 * 1024
 _JSON_TYPES = {b"", b"application/json"}
+#: Verbs that wait on the API server, run in threads; kube-scheduler binds asynchronously, many pods at once.
+BLOCKING_VERBS = frozenset({"/bind"})
+#: Binds in flight at once (kube-scheduler's client allows about as many concurrent requests to the API server).
+BIND_THREADS = 16
 
 
 def _loads(raw: bytes) -> Any:
@@ -632,8 +751,12 @@ class ExtenderApp:
     error names its field), and a framework's per-request machinery cost more than the verbs' own work.
     """
 
-    def __init__(self, extender: Extender) -> None:
+    def __init__(self, extender: Extender, health_only_ports: frozenset[int] | None = None) -> None:
         self.extender = extender
+        #: Local ports that serve only GET /healthz and /status (the pod's address, for probes and the Service):
+        #: the verbs take no credentials, so they are not on an address other pods reach.
+        self.health_only_ports = health_only_ports or frozenset()
+        self._pool = ThreadPoolExecutor(max_workers=BIND_THREADS, thread_name_prefix="corral-bind")
         # Each verb's refusal in its own shape: filter's and bind's `Error` fail the pod in kube-scheduler (a 200
         # keeps the reason in its event); kube-scheduler ignores prioritize errors, and preempt has no Error field,
         # so those two answer 400 with the reason, which keeps it visible in kube-scheduler's log.
@@ -665,6 +788,9 @@ class ExtenderApp:
             return
         method, path = scope["method"], scope["path"]
         handler = self.routes.get((method, path))
+        server = scope.get("server")
+        if server and server[1] in self.health_only_ports and method == "POST":
+            handler = None  # 404 below: no verb here
         chunks = []
         size = 0
         more = True
@@ -684,7 +810,17 @@ class ExtenderApp:
         elif handler is not None and ctype is not None and method == "POST":
             status, body = self.refusals[path](415, f"Content-Type: expected application/json, got {ctype!r}")
         elif handler is not None:
-            status, body = handler(b"".join(chunks))
+            raw = b"".join(chunks)
+            if path in BLOCKING_VERBS:
+                # bind waits on the API server (a read, then the Binding): in a thread, so that binds arriving
+                # together travel together and filter/prioritize keep answering meanwhile. The state's lock keeps
+                # two binds from taking the same GPU.
+                status, body = await asyncio.get_running_loop().run_in_executor(self._pool, handler, raw)
+            else:
+                status, body = handler(raw)
+        elif method == "POST" and server and server[1] in self.health_only_ports:
+            why = f"{path}: not served on this address (read-only: /healthz, /status; verbs are beside kube-scheduler)"
+            status, body = 404, orjson.dumps({"Error": why})
         elif any(p == path for _, p in self.routes):
             allowed = ", ".join(m for m, p in self.routes if p == path)
             status, body = 405, orjson.dumps({"Error": f"{method} {path}: method not allowed (allowed: {allowed})"})
@@ -720,6 +856,6 @@ def _short(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def create_app(extender: Extender) -> ExtenderApp:
-    """The extender's ASGI app (served by uvicorn)."""
-    return ExtenderApp(extender)
+def create_app(extender: Extender, health_only_ports: frozenset[int] | None = None) -> ExtenderApp:
+    """The extender's ASGI app (served by uvicorn); connections to `health_only_ports` get no verbs."""
+    return ExtenderApp(extender, health_only_ports)

@@ -2,56 +2,27 @@
 valid against the Kubernetes schemas (kubernetes-validate, offline); the scheduler configuration has the extender
 stanza kube-scheduler needs; every sample pod converts to the request its comment promises.
 
-There is no helm binary on the development machines, so the chart is rendered here by `render_chart`, which supports
-exactly the subset the templates use ({{ .Values.x.y }}, {{ .Release.Namespace }}) and fails on anything else.
+There is no helm binary on the development machines, so the chart is rendered by tests/k8s/chart.py.
 """
 
 from __future__ import annotations
-
-import re
-from pathlib import Path
-from typing import Any
 
 import kubernetes_validate
 import pytest
 import yaml
 
 from corral.k8s.convert import pod_request
+from corral.k8s.deviceplugin import IDS_PER_GPU
+from tests.k8s.chart import DEPLOY, documents, plain_manifests
 
-ROOT = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
-CHART = ROOT / "helm" / "corral"
-NAMESPACE = "corral-system"
+ROOT = DEPLOY
 K8S_VERSION = "1.32.0"
-_EXPR = re.compile(r"\{\{\s*(.*?)\s*\}\}")
-
-
-def render_chart(chart: Path, namespace: str) -> str:
-    values = yaml.safe_load((chart / "values.yaml").read_text())
-
-    def lookup(match: re.Match[str]) -> str:
-        expr = match.group(1)
-        if expr == ".Release.Namespace":
-            return namespace
-        if not expr.startswith(".Values."):
-            raise AssertionError(f"template uses {expr!r}: outside the subset render_chart supports")
-        node: Any = values
-        for part in expr.removeprefix(".Values.").split("."):
-            node = node[part]
-        return str(node)
-
-    docs = []
-    for t in sorted((chart / "templates").glob("*.yaml")):
-        docs.append(f"# Source: corral/templates/{t.name}\n" + _EXPR.sub(lookup, t.read_text()).strip() + "\n")
-    return "---\n".join(docs)
-
-
-def documents(text: str) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all(text) if d]
 
 
 def test_plain_manifests_are_the_chart_rendered_with_its_defaults() -> None:
-    rendered = render_chart(CHART, NAMESPACE)
-    assert (ROOT / "corral.yaml").read_text() == rendered, "regenerate deploy/kubernetes/corral.yaml from the chart"
+    assert (ROOT / "corral.yaml").read_text() == plain_manifests(), (
+        "regenerate it: python -m tests.k8s.chart > deploy/kubernetes/corral.yaml"
+    )
 
 
 @pytest.mark.parametrize("path", ["corral.yaml", *sorted(p.name for p in (ROOT / "samples").glob("*.yaml"))])
@@ -85,7 +56,11 @@ def test_scheduler_configuration_has_the_extender_stanza() -> None:
     assert ext["nodeCacheCapable"] is True and ext["weight"] > 0
     fit = profile["pluginConfig"][0]
     assert fit["name"] == "NodeResourcesFit"
-    assert set(fit["args"]["ignoredResourceGroups"]) == {"corral.dev", "elasticgpu.io"}
+    # kube-scheduler counts what device plugins advertise (its preemption needs the counts); only GPU memory, which
+    # none advertises, is corral's alone
+    assert "ignoredResourceGroups" not in fit["args"]
+    assert set(fit["args"]["ignoredResources"]) == {"corral.dev/gpu-memory", "elasticgpu.io/gpu-memory"}
+    assert not set(IDS_PER_GPU) & set(fit["args"]["ignoredResources"])
     deploy = docs[("Deployment", "corral-scheduler")]
     containers = {c["name"]: c for c in deploy["spec"]["template"]["spec"]["containers"]}
     assert containers["corral-extender"]["command"][:3] == ["corral", "k8s", "extender"]

@@ -202,9 +202,10 @@ def test_preempt_keeps_only_nodes_where_the_victims_make_room(served: tuple[str,
         "gpu-a": {"Pods": [{"UID": hogs[0]["metadata"]["uid"]}], "NumPDBViolations": 0}
     }
     assert c.state.snapshot is not None and c.state.snapshot.gpu_allocated_milli == 3000  # nothing was evicted
-    # Without nodeCacheCapable the victims come as whole Pods; the answer names them by UID all the same.
+    # Without nodeCacheCapable the victims come as whole Pods; the answer names them by UID all the same. (Another
+    # preemptor: for this one hog-a is being evicted already, so it would need no victims now.)
     args = {
-        "Pod": urgent,
+        "Pod": kube_pod("urgent-2", {"corral.dev/gpu": "2"}),
         "NodeNameToVictims": {
             "gpu-a": {"Pods": [hogs[0]], "NumPDBViolations": 1},
             "gpu-t4": {"Pods": [], "NumPDBViolations": 0},
