@@ -4,6 +4,7 @@ for long), and nothing said while the lock is let go is lost: a cancel of a job 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from corral.daemon.lockstat import Released
@@ -22,7 +23,7 @@ class WatchingExecutor(FakeExecutor):
         self.lock = lock
         self.held_at_launch: list[bool] = []
         self.during: list[str] = []  # job ids to cancel through the daemon while the first launch runs
-        self.daemon_cancel = lambda job_id: None
+        self.daemon_cancel: Callable[[str], object] = lambda job_id: None
 
     def launch(self, spec: LaunchSpec) -> Handle:
         self.held_at_launch.append(self.lock.locked())
