@@ -55,9 +55,9 @@ CANCELLING = "cancel requested"
 #: The reason of a job the watchdog is killing starts with this; its exit is then a failure with that reason.
 OVER_GRANT = "killed by corral: "
 MAX_BACKOFF_S = 300.0
-#: Jobs launched per round (each: three durable writes and a process start under the daemon's lock); the pass stops
-#: placing once it has this many, and the rest of a burst waits for the next rounds, so 500 submissions do not hold
-#: the lock for seconds (issue 12).
+#: Jobs launched per round (each: two durable writes under the daemon's lock, and a supervisor started without it);
+#: the pass stops placing once it has this many, and the rest of a burst waits for the next rounds, so 500
+#: submissions do not hold the lock for seconds (issue 12).
 STARTS_PER_ROUND = 4
 WATCHDOG_MODES = ("off", "warn", "kill")
 log = logging.getLogger("corral.daemon")
@@ -343,14 +343,6 @@ class Daemon:
         for uuid in sorted(self.mps.running - busy):
             self.mps.stop(uuid)
 
-    def _launch(self, job_id: str, alloc: Allocation, now: float, notes: str = "") -> bool:
-        """Prepare, launch and record one job, all under the caller's lock."""
-        ready = self._prepare(job_id, alloc, now, notes)
-        if ready is None:
-            return False
-        job, spec = ready
-        return self._launched(job, spec, self._try_launch(spec), now)
-
     def _prepare(self, job_id: str, alloc: Allocation, now: float, notes: str = "") -> tuple[Job, LaunchSpec] | None:
         """QUEUED -> STARTING with its grant and attempt stored, and the LaunchSpec; None if it cannot start now."""
         uuids = tuple(self.node.gpus[g.index].uuid for g in alloc.gpus)
@@ -495,11 +487,9 @@ class Daemon:
             return
         wait = backoff_s(done.attempts)
         why = f"{reason}; retry {done.attempts} of {job.spec.retries} in {wait:g} s"
-        try:
+        # The outcome is stored; if its return to the queue is not, `_retry` keeps it for later rounds (or a restart).
+        with contextlib.suppress(StoreError):
             self._retry(job.id, why, now + wait, now)
-        except StoreError:
-            # The outcome is stored, its return to the queue is not: the next rounds (or a restart) store it.
-            self._requeue[job.id] = (why, now + wait)
 
     def _retry(self, job_id: str, reason: str, not_before: float, now: float) -> None:
         self._requeue.pop(job_id, None)
