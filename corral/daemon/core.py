@@ -596,7 +596,8 @@ class Daemon:
         queued = [j.id for j in found if j.state is JobState.QUEUED]
         cancelled = self.store.transition_many(queued, JobState.CANCELLED, expect=[JobState.QUEUED], reason="cancelled")
         gone = {j.id for j in cancelled}
-        running = [j for j in found if j.state.holds_resources]
+        # As `cancel`: a job whose exit is in hand but not yet stored has ended; its real outcome stands.
+        running = [j for j in found if j.state.holds_resources and j.id not in self._exits]
         for job in running:
             self.executor.cancel(job.id)
             self._cancelling.add(job.id)  # its exit ends it CANCELLED, stored or not (as `cancel`)
@@ -605,5 +606,6 @@ class Daemon:
             self.store.update_many(signalled)
         for done in cancelled:
             self._tell_ended(done)
-        ended = [j.id for j in found if j.id not in gone and not j.state.holds_resources]
+        signalled_ids = {j.id for j in running}
+        ended = [j.id for j in found if j.id not in gone and j.id not in signalled_ids]
         return CancelOutcome([j.id for j in cancelled], [j.id for j in running], ended, missing)

@@ -414,6 +414,24 @@ def test_a_retry_lost_with_the_daemon_is_stored_by_the_restart(tmp_path: Path) -
     assert job.reason.startswith("exit code 3; retry 1 of 1")
 
 
+def test_bulk_cancel_leaves_an_exit_not_yet_stored_as_it_ended(tmp_path: Path) -> None:
+    # As `cancel`: a job whose exit 0 is in hand (the store failed that round) has ended; a bulk cancel that comes
+    # before the store works again must not turn its success into "cancelled".
+    d, store, ex = flaky_daemon(tmp_path)
+    d.submit(spec())
+    d.tick()
+    store.fail()
+    ex.finish("1", 0)
+    tick_through(d)
+    store.fail(False)
+    outcome = d.cancel_many(["1"])
+    assert (outcome.cancelling, outcome.ended) == ([], ["1"])
+    assert ex.cancelled == []
+    d.tick()
+    job = d.store.get("1")
+    assert job is not None and job.state is JobState.SUCCEEDED and job.exit_code == 0
+
+
 def test_cancel_while_the_store_fails_is_sent_says_so_and_ends_cancelled(tmp_path: Path) -> None:
     d, store, ex = flaky_daemon(tmp_path)
     d.submit(spec())
