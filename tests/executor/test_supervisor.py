@@ -23,26 +23,26 @@ def run_dir(tmp_path: Path) -> Path:
     return tmp_path / "run"
 
 
-@pytest.fixture
-def first(run_dir: Path) -> Iterator[LocalExecutor]:
-    """The daemon before its crash: it launches, then stops watching (it is never polled again)."""
+def executor_on(run_dir: Path) -> Iterator[LocalExecutor]:
+    """A daemon's executor on `run_dir`; afterwards, whatever it still watches is killed and reaped."""
     ex = LocalExecutor(grace_s=0.2, run_dir=run_dir)
     yield ex
     for job_id in ex.running():
         ex.cancel(job_id, grace_s=0)
     wait_until(lambda: not (ex.poll() or ex.running()))
     ex.close()
+
+
+@pytest.fixture
+def first(run_dir: Path) -> Iterator[LocalExecutor]:
+    """The daemon before its crash: it launches, then stops watching (it is never polled again)."""
+    yield from executor_on(run_dir)
 
 
 @pytest.fixture
 def second(run_dir: Path) -> Iterator[LocalExecutor]:
     """The restarted daemon: same run folder, none of the jobs is its child."""
-    ex = LocalExecutor(grace_s=0.2, run_dir=run_dir)
-    yield ex
-    for job_id in ex.running():
-        ex.cancel(job_id, grace_s=0)
-    wait_until(lambda: not (ex.poll() or ex.running()))
-    ex.close()
+    yield from executor_on(run_dir)
 
 
 def record(run_dir: Path, job_id: str, attempt: int = 1) -> dict[str, object]:
