@@ -4,8 +4,9 @@ SqliteStore(state_dir/jobs.db) + LocalExecutor + this machine (or a simulated on
 a tick thread: daemon.tick() every tick_s, and at once after a submit or cancel
 uvicorn on the sockets (one server, one event loop):
     Unix socket (mode 0666)  every connection carries its peer's (uid, gid, user) from SO_PEERCRED
-    TCP (--listen, 127.0.0.1 unless a host is named)  every request must carry "Authorization: Bearer <token>";
-                             it then acts as the token's user, or gets 401
+    TCP (--listen, 127.0.0.1 unless a host is named)  every request must carry a token: "Authorization: Bearer <t>",
+                             DC/OS's "Authorization: token=<t>", or Basic auth with the token as password; it then
+                             acts as the token's user, or gets 401
 
 Files (the state directory is a trust boundary):
     STATE_DIR (0700)  jobs.db, -wal, -shm, tokens.json (0600), logs/ (0700; each log 0600, owned by its job's user)
@@ -24,9 +25,9 @@ the daemon (a restart adopts them), so there is nothing left whose loss a faster
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import ipaddress
-import json
 import logging
 import os
 import pwd
@@ -46,6 +47,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from corral.api.app import PEER_KEY, VIA_KEY, create_app
+from corral.api.limits import message_answer
 from corral.daemon.core import Daemon
 from corral.daemon.extensions import install_extensions
 from corral.daemon.lockstat import Released, daemon_lock
@@ -120,8 +122,31 @@ class _WithPeer:
         await self.app(scope, receive, send)
 
 
+def token_secret(header: str) -> str | None:
+    """The token an Authorization header carries, in any of the schemes corral's clients send:
+
+        Bearer <secret>           corral's CLI, httpx, curl
+        token=<secret>            DC/OS clients (marathon-python's and dcos-metronome's auth_token=)
+        Basic base64(user:secret) clients that only know a user and a password (chronos-python); the user is ignored:
+                                  the token alone says who the caller is
+    """
+    scheme, _, rest = header.strip().partition(" ")
+    if scheme.lower() == "bearer":
+        return rest.strip()
+    if scheme.lower().startswith("token="):
+        return header.strip()[len("token=") :].strip()
+    if scheme.lower() == "basic":
+        try:
+            decoded = base64.b64decode(rest.strip(), validate=True).decode("utf-8")
+        except (ValueError, UnicodeDecodeError):
+            return None
+        return decoded.partition(":")[2]
+    return None
+
+
 class _WithToken:
-    """ASGI wrapper for TCP connections: the caller is the owner of the request's bearer token, or the answer is 401."""
+    """ASGI wrapper for TCP connections: the caller is the owner of the request's token, or the answer is 401 (in
+    the shape of the face asked: corral's, or the peer's under /marathon, /metronome, /chronos)."""
 
     def __init__(self, app: AsgiApp, tokens: TokenStore) -> None:
         self.app = app
@@ -132,19 +157,18 @@ class _WithToken:
             await self.app(scope, receive, send)
             return
         header = dict(scope.get("headers", ())).get(b"authorization", b"").decode("latin-1")
-        scheme, _, secret = header.partition(" ")
-        token = self.tokens.verify(secret.strip()) if scheme.lower() == "bearer" else None
+        secret = token_secret(header)
+        token = self.tokens.verify(secret) if secret else None
         if token is None:
             why = "a bearer token is required over TCP" if not header else "the bearer token is not valid"
-            body = json.dumps({"detail": {"field": "authorization", "message": f"{why} (see `corral token create`)"}})
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 401,
-                    "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")],
-                }
+            answer = message_answer(
+                401,
+                scope.get("path", "/"),
+                "authorization",
+                f"{why} (see `corral token create`)",
+                headers={"www-authenticate": "Bearer"},
             )
-            await send({"type": "http.response.body", "body": body.encode()})
+            await answer(scope, receive, send)
             return
         scope = dict(scope)
         scope[PEER_KEY] = (token.uid, token.gid, token.user)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -188,6 +189,17 @@ def test_tcp_with_bearer_tokens(tmp_path: Path) -> None:
         raw = httpx.get(f"{url}/v1/jobs")
         assert raw.status_code == 401 and raw.headers["www-authenticate"] == "Bearer"
         assert raw.json()["detail"]["message"] == "a bearer token is required over TCP (see `corral token create`)"
+
+        # DC/OS clients send "token=<t>" (marathon-python's and dcos-metronome's auth_token=); Basic auth carries the
+        # token as its password (chronos-python knows only a user and a password)
+        for header in (f"token={secret}", "Basic " + base64.b64encode(f"anyone:{secret}".encode()).decode()):
+            assert httpx.get(f"{url}/v1/jobs", headers={"Authorization": header}).status_code == 200, header
+        for header in ("token=corral_guess", "Basic " + base64.b64encode(b"anyone:corral_guess").decode(), "Basic %%"):
+            assert httpx.get(f"{url}/v1/jobs", headers={"Authorization": header}).status_code == 401, header
+        # under a peer's prefix the 401 comes in the peer's shape
+        peer = httpx.get(f"{url}/marathon/v2/apps", headers={"Authorization": "token=corral_guess"})
+        assert peer.status_code == 401
+        assert peer.json() == {"message": "the bearer token is not valid (see `corral token create`)"}
 
         local.run("token", "revoke", token_id)
         assert remote.run("ps", ok=False).returncode == 2
