@@ -125,10 +125,10 @@ class _WithPeer:
 def token_secret(header: str) -> str | None:
     """The token an Authorization header carries, in any of the schemes corral's clients send:
 
-        Bearer <secret>           corral's CLI, httpx, curl
-        token=<secret>            DC/OS clients (marathon-python's and dcos-metronome's auth_token=)
-        Basic base64(user:secret) clients that only know a user and a password (chronos-python); the user is ignored:
-                                  the token alone says who the caller is
+    Bearer <secret>           corral's CLI, httpx, curl
+    token=<secret>            DC/OS clients (marathon-python's and dcos-metronome's auth_token=)
+    Basic base64(user:secret) clients that only know a user and a password (chronos-python); the user is ignored:
+                              the token alone says who the caller is
     """
     scheme, _, rest = header.strip().partition(" ")
     if scheme.lower() == "bearer":
