@@ -103,6 +103,7 @@ def wait_for_status(client: metronome.MetronomeClient, job_id: str, run_id: str,
 # ------------------------------------------------------------------------------------------------ the flow
 def test_ping_and_token_auth(live: Live, client: metronome.MetronomeClient) -> None:
     assert client.ping() == "pong"
+    assert client._do_request("GET", "/leader").json() == {"leader": live.url.removeprefix("http://")}
     stranger = metronome.MetronomeClient(live.url + "/metronome", auth_token="not-a-token")
     with pytest.raises(metronome.MetronomeHttpError) as refused:
         stranger.list_schedules("anything")
@@ -172,6 +173,22 @@ def test_delete_refuses_active_runs_until_asked_to_stop_them(client: metronome.M
     assert client.delete_job("busy", stop_current_job_runs=True).status_code == 200
     with pytest.raises(metronome.NotFoundError):
         client.get_run("busy", run.id)
+
+
+def test_the_older_scheduled_jobs_api_replaces_schedules_where_v1_keeps_them(live: Live) -> None:
+    http = live.http()
+    run = {"cpus": 0.1, "mem": 32, "disk": 0, "cmd": "true"}
+    with_schedule = {"id": "older", "run": run, "schedules": [{"id": "s", "cron": "0 * * * *"}]}
+    made = http.post("/metronome/v0/scheduled-jobs", json=with_schedule)
+    assert made.status_code == 201 and [s["id"] for s in made.json()["schedules"]] == ["s"]
+    kept = http.put("/metronome/v1/jobs/older", json={"id": "older", "run": {**run, "cmd": "sleep 1"}})
+    assert kept.status_code == 200 and [s["id"] for s in kept.json()["schedules"]] == ["s"]
+    replaced = http.put("/metronome/v0/scheduled-jobs/older", json={"id": "older", "run": run})
+    assert replaced.status_code == 200 and replaced.json()["schedules"] == []
+    assert replaced.json()["run"]["cmd"] == "true"
+    assert http.get("/metronome/v1/jobs/older/schedules").json() == []
+    assert http.put("/metronome/v0/scheduled-jobs/nobody", json={"id": "nobody", "run": run}).status_code == 404
+    assert http.delete("/metronome/v1/jobs/older").status_code == 200
 
 
 # ------------------------------------------------------------------------------------------------ shapes
