@@ -1,16 +1,22 @@
 """Metronome's REST API for jobs, mounted under `/metronome` (a Metronome client's base URL is
 `http://HOST:PORT/metronome`; corral's own `/v1/jobs` is for one-off jobs).
 
-    GET    /v1/jobs[?embed=activeRuns|schedules|history|historySummary]
+    GET    /v1/jobs[?embed=activeRuns|schedules|history|historySummary][&corral=true]
     POST   /v1/jobs                                   201 | 409 "Job with this id already exists" | 422
-    GET    /v1/jobs/{id}[?embed=...]                  404 {"id", "message": "Job not found"}
-    PUT    /v1/jobs/{id}                              replaces the spec, keeps its schedules
+    GET    /v1/jobs/{id}[?embed=...][&corral=true]    404 {"id", "message": "Job not found"}
+    PUT    /v1/jobs/{id}                              replaces the spec, keeps its schedules (the URL's id wins)
     DELETE /v1/jobs/{id}[?stopCurrentJobRuns=true]    409 while runs are active, or when another job depends on it
     GET|POST /v1/jobs/{id}/schedules, GET|PUT|DELETE /v1/jobs/{id}/schedules/{sid}
     POST   /v1/jobs/{id}/runs                         201 a manual run
-    GET    /v1/jobs/{id}/runs[/{runId}]               active runs (one run: finished ones too)
+    GET    /v1/jobs/{id}/runs[/{runId}][?corral=true] active runs (one run: finished ones too)
     POST   /v1/jobs/{id}/runs/{runId}/actions/stop
     GET    /v1/queue                                  runs waiting to start
+    POST   /v0/scheduled-jobs, PUT /v0/scheduled-jobs/{id}   the older API (PUT replaces the schedules too)
+    GET    /ping, /leader                             "pong"; {"leader": "host:port"}
+    the rest of Metronome's routes (corral.mesos.metronome.ENDPOINTS): 501 "... is not supported by corral"
+
+Objects are Metronome's, field for field; corral's own data about runs (`trigger`, `reason`) comes only with
+`?corral=true` (docs/compat/metronome.md).
 
 Answers use Metronome's shapes: 422 `{"message": "Object is not valid", "details": [{"path", "errors"}]}`, 400 "Not
 a valid id: ...", 404/409 `{"message": ...}`. Bodies are read raw and validated by `corral.mesos.metronome`, so the
@@ -208,7 +214,7 @@ def metronome_router(
             if job.run.user not in (None, old.owner.user):
                 why = f"the user a job runs as is fixed when it is created ({old.owner.user})"
                 raise ObjectNotValid([ErrorDetail("/run/user", (why,))])
-            merged = job if keep_schedules is False else m.replace_job(old.metronome, job)
+            merged = m.replace_job(old.metronome, job) if keep_schedules else job
             _check(merged)
             now = clock()
             entry = ctl.replace(job_id, _dump(merged), owner(who), now, STATUS)
