@@ -1,16 +1,22 @@
 """Metronome's REST API for jobs, mounted under `/metronome` (a Metronome client's base URL is
 `http://HOST:PORT/metronome`; corral's own `/v1/jobs` is for one-off jobs).
 
-    GET    /v1/jobs[?embed=activeRuns|schedules|history|historySummary]
+    GET    /v1/jobs[?embed=activeRuns|schedules|history|historySummary][&corral=true]
     POST   /v1/jobs                                   201 | 409 "Job with this id already exists" | 422
-    GET    /v1/jobs/{id}[?embed=...]                  404 {"id", "message": "Job not found"}
-    PUT    /v1/jobs/{id}                              replaces the spec, keeps its schedules
+    GET    /v1/jobs/{id}[?embed=...][&corral=true]    404 {"id", "message": "Job not found"}
+    PUT    /v1/jobs/{id}                              replaces the spec, keeps its schedules (the URL's id wins)
     DELETE /v1/jobs/{id}[?stopCurrentJobRuns=true]    409 while runs are active, or when another job depends on it
     GET|POST /v1/jobs/{id}/schedules, GET|PUT|DELETE /v1/jobs/{id}/schedules/{sid}
     POST   /v1/jobs/{id}/runs                         201 a manual run
-    GET    /v1/jobs/{id}/runs[/{runId}]               active runs (one run: finished ones too)
+    GET    /v1/jobs/{id}/runs[/{runId}][?corral=true] active runs (one run: finished ones too)
     POST   /v1/jobs/{id}/runs/{runId}/actions/stop
     GET    /v1/queue                                  runs waiting to start
+    POST   /v0/scheduled-jobs, PUT /v0/scheduled-jobs/{id}   the older API (PUT replaces the schedules too)
+    GET    /ping, /leader                             "pong"; {"leader": "host:port"}
+    the rest of Metronome's routes (corral.mesos.metronome.ENDPOINTS): 501 "... is not supported by corral"
+
+Objects are Metronome's, field for field; corral's own data about runs (`trigger`, `reason`) comes only with
+`?corral=true` (docs/compat/metronome.md).
 
 Answers use Metronome's shapes: 422 `{"message": "Object is not valid", "details": [{"path", "errors"}]}`, 400 "Not
 a valid id: ...", 404/409 `{"message": ...}`. Bodies are read raw and validated by `corral.mesos.metronome`, so the
@@ -23,10 +29,10 @@ import pwd
 import threading
 from collections.abc import Callable
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Body, Query
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Body, Query, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from corral.api.app import Caller, Peer
 from corral.api.limits import SafeJSONResponse
@@ -47,6 +53,7 @@ from corral.mesos.errors import ErrorDetail, ObjectNotValid, Problems
 from corral.model.errors import InvalidRequest
 
 STATUS = 422
+R = TypeVar("R", bound=Response)
 
 
 def owner(who: Peer) -> Owner:
@@ -67,6 +74,21 @@ def run_as(requested: str | None, who: Owner) -> Owner:
     return Owner(entry.pw_name, entry.pw_uid, entry.pw_gid)
 
 
+def run_out(run: dict[str, Any], extras: bool = False) -> dict[str, Any]:
+    """A run in Metronome's JobRun shape (id, jobId, status, createdAt, completedAt, tasks): a task's `completedAt`
+    is left out until it has one, as Metronome writes an empty Option. corral's `trigger` and `reason` come only with
+    `extras` (`?corral=true`): clients that parse runs strictly (dcos-metronome's protobuf models) refuse any other
+    field."""
+    out = run_json(run)
+    trigger, reason = out.pop("trigger"), out.pop("reason")
+    for task in out["tasks"]:
+        if task["completedAt"] is None:
+            del task["completedAt"]
+    if extras:
+        out["trigger"], out["reason"] = trigger, reason
+    return out
+
+
 def history(ctl: JobsController, name: str, full: bool) -> dict[str, Any]:
     state = ctl.state(name)
     out: dict[str, Any] = {
@@ -76,19 +98,28 @@ def history(ctl: JobsController, name: str, full: bool) -> dict[str, Any]:
         "lastFailureAt": iso(state["last_failure_at"]),
     }
     if full:
+        # Metronome's JobRunInfo names the run's tasks too; a run pruned from the store has none left to name.
+        tasks = {r["id"]: [t["job"] for t in r["tasks"]] for r in ctl.runs(name, fresh=False)}
         for key, listed in (("successfulFinishedRuns", "successful_runs"), ("failedFinishedRuns", "failed_runs")):
             out[key] = [
-                {"id": r["id"], "createdAt": iso(r["createdAt"]), "finishedAt": iso(r["finishedAt"])}
+                {
+                    "id": r["id"],
+                    "createdAt": iso(r["createdAt"]),
+                    "finishedAt": iso(r["finishedAt"]),
+                    "tasks": tasks.get(r["id"], []),
+                }
                 for r in reversed(state[listed])
             ]
     return out
 
 
-def job_json(ctl: JobsController, entry: Entry, now: float, embed: frozenset[str] = frozenset()) -> dict[str, Any]:
+def job_json(
+    ctl: JobsController, entry: Entry, now: float, embed: frozenset[str] = frozenset(), extras: bool = False
+) -> dict[str, Any]:
     assert entry.metronome is not None
     out = m.job_to_json(entry.metronome, _next_from(ctl, entry, now))
     if "activeRuns" in embed:
-        out["activeRuns"] = [run_json(r) for r in ctl.runs(entry.name, active_only=True)]
+        out["activeRuns"] = [run_out(r, extras) for r in ctl.runs(entry.name, active_only=True)]
     if "history" in embed:
         out["history"] = history(ctl, entry.name, True)
     if "historySummary" in embed:
@@ -111,7 +142,7 @@ def metronome_router(
 ) -> APIRouter:
     router = APIRouter(prefix="/metronome", tags=["metronome"])
 
-    def guarded(work: Callable[[], JSONResponse], job_id: str | None = None) -> JSONResponse:
+    def guarded(work: Callable[[], R], job_id: str | None = None) -> R | JSONResponse:
         """Run `work` under the daemon's lock and answer errors as Metronome does."""
         try:
             if job_id is not None:
@@ -137,15 +168,20 @@ def metronome_router(
         return ctl.visible(job_id, owner(who), "metronome")
 
     @router.get("/v1/jobs")
-    def list_jobs(who: Caller, embed: Annotated[list[str], Query()] = []) -> JSONResponse:  # noqa: B006
+    def list_jobs(
+        who: Caller,
+        embed: Annotated[list[str], Query()] = [],  # noqa: B006
+        corral: bool = False,
+    ) -> JSONResponse:
         def work() -> JSONResponse:
             wanted = m.parse_embed(embed)
             now = clock()
-            return _answer(200, [job_json(ctl, e, now, wanted) for e in ctl.entries(owner(who), "metronome")])
+            return _answer(200, [job_json(ctl, e, now, wanted, corral) for e in ctl.entries(owner(who), "metronome")])
 
         return guarded(work)
 
     @router.post("/v1/jobs", status_code=201)
+    @router.post("/v0/scheduled-jobs", status_code=201)  # the older API took the same document (schedules inline)
     def create(who: Caller, data: Annotated[Any, Body()] = None) -> JSONResponse:
         def work() -> JSONResponse:
             me = owner(who)
@@ -158,31 +194,42 @@ def metronome_router(
         return guarded(work)
 
     @router.get("/v1/jobs/{job_id}")
-    def show(job_id: str, who: Caller, embed: Annotated[list[str], Query()] = []) -> JSONResponse:  # noqa: B006
+    def show(
+        job_id: str,
+        who: Caller,
+        embed: Annotated[list[str], Query()] = [],  # noqa: B006
+        corral: bool = False,
+    ) -> JSONResponse:
         def work() -> JSONResponse:
             wanted = m.parse_embed(embed)
-            return _answer(200, job_json(ctl, mine(job_id, who), clock(), wanted))
+            return _answer(200, job_json(ctl, mine(job_id, who), clock(), wanted, corral))
 
         return guarded(work, job_id)
 
-    @router.put("/v1/jobs/{job_id}")
-    def replace(job_id: str, who: Caller, data: Annotated[Any, Body()] = None) -> JSONResponse:
+    def replace_with(job_id: str, who: Peer, data: Any, keep_schedules: bool) -> JSONResponse:
         def work() -> JSONResponse:
             old = mine(job_id, who)
             assert old.metronome is not None
-            job = m.parse_job(data, known_jobs=ctl.known_metronome(owner(who)))
-            if job.id != job_id:
-                raise ObjectNotValid([ErrorDetail("/id", (f"must be {job_id}, the id in the URL",))])
+            job = m.parse_job(data, known_jobs=ctl.known_metronome(owner(who)), url_id=job_id)
             if job.run.user not in (None, old.owner.user):
                 why = f"the user a job runs as is fixed when it is created ({old.owner.user})"
                 raise ObjectNotValid([ErrorDetail("/run/user", (why,))])
-            merged = m.replace_job(old.metronome, job)
+            merged = m.replace_job(old.metronome, job) if keep_schedules else job
             _check(merged)
             now = clock()
             entry = ctl.replace(job_id, _dump(merged), owner(who), now, STATUS)
             return _answer(200, job_json(ctl, entry, now))
 
         return guarded(work, job_id)
+
+    @router.put("/v1/jobs/{job_id}")
+    def replace(job_id: str, who: Caller, data: Annotated[Any, Body()] = None) -> JSONResponse:
+        return replace_with(job_id, who, data, keep_schedules=True)
+
+    @router.put("/v0/scheduled-jobs/{job_id}")
+    def replace_scheduled(job_id: str, who: Caller, data: Annotated[Any, Body()] = None) -> JSONResponse:
+        """The older API replaces the schedules with the job (a body without them leaves none)."""
+        return replace_with(job_id, who, data, keep_schedules=False)
 
     @router.delete("/v1/jobs/{job_id}")
     def delete(job_id: str, who: Caller, stopCurrentJobRuns: bool = False) -> JSONResponse:
@@ -245,9 +292,7 @@ def metronome_router(
             entry = mine(job_id, who)
             assert entry.metronome is not None
             schedule_of(entry, schedule_id)
-            spec = m.parse_schedule(data)
-            if spec.id != schedule_id:
-                raise ObjectNotValid([ErrorDetail("/id", (f"must be {schedule_id}, the id in the URL",))])
+            spec = m.parse_schedule(data, url_id=schedule_id)
             kept = [spec if s.id == schedule_id else s for s in entry.metronome.schedules]
             saved = save(entry, entry.metronome.model_copy(update={"schedules": kept}), who)
             return _answer(200, m.schedule_to_json(spec, _next_from(ctl, saved, clock())))
@@ -255,14 +300,14 @@ def metronome_router(
         return guarded(work, job_id)
 
     @router.delete("/v1/jobs/{job_id}/schedules/{schedule_id}")
-    def delete_schedule(job_id: str, schedule_id: str, who: Caller) -> JSONResponse:
-        def work() -> JSONResponse:
+    def delete_schedule(job_id: str, schedule_id: str, who: Caller) -> Response:
+        def work() -> Response:
             entry = mine(job_id, who)
             assert entry.metronome is not None
-            gone = schedule_of(entry, schedule_id)
+            schedule_of(entry, schedule_id)
             kept = [s for s in entry.metronome.schedules if s.id != schedule_id]
             save(entry, entry.metronome.model_copy(update={"schedules": kept}), who)
-            return _answer(200, m.schedule_to_json(gone, None))
+            return Response(status_code=200)  # Metronome answers a bare `Ok`
 
         return guarded(work, job_id)
 
@@ -273,23 +318,23 @@ def metronome_router(
             mine(job_id, who)
             run = ctl.start_run(job_id, owner(who), clock())
             wake()
-            return _answer(201, run_json(run))
+            return _answer(201, run_out(run))
 
         return guarded(work, job_id)
 
     @router.get("/v1/jobs/{job_id}/runs")
-    def active_runs(job_id: str, who: Caller) -> JSONResponse:
+    def active_runs(job_id: str, who: Caller, corral: bool = False) -> JSONResponse:
         def work() -> JSONResponse:
             mine(job_id, who)
-            return _answer(200, [run_json(r) for r in ctl.runs(job_id, active_only=True)])
+            return _answer(200, [run_out(r, corral) for r in ctl.runs(job_id, active_only=True)])
 
         return guarded(work, job_id)
 
     @router.get("/v1/jobs/{job_id}/runs/{run_id}")
-    def show_run(job_id: str, run_id: str, who: Caller) -> JSONResponse:
+    def show_run(job_id: str, run_id: str, who: Caller, corral: bool = False) -> JSONResponse:
         def work() -> JSONResponse:
             mine(job_id, who)
-            return _answer(200, run_json(ctl.run(job_id, run_id)))
+            return _answer(200, run_out(ctl.run(job_id, run_id), corral))
 
         return guarded(work, job_id)
 
@@ -298,7 +343,7 @@ def metronome_router(
         def work() -> JSONResponse:
             run = ctl.stop_run(job_id, run_id, owner(who), clock())
             wake()
-            return _answer(200, run_json(run))
+            return _answer(200, run_out(run))
 
         return guarded(work, job_id)
 
@@ -314,7 +359,33 @@ def metronome_router(
 
         return guarded(work)
 
+    # ------------------------------------------------------------------------------------------ the rest
+    @router.get("/ping")
+    def ping() -> Response:
+        return PlainTextResponse("pong")
+
+    @router.get("/leader")
+    def leader(request: Request) -> JSONResponse:
+        return _answer(200, {"leader": request.url.netloc})
+
+    for endpoint in m.ENDPOINTS:
+        if not endpoint.served:
+            router.add_api_route(
+                endpoint.path.replace("{file}", "{file:path}"),
+                _refuse(endpoint.method, endpoint.path),
+                methods=[endpoint.method],
+                include_in_schema=False,
+            )
+
     return router
+
+
+def _refuse(method: str, path: str) -> Callable[[], JSONResponse]:
+    def refuse() -> JSONResponse:
+        err = m.not_supported(method, path)
+        return _answer(err.status, err.body)
+
+    return refuse
 
 
 def _dump(job: m.MetronomeJob) -> dict[str, Any]:

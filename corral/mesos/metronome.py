@@ -17,6 +17,7 @@ import random
 import re
 import string
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -63,6 +64,11 @@ DEPENDENCIES_AND_SCHEDULES = "Jobs may not have both dependencies and schedules 
 DEPENDENCIES_UNKNOWN = "Dependencies contain unknown jobs. unknown="
 DEPENDENCIES_CYCLE = "Dependencies have a cycle."
 ONE_SCHEDULE_ONLY = "Only one schedule supported at the moment"
+NETWORKS_MIXED = "You may not mix host, container, or container/bridge networking. Only define one kind of network."
+NETWORKS_ONE_HOST_OR_BRIDGE = "Only one host or container/bridge network modes are allowed"
+NETWORKS_DOCKER_ONE = "Docker does not allow specification of multiple networks"
+NETWORKS_CONTAINERS_ONLY = "Only containers may join container or bridge networks"
+NETWORKS_NAMES_UNIQUE = "network names must be unique"
 JOB_EXISTS = "Job with this id already exists"
 JOB_NOT_FOUND = "Job not found"
 SCHEDULE_NOT_FOUND = "Schedule not found"
@@ -105,7 +111,7 @@ class Placement(MesosModel):
 
 class Restart(MesosModel):
     policy: Literal["NEVER", "ON_FAILURE"]
-    active_deadline_seconds: int | None = Field(default=None, ge=1, le=MAX_SECONDS)
+    active_deadline_seconds: int | None = Field(default=None, ge=0, le=MAX_SECONDS)  # Metronome reads any >= 0
 
 
 class VolumeSpec(MesosModel):
@@ -242,6 +248,35 @@ def check_dependencies(
             stack.extend(graph.get(node, ()))
 
 
+def check_networks(run: Run, problems: Problems) -> None:
+    """Metronome's network rules (JobRunSpec's networkingValidation and Network's validator), in its words."""
+    modes = {n.mode for n in run.networks}
+    if len(modes) > 1:
+        problems.add("/run/networks", NETWORKS_MIXED)
+    if run.docker is None and run.ucr is None:
+        if modes - {"host"}:
+            problems.add("/run/networks", NETWORKS_CONTAINERS_ONLY)
+    elif run.docker is not None and modes == {"container"} and len(run.networks) > 1:
+        problems.add("/run/networks", NETWORKS_DOCKER_ONE)
+    if modes - {"container"} and len(run.networks) > 1:
+        problems.add("/run/networks", NETWORKS_ONE_HOST_OR_BRIDGE)
+    names = [n.name for n in run.networks if n.name is not None]
+    if len(set(names)) != len(names):
+        problems.add("/run/networks", NETWORKS_NAMES_UNIQUE)
+    for i, n in enumerate(run.networks):
+        path = f"/run/networks/{i}"
+        if n.mode == "host":
+            if n.name is not None:
+                problems.add(f"{path}/name", "must be empty for host network")
+            if n.labels:
+                problems.add(f"{path}/labels", "must be empty for host network")
+        elif n.mode == "container/bridge":
+            if n.name is not None:
+                problems.add(f"{path}/name", "must be empty for container/bridge networks")
+        elif not n.name:
+            problems.add(f"{path}/name", "must not be empty for container networks")
+
+
 def check_job(job: MetronomeJob, known_jobs: Mapping[str, Sequence[str]] | None, problems: Problems) -> None:
     run = job.run
     if len(job.id) > MAX_ID:
@@ -270,19 +305,14 @@ def check_job(job: MetronomeJob, known_jobs: Mapping[str, Sequence[str]] | None,
     for i, v in enumerate(run.volumes):
         path = f"/run/volumes/{i}"
         if v.secret is not None:
-            if run.ucr is None:
+            # Metronome refuses file secrets only beside Docker (a bare command's sandbox takes them too).
+            if run.docker is not None:
                 problems.add(path, FILE_SECRETS_UCR_ONLY)
             if v.host_path is not None or v.mode is not None:
                 problems.add(path, "a secret volume takes only containerPath and secret")
         elif v.host_path is None or v.mode is None:
             problems.add(path, "a volume needs hostPath and mode (RO or RW), or a secret")
-    modes = {n.mode for n in run.networks}
-    if len(modes) > 1:
-        problems.add("/run/networks", f"all networks must be of one kind, got {sorted(modes)}")
-    if modes - {"host"} and run.docker is None and run.ucr is None:
-        problems.add("/run/networks", "a job without a container image can only use host networking")
-    if "host" in modes and len(run.networks) > 1:
-        problems.add("/run/networks", "host networking is given at most once")
+    check_networks(run, problems)
     for i, c in enumerate(run.placement.constraints):
         path = f"/run/placement/constraints/{i}"
         if c.value is None:
@@ -301,20 +331,33 @@ def check_job(job: MetronomeJob, known_jobs: Mapping[str, Sequence[str]] | None,
     check_dependencies(job.id, [d.id for d in job.dependencies], known_jobs, problems)
 
 
-def parse_job(data: Any, *, known_jobs: Mapping[str, Sequence[str]] | None = None) -> MetronomeJob:
+def parse_job(
+    data: Any, *, known_jobs: Mapping[str, Sequence[str]] | None = None, url_id: str | None = None
+) -> MetronomeJob:
     """Validate a Metronome job document. `known_jobs`: every stored job id -> its dependencies (to check the
-    job's own dependencies are known and acyclic); None skips that check."""
+    job's own dependencies are known and acyclic); None skips that check. `url_id` (PUT): the job is the one the URL
+    names whatever id the body gives, as Metronome's `jsonWith(_.copy(id = id))` does; the body's id must still be
+    a valid id (Metronome's schema checks it first)."""
     job = validate_model(MetronomeJob, data)
     problems = Problems()
+    if url_id is not None and job.id != url_id:
+        if not JOB_ID.fullmatch(job.id):
+            problems.add("/id", f"must be dot-separated segments of {ID_RULE}, got {job.id!r}")
+        job = job.model_copy(update={"id": url_id})
     check_job(job, known_jobs, problems)
     problems.raise_if_any()
     return job
 
 
-def parse_schedule(data: Any) -> ScheduleSpec:
-    """A schedule posted on its own (`POST /v1/jobs/{id}/schedules`)."""
+def parse_schedule(data: Any, *, url_id: str | None = None) -> ScheduleSpec:
+    """A schedule posted on its own (`POST /v1/jobs/{id}/schedules`). `url_id` (PUT): the schedule the URL names,
+    whatever id the body gives (Metronome copies the URL's id over the body's)."""
     spec = validate_model(ScheduleSpec, data)
     problems = Problems()
+    if url_id is not None and spec.id != url_id:
+        if not SCHEDULE_ID.fullmatch(spec.id):
+            problems.add("/id", f"must be {ID_RULE}, got {spec.id!r}")
+        spec = spec.model_copy(update={"id": url_id})
     check_schedule(spec, "", problems)
     problems.raise_if_any()
     return spec
@@ -322,6 +365,49 @@ def parse_schedule(data: Any) -> ScheduleSpec:
 
 # ------------------------------------------------------------------------------------------ REST-level rules
 EMBED_OPTIONS = ("activeRuns", "schedules", "history", "historySummary")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One route of Metronome's REST API (its `routes` file, dcos/metronome master), as corral answers it."""
+
+    method: str
+    path: str  # Metronome's path, parameters as {name}; corral serves it under /metronome
+    served: bool
+    note: str
+
+
+# Every route Metronome has. The unserved ones answer NOT_SUPPORTED in Metronome's error shape (routes registered
+# from this list); docs/compat/metronome.md carries the same table, and a test keeps the two equal.
+ENDPOINTS: tuple[Endpoint, ...] = (
+    Endpoint("GET", "/ping", True, '"pong" (text/plain)'),
+    Endpoint("GET", "/info", False, "Metronome's version and configuration: corral has neither"),
+    Endpoint("GET", "/leader", True, '{"leader": "host:port"}: the daemon is always its own leader'),
+    Endpoint("GET", "/v1/metrics", False, "Dropwizard metrics of the JVM and Marathon internals"),
+    Endpoint("GET", "/v1/queue", True, "`[{jobId, runs: [{runId}]}]`: runs waiting to start"),
+    Endpoint("GET", "/v1/jobs", True, "`embed=...`; `corral=true`"),
+    Endpoint("POST", "/v1/jobs", True, "201; 409 exists; 422 invalid"),
+    Endpoint("GET", "/v1/jobs/{jobId}", True, "same `embed` values; `corral=true`; 404 `{id, message}`"),
+    Endpoint("PUT", "/v1/jobs/{jobId}", True, "keeps the schedules; the URL's id wins"),
+    Endpoint("DELETE", "/v1/jobs/{jobId}", True, "`stopCurrentJobRuns=true`; 409 busy or depended on"),
+    Endpoint("GET", "/v1/jobs/{jobId}/schedules", True, "a list with at most one schedule"),
+    Endpoint("POST", "/v1/jobs/{jobId}/schedules", True, "201; 409 a second schedule"),
+    Endpoint("GET", "/v1/jobs/{jobId}/schedules/{scheduleId}", True, "404 `Schedule not found`"),
+    Endpoint("PUT", "/v1/jobs/{jobId}/schedules/{scheduleId}", True, "the URL's schedule id wins over the body's"),
+    Endpoint("DELETE", "/v1/jobs/{jobId}/schedules/{scheduleId}", True, "200 with an empty body"),
+    Endpoint("POST", "/v1/jobs/{jobId}/runs", True, "201 a manual run"),
+    Endpoint("GET", "/v1/jobs/{jobId}/runs", True, "active runs; `corral=true` adds `trigger` and `reason`"),
+    Endpoint("GET", "/v1/jobs/{jobId}/runs/{runId}", True, "finished runs too (while kept); `corral=true`"),
+    Endpoint("POST", "/v1/jobs/{jobId}/runs/{runId}/actions/stop", True, "kills the run's task"),
+    Endpoint("POST", "/v0/scheduled-jobs", True, "the older API: a job with its schedules (same as POST /v1/jobs)"),
+    Endpoint("PUT", "/v0/scheduled-jobs/{jobId}", True, "the older API: replaces the job and its schedules"),
+    Endpoint("GET", "/public/{file}", False, "Metronome's bundled API documents (RAML, JSON schemas)"),
+)
+
+
+def not_supported(method: str, path: str) -> MetronomeError:
+    """A route of Metronome's that corral does not serve: 501 in Metronome's `{"message"}` shape."""
+    return MetronomeError(501, {"message": f"{method} {path} is not supported by corral"})
 
 
 class MetronomeError(CorralError):

@@ -41,7 +41,7 @@ def run_now(c: TestClient, job_id: str) -> Any:
 
 
 def get_run(c: TestClient, job_id: str, run_id: str) -> Any:
-    r = c.get(f"{JOBS}/{job_id}/runs/{run_id}")
+    r = c.get(f"{JOBS}/{job_id}/runs/{run_id}?corral=true")  # with corral's trigger and reason
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -230,7 +230,7 @@ def test_item10_scheduled_run_not_active_within_its_starting_deadline_fails_manu
     manual = run_now(c, "nightly")
     world.clock.set(at("2024-01-01T00:10:00Z"))
     world.tick()
-    scheduled = next(r for r in c.get(f"{JOBS}/nightly/runs").json() if r["trigger"] == "schedule")
+    scheduled = next(r for r in c.get(f"{JOBS}/nightly/runs?corral=true").json() if r["trigger"] == "schedule")
     assert scheduled["status"] == "STARTING"
     assert c.get("/metronome/v1/queue").json() == [
         {"jobId": "nightly", "runs": [{"runId": manual["id"]}, {"runId": scheduled["id"]}]}
@@ -384,7 +384,7 @@ def test_dependencies_child_runs_after_parents_succeed_once_per_round(world: Wor
     world.clock.advance(1)
     world.finish(rb2["tasks"][0]["id"], 0)
     (child,) = world.jobs("metronome:child")
-    (run,) = c.get(f"{JOBS}/child/runs").json()
+    (run,) = c.get(f"{JOBS}/child/runs?corral=true").json()
     assert run["trigger"] == "dependency"
     world.finish(child.id, 0)
     world.tick()

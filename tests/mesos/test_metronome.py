@@ -223,23 +223,35 @@ def test_secrets_must_be_referenced_and_defined() -> None:
     assert invalid(job(env={"A": 5})).errors_at("/run/env/A") == ('must be a string or {"secret": "<secret name>"}',)
 
 
-def test_file_secrets_need_ucr() -> None:
+def test_file_secrets_are_refused_only_with_docker() -> None:
     vol = [{"containerPath": "/etc/key", "secret": "key"}]
     secrets = {"key": {"source": "vault/key"}}
-    err = invalid(job(volumes=vol, secrets=secrets))
+    err = invalid(job(cmd=None, docker={"image": "busybox"}, volumes=vol, secrets=secrets))
     assert err.errors_at("/run/volumes/0") == (m.FILE_SECRETS_UCR_ONLY,)
     d = m.to_definition(m.parse_job(job(cmd=None, ucr={"image": {"id": "x"}}, volumes=vol, secrets=secrets)))
     assert d.image is not None
+    # Metronome's validator looks only for Docker: a bare command takes a file secret too.
+    assert m.parse_job(job(volumes=vol, secrets=secrets)).run.volumes[0].secret == "key"
     assert invalid(job(volumes=[{"containerPath": "/d"}])).errors_at("/run/volumes/0") == (
         "a volume needs hostPath and mode (RO or RW), or a secret",
     )
 
 
-def test_network_rules() -> None:
+def test_network_rules_in_metronomes_words() -> None:
     err = invalid(job(networks=[{"mode": "container/bridge"}]))
-    assert err.errors_at("/run/networks") == ("a job without a container image can only use host networking",)
-    err = invalid(job(docker={"image": "x"}, cmd=None, networks=[{"mode": "host"}, {"mode": "container"}]))
-    assert "all networks must be of one kind, got ['container', 'host']" in err.errors_at("/run/networks")
+    assert err.errors_at("/run/networks") == (m.NETWORKS_CONTAINERS_ONLY,)
+    err = invalid(job(docker={"image": "x"}, cmd=None, networks=[{"mode": "host"}, {"mode": "container", "name": "a"}]))
+    assert set(err.errors_at("/run/networks")) == {m.NETWORKS_MIXED, m.NETWORKS_ONE_HOST_OR_BRIDGE}
+    two = [{"mode": "container", "name": "a"}, {"mode": "container", "name": "a"}]
+    err = invalid(job(docker={"image": "x"}, cmd=None, networks=two))
+    assert set(err.errors_at("/run/networks")) == {m.NETWORKS_DOCKER_ONE, m.NETWORKS_NAMES_UNIQUE}
+    two[1]["name"] = "b"
+    assert len(m.parse_job(job(ucr={"image": {"id": "x"}}, cmd=None, networks=two)).run.networks) == 2
+    err = invalid(job(networks=[{"mode": "host", "name": "n", "labels": {"a": "b"}}]))
+    assert err.errors_at("/run/networks/0/name") == ("must be empty for host network",)
+    assert err.errors_at("/run/networks/0/labels") == ("must be empty for host network",)
+    err = invalid(job(ucr={"image": {"id": "x"}}, cmd=None, networks=[{"mode": "container"}]))
+    assert err.errors_at("/run/networks/0/name") == ("must not be empty for container networks",)
     assert m.parse_job(job(networks=[{"mode": "host"}])).run.networks[0].mode == "host"
 
 
@@ -255,6 +267,12 @@ def test_placement_constraint_rules() -> None:
 def test_restart_policy_values() -> None:
     assert invalid(job(restart={"policy": "ALWAYS"})).errors_at("/run/restart/policy")
     assert invalid(job(restart={})).errors_at("/run/restart/policy") == ("is required",)
+    # Metronome reads any duration >= 0; a zero deadline means a failure is final at once.
+    zero = m.parse_job(job(restart={"policy": "ON_FAILURE", "activeDeadlineSeconds": 0}))
+    assert m.after_task(m.to_definition(zero).restart, "TASK_FAILED", T0, T0) == "FAILED"
+    assert invalid(job(restart={"policy": "ON_FAILURE", "activeDeadlineSeconds": -1})).errors_at(
+        "/run/restart/activeDeadlineSeconds"
+    )
     j = m.parse_job(job(restart={"policy": "ON_FAILURE", "activeDeadlineSeconds": 60}))
     assert m.to_definition(j).restart == RestartRule("ON_FAILURE", 60.0)
 
@@ -359,6 +377,14 @@ def test_second_schedule_through_its_endpoint_is_a_conflict() -> None:
     with pytest.raises(ObjectNotValid) as invalid_err:
         m.add_schedule(dependent, m.parse_schedule({"id": "a", "cron": "0 * * * *"}))
     assert invalid_err.value.errors_at("/") == (m.DEPENDENCIES_AND_SCHEDULES,)
+
+
+def test_the_urls_id_wins_over_the_bodys() -> None:
+    assert m.parse_job({**job(), "id": "other"}, url_id="nightly").id == "nightly"
+    with pytest.raises(ObjectNotValid) as err:
+        m.parse_job({**job(), "id": "Not_Valid"}, url_id="nightly")  # the body's id is still checked
+    assert err.value.errors_at("/id")
+    assert m.parse_schedule({"id": "other", "cron": "0 * * * *"}, url_id="s").id == "s"
 
 
 def test_put_without_schedules_keeps_them() -> None:
