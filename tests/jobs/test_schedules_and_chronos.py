@@ -252,7 +252,8 @@ def test_chronos_errors_and_updates(tmp_path: Path) -> None:
     world = World(tmp_path)
     c = world.client()
     bad = post(c, {"name": "x", "command": "true", "schedule": "R/1960-01-01T00:00:00Z/PT1H"}, status=400)
-    assert bad["message"] == "Object is not valid" and bad["details"][0]["path"] == "/schedule"
+    assert bad["status"] == "Bad Request" and bad["details"][0]["path"] == "/schedule"
+    assert bad["message"] == "/schedule: start '1960-01-01T00:00:00Z' is before 1970-01-01T00:00:00Z"
     frac = post(c, {"name": "x", "command": "true", "gpus": 0.5}, status=400)
     assert frac["details"][0]["path"] == "/gpus"
     orphan = post(c, {"name": "x", "command": "true", "parents": ["nope"]}, "dependency", status=400)
@@ -261,7 +262,7 @@ def test_chronos_errors_and_updates(tmp_path: Path) -> None:
     post(c, {"name": "x", "command": "echo updated", "schedule": "R/2030-01-01T00:00:00Z/P1D"})
     assert chronos_job(c, "x")["command"] == "echo updated"
     missing = c.put(f"{CHRONOS}/job/nope")
-    assert missing.status_code == 404 and missing.json() == {"message": "Job 'nope' not found"}
+    assert missing.status_code == 404 and missing.json() == {"status": "Not Found", "message": "Job 'nope' not found"}
     assert c.delete(f"{CHRONOS}/job/x").status_code == 204
     assert c.get(f"{CHRONOS}/jobs").json() == []
 
@@ -278,17 +279,14 @@ def test_a_sub_second_period_is_refused_and_pt1s_from_2000_costs_a_bounded_numbe
     world = World(tmp_path, start="2026-11-26T12:00:00.250Z")
     c = world.client()
     refused = post(c, {"name": "fast", "command": "true", "schedule": "R/2020-01-01T00:00:00Z/PT0.001S"}, status=400)
+    why = (
+        "period PT0.001S is shorter than the minimum of 1 second: every tick starts a run, and corral "
+        "starts runs at most once a second per schedule (use PT1S or longer)"
+    )
     assert refused == {
-        "message": "Object is not valid",
-        "details": [
-            {
-                "path": "/schedule",
-                "errors": [
-                    "period PT0.001S is shorter than the minimum of 1 second: every tick starts a run, and corral "
-                    "starts runs at most once a second per schedule (use PT1S or longer)"
-                ],
-            }
-        ],
+        "status": "Bad Request",
+        "message": f"/schedule: {why}",
+        "details": [{"path": "/schedule", "errors": [why]}],
     }
     own = c.post("/v1/definitions", json={"name": "fast", "command": "true", "schedule": "R//PT0.5S"})
     assert own.status_code == 422 and own.json()["detail"]["field"] == "/schedule"
