@@ -66,7 +66,8 @@ CORRAL_RUNS_SHOWN = 5  # runs in the `corral` object of a job asked for with cor
 @dataclass(frozen=True, slots=True)
 class Endpoint:
     """One endpoint of Chronos' REST API. `path` is relative to the mount (`/chronos`); `/v1/scheduler/...` rows are
-    also served (or refused) as `/scheduler/...`. `served` False: answered 501 in Chronos' shape, saying why."""
+    also served (or refused) as `/scheduler/...` (Chronos 2); `/scheduler/...` rows are Chronos 2's alone.
+    `served` False: answered 501 in Chronos' shape, saying why."""
 
     method: str
     path: str
@@ -97,13 +98,13 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("DELETE", "/v1/scheduler/task/kill/{name}", True, "kills the job's running tasks"),
     Endpoint(
         "PUT",
-        "/v1/scheduler/task/{task}",
+        "/scheduler/task/{task}",
         False,
         "Chronos 2's callback for asynchronous jobs (removed in Chronos 3): a corral task's outcome is its exit",
     ),
     Endpoint(
         "DELETE",
-        "/v1/scheduler/task/all",
+        "/scheduler/task/all",
         False,
         "Chronos 2's purge of every queued task of every job; kill a job's tasks with /task/kill/{name}",
     ),
