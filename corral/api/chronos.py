@@ -361,9 +361,9 @@ def chronos_router(
         return guarded(work)
 
     def _activity(entry: Entry) -> tuple[int, int]:
-        """Tasks of the job's active runs that wait for a place, and that run."""
+        """Tasks of the job's active runs that wait for a place, and that run (runs brought up to date first)."""
         queued = running = 0
-        for r in ctl.runs(entry.name, active_only=True, fresh=False):
+        for r in ctl.runs(entry.name, active_only=True):
             task = r["tasks"][-1] if r["tasks"] else None
             if task is not None and task["status"] in ("TASK_RUNNING", "TASK_STARTING"):
                 running += 1

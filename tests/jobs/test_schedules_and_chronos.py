@@ -353,3 +353,63 @@ def test_a_huge_starting_deadline_does_not_stop_the_rounds(tmp_path: Path) -> No
     step(world, "2024-01-01T00:20:30Z")
     assert run_ticks(world) == []  # a stored definition that breaks today's rules is left out (logged), not run
     assert run_ticks(world, "metronome:other") == ["2024-01-01T00:10:00.000Z", "2024-01-01T00:20:00.000Z"]
+
+
+# ------------------------------------------------------------------------------------------------ Chronos' other routes
+def test_deleting_a_dependent_job_hands_its_parents_to_its_children(tmp_path: Path) -> None:
+    world = World(tmp_path)
+    c = world.client()
+    post(c, {"name": "root", "command": "true", "schedule": "R/2030-01-01T00:00:00Z/P1D"})
+    post(c, {"name": "middle", "command": "true", "parents": ["root"]}, "dependency")
+    post(c, {"name": "leaf", "command": "true", "parents": ["middle"]}, "dependency")
+    assert c.delete(f"{CHRONOS}/job/middle").status_code == 204
+    assert chronos_job(c, "leaf")["parents"] == ["root"]
+    # The leaf now runs after root's successes, as middle did.
+    c.put(f"{CHRONOS}/job/root")
+    world.tick()
+    (root,) = world.jobs("chronos:root")
+    world.finish(root.id, 0)
+    assert len(world.jobs("chronos:leaf")) == 1
+    graph = c.get(f"{CHRONOS}/graph/csv")
+    assert graph.text.splitlines()[-1] == "link,root,leaf"
+
+
+def test_search_summary_corral_extras_and_small_routes(tmp_path: Path) -> None:
+    world = World(tmp_path)
+    c = world.client()
+    for i in range(12):
+        post(c, {"name": f"job-{i:02d}", "command": f"echo {i}", "schedule": "R/2030-01-01T00:00:00Z/P1D"})
+    names = [j["name"] for j in c.get(f"{CHRONOS}/jobs/search", params={"name": "job"}).json()]
+    assert names == [f"job-{i:02d}" for i in range(10)]  # Chronos' default limit is 10
+    page = c.get(f"{CHRONOS}/jobs/search", params={"name": "job", "offset": 10, "limit": 5}).json()
+    assert [j["name"] for j in page] == ["job-10", "job-11"]
+    anyone = c.get(f"{CHRONOS}/jobs/search", params={"name": "nope", "any": "echo 3"}).json()
+    assert [j["name"] for j in anyone] == ["job-03"]  # `any` lets a job in by its name or command
+    # Chronos 2's PUT updates; GET one job; corral's extras only when asked for.
+    update = {"name": "job-00", "command": "echo new", "schedule": "R/2030-01-01T00:00:00Z/P1D"}
+    assert c.put(f"{CHRONOS}/iso8601", json=update).status_code == 204
+    one = c.get(f"{CHRONOS}/job/job-00").json()
+    assert one["command"] == "echo new" and "corral" not in one
+    c.put(f"{CHRONOS}/job/job-00")
+    world.tick()
+    extra = c.get(f"{CHRONOS}/job/job-00", params={"corral": "true"}).json()["corral"]
+    (task,) = world.jobs("chronos:job-00")
+    assert extra["user"] == one["runAsUser"] and extra["runs"][0]["jobs"] == [task.id]
+    assert all("corral" in j for j in c.get(f"{CHRONOS}/jobs", params={"corral": "true"}).json())
+    summary = c.get(f"{CHRONOS}/jobs/summary").json()["jobs"]
+    assert summary[0] == {"name": "job-00", "status": "fresh", "state": "1 running", "schedule": one["schedule"],
+                          "parents": [], "disabled": False}  # fmt: skip
+    marked = c.put(f"{CHRONOS}/job/success/job-01")
+    assert marked.status_code == 200 and marked.text == "marked job job-01 as successful: true"
+    assert c.get(f"{CHRONOS}/stats/nonsense").json() == []
+    assert c.get(f"{CHRONOS}/leader").json() == {"leader": "testserver"}
+    assert c.get("/chronos/ping").text == "pong\n"
+
+
+def test_a_job_with_neither_schedule_nor_parents_shows_r1_then_r0(tmp_path: Path) -> None:
+    world = World(tmp_path, start="2024-01-01T00:00:00Z")
+    c = world.client()
+    assert c.post(f"{CHRONOS}/iso8601", json={"name": "once", "command": "true"}).status_code == 204
+    shown = chronos_job(c, "once")
+    assert shown["schedule"] == "R0/2024-01-01T00:00:00.000Z/PT24H" and shown["disabled"] is True  # already ran
+    assert "parents" not in shown

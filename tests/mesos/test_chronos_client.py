@@ -117,7 +117,8 @@ def corral_jobs(live: Live, name: str) -> list[dict[str, Any]]:
 
 def wait_succeeded(client: Counted, name: str, count: int) -> dict[str, Any]:
     wait_for(f"{name} to succeed {count} time(s)", lambda: listed(client)[name]["successCount"] >= count)
-    return listed(client)[name]
+    job: dict[str, Any] = listed(client)[name]
+    return job
 
 
 # ------------------------------------------------------------------------------------------------ the flow
