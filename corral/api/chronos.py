@@ -555,7 +555,7 @@ def chronos_router(
                 path,
                 endpoint,
                 methods=[e.method],
-                include_in_schema=documented,
+                include_in_schema=documented and e.served,  # the refusals are in docs/compat/chronos.md
                 name=f"chronos_{e.method.lower()}_{path}",
                 response_model=None,
             )

@@ -17,6 +17,7 @@ from corral.mesos.chronos import ChronosDefaults
 from corral.schedule.iso8601 import IsoDuration
 from corral.store import SqliteStore
 from corral.store.base import StoreError
+from tests.api.test_api import BOB
 from tests.jobs.harness import World, at, metronome_job
 from tests.schedule.counting import counted
 
@@ -413,3 +414,18 @@ def test_a_job_with_neither_schedule_nor_parents_shows_r1_then_r0(tmp_path: Path
     shown = chronos_job(c, "once")
     assert shown["schedule"] == "R0/2024-01-01T00:00:00.000Z/PT24H" and shown["disabled"] is True  # already ran
     assert "parents" not in shown
+
+
+def test_stats_graph_summary_and_metrics_show_only_the_callers_jobs(tmp_path: Path) -> None:
+    world = World(tmp_path)
+    alice, bob = world.client(), world.client(BOB)
+    post(alice, {"name": "alices-secret", "command": "true", "schedule": "R/2030-01-01T00:00:00Z/P1D"})
+    post(bob, {"name": "bobs", "command": "true", "schedule": "R/2030-01-01T00:00:00Z/P1D"})
+    for path in ("/graph/csv", "/graph/dot", "/jobs/summary", "/stats/median", "/jobs", "/jobs/search"):
+        seen = bob.get(f"{CHRONOS}{path}")
+        assert seen.status_code == 200 and "bobs" in seen.text and "alices-secret" not in seen.text, path
+    metrics = bob.get("/chronos/metrics")
+    assert "bobs" in metrics.text and "alices-secret" not in metrics.text
+    for path in ("/job/stat/alices-secret", "/job/alices-secret"):
+        assert bob.get(f"{CHRONOS}{path}").json() == {"status": "Not Found", "message": "Job 'alices-secret' not found"}
+    assert bob.delete(f"{CHRONOS}/job/alices-secret").status_code == 404

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import chronos
+import httpx
 import pytest
 
 from corral.api.chronos import ENDPOINTS
@@ -256,6 +257,10 @@ def test_delete_reparents_the_children_as_chronos_does(client: Counted) -> None:
 # ------------------------------------------------------------------------------------------------ auth
 def test_username_and_password_carry_the_token(live: Live) -> None:
     """httplib2 sends Basic credentials only after a 401 that offers Basic: corral's 401 under /chronos does."""
+    challenge = httpx.get(f"{live.url}/chronos/v1/scheduler/jobs")
+    assert challenge.status_code == 401
+    assert challenge.headers["www-authenticate"] == 'Bearer realm="corral", Basic realm="corral"'
+    assert httpx.get(f"{live.url}/v1/jobs").headers["www-authenticate"] == "Bearer"  # no browser prompt elsewhere
     basic = Counted(chronos.connect(server(live), username="anyone", password=live.token))
     assert basic.list() == []
     wrong = Counted(chronos.connect(server(live), username="anyone", password="not-a-token"))
