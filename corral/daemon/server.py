@@ -47,7 +47,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from corral.api.app import PEER_KEY, VIA_KEY, create_app
-from corral.api.limits import message_answer
+from corral.api.limits import face_of, message_answer
 from corral.daemon.core import Daemon
 from corral.daemon.extensions import install_extensions
 from corral.daemon.lockstat import Released, daemon_lock
@@ -161,12 +161,16 @@ class _WithToken:
         token = self.tokens.verify(secret) if secret else None
         if token is None:
             why = "a bearer token is required over TCP" if not header else "the bearer token is not valid"
+            path = scope.get("path", "/")
+            # chronos-python's username/password (httplib2) answers only a Basic challenge, and cannot parse a bare
+            # "Bearer" at all; elsewhere Basic stays unannounced, so that browsers do not prompt for a password.
+            challenge = 'Bearer realm="corral", Basic realm="corral"' if face_of(path) == "chronos" else "Bearer"
             answer = message_answer(
                 401,
-                scope.get("path", "/"),
+                path,
                 "authorization",
                 f"{why} (see `corral token create`)",
-                headers={"www-authenticate": "Bearer"},
+                headers={"www-authenticate": challenge},
             )
             await answer(scope, receive, send)
             return

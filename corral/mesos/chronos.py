@@ -4,21 +4,26 @@ validation, mapping onto corral, and Chronos' retry / softError / auto-disable r
     parse_job(data, now=..., known_jobs=...)  -> ChronosJob     (ObjectNotValid, status 400 as Chronos answered)
     to_definition(job, now, defaults)         -> JobDefinition
 
-Differences from Chronos, on purpose:
+    job_shape(job, ...)                       -> dict           (the job as Chronos 3's JobSerializer writes it)
+    histogram, dot_graph, csv_graph, metrics   Chronos' stats, graph and Dropwizard metrics shapes
+
+Differences from Chronos, on purpose (each one in docs/compat/chronos.md, "Deliberate differences"):
 * `gpus` (whole number) is accepted: upstream Chronos never merged GPU support (issue #764, PR #810), and the seed
   shows users running the patched build with exactly this field.
-* a job with both `schedule` and `parents` is refused (Chronos decided by the endpoint it was posted to).
+* a job with both `schedule` and `parents` is refused (Chronos' deserializer silently dropped the schedule;
+  chronos-python refuses such a job before sending it).
 """
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from corral.mesos.common import (
     MAX_CPUS,
@@ -54,6 +59,7 @@ JOB_NAME = re.compile(r"[\w.-]+", re.ASCII)  # Java's \w: ASCII letters, digits,
 GPU_NEEDS_MESOS = "GPU resources only work with the Mesos containerizer"
 FETCH_AND_URIS = "Use fetch or uris, not both (uris is deprecated)"
 SCHEDULE_AND_PARENTS = "A job has either a schedule or parents, not both"
+NO_EXECUTORS = "custom Mesos executors are not supported by corral (the command runs as a process on this machine)"
 STATUS = 400  # Chronos answered bad jobs with 400 Bad Request
 
 
@@ -68,10 +74,17 @@ class ChronosDefaults:
     disable_after_failures: int = 0  # --disable_after_failures; 0 = never
 
 
+def _upper(value: Any) -> Any:
+    """Chronos upper-cases the container type and a volume's mode before reading them (`"docker"` is DOCKER)."""
+    return value.upper() if isinstance(value, str) else value
+
+
 class ChronosVolume(MesosModel):
     container_path: str = Field(min_length=1)
     host_path: str | None = None
-    mode: Literal["RO", "RW"] = "RW"
+    mode: Literal["RO", "RW"] | None = None  # None: as Mesos defaults it (RW); Chronos shows no mode then
+
+    _mode_case = field_validator("mode", mode="before")(_upper)
 
 
 class Container(MesosModel):
@@ -81,6 +94,8 @@ class Container(MesosModel):
     network: Literal["BRIDGE", "HOST", "USER"] = "HOST"
     volumes: list[ChronosVolume] = []
     parameters: list[KeyValue] = []
+
+    _type_case = field_validator("type", mode="before")(_upper)
 
 
 class NameValue(MesosModel):
@@ -112,10 +127,21 @@ class ChronosJob(MesosModel):
     concurrent: bool = False
     soft_error: bool = False
     high_priority: bool = False
-    max_completion_time: int | None = Field(default=None, ge=1, le=MAX_SECONDS)
+    max_completion_time: int = Field(default=0, ge=-MAX_SECONDS, le=MAX_SECONDS)  # <= 0: no limit (Chronos shows 0)
     constraints: list[list[str]] = []
     owner: str = ""
+    owner_name: str = ""
     description: str = ""
+    executor: str = ""  # a custom Mesos executor: refused unless empty (NO_EXECUTORS)
+    executor_flags: str = ""
+    task_info_data: str = ""
+    data_processing_job_type: bool = False  # only the task-progress endpoint reads it (not supported by corral)
+
+    @field_validator("parents", mode="after")
+    @classmethod
+    def _parent_set(cls, parents: list[str]) -> list[str]:
+        """Chronos keeps parents as a set: a repeated name counts once (the first place it appears is kept)."""
+        return list(dict.fromkeys(parents))
 
 
 _CONSTRAINT_OPS = {"EQUALS": "IS", "LIKE": "LIKE", "UNLIKE": "UNLIKE"}
@@ -139,10 +165,11 @@ def _constraints(job: ChronosJob, problems: Problems) -> tuple[Constraint, ...]:
     return tuple(out)
 
 
-def parse_job(data: Any, *, now: datetime, known_jobs: Mapping[str, Any] | None = None) -> ChronosJob:
-    """Validate a Chronos job. `now` (aware) anchors an empty schedule start; `known_jobs` (names of stored jobs)
-    checks the parents; None skips that check. A submission (`known_jobs` given) is also held to the schedules'
-    minimum period; a stored job (None) is read as it was admitted, so one stored by an older corral still loads."""
+def parse_job(data: Any, *, now: datetime, known_jobs: Mapping[str, Sequence[str]] | None = None) -> ChronosJob:
+    """Validate a Chronos job. `now` (aware) anchors an empty schedule start; `known_jobs` (stored job names -> their
+    parents) checks that the parents exist and close no cycle; None skips that check. A submission (`known_jobs`
+    given) is also held to the schedules' minimum period; a stored job (None) is read as it was admitted, so one
+    stored by an older corral still loads."""
     job = validate_model(ChronosJob, data, STATUS)
     problems = Problems(status=STATUS)
     if len(job.name) > MAX_ID:
@@ -175,15 +202,33 @@ def parse_job(data: Any, *, now: datetime, known_jobs: Mapping[str, Any] | None 
         problems.add("/fetch", FETCH_AND_URIS)
     if job.gpus > 0 and job.container is not None and job.container.type == "DOCKER":
         problems.add("/gpus", GPU_NEEDS_MESOS)
-    if known_jobs is not None:
+    if job.executor:
+        problems.add("/executor", NO_EXECUTORS)
+    if job.name in job.parents:
+        problems.add("/parents", "a job cannot be its own parent")
+    elif known_jobs is not None:
         unknown = sorted(p for p in set(job.parents) if p not in known_jobs)
         if unknown:
             problems.add("/parents", f"unknown parent jobs: {', '.join(unknown)}")
-    if job.name in job.parents:
-        problems.add("/parents", "a job cannot be its own parent")
+        elif _closes_cycle(job.name, job.parents, known_jobs):
+            problems.add("/parents", f"{job.name} would depend on itself through its parents (a cycle)")
     _constraints(job, problems)
     problems.raise_if_any()
     return job
+
+
+def _closes_cycle(name: str, parents: Sequence[str], known: Mapping[str, Sequence[str]]) -> bool:
+    """Whether `name` is among its own ancestors once its parents are `parents` (Chronos' job graph is a DAG)."""
+    seen: set[str] = set()
+    stack = list(parents)
+    while stack:
+        node = stack.pop()
+        if node == name:
+            return True
+        if node not in seen:
+            seen.add(node)
+            stack.extend(known.get(node, ()))
+    return False
 
 
 def to_definition(job: ChronosJob, *, now: datetime, defaults: ChronosDefaults = ChronosDefaults()) -> JobDefinition:
@@ -241,7 +286,7 @@ def to_definition(job: ChronosJob, *, now: datetime, defaults: ChronosDefaults =
         schedules=schedules,
         parents=tuple(job.parents),
         user=job.run_as_user,
-        time_limit_s=float(job.max_completion_time) if job.max_completion_time is not None else None,
+        time_limit_s=float(job.max_completion_time) if job.max_completion_time > 0 else None,
         disabled=job.disabled,
         run_once_now=job.schedule is None and not job.parents,
     )
@@ -307,3 +352,189 @@ def remaining_repetitions(definition: JobDefinition, cursor: datetime) -> int | 
     rule = definition.schedules[0]
     assert rule.anchor is not None
     return parse_repeating_interval(rule.expression, rule.timezone, now=rule.anchor).remaining_after(cursor)
+
+
+# ---------------------------------------------------------------------------------------------- Chronos' shapes
+def job_shape(
+    job: ChronosJob,
+    *,
+    schedule: str | None,
+    run_as: str,
+    cpus: float,
+    mem: float,
+    disk: float,
+    counters: Mapping[str, Any],
+    disabled: bool,
+    listing: bool = False,
+) -> dict[str, Any]:
+    """The job as Chronos 3's JobSerializer writes it: its fields, in its order, and no other. `schedule` is the
+    schedule as it stands now (None for a dependent job); `run_as` the user it runs as (Chronos shows its `--user`
+    when the job names none); `counters` successCount, errorCount, lastSuccess, lastError, errorsSinceLastSuccess.
+    `listing`: GET /jobs, which copies `uris` into `fetch` (or the reverse), as Chronos' list did for old clients.
+
+    Three fields that are not Chronos 3's appear only when the job sets them, because its poster asked for them:
+    `gpus` (the patched build's, PR #810), `labels` (corral's per-job GPU behaviour) and `epsilon` (Chronos 2)."""
+    fetch = [{"uri": f.uri, "executable": f.executable, "cache": f.cache, "extract": f.extract} for f in job.fetch]
+    uris = list(job.uris)
+    if listing:
+        if not fetch:
+            fetch = [{"uri": u, "executable": False, "cache": False, "extract": True} for u in uris]
+        else:
+            uris = [f.uri for f in job.fetch]
+    out: dict[str, Any] = {
+        "name": job.name,
+        "command": job.command,
+        "shell": job.shell,
+        "executor": job.executor,
+        "executorFlags": job.executor_flags,
+        "taskInfoData": job.task_info_data,
+        "retries": job.retries,
+        "owner": job.owner,
+        "ownerName": job.owner_name,
+        "description": job.description,
+        "successCount": counters["successCount"],
+        "errorCount": counters["errorCount"],
+        "lastSuccess": counters["lastSuccess"],
+        "lastError": counters["lastError"],
+        "cpus": cpus,
+        "disk": disk,
+        "mem": mem,
+        "disabled": disabled,
+        "softError": job.soft_error,
+        "dataProcessingJobType": job.data_processing_job_type,
+        "errorsSinceLastSuccess": counters["errorsSinceLastSuccess"],
+        "fetch": fetch,
+        "uris": uris,
+        "environmentVariables": [{"name": e.name, "value": e.value} for e in job.environment_variables],
+        "arguments": list(job.arguments),
+        "highPriority": job.high_priority,
+        "runAsUser": run_as,
+        "concurrent": job.concurrent,
+        "maxCompletionTime": job.max_completion_time,
+    }
+    if job.container is not None:
+        c = job.container
+        volumes = []
+        for v in c.volumes:
+            vol: dict[str, Any] = {} if v.host_path is None else {"hostPath": v.host_path}
+            vol["containerPath"] = v.container_path
+            if v.mode is not None:
+                vol["mode"] = v.mode
+            volumes.append(vol)
+        out["container"] = {
+            "type": c.type,
+            "image": c.image,
+            "network": c.network,
+            "networkInfos": [],
+            "volumes": volumes,
+            "forcePullImage": c.force_pull_image,
+            "parameters": [{"key": p.key, "value": p.value} for p in c.parameters],
+        }
+    out["constraints"] = [list(k) for k in job.constraints]
+    if schedule is None:
+        out["parents"] = list(job.parents)
+    else:
+        out["schedule"] = schedule
+        out["scheduleTimeZone"] = job.schedule_time_zone
+    if job.gpus:
+        out["gpus"] = job.gpus
+    if job.labels:
+        out["labels"] = [{"name": lv.name, "value": lv.value} for lv in job.labels]
+    if job.epsilon is not None:
+        out["epsilon"] = job.epsilon
+    return out
+
+
+def quantile(ordered: Sequence[float], q: float) -> float:
+    """Dropwizard's UniformSnapshot.getValue(q) (the snapshot Chronos' histograms serialise), over sorted values."""
+    if not ordered:
+        return 0.0
+    pos = q * (len(ordered) + 1)
+    if pos < 1:
+        return float(ordered[0])
+    if pos >= len(ordered):
+        return float(ordered[-1])
+    index = int(pos)
+    lower, upper = ordered[index - 1], ordered[index]
+    return float(lower + (pos - math.floor(pos)) * (upper - lower))
+
+
+def histogram(durations_ms: Iterable[float]) -> dict[str, float | int]:
+    """Chronos' job-stat histogram (HistogramSerializer): run times in milliseconds. Chronos wrote the median under
+    `mean` too (`getValue(0.5)`, a bug); corral writes the mean there."""
+    ordered = sorted(durations_ms)
+    mean = sum(ordered) / len(ordered) if ordered else 0.0
+    return {
+        "75thPercentile": quantile(ordered, 0.75),
+        "95thPercentile": quantile(ordered, 0.95),
+        "98thPercentile": quantile(ordered, 0.98),
+        "99thPercentile": quantile(ordered, 0.99),
+        "median": quantile(ordered, 0.5),
+        "mean": mean,
+        "count": len(ordered),
+    }
+
+
+#: GET /v1/scheduler/stats/{percentile}: the names Chronos accepts, each a key of `histogram`.
+PERCENTILES = ("99thPercentile", "98thPercentile", "95thPercentile", "75thPercentile", "median", "mean")
+
+
+def dropwizard_histogram(durations_ms: Iterable[float]) -> dict[str, float | int]:
+    """A histogram as Dropwizard's MetricsServlet (JSON, metrics 3) writes it, for /metrics."""
+    ordered = sorted(durations_ms)
+    n = len(ordered)
+    mean = sum(ordered) / n if n else 0.0
+    var = sum((x - mean) ** 2 for x in ordered) / (n - 1) if n > 1 else 0.0
+    return {
+        "count": n,
+        "max": ordered[-1] if n else 0,
+        "mean": mean,
+        "min": ordered[0] if n else 0,
+        "p50": quantile(ordered, 0.5),
+        "p75": quantile(ordered, 0.75),
+        "p95": quantile(ordered, 0.95),
+        "p98": quantile(ordered, 0.98),
+        "p99": quantile(ordered, 0.99),
+        "p999": quantile(ordered, 0.999),
+        "stddev": math.sqrt(var),
+    }
+
+
+def last_state(last_success: str, last_error: str) -> str:
+    """Chronos' Exporter.getLastState: fresh (never ran), success or failure (the newer of the two)."""
+    if not last_success and not last_error:
+        return "fresh"
+    if not last_success:
+        return "failure"
+    if not last_error:
+        return "success"
+    return "success" if last_success > last_error else "failure"  # both ISO 8601 in UTC: text order is time order
+
+
+def job_state(queued: int, running: int) -> str:
+    """Chronos' JobStats.getJobState: "N running" while tasks run, else queued or idle."""
+    if running:
+        return f"{running} running"
+    return "queued" if queued else "idle"
+
+
+def dot_graph(names: Sequence[str], edges: Sequence[tuple[str, str]]) -> str:
+    """The dependency graph as JGraphT 1.0's DOTExporter writes it for Chronos (`GET /v1/scheduler/graph/dot`):
+    vertices numbered from 1 in order, labelled with the job name; one `parent -> child` line per edge."""
+    ids = {name: i for i, name in enumerate(names, start=1)}
+    lines = ["digraph G {"]
+    lines += [f'  {ids[n]} [ label="{_dot_text(n)}" ];' for n in names]
+    lines += [f"  {ids[a]} -> {ids[b]};" for a, b in edges if a in ids and b in ids]
+    return "\n".join(lines) + "\n}\n"
+
+
+def _dot_text(name: str) -> str:
+    return name.replace("\\", "\\\\").replace('"', '\\"')  # job names are [\w.-]+: never needed, kept safe
+
+
+def csv_graph(nodes: Sequence[tuple[str, str, str]], edges: Sequence[tuple[str, str]]) -> str:
+    """Chronos' Exporter (`GET /v1/scheduler/graph/csv`): `node,NAME,LAST_STATE,JOB_STATE` per job, then
+    `link,PARENT,CHILD` per dependency."""
+    rows = [f"node,{n},{last},{state}\n" for n, last, state in nodes]
+    rows += [f"link,{a},{b}\n" for a, b in edges]
+    return "".join(rows)

@@ -17,6 +17,7 @@ from corral.mesos.chronos import ChronosDefaults
 from corral.schedule.iso8601 import IsoDuration
 from corral.store import SqliteStore
 from corral.store.base import StoreError
+from tests.api.test_api import BOB
 from tests.jobs.harness import World, at, metronome_job
 from tests.schedule.counting import counted
 
@@ -252,7 +253,8 @@ def test_chronos_errors_and_updates(tmp_path: Path) -> None:
     world = World(tmp_path)
     c = world.client()
     bad = post(c, {"name": "x", "command": "true", "schedule": "R/1960-01-01T00:00:00Z/PT1H"}, status=400)
-    assert bad["message"] == "Object is not valid" and bad["details"][0]["path"] == "/schedule"
+    assert bad["status"] == "Bad Request" and bad["details"][0]["path"] == "/schedule"
+    assert bad["message"] == "/schedule: start '1960-01-01T00:00:00Z' is before 1970-01-01T00:00:00Z"
     frac = post(c, {"name": "x", "command": "true", "gpus": 0.5}, status=400)
     assert frac["details"][0]["path"] == "/gpus"
     orphan = post(c, {"name": "x", "command": "true", "parents": ["nope"]}, "dependency", status=400)
@@ -261,7 +263,7 @@ def test_chronos_errors_and_updates(tmp_path: Path) -> None:
     post(c, {"name": "x", "command": "echo updated", "schedule": "R/2030-01-01T00:00:00Z/P1D"})
     assert chronos_job(c, "x")["command"] == "echo updated"
     missing = c.put(f"{CHRONOS}/job/nope")
-    assert missing.status_code == 404 and missing.json() == {"message": "Job 'nope' not found"}
+    assert missing.status_code == 404 and missing.json() == {"status": "Not Found", "message": "Job 'nope' not found"}
     assert c.delete(f"{CHRONOS}/job/x").status_code == 204
     assert c.get(f"{CHRONOS}/jobs").json() == []
 
@@ -278,17 +280,14 @@ def test_a_sub_second_period_is_refused_and_pt1s_from_2000_costs_a_bounded_numbe
     world = World(tmp_path, start="2026-11-26T12:00:00.250Z")
     c = world.client()
     refused = post(c, {"name": "fast", "command": "true", "schedule": "R/2020-01-01T00:00:00Z/PT0.001S"}, status=400)
+    why = (
+        "period PT0.001S is shorter than the minimum of 1 second: every tick starts a run, and corral "
+        "starts runs at most once a second per schedule (use PT1S or longer)"
+    )
     assert refused == {
-        "message": "Object is not valid",
-        "details": [
-            {
-                "path": "/schedule",
-                "errors": [
-                    "period PT0.001S is shorter than the minimum of 1 second: every tick starts a run, and corral "
-                    "starts runs at most once a second per schedule (use PT1S or longer)"
-                ],
-            }
-        ],
+        "status": "Bad Request",
+        "message": f"/schedule: {why}",
+        "details": [{"path": "/schedule", "errors": [why]}],
     }
     own = c.post("/v1/definitions", json={"name": "fast", "command": "true", "schedule": "R//PT0.5S"})
     assert own.status_code == 422 and own.json()["detail"]["field"] == "/schedule"
@@ -355,3 +354,78 @@ def test_a_huge_starting_deadline_does_not_stop_the_rounds(tmp_path: Path) -> No
     step(world, "2024-01-01T00:20:30Z")
     assert run_ticks(world) == []  # a stored definition that breaks today's rules is left out (logged), not run
     assert run_ticks(world, "metronome:other") == ["2024-01-01T00:10:00.000Z", "2024-01-01T00:20:00.000Z"]
+
+
+# ------------------------------------------------------------------------------------------------ Chronos' other routes
+def test_deleting_a_dependent_job_hands_its_parents_to_its_children(tmp_path: Path) -> None:
+    world = World(tmp_path)
+    c = world.client()
+    post(c, {"name": "root", "command": "true", "schedule": "R/2030-01-01T00:00:00Z/P1D"})
+    post(c, {"name": "middle", "command": "true", "parents": ["root"]}, "dependency")
+    post(c, {"name": "leaf", "command": "true", "parents": ["middle"]}, "dependency")
+    assert c.delete(f"{CHRONOS}/job/middle").status_code == 204
+    assert chronos_job(c, "leaf")["parents"] == ["root"]
+    # The leaf now runs after root's successes, as middle did.
+    c.put(f"{CHRONOS}/job/root")
+    world.tick()
+    (root,) = world.jobs("chronos:root")
+    world.finish(root.id, 0)
+    assert len(world.jobs("chronos:leaf")) == 1
+    graph = c.get(f"{CHRONOS}/graph/csv")
+    assert graph.text.splitlines()[-1] == "link,root,leaf"
+
+
+def test_search_summary_corral_extras_and_small_routes(tmp_path: Path) -> None:
+    world = World(tmp_path)
+    c = world.client()
+    for i in range(12):
+        post(c, {"name": f"job-{i:02d}", "command": f"echo {i}", "schedule": "R/2030-01-01T00:00:00Z/P1D"})
+    names = [j["name"] for j in c.get(f"{CHRONOS}/jobs/search", params={"name": "job"}).json()]
+    assert names == [f"job-{i:02d}" for i in range(10)]  # Chronos' default limit is 10
+    page = c.get(f"{CHRONOS}/jobs/search", params={"name": "job", "offset": 10, "limit": 5}).json()
+    assert [j["name"] for j in page] == ["job-10", "job-11"]
+    anyone = c.get(f"{CHRONOS}/jobs/search", params={"name": "nope", "any": "echo 3"}).json()
+    assert [j["name"] for j in anyone] == ["job-03"]  # `any` lets a job in by its name or command
+    # Chronos 2's PUT updates; GET one job; corral's extras only when asked for.
+    update = {"name": "job-00", "command": "echo new", "schedule": "R/2030-01-01T00:00:00Z/P1D"}
+    assert c.put(f"{CHRONOS}/iso8601", json=update).status_code == 204
+    one = c.get(f"{CHRONOS}/job/job-00").json()
+    assert one["command"] == "echo new" and "corral" not in one
+    c.put(f"{CHRONOS}/job/job-00")
+    world.tick()
+    extra = c.get(f"{CHRONOS}/job/job-00", params={"corral": "true"}).json()["corral"]
+    (task,) = world.jobs("chronos:job-00")
+    assert extra["user"] == one["runAsUser"] and extra["runs"][0]["jobs"] == [task.id]
+    assert all("corral" in j for j in c.get(f"{CHRONOS}/jobs", params={"corral": "true"}).json())
+    summary = c.get(f"{CHRONOS}/jobs/summary").json()["jobs"]
+    assert summary[0] == {"name": "job-00", "status": "fresh", "state": "1 running", "schedule": one["schedule"],
+                          "parents": [], "disabled": False}  # fmt: skip
+    marked = c.put(f"{CHRONOS}/job/success/job-01")
+    assert marked.status_code == 200 and marked.text == "marked job job-01 as successful: true"
+    assert c.get(f"{CHRONOS}/stats/nonsense").json() == []
+    assert c.get(f"{CHRONOS}/leader").json() == {"leader": "testserver"}
+    assert c.get("/chronos/ping").text == "pong\n"
+
+
+def test_a_job_with_neither_schedule_nor_parents_shows_r1_then_r0(tmp_path: Path) -> None:
+    world = World(tmp_path, start="2024-01-01T00:00:00Z")
+    c = world.client()
+    assert c.post(f"{CHRONOS}/iso8601", json={"name": "once", "command": "true"}).status_code == 204
+    shown = chronos_job(c, "once")
+    assert shown["schedule"] == "R0/2024-01-01T00:00:00.000Z/PT24H" and shown["disabled"] is True  # already ran
+    assert "parents" not in shown
+
+
+def test_stats_graph_summary_and_metrics_show_only_the_callers_jobs(tmp_path: Path) -> None:
+    world = World(tmp_path)
+    alice, bob = world.client(), world.client(BOB)
+    post(alice, {"name": "alices-secret", "command": "true", "schedule": "R/2030-01-01T00:00:00Z/P1D"})
+    post(bob, {"name": "bobs", "command": "true", "schedule": "R/2030-01-01T00:00:00Z/P1D"})
+    for path in ("/graph/csv", "/graph/dot", "/jobs/summary", "/stats/median", "/jobs", "/jobs/search"):
+        seen = bob.get(f"{CHRONOS}{path}")
+        assert seen.status_code == 200 and "bobs" in seen.text and "alices-secret" not in seen.text, path
+    metrics = bob.get("/chronos/metrics")
+    assert "bobs" in metrics.text and "alices-secret" not in metrics.text
+    for path in ("/job/stat/alices-secret", "/job/alices-secret"):
+        assert bob.get(f"{CHRONOS}{path}").json() == {"status": "Not Found", "message": "Job 'alices-secret' not found"}
+    assert bob.delete(f"{CHRONOS}/job/alices-secret").status_code == 404

@@ -232,3 +232,99 @@ def test_auto_disable_after_consecutive_failed_runs() -> None:
     assert stats.disabled and stats.error_count == 2
     never = c.on_failure(c.JobStats(errors_since_last_success=50), RetryRule(retries=0), 0, T0).stats
     assert not never.disabled  # 0 = off (the default)
+
+
+# ------------------------------------------------------------------------------------ rules Chronos did not have
+def test_repeated_parents_count_once_as_in_chronos_set() -> None:
+    job = parse({"name": "c", "command": "x", "parents": ["a", "b", "a"]}, known_jobs={"a": (), "b": ()})
+    assert job.parents == ["a", "b"]
+
+
+@pytest.mark.parametrize("value", [0, -1])
+def test_max_completion_time_zero_or_less_is_no_limit(value: int) -> None:
+    d = c.to_definition(parse({"name": "a", "command": "x", "maxCompletionTime": value}), now=NOW)
+    assert d.time_limit_s is None
+
+
+def test_container_type_and_volume_mode_in_lower_case() -> None:
+    data = {"name": "a", "command": "x", "container": {"type": "mesos", "image": "i", "volumes": [
+        {"containerPath": "/data", "hostPath": "/srv", "mode": "ro"}]}}  # fmt: skip
+    job = parse(data)
+    assert job.container is not None and job.container.type == "MESOS" and job.container.volumes[0].mode == "RO"
+
+
+def test_a_custom_executor_is_refused() -> None:
+    assert invalid({"name": "a", "command": "x", "executor": "/opt/exec"}).errors_at("/executor") == (c.NO_EXECUTORS,)
+    assert parse({"name": "a", "command": "x", "executor": "", "executorFlags": "f"}).executor_flags == "f"
+
+
+def test_a_parent_that_closes_a_cycle_is_refused_at_parents() -> None:
+    known = {"a": ("c",), "b": ("a",)}  # a <- c would be c's own ancestor: c -> a -> ... c
+    err = invalid({"name": "c", "command": "x", "parents": ["b"]}, known_jobs=known)
+    assert err.errors_at("/parents") == ("c would depend on itself through its parents (a cycle)",)
+
+
+# ------------------------------------------------------------------------------------------- Chronos' shapes
+JOB_FIELDS = [  # Chronos 3's JobSerializer, in its order
+    "name", "command", "shell", "executor", "executorFlags", "taskInfoData", "retries", "owner", "ownerName",
+    "description", "successCount", "errorCount", "lastSuccess", "lastError", "cpus", "disk", "mem", "disabled",
+    "softError", "dataProcessingJobType", "errorsSinceLastSuccess", "fetch", "uris", "environmentVariables",
+    "arguments", "highPriority", "runAsUser", "concurrent", "maxCompletionTime",
+]  # fmt: skip
+COUNTERS = {"successCount": 0, "errorCount": 0, "lastSuccess": "", "lastError": "", "errorsSinceLastSuccess": 0}
+
+
+def shape(data: dict[str, Any], schedule: str | None = "R/2030-01-01T00:00:00.000Z/PT1H", **kw: Any) -> Any:
+    job = parse(data)
+    return c.job_shape(job, schedule=schedule, run_as="ana", cpus=1, mem=128, disk=256, counters=COUNTERS,
+                       disabled=False, **kw)  # fmt: skip
+
+
+def test_job_shape_is_chronos_serializer_field_for_field() -> None:
+    scheduled = shape({"name": "a", "command": "x", "uris": ["http://u/a.tgz"]})
+    assert list(scheduled) == [*JOB_FIELDS, "constraints", "schedule", "scheduleTimeZone"]
+    assert (scheduled["runAsUser"], scheduled["maxCompletionTime"], scheduled["fetch"]) == ("ana", 0, [])
+    listed = shape({"name": "a", "command": "x", "uris": ["http://u/a.tgz"]}, listing=True)
+    assert listed["fetch"] == [{"uri": "http://u/a.tgz", "executable": False, "cache": False, "extract": True}]
+    container = {"type": "MESOS", "image": "img", "volumes": [{"containerPath": "/d"}]}
+    dependent = shape({"name": "b", "command": "x", "parents": ["a"], "container": container}, schedule=None)
+    assert list(dependent) == [*JOB_FIELDS, "container", "constraints", "parents"]
+    assert dependent["container"] == {
+        "type": "MESOS",
+        "image": "img",
+        "network": "HOST",
+        "networkInfos": [],
+        "volumes": [{"containerPath": "/d"}],
+        "forcePullImage": False,
+        "parameters": [],
+    }
+
+
+def test_fields_chronos_3_lacks_appear_only_when_the_job_sets_them() -> None:
+    assert not {"gpus", "labels", "epsilon"} & set(shape({"name": "a", "command": "x"}))
+    posted = shape({"name": "a", "command": "x", "gpus": 2, "labels": [{"name": "k", "value": "v"}], "epsilon": "PT1M"})
+    assert (posted["gpus"], posted["labels"], posted["epsilon"]) == (2, [{"name": "k", "value": "v"}], "PT1M")
+
+
+def test_quantiles_are_dropwizard_uniform_snapshot() -> None:
+    values = [float(v) for v in range(1, 11)]  # Dropwizard's UniformSnapshotTest: 1..5 -> median 3, p75 4.5
+    assert c.quantile([1, 2, 3, 4, 5], 0.5) == 3 and c.quantile([1, 2, 3, 4, 5], 0.75) == 4.5
+    assert c.quantile(values, 0.99) == 10 and c.quantile(values, 0.01) == 1 and c.quantile([], 0.5) == 0
+    h = c.histogram([300.0, 100.0, 200.0])
+    assert list(h) == ["75thPercentile", "95thPercentile", "98thPercentile", "99thPercentile", "median", "mean",
+                       "count"]  # fmt: skip
+    assert (h["median"], h["mean"], h["count"], h["75thPercentile"]) == (200, 200, 3, 300)
+    d = c.dropwizard_histogram([1.0, 3.0])
+    assert (d["min"], d["max"], d["mean"], d["p50"]) == (1, 3, 2, 2) and d["stddev"] == pytest.approx(2**0.5)
+
+
+def test_graph_texts() -> None:
+    names, edges = ["a", "b", "c"], [("a", "c"), ("b", "c")]
+    assert c.dot_graph(names, edges) == (
+        'digraph G {\n  1 [ label="a" ];\n  2 [ label="b" ];\n  3 [ label="c" ];\n  1 -> 3;\n  2 -> 3;\n}\n'
+    )
+    nodes = [("a", "success", "idle"), ("c", "fresh", "1 running")]
+    assert c.csv_graph(nodes, [("a", "c")]) == "node,a,success,idle\nnode,c,fresh,1 running\nlink,a,c\n"
+    assert [c.last_state("", ""), c.last_state("2026", ""), c.last_state("", "2026")] == ["fresh", "success", "failure"]
+    assert c.last_state("2026-01-02T00:00:00.000Z", "2026-01-01T00:00:00.000Z") == "success"
+    assert [c.job_state(0, 0), c.job_state(1, 0), c.job_state(1, 2)] == ["idle", "queued", "2 running"]
