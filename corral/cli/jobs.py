@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
-from corral.cli.client import JsonOpt, SocketOpt, call, dump, fail, out
-from corral.cli.render import row, say
+from corral.cli.client import call, dump, fail, out
+from corral.cli.options import JsonOpt, SocketOpt
+from corral.cli.render import row, say, table
 
 job_app = typer.Typer(no_args_is_help=True, help="Named job definitions (Metronome or Chronos JSON) and their runs.")
 
@@ -69,13 +69,13 @@ def list_cmd(as_json: JsonOpt = False, socket: SocketOpt = None) -> None:
     if as_json:
         dump(rows)
         return
-    table = Table("NAME", "SOURCE", "USER", "SCHEDULE", "NEXT RUN", "ACTIVE", "LAST", "OK/FAILED")
+    view = table("NAME", "SOURCE", "USER", "SCHEDULE", "NEXT RUN", "ACTIVE", "LAST", "OK/FAILED")
     for d in rows:
         row(
-            table, d["name"], d["source"], d["user"], _schedule_text(d), _when(d["next_run_at"]), str(d["active_runs"]),
+            view, d["name"], d["source"], d["user"], _schedule_text(d), _when(d["next_run_at"]), str(d["active_runs"]),
             d["last_status"] or "-", f"{d['success_count']}/{d['failure_count']}",
         )  # fmt: skip
-    out.print(table)
+    out.print(view)
 
 
 @job_app.command("show")
@@ -116,13 +116,13 @@ def runs_cmd(name: str, as_json: JsonOpt = False, socket: SocketOpt = None) -> N
     if as_json:
         dump(runs)
         return
-    table = Table("RUN", "STATUS", "TRIGGER", "CREATED", "COMPLETED", "JOBS", "REASON")
+    view = table("RUN", "STATUS", "TRIGGER", "CREATED", "COMPLETED", "JOBS", "REASON")
     for r in runs:
         row(
-            table, r["id"], r["status"], r["trigger"], _when(r["createdAt"]), _when(r["completedAt"]),
+            view, r["id"], r["status"], r["trigger"], _when(r["createdAt"]), _when(r["completedAt"]),
             ",".join(t["id"] for t in r["tasks"]) or "-", r["reason"],
         )  # fmt: skip
-    out.print(table)
+    out.print(view)
 
 
 @job_app.command("delete")

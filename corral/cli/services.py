@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote
 
-import httpx
 import typer
-from rich.table import Table
 
-from corral.cli.client import JsonOpt, SocketOpt, call, dump, error_text, fail, out
-from corral.cli.render import row, say
+from corral.cli.client import call, dump, error_text, fail, out
+from corral.cli.options import JsonOpt, SocketOpt
+from corral.cli.render import row, say, table
+from corral.cli.transport import Response
 
 app = typer.Typer(no_args_is_help=True, help="Services (Marathon apps): keep instances running.")
 
@@ -28,7 +28,7 @@ def _path(app_id: str) -> str:
     return "/marathon/v2/apps/" + quote(app_id.strip("/"), safe="/")
 
 
-def marathon_error(response: httpx.Response) -> str:
+def marathon_error(response: Response) -> str:
     """Marathon's error bodies in one line: the message, and each invalid field with its errors."""
     try:
         body = response.json()
@@ -44,7 +44,7 @@ def marathon_error(response: httpx.Response) -> str:
 def _request(socket: Path | None, method: str, url: str, **kwargs: Any) -> Any:
     """One request to the daemon through `corral.cli.client.call`, with Marathon's error bodies read as such."""
 
-    def describe(response: httpx.Response) -> str:
+    def describe(response: Response) -> str:
         return error_text(response) if '"detail"' in response.text[:20] else marathon_error(response)
 
     response = call(socket, method, url, describe, **kwargs)
@@ -75,14 +75,14 @@ def list_cmd(as_json: JsonOpt = False, socket: SocketOpt = None) -> None:
     if as_json:
         dump(apps)
         return
-    table = Table("ID", "INSTANCES", "HEALTHY", "GPUS", "USER", "WAITING")
+    view = table("ID", "INSTANCES", "HEALTHY", "GPUS", "USER", "WAITING")
     for a in apps:
         checks = "-" if not a.get("healthChecks") else str(a["tasksHealthy"])
         row(
-            table, a["id"], f"{a['tasksRunning']}/{a['instances']}", checks, str(a["gpus"]), a["corral"]["user"],
+            view, a["id"], f"{a['tasksRunning']}/{a['instances']}", checks, str(a["gpus"]), a["corral"]["user"],
             a["corral"]["waiting"] or "-",
         )  # fmt: skip
-    out.print(table)
+    out.print(view)
 
 
 @app.command("show")
@@ -107,7 +107,7 @@ def show_cmd(app_id: str, as_json: JsonOpt = False, socket: SocketOpt = None) ->
         lines.append(("last failure", f"{failure['taskId']} {failure['state']}: {failure['message']}"))
     for key, value in lines:
         say(out, f"{key:>13}: ", value)
-    table = Table("INSTANCE", "JOB", "STATE", "PORTS", "GPUS", "HEALTH", "STARTED")
+    view = table("INSTANCE", "JOB", "STATE", "PORTS", "GPUS", "HEALTH", "STARTED")
     for t in data.get("tasks", []):
         results = t["healthCheckResults"]
         if not data.get("healthChecks"):
@@ -120,10 +120,10 @@ def show_cmd(app_id: str, as_json: JsonOpt = False, socket: SocketOpt = None) ->
             health = "unhealthy: " + "; ".join(r["lastFailureCause"] or "" for r in results if not r["alive"])
         gpus = ",".join(f"{g['index']} ({g['model']})" for g in t["corral"]["gpus"]) or "-"
         row(
-            table, t["id"], t["corral"]["job"], t["state"], ",".join(map(str, t["ports"])) or "-", gpus, health,
+            view, t["id"], t["corral"]["job"], t["state"], ",".join(map(str, t["ports"])) or "-", gpus, health,
             t["startedAt"] or "-",
         )  # fmt: skip
-    out.print(table)
+    out.print(view)
 
 
 @app.command("scale")
