@@ -31,7 +31,7 @@ from typing import Any
 
 import click
 
-from corral.cli.render import Terminal, error_line, row, say, table
+from corral.cli.render import Styled, Terminal, error_line, row, say, table
 from corral.cli.transport import AnswerLost, Endpoint, NotConnected, Response, request
 from corral.jobs.environment import admitted_environment
 
@@ -201,6 +201,20 @@ def dump(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2) + "\n")
 
 
+FINAL_STATES = {"succeeded", "failed", "cancelled", "lost"}
+#: How a state shows on a colour terminal: what needs a look (failed, lost) stands out, what is over recedes.
+STATE_STYLES = {
+    "queued": "yellow", "starting": "cyan", "running": "bold green", "succeeded": "green", "failed": "bold red",
+    "cancelled": "dim", "lost": "bold magenta",
+}  # fmt: skip
+
+
+def state_cell(state: str) -> object:
+    """A job's state for a table: corral's own word with its colour; anything else (a newer daemon's) literal."""
+    style = STATE_STYLES.get(state)
+    return Styled(state, style) if style is not None else state
+
+
 def gpus_text(job: dict[str, Any]) -> str:
     return ",".join(f"{g['index']}" + (f"({g['milli']}m)" if g["milli"] < 1000 else "") for g in job["gpus"]) or "-"
 
@@ -328,7 +342,16 @@ def ps_cmd(
         return
     view = table("ID", "NAME", "USER", "STATE", "GPUS", "COMMAND", "REASON")
     for j in jobs:
-        row(view, j["id"], j["name"], j["user"], j["state"], gpus_text(j), " ".join(j["command"]), j["reason"])
+        row(
+            view,
+            j["id"],
+            j["name"],
+            j["user"],
+            state_cell(j["state"]),
+            gpus_text(j),
+            " ".join(j["command"]),
+            j["reason"],
+        )
     out.print(view)
 
 
@@ -345,9 +368,6 @@ def show_cmd(job_id: str, as_json: bool, socket: Path | None) -> None:
     for key, value in job.items():
         text = gpus_text(job) if key == "gpus" else " ".join(value) if key == "command" else value
         say(out, f"{key:>13}: ", "" if text is None else text)
-
-
-FINAL_STATES = {"succeeded", "failed", "cancelled", "lost"}
 
 
 @click.command("logs")

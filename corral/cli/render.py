@@ -11,15 +11,23 @@ cursor and rewrite what another user sees. So every view prints such text throug
 A `Text` is never parsed for markup or emoji, and the escapes are those of Python's `repr` (`\\x1b`, `\\n`, `\\u202e`,
 and `\\ud800` for a lone surrogate, which no terminal encoding can write).
 
-The thin client's commands must start in well under 150 ms, and importing Rich alone costs about 40 ms. So a line
-(`say`, `error_line`) on a `Terminal` is written directly, with ANSI styles only on a colour terminal, and Rich is
-imported only to draw a table (`table`, `Terminal.print`).
+The thin client's commands must start in well under 150 ms, and importing Rich alone costs about 40 ms, drawing a
+boxed table about 1 ms a row (a second for a page of 1,000 jobs). So a `Terminal` writes a line (`say`,
+`error_line`) and a table (`table`: aligned columns, one line a row, like `kubectl get` or `squeue`) itself, with
+ANSI styles only on a colour terminal; Rich is left to the commands that load the engine anyway (`corral place`).
+
+    ID   NAME   USER   STATE     GPUS   COMMAND   REASON
+    1           ann    running   0,1    sleep 9   -
+
+Piped, a row is never cut (it greps); on a terminal it is cut to the terminal's width with "…" (`show` has it all).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import unicodedata
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -72,6 +80,70 @@ _SGR = {
 }  # fmt: skip
 
 
+def width(text: str) -> int:
+    """Terminal cells `text` takes: East Asian wide characters two, combining marks none."""
+    if text.isascii():
+        return len(text)
+    return sum(0 if unicodedata.combining(ch) else 2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
+
+
+def cut(text: str, cells: int) -> str:
+    """`text` in at most `cells` terminal cells, its end replaced by "…" when it was longer."""
+    if width(text) <= cells:
+        return text
+    kept, used = [], 0
+    for ch in text:
+        w = width(ch)
+        if used + w > cells - 1:
+            break
+        kept.append(ch)
+        used += w
+    return "".join(kept) + "…"
+
+
+class Columns:
+    """A table drawn as aligned columns of plain text: a row is a line. Cells are shown literally (escaped), a
+    `Styled` cell with its style on a colour terminal."""
+
+    GAP = "   "
+
+    def __init__(self, *headers: str) -> None:
+        self.headers = headers
+        self.rows: list[tuple[Styled, ...]] = []
+
+    def add_row(self, *cells: object) -> None:
+        self.rows.append(tuple(Styled(*_text_and_style(c)) for c in cells))
+
+    def lines(self, *, color: bool, cells: int | None) -> list[str]:
+        """The header and a line per row; each cut to `cells` terminal cells unless None."""
+        grid = [tuple(Styled(h, "bold") for h in self.headers), *self.rows]
+        widths = [max(width(row[i].text) if i < len(row) else 0 for row in grid) for i in range(len(self.headers))]
+        out = []
+        for row in grid:
+            pieces, used = [], 0
+            for i, cell in enumerate(row):
+                last = i == len(row) - 1
+                text = cell.text if last else cell.text + " " * (widths[i] - width(cell.text))
+                lead = "" if i == 0 else self.GAP
+                if cells is not None and used + len(lead) + width(text) > cells:
+                    room = cells - used - len(lead)
+                    if room > 0:
+                        pieces.append(lead + _paint(cut(text.rstrip(), room), cell.style, color))
+                    break
+                pieces.append(lead + _paint(text, cell.style, color))
+                used += len(lead) + width(text)
+            out.append("".join(pieces).rstrip())
+        return out
+
+
+def _paint(text: str, style: str, color: bool) -> str:
+    codes = [_SGR[w] for w in style.split() if w in _SGR] if color and text.strip() else []
+    if not codes:
+        return text
+    stripped = text.rstrip()  # the padding stays unstyled (an underline would run on)
+    return f"\x1b[{';'.join(codes)}m{stripped}\x1b[0m{text[len(stripped) :]}"
+
+
 class Terminal:
     """stdout (or stderr): lines written directly, tables through a Rich `Console` made on first use.
 
@@ -100,22 +172,32 @@ class Terminal:
             return False
         if os.environ.get("FORCE_COLOR"):
             return True
+        return self.isatty()
+
+    def print(self, renderable: Any, **kwargs: Any) -> None:
+        """A `Columns` table, drawn here; anything else through Rich's `Console.print`."""
+        if isinstance(renderable, Columns):
+            cells = self.width() if self.isatty() else None
+            self.write_text("".join(line + "\n" for line in renderable.lines(color=self.color(), cells=cells)))
+            return
+        self.console.print(renderable, **kwargs)
+
+    def isatty(self) -> bool:
         isatty = getattr(self.stream, "isatty", None)
         return bool(isatty and isatty())
 
-    def print(self, renderable: Any, **kwargs: Any) -> None:
-        """Rich's `Console.print` (a table, or corral's own markup)."""
-        self.console.print(renderable, **kwargs)
+    def width(self) -> int:
+        import shutil
 
-    def write_line(self, parts: tuple[object, ...]) -> None:
+        return shutil.get_terminal_size().columns
+
+    def write_line(self, parts: Sequence[object]) -> None:
         color = self.color()
-        pieces = []
-        for part in parts:
-            text, style = _text_and_style(part)
-            codes = [_SGR[w] for w in style.split() if w in _SGR] if color else []
-            pieces.append(f"\x1b[{';'.join(codes)}m{text}\x1b[0m" if codes else text)
+        self.write_text("".join(_paint(*_text_and_style(part), color) for part in parts) + "\n")
+
+    def write_text(self, text: str) -> None:
         stream = self.stream
-        stream.write("".join(pieces) + "\n")
+        stream.write(text)
         stream.flush()
 
 
@@ -148,15 +230,16 @@ def error_line(console: Console | Terminal, message: object) -> None:
     say(console, Styled("error:", "bold red"), " ", message)
 
 
-def table(*headers: str, **kwargs: Any) -> Table:
-    """A Rich table with these column headers (Rich is imported here, when a view draws one)."""
-    from rich.table import Table
-
-    return Table(*headers, **kwargs)
+def table(*headers: str) -> Columns:
+    """A table with these column headers, for `Terminal.print`."""
+    return Columns(*headers)
 
 
-def row(table: Table, *cells: object) -> None:
+def row(table: Table | Columns, *cells: object) -> None:
     """`table.add_row` with every cell literal (a `Styled` cell: corral's own, with its style)."""
+    if isinstance(table, Columns):
+        table.add_row(*cells)
+        return
     from rich.text import Text
 
     table.add_row(
