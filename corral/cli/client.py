@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket as sock_module
 import sys
 import time
@@ -215,6 +216,29 @@ def state_cell(state: str) -> object:
     return Styled(state, style) if style is not None else state
 
 
+#: `corral wait`'s and `corral logs -f`'s exit status for a job that ended without an exit code of its own.
+EXIT_CANCELLED = 143  # 128 + SIGTERM, what a shell reports for a process that `cancel` stops
+EXIT_NO_CODE = 1  # failed without one (its time limit, could not start) or lost (its outcome is unknown)
+EXIT_STILL_RUNNING = 124  # `wait --timeout` ran out (timeout(1)'s status)
+_SIGNAL = re.compile(r"killed by signal (\d+)")
+
+
+def job_exit_status(job: dict[str, Any]) -> int:
+    """The status a shell would give for the job's process: 0 when it succeeded, its exit code when it failed with
+    one, 128 + N when signal N killed it; EXIT_CANCELLED when cancelled, EXIT_NO_CODE otherwise."""
+    state, code = job.get("state"), job.get("exit_code")
+    if state == "succeeded":
+        return 0
+    if state == "cancelled":
+        return EXIT_CANCELLED
+    if state == "failed" and isinstance(code, int) and code != 0:
+        return code if 0 < code < 256 else EXIT_NO_CODE
+    killed = _SIGNAL.search(str(job.get("reason", "")))
+    if state == "failed" and killed:
+        return 128 + int(killed.group(1))
+    return EXIT_NO_CODE
+
+
 def gpus_text(job: dict[str, Any]) -> str:
     return ",".join(f"{g['index']}" + (f"({g['milli']}m)" if g["milli"] < 1000 else "") for g in job["gpus"]) or "-"
 
@@ -399,11 +423,56 @@ def logs_cmd(job_id: str, follow: bool, as_json: bool, interval: float, socket: 
             sys.stdout.flush()
             if r.content and follow:
                 continue  # more may be waiting already (a chunk is at most 4 MiB)
-            if not follow or state in FINAL_STATES:
+            if not follow:
+                return
+            if state in FINAL_STATES:
+                # what the job's process gave, like a shell (or `corral wait`): a script can follow and check
+                status = job_exit_status(call(socket, "GET", f"/v1/jobs/{job_id}").json())
+                if status:
+                    raise SystemExit(status)
                 return
             time.sleep(interval)
     except KeyboardInterrupt:
         raise SystemExit(130) from None
+
+
+@click.command("wait")
+@click.argument("job_id")
+@click.option(
+    "--timeout", type=click.FloatRange(min=0), default=None,
+    help=f"Give up after this many seconds (exit status {EXIT_STILL_RUNNING}; the job goes on).",
+)  # fmt: skip
+@click.option(
+    "--interval", type=click.FloatRange(min=0.05), default=0.5, show_default=True, help="Seconds between polls."
+)
+@socket_option
+def wait_cmd(job_id: str, timeout: float | None, interval: float, socket: Path | None) -> None:
+    """Wait for a job to end; exit with its exit status.
+
+    \b
+    0        it succeeded
+    N        it failed with exit code N (128 + S: killed by signal S)
+    143      it was cancelled (128 + SIGTERM)
+    1        it failed without an exit code (time limit, could not start), or was lost
+    124      --timeout ran out first
+    Ctrl-C stops waiting, not the job (130)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        while True:
+            job = call(socket, "GET", f"/v1/jobs/{job_id}").json()
+            if job["state"] in FINAL_STATES:
+                break
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                error_line(err, f"job {job_id} is still {job['state']} after {timeout:g} s")
+                raise SystemExit(EXIT_STILL_RUNNING)
+            time.sleep(interval if left is None else min(interval, left))
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+    status = job_exit_status(job)
+    if status:
+        say(err, f"job {job_id} {job['state']}: ", job["reason"] or "-")
+        raise SystemExit(status)
 
 
 @click.command("cancel")

@@ -62,6 +62,7 @@ COMMANDS: dict[str, Lazy] = {
         "running one gets SIGTERM).",
     ),
     "explain": Lazy("corral.cli.client", "explain_cmd", "Why a job waits, or how it ended."),
+    "wait": Lazy("corral.cli.client", "wait_cmd", "Wait for a job to end; exit with its exit status."),
     "gpus": Lazy(
         "corral.cli.client", "gpus_cmd", "Each GPU: who holds which share, and live use where the daemon can "
         "measure it.",
