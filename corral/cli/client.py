@@ -1,11 +1,12 @@
 """The thin client: the commands that talk to `corral serve`, over its Unix socket or, with CORRAL_URL, over TCP.
 
-corral serve --simulate-gpus 2xA100-80GB          run the daemon (socket: see serve_locations)
+corral serve --simulate-gpus 2xA100-80GB          run the daemon (corral.cli.serve; socket: see serve_locations)
 corral submit --gpus 1 -- python train.py        prints the job id
 corral ps [--all] [--state S] [--user U] [--name N] [--since 2h] [--limit N] [--newest] [--after ID] [--json]
                                                  your jobs (root with --all: everyone's), 1000 at most per page
 corral cancel ID... | --state queued | --name N  cancel one job, several, or all of yours that match
 corral show ID | logs [-f] ID | explain ID | gpus
+corral wait ID [--timeout S]                     until the job ends; exits with its status (so does logs -f)
 corral token create NAME | list | revoke ID      bearer tokens for TCP (over the Unix socket)
 
 CORRAL_URL=http://host:8470 CORRAL_TOKEN=corral_...  talk to a daemon started with --listen instead of the socket.
