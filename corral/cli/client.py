@@ -170,6 +170,8 @@ def call(
         where = base
         if not token:
             raise fail("CORRAL_URL is set but CORRAL_TOKEN is not: create one with `corral token create NAME`")
+        if not (token.isascii() and token.isprintable()) or " " in token:  # a header can carry no other
+            raise fail("CORRAL_TOKEN: not a token (corral's are printable ASCII, e.g. corral_...)")
         try:
             endpoint = Endpoint.url(base, token)
         except ValueError as exc:

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 import pytest
 
+from corral.cli.client import call
 from corral.cli.render import Columns, Styled, Terminal, cut, say, width
 from corral.cli.transport import AnswerLost, Endpoint, NotConnected, request, target
 
@@ -87,6 +88,29 @@ def test_corral_url_is_checked() -> None:
     for bad in ("h:8470", "ftp://h:1", "http://:1", "http://h:port"):
         with pytest.raises(ValueError, match=r"http://HOST:PORT|not a port"):
             Endpoint.url(bad, "t")
+
+
+@pytest.mark.parametrize(
+    ("url", "token", "message"),
+    [
+        (
+            "http://127.0.0.1:9",
+            "",
+            "CORRAL_URL is set but CORRAL_TOKEN is not: create one with `corral token create NAME`",
+        ),
+        ("http://127.0.0.1:9", "corral_\u2603", "CORRAL_TOKEN: not a token (corral's are printable ASCII, e.g. corral_...)"),
+        ("127.0.0.1:9", "corral_x", "CORRAL_URL: expected http://HOST:PORT or https://HOST:PORT, got '127.0.0.1:9'"),
+    ],
+)
+def test_bad_settings_are_one_line_errors(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], url: str, token: str, message: str
+) -> None:
+    monkeypatch.setenv("CORRAL_URL", url)
+    monkeypatch.setenv("CORRAL_TOKEN", token)
+    with pytest.raises(SystemExit) as done:
+        call(None, "GET", "/v1/jobs")
+    assert done.value.code == 2
+    assert capsys.readouterr().err == f"error: {message}\n"
 
 
 class Recorder(BaseHTTPRequestHandler):
