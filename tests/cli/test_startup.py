@@ -128,3 +128,18 @@ def test_version() -> None:
 
 def test_the_api_does_not_borrow_from_the_cli() -> None:
     assert not [m for m in loaded_after("import corral.api.app") if m.startswith("corral.cli")]
+
+
+def test_shell_completion_of_commands_and_options() -> None:
+    """bash completion (click's: `eval "$(_CORRAL_COMPLETE=bash_source corral)"`) of the root and a thin command."""
+
+    def complete(words: str) -> list[str]:
+        env = {"COMP_WORDS": words, "COMP_CWORD": str(len(words.split()) - 1), "_CORRAL_COMPLETE": "bash_complete"}
+        done = subprocess.run(
+            [sys.executable, "-c", "from corral.cli.main import main; main(prog_name='corral')"],
+            capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+        )  # fmt: skip
+        return [line.split(",", 1)[1] for line in done.stdout.splitlines()]
+
+    assert complete("corral p") == ["ps", "place", "policies"]
+    assert complete("corral ps --s") == ["--state", "--since", "--socket"]
