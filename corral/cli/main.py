@@ -39,7 +39,6 @@ class Lazy:
     attr: str
     help: str  # its line in `corral --help` (tests/cli/test_startup.py checks it against the command's own help)
     typer: bool = False
-    context_settings: tuple[tuple[str, Any], ...] = ()
 
 
 #: Every command, in the order `corral --help` lists them.

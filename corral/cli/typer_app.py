@@ -30,7 +30,7 @@ def load(name: str, spec: Lazy) -> TyperCommand | TyperGroup:
         command = typer.main.get_group(target)  # get_group: without the completion options of a root
     else:
         single = typer.Typer(add_completion=False)
-        single.command(name, context_settings=dict(spec.context_settings))(target)
+        single.command(name)(target)
         command = typer.main.get_command(single)
     command.name = name
     assert isinstance(command, TyperCommand | TyperGroup)
