@@ -148,7 +148,7 @@ class Terminal:
     """stdout (or stderr): lines written directly, tables through a Rich `Console` made on first use.
 
     The stream is looked up at each write, not kept, so that a test runner's captured stdout is the one written to.
-    Colour as Rich decides it: only on a terminal, never with NO_COLOR or TERM=dumb, always with FORCE_COLOR."""
+    Colour by the usual conventions: only on a terminal, never with NO_COLOR or TERM=dumb, always with FORCE_COLOR."""
 
     def __init__(self, *, stderr: bool = False, soft_wrap: bool = False) -> None:
         self.stderr = stderr
