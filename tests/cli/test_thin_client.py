@@ -98,7 +98,11 @@ def test_corral_url_is_checked() -> None:
             "",
             "CORRAL_URL is set but CORRAL_TOKEN is not: create one with `corral token create NAME`",
         ),
-        ("http://127.0.0.1:9", "corral_\u2603", "CORRAL_TOKEN: not a token (corral's are printable ASCII, e.g. corral_...)"),
+        (
+            "http://127.0.0.1:9",
+            "corral_\u2603",
+            "CORRAL_TOKEN: not a token (corral's are printable ASCII, e.g. corral_...)",
+        ),
         ("127.0.0.1:9", "corral_x", "CORRAL_URL: expected http://HOST:PORT or https://HOST:PORT, got '127.0.0.1:9'"),
     ],
 )
