@@ -48,7 +48,7 @@ err = Terminal(stderr=True, soft_wrap=True)
 
 def fail(message: str, code: int = EXIT_BAD_INPUT) -> SystemExit:
     """Print `error: MESSAGE`; the exit to raise. A SystemExit, which click and Typer both let through, since the
-    commands written with Typer (app, job, serve) use it too."""
+    commands written with Typer (serve) use it too."""
     error_line(err, message)
     return SystemExit(code)
 

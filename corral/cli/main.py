@@ -4,9 +4,9 @@
     corral place ...       click root  ->  corral.cli.typer_app: import corral.cli.place (numpy, scipy)  ->  place
     corral --help          click root: each command's line from COMMANDS, nothing imported
 
-Two kinds of command. The thin client's (submit, ps, show, logs, cancel, explain, gpus, wait, token) is written with
-click: it must start in 150 ms or less (issue 15), and Typer 0.2x converts every parameter through pydantic, which
-costs more to import than the rest of such a command together. The others (serve, app, job, place, discover,
+Two kinds of command. The thin client's (submit, ps, show, logs, cancel, explain, gpus, wait, token, app, job) is
+written with click: it must start in 150 ms or less (issue 15), and Typer 0.2x converts every parameter through
+pydantic, which costs more to import than the rest of such a command together. The others (serve, place, discover,
 policies, sim, k8s) load the daemon, the engine, the simulator or the Kubernetes client anyway; they stay with
 Typer, and the root hands them their arguments untouched (`corral sim --help` is Typer's).
 
@@ -70,10 +70,8 @@ COMMANDS: dict[str, Lazy] = {
     "serve": Lazy(
         "corral.cli.serve", "serve_cmd", "Run the corral daemon on this machine until SIGTERM or Ctrl-C.", typer=True
     ),
-    "app": Lazy("corral.cli.services", "app", "Services (Marathon apps): keep instances running.", typer=True),
-    "job": Lazy(
-        "corral.cli.jobs", "job_app", "Named job definitions (Metronome or Chronos JSON) and their runs.", typer=True
-    ),
+    "app": Lazy("corral.cli.services", "app", "Services (Marathon apps): keep instances running."),
+    "job": Lazy("corral.cli.jobs", "job_app", "Named job definitions (Metronome or Chronos JSON) and their runs."),
     "place": Lazy(
         "corral.cli.place", "place_cmd", "Place one request on a cluster and say why. Exit code 3 when no node "
         "fits, 2 on bad input.", typer=True,

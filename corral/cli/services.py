@@ -11,17 +11,19 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 from urllib.parse import quote
 
-import typer
+import click
 
-from corral.cli.client import call, dump, error_text, fail, out
-from corral.cli.options import JsonOpt, SocketOpt
+from corral.cli.client import call, dump, error_text, fail, json_option, out, socket_option
 from corral.cli.render import row, say, table
 from corral.cli.transport import Response
 
-app = typer.Typer(no_args_is_help=True, help="Services (Marathon apps): keep instances running.")
+
+@click.group("app", no_args_is_help=True)
+def app() -> None:
+    """Services (Marathon apps): keep instances running."""
 
 
 def _path(app_id: str) -> str:
@@ -52,10 +54,12 @@ def _request(socket: Path | None, method: str, url: str, **kwargs: Any) -> Any:
 
 
 @app.command("create")
-def create_cmd(
-    file: Annotated[Path, typer.Option("--file", "-f", help="The app's JSON (Marathon format); - reads stdin.")],
-    socket: SocketOpt = None,
-) -> None:
+@click.option(
+    "--file", "-f", "file", type=click.Path(path_type=Path), required=True,
+    help="The app's JSON (Marathon format); - reads stdin.",
+)  # fmt: skip
+@socket_option
+def create_cmd(file: Path, socket: Path | None) -> None:
     """Create an app from Marathon app JSON; prints its id."""
     try:
         text = sys.stdin.read() if str(file) == "-" else file.read_text()
@@ -69,7 +73,9 @@ def create_cmd(
 
 
 @app.command("list")
-def list_cmd(as_json: JsonOpt = False, socket: SocketOpt = None) -> None:
+@json_option
+@socket_option
+def list_cmd(as_json: bool, socket: Path | None) -> None:
     """Your apps (root: everyone's)."""
     apps = _request(socket, "GET", "/marathon/v2/apps")["apps"]
     if as_json:
@@ -86,7 +92,10 @@ def list_cmd(as_json: JsonOpt = False, socket: SocketOpt = None) -> None:
 
 
 @app.command("show")
-def show_cmd(app_id: str, as_json: JsonOpt = False, socket: SocketOpt = None) -> None:
+@click.argument("app_id")
+@json_option
+@socket_option
+def show_cmd(app_id: str, as_json: bool, socket: Path | None) -> None:
     """One app: its instances with their state, ports, GPUs and health."""
     data = _request(socket, "GET", _path(app_id))["app"]
     if as_json:
@@ -127,7 +136,10 @@ def show_cmd(app_id: str, as_json: JsonOpt = False, socket: SocketOpt = None) ->
 
 
 @app.command("scale")
-def scale_cmd(app_id: str, instances: int, socket: SocketOpt = None) -> None:
+@click.argument("app_id")
+@click.argument("instances", type=int)
+@socket_option
+def scale_cmd(app_id: str, instances: int, socket: Path | None) -> None:
     """Keep N instances running (killSelection picks whom a scale-down stops)."""
     if instances < 0:
         raise fail(f"instances must be >= 0, got {instances}")
@@ -136,14 +148,18 @@ def scale_cmd(app_id: str, instances: int, socket: SocketOpt = None) -> None:
 
 
 @app.command("restart")
-def restart_cmd(app_id: str, socket: SocketOpt = None) -> None:
+@click.argument("app_id")
+@socket_option
+def restart_cmd(app_id: str, socket: Path | None) -> None:
     """Replace every instance (within the app's upgrade strategy)."""
     _request(socket, "POST", _path(app_id) + "/restart")
     say(out, f"app /{app_id.strip('/')}: restarting")
 
 
 @app.command("delete")
-def delete_cmd(app_id: str, socket: SocketOpt = None) -> None:
+@click.argument("app_id")
+@socket_option
+def delete_cmd(app_id: str, socket: Path | None) -> None:
     """Delete the app and stop its instances."""
     _request(socket, "DELETE", _path(app_id))
     say(out, f"app /{app_id.strip('/')}: deleted")

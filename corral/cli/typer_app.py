@@ -1,5 +1,5 @@
-"""The commands written with Typer (serve, app, job, place, discover, policies, sim, k8s), as one Typer app that
-imports each only when it runs: `corral app list` does not load scipy, nor `corral serve` the simulator.
+"""The commands written with Typer (serve, place, discover, policies, sim, k8s), as one Typer app that imports each
+only when it runs: `corral serve` does not load the simulator, nor `corral sim` the daemon.
 
     corral.cli.main (click root)  --"sim", args-->  app(args=["sim", ...])  ->  LazyGroup.get_command("sim")
                                                      ->  import corral.cli.sim  ->  typer.main.get_group(sim.app)

@@ -57,6 +57,7 @@ def test_importing_the_thin_client_loads_nothing_heavy(module: str) -> None:
     modules = loaded_after(f"import {module}")
     assert heavy(modules) == []
     assert "rich.console" not in modules  # Rich is imported only to draw a table
+    assert "typer" not in modules  # it parses through pydantic: the heavy commands' only
 
 
 def test_running_a_command_loads_nothing_heavy(tmp_path: Path) -> None:
@@ -66,7 +67,7 @@ def test_running_a_command_loads_nothing_heavy(tmp_path: Path) -> None:
     )
     assert "corral.cli.client" in modules
     assert heavy(modules) == []
-    assert "rich.console" not in modules
+    assert "rich.console" not in modules and "typer" not in modules
 
 
 def test_help_lists_every_command_without_loading_any() -> None:
