@@ -51,12 +51,12 @@ from corral.api.schemas import (
     TokenIn,
     TokenOut,
 )
-from corral.cli.main import build_request
 from corral.daemon.core import Daemon
 from corral.daemon.tokens import TokenFileError, TokenNotFound, TokenStore
 from corral.jobs.environment import admitted_environment
 from corral.jobs.model import Job, JobSpec, JobState, check_admissible, spec_to_json
 from corral.model.errors import InvalidRequest
+from corral.model.requests import build_request
 from corral.model.units import parse_duration_seconds
 from corral.store import JobNotFound, JobQuery, KeyInUse, StoreError
 

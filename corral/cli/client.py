@@ -1,34 +1,40 @@
-"""`corral serve` and the commands that talk to it, over its Unix socket or, with CORRAL_URL, over TCP.
+"""The thin client: the commands that talk to `corral serve`, over its Unix socket or, with CORRAL_URL, over TCP.
 
-corral serve --simulate-gpus 2xA100-80GB          run the daemon (socket: see serve_locations)
+corral serve --simulate-gpus 2xA100-80GB          run the daemon (corral.cli.serve; socket: see serve_locations)
 corral submit --gpus 1 -- python train.py        prints the job id
 corral ps [--all] [--state S] [--user U] [--name N] [--since 2h] [--limit N] [--newest] [--after ID] [--json]
                                                  your jobs (root with --all: everyone's), 1000 at most per page
 corral cancel ID... | --state queued | --name N  cancel one job, several, or all of yours that match
 corral show ID | logs [-f] ID | explain ID | gpus
+corral wait ID [--timeout S]                     until the job ends; exits with its status (so does logs -f)
 corral token create NAME | list | revoke ID      bearer tokens for TCP (over the Unix socket)
 
 CORRAL_URL=http://host:8470 CORRAL_TOKEN=corral_...  talk to a daemon started with --listen instead of the socket.
+
+These are the commands people type all day, so each must answer at once (issue 15: 150 ms from start to exit; see
+benchmarks/cli_startup.py). They are written with click rather than Typer: Typer (0.2x) converts every parameter
+through pydantic, which costs more to import (about 60 ms) than the rest of a command together. The request goes
+through http.client (corral.cli.transport), Rich is imported only to draw a table (corral.cli.render), and nothing of
+the daemon, the engine or the simulator is loaded (tests/cli/test_startup.py holds this).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import socket as sock_module
 import sys
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-import httpx
-import typer
-from rich.console import Console
-from rich.table import Table
+import click
 
-from corral.cli.render import error_line, row, say
+from corral.cli.render import Styled, Terminal, error_line, row, say, table
+from corral.cli.transport import AnswerLost, Endpoint, NotConnected, Response, request
 from corral.jobs.environment import admitted_environment
 
 EXIT_BAD_INPUT = 2
@@ -36,13 +42,15 @@ EXIT_SERVER = 1
 #: Resends of a submission whose answer was lost (with backoff: about 6 s in all), enough for a daemon restart.
 SUBMIT_RETRIES = 5
 
-out = Console()
-err = Console(stderr=True, soft_wrap=True)
+out = Terminal()
+err = Terminal(stderr=True, soft_wrap=True)
 
 
-def fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
+def fail(message: str, code: int = EXIT_BAD_INPUT) -> SystemExit:
+    """Print `error: MESSAGE`; the exit to raise. A SystemExit, which click and Typer both let through, since the
+    commands written with Typer (serve) use it too."""
     error_line(err, message)
-    return typer.Exit(code)
+    return SystemExit(code)
 
 
 #: A root daemon's defaults: the system's places for a service's state and for its socket (a shared machine).
@@ -119,18 +127,14 @@ def socket_for(socket_opt: Path | None) -> Path:
     return socket_opt if socket_opt is not None else locate_socket()[0]
 
 
-SocketOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--socket",
-        help="Daemon socket (default: $CORRAL_SOCKET, else your own daemon's STATE_DIR/corral.sock if it runs, "
-        "else the shared one, /run/corral/corral.sock or $CORRAL_RUNTIME_DIR/corral.sock).",
-    ),
-]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print as JSON.")]
+SOCKET_HELP = (
+    "Daemon socket (default: $CORRAL_SOCKET, else your own daemon's STATE_DIR/corral.sock if it runs, else the shared "
+    "one, /run/corral/corral.sock or $CORRAL_RUNTIME_DIR/corral.sock)."
+)
+JSON_HELP = "Print as JSON."
 
 
-def error_text(response: httpx.Response) -> str:
+def error_text(response: Response) -> str:
     try:
         detail = response.json().get("detail")
     except (ValueError, AttributeError):
@@ -148,11 +152,13 @@ def call(
     socket_opt: Path | None,
     method: str,
     url: str,
-    describe: Callable[[httpx.Response], str] | None = None,
+    describe: Callable[[Response], str] | None = None,
     *,
     retries: int = 0,
-    **kwargs: Any,
-) -> httpx.Response:
+    params: Any = None,
+    json: Any = None,
+    headers: dict[str, str] | None = None,
+) -> Response:
     """One request to the daemon (CORRAL_URL if set, else its Unix socket); exits with a one-line error if it fails.
 
     `describe` words an error answer (default `error_text`, corral's own error bodies). `retries`: how often to send
@@ -164,30 +170,29 @@ def call(
         where = base
         if not token:
             raise fail("CORRAL_URL is set but CORRAL_TOKEN is not: create one with `corral token create NAME`")
+        if not (token.isascii() and token.isprintable()) or " " in token:  # a header can carry no other
+            raise fail("CORRAL_TOKEN: not a token (corral's are printable ASCII, e.g. corral_...)")
+        try:
+            endpoint = Endpoint.url(base, token)
+        except ValueError as exc:
+            raise fail(f"CORRAL_URL: {exc}") from None
     else:
         path, looked = (socket_opt, [socket_opt]) if socket_opt is not None else locate_socket()
         where = " nor at ".join(str(p) for p in looked)
-
-    def connect() -> httpx.Client:
-        if base and socket_opt is None:
-            return httpx.Client(base_url=base, timeout=30, headers={"Authorization": f"Bearer {token}"})
-        return httpx.Client(transport=httpx.HTTPTransport(uds=str(path)), base_url="http://corral", timeout=30)
+        endpoint = Endpoint.unix(str(path))
 
     attempt = 0
     while True:
         try:
-            with connect() as client:
-                response = client.request(method, url, **kwargs)
+            response = request(endpoint, method, url, params=params, json=json, headers=headers)
             break
-        except (httpx.ConnectError, FileNotFoundError, ConnectionRefusedError):
+        except NotConnected:
             # Nothing was sent. The first time: no daemon. After a lost answer: it may be restarting, so try again.
             if attempt == 0 or attempt >= retries:
                 raise fail(f"corral serve is not running at {where}") from None
-        except httpx.TransportError as exc:  # sent, but the answer was lost
+        except AnswerLost as exc:  # sent, but the answer was lost
             if attempt >= retries:
                 raise fail(f"talking to corral serve at {where}: {exc}", EXIT_SERVER) from None
-        except httpx.HTTPError as exc:
-            raise fail(f"talking to corral serve at {where}: {exc}", EXIT_SERVER) from None
         attempt += 1
         time.sleep(min(0.1 * 2**attempt, 2.0))
     if response.status_code >= 400:
@@ -200,107 +205,90 @@ def dump(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2) + "\n")
 
 
+FINAL_STATES = {"succeeded", "failed", "cancelled", "lost"}
+#: How a state shows on a colour terminal: what needs a look (failed, lost) stands out, what is over recedes.
+STATE_STYLES = {
+    "queued": "yellow", "starting": "cyan", "running": "bold green", "succeeded": "green", "failed": "bold red",
+    "cancelled": "dim", "lost": "bold magenta",
+}  # fmt: skip
+
+
+def state_cell(state: str) -> object:
+    """A job's state for a table: corral's own word with its colour; anything else (a newer daemon's) literal."""
+    style = STATE_STYLES.get(state)
+    return Styled(state, style) if style is not None else state
+
+
+#: `corral wait`'s and `corral logs -f`'s exit status for a job that ended without an exit code of its own.
+EXIT_CANCELLED = 143  # 128 + SIGTERM, what a shell reports for a process that `cancel` stops
+EXIT_NO_CODE = 1  # failed without one (its time limit, could not start) or lost (its outcome is unknown)
+EXIT_STILL_RUNNING = 124  # `wait --timeout` ran out (timeout(1)'s status)
+_SIGNAL = re.compile(r"killed by signal (\d+)")
+
+
+def job_exit_status(job: dict[str, Any]) -> int:
+    """The status a shell would give for the job's process: 0 when it succeeded, its exit code when it failed with
+    one, 128 + N when signal N killed it; EXIT_CANCELLED when cancelled, EXIT_NO_CODE otherwise."""
+    state, code = job.get("state"), job.get("exit_code")
+    if state == "succeeded":
+        return 0
+    if state == "cancelled":
+        return EXIT_CANCELLED
+    if state == "failed" and isinstance(code, int) and code != 0:
+        return code if 0 < code < 256 else EXIT_NO_CODE
+    killed = _SIGNAL.search(str(job.get("reason", "")))
+    if state == "failed" and killed:
+        return 128 + int(killed.group(1))
+    return EXIT_NO_CODE
+
+
 def gpus_text(job: dict[str, Any]) -> str:
     return ",".join(f"{g['index']}" + (f"({g['milli']}m)" if g["milli"] < 1000 else "") for g in job["gpus"]) or "-"
 
 
 # ------------------------------------------------------------------------------------------------ commands
-def serve_cmd(
-    state_dir: Annotated[
-        Path | None,
-        typer.Option(
-            "--state-dir",
-            help="Jobs, tokens, logs, private to the daemon's user (default: $CORRAL_STATE_DIR, else /var/lib/corral "
-            "for root, ~/.local/state/corral for a user).",
-        ),
-    ] = None,
-    socket: Annotated[
-        Path | None,
-        typer.Option(
-            "--socket", help="Socket (default: $CORRAL_SOCKET, else RUNTIME_DIR/corral.sock, else STATE_DIR's)."
-        ),
-    ] = None,
-    runtime_dir: Annotated[
-        Path | None,
-        typer.Option(
-            "--runtime-dir",
-            help="Folder of the socket, reachable by other users (default: $CORRAL_RUNTIME_DIR, else /run/corral for "
-            "root; a user's daemon keeps its socket in its state directory).",
-        ),
-    ] = None,
-    simulate_gpus: Annotated[
-        str | None, typer.Option("--simulate-gpus", help="Simulated GPUs instead of this machine's, e.g. 2xA100-80GB.")
-    ] = None,
-    policy: Annotated[str, typer.Option(help="Placement policy (see `corral policies`).")] = "binpack",
-    sharing: Annotated[
-        str,
-        typer.Option(
-            help="mps: a share of one GPU is enforced with MPS where available (one user per GPU at a time); "
-            "time-slicing: shares of different users share GPUs without MPS."
-        ),
-    ] = "mps",
-    gpu_memory_watchdog: Annotated[
-        str, typer.Option(help="A job over its GPU memory grant where MPS does not cap it: off, warn or kill.")
-    ] = "kill",
-    gpu_behavior: Annotated[
-        str,
-        typer.Option(
-            help="Work without GPUs on this GPU machine: preferential (keeps each free GPU's CPU/memory reserve), "
-            "restricted (waits while a GPU is free: DeclinedScarceResources), unrestricted, undefined (warns)."
-        ),
-    ] = "preferential",
-    service_ports: Annotated[
-        str | None,
-        typer.Option(envvar="CORRAL_SERVICE_PORTS", help="Ports for services' $PORT0...: LOW-HIGH (31000-32000)."),
-    ] = None,
-    listen: Annotated[
-        str | None,
-        typer.Option(help="Also serve over TCP at [HOST:]PORT (127.0.0.1 unless a host is given), with bearer tokens."),
-    ] = None,
-    container_runtime: Annotated[
-        str | None,
-        typer.Option(help="docker or podman: runs job definitions that name a container image (default: none)."),
-    ] = None,
-) -> None:
-    """Run the corral daemon on this machine until SIGTERM or Ctrl-C."""
-    from corral.daemon.server import ServeError, serve
-    from corral.model.errors import InvalidRequest
-    from corral.store import StoreError
-
-    state, sock = serve_locations(state_dir, socket, runtime_dir, root=os.geteuid() == 0)
-    try:
-        serve(
-            state, sock, simulate_gpus, policy, watchdog=gpu_memory_watchdog, sharing=sharing, listen=listen,
-            gpu_behavior=gpu_behavior, service_ports=service_ports,
-            container_runtime=container_runtime,
-        )  # fmt: skip
-    except (ServeError, InvalidRequest, StoreError, OSError) as exc:
-        raise fail(str(exc)) from None
+socket_option = click.option("--socket", type=click.Path(path_type=Path), default=None, help=SOCKET_HELP)
+json_option = click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
 
 
+@click.command("submit", context_settings={"allow_interspersed_args": False})
+@click.argument("command", nargs=-1, required=True)
+@click.option("--gpus", type=int, default=None, help="Number of GPUs.")
+@click.option("--gpu-fraction", type=float, default=None, help="Share of each GPU, e.g. 0.3.")
+@click.option("--gpu-memory", default=None, help="GPU memory per GPU for a share, e.g. 10GiB.")
+@click.option("--cpus", default="1", show_default=True, help="CPUs, e.g. 4 or 500m.")
+@click.option("--memory", default="1GiB", show_default=True, help="Memory, e.g. 8GiB.")
+@click.option("--gpu-model", multiple=True, help="Allowed GPU model (repeatable).")
+@click.option("--priority", type=int, default=0, show_default=True, help="Priority (higher first).")
+@click.option("--name", default="", help="A name for the job.")
+@click.option("--retries", type=int, default=0, show_default=True, help="Retries after a failure.")
+@click.option("--time-limit", default=None, help="Time limit, e.g. 90, 45m, 2h.")
+@socket_option
 def submit_cmd(
-    command: Annotated[list[str], typer.Argument(help="The command and its arguments (after --).")],
-    gpus: Annotated[int | None, typer.Option(help="Number of GPUs.")] = None,
-    gpu_fraction: Annotated[float | None, typer.Option(help="Share of each GPU, e.g. 0.3.")] = None,
-    gpu_memory: Annotated[str | None, typer.Option(help="GPU memory per GPU for a share, e.g. 10GiB.")] = None,
-    cpus: Annotated[str, typer.Option(help="CPUs, e.g. 4 or 500m.")] = "1",
-    memory: Annotated[str, typer.Option(help="Memory, e.g. 8GiB.")] = "1GiB",
-    gpu_model: Annotated[list[str], typer.Option(help="Allowed GPU model (repeatable).")] = [],  # noqa: B006
-    priority: Annotated[int, typer.Option(help="Priority (higher first).")] = 0,
-    name: Annotated[str, typer.Option(help="A name for the job.")] = "",
-    retries: Annotated[int, typer.Option(help="Retries after a failure.")] = 0,
-    time_limit: Annotated[str | None, typer.Option(help="Time limit, e.g. 90, 45m, 2h.")] = None,
-    socket: SocketOpt = None,
+    command: tuple[str, ...],
+    gpus: int | None,
+    gpu_fraction: float | None,
+    gpu_memory: str | None,
+    cpus: str,
+    memory: str,
+    gpu_model: tuple[str, ...],
+    priority: int,
+    name: str,
+    retries: int,
+    time_limit: str | None,
+    socket: Path | None,
 ) -> None:
-    """Submit a job; prints its id. The job runs in this directory with this environment."""
+    """Submit a job; prints its id. The job runs in this directory with this environment.
+
+    COMMAND and its arguments come after the options (after --, so that its own options stay its own)."""
     body = {
-        "command": command,
+        "command": list(command),
         "gpus": gpus,
         "gpu_fraction": gpu_fraction,
         "gpu_memory": gpu_memory,
         "cpus": cpus,
         "memory": memory,
-        "gpu_model": gpu_model,
+        "gpu_model": list(gpu_model),
         "priority": priority,
         "name": name,
         "retries": retries,
@@ -334,17 +322,31 @@ def since_time(value: str, now: float) -> float:
         ) from None
 
 
+@click.command("ps")
+@click.option("--all", "everyone", is_flag=True, help="Root: every user's jobs.")
+@click.option("--state", multiple=True, help="Only jobs in this state (repeatable).")
+@click.option("--user", default=None, help="Root: this user's jobs.")
+@click.option("--name", default=None, help="Only jobs with this name.")
+@click.option("--since", default=None, help="Submitted since: 45m, 2h (ago) or a date.")
+@click.option(
+    "--limit", type=click.IntRange(min=1), default=1000, show_default=True,
+    help="At most this many (the daemon allows 10000).",
+)  # fmt: skip
+@click.option("--newest", is_flag=True, help="Newest first (default: oldest first).")
+@click.option("--after", default=None, help="The page after this job id (see the hint).")
+@json_option
+@socket_option
 def ps_cmd(
-    everyone: Annotated[bool, typer.Option("--all", help="Root: every user's jobs.")] = False,
-    state: Annotated[list[str], typer.Option("--state", help="Only jobs in this state (repeatable).")] = [],  # noqa: B006
-    user: Annotated[str | None, typer.Option("--user", help="Root: this user's jobs.")] = None,
-    name: Annotated[str | None, typer.Option("--name", help="Only jobs with this name.")] = None,
-    since: Annotated[str | None, typer.Option("--since", help="Submitted since: 45m, 2h (ago) or a date.")] = None,
-    limit: Annotated[int, typer.Option("--limit", help="At most this many (the daemon allows 10000).", min=1)] = 1000,
-    newest: Annotated[bool, typer.Option("--newest", help="Newest first (default: oldest first).")] = False,
-    after: Annotated[str | None, typer.Option("--after", help="The page after this job id (see the hint).")] = None,
-    as_json: JsonOpt = False,
-    socket: SocketOpt = None,
+    everyone: bool,
+    state: tuple[str, ...],
+    user: str | None,
+    name: str | None,
+    since: str | None,
+    limit: int,
+    newest: bool,
+    after: str | None,
+    as_json: bool,
+    socket: Path | None,
 ) -> None:
     """List your jobs (root with --all: everyone's), oldest first, 1000 at most: page on with --after."""
     params: list[tuple[str, str | int | float]] = [("limit", limit)] + [("state", s) for s in state]
@@ -361,17 +363,30 @@ def ps_cmd(
     jobs = response.json()
     more = response.headers.get("X-Corral-Next-After")
     if more:  # on stderr, so that --json output stays one JSON document
-        err.print(f"more jobs: corral ps ... --after {more}", highlight=False)
+        say(err, "more jobs: corral ps ... --after ", more)
     if as_json:
         dump(jobs)
         return
-    table = Table("ID", "NAME", "USER", "STATE", "GPUS", "COMMAND", "REASON")
+    view = table("ID", "NAME", "USER", "STATE", "GPUS", "COMMAND", "REASON")
     for j in jobs:
-        row(table, j["id"], j["name"], j["user"], j["state"], gpus_text(j), " ".join(j["command"]), j["reason"])
-    out.print(table)
+        row(
+            view,
+            j["id"],
+            j["name"],
+            j["user"],
+            state_cell(j["state"]),
+            gpus_text(j),
+            " ".join(j["command"]),
+            j["reason"],
+        )
+    out.print(view)
 
 
-def show_cmd(job_id: str, as_json: JsonOpt = False, socket: SocketOpt = None) -> None:
+@click.command("show")
+@click.argument("job_id")
+@json_option
+@socket_option
+def show_cmd(job_id: str, as_json: bool, socket: Path | None) -> None:
     """One job in full."""
     job = call(socket, "GET", f"/v1/jobs/{job_id}").json()
     if as_json:
@@ -382,18 +397,19 @@ def show_cmd(job_id: str, as_json: JsonOpt = False, socket: SocketOpt = None) ->
         say(out, f"{key:>13}: ", "" if text is None else text)
 
 
-FINAL_STATES = {"succeeded", "failed", "cancelled", "lost"}
-
-
-def logs_cmd(
-    job_id: str,
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing output until the job ends.")] = False,
-    as_json: Annotated[
-        bool, typer.Option("--json", help='Print {"job", "state", "offset", "next_offset", "text"} (a line per chunk).')
-    ] = False,
-    interval: Annotated[float, typer.Option(help="Seconds between polls with --follow.", min=0.05)] = 0.5,
-    socket: SocketOpt = None,
-) -> None:
+@click.command("logs")
+@click.argument("job_id")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing output until the job ends.")
+@click.option(
+    "--json", "as_json", is_flag=True,
+    help='Print {"job", "state", "offset", "next_offset", "text"} (a line per chunk).',
+)  # fmt: skip
+@click.option(
+    "--interval", type=click.FloatRange(min=0.05), default=0.5, show_default=True,
+    help="Seconds between polls with --follow.",
+)  # fmt: skip
+@socket_option
+def logs_cmd(job_id: str, follow: bool, as_json: bool, interval: float, socket: Path | None) -> None:
     """A job's output so far; with -f, until the job ends (Ctrl-C stops following, not the job)."""
     offset = 0
     try:
@@ -410,41 +426,99 @@ def logs_cmd(
             sys.stdout.flush()
             if r.content and follow:
                 continue  # more may be waiting already (a chunk is at most 4 MiB)
-            if not follow or state in FINAL_STATES:
+            if not follow:
+                return
+            if state in FINAL_STATES:
+                # what the job's process gave, like a shell (or `corral wait`): a script can follow and check
+                status = job_exit_status(call(socket, "GET", f"/v1/jobs/{job_id}").json())
+                if status:
+                    raise SystemExit(status)
                 return
             time.sleep(interval)
     except KeyboardInterrupt:
-        raise typer.Exit(130) from None
+        raise SystemExit(130) from None
 
 
+@click.command("wait")
+@click.argument("job_id")
+@click.option(
+    "--timeout", type=click.FloatRange(min=0), default=None,
+    help=f"Give up after this many seconds (exit status {EXIT_STILL_RUNNING}; the job goes on).",
+)  # fmt: skip
+@click.option(
+    "--interval", type=click.FloatRange(min=0.05), default=0.5, show_default=True, help="Seconds between polls."
+)
+@socket_option
+def wait_cmd(job_id: str, timeout: float | None, interval: float, socket: Path | None) -> None:
+    """Wait for a job to end; exit with its exit status.
+
+    \b
+    0        it succeeded
+    N        it failed with exit code N (128 + S: killed by signal S)
+    143      it was cancelled (128 + SIGTERM)
+    1        it failed without an exit code (time limit, could not start), or was lost
+    124      --timeout ran out first
+    Ctrl-C stops waiting, not the job (130)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        while True:
+            job = call(socket, "GET", f"/v1/jobs/{job_id}").json()
+            if job["state"] in FINAL_STATES:
+                break
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                error_line(err, f"job {job_id} is still {job['state']} after {timeout:g} s")
+                raise SystemExit(EXIT_STILL_RUNNING)
+            time.sleep(interval if left is None else min(interval, left))
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+    status = job_exit_status(job)
+    if status:
+        say(err, f"job {job_id} {job['state']}: ", job["reason"] or "-")
+        raise SystemExit(status)
+
+
+@click.command("cancel")
+@click.argument("job_ids", nargs=-1)
+@click.option("--state", multiple=True, help="Every job in this state (repeatable).")
+@click.option("--name", default=None, help="Every job with this name.")
+@click.option("--user", default=None, help="Root: that user's jobs (with --state/--name).")
+@click.option("--all", "everyone", is_flag=True, help="Root: every user's jobs (with --state/--name).")
+@socket_option
 def cancel_cmd(
-    job_ids: Annotated[list[str] | None, typer.Argument(help="Job ids.", show_default=False)] = None,
-    state: Annotated[list[str], typer.Option("--state", help="Every job in this state (repeatable).")] = [],  # noqa: B006
-    name: Annotated[str | None, typer.Option("--name", help="Every job with this name.")] = None,
-    user: Annotated[str | None, typer.Option("--user", help="Root: that user's jobs (with --state/--name).")] = None,
-    everyone: Annotated[bool, typer.Option("--all", help="Root: every user's jobs (with --state/--name).")] = False,
-    socket: SocketOpt = None,
+    job_ids: tuple[str, ...],
+    state: tuple[str, ...],
+    name: str | None,
+    user: str | None,
+    everyone: bool,
+    socket: Path | None,
 ) -> None:
     """Cancel jobs: by id, or every job of yours in a state or with a name (a running one gets SIGTERM)."""
-    ids = job_ids or []
+    ids = list(job_ids)
     if len(ids) == 1 and not (state or name):
         job = call(socket, "POST", f"/v1/jobs/{ids[0]}/cancel").json()
         say(out, f"job {job['id']}: {job['state']} (", job["reason"], ")")
         return
     if not (ids or state or name):
         raise fail("say which jobs to cancel: job ids, --state or --name")
-    body: dict[str, object] = {"ids": ids or None, "state": state or None, "name": name, "user": user, "all": everyone}
+    body: dict[str, object] = {
+        "ids": ids or None, "state": list(state) or None, "name": name, "user": user, "all": everyone,
+    }  # fmt: skip
     done = call(socket, "POST", "/v1/jobs/cancel", json=body).json()
-    out.print(
+    say(
+        out,
         f"cancelled {len(done['cancelled'])}, cancelling {len(done['cancelling'])} (running: SIGTERM sent), "
         f"already ended {len(done['ended'])}",
-        highlight=False,
     )
     if done["not_found"]:
         raise fail(f"no job {', '.join(done['not_found'])}")
 
 
-def explain_cmd(job_id: str, as_json: JsonOpt = False, socket: SocketOpt = None) -> None:
+@click.command("explain")
+@click.argument("job_id")
+@json_option
+@socket_option
+def explain_cmd(job_id: str, as_json: bool, socket: Path | None) -> None:
     """Why a job waits, or how it ended."""
     data = call(socket, "GET", f"/v1/jobs/{job_id}/explain").json()
     if as_json:
@@ -453,13 +527,16 @@ def explain_cmd(job_id: str, as_json: JsonOpt = False, socket: SocketOpt = None)
     say(out, f"job {job_id} is {data['state']}: ", data["reason"] or "-")
 
 
-def gpus_cmd(as_json: JsonOpt = False, socket: SocketOpt = None) -> None:
+@click.command("gpus")
+@json_option
+@socket_option
+def gpus_cmd(as_json: bool, socket: Path | None) -> None:
     """Each GPU: who holds which share, and live use where the daemon can measure it."""
     rows = call(socket, "GET", "/v1/gpus").json()
     if as_json:
         dump(rows)
         return
-    table = Table("GPU", "MODEL", "GRANTED", "HELD BY", "USED MiB", "NOT CORRAL'S MiB", "UTIL %")
+    view = table("GPU", "MODEL", "GRANTED", "HELD BY", "USED MiB", "NOT CORRAL'S MiB", "UTIL %")
     for r in rows:
         held = ", ".join(f"{h['job']}({h['user'] or '?'}) {h['milli']}m" for h in r["held"]) or "-"
 
@@ -467,23 +544,26 @@ def gpus_cmd(as_json: JsonOpt = False, socket: SocketOpt = None) -> None:
             return "-" if v is None else str(v)
 
         row(
-            table, f"{r['index']} {r['uuid']}", r["model"], f"{r['granted_milli'] / 10:g} %", held,
+            view, f"{r['index']} {r['uuid']}", r["model"], f"{r['granted_milli'] / 10:g} %", held,
             known(r["used_memory_mib"]), known(r["foreign_memory_mib"]), known(r["utilization_pct"]),
         )  # fmt: skip
-    out.print(table)
+    out.print(view)
 
 
-token_app = typer.Typer(no_args_is_help=True, help="Bearer tokens for talking to corral serve over TCP.")
+@click.group("token", no_args_is_help=True)
+def token_group() -> None:
+    """Bearer tokens for talking to corral serve over TCP."""
 
 
-@token_app.command("create")
-def token_create_cmd(
-    name: Annotated[str, typer.Argument(help="What the token is for, e.g. laptop.")],
-    user: Annotated[str | None, typer.Option(help="Root: a token for this user.")] = None,
-    as_json: JsonOpt = False,
-    socket: SocketOpt = None,
-) -> None:
-    """Create a token (printed once: keep it secret; it acts as you)."""
+@token_group.command("create")
+@click.argument("name")
+@click.option("--user", default=None, help="Root: a token for this user.")
+@json_option
+@socket_option
+def token_create_cmd(name: str, user: str | None, as_json: bool, socket: Path | None) -> None:
+    """Create a token (printed once: keep it secret; it acts as you).
+
+    NAME says what the token is for, e.g. laptop."""
     token = call(socket, "POST", "/v1/tokens", json={"name": name, "user": user}).json()
     if as_json:
         dump(token)
@@ -492,33 +572,25 @@ def token_create_cmd(
     say(err, f"token {token['id']} ({token['name']}) for {token['user']}: use it as CORRAL_TOKEN")
 
 
-@token_app.command("list")
-def token_list_cmd(as_json: JsonOpt = False, socket: SocketOpt = None) -> None:
+@token_group.command("list")
+@json_option
+@socket_option
+def token_list_cmd(as_json: bool, socket: Path | None) -> None:
     """Your tokens (root: everyone's); never their secrets."""
     tokens = call(socket, "GET", "/v1/tokens").json()
     if as_json:
         dump(tokens)
         return
-    table = Table("ID", "NAME", "USER", "CREATED")
+    view = table("ID", "NAME", "USER", "CREATED")
     for t in tokens:
-        row(table, t["id"], t["name"], t["user"], time.strftime("%Y-%m-%d %H:%M", time.localtime(t["created_at"])))
-    out.print(table)
+        row(view, t["id"], t["name"], t["user"], time.strftime("%Y-%m-%d %H:%M", time.localtime(t["created_at"])))
+    out.print(view)
 
 
-@token_app.command("revoke")
-def token_revoke_cmd(token_id: str, socket: SocketOpt = None) -> None:
+@token_group.command("revoke")
+@click.argument("token_id")
+@socket_option
+def token_revoke_cmd(token_id: str, socket: Path | None) -> None:
     """Revoke a token: requests carrying it get 401 from now on."""
     call(socket, "DELETE", f"/v1/tokens/{token_id}")
     say(out, f"token {token_id} revoked")
-
-
-def register(app: typer.Typer) -> None:
-    app.add_typer(token_app, name="token")
-    app.command("serve")(serve_cmd)
-    app.command("submit", context_settings={"allow_interspersed_args": False})(submit_cmd)
-    app.command("ps")(ps_cmd)
-    app.command("show")(show_cmd)
-    app.command("logs")(logs_cmd)
-    app.command("cancel")(cancel_cmd)
-    app.command("explain")(explain_cmd)
-    app.command("gpus")(gpus_cmd)

@@ -13,15 +13,17 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-import typer
-from rich.table import Table
+import click
 
-from corral.cli.client import JsonOpt, SocketOpt, call, dump, fail, out
-from corral.cli.render import row, say
+from corral.cli.client import call, dump, fail, json_option, out, socket_option
+from corral.cli.render import row, say, table
 
-job_app = typer.Typer(no_args_is_help=True, help="Named job definitions (Metronome or Chronos JSON) and their runs.")
+
+@click.group("job", no_args_is_help=True)
+def job_app() -> None:
+    """Named job definitions (Metronome or Chronos JSON) and their runs."""
 
 
 def _when(value: str | None) -> str:
@@ -40,11 +42,13 @@ def _schedule_text(d: dict[str, Any]) -> str:
 
 
 @job_app.command("create")
-def create_cmd(
-    file: Annotated[Path, typer.Option("--file", "-f", help="The job's JSON (Metronome or Chronos); - for stdin.")],
-    as_json: JsonOpt = False,
-    socket: SocketOpt = None,
-) -> None:
+@click.option(
+    "--file", "-f", "file", type=click.Path(path_type=Path), required=True,
+    help="The job's JSON (Metronome or Chronos); - for stdin.",
+)  # fmt: skip
+@json_option
+@socket_option
+def create_cmd(file: Path, as_json: bool, socket: Path | None) -> None:
     """Create a job definition from Metronome or Chronos JSON (which one is detected)."""
     try:
         text = sys.stdin.read() if str(file) == "-" else file.read_text()
@@ -63,23 +67,28 @@ def create_cmd(
 
 
 @job_app.command("list")
-def list_cmd(as_json: JsonOpt = False, socket: SocketOpt = None) -> None:
+@json_option
+@socket_option
+def list_cmd(as_json: bool, socket: Path | None) -> None:
     """Your job definitions (root: everyone's)."""
     rows = call(socket, "GET", "/v1/definitions").json()
     if as_json:
         dump(rows)
         return
-    table = Table("NAME", "SOURCE", "USER", "SCHEDULE", "NEXT RUN", "ACTIVE", "LAST", "OK/FAILED")
+    view = table("NAME", "SOURCE", "USER", "SCHEDULE", "NEXT RUN", "ACTIVE", "LAST", "OK/FAILED")
     for d in rows:
         row(
-            table, d["name"], d["source"], d["user"], _schedule_text(d), _when(d["next_run_at"]), str(d["active_runs"]),
+            view, d["name"], d["source"], d["user"], _schedule_text(d), _when(d["next_run_at"]), str(d["active_runs"]),
             d["last_status"] or "-", f"{d['success_count']}/{d['failure_count']}",
         )  # fmt: skip
-    out.print(table)
+    out.print(view)
 
 
 @job_app.command("show")
-def show_cmd(name: str, as_json: JsonOpt = False, socket: SocketOpt = None) -> None:
+@click.argument("name")
+@json_option
+@socket_option
+def show_cmd(name: str, as_json: bool, socket: Path | None) -> None:
     """One job definition with its runs."""
     d = call(socket, "GET", f"/v1/definitions/{name}").json()
     if as_json:
@@ -98,7 +107,10 @@ def show_cmd(name: str, as_json: JsonOpt = False, socket: SocketOpt = None) -> N
 
 
 @job_app.command("run")
-def run_cmd(name: str, as_json: JsonOpt = False, socket: SocketOpt = None) -> None:
+@click.argument("name")
+@json_option
+@socket_option
+def run_cmd(name: str, as_json: bool, socket: Path | None) -> None:
     """Run a job definition now (whatever its schedule says)."""
     run = call(socket, "POST", f"/v1/definitions/{name}/runs").json()
     if as_json:
@@ -110,27 +122,29 @@ def run_cmd(name: str, as_json: JsonOpt = False, socket: SocketOpt = None) -> No
 
 
 @job_app.command("runs")
-def runs_cmd(name: str, as_json: JsonOpt = False, socket: SocketOpt = None) -> None:
+@click.argument("name")
+@json_option
+@socket_option
+def runs_cmd(name: str, as_json: bool, socket: Path | None) -> None:
     """A job definition's runs, oldest first, with the corral jobs that ran them (`corral logs ID`)."""
     runs = call(socket, "GET", f"/v1/definitions/{name}/runs").json()
     if as_json:
         dump(runs)
         return
-    table = Table("RUN", "STATUS", "TRIGGER", "CREATED", "COMPLETED", "JOBS", "REASON")
+    view = table("RUN", "STATUS", "TRIGGER", "CREATED", "COMPLETED", "JOBS", "REASON")
     for r in runs:
         row(
-            table, r["id"], r["status"], r["trigger"], _when(r["createdAt"]), _when(r["completedAt"]),
+            view, r["id"], r["status"], r["trigger"], _when(r["createdAt"]), _when(r["completedAt"]),
             ",".join(t["id"] for t in r["tasks"]) or "-", r["reason"],
         )  # fmt: skip
-    out.print(table)
+    out.print(view)
 
 
 @job_app.command("delete")
-def delete_cmd(
-    name: str,
-    stop_runs: Annotated[bool, typer.Option("--stop-runs", help="Stop its active runs too.")] = False,
-    socket: SocketOpt = None,
-) -> None:
+@click.argument("name")
+@click.option("--stop-runs", is_flag=True, help="Stop its active runs too.")
+@socket_option
+def delete_cmd(name: str, stop_runs: bool, socket: Path | None) -> None:
     """Delete a job definition (refused while it has active runs, unless --stop-runs)."""
     call(socket, "DELETE", f"/v1/definitions/{name}", params={"stop_runs": str(stop_runs).lower()})
     say(out, f"job {name} deleted")

@@ -1,268 +1,177 @@
-"""`corral`: the command line.
+"""`corral`: the command line. A command's code is imported only when it runs, so that `corral ps` answers at once.
 
-corral place  --simulate-gpus 2x8xA100-80GB --gpus 2 --explain     one decision, explained
-corral place  --nodes cluster.yaml --gpu-fraction 0.3 --policy fgd --json
-corral policies                                                  the policies and what they do
+    corral ps ...          click root  ->  import corral.cli.client (click, http.client)  ->  ps
+    corral place ...       click root  ->  corral.cli.typer_app: import corral.cli.place (numpy, scipy)  ->  place
+    corral --help          click root: each command's line from COMMANDS, nothing imported
+
+Two kinds of command. The thin client's (submit, ps, show, logs, cancel, explain, gpus, wait, token, app, job) is
+written with click: it must start in 150 ms or less (issue 15), and Typer 0.2x converts every parameter through
+pydantic, which costs more to import than the rest of such a command together. The others (serve, place, discover,
+policies, sim, k8s) load the daemon, the engine, the simulator or the Kubernetes client anyway; they stay with
+Typer, and the root hands them their arguments untouched (`corral sim --help` is Typer's).
+
+`app` is what pyproject's `corral` script calls; `app(...)` runs the command line. For the rest it is the Typer app
+of the Typer-written commands (typer.testing.CliRunner drives those through it), built on first use.
+tests/cli/test_startup.py checks what a thin-client command imports.
 """
 
 from __future__ import annotations
 
-import json
-import sys
-from pathlib import Path
-from typing import Annotated, Any
+import importlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-import typer
-from rich.console import Console
-from rich.table import Table
+import click
 
-from corral.cli.client import register as register_client
-from corral.cli.jobs import job_app
-from corral.cli.render import error_line, literal, row
-from corral.cli.services import app as services_app
-from corral.cli.sim import app as sim_app
-from corral.gpu.simulated import parse_simulated_inventory
-from corral.k8s.cli import app as k8s_app
-from corral.model.errors import InvalidRequest
-from corral.model.inventory import load_inventory
-from corral.model.resources import MILLI_PER_GPU, Constraint, GpuBehavior, Node, Request
-from corral.model.snapshot import ClusterSnapshot
-from corral.model.units import parse_cpu_milli, parse_memory_mib
-from corral.placement import Decision, GpuReserve, PlacementConfig, get_policy, place, policy_names, render
-from corral.placement.explain import render_long
+import corral
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="corral: a GPU-aware scheduler.")
-app.add_typer(sim_app, name="sim")
-app.add_typer(k8s_app, name="k8s")
-register_client(app)
-app.add_typer(services_app, name="app")
-app.add_typer(job_app, name="job")
-out = Console()
-err = Console(stderr=True, soft_wrap=True)
-
-EXIT_BAD_INPUT = 2
-EXIT_NO_FIT = 3
+if TYPE_CHECKING:
+    from typer import Typer
 
 
-def fail(message: str) -> typer.Exit:
-    error_line(err, message)
-    return typer.Exit(EXIT_BAD_INPUT)
+@dataclass(frozen=True)
+class Lazy:
+    """A command imported when it runs: `module`'s `attr`, a click command (`typer` False) or a Typer app or a
+    function that Typer makes a command of (`typer` True)."""
+
+    module: str
+    attr: str
+    help: str  # its line in `corral --help` (tests/cli/test_startup.py checks it against the command's own help)
+    typer: bool = False
 
 
-def build_request(
-    gpus: int | None,
-    gpu_fraction: float | None,
-    gpu_memory: str | None,
-    cpus: str,
-    memory: str,
-    gpu_model: list[str],
-    min_gpu_memory: str | None,
-    constraint: list[str],
-    label: list[str],
-    priority: int,
-    policy: str | None,
-    name: str,
-) -> Request:
-    """CLI flags -> Request. `--gpu-fraction 0.3` is 300 milli of one GPU (of `--gpus` GPUs when given)."""
-    if gpu_fraction is not None and not 0 < gpu_fraction < 1:
-        raise InvalidRequest("--gpu-fraction", f"must be between 0 and 1 (exclusive), got {gpu_fraction}")
-    share = gpu_fraction is not None or gpu_memory is not None
-    count = gpus if gpus is not None else (1 if share else 0)
-    milli = round(gpu_fraction * MILLI_PER_GPU) if gpu_fraction is not None else (0 if share else MILLI_PER_GPU)
-    constraints = []
-    for c in constraint:
-        parts = c.split(":", 2)
-        if len(parts) != 3:
-            raise InvalidRequest("--constraint", f"expected ATTRIBUTE:OPERATOR:VALUE, got {c!r}")
-        constraints.append(Constraint.parse(*parts))
-    labels = {}
-    for item in label:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise InvalidRequest("--label", f"expected KEY=VALUE, got {item!r}")
-        labels[key] = value
-    return Request(
-        cpu_milli=parse_cpu_milli(cpus, "--cpus"),
-        memory_mib=parse_memory_mib(memory, "--memory"),
-        gpu_count=count,
-        gpu_milli=milli if count else 0,
-        gpu_memory_mib=parse_memory_mib(gpu_memory, "--gpu-memory") if gpu_memory else 0,
-        gpu_models=frozenset(gpu_model) if gpu_model else None,
-        min_gpu_memory_mib=parse_memory_mib(min_gpu_memory, "--min-gpu-memory") if min_gpu_memory else 0,
-        constraints=tuple(constraints),
-        priority=priority,
-        labels=labels,
-        policy=policy,
-        id=name,
+#: Every command, in the order `corral --help` lists them.
+COMMANDS: dict[str, Lazy] = {
+    "submit": Lazy(
+        "corral.cli.client", "submit_cmd", "Submit a job; prints its id. The job runs in this directory with this "
+        "environment.",
+    ),
+    "ps": Lazy(
+        "corral.cli.client", "ps_cmd", "List your jobs (root with --all: everyone's), oldest first, 1000 at most: "
+        "page on with --after.",
+    ),
+    "show": Lazy("corral.cli.client", "show_cmd", "One job in full."),
+    "logs": Lazy(
+        "corral.cli.client", "logs_cmd", "A job's output so far; with -f, until the job ends (Ctrl-C stops "
+        "following, not the job).",
+    ),
+    "cancel": Lazy(
+        "corral.cli.client", "cancel_cmd", "Cancel jobs: by id, or every job of yours in a state or with a name (a "
+        "running one gets SIGTERM).",
+    ),
+    "explain": Lazy("corral.cli.client", "explain_cmd", "Why a job waits, or how it ended."),
+    "wait": Lazy("corral.cli.client", "wait_cmd", "Wait for a job to end; exit with its exit status."),
+    "gpus": Lazy(
+        "corral.cli.client", "gpus_cmd", "Each GPU: who holds which share, and live use where the daemon can "
+        "measure it.",
+    ),
+    "token": Lazy("corral.cli.client", "token_group", "Bearer tokens for talking to corral serve over TCP."),
+    "serve": Lazy(
+        "corral.cli.serve", "serve_cmd", "Run the corral daemon on this machine until SIGTERM or Ctrl-C.", typer=True
+    ),
+    "app": Lazy("corral.cli.services", "app", "Services (Marathon apps): keep instances running."),
+    "job": Lazy("corral.cli.jobs", "job_app", "Named job definitions (Metronome or Chronos JSON) and their runs."),
+    "place": Lazy(
+        "corral.cli.place", "place_cmd", "Place one request on a cluster and say why. Exit code 3 when no node "
+        "fits, 2 on bad input.", typer=True,
+    ),
+    "discover": Lazy(
+        "corral.cli.place", "discover_cmd", "The GPUs of this machine as corral sees them (NVML): UUID, model, "
+        "memory, use and topology.", typer=True,
+    ),
+    "policies": Lazy("corral.cli.place", "policies_cmd", "List the placement policies.", typer=True),
+    "sim": Lazy("corral.cli.sim", "app", "Replay cluster traces through the placement engine.", typer=True),
+    "k8s": Lazy("corral.k8s.cli", "app", "corral on Kubernetes: scheduler extender and device plugin.", typer=True),
+}  # fmt: skip
+
+
+def _to_typer(name: str) -> click.Command:
+    """A click command that hands everything after NAME to the Typer app (its own options, --help included)."""
+
+    @click.pass_context
+    def run(ctx: click.Context, args: tuple[str, ...]) -> None:
+        from corral.cli.typer_app import app as typer_app
+
+        typer_app(args=[name, *args], prog_name=ctx.find_root().info_name)
+
+    return click.Command(
+        name,
+        callback=run,
+        params=[click.Argument(["args"], nargs=-1, type=click.UNPROCESSED)],
+        help=COMMANDS[name].help,
+        add_help_option=False,
+        context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
     )
 
 
-def decision_json(d: Decision, snapshot: ClusterSnapshot) -> dict[str, Any]:
-    alloc = d.allocation
-    data: dict[str, Any] = {"placed": d.placed, "policy": d.policy, "behavior": d.behavior.value}
-    if alloc is not None:
-        node = snapshot.nodes[alloc.node_index]
-        data["node"] = alloc.node
-        data["gpus"] = [
-            {
-                "index": g.index,
-                "uuid": node.gpus[g.index].uuid,
-                "model": node.gpus[g.index].model,
-                "milli": g.milli,
-                "memory_mib": g.memory_mib,
-            }
-            for g in alloc.gpus
-        ]
-    data["explanation"] = d.explanation.to_dict()
-    return data
+class Root(click.Group):
+    """`corral`: its commands are COMMANDS, each imported when it runs; its help lists them without importing any."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        spec = COMMANDS.get(cmd_name)
+        if spec is None:
+            return None
+        if spec.typer:
+            return _to_typer(cmd_name)
+        command = getattr(importlib.import_module(spec.module), spec.attr)
+        assert isinstance(command, click.Command), f"{spec.module}.{spec.attr} is not a click command"
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, spec.help) for name, spec in COMMANDS.items()])
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        try:
+            return super().resolve_command(ctx, args)
+        except click.UsageError as exc:
+            if args and args[0] not in COMMANDS and not args[0].startswith("-"):
+                import difflib
+
+                close = difflib.get_close_matches(args[0], list(COMMANDS))
+                if close:
+                    hint = f"{exc.message.rstrip('.')}. Did you mean {', '.join(map(repr, close))}?"
+                    raise click.UsageError(hint, exc.ctx) from None
+            raise
 
 
-@app.command("place")
-def place_cmd(
-    nodes: Annotated[Path | None, typer.Option(help="Cluster file: corral YAML/JSON, or an openb node CSV.")] = None,
-    simulate_gpus: Annotated[
-        str | None,
-        typer.Option("--simulate-gpus", help="Simulated inventory, e.g. 4xH100-80GB or 2x8xA100-80GB."),
-    ] = None,
-    gpus: Annotated[
-        int | None, typer.Option(help="Number of GPUs (whole unless a fraction or memory is given).")
-    ] = None,
-    gpu_fraction: Annotated[float | None, typer.Option(help="Share of each GPU, e.g. 0.3.")] = None,
-    gpu_memory: Annotated[str | None, typer.Option(help="GPU memory per GPU for a share, e.g. 10GiB.")] = None,
-    cpus: Annotated[str, typer.Option(help="CPUs, e.g. 4 or 500m.")] = "1",
-    memory: Annotated[str, typer.Option(help="Memory, e.g. 8GiB.")] = "1GiB",
-    gpu_model: Annotated[list[str], typer.Option(help="Allowed GPU model (repeatable).")] = [],  # noqa: B006
-    min_gpu_memory: Annotated[str | None, typer.Option(help="Only GPUs with at least this much memory.")] = None,
-    constraint: Annotated[list[str], typer.Option(help="ATTRIBUTE:IS|LIKE|UNLIKE:VALUE (repeatable).")] = [],  # noqa: B006
-    label: Annotated[list[str], typer.Option(help="KEY=VALUE, e.g. GPU_SCHEDULING_BEHAVIOR=restricted.")] = [],  # noqa: B006
-    priority: Annotated[int, typer.Option(help="Priority (higher first).")] = 0,
-    policy: Annotated[str, typer.Option(help="Placement policy (see `corral policies`).")] = "binpack",
-    behavior: Annotated[str, typer.Option(help="GPU scheduling behaviour for work without GPUs.")] = "preferential",
-    reserve_cpus: Annotated[str, typer.Option(help="preferential: CPUs kept free per free GPU.")] = "4",
-    reserve_memory: Annotated[str, typer.Option(help="preferential: memory kept free per free GPU.")] = "16GiB",
-    seed: Annotated[int, typer.Option(help="Seed for the random policy.")] = 0,
-    explain: Annotated[bool, typer.Option(help="Show shortfalls, every failing dimension and top scores.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the decision as JSON.")] = False,
-) -> None:
-    """Place one request on a cluster and say why. Exit code 3 when no node fits, 2 on bad input."""
-    try:
-        if (nodes is None) == (simulate_gpus is None):
-            raise InvalidRequest("--nodes/--simulate-gpus", "give exactly one of them")
-        inventory: list[Node] = load_inventory(nodes) if nodes else parse_simulated_inventory(simulate_gpus or "")
-        snapshot = ClusterSnapshot(inventory)
-        request = build_request(
-            gpus,
-            gpu_fraction,
-            gpu_memory,
-            cpus,
-            memory,
-            gpu_model,
-            min_gpu_memory,
-            constraint,
-            label,
-            priority,
-            None,
-            "cli",
-        )
-        config = PlacementConfig(
-            policy=policy,
-            gpu_behavior=GpuBehavior.parse(behavior, "--behavior"),
-            reserve=GpuReserve(
-                parse_cpu_milli(reserve_cpus, "--reserve-cpus"),
-                parse_memory_mib(reserve_memory, "--reserve-memory"),
-            ),
-        )
-        decision = place(snapshot, request, config, rng=seed)
-    except InvalidRequest as exc:
-        raise fail(str(exc)) from None
-    if as_json:
-        sys.stdout.write(json.dumps(decision_json(decision, snapshot), indent=2) + "\n")
-    else:
-        if simulate_gpus:
-            out.print("[yellow]simulated GPU inventory[/] (no real devices)", highlight=False)
-        out.print(literal(render_long(decision.explanation) if explain else render(decision.explanation), lines=True))
-        if decision.allocation is not None:
-            table = Table("GPU", "UUID", "model", "milli", "memory MiB", title=f"granted on {decision.allocation.node}")
-            node = snapshot.nodes[decision.allocation.node_index]
-            for g in decision.allocation.gpus:
-                dev = node.gpus[g.index]
-                row(table, g.index, dev.uuid, dev.model, g.milli, g.memory_mib)
-            if decision.allocation.gpus:
-                out.print(table)
-    if not decision.placed:
-        raise typer.Exit(EXIT_NO_FIT)
+@click.group(cls=Root, no_args_is_help=True)
+@click.version_option(corral.__version__, "--version", prog_name="corral", message="%(prog)s %(version)s")
+def cli() -> None:
+    """corral: a GPU-aware scheduler."""
 
 
-@app.command("discover")
-def discover_cmd(
-    simulate_gpus: Annotated[
-        str | None, typer.Option("--simulate-gpus", help="Show a simulated inventory instead, e.g. 4xH100-80GB.")
-    ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print as JSON.")] = False,
-) -> None:
-    """The GPUs of this machine as corral sees them (NVML): UUID, model, memory, use and topology."""
-    import dataclasses
-
-    from corral.gpu.discovery import GpuDiscoveryError, GpuInfo, discover_gpus
-
-    try:
-        if simulate_gpus:
-            gpus = [
-                GpuInfo(g.index, g.uuid, g.model, g.memory_mib)
-                for g in parse_simulated_inventory(simulate_gpus)[0].gpus
-            ]
-        else:
-            gpus = discover_gpus()
-    except (InvalidRequest, GpuDiscoveryError) as exc:
-        raise fail(f"{exc}; use --simulate-gpus to try corral without GPUs") from None
-    if as_json:
-        rows = [{**dataclasses.asdict(g), "model": g.model, "nvlink_peers": sorted(g.nvlink_peers)} for g in gpus]
-        sys.stdout.write(json.dumps({"simulated": bool(simulate_gpus), "gpus": rows}, indent=2) + "\n")
-        return
-    if simulate_gpus:
-        out.print("[yellow]simulated GPU inventory[/] (no real devices)", highlight=False)
-    table = Table("GPU", "UUID", "model", "memory MiB", "used MiB", "util %", "NUMA", "PCIe switch", "NVLink peers")
-
-    def cell(v: object) -> str:
-        return "unknown" if v is None else str(v)
-
-    for g in gpus:
-        peers = ",".join(str(p) for p in sorted(g.nvlink_peers)) or "-"
-        row(
-            table, g.index, g.uuid, g.model, g.memory_total_mib, cell(g.memory_used_mib), cell(g.utilization_pct),
-            cell(g.numa_node), cell(g.pcie_switch), peers,
-        )  # fmt: skip
-    out.print(table)
+def main(args: Sequence[str] | None = None, prog_name: str | None = None) -> Any:
+    """Run the command line (sys.argv unless `args`); exits the process with the command's exit code."""
+    return cli.main(args=list(args) if args is not None else None, prog_name=prog_name)
 
 
-POLICY_HELP = {
-    "binpack": "fill the fullest node and GPU first (leaves whole nodes free)",
-    "spread": "use the emptiest node and GPU (spreads load and failures)",
-    "random": "a feasible node at random (seeded)",
-    "bestfit": "FGD study: least free CPU + GPU left on the node",
-    "dotprod": "FGD study: smallest dot product of free and demand vectors",
-    "gpu-packing": "FGD study: fill used GPUs, then used nodes, then small empty nodes",
-    "gpu-clustering": "FGD study: keep pods of one GPU kind together",
-    "fgd": "FGD study: least growth of fragmentation for the target workload",
-    "topology": "multi-GPU work on the best-connected GPUs (NVLink, PCIe switch, NUMA)",
-    "load": "least busy GPUs by measured utilisation",
-}
+class _Entry:
+    """`corral.cli.main:app`, the console script's entry point since before the thin client (installed scripts call
+    `app()`): calling it runs `main`; anything else is asked of the Typer app (corral.cli.typer_app), imported then.
+    So an installed `corral` starts as fast as `python -m corral.cli.main`, and `CliRunner().invoke(app, [...])`
+    still drives the Typer-written commands."""
+
+    def __call__(self, args: Sequence[str] | None = None, prog_name: str | None = None, **_: Any) -> Any:
+        return main(args, prog_name)
+
+    def __getattr__(self, name: str) -> Any:
+        from corral.cli.typer_app import app as typer_app
+
+        return getattr(typer_app, name)
 
 
-@app.command("policies")
-def policies_cmd(as_json: Annotated[bool, typer.Option("--json", help="Print as JSON.")] = False) -> None:
-    """List the placement policies."""
-    names = policy_names()
-    for n in names:
-        get_policy(n)
-    if as_json:
-        sys.stdout.write(json.dumps({n: POLICY_HELP.get(n, "") for n in names}, indent=2) + "\n")
-        return
-    table = Table("policy", "what it does")
-    for n in names:
-        table.add_row(n, POLICY_HELP.get(n, "(registered plugin)"))
-    out.print(table)
+if TYPE_CHECKING:
+    app: Typer
+else:
+    app = _Entry()
 
 
 if __name__ == "__main__":
-    app()
+    main()

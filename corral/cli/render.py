@@ -1,20 +1,40 @@
-"""Text that came from someone else (job names, commands, reasons, app ids, error messages) printed literally.
+"""Text that came from someone else (job names, commands, reasons, app ids, error messages) printed literally, and
+cheaply.
 
 Rich reads `[bold]...[/]` in a plain string as markup and `:smile:` as an emoji, and a terminal obeys escape
 sequences: a job name could crash root's `corral ps --all` (`[/bold]` closes nothing), restyle its table, or move the
-cursor and rewrite what another user sees. So every view prints such text through `literal`:
+cursor and rewrite what another user sees. So every view prints such text through `literal` (a table cell) or `say`
+(a line):
 
     literal("[/bold]\x1b[2J")  ->  Text("[/bold]\\x1b[2J")      markup as is, control characters escaped
 
 A `Text` is never parsed for markup or emoji, and the escapes are those of Python's `repr` (`\\x1b`, `\\n`, `\\u202e`,
 and `\\ud800` for a lone surrogate, which no terminal encoding can write).
+
+The thin client's commands must start in well under 150 ms, and importing Rich alone costs about 40 ms, drawing a
+boxed table about 1 ms a row (a second for a page of 1,000 jobs). So a `Terminal` writes a line (`say`,
+`error_line`) and a table (`table`: aligned columns, one line a row, like `kubectl get` or `squeue`) itself, with
+ANSI styles only on a colour terminal; Rich is left to the commands that load the engine anyway (`corral place`).
+
+    ID   NAME   USER   STATE     GPUS   COMMAND   REASON
+    1           ann    running   0,1    sleep 9   -
+
+Piped, a row is never cut (it greps); on a terminal it is cut to the terminal's width with "…" (`show` has it all).
 """
 
 from __future__ import annotations
 
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
+import os
+import sys
+import unicodedata
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
 
 _SHORT = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
 
@@ -37,21 +57,194 @@ def escaped(value: object, *, lines: bool = False) -> str:
     return "".join(out)
 
 
+@dataclass(frozen=True)
+class Styled:
+    """corral's own words with a style (Rich's names: "bold red", "green"): printed as they are, never escaped."""
+
+    text: str
+    style: str = ""
+
+
 def literal(value: object, style: str = "", *, lines: bool = False) -> Text:
     """A table cell or a piece of a line (`lines`: a block of lines): `value` escaped, never read as markup."""
+    from rich.text import Text
+
     return Text(escaped(value, lines=lines), style=style)
 
 
-def say(console: Console, *parts: object) -> None:
-    """Print one line made of `parts`: a `Text` is kept (corral's own styling), anything else goes through `literal`."""
-    console.print(Text.assemble(*(p if isinstance(p, Text) else literal(p) for p in parts)), soft_wrap=True)
+#: SGR codes of the style words corral's own lines use; a word not here is printed without style.
+_SGR = {
+    "bold": "1", "dim": "2", "italic": "3", "underline": "4", "reverse": "7",
+    "black": "30", "red": "31", "green": "32", "yellow": "33", "blue": "34", "magenta": "35", "cyan": "36",
+    "white": "37",
+}  # fmt: skip
 
 
-def error_line(console: Console, message: object) -> None:
+def width(text: str) -> int:
+    """Terminal cells `text` takes: East Asian wide characters two, combining marks none."""
+    if text.isascii():
+        return len(text)
+    return sum(0 if unicodedata.combining(ch) else 2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
+
+
+def cut(text: str, cells: int) -> str:
+    """`text` in at most `cells` terminal cells, its end replaced by "…" when it was longer."""
+    if width(text) <= cells:
+        return text
+    kept, used = [], 0
+    for ch in text:
+        w = width(ch)
+        if used + w > cells - 1:
+            break
+        kept.append(ch)
+        used += w
+    return "".join(kept) + "…"
+
+
+class Columns:
+    """A table drawn as aligned columns of plain text: a row is a line. Cells are shown literally (escaped), a
+    `Styled` cell with its style on a colour terminal."""
+
+    GAP = "   "
+
+    def __init__(self, *headers: str) -> None:
+        self.headers = headers
+        self.rows: list[tuple[Styled, ...]] = []
+
+    def add_row(self, *cells: object) -> None:
+        self.rows.append(tuple(Styled(*_text_and_style(c)) for c in cells))
+
+    def lines(self, *, color: bool, cells: int | None) -> list[str]:
+        """The header and a line per row; each cut to `cells` terminal cells unless None."""
+        grid = [tuple(Styled(h, "bold") for h in self.headers), *self.rows]
+        widths = [max(width(row[i].text) if i < len(row) else 0 for row in grid) for i in range(len(self.headers))]
+        out = []
+        for row in grid:
+            pieces, used = [], 0
+            for i, cell in enumerate(row):
+                last = i == len(row) - 1
+                text = cell.text if last else cell.text + " " * (widths[i] - width(cell.text))
+                lead = "" if i == 0 else self.GAP
+                if cells is not None and used + len(lead) + width(text) > cells:
+                    room = cells - used - len(lead)
+                    if room > 0:
+                        pieces.append(lead + _paint(cut(text.rstrip(), room), cell.style, color))
+                    break
+                pieces.append(lead + _paint(text, cell.style, color))
+                used += len(lead) + width(text)
+            out.append("".join(pieces).rstrip())
+        return out
+
+
+def _paint(text: str, style: str, color: bool) -> str:
+    codes = [_SGR[w] for w in style.split() if w in _SGR] if color and text.strip() else []
+    if not codes:
+        return text
+    stripped = text.rstrip()  # the padding stays unstyled (an underline would run on)
+    return f"\x1b[{';'.join(codes)}m{stripped}\x1b[0m{text[len(stripped) :]}"
+
+
+class Terminal:
+    """stdout (or stderr): lines written directly, tables through a Rich `Console` made on first use.
+
+    The stream is looked up at each write, not kept, so that a test runner's captured stdout is the one written to.
+    Colour by the usual conventions: only on a terminal, never with NO_COLOR or TERM=dumb, always with FORCE_COLOR."""
+
+    def __init__(self, *, stderr: bool = False, soft_wrap: bool = False) -> None:
+        self.stderr = stderr
+        self.soft_wrap = soft_wrap
+        self._console: Console | None = None
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stderr if self.stderr else sys.stdout
+
+    @property
+    def console(self) -> Console:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(stderr=self.stderr, soft_wrap=self.soft_wrap)
+        return self._console
+
+    def color(self) -> bool:
+        if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+            return False
+        if os.environ.get("FORCE_COLOR"):
+            return True
+        return self.isatty()
+
+    def print(self, renderable: Any, **kwargs: Any) -> None:
+        """A `Columns` table, drawn here; anything else through Rich's `Console.print`."""
+        if isinstance(renderable, Columns):
+            cells = self.width() if self.isatty() else None
+            self.write_text("".join(line + "\n" for line in renderable.lines(color=self.color(), cells=cells)))
+            return
+        self.console.print(renderable, **kwargs)
+
+    def isatty(self) -> bool:
+        isatty = getattr(self.stream, "isatty", None)
+        return bool(isatty and isatty())
+
+    def width(self) -> int:
+        import shutil
+
+        return shutil.get_terminal_size().columns
+
+    def write_line(self, parts: Sequence[object]) -> None:
+        color = self.color()
+        self.write_text("".join(_paint(*_text_and_style(part), color) for part in parts) + "\n")
+
+    def write_text(self, text: str) -> None:
+        stream = self.stream
+        stream.write(text)
+        stream.flush()
+
+
+def _text_and_style(part: object) -> tuple[str, str]:
+    if isinstance(part, Styled):
+        return part.text, part.style
+    rich_text = sys.modules.get("rich.text")  # a rich Text exists only once rich.text is imported
+    if rich_text is not None and isinstance(part, rich_text.Text):
+        return part.plain, str(part.style)
+    return escaped(part), ""
+
+
+def say(console: Console | Terminal, *parts: object) -> None:
+    """Print one line made of `parts`: a `Styled` (or a Rich `Text`) is corral's own and kept, anything else goes
+    through `literal`."""
+    if isinstance(console, Terminal):
+        console.write_line(parts)
+        return
+    from rich.text import Text
+
+    pieces = [
+        Text(p.text, style=p.style) if isinstance(p, Styled) else p if isinstance(p, Text) else literal(p)
+        for p in parts
+    ]
+    console.print(Text.assemble(*pieces), soft_wrap=True)
+
+
+def error_line(console: Console | Terminal, message: object) -> None:
     """`error: MESSAGE`, the message literal (it often quotes what the user or another user typed)."""
-    say(console, Text("error:", style="bold red"), " ", message)
+    say(console, Styled("error:", "bold red"), " ", message)
 
 
-def row(table: Table, *cells: object) -> None:
-    """`table.add_row` with every cell literal."""
-    table.add_row(*(c if isinstance(c, Text) else literal(c) for c in cells))
+def table(*headers: str) -> Columns:
+    """A table with these column headers, for `Terminal.print`."""
+    return Columns(*headers)
+
+
+def row(table: Table | Columns, *cells: object) -> None:
+    """`table.add_row` with every cell literal (a `Styled` cell: corral's own, with its style)."""
+    if isinstance(table, Columns):
+        table.add_row(*cells)
+        return
+    from rich.text import Text
+
+    table.add_row(
+        *(
+            c if isinstance(c, Text) else Text(c.text, style=c.style) if isinstance(c, Styled) else literal(c)
+            for c in cells
+        )
+    )

@@ -11,24 +11,26 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 from urllib.parse import quote
 
-import httpx
-import typer
-from rich.table import Table
+import click
 
-from corral.cli.client import JsonOpt, SocketOpt, call, dump, error_text, fail, out
-from corral.cli.render import row, say
+from corral.cli.client import call, dump, error_text, fail, json_option, out, socket_option
+from corral.cli.render import row, say, table
+from corral.cli.transport import Response
 
-app = typer.Typer(no_args_is_help=True, help="Services (Marathon apps): keep instances running.")
+
+@click.group("app", no_args_is_help=True)
+def app() -> None:
+    """Services (Marathon apps): keep instances running."""
 
 
 def _path(app_id: str) -> str:
     return "/marathon/v2/apps/" + quote(app_id.strip("/"), safe="/")
 
 
-def marathon_error(response: httpx.Response) -> str:
+def marathon_error(response: Response) -> str:
     """Marathon's error bodies in one line: the message, and each invalid field with its errors."""
     try:
         body = response.json()
@@ -44,7 +46,7 @@ def marathon_error(response: httpx.Response) -> str:
 def _request(socket: Path | None, method: str, url: str, **kwargs: Any) -> Any:
     """One request to the daemon through `corral.cli.client.call`, with Marathon's error bodies read as such."""
 
-    def describe(response: httpx.Response) -> str:
+    def describe(response: Response) -> str:
         return error_text(response) if '"detail"' in response.text[:20] else marathon_error(response)
 
     response = call(socket, method, url, describe, **kwargs)
@@ -52,10 +54,12 @@ def _request(socket: Path | None, method: str, url: str, **kwargs: Any) -> Any:
 
 
 @app.command("create")
-def create_cmd(
-    file: Annotated[Path, typer.Option("--file", "-f", help="The app's JSON (Marathon format); - reads stdin.")],
-    socket: SocketOpt = None,
-) -> None:
+@click.option(
+    "--file", "-f", "file", type=click.Path(path_type=Path), required=True,
+    help="The app's JSON (Marathon format); - reads stdin.",
+)  # fmt: skip
+@socket_option
+def create_cmd(file: Path, socket: Path | None) -> None:
     """Create an app from Marathon app JSON; prints its id."""
     try:
         text = sys.stdin.read() if str(file) == "-" else file.read_text()
@@ -69,24 +73,29 @@ def create_cmd(
 
 
 @app.command("list")
-def list_cmd(as_json: JsonOpt = False, socket: SocketOpt = None) -> None:
+@json_option
+@socket_option
+def list_cmd(as_json: bool, socket: Path | None) -> None:
     """Your apps (root: everyone's)."""
     apps = _request(socket, "GET", "/marathon/v2/apps")["apps"]
     if as_json:
         dump(apps)
         return
-    table = Table("ID", "INSTANCES", "HEALTHY", "GPUS", "USER", "WAITING")
+    view = table("ID", "INSTANCES", "HEALTHY", "GPUS", "USER", "WAITING")
     for a in apps:
         checks = "-" if not a.get("healthChecks") else str(a["tasksHealthy"])
         row(
-            table, a["id"], f"{a['tasksRunning']}/{a['instances']}", checks, str(a["gpus"]), a["corral"]["user"],
+            view, a["id"], f"{a['tasksRunning']}/{a['instances']}", checks, str(a["gpus"]), a["corral"]["user"],
             a["corral"]["waiting"] or "-",
         )  # fmt: skip
-    out.print(table)
+    out.print(view)
 
 
 @app.command("show")
-def show_cmd(app_id: str, as_json: JsonOpt = False, socket: SocketOpt = None) -> None:
+@click.argument("app_id")
+@json_option
+@socket_option
+def show_cmd(app_id: str, as_json: bool, socket: Path | None) -> None:
     """One app: its instances with their state, ports, GPUs and health."""
     data = _request(socket, "GET", _path(app_id))["app"]
     if as_json:
@@ -107,7 +116,7 @@ def show_cmd(app_id: str, as_json: JsonOpt = False, socket: SocketOpt = None) ->
         lines.append(("last failure", f"{failure['taskId']} {failure['state']}: {failure['message']}"))
     for key, value in lines:
         say(out, f"{key:>13}: ", value)
-    table = Table("INSTANCE", "JOB", "STATE", "PORTS", "GPUS", "HEALTH", "STARTED")
+    view = table("INSTANCE", "JOB", "STATE", "PORTS", "GPUS", "HEALTH", "STARTED")
     for t in data.get("tasks", []):
         results = t["healthCheckResults"]
         if not data.get("healthChecks"):
@@ -120,14 +129,17 @@ def show_cmd(app_id: str, as_json: JsonOpt = False, socket: SocketOpt = None) ->
             health = "unhealthy: " + "; ".join(r["lastFailureCause"] or "" for r in results if not r["alive"])
         gpus = ",".join(f"{g['index']} ({g['model']})" for g in t["corral"]["gpus"]) or "-"
         row(
-            table, t["id"], t["corral"]["job"], t["state"], ",".join(map(str, t["ports"])) or "-", gpus, health,
+            view, t["id"], t["corral"]["job"], t["state"], ",".join(map(str, t["ports"])) or "-", gpus, health,
             t["startedAt"] or "-",
         )  # fmt: skip
-    out.print(table)
+    out.print(view)
 
 
 @app.command("scale")
-def scale_cmd(app_id: str, instances: int, socket: SocketOpt = None) -> None:
+@click.argument("app_id")
+@click.argument("instances", type=int)
+@socket_option
+def scale_cmd(app_id: str, instances: int, socket: Path | None) -> None:
     """Keep N instances running (killSelection picks whom a scale-down stops)."""
     if instances < 0:
         raise fail(f"instances must be >= 0, got {instances}")
@@ -136,14 +148,18 @@ def scale_cmd(app_id: str, instances: int, socket: SocketOpt = None) -> None:
 
 
 @app.command("restart")
-def restart_cmd(app_id: str, socket: SocketOpt = None) -> None:
+@click.argument("app_id")
+@socket_option
+def restart_cmd(app_id: str, socket: Path | None) -> None:
     """Replace every instance (within the app's upgrade strategy)."""
     _request(socket, "POST", _path(app_id) + "/restart")
     say(out, f"app /{app_id.strip('/')}: restarting")
 
 
 @app.command("delete")
-def delete_cmd(app_id: str, socket: SocketOpt = None) -> None:
+@click.argument("app_id")
+@socket_option
+def delete_cmd(app_id: str, socket: Path | None) -> None:
     """Delete the app and stop its instances."""
     _request(socket, "DELETE", _path(app_id))
     say(out, f"app /{app_id.strip('/')}: deleted")
