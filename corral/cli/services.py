@@ -71,7 +71,8 @@ def create_cmd(
 @app.command("list")
 def list_cmd(as_json: JsonOpt = False, socket: SocketOpt = None) -> None:
     """Your apps (root: everyone's)."""
-    apps = _request(socket, "GET", "/marathon/v2/apps")["apps"]
+    # corral=true: the owner, the waiting reason and each task's job and GPUs (not in Marathon's own shape)
+    apps = _request(socket, "GET", "/marathon/v2/apps", params={"corral": "true"})["apps"]
     if as_json:
         dump(apps)
         return
@@ -88,7 +89,7 @@ def list_cmd(as_json: JsonOpt = False, socket: SocketOpt = None) -> None:
 @app.command("show")
 def show_cmd(app_id: str, as_json: JsonOpt = False, socket: SocketOpt = None) -> None:
     """One app: its instances with their state, ports, GPUs and health."""
-    data = _request(socket, "GET", _path(app_id))["app"]
+    data = _request(socket, "GET", _path(app_id), params={"corral": "true"})["app"]
     if as_json:
         dump(data)
         return

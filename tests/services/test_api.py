@@ -175,7 +175,7 @@ def test_delay_reset_and_health_in_tasks(api: Api) -> None:
     assert result["lastFailureCause"] == "connection refused" and result["taskId"] == "web.1"
     api.world.fail(api.world.running()[0])
     api.tick()
-    assert c.get("/marathon/v2/apps/web").json()["app"]["corral"]["launchDelaySeconds"] == 1.0
+    assert c.get("/marathon/v2/apps/web?corral=true").json()["app"]["corral"]["launchDelaySeconds"] == 1.0
     assert c.delete("/marathon/v2/queue/web/delay").status_code == 204
     api.tick()
     assert len(api.world.running()) == 1
