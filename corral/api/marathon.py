@@ -106,6 +106,9 @@ _FAMILIES = {
     "/logging": "changing the log level",
 }
 
+#: Marathon's repeated `embed` query parameter.
+Embed = Annotated[list[str], Query()]
+
 #: `embed` values (apps./app./group.apps. prefixes stripped) and what each adds to an app.
 _EMBEDS = {"tasks", "counts", "deployments", "readiness", "lastTaskFailure", "failures", "taskStats"}
 
@@ -310,7 +313,6 @@ def _deployment_json(app: App) -> dict[str, Any]:
 def router(daemon: Daemon, lock: threading.Lock, wake: Callable[[], None], controller: ServicesController) -> APIRouter:
     # Routes answer plain dicts of stored documents: SafeJSONResponse encodes text an older corral stored unchecked.
     api = APIRouter(prefix=PREFIX, tags=["marathon"], default_response_class=SafeJSONResponse)
-    Embed = Annotated[list[str], Query()]
 
     def sees(app: App, who: Peer) -> bool:
         return who.root or app.owner.uid == who.uid or app.doc.get("createdBy") == who.user
