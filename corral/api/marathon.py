@@ -676,11 +676,11 @@ def router(daemon: Daemon, lock: threading.Lock, wake: Callable[[], None], contr
 
     for methods, path, what in NOT_SUPPORTED:
         if not any(path.startswith(family) for family in _FAMILIES):
-            api.add_api_route(path, refuse(what), methods=list(methods), response_model=None)
+            api.add_api_route(path, refuse(what), methods=list(methods), response_model=None, include_in_schema=False)
     everything = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"]
     for family, what in _FAMILIES.items():
-        api.add_api_route(family, refuse(what), methods=everything, response_model=None)
-        api.add_api_route(family + "/{rest:path}", refuse(what), methods=everything, response_model=None)
+        for route in (family, family + "/{rest:path}"):
+            api.add_api_route(route, refuse(what), methods=everything, response_model=None, include_in_schema=False)
 
     return api
 
