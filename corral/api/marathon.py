@@ -5,6 +5,7 @@
     POST   /v2/apps                               create (201, the app); 409 when the id exists; 422 invalid
     GET    /v2/apps[?embed=apps.tasks&cmd=&id=&label=]   {"apps": [...]}: the caller's apps (root: all)
     GET    /v2/apps/{id}                          {"app": {..., "tasks": [...]}}
+    PUT    /v2/apps (a list), PATCH               update or create each (all checked first)
     PUT    /v2/apps/{id}, PATCH                   update; fields not given keep their values ({"instances": 3}
                                                   scales; {"version": V} rolls back); creates when there is none
     DELETE /v2/apps/{id}                          remove it, kill its instances
@@ -46,7 +47,7 @@ from corral.api.limits import SafeJSONResponse
 from corral.daemon.core import CANCELLING, Daemon
 from corral.jobs.model import Job, JobState
 from corral.mesos import marathon as mr
-from corral.mesos.errors import ObjectNotValid
+from corral.mesos.errors import ErrorDetail, ObjectNotValid
 from corral.services.controller import (
     App,
     AppExists,
@@ -69,7 +70,6 @@ DOCS = "docs/compat/marathon.md"
 #: Marathon's endpoints corral does not serve: (methods, path as Marathon's docs write it, what it is). Each answers
 #: 501 in Marathon's shape; docs/compat/marathon.md lists the same rows (a test keeps the two in step).
 NOT_SUPPORTED: tuple[tuple[tuple[str, ...], str, str], ...] = (
-    (("PUT", "PATCH"), "/v2/apps", "changing several apps in one request"),
     (("GET", "POST", "PUT", "DELETE"), "/v2/groups", "groups"),
     (("GET", "POST", "PUT", "DELETE"), "/v2/groups/{group_id}", "groups"),
     (("GET",), "/v2/groups/{group_id}/versions", "groups"),
@@ -113,6 +113,7 @@ Embed = Annotated[list[str], Query()]
 _EMBEDS = {"tasks", "counts", "deployments", "readiness", "lastTaskFailure", "failures", "taskStats"}
 
 
+MANY = "must be an array of apps, each with its id"
 DELETE_IDS = 'must be an array of task ids: {"ids": ["web.1", ...]}'
 
 
@@ -440,6 +441,31 @@ def router(daemon: Daemon, lock: threading.Lock, wake: Callable[[], None], contr
             return {"apps": [app_json(a, live.get(a.key, []), controller, daemon, wanted, corral) for a in apps]}
 
         return answer(work)
+
+    async def _update_many(request: Request, who: Peer) -> Any:
+        raw = await body_of(request)
+        if isinstance(raw, Response):
+            return raw
+        if not isinstance(raw, list):
+            return SafeJSONResponse(status_code=422, content=ObjectNotValid([ErrorDetail("/", (MANY,))]).to_json())
+
+        def work() -> Any:
+            for item in raw:
+                existing = controller.get(daemon, item["id"]) if isinstance(item, dict) and "id" in item else None
+                if existing is not None:
+                    mine(existing, who, existing.key)
+            last = controller.update_many(daemon, raw, Owner(who.uid, who.gid, who.user))
+            return change(last) if last is not None else {"version": iso(daemon.clock()), "deploymentId": ""}
+
+        return await run_in_threadpool(answer, work)
+
+    @api.put("/v2/apps", response_model=None)
+    async def update_many(request: Request, who: Caller, force: bool = False) -> Any:
+        return await _update_many(request, who)
+
+    @api.patch("/v2/apps", response_model=None)
+    async def patch_many(request: Request, who: Caller, force: bool = False) -> Any:
+        return await _update_many(request, who)
 
     @api.get("/v2/apps/{app_id:path}/tasks", response_model=None)
     def tasks(app_id: str, who: Caller, corral: bool = False) -> Any:

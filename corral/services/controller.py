@@ -371,6 +371,29 @@ class ServicesController:
         self.apps[key] = app
         return app, False
 
+    def update_many(self, daemon: Daemon, raws: Sequence[Any], who: Owner) -> App | None:
+        """`PUT /v2/apps` with a list: each app updated as by `update`, or created. All are checked before any is
+        changed (a 422 names the app by its index), so a bad one leaves every app as it was. Returns the last."""
+        self.load(daemon)
+        problems = Problems()
+        for i, raw in enumerate(raws):
+            if not isinstance(raw, dict) or not isinstance(raw.get("id"), str):
+                problems.add(f"/{i}/id", "each app needs its id")
+                continue
+            current = self.apps.get(canonical(raw["id"]))
+            base = current.doc["app"] if current is not None else {}
+            merged = {**base, **{k: v for k, v in raw.items() if k not in READ_ONLY}}
+            runs = current.owner if current is not None else who
+            try:
+                prepare(merged, daemon, runs)
+            except ObjectNotValid as exc:
+                problems.extend(ErrorDetail(f"/{i}{d.path.rstrip('/')}", d.errors) for d in exc.details)
+        problems.raise_if_any()
+        last = None
+        for raw in raws:
+            last, _ = self.update(daemon, raw["id"], raw, who)
+        return last
+
     def restart(self, daemon: Daemon, app_id: str) -> App:
         """A new config version with the same definition: every instance is replaced, the delay resets."""
         app = self._known(daemon, app_id)

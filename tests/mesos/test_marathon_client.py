@@ -53,6 +53,7 @@ class Counted:
 
     calls = 0
     failed: list[str] = []  # noqa: RUF012 - one tally for the module
+    methods: set[str] = set()  # noqa: RUF012
     expecting = False
 
     def __init__(self, client: MarathonClient) -> None:
@@ -73,6 +74,7 @@ class Counted:
 
         def call(*args: Any, **kwargs: Any) -> Any:
             Counted.calls += 1
+            Counted.methods.add(name)
             try:
                 return method(*args, **kwargs)
             except Exception as exc:
@@ -92,7 +94,8 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         # An image app is admitted only with a runtime; none runs here (its instances fail to start, and back off).
         with live_corral(tmp_path_factory.mktemp("marathon"), "--container-runtime", "docker") as running:
             yield running
-    print(f"\nmarathon-python contract: {Counted.calls - len(Counted.failed)}/{Counted.calls} client calls passed")
+    passed = Counted.calls - len(Counted.failed)
+    print(f"\nmarathon-python contract: {passed}/{Counted.calls} client calls passed ({len(Counted.methods)} methods)")
     for failure in Counted.failed:
         print(f"  failed: {failure}")
 
@@ -155,7 +158,7 @@ def test_the_documented_flow(client: Counted, live: Live) -> None:
     wait_for("a third instance", healthy(client, "contract-web", 3), timeout=30)
     assert first < running_ids(client, "contract-web")
     client.scale_app("contract-web", delta=-1)
-    wait_for("back to the first two", lambda: running_ids(client, "contract-web") == first, timeout=30)
+    wait_for("back to the first two", lambda: {t.id for t in client.get_app("contract-web").tasks} == first, timeout=30)
     assert {t.id for t in client.list_tasks("contract-web")} == first
     assert first <= {t.id for t in client.list_tasks()}
 
@@ -187,6 +190,9 @@ def test_the_documented_flow(client: Counted, live: Live) -> None:
     assert versions[0] == restarted["version"] and versions == sorted(versions, reverse=True) and len(versions) >= 4
     oldest = client.get_version("contract-web", versions[-1])
     assert isinstance(oldest, MarathonApp) and oldest.instances == 2 and oldest.version == versions[-1]
+    rolled = client.rollback_app("contract-web", versions[-1])
+    assert client.get_app("contract-web").instances == 2
+    assert client.list_versions("contract-web")[0] == rolled["version"]
 
     gone = client.delete_app("contract-web")
     assert set(gone) == {"deploymentId", "version"}
@@ -282,7 +288,16 @@ def test_default_answers_carry_no_corral_fields(client: Counted, live: Live) -> 
                      "/v2/tasks", "/v2/queue", "/v2/deployments"):  # fmt: skip
             assert '"corral"' not in http.get("/marathon" + path).text, path
         assert "corral" in http.get("/marathon/v2/apps/contract-shape", params={"corral": "true"}).json()["app"]
+    # update_apps: PUT /v2/apps with a list (a scale of one app, the creation of another)
+    more = MarathonApp(id="contract-more", cmd="exec sleep 300", cpus=0.1, mem=16.0, instances=1)
+    client.update_apps([MarathonApp(id="contract-shape", instances=2), more])
+    wait_for(
+        "both apps", lambda: len(running_ids(client, "contract-shape") | running_ids(client, "contract-more")) == 3
+    )
+    killed = client.kill_tasks("contract-more")
+    assert [t.id for t in killed] == ["contract-more.1"] and killed[0].state == "TASK_KILLING"
     client.delete_app("contract-shape")
+    client.delete_app("contract-more")
 
 
 # ------------------------------------------------------------------------------------------ not supported

@@ -235,3 +235,18 @@ def test_kill_task_by_id_and_versions(api: Api) -> None:
     assert c.post("/marathon/v2/tasks/delete", json={"ids": "web.1"}).status_code == 422
     assert api.client(BOB).get("/marathon/v2/tasks").json() == {"tasks": []}
     assert api.client(BOB).get("/marathon/v2/queue").json() == {"queue": []}
+
+
+def test_put_a_list_of_apps_checks_all_before_changing_any(api: Api) -> None:
+    c = api.client()
+    c.post("/marathon/v2/apps", json=WEB)
+    bad = c.put("/marathon/v2/apps", json=[{"id": "/web", "instances": 3}, {"id": "/new", "cmd": "x", "cpus": -1}])
+    assert bad.status_code == 422 and [d["path"] for d in bad.json()["details"]] == ["/1/cpus"]
+    assert c.get("/marathon/v2/apps/web").json()["app"]["instances"] == 2
+    assert c.get("/marathon/v2/apps/new").status_code == 404
+    ok = c.put("/marathon/v2/apps", json=[{"id": "web", "instances": 3}, {"id": "./new", "cmd": "sleep 100"}])
+    assert ok.status_code == 200 and set(ok.json()) == {"version", "deploymentId"}
+    assert [a["instances"] for a in c.get("/marathon/v2/apps").json()["apps"]] == [1, 3]
+    other = api.client(BOB).put("/marathon/v2/apps", json=[{"id": "/web", "instances": 0}])
+    assert other.status_code == 404 and other.json() == {"message": "App '/web' does not exist"}
+    assert c.put("/marathon/v2/apps", json={"id": "/web"}).status_code == 422
