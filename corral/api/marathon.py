@@ -187,16 +187,16 @@ def task_json(
     return body
 
 
-def definition_json(raw: dict[str, Any], version: str) -> dict[str, Any]:
+def definition_json(raw: dict[str, Any], version: str, model: mr.MarathonApp | None = None) -> dict[str, Any]:
     """An app definition as Marathon shows it: every field with its default, the effective upgrade strategy, the
-    port definitions an app without any gets (one port), at `version`."""
-    model = mr.parse_app(raw)
-    service = mr.to_service(model)
+    port definitions an app without any gets (one port), at `version`. `model`: `raw` already parsed."""
+    model = model or mr.parse_app(raw)
+    upgrade = mr.upgrade_rule(model)
     body = model.model_dump(by_alias=True, mode="json", exclude_none=True)
     body["id"] = model.id
     body["upgradeStrategy"] = {
-        "minimumHealthCapacity": service.upgrade.minimum_health_capacity,
-        "maximumOverCapacity": service.upgrade.maximum_over_capacity,
+        "minimumHealthCapacity": upgrade.minimum_health_capacity,
+        "maximumOverCapacity": upgrade.maximum_over_capacity,
     }
     body.setdefault("unreachableStrategy", {"inactiveAfterSeconds": 0, "expungeAfterSeconds": 0})
     if "portDefinitions" in raw:
@@ -269,7 +269,7 @@ def app_json(
 ) -> dict[str, Any]:
     """The app as `GET /v2/apps` shows it: its definition, versionInfo, counts and deployments (Marathon embeds
     those two by default), and what `embed` asks for."""
-    body = definition_json(app.doc["app"], str(app.doc["version"]))
+    body = definition_json(app.doc["app"], str(app.doc["version"]), app.model)
     body["versionInfo"] = {
         "lastScalingAt": app.doc.get("scalingVersion", app.doc["version"]),
         "lastConfigChangeAt": app.config_version,
@@ -630,8 +630,10 @@ def router(daemon: Daemon, lock: threading.Lock, wake: Callable[[], None], contr
             live = controller.live_jobs(daemon)
             for app in visible(who):
                 if app.doc.get("deployment") == deployment_id and not _settled(app, live.get(app.key, []), controller):
-                    if len(controller.versions(app)) < 2:  # cancelling an app's creation removes it (Marathon)
+                    if app.doc.get("change") == "start":  # cancelling an app's creation removes it (Marathon)
                         result = {"version": iso(daemon.clock()), "deploymentId": controller.delete(daemon, app.key)}
+                    elif len(controller.versions(app)) < 2:
+                        return _message(409, f"App '{app.key}' has no earlier version kept to roll back to")
                     else:
                         result = change(controller.rollback(daemon, app.key))
                     return Response(status_code=202) if force else result
@@ -662,7 +664,7 @@ def router(daemon: Daemon, lock: threading.Lock, wake: Callable[[], None], contr
                 left = launch_delay_left(app, now)
                 since = min((j.submitted_at for j in jobs if j not in up), default=now)
                 item: dict[str, Any] = {
-                    "app": definition_json(app.doc["app"], str(app.doc["version"])),
+                    "app": definition_json(app.doc["app"], str(app.doc["version"]), app.model),
                     "count": count,
                     "delay": {"timeLeftSeconds": round(left), "overdue": left <= 0},
                     "since": iso(since),

@@ -208,7 +208,7 @@ def parse_app(data: Any, *, gpu_feature_enabled: bool = True) -> MarathonApp:
     return app
 
 
-def _upgrade(app: MarathonApp) -> UpgradeRule:
+def upgrade_rule(app: MarathonApp) -> UpgradeRule:
     if app.upgrade_strategy is not None:
         return UpgradeRule(app.upgrade_strategy.minimum_health_capacity, app.upgrade_strategy.maximum_over_capacity)
     if app.residency is not None:
@@ -266,7 +266,7 @@ def to_service(app: MarathonApp) -> ServiceDefinition:
         ),
         constraints=constraints,
         kill_selection=app.kill_selection,
-        upgrade=_upgrade(app),
+        upgrade=upgrade_rule(app),
         ports=tuple(p.port for p in app.port_definitions),
         require_ports=app.require_ports,
         user=app.user,

@@ -250,3 +250,21 @@ def test_put_a_list_of_apps_checks_all_before_changing_any(api: Api) -> None:
     other = api.client(BOB).put("/marathon/v2/apps", json=[{"id": "/web", "instances": 0}])
     assert other.status_code == 404 and other.json() == {"message": "App '/web' does not exist"}
     assert c.put("/marathon/v2/apps", json={"id": "/web"}).status_code == 422
+
+
+def test_cancelling_a_creation_removes_the_app_and_a_scale_rolls_back(api: Api) -> None:
+    c = api.client()
+    held = {**WEB, "id": "/held", "constraints": [["hostname", "UNIQUE"]]}  # the second instance never launches
+    c.post("/marathon/v2/apps", json=held)
+    api.tick()
+    (deployment,) = c.get("/marathon/v2/deployments").json()
+    assert deployment["steps"] == [{"actions": [{"action": "StartApplication", "app": "/held"}]}]
+    (item,) = c.get("/marathon/v2/queue").json()["queue"]
+    assert (item["app"]["id"], item["count"], item["delay"]) == ("/held", 1, {"timeLeftSeconds": 0, "overdue": True})
+    assert c.delete(f"/marathon/v2/deployments/{deployment['id']}", params={"force": "true"}).status_code == 202
+    assert c.get("/marathon/v2/apps/held").status_code == 404
+    api.tick()
+    assert api.world.live() == []
+    gone = c.delete(f"/marathon/v2/deployments/{deployment['id']}")
+    assert gone.status_code == 404 and gone.json() == {"message": f"DeploymentPlan {deployment['id']} does not exist"}
+    assert c.get("/marathon/v2/deployments").json() == []
