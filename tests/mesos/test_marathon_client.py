@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import collections.abc
 import contextlib
+import inspect
 import json
 import re
 import sys
@@ -41,6 +42,7 @@ from marathon.models.container import MarathonContainer  # noqa: E402
 from marathon.models.deployment import MarathonDeployment  # noqa: E402
 from marathon.models.info import MarathonInfo  # noqa: E402
 from marathon.models.queue import MarathonQueueItem  # noqa: E402
+from marathon.util import to_snake_case  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "marathon-app-gpu.json"
@@ -280,10 +282,22 @@ def test_the_gpu_example_is_placed_on_a_gpu(client: Counted, live: Live) -> None
     client.delete_app(app.id)
 
 
+def fits(body: dict[str, Any], model: type) -> bool:
+    """Whether marathon-python's `model.from_json` takes every key of `body` (it passes each, snake_cased, to the
+    constructor, which fails on any it does not know)."""
+    taken = set(inspect.signature(model.__init__).parameters)
+    return {to_snake_case(k) for k in body} <= taken
+
+
 def test_default_answers_carry_no_corral_fields(client: Counted, live: Live) -> None:
     client.create_app("contract-shape", MarathonApp(cmd="exec sleep 300", cpus=0.1, mem=16.0, instances=1))
     wait_for("the instance", lambda: len(running_ids(client, "contract-shape")) == 1, timeout=30)
     with live.http() as http:
+        every = "&".join(f"embed=apps.{e}" for e in ("tasks", "counts", "deployments", "readiness", "lastTaskFailure",
+                                                     "failures", "taskStats"))  # fmt: skip
+        (app,) = [a for a in http.get(f"/marathon/v2/apps?{every}").json()["apps"] if a["id"] == "/contract-shape"]
+        assert fits(app, MarathonApp) and {"tasks", "taskStats", "readinessCheckResults"} <= set(app)
+        assert fits(app["tasks"][0], MarathonTask) and fits(http.get("/marathon/v2/info").json(), MarathonInfo)
         for path in ("/v2/apps?embed=apps.tasks", "/v2/apps/contract-shape", "/v2/apps/contract-shape/tasks",
                      "/v2/tasks", "/v2/queue", "/v2/deployments"):  # fmt: skip
             assert '"corral"' not in http.get("/marathon" + path).text, path
