@@ -49,6 +49,7 @@ from corral.jobs.model import Job, JobState
 from corral.mesos import marathon as mr
 from corral.mesos.errors import ErrorDetail, ObjectNotValid
 from corral.services.controller import (
+    LIVE,
     App,
     AppExists,
     AppNotFound,
@@ -113,6 +114,7 @@ Embed = Annotated[list[str], Query()]
 _EMBEDS = {"tasks", "counts", "deployments", "readiness", "lastTaskFailure", "failures", "taskStats"}
 
 
+SCALE_AND_WIPE = "You cannot use scale and wipe at the same time."
 MANY = "must be an array of apps, each with its id"
 DELETE_IDS = 'must be an array of task ids: {"ids": ["web.1", ...]}'
 
@@ -140,6 +142,8 @@ def embeds(values: Iterable[str]) -> set[str]:
 
 
 def task_state(app: App, job: Job) -> str:
+    if job.state not in LIVE:  # a kill that ended it at once (an instance still queued)
+        return "TASK_KILLED"
     if job.reason == CANCELLING or job.id in app.killing:
         return "TASK_KILLING"
     return {JobState.RUNNING: "TASK_RUNNING", JobState.STARTING: "TASK_STARTING"}.get(job.state, "TASK_STAGING")
@@ -477,6 +481,9 @@ def router(daemon: Daemon, lock: threading.Lock, wake: Callable[[], None], contr
 
     @api.delete("/v2/apps/{app_id:path}/tasks/{task_id}", response_model=None)
     def kill_task(app_id: str, task_id: str, who: Caller, scale: bool = False, wipe: bool = False) -> Any:
+        if scale and wipe:
+            return _message(400, SCALE_AND_WIPE)
+
         def work() -> Any:
             app = mine(controller.get(daemon, app_id), who, app_id)
             found = find_task(task_id, who, app)
@@ -493,6 +500,9 @@ def router(daemon: Daemon, lock: threading.Lock, wake: Callable[[], None], contr
 
     @api.delete("/v2/apps/{app_id:path}/tasks", response_model=None)
     def kill_tasks(app_id: str, who: Caller, scale: bool = False, wipe: bool = False, host: str | None = None) -> Any:
+        if scale and wipe:
+            return _message(400, SCALE_AND_WIPE)
+
         def work() -> Any:
             app = mine(controller.get(daemon, app_id), who, app_id)
             jobs = [j for j in jobs_of(app.key) if host in (None, "", daemon.node.name)]
@@ -591,6 +601,8 @@ def router(daemon: Daemon, lock: threading.Lock, wake: Callable[[], None], contr
         raw = await body_of(request)
         if isinstance(raw, Response):
             return raw
+        if scale and wipe:
+            return _message(400, SCALE_AND_WIPE)
         ids = raw.get("ids") if isinstance(raw, dict) else None
         if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
             return SafeJSONResponse(

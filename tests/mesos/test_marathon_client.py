@@ -285,7 +285,7 @@ def test_the_gpu_example_is_placed_on_a_gpu(client: Counted, live: Live) -> None
 def fits(body: dict[str, Any], model: type) -> bool:
     """Whether marathon-python's `model.from_json` takes every key of `body` (it passes each, snake_cased, to the
     constructor, which fails on any it does not know)."""
-    taken = set(inspect.signature(model.__init__).parameters)
+    taken = set(inspect.signature(model).parameters)
     return {to_snake_case(k) for k in body} <= taken
 
 

@@ -219,6 +219,8 @@ def test_kill_task_by_id_and_versions(api: Api) -> None:
     api.tick()
     gone = c.delete("/marathon/v2/apps/web/tasks/nope.9")
     assert gone.status_code == 404 and gone.json() == {"message": "Task 'nope.9' does not exist"}
+    both = c.delete("/marathon/v2/apps/web/tasks/web.1", params={"scale": "true", "wipe": "true"})
+    assert both.status_code == 400 and both.json() == {"message": "You cannot use scale and wipe at the same time."}
     r = c.post("/marathon/v2/tasks/delete", params={"scale": "true"}, json={"ids": ["web.2"]})
     assert r.status_code == 200 and set(r.json()) == {"version", "deploymentId"}
     api.tick()
