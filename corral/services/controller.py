@@ -1,7 +1,9 @@
 """The services controller: keeps each Marathon app's instances running as corral jobs.
 
-    store document "marathon.app" /web   the app as submitted, its owner, versions, and its durable state:
-                                         launch back-off, instances being killed and why, last failure, next number
+    store document "marathon.app" /web   the app as submitted, its owner, versions (the last MAX_VERSIONS
+                                         definitions, for /versions and rollbacks; the last change's kind, for
+                                         /v2/deployments), and its durable state: launch back-off, instances being
+                                         killed and why, last failure, next number
     jobs with origin "marathon:/web:web.7"   its instances (QUEUED/STARTING/RUNNING); the job store is the truth
                                          about which instances live, so a restarted daemon re-finds (re-adopts) them
                                          and never launches them twice
