@@ -279,6 +279,8 @@ def test_the_gpu_example_is_placed_on_a_gpu(client: Counted, live: Live) -> None
     assert [g["model"] for g in task["corral"]["gpus"]] == ["A100"]
     shown = json.loads(live.local.run("app", "show", "inference/echo-gpu", "--json").stdout)
     assert shown["tasks"][0]["corral"]["gpus"] == task["corral"]["gpus"]
+    listed = live.local.run("app", "list").stdout
+    assert "/inference/echo-gpu" in listed and "1/1" in listed
     client.delete_app(app.id)
 
 
