@@ -235,8 +235,14 @@ def test_kill_task_by_id_and_versions(api: Api) -> None:
     assert back.status_code == 200
     assert c.get("/marathon/v2/apps/web").json()["app"]["instances"] == 2
     assert c.post("/marathon/v2/tasks/delete", json={"ids": "web.1"}).status_code == 422
-    assert api.client(BOB).get("/marathon/v2/tasks").json() == {"tasks": []}
-    assert api.client(BOB).get("/marathon/v2/queue").json() == {"queue": []}
+    bob = api.client(BOB)  # another user learns nothing of alice's app through any of the new reads
+    assert bob.get("/marathon/v2/tasks").json() == {"tasks": []} and bob.get("/marathon/v2/deployments").json() == []
+    assert bob.get("/marathon/v2/queue").json() == {"queue": []}
+    assert bob.get("/marathon/v2/apps/web/versions").json() == {"message": "App '/web' does not exist"}
+    assert bob.post("/marathon/v2/tasks/delete", json={"ids": ["web.1"]}).json() == {"tasks": []}
+    assert bob.delete("/marathon/v2/apps/web/tasks/web.1").status_code == 404
+    api.tick()
+    assert [t["state"] for t in c.get("/marathon/v2/apps/web/tasks").json()["tasks"]] == ["TASK_RUNNING"] * 2
 
 
 def test_put_a_list_of_apps_checks_all_before_changing_any(api: Api) -> None:
