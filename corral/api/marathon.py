@@ -16,6 +16,7 @@
     GET    /v2/tasks, POST /v2/tasks/delete       every visible instance; kill instances by id
     GET    /v2/deployments, DELETE .../{id}       apps not yet at their target; cancel one (a rollback)
     GET    /v2/queue, DELETE /v2/queue/{id}/delay instances waiting to launch; reset the launch delay (204)
+    GET    /v2/events                             Server-Sent Events: task status, health, deployments, app removal
     everything else of Marathon's v2 API          501 {"message": "... is not supported by corral ..."}
                                                   (`NOT_SUPPORTED`; docs/compat/marathon.md has the whole table)
 
@@ -31,14 +32,16 @@ who created it (its instances run as that user); other users get 404, root sees 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import statistics
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from corral import __version__
@@ -83,7 +86,6 @@ NOT_SUPPORTED: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("GET",), "/v2/pods/{pod_id}::versions/{version}", "pods"),
     (("DELETE",), "/v2/pods/{pod_id}::instances", "pods"),
     (("DELETE",), "/v2/pods/{pod_id}::instances/{instance_id}", "pods"),
-    (("GET",), "/v2/events", "the event stream"),
     (("GET", "POST", "DELETE"), "/v2/eventSubscriptions", "event subscriptions (callbacks)"),
     (("DELETE",), "/v2/leader", "leader abdication (corral serve is one daemon, with no election)"),
     (("GET",), "/v2/plugins", "plugins"),
@@ -99,7 +101,6 @@ NOT_SUPPORTED: tuple[tuple[tuple[str, ...], str, str], ...] = (
 _FAMILIES = {
     "/v2/groups": "groups",
     "/v2/pods": "pods",
-    "/v2/events": "the event stream",
     "/v2/eventSubscriptions": "event subscriptions (callbacks)",
     "/v2/plugins": "plugins",
     "/v2/artifacts": "the artifact store",
@@ -313,6 +314,32 @@ def _deployment_json(app: App) -> dict[str, Any]:
         "currentStep": 1,
         "totalSteps": 1,
     }
+
+
+#: How often the event stream looks at the apps (a change shows within this long).
+EVENT_POLL_S = 0.25
+#: A comment line this often keeps proxies from closing a quiet stream.
+EVENT_KEEPALIVE_S = 15.0
+#: How an instance that has ended is reported (Mesos task states).
+_ENDED = {
+    JobState.SUCCEEDED: "TASK_FINISHED",
+    JobState.FAILED: "TASK_FAILED",
+    JobState.LOST: "TASK_LOST",
+    JobState.CANCELLED: "TASK_KILLED",
+}
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """What the event stream last saw of one app: its tasks (id -> state, health, job, version, ports)."""
+
+    deployment: str
+    settled: bool
+    tasks: dict[str, tuple[str, bool | None, str, str, tuple[int, ...]]]
+
+
+def _sse(event: dict[str, Any]) -> bytes:
+    return f"event: {event['eventType']}\ndata: {json.dumps(event, separators=(',', ':'))}\n\n".encode()
 
 
 def router(daemon: Daemon, lock: threading.Lock, wake: Callable[[], None], controller: ServicesController) -> APIRouter:
@@ -652,6 +679,103 @@ def router(daemon: Daemon, lock: threading.Lock, wake: Callable[[], None], contr
             return _message(404, f"DeploymentPlan {deployment_id} does not exist")
 
         return answer(work)
+
+    # ------------------------------------------------------------------------------------------ events
+    def look(who: Peer) -> dict[str, _Seen]:
+        """Each visible app as the event stream compares it (under the daemon's lock)."""
+        out: dict[str, _Seen] = {}
+        with lock:
+            live = controller.live_jobs(daemon)
+            for app in visible(who):
+                jobs = live.get(app.key, [])
+                tasks = {}
+                for job in jobs:
+                    parsed = parse_origin(job.spec.origin)
+                    h = controller.health_of(job.id)
+                    alive = None
+                    if h is not None and app.service.health_checks and all(x.healthy is not None for x in h.states):
+                        alive = all(x.healthy is True for x in h.states)
+                    key = parsed[1] if parsed else job.id
+                    ports = tuple(instance_ports(job))
+                    tasks[key] = (task_state(app, job), alive, job.id, instance_version(job), ports)
+                out[app.key] = _Seen(str(app.doc.get("deployment", "")), _settled(app, jobs, controller), tasks)
+        return out
+
+    def changes(before: dict[str, _Seen], after: dict[str, _Seen]) -> list[dict[str, Any]]:
+        """Marathon's events for what changed between two looks."""
+        now = iso(daemon.clock())
+        host = daemon.node.name
+        events: list[dict[str, Any]] = []
+
+        def status(app_id: str, task_id: str, state: str, version: str, ports: tuple[int, ...]) -> None:
+            events.append({
+                "eventType": "status_update_event", "timestamp": now, "slaveId": host, "taskId": task_id,
+                "taskStatus": state, "message": "", "appId": app_id, "host": host, "ipAddresses": [],
+                "ports": list(ports), "version": version,
+            })  # fmt: skip
+
+        for app_id, seen in after.items():
+            old = before.get(app_id)
+            old_tasks = old.tasks if old is not None else {}
+            for task_id, (state, alive, _, version, ports) in seen.tasks.items():
+                was = old_tasks.get(task_id)
+                if was is None or was[0] != state:
+                    status(app_id, task_id, state, version, ports)
+                if alive is not None and (was is None or was[1] != alive):
+                    events.append({
+                        "eventType": "health_status_changed_event", "timestamp": now, "appId": app_id,
+                        "taskId": task_id, "instanceId": task_id, "version": version, "alive": alive,
+                    })  # fmt: skip
+            for task_id, (_, _, job_id, version, ports) in old_tasks.items():
+                if task_id not in seen.tasks:
+                    job = daemon.store.get(job_id)
+                    status(
+                        app_id, task_id, _ENDED.get(job.state, "TASK_KILLED") if job else "TASK_KILLED", version, ports
+                    )
+            if seen.settled and old is not None and (not old.settled or old.deployment != seen.deployment):
+                events.append({"eventType": "deployment_success", "timestamp": now, "id": seen.deployment})
+        for app_id, old in before.items():
+            if app_id not in after:
+                for task_id, (_, _, job_id, version, ports) in old.tasks.items():
+                    job = daemon.store.get(job_id)
+                    status(
+                        app_id, task_id, _ENDED.get(job.state, "TASK_KILLED") if job else "TASK_KILLED", version, ports
+                    )
+                events.append({"eventType": "app_terminated_event", "timestamp": now, "appId": app_id})
+        return events
+
+    def step(seen: dict[str, _Seen], who: Peer) -> tuple[dict[str, _Seen], list[dict[str, Any]]]:
+        now = look(who)
+        with lock:
+            return now, changes(seen, now)
+
+    # Out of the OpenAPI schema: a generated client (or a fuzzer) that reads the whole answer would wait forever.
+    @api.get("/v2/events", response_model=None, include_in_schema=False)
+    async def events(request: Request, who: Caller, event_type: Embed = []) -> Any:  # noqa: B006
+        """Marathon's event bus as Server-Sent Events, for the caller's apps. corral has no event bus: the stream
+        compares the apps every EVENT_POLL_S and says what changed, so a change shorter than that may be missed."""
+        wanted = {t for value in event_type for t in value.split(",") if t}
+        remote = request.client.host if request.client else ""
+
+        async def stream() -> AsyncIterator[bytes]:
+            attached = {"eventType": "event_stream_attached", "timestamp": iso(daemon.clock()), "remoteAddress": remote}
+            if not wanted or attached["eventType"] in wanted:
+                yield _sse(attached)
+            seen = await run_in_threadpool(look, who)
+            quiet = 0.0
+            while True:
+                await asyncio.sleep(EVENT_POLL_S)
+                seen, found = await run_in_threadpool(step, seen, who)
+                found = [e for e in found if not wanted or e["eventType"] in wanted]
+                for event in found:
+                    yield _sse(event)
+                quiet = 0.0 if found else quiet + EVENT_POLL_S
+                if quiet >= EVENT_KEEPALIVE_S:
+                    quiet = 0.0
+                    yield b":\n\n"
+
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)
 
     # ------------------------------------------------------------------------------------------ queue
     @api.get("/v2/queue", response_model=None)
