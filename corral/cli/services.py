@@ -77,7 +77,8 @@ def create_cmd(file: Path, socket: Path | None) -> None:
 @socket_option
 def list_cmd(as_json: bool, socket: Path | None) -> None:
     """Your apps (root: everyone's)."""
-    apps = _request(socket, "GET", "/marathon/v2/apps")["apps"]
+    # corral=true: the owner, the waiting reason and each task's job and GPUs (not in Marathon's own shape)
+    apps = _request(socket, "GET", "/marathon/v2/apps", params={"corral": "true"})["apps"]
     if as_json:
         dump(apps)
         return
@@ -97,7 +98,7 @@ def list_cmd(as_json: bool, socket: Path | None) -> None:
 @socket_option
 def show_cmd(app_id: str, as_json: bool, socket: Path | None) -> None:
     """One app: its instances with their state, ports, GPUs and health."""
-    data = _request(socket, "GET", _path(app_id))["app"]
+    data = _request(socket, "GET", _path(app_id), params={"corral": "true"})["app"]
     if as_json:
         dump(data)
         return

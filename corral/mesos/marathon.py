@@ -49,7 +49,24 @@ NO_COMMAND = "AppDefinition must either contain one of 'cmd' or 'args', and/or a
 CMD_AND_ARGS = "AppDefinition must either contain a 'cmd' or 'args', but not both."
 SINGLE_INSTANCE_LABEL = "MARATHON_SINGLE_INSTANCE_APP"
 
-APP_ID = re.compile(rf"/?{ID_SEGMENT}(?:/{ID_SEGMENT})*")
+SEGMENT = re.compile(ID_SEGMENT)
+
+
+def resolve_id(raw: str) -> str | None:
+    """Marathon's canonical path of an app id, relative to the root group as Marathon resolves it (`PathId`): empty
+    segments dropped, `.` skipped, `..` up one (never above the root). `./web`, `web`, `/web/` and `a/../web` are all
+    `/web`. None when a segment is not a valid id segment, or nothing is left (the root is a group, not an app)."""
+    path: list[str] = []
+    for segment in raw.split("/"):
+        if segment in ("", "."):
+            continue
+        if segment == "..":
+            path = path[:-1]
+        elif SEGMENT.fullmatch(segment):
+            path.append(segment)
+        else:
+            return None
+    return "/" + "/".join(path) if path else None
 
 
 class CommandCheck(MesosModel):
@@ -140,18 +157,22 @@ def _check_unreachable(value: Any, problems: Problems) -> None:
 
 
 def parse_app(data: Any, *, gpu_feature_enabled: bool = True) -> MarathonApp:
-    """Validate a Marathon app. `gpu_feature_enabled` False refuses GPU apps as Marathon without
+    """Validate a Marathon app; the app returned carries its canonical id ("/web" for "web" or "./web").
+    `gpu_feature_enabled` False refuses GPU apps as Marathon without
     `--enable_features gpu_resources` did; corral's daemon keeps them pending with a reason instead."""
     app = validate_model(MarathonApp, data)
     problems = Problems()
+    resolved = resolve_id(app.id)
     if len(app.id) > MAX_ID:
         problems.add("/id", f"must be at most {MAX_ID} characters, got {len(app.id)}")
-    elif not APP_ID.fullmatch(app.id):
+    elif resolved is None:
         problems.add(
             "/id",
             f"must be a path of segments of lowercase letters, digits and hyphens (not starting or ending with a "
-            f"hyphen), got {app.id!r}",
+            f"hyphen; '.' and '..' are relative to the root group), naming an app below '/', got {app.id!r}",
         )
+    else:
+        app = app.model_copy(update={"id": resolved})
     has_image = app.container is not None and app.container.docker is not None
     if app.cmd is None and app.args is None and not has_image:
         problems.add("/", NO_COMMAND)
@@ -168,8 +189,6 @@ def parse_app(data: Any, *, gpu_feature_enabled: bool = True) -> MarathonApp:
             problems.add(path, "a COMMAND health check needs command.value")
         if hc.protocol != "COMMAND" and hc.port_index is not None and hc.port is not None:
             problems.add(path, "give portIndex or port, not both")
-        if hc.timeout_seconds >= hc.interval_seconds:
-            problems.add(path, "timeoutSeconds must be smaller than intervalSeconds")
         if hc.port_index is not None and app.port_definitions and hc.port_index >= len(app.port_definitions):
             problems.add(f"{path}/portIndex", f"there are only {len(app.port_definitions)} port definitions")
     for name, value in app.env.items():
@@ -189,7 +208,7 @@ def parse_app(data: Any, *, gpu_feature_enabled: bool = True) -> MarathonApp:
     return app
 
 
-def _upgrade(app: MarathonApp) -> UpgradeRule:
+def upgrade_rule(app: MarathonApp) -> UpgradeRule:
     if app.upgrade_strategy is not None:
         return UpgradeRule(app.upgrade_strategy.minimum_health_capacity, app.upgrade_strategy.maximum_over_capacity)
     if app.residency is not None:
@@ -247,7 +266,7 @@ def to_service(app: MarathonApp) -> ServiceDefinition:
         ),
         constraints=constraints,
         kill_selection=app.kill_selection,
-        upgrade=_upgrade(app),
+        upgrade=upgrade_rule(app),
         ports=tuple(p.port for p in app.port_definitions),
         require_ports=app.require_ports,
         user=app.user,

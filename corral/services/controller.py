@@ -1,7 +1,9 @@
 """The services controller: keeps each Marathon app's instances running as corral jobs.
 
-    store document "marathon.app" /web   the app as submitted, its owner, versions, and its durable state:
-                                         launch back-off, instances being killed and why, last failure, next number
+    store document "marathon.app" /web   the app as submitted, its owner, versions (the last MAX_VERSIONS
+                                         definitions, for /versions and rollbacks; the last change's kind, for
+                                         /v2/deployments), and its durable state: launch back-off, instances being
+                                         killed and why, last failure, next number
     jobs with origin "marathon:/web:web.7"   its instances (QUEUED/STARTING/RUNNING); the job store is the truth
                                          about which instances live, so a restarted daemon re-finds (re-adopts) them
                                          and never launches them twice
@@ -60,6 +62,9 @@ LIVE = (JobState.QUEUED, JobState.STARTING, JobState.RUNNING)
 #: The most instances one round launches, and kills, over all apps (see the module docstring).
 LAUNCHES_PER_ROUND = 4
 KILLS_PER_ROUND = 16
+#: Versions of an app kept for `GET /v2/apps/{id}/versions` and rollbacks (Marathon keeps a bounded number too,
+#: `--max_versions`); each is a copy of the definition, so the app's store document stays small.
+MAX_VERSIONS = 25
 NO_RUNTIME = (
     "the app names the container image {image!r}, but this corral serve has no container runtime: start it with "
     "--container-runtime docker|podman, or give a cmd that runs without one"
@@ -82,7 +87,8 @@ class AppNotFound(CorralError):
 
 
 def canonical(app_id: str) -> str:
-    return "/" + app_id.strip("/")
+    """The app id as stored: Marathon's canonical path ("web", "./web" and "/web/" are "/web")."""
+    return mr.resolve_id(app_id) or "/" + app_id.strip("/")
 
 
 def origin_of(key: str, instance: str) -> str:
@@ -319,6 +325,8 @@ class ServicesController:
             "configVersion": version,
             "scalingVersion": version,
             "deployment": self._new_id(),
+            "change": "start",
+            "versions": [{"version": version, "app": doc_app}],
             "state": {"next": 1},
         }
         app = App(key, doc, 0, model, service)
@@ -326,8 +334,9 @@ class ServicesController:
         self.apps[key] = app
         return app
 
-    def update(self, daemon: Daemon, app_id: str, raw: Any, who: Owner) -> tuple[App, bool]:
-        """PUT: fields not given keep their values (Marathon's app update). Returns (app, created)."""
+    def update(self, daemon: Daemon, app_id: str, raw: Any, who: Owner, replace: bool = False) -> tuple[App, bool]:
+        """PUT: fields not given keep their values (Marathon's app update); `replace` takes `raw` as the whole
+        definition. A body of only {"version": V} rolls back to that stored version. Returns (app, created)."""
         self.load(daemon)
         key = canonical(app_id)
         if not isinstance(raw, dict):
@@ -335,7 +344,10 @@ class ServicesController:
         current = self.apps.get(key)
         if current is None:
             return self.create(daemon, {**raw, "id": key}, who), True
-        merged = {**current.doc["app"], **{k: v for k, v in raw.items() if k not in READ_ONLY}, "id": key}
+        if set(raw) == {"version"}:
+            raw, replace = self.definition_at(current, str(raw["version"])), True
+        base = {} if replace else current.doc["app"]
+        merged = {**base, **{k: v for k, v in raw.items() if k not in READ_ONLY}, "id": key}
         owner = current.owner
         model, service, doc_app, runs_as = prepare(merged, daemon, Owner(owner.uid, owner.gid, owner.user))
         now = daemon.clock()
@@ -349,8 +361,11 @@ class ServicesController:
         if before != after or runs_as != owner:
             doc["configVersion"] = version
             doc["owner"] = {"uid": runs_as.uid, "gid": runs_as.gid, "user": runs_as.user}
+            doc["change"] = "upgrade"
         else:
             doc["scalingVersion"] = version
+            doc["change"] = "scale"
+        doc["versions"] = _with_version(current.doc, version, doc_app)
         app = App(key, doc, current.doc_version, model, service)
         if before != after:
             app.set_backoff(Backoff(version=version))  # a new version starts without a launch delay
@@ -358,13 +373,73 @@ class ServicesController:
         self.apps[key] = app
         return app, False
 
+    def update_many(self, daemon: Daemon, raws: Sequence[Any], who: Owner) -> App | None:
+        """`PUT /v2/apps` with a list: each app updated as by `update`, or created. All are checked before any is
+        changed (a 422 names the app by its index), so a bad one leaves every app as it was. Returns the last."""
+        self.load(daemon)
+        problems = Problems()
+        for i, raw in enumerate(raws):
+            if not isinstance(raw, dict) or not isinstance(raw.get("id"), str):
+                problems.add(f"/{i}/id", "each app needs its id")
+                continue
+            current = self.apps.get(canonical(raw["id"]))
+            base = current.doc["app"] if current is not None else {}
+            merged = {**base, **{k: v for k, v in raw.items() if k not in READ_ONLY}}
+            runs = current.owner if current is not None else who
+            try:
+                prepare(merged, daemon, runs)
+            except ObjectNotValid as exc:
+                problems.extend(ErrorDetail(f"/{i}{d.path.rstrip('/')}", d.errors) for d in exc.details)
+        problems.raise_if_any()
+        last = None
+        for raw in raws:
+            last, _ = self.update(daemon, raw["id"], raw, who)
+        return last
+
     def restart(self, daemon: Daemon, app_id: str) -> App:
         """A new config version with the same definition: every instance is replaced, the delay resets."""
         app = self._known(daemon, app_id)
         version = self._version(app, daemon.clock())
-        app.doc.update(version=version, configVersion=version, deployment=self._new_id())
+        app.doc.update(version=version, configVersion=version, deployment=self._new_id(), change="restart")
+        app.doc["versions"] = _with_version(app.doc, version, app.doc["app"])
         app.set_backoff(Backoff(version=version))
         self._save(daemon, app)
+        return app
+
+    def definition_at(self, app: App, version: str) -> dict[str, Any]:
+        """The app's definition as it was at `version` (AppNotFound when that version is not kept)."""
+        for v in app.doc.get("versions") or []:
+            if v.get("version") == version:
+                return dict(v["app"])
+        raise AppNotFound(f"App '{app.key}' does not exist in version {version}")
+
+    def versions(self, app: App) -> list[str]:
+        """The kept versions, newest first (an app stored before versions were kept has its current one)."""
+        kept = [str(v["version"]) for v in app.doc.get("versions") or []]
+        return sorted(kept or [app.config_version], reverse=True)
+
+    def rollback(self, daemon: Daemon, app_id: str) -> App:
+        """Cancel the app's deployment by going back to the version before its last change (Marathon's DELETE of
+        a deployment without force). The rollback is itself a new version, as in Marathon."""
+        app = self._known(daemon, app_id)
+        kept = self.versions(app)
+        if len(kept) < 2:
+            raise AppNotFound(f"App '{app.key}' has no earlier version to roll back to")
+        owner = app.owner
+        rolled, _ = self.update(daemon, app.key, self.definition_at(app, kept[1]), owner, replace=True)
+        return rolled
+
+    def kill_instances(self, daemon: Daemon, app_id: str, job_ids: Sequence[str], scale: bool) -> App:
+        """Kill these instances of the app (`DELETE /v2/apps/{id}/tasks/{task}`, `POST /v2/tasks/delete`). With
+        `scale` the app's instances shrink by as many (a scaling version), so none is replaced; without, the rounds
+        replace them (a kill does not grow the launch delay)."""
+        app = self._known(daemon, app_id)
+        live = {j.id: j for j in self.live_jobs(daemon).get(app.key, [])}
+        doomed = [live[i] for i in job_ids if i in live and live[i].reason != CANCELLING and i not in app.killing]
+        if scale and doomed:
+            target = max(0, app.model.instances - len(doomed))
+            app, _ = self.update(daemon, app.key, {"instances": target}, app.owner)
+        self._kill_all(daemon, app, doomed, "killed by request", app.service.kill_grace_s)
         return app
 
     def reset_delay(self, daemon: Daemon, app_id: str) -> App:
@@ -439,6 +514,10 @@ class ServicesController:
             return False
         self._kills_left -= 1
         return True
+
+    def ready(self, app: App, job: Job) -> bool:
+        """Running, and healthy by every health check the app has (what a deployment waits for)."""
+        return self._ready(app, job)
 
     def _ready(self, app: App, job: Job) -> bool:
         if job.state is not JobState.RUNNING:
@@ -721,6 +800,11 @@ class ServicesController:
 
     def health_of(self, job_id: str) -> InstanceHealth | None:
         return self.health.get(job_id)
+
+
+def _with_version(doc: Mapping[str, Any], version: str, definition: dict[str, Any]) -> list[dict[str, Any]]:
+    kept = [v for v in doc.get("versions") or [] if v.get("version") != version]
+    return [*kept, {"version": version, "app": definition}][-MAX_VERSIONS:]
 
 
 def counts(app: App, jobs: Sequence[Job], controller: ServicesController) -> dict[str, int]:

@@ -59,7 +59,15 @@ def test_no_input_gets_a_server_error(case: schemathesis.Case[Any]) -> None:
     case.call_and_validate(checks=[not_a_server_error, content_type_conformance, response_schema_conformance])
 
 
+def not_a_server_error_but_not_supported(ctx: Any, response: Any, case: schemathesis.Case[Any]) -> bool | None:
+    """A peer's endpoint corral does not serve answers 501 saying so (docs/compat/*.md): that is its answer, not a
+    failure. Schemathesis reaches them by trying the methods a served path does not document."""
+    if response.status_code == 501 and "not supported by corral" in response.text:
+        return None
+    return not_a_server_error(ctx, response, case)
+
+
 @peer_schema.parametrize()
 @settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
 def test_no_input_to_the_peers_apis_gets_a_server_error(case: schemathesis.Case[Any]) -> None:
-    case.call_and_validate(checks=[not_a_server_error])
+    case.call_and_validate(checks=[not_a_server_error_but_not_supported])

@@ -135,7 +135,8 @@ def test_health_checks_and_secrets_map() -> None:
         ({"id": "a"}, "/", mr.NO_COMMAND),
         ({"id": "a", "cmd": "x", "args": ["y"]}, "/", mr.CMD_AND_ARGS),
         ({"id": "/A_b", "cmd": "x"}, "/id", "must be a path of segments of lowercase letters"),
-        ({"id": "a//b", "cmd": "x"}, "/id", "must be a path of segments"),
+        ({"id": "/a/-b", "cmd": "x"}, "/id", "must be a path of segments"),
+        ({"id": "./..", "cmd": "x"}, "/id", "naming an app below '/'"),
         ({"id": "a", "cmd": "x", "cpus": 0.0001}, "/cpus", "must be >= 0.001, got 0.0001"),
         ({"id": "a", "cmd": "x", "instances": -1}, "/instances", "must be >= 0, got -1"),
         ({"id": "a", "cmd": "x", "backoffFactor": 0.5}, "/backoffFactor", "must be >= 1, got 0.5"),
@@ -145,11 +146,6 @@ def test_health_checks_and_secrets_map() -> None:
             {"id": "a", "cmd": "x", "healthChecks": [{"portIndex": 0, "port": 80}]},
             "/healthChecks/0",
             "give portIndex or port, not both",
-        ),
-        (
-            {"id": "a", "cmd": "x", "healthChecks": [{"intervalSeconds": 10, "timeoutSeconds": 10}]},
-            "/healthChecks/0",
-            "timeoutSeconds must be smaller than intervalSeconds",
         ),
         (
             {"id": "a", "cmd": "x", "portDefinitions": [{"port": 0}], "healthChecks": [{"portIndex": 1}]},
@@ -182,4 +178,29 @@ def test_errors(data: dict[str, Any], path: str, text: str) -> None:
 
 
 def test_unknown_properties_are_ignored() -> None:
-    assert mr.parse_app({"id": "a", "cmd": "x", "tasksRunning": 3, "version": "2020-01-01"}).id == "a"
+    assert mr.parse_app({"id": "a", "cmd": "x", "tasksRunning": 3, "version": "2020-01-01"}).id == "/a"
+
+
+@pytest.mark.parametrize(
+    ("given", "canonical"),
+    [
+        ("web", "/web"),
+        ("/web/", "/web"),
+        ("./web", "/web"),  # marathon-python's own live test creates "./marathon-integration-test-..."
+        ("a//b", "/a/b"),
+        ("./a/../b", "/b"),
+        ("../../web", "/web"),  # never above the root, as Marathon's PathId.canonicalPath
+        ("/prod/./db", "/prod/db"),
+    ],
+)
+def test_ids_resolve_relative_to_the_root_as_marathon_does(given: str, canonical: str) -> None:
+    assert mr.parse_app({"id": given, "cmd": "x"}).id == canonical
+
+
+def test_a_health_check_may_time_out_as_late_as_its_interval() -> None:
+    """Marathon has no timeoutSeconds < intervalSeconds rule (its default check, 20 s every 20 s in marathon-python's
+    live test, and timeout 20 with interval 10, are both valid there): a probe that runs long delays the next one."""
+    for interval, timeout in ((20, 20), (10, 20)):
+        app = {"id": "a", "cmd": "x", "healthChecks": [{"intervalSeconds": interval, "timeoutSeconds": timeout}]}
+        (check,) = mr.to_service(mr.parse_app(app)).health_checks
+        assert (check.interval_s, check.timeout_s) == (interval, timeout)

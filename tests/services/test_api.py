@@ -175,7 +175,104 @@ def test_delay_reset_and_health_in_tasks(api: Api) -> None:
     assert result["lastFailureCause"] == "connection refused" and result["taskId"] == "web.1"
     api.world.fail(api.world.running()[0])
     api.tick()
-    assert c.get("/marathon/v2/apps/web").json()["app"]["corral"]["launchDelaySeconds"] == 1.0
+    assert c.get("/marathon/v2/apps/web?corral=true").json()["app"]["corral"]["launchDelaySeconds"] == 1.0
     assert c.delete("/marathon/v2/queue/web/delay").status_code == 204
     api.tick()
     assert len(api.world.running()) == 1
+
+
+def test_scaling_an_app_created_without_a_leading_slash_keeps_its_instances(api: Api) -> None:
+    """marathon-python creates "web" and scales with PUT /v2/apps/web {"instances": n}: that is a scale (the same
+    config version, the running instances kept), not a new version that replaces them all."""
+    c = api.client()
+    assert c.post("/marathon/v2/apps", json={**WEB, "id": "web"}).status_code == 201
+    api.tick()
+    before = {j.id for j in api.world.running()}
+    config = c.get("/marathon/v2/apps/web").json()["app"]["versionInfo"]["lastConfigChangeAt"]
+    assert c.put("/marathon/v2/apps/web", json={"instances": 3}).status_code == 200
+    api.tick(1)
+    api.tick(1)
+    shown = c.get("/marathon/v2/apps//web").json()["app"]
+    assert shown["versionInfo"]["lastConfigChangeAt"] == config and shown["tasksRunning"] == 3
+    assert before < {j.id for j in api.world.running()}
+
+
+def test_corral_fields_only_when_asked(api: Api) -> None:
+    c = api.client()
+    c.post("/marathon/v2/apps", json={**WEB, "instances": 1})
+    api.tick()
+    plain = c.get("/marathon/v2/apps/web").json()["app"]
+    assert "corral" not in plain and "corral" not in plain["tasks"][0]
+    ours = c.get("/marathon/v2/apps/web", params={"corral": "true"}).json()["app"]
+    assert ours["corral"] == {"user": "alice", "waiting": "", "launchDelaySeconds": 0.0}
+    assert ours["tasks"][0]["corral"]["job"] == api.world.running()[0].id
+    listed = c.get("/marathon/v2/apps", params={"embed": "apps.tasks"}).json()["apps"][0]
+    assert "corral" not in listed and [t["id"] for t in listed["tasks"]] == ["web.1"]
+    assert "tasks" not in c.get("/marathon/v2/apps").json()["apps"][0]
+    bad = c.get("/marathon/v2/apps", params={"corral": "maybe"})
+    assert bad.status_code == 400 and list(bad.json()) == ["message"]
+
+
+def test_kill_task_by_id_and_versions(api: Api) -> None:
+    c = api.client()
+    c.post("/marathon/v2/apps", json=WEB)
+    api.tick()
+    gone = c.delete("/marathon/v2/apps/web/tasks/nope.9")
+    assert gone.status_code == 404 and gone.json() == {"message": "Task 'nope.9' does not exist"}
+    both = c.delete("/marathon/v2/apps/web/tasks/web.1", params={"scale": "true", "wipe": "true"})
+    assert both.status_code == 400 and both.json() == {"message": "You cannot use scale and wipe at the same time."}
+    r = c.post("/marathon/v2/tasks/delete", params={"scale": "true"}, json={"ids": ["web.2"]})
+    assert r.status_code == 200 and set(r.json()) == {"version", "deploymentId"}
+    api.tick()
+    api.tick()
+    assert [t["id"] for t in c.get("/marathon/v2/tasks").json()["tasks"]] == ["web.1"]
+    versions = c.get("/marathon/v2/apps/web/versions").json()["versions"]
+    assert len(versions) == 2
+    assert c.get(f"/marathon/v2/apps/web/versions/{versions[1]}").json()["instances"] == 2
+    missing = c.get("/marathon/v2/apps/web/versions/2000-01-01T00:00:00.000Z")
+    assert missing.json() == {"message": "App '/web' does not exist in version 2000-01-01T00:00:00.000Z"}
+    back = c.put("/marathon/v2/apps/web", json={"version": versions[1]})
+    assert back.status_code == 200
+    assert c.get("/marathon/v2/apps/web").json()["app"]["instances"] == 2
+    assert c.post("/marathon/v2/tasks/delete", json={"ids": "web.1"}).status_code == 422
+    bob = api.client(BOB)  # another user learns nothing of alice's app through any of the new reads
+    assert bob.get("/marathon/v2/tasks").json() == {"tasks": []} and bob.get("/marathon/v2/deployments").json() == []
+    assert bob.get("/marathon/v2/queue").json() == {"queue": []}
+    assert bob.get("/marathon/v2/apps/web/versions").json() == {"message": "App '/web' does not exist"}
+    assert bob.post("/marathon/v2/tasks/delete", json={"ids": ["web.1"]}).json() == {"tasks": []}
+    assert bob.delete("/marathon/v2/apps/web/tasks/web.1").status_code == 404
+    api.tick()
+    assert [t["state"] for t in c.get("/marathon/v2/apps/web/tasks").json()["tasks"]] == ["TASK_RUNNING"] * 2
+
+
+def test_put_a_list_of_apps_checks_all_before_changing_any(api: Api) -> None:
+    c = api.client()
+    c.post("/marathon/v2/apps", json=WEB)
+    bad = c.put("/marathon/v2/apps", json=[{"id": "/web", "instances": 3}, {"id": "/new", "cmd": "x", "cpus": -1}])
+    assert bad.status_code == 422 and [d["path"] for d in bad.json()["details"]] == ["/1/cpus"]
+    assert c.get("/marathon/v2/apps/web").json()["app"]["instances"] == 2
+    assert c.get("/marathon/v2/apps/new").status_code == 404
+    ok = c.put("/marathon/v2/apps", json=[{"id": "web", "instances": 3}, {"id": "./new", "cmd": "sleep 100"}])
+    assert ok.status_code == 200 and set(ok.json()) == {"version", "deploymentId"}
+    assert [a["instances"] for a in c.get("/marathon/v2/apps").json()["apps"]] == [1, 3]
+    other = api.client(BOB).put("/marathon/v2/apps", json=[{"id": "/web", "instances": 0}])
+    assert other.status_code == 404 and other.json() == {"message": "App '/web' does not exist"}
+    assert c.put("/marathon/v2/apps", json={"id": "/web"}).status_code == 422
+
+
+def test_cancelling_a_creation_removes_the_app_and_a_scale_rolls_back(api: Api) -> None:
+    c = api.client()
+    held = {**WEB, "id": "/held", "constraints": [["hostname", "UNIQUE"]]}  # the second instance never launches
+    c.post("/marathon/v2/apps", json=held)
+    api.tick()
+    (deployment,) = c.get("/marathon/v2/deployments").json()
+    assert deployment["steps"] == [{"actions": [{"action": "StartApplication", "app": "/held"}]}]
+    (item,) = c.get("/marathon/v2/queue").json()["queue"]
+    assert (item["app"]["id"], item["count"], item["delay"]) == ("/held", 1, {"timeLeftSeconds": 0, "overdue": True})
+    assert c.delete(f"/marathon/v2/deployments/{deployment['id']}", params={"force": "true"}).status_code == 202
+    assert c.get("/marathon/v2/apps/held").status_code == 404
+    api.tick()
+    assert api.world.live() == []
+    gone = c.delete(f"/marathon/v2/deployments/{deployment['id']}")
+    assert gone.status_code == 404 and gone.json() == {"message": f"DeploymentPlan {deployment['id']} does not exist"}
+    assert c.get("/marathon/v2/deployments").json() == []
