@@ -161,6 +161,13 @@ def test_no_other_user_learns_a_jobs_environment_or_output(shared_tmp: Path) -> 
             "/metronome/v1/jobs/secretjob/runs", "/metronome/v1/queue",
             "/chronos/v1/scheduler/jobs", "/chronos/v1/scheduler/jobs/search?name=secret", "/scheduler/jobs",
             "/marathon/v2/apps", "/marathon/v2/apps/secretapp", "/marathon/v2/apps/secretapp/tasks",
+            # the peers' views added for their real clients, and corral's own view of their objects
+            "/metronome/v1/jobs/secretjob/runs?corral=true", "/metronome/v1/jobs?embed=activeRuns&corral=true",
+            "/chronos/v1/scheduler/jobs?corral=true", "/chronos/v1/scheduler/job/stat/secretchronos",
+            "/chronos/v1/scheduler/graph/csv", "/chronos/v1/scheduler/graph/dot", "/chronos/v1/scheduler/jobs/summary",
+            "/chronos/metrics", "/marathon/v2/apps?embed=apps.tasks&embed=apps.deployments&corral=true",
+            "/marathon/v2/apps/secretapp?corral=true", "/marathon/v2/apps/secretapp/versions", "/marathon/v2/tasks",
+            "/marathon/v2/deployments", "/marathon/v2/queue",
         ]  # fmt: skip
         for job in (cli_job, raw_job, root_job):
             urls += [f"/v1/jobs/{job}", f"/v1/jobs/{job}/logs", f"/v1/jobs/{job}/explain"]
