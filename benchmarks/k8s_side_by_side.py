@@ -88,6 +88,9 @@ class BindClock:
         return (len(times) - 1) / span, span
 
 
+IDLE_SECONDS = 2.0
+
+
 def load() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
@@ -112,7 +115,7 @@ def plane_pids(plane: Plane) -> dict[str, int]:
     return pids
 
 
-_SAMPLE = re.compile(r"^(\w+)\{([^}]*)\} (\S+)$")
+_SAMPLE = re.compile(r"^(\w+)(?:\{([^}]*)\})? (\S+)$")
 
 
 def _metrics_text(plane: Plane, port_offset: int) -> str:
@@ -127,9 +130,14 @@ def apiserver_requests(plane: Plane) -> dict[str, float]:
     out: dict[str, float] = {}
     for line in _metrics_text(plane, 43).splitlines():
         m = _SAMPLE.match(line)
+        if m and m.group(1) == "apiserver_watch_events_total":
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
+            key = f"watch events {labels.get('resource') or labels.get('kind')}"
+            out[key] = out.get(key, 0.0) + float(m.group(3))
+            continue
         if not m or m.group(1) != "apiserver_request_total":
             continue
-        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
         if labels.get("verb") == "WATCH":
             continue
         key = f"{labels.get('verb')} {labels.get('resource')}" + (
@@ -149,7 +157,7 @@ def scheduler_metrics(plane: Plane) -> dict[str, float]:
         m = _SAMPLE.match(line)
         if not m:
             continue
-        name, labels, value = m.groups()
+        name, labels, value = m.group(1), m.group(2) or "", m.group(3)
         for base in ("scheduler_scheduling_algorithm_duration_seconds",
                      "scheduler_framework_extension_point_duration_seconds",
                      "scheduler_scheduling_attempt_duration_seconds",
@@ -167,6 +175,14 @@ def scheduler_metrics(plane: Plane) -> dict[str, float]:
     return {k: round(1000 * sums[k] / counts[k], 3) for k in sorted(sums) if counts.get(k)}
 
 
+def extender_verbs(extender: ExtenderProcess | None) -> dict[str, Any]:
+    """The extender's time per verb so far (its /status)."""
+    if extender is None:
+        return {}
+    verbs: dict[str, Any] = httpx.get(f"{extender.url}/status", timeout=10).json().get("verbs", {})
+    return verbs
+
+
 def run_one(plane: Plane, core: Any, config: Path, scheduler: str, pods: int, limits: dict[str, str],
             extender: ExtenderProcess | None = None) -> dict[str, Any]:  # fmt: skip
     plane.stop_scheduler()
@@ -174,22 +190,39 @@ def run_one(plane: Plane, core: Any, config: Path, scheduler: str, pods: int, li
         core.create_namespaced_pod("default", pod(f"{scheduler}-{i}", limits, cpu="100m", memory="128Mi",
                                                   scheduler=scheduler))  # fmt: skip
     clock = BindClock(core, pods)
-    before = load()
-    plane.scheduler(config)
     pids: dict[str, int | None] = {**plane_pids(plane)}
     pids["extender"] = extender.proc.pid if extender is not None and extender.proc is not None else None
+    # What the plane and the extender spend doing nothing (leases, the watches' bookmarks): the longer side of the
+    # comparison runs longer, and this says how much of its CPU is just that.
+    idle0 = {k: cpu_seconds(v) for k, v in pids.items()}
+    time.sleep(IDLE_SECONDS)
     cpu0 = {k: cpu_seconds(v) for k, v in pids.items()}
+    idle = {k: round((cpu0[k] - idle0[k]) / IDLE_SECONDS, 3) for k, v in pids.items() if v is not None}
     requests0 = apiserver_requests(plane)
+    verbs0 = extender_verbs(extender)
+    before = load()
     t0 = time.monotonic()
+    plane.scheduler(config)  # its CPU counts from its start (its first list of nodes and pods included)
+    pids["scheduler"] = plane_pids(plane)["scheduler"]
+    cpu0["scheduler"] = 0.0
     ok = clock.wait(600)
     wall = time.monotonic() - t0
     requests = {k: int(n - requests0.get(k, 0)) for k, n in apiserver_requests(plane).items()}
     requests = {k: n for k, n in sorted(requests.items()) if n}
     cpu = {k: round(cpu_seconds(v) - cpu0[k], 2) for k, v in pids.items() if v is not None}
     rate, span = clock.rate()
+    verbs = {}
+    for verb, t in extender_verbs(extender).items():
+        n = t["calls"] - verbs0.get(verb, {}).get("calls", 0)
+        if n:
+            v_wall = t["wall_s"] - verbs0.get(verb, {}).get("wall_s", 0.0)
+            v_cpu = t["cpu_s"] - verbs0.get(verb, {}).get("cpu_s", 0.0)
+            verbs[verb] = {"calls": n, "wall_ms": round(1000 * v_wall / n, 3), "cpu_ms": round(1000 * v_cpu / n, 3)}
     return {"scheduler": scheduler, "bound": len(clock.bound), "complete": ok, "pods_per_s": round(rate, 1),
             "span_s": round(span, 3), "load_before": before, "load_after": load(),
-            "cpu_s_while_scheduling": cpu, "wall_s_from_start": round(wall, 2), "apiserver_requests": requests,
+            "cpu_s_while_scheduling": cpu, "idle_cpu_per_s": idle, "wall_s_from_start": round(wall, 2),
+            "apiserver_requests": requests,
+            "extender_verbs": verbs,
             "metrics_ms": scheduler_metrics(plane)}  # fmt: skip
 
 
@@ -208,6 +241,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=1, help="pairs of runs, alternately plain and corral")
     ap.add_argument("--only", choices=("plain", "corral"), help="run one side only")
     ap.add_argument("--profile", type=Path, help="run the extender under cProfile, written here when it stops")
+    ap.add_argument("--percentage", type=int, help="percentageOfNodesToScore for corral's profile (a trial)")
     ap.add_argument("--extender-arg", action="append", default=[], help="one more argument for the extender")
     args = ap.parse_args()
     limits = {"nvidia.com/gpu": "1"}
@@ -244,7 +278,10 @@ def main() -> None:
                         r = run_one(plane, core, plain_path, "plain", args.pods, limits)
                     else:
                         assert extender is not None
-                        cfg = write_config(where / "corral.yaml", chart_scheduler_config(extender.url))
+                        corral_cfg = chart_scheduler_config(extender.url)
+                        if args.percentage is not None:
+                            corral_cfg["profiles"][0]["percentageOfNodesToScore"] = args.percentage
+                        cfg = write_config(where / "corral.yaml", corral_cfg)
                         r = run_one(plane, core, cfg, "corral-scheduler", args.pods, limits, extender)
                     r["run"] = run
                     results.append(r)
