@@ -1,22 +1,25 @@
 """The kube-scheduler extender: filter, prioritize, bind and preempt, decided by corral's placement engine.
 
-    kube-scheduler --POST /filter {Pod, Nodes|NodeNames}-->  engine: feasible nodes + a reason for every other
+    kube-scheduler --POST /filter {Pod, Nodes|NodeNames}-->  engine: feasible nodes + a reason for every other; with
+                                                             `pick`, only the best of them (no prioritize follows)
                    --POST /prioritize {Pod, NodeNames}---->  engine's order: its choice 10, the rest 9..1, misfits 0
-                   --POST /bind {PodName, PodNamespace, PodUID, Node}-->  read the pod, reserve GPUs, create the
-                                                                           Binding carrying the assignment annotations
+                   --POST /bind {PodName, PodNamespace, PodUID, Node}-->  the pod (filter's, or read), reserve GPUs,
+                                                                           create the Binding carrying the assignment
                    --POST /preempt {Pod, NodeNameToMetaVictims}-->  the best node and the fewest lower-priority victims
                                                                     that make room there per GPU
 
 The JSON keys are kube-scheduler's Go field names (its extender types carry no json tags). A decision made at filter
 is kept for the pod until the cluster changes (keyed by pod UID and the state's generation), so prioritize and bind
-reuse it; bind checks again against the state of that moment, so two binds never get the same GPU share. Bind follows
-the API server: the pod is read first (a bound pod is refused: Kubernetes never moves one), the node and the
+reuse it; bind reserves filter's allocation if it is still free, else decides again, against the state of that moment,
+so two binds never get the same GPU share. Bind follows the API server: the pod is the one filter saw only while the
+watch shows that very pod, else it is read (a bound pod is refused: Kubernetes never moves one), the node and the
 assignment land in one write (a refused Binding leaves the pod as it was), and after a refused or unanswered Binding
 the pod is read back so that the state counts what the API server holds. Bad input (malformed JSON, invalid or huge
 quantities, wrong types, conflicting requests, a wrong content type) gets the verb's refusal naming the field, logged
 as one line, never a 500.
 
-The hot path (every pod, every node of the cluster, three requests per pod) works on the snapshot's node indices:
+The hot path (every pod, every node kube-scheduler sends, two requests per pod with `pick`, three without) works on
+the snapshot's node indices:
 
     NodeNames --NodeTable.lookup (cached: the full list, the list filter just passed)--> indices
     Verdict.bits[indices] --> passing / one group per distinct reason --> JSON joined from per-node fragments
