@@ -2,24 +2,27 @@
 
     PYTHONPATH=. CORRAL_K8S_CONTROL_PLANE=/path/to/control-plane.sh \\
         .venv/bin/python -m benchmarks.k8s_side_by_side [--nodes 500] [--pods 1000] [--gpus 8] [--runs 3]
-        [--only plain|corral] [--profile extender.prof]
+        [--only plain|corral] [--profile extender.prof] [--percentage N] [--extender-arg=--no-pick]
 
 1. One plane (etcd + kube-apiserver + kube-scheduler v1.34.2, ../shared/k8s/control-plane.sh) holds `--nodes` nodes
    with `--gpus` GPUs each, as corral's device plugin and kubelet publish them (tests/k8s/plane.py).
-2. Plain: kube-scheduler with one profile and no extender, counting `nvidia.com/gpu` itself. `--pods` pods asking
-   `nvidia.com/gpu: 1` are created first (the scheduler stopped), then the scheduler starts; pods/s = pods / time
-   from the first bind seen to the last (a watch on the pods records when each one gets its node).
+2. Plain: kube-scheduler with one profile and no extender (the chart's profile without `extenders` and
+   `pluginConfig`), counting `nvidia.com/gpu` itself. `--pods` pods asking `nvidia.com/gpu: 1` are created first
+   (the scheduler stopped), then the scheduler starts; pods/s = pods / time from the first bind seen to the last (a
+   watch on the pods records when each one gets its node).
 3. The pods are deleted; the same again with the chart's scheduler configuration and `corral k8s extender` (its own
-   process, as the chart runs it), with pods for the chart's `corral-scheduler` profile.
-
+   process, as the chart runs it, started before the first run: its pod watch runs during the plain runs too), with
+   pods for the chart's `corral-scheduler` profile.
 4. `--runs` repeats 2-3 alternately (plain, corral, plain, corral, ...) on the same plane and the same extender
    process, so that a change in the machine's load shows in both columns; every run is printed with the load average.
 
-Both runs see the same plane, the same machine and, as far as it goes, the same load (printed before each run).
-Per run it also prints where the CPU went over the run (seconds of CPU of kube-scheduler, kube-apiserver, etcd and the
-extender, from /proc) and kube-scheduler's own view (its /metrics: the scheduling algorithm's mean duration per pod,
-and the mean of each extension point it timed), so that a change shows where it saved. `--profile` runs the extender
-under cProfile (written when it stops): the profile includes the corral runs only.
+Per run it also prints where the CPU went (seconds of CPU of kube-scheduler since its start, kube-apiserver, etcd and
+the extender, from /proc, and their idle CPU per second just before), the API server's requests and watch events,
+kube-scheduler's own view (its /metrics: the scheduling algorithm's mean per pod, the mean of each extension point)
+and the extender's (its /status: calls, wall and CPU time per verb), so that a change shows where it saved.
+`--profile` runs the extender under cProfile, every thread by its own CPU time (benchmarks/_profiled.py), written
+when it stops. `--percentage` and `--extender-arg` are for trials (percentageOfNodesToScore for corral's profile, one
+more argument for the extender, e.g. `--extender-arg=--no-pick`).
 """
 
 from __future__ import annotations
