@@ -35,6 +35,11 @@ HEALTH_HOST_HELP = (
     "Also serve the read-only /healthz and /status (no verbs) on this address, e.g. the pod's IP for probes and a "
     "Service."
 )
+PICK_HELP = (
+    "filter answers only the node corral picks, so kube-scheduler needs no prioritize call and no scoring of its own "
+    "(several times the pods/s); pods with preferred affinities or ScheduleAnyway spreading still get every node "
+    "that fits. --no-pick: every node that fits, ranked at prioritize."
+)
 app = typer.Typer(no_args_is_help=True, help="corral on Kubernetes: scheduler extender and device plugin.")
 log = logging.getLogger("corral.k8s")
 
@@ -56,6 +61,7 @@ def extender_cmd(
     reserve_memory: Annotated[str, typer.Option(help="preferential: memory kept free per free GPU.")] = "16GiB",
     load_weight: Annotated[float, typer.Option(help="0..1: how much live GPU utilisation lowers scores.")] = 0.0,
     kubeconfig: Annotated[str | None, typer.Option(help="Kubeconfig (default: in-cluster, else ~/.kube).")] = None,
+    pick: Annotated[bool, typer.Option(help=PICK_HELP)] = True,
 ) -> None:
     """Serve the kube-scheduler extender verbs (filter, prioritize, bind, preempt) from corral's engine."""
     import uvicorn
@@ -95,7 +101,9 @@ def extender_cmd(
     except OSError as exc:
         informer.close()
         raise _fail(f"--host/--health-host: cannot listen: {exc}") from None
-    app_ = create_app(Extender(state, api, config), health_only_ports=frozenset({health_port}) if health_host else None)
+    app_ = create_app(
+        Extender(state, api, config, pick=pick), health_only_ports=frozenset({health_port}) if health_host else None
+    )
     try:
         uvicorn.Server(uvicorn.Config(app_, log_level="warning")).run(sockets=sockets)
     finally:

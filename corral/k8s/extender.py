@@ -1,22 +1,25 @@
 """The kube-scheduler extender: filter, prioritize, bind and preempt, decided by corral's placement engine.
 
-    kube-scheduler --POST /filter {Pod, Nodes|NodeNames}-->  engine: feasible nodes + a reason for every other
+    kube-scheduler --POST /filter {Pod, Nodes|NodeNames}-->  engine: feasible nodes + a reason for every other; with
+                                                             `pick`, only the best of them (no prioritize follows)
                    --POST /prioritize {Pod, NodeNames}---->  engine's order: its choice 10, the rest 9..1, misfits 0
-                   --POST /bind {PodName, PodNamespace, PodUID, Node}-->  read the pod, reserve GPUs, create the
-                                                                           Binding carrying the assignment annotations
+                   --POST /bind {PodName, PodNamespace, PodUID, Node}-->  the pod (filter's, or read), reserve GPUs,
+                                                                           create the Binding carrying the assignment
                    --POST /preempt {Pod, NodeNameToMetaVictims}-->  the best node and the fewest lower-priority victims
                                                                     that make room there per GPU
 
 The JSON keys are kube-scheduler's Go field names (its extender types carry no json tags). A decision made at filter
 is kept for the pod until the cluster changes (keyed by pod UID and the state's generation), so prioritize and bind
-reuse it; bind checks again against the state of that moment, so two binds never get the same GPU share. Bind follows
-the API server: the pod is read first (a bound pod is refused: Kubernetes never moves one), the node and the
+reuse it; bind reserves filter's allocation if it is still free, else decides again, against the state of that moment,
+so two binds never get the same GPU share. Bind follows the API server: the pod is the one filter saw only while the
+watch shows that very pod, else it is read (a bound pod is refused: Kubernetes never moves one), the node and the
 assignment land in one write (a refused Binding leaves the pod as it was), and after a refused or unanswered Binding
 the pod is read back so that the state counts what the API server holds. Bad input (malformed JSON, invalid or huge
 quantities, wrong types, conflicting requests, a wrong content type) gets the verb's refusal naming the field, logged
 as one line, never a 500.
 
-The hot path (every pod, every node of the cluster, three requests per pod) works on the snapshot's node indices:
+The hot path (every pod, every node kube-scheduler sends, two requests per pod with `pick`, three without) works on
+the snapshot's node indices:
 
     NodeNames --NodeTable.lookup (cached: the full list, the list filter just passed)--> indices
     Verdict.bits[indices] --> passing / one group per distinct reason --> JSON joined from per-node fragments
@@ -67,7 +70,8 @@ MAX_PRIORITY = 10  # kube-scheduler's MaxExtenderPriority
 #: How many of the best nodes the engine ranks for prioritize (the rest that fit score 1).
 TOP_RANKED = 32
 UNKNOWN_NODE = "unknown to corral: the node is not in its cache (yet); is the corral device plugin running there?"
-#: Verdicts kept (all of the state's current generation: an older one is never used again).
+#: Verdicts kept, the most recent ones (filter and prioritize use those of the current generation; bind also tries an
+#: older one's allocation, see _bind).
 VERDICTS_KEPT = 256
 #: How long after a preempt the preemptor's victims are read back from the API server when it is tried again.
 EVICTION_WATCH_SECONDS = 30.0
@@ -205,6 +209,7 @@ class Verdict:
     summary: str  # the one-line explanation
     allocation: Allocation | None  # the engine's own choice over all nodes
     error: str = ""  # the whole request is impossible here (e.g. a GPU model this cluster lacks)
+    snapshot: ClusterSnapshot | None = None  # the snapshot `allocation` was made on
 
     def reason(self, node: int) -> str:
         """Why the pod does not fit on node index `node` ("" where it fits)."""
@@ -266,11 +271,43 @@ class FilterAnswer:
         ))  # fmt: skip
 
 
+def kube_preferences(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod states preferences that kube-scheduler's own scoring weighs (preferred node affinity,
+    preferred pod affinity or anti-affinity, a topology spread constraint with ScheduleAnyway): for such a pod
+    filter passes every node that fits, so that kube-scheduler adds its scores to corral's at prioritize."""
+    spec = pod.get("spec")
+    if not isinstance(spec, Mapping):
+        return False
+    affinity = spec.get("affinity")
+    if isinstance(affinity, Mapping):
+        for kind in ("nodeAffinity", "podAffinity", "podAntiAffinity"):
+            terms = affinity.get(kind)
+            if isinstance(terms, Mapping) and terms.get("preferredDuringSchedulingIgnoredDuringExecution"):
+                return True
+    spread = spec.get("topologySpreadConstraints")
+    return isinstance(spread, list) and any(
+        isinstance(c, Mapping) and c.get("whenUnsatisfiable") == "ScheduleAnyway" for c in spread
+    )
+
+
 class Extender:
-    def __init__(self, state: ClusterState, api: KubeApi | None, config: PlacementConfig | None = None) -> None:
+    """kube-scheduler's verbs over corral's state and engine.
+
+    `pick`: filter answers only the node corral picks among those that fit (the engine's best of the ones
+    kube-scheduler sent) instead of all of them. With one node left kube-scheduler skips scoring altogether: no
+    prioritize round trip and none of its own score plugins, for every pod, which is most of an extender's cost per
+    pod (docs/kubernetes.md, "Throughput"). The pick is the node prioritize would have scored highest; with the
+    chart's weight it was the node kube-scheduler chose anyway. Pods with preferences of their own that
+    kube-scheduler scores (`kube_preferences`) still get every node that fits, and prioritize.
+    """
+
+    def __init__(
+        self, state: ClusterState, api: KubeApi | None, config: PlacementConfig | None = None, pick: bool = False
+    ) -> None:
         self.state = state
         self.api = api
         self.config = config or PlacementConfig()
+        self.pick = pick
         self._verdicts: OrderedDict[str, Verdict] = OrderedDict()
         self._pods: OrderedDict[str, JsonObj] = OrderedDict()  # recent Pod objects by UID, for bind
         self._table_for: ClusterSnapshot | None = None
@@ -302,8 +339,9 @@ class Extender:
                 return cached
             ask = ask or pod_request(pod)
             verdict = self._decide(ask)
-            if self._verdicts and next(reversed(self._verdicts.values())).generation != verdict.generation:
-                self._verdicts.clear()  # the cluster changed: none of them can be used again
+            # Verdicts of older generations stay (the most recent VERDICTS_KEPT): filter/prioritize never use them
+            # again, but bind tries their allocation first, and with pick kube-scheduler filters the next pods
+            # while the binds of the previous ones travel.
             self._remember(self._verdicts, key, verdict, VERDICTS_KEPT)
             self._remember(self._pods, key, pod, 1024)
             return verdict
@@ -352,7 +390,8 @@ class Extender:
         texts = {b: node_reason_text(b, d.explanation.labels) for b in present.tolist() if b}
         order = tuple(s.index[n] for n, _ in d.explanation.top)
         fits = (bits == 0).astype(np.int8)
-        return Verdict(gen, request, ask, table, bits, fits, order, texts, render(d.explanation), d.allocation)
+        return Verdict(gen, request, ask, table, bits, fits, order, texts, render(d.explanation), d.allocation,
+                       snapshot=s)  # fmt: skip
 
     def table(self, s: ClusterSnapshot) -> NodeTable:
         """The NodeTable of snapshot `s` (kept while the node names stay the same)."""
@@ -371,6 +410,14 @@ class Extender:
                 return None
             full = place(s, v.request, dataclasses.replace(self.config, top_scores=len(s)))
             return next((s.index[n] for n, _ in full.explanation.top if member[s.index[n]]), None)
+
+    def _pick(self, v: Verdict, passing: IntArray) -> int | None:
+        """The engine's best node among `passing` (snapshot indices): the first of its ranked few that is there,
+        else a ranking of all nodes (kube-scheduler sent none of the best few)."""
+        member = np.zeros(len(v.bits), dtype=np.bool_)
+        member[passing] = True
+        best = next((i for i in v.order if member[i]), None)
+        return best if best is not None else self._best_among(v, member)
 
     def allocation_on(self, verdict: Verdict, node: str) -> Allocation | None:
         """The engine's allocation for the pod on one given node (GPU choice by the same policy)."""
@@ -400,6 +447,12 @@ class Extender:
             return FilterAnswer(table, _NO_NODES, (Group(v.error, True, look.known, look.unknown),)), node_objs
         bits = v.bits[look.known]
         passing = look.known[bits == 0]
+        if self.pick and len(passing) > 1 and not kube_preferences(pod):
+            best = self._pick(v, passing)
+            if best is not None:
+                # Only the node kube-scheduler is to bind: the others need no reason (with a node found it reports
+                # none of them), and an answer of one name is the least JSON to write and to read.
+                return FilterAnswer(table, np.array([best], dtype=np.int64), ()), node_objs
         groups = []
         for b, text in v.texts.items():
             mask = bits == b
@@ -489,8 +542,23 @@ class Extender:
             return {"Error": message}
 
     def _pod_for_bind(self, ns: str, name: str, uid: str) -> JsonObj:
-        """The pod as the API server has it now (its node, annotations and requests are the truth a bind must
-        follow); without an API server, the pod filter saw."""
+        """The pod a bind follows (its node, annotations and requests are the truth the bind must follow): the pod
+        filter saw when the watch's last view of that name is that very pod (same UID, not deleted since), else the
+        API server's pod read now. Without an API server, the pod filter saw.
+
+        The watch is the API server's own account, so a pod recreated under the same name, or deleted, is read
+        again; a pod bound meanwhile is refused by the Binding itself (409) and read back. The read costs the API
+        server a quorum read from etcd for every pod, which no plain kube-scheduler makes: it was a quarter of the
+        API server's and etcd's CPU per pod with corral (docs/kubernetes.md, "Throughput")."""
+        with self.state.lock:
+            seen = self._pods.get(uid) if uid else None
+        if (
+            seen is not None
+            and pod_name(seen) == f"{ns}/{name}"
+            and self.state.current(f"{ns}/{name}", uid)
+            and self.state.held(uid) is None  # bound, or a bind of it unanswered: what the API server says counts
+        ):
+            return seen
         if self.api is not None:
             pod = self.api.get_pod(ns, name)
             real = str((pod.get("metadata") or {}).get("uid") or "")
@@ -519,18 +587,33 @@ class Extender:
             if held is not None and not held.confirmed and not self.state.in_flight(key):
                 self.state.upsert_pod(pod)  # an earlier bind whose answer was lost; the pod just read is pending
             self.state.check_unbound(key, pod_name(pod))
-            # The verdict of filter/prioritize when nothing changed since (the usual case): no new decision.
-            v = self.verdict(pod, fresh=True)
             s = self.state.snapshot
             if s is None or node not in s.index:
                 raise InvalidRequest("Node", f"{node!r} is unknown to corral")
-            alloc = self.allocation_on(v, node)
-            if alloc is None:
-                why = v.reason(s.index[node]) or "no longer fits"
-                raise AllocationError(f"the pod does not fit on {node} now: {why}")
-            assignment = make_assignment(alloc, s.nodes[s.index[node]], v.ask)
-            rec = PodRecord(key, pod_name(pod), node, v.request, assignment, confirmed=False)
-            self.state.reserve(rec, alloc)
+            rec: PodRecord | None = None
+            cached = self._verdicts.get(key)
+            if (
+                cached is not None
+                and cached.allocation is not None
+                and cached.allocation.node == node
+                and cached.snapshot is s  # the same nodes as then (no node changed since)
+                and (self._pods.get(key) is pod or pod_request(pod) == cached.ask)
+            ):
+                # The allocation filter chose, reserved as it is if its GPUs are still free (reserve checks every
+                # share under the lock). Other binds land between a pod's filter and its bind, so the cached
+                # decision is almost never of the current generation; deciding afresh cost a full engine pass over
+                # every node for every bind, to find the same GPUs in nearly every case.
+                v = cached
+                rec = self._reserve(pod, key, s, v, cached.allocation, may_fail=True)
+            if rec is None:
+                v = self.verdict(pod, fresh=True)
+                alloc = self.allocation_on(v, node)
+                if alloc is None:
+                    why = v.reason(s.index[node]) or "no longer fits"
+                    raise AllocationError(f"the pod does not fit on {node} now: {why}")
+                rec = self._reserve(pod, key, s, v, alloc)
+            assert rec is not None and rec.assignment is not None
+            assignment = rec.assignment
         outcome = "unknown"
         try:
             if self.api is not None:
@@ -549,6 +632,23 @@ class Extender:
             if outcome != "bound":
                 self._follow(ns, name, key)
         return {"Error": ""}
+
+    def _reserve(
+        self, pod: JsonObj, key: str, s: ClusterSnapshot, v: Verdict, alloc: Allocation, may_fail: bool = False
+    ) -> PodRecord | None:
+        """Reserve `alloc` for the pod (under the state's lock); None where `may_fail` and it no longer fits."""
+        node = alloc.node
+        assignment = make_assignment(alloc, s.nodes[s.index[node]], v.ask)
+        rec = PodRecord(key, pod_name(pod), node, v.request, assignment, confirmed=False)
+        try:
+            self.state.reserve(rec, alloc)
+        except BindConflict:
+            raise
+        except AllocationError:
+            if may_fail:
+                return None
+            raise
+        return rec
 
     def _follow(self, ns: str, name: str, key: str) -> None:
         """After a Binding that failed or went unanswered, read the pod back so the state follows what the API
@@ -757,6 +857,9 @@ class ExtenderApp:
         #: the verbs take no credentials, so they are not on an address other pods reach.
         self.health_only_ports = health_only_ports or frozenset()
         self._pool = ThreadPoolExecutor(max_workers=BIND_THREADS, thread_name_prefix="corral-bind")
+        #: per verb: [calls, seconds of wall time, seconds of the serving thread's CPU] (/status shows the means):
+        #: where an extender's time per pod goes, measured where it is spent
+        self._spent: dict[str, list[float]] = {}
         # Each verb's refusal in its own shape: filter's and bind's `Error` fail the pod in kube-scheduler (a 200
         # keeps the reason in its event); kube-scheduler ignores prioritize errors, and preempt has no Error field,
         # so those two answer 400 with the reason, which keeps it visible in kube-scheduler's log.
@@ -772,7 +875,7 @@ class ExtenderApp:
             ("POST", "/bind"): self._guarded("bind", lambda args: orjson.dumps(extender.bind(args))),
             ("POST", "/preempt"): self._guarded("preempt", lambda args: orjson.dumps(extender.preempt(args))),
             ("GET", "/healthz"): lambda _: (200, orjson.dumps({"ok": extender.state.snapshot is not None})),
-            ("GET", "/status"): lambda _: (200, orjson.dumps(extender.state.status())),
+            ("GET", "/status"): lambda _: (200, orjson.dumps({**extender.state.status(), "verbs": self.timings()})),
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -836,8 +939,19 @@ class ExtenderApp:
         """A verb's handler: its answer, or, for bad input, the verb's own refusal naming the field (one log line);
         a fault of ours (a bug: no input should reach it) is refused the same way, with its traceback logged."""
         refusal = self.refusals[f"/{verb}"]
+        spent = self._spent.setdefault(verb, [0, 0.0, 0.0])
 
         def handle(raw: bytes) -> tuple[int, bytes]:
+            wall, cpu = time.perf_counter(), time.thread_time()
+            try:
+                return answered(raw)
+            finally:
+                # += on a list item is not atomic across bind threads; a count lost now and then is no harm here
+                spent[0] += 1
+                spent[1] += time.perf_counter() - wall
+                spent[2] += time.thread_time() - cpu
+
+        def answered(raw: bytes) -> tuple[int, bytes]:
             try:
                 return 200, answer(_loads(raw))
             except InvalidRequest as exc:
@@ -848,6 +962,14 @@ class ExtenderApp:
                 return refusal(500, f"corral internal error: {type(exc).__name__}: {exc}")
 
         return handle
+
+    def timings(self) -> dict[str, dict[str, float]]:
+        """Per verb since the start: calls, and seconds of wall time and of CPU (the serving thread's) of their
+        handling, from the body read to the answer made (HTTP and the server's own work not included)."""
+        return {
+            verb: {"calls": int(n), "wall_s": round(w, 6), "cpu_s": round(c, 6)}
+            for verb, (n, w, c) in self._spent.items()
+        }
 
 
 def _short(text: str, limit: int = 300) -> str:

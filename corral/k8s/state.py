@@ -74,6 +74,9 @@ class ClusterState:
         self.problems: list[str] = []
         #: Pods whose bind is in flight: their reservation survives a relist that does not show them bound yet.
         self._reserved: set[str] = set()
+        #: "namespace/name" -> key (UID) of the pod of that name as the last view showed it, pending ones included:
+        #: bind asks it whether the pod filter saw is still the pod of that name (`current`).
+        self._names: dict[str, str] = {}
         self._epoch = 0
 
     # ------------------------------------------------------------------ nodes
@@ -186,6 +189,7 @@ class ClusterState:
         view, rec = self._view(obj)
         key = pod_key(obj)
         with self.lock:
+            self._names[pod_name(obj)] = key
             old = self.pods.get(key)
             if rec is None:
                 if old is None:
@@ -206,7 +210,17 @@ class ClusterState:
 
     def remove_pod(self, obj: JsonObj) -> None:
         with self.lock:
-            self._drop(pod_key(obj))
+            key = pod_key(obj)
+            name = pod_name(obj)
+            if self._names.get(name) == key:
+                del self._names[name]
+            self._drop(key)
+
+    def current(self, name: str, key: str) -> bool:
+        """Whether the last view of pod `name` ("namespace/name") was the pod `key` (not deleted since, and not
+        replaced by another pod of that name)."""
+        with self.lock:
+            return self._names.get(name) == key
 
     def _drop(self, key: str) -> None:
         self.pods.pop(key, None)
@@ -230,6 +244,7 @@ class ClusterState:
         with self.lock:
             records: dict[str, PodRecord] = {}
             pending: set[str] = set()
+            self._names = {pod_name(obj): pod_key(obj) for obj in objs}
             for obj in objs:
                 view, rec = self._view(obj)
                 if rec is not None:

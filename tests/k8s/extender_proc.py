@@ -18,11 +18,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class ExtenderProcess:
-    def __init__(self, kubeconfig: str, log: Path, port: int | None = None, *extra: str) -> None:
+    def __init__(self, kubeconfig: str, log: Path, port: int | None = None, *extra: str,
+                 module: str = "corral.cli.main", env: dict[str, str] | None = None) -> None:  # fmt: skip
         self.kubeconfig = kubeconfig
         self.port = port or free_port()
         self.log = log
         self.extra = extra
+        #: what runs `corral` (the benchmark's profiling wrapper, benchmarks/_profiled.py), and its environment
+        self.module = module
+        self.env = env or {}
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -30,8 +34,8 @@ class ExtenderProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, wait: bool = True) -> None:
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        cmd = [sys.executable, "-m", "corral.cli.main", "k8s", "extender", "--kubeconfig", self.kubeconfig,
+        env = {**os.environ, "PYTHONPATH": str(ROOT), **self.env}
+        cmd = [sys.executable, "-m", self.module, "k8s", "extender", "--kubeconfig", self.kubeconfig,
                "--host", "127.0.0.1", "--port", str(self.port), *self.extra]  # fmt: skip
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
@@ -60,7 +64,7 @@ class ExtenderProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(timeout=15)
+                self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=15)

@@ -99,7 +99,9 @@ class FakeApiServer:
         self._closing = False
         self._watch_generation = 0  # bumped to end every open watch
         self.requests: list[Recorded] = []
-        self._http = ThreadingHTTPServer(("127.0.0.1", 0), _handler_class(self))
+        self._lock = threading.Lock()
+        self.connections = 0  # TCP connections accepted: a client that keeps its connections opens few
+        self._http = _Server(("127.0.0.1", 0), _handler_class(self))
         self._http.daemon_threads = True
         self._thread = threading.Thread(target=self._http.serve_forever, args=(0.02,), name="fake-apiserver",
                                         daemon=True)  # fmt: skip
@@ -271,9 +273,18 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
 ]
 
 
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 128  # a real API server's backlog is long: connections opened at once are not refused
+
+
 def _handler_class(server: FakeApiServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, and chunked watch streams
+
+        def setup(self) -> None:
+            super().setup()
+            with server._lock:
+                server.connections += 1
 
         def log_message(self, format: str, *args: Any) -> None:
             pass

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections import OrderedDict
 from typing import Any
 
 import pytest
 
+from corral.k8s import convert
 from corral.k8s.convert import (
     ANN_ASSIGNMENT,
     ANN_GPU_COUNT,
@@ -176,3 +179,59 @@ def test_damaged_assignment_annotation() -> None:
     assert parse_assignment({}) is None
     with pytest.raises(InvalidRequest, match="unreadable assignment"):
         parse_assignment({ANN_ASSIGNMENT: '{"node": "n1"}'})
+
+
+ONCE = {"test": "a shape no other test reads"}
+
+
+def test_pods_of_one_shape_are_read_once_and_any_difference_is_read_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pod_request keeps what it read per pod shape (everything it reads but the name and UID): the next pod of that
+    shape gets the same request under its own id, and a pod that differs in anything read is read in full."""
+
+    def shaped(name: str, limits: dict[str, Any], annotations: dict[str, str] = ONCE) -> dict[str, Any]:
+        resources = {"limits": limits, "requests": {"cpu": "1", "memory": "1Gi"}}
+        p = pod_object(name, [{"name": "c", "image": "x", "resources": resources}], annotations=dict(annotations))
+        p["metadata"]["uid"] = f"uid-{name}"
+        return p
+
+    reads: list[str] = []
+    read_in_full = convert._pod_request
+
+    def counted(p: Any, min_cpu_milli: int) -> Any:
+        reads.append(p["metadata"]["name"])
+        return read_in_full(p, min_cpu_milli)
+
+    monkeypatch.setattr(convert, "_pod_request", counted)
+    monkeypatch.setattr(convert, "_shapes", OrderedDict())  # nothing kept from other tests
+    base = {"corral.dev/gpu": "1"}
+    first, second = pod_request(shaped("a", base)), pod_request(shaped("b", base))
+    assert reads == ["a"]
+    assert (first.request.id, second.request.id) == ("uid-a", "uid-b")
+    assert dataclasses.replace(second.request, id="uid-a") == first.request
+    assert second.containers == first.containers and second.style == first.style == "corral"
+    variants = [
+        shaped("c", {"corral.dev/gpu": "2"}),
+        shaped("d", {"corral.dev/gpu-milli": "300"}),
+        shaped("e", base, annotations={**ONCE, ANN_POLICY: "spread"}),
+    ]
+    renamed = shaped("f", base)
+    renamed["spec"]["containers"][0]["name"] = "other"
+    with_init = shaped("g", base)
+    with_init["spec"]["initContainers"] = [{"name": "i", "resources": {"requests": {"cpu": "8"}}}]
+    overhead = shaped("h", base)
+    overhead["spec"]["overhead"] = {"cpu": "250m"}
+    urgent = shaped("i", base)
+    urgent["spec"]["priority"] = 1000
+    read = [pod_request(p) for p in [*variants, renamed, with_init, overhead, urgent]]
+    assert reads == ["a", "c", "d", "e", "f", "g", "h", "i"]
+    plain = dataclasses.replace(first.request, id="")
+    seen = [dataclasses.replace(a.request, id="") for a in read]
+    assert all(r != plain for i, r in enumerate(seen) if i != 3)  # each differs from the shape read first
+    assert seen[3] == plain and read[3].containers[0].container == "other"  # renamed: same request, its own container
+    assert [a.request.gpu_count for a in read[:2]] == [2, 1] and read[1].request.gpu_milli == 300
+    assert read[2].request.policy == "spread"
+    assert read[4].request.cpu_milli == 8000 and read[5].request.cpu_milli == 1250 and read[6].request.priority == 1000
+    assert pod_request(shaped("j", {}), min_cpu_milli=0).request.cpu_milli == 1000
+    for _ in range(2):  # a refusal is never kept as an answer
+        with pytest.raises(InvalidRequest, match=r"corral\.dev/gpu"):
+            pod_request(shaped("k", {"corral.dev/gpu": "-1"}))

@@ -102,15 +102,31 @@ def gpu_use(bound: list[dict[str, Any]]) -> dict[str, int]:
 def test_every_resource_style_is_bound_with_its_annotations(setup: Setup) -> None:
     core = setup.core
     samples = sorted((DEPLOY / "samples").glob("*.yaml"))
-    names = []
-    for f in samples:
-        body = yaml.safe_load(f.read_text())
-        names.append(body["metadata"]["name"])
-        core.create_namespaced_pod("default", body)
-    core.create_namespaced_pod("default", pod("no-gpu", {}))
-    names.append("no-gpu")
+    # First, on free nodes, a pod with a preference kube-scheduler scores: filter passes every node that fits, and
+    # prioritize ranks them (every other pod here gets corral's pick alone, and kube-scheduler asks no prioritize).
+    preferring = pod("preferring", {"corral.dev/gpu": "1"})
+    preferring["spec"]["affinity"] = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 10, "preference": {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "Exists"}]}}
+    ]}}  # fmt: skip
+    before = httpx.get(f"{setup.extender.url}/status", timeout=5).json()["verbs"]
+    core.create_namespaced_pod("default", preferring)
     try:
+        names = ["preferring"]
+        wait_for(
+            "the preferring pod bound", lambda: bool(core.read_namespaced_pod("preferring", "default").spec.node_name)
+        )
+        verbs = httpx.get(f"{setup.extender.url}/status", timeout=5).json()["verbs"]
+        asked = {v: verbs[v]["calls"] - before.get(v, {"calls": 0})["calls"] for v in verbs}
+        assert asked["prioritize"] >= 1 and asked["filter"] >= 1  # a retried bind may ask again
+        for f in samples:
+            body = yaml.safe_load(f.read_text())
+            names.append(body["metadata"]["name"])
+            core.create_namespaced_pod("default", body)
+        core.create_namespaced_pod("default", pod("no-gpu", {}))
+        names.append("no-gpu")
         wait_for("every sample bound", lambda: all(p["spec"].get("nodeName") for p in pods(core)))
+        after = httpx.get(f"{setup.extender.url}/status", timeout=5).json()["verbs"]
+        assert after["prioritize"]["calls"] == verbs["prioritize"]["calls"]  # the picked pods: no prioritize
         by_name = {p["metadata"]["name"]: p for p in pods(core)}
         assert set(by_name) == set(names)
         for name, p in by_name.items():

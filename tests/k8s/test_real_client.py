@@ -7,6 +7,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -15,7 +16,7 @@ from kubernetes import client as kube_client
 
 from corral.k8s.client import KubeApiError, RealKubeApi
 from corral.k8s.convert import ANN_ASSIGNMENT, parse_assignment
-from corral.k8s.extender import Extender, create_app
+from corral.k8s.extender import BIND_THREADS, Extender, create_app
 from corral.k8s.fake import node_object, pod_object
 from corral.k8s.state import ClusterState, Informer
 from tests.k8s.conftest import Served, gpu_node
@@ -164,6 +165,24 @@ def test_get_annotate_and_bind_a_pod(apiserver: FakeApiServer, api: RealKubeApi)
         api.get_pod("default", "nobody")
     assert missing.value.status == 404
     assert str(missing.value) == 'get pod default/nobody: 404 Not Found: pods "nobody" not found'
+
+
+def test_binds_from_many_threads_keep_their_connections(apiserver: FakeApiServer, api: RealKubeApi) -> None:
+    """Binds in flight at once (the extender's BIND_THREADS) reuse pooled connections: each new one costs a TLS
+    handshake on both sides against a real API server. Before, every Binding's answer was left unread, so its
+    connection never went back to the pool and each bind opened one."""
+    pods = [f"p{i}" for i in range(64)]
+    for name in pods:
+        apiserver.put_pod(kube_pod(name, {}))
+    api.get_pod("default", "p0")  # the first connection
+    before = apiserver.connections
+    with ThreadPoolExecutor(max_workers=BIND_THREADS) as pool:
+        list(pool.map(lambda n: api.create_binding("default", n, f"uid-default-{n}", "gpu-a", {"k": n}), pods))
+    assert all(apiserver.pods[("default", n)]["spec"]["nodeName"] == "gpu-a" for n in pods)
+    assert apiserver.pods[("default", "p7")]["metadata"]["annotations"] == {"k": "p7"}
+    assert apiserver.connections - before <= BIND_THREADS  # at most one per thread, not one per bind
+    bind = apiserver.requests[-1]
+    assert bind.headers["authorization"] == f"Bearer {TOKEN}" and bind.headers["content-type"] == "application/json"
 
 
 def test_device_plugin_publishes_node_metadata(apiserver: FakeApiServer, api: RealKubeApi) -> None:
