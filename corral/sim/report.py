@@ -5,12 +5,17 @@
     matrix report:  matrix.csv + matrix.md + matrix.png + matrix.html   (policies x pod lists vs published)
 
 Curves are indexed by arrived GPU workload in percent of cluster GPU capacity, x = 0..130 as in the FGD study
-(USENIX ATC'23); NaN points are left out of the line. Every writer writes into an existing `out_dir`; HTML pages
-reference their images by relative path, so the directory can be moved or served as is.
+(USENIX ATC'23); NaN points are left out of the line. Every writer writes into an existing `out_dir`. HTML pages
+carry their images inline (data: URIs) and reference nothing else, so one page can be mailed, attached to an issue
+or opened from an archive on its own; the PNGs are written beside them too, for slides and Markdown.
+
+Every number in a summary carries its unit (%, s, pods, GPUs, ...): `unit_of(key)` knows the keys the simulator
+writes, and tables name the unit in the header (wide tables) or beside the value (key/value tables).
 """
 
 from __future__ import annotations
 
+import base64
 import csv
 import html
 import math
@@ -32,7 +37,7 @@ from matplotlib.patches import Patch
 ARRIVED_XLABEL = "arrived GPU workload (% of cluster GPU capacity)"
 ALLOC_YLABEL = "GPU allocation (% of cluster GPUs)"
 FRAG_YLABEL = "GPU fragmentation (% of cluster GPUs)"
-MATRIX_YLABEL = "GPU allocation at 100 % arrived (%)"
+MATRIX_YLABEL = "GPU allocation at 100 % arrived (% of cluster GPUs, axis from 0)"
 MISSING = "–"
 DPI = 110
 FIGSIZE = (8.0, 4.5)
@@ -81,6 +86,50 @@ def _values(seq: Sequence[float]) -> npt.NDArray[np.float64]:
     return np.array([_as_float(v) for v in seq], dtype=np.float64)
 
 
+# --- units -----------------------------------------------------------------------------------------------------
+
+#: Units of the keys `corral sim` writes whose names do not say it (the rules in `unit_of` cover the rest).
+UNITS: dict[str, str] = {
+    "pods": "pods",
+    "placed": "pods",
+    "rejected": "pods",
+    "never_placed": "pods",
+    "delayed_pods": "pods",
+    "failed_pods": "pods",
+    "failed_gpu_pods": "pods",
+    "failed_pods_without_gpu": "pods",
+    "failed_pods_without_gpu_mean": "pods",
+    "gpus": "GPUs",
+    "nodes": "nodes",
+    "seeds": "runs",
+    "tune": "× GPU capacity",
+    "wall_seconds": "s",
+    "wall_seconds_mean": "s",
+    "final_alloc": "%",
+}
+
+#: Keys that are names or identifiers, not measures: no unit.
+UNITLESS = frozenset({"policy", "pod_list", "workload", "behavior", "seed", "order", "label"})
+
+
+def unit_of(key: str) -> str:
+    """The unit of a summary or matrix key ('' for names and identifiers)."""
+    if key in UNITS:
+        return UNITS[key]
+    if key in UNITLESS:
+        return ""
+    if key.endswith("_pct") or key.startswith(("alloc_", "frag_", "published_", "diff_")):
+        return "%"  # allocation and fragmentation, ours, published or their difference: % of cluster GPUs
+    if key.endswith(("_s", "_seconds")):
+        return "s"
+    return ""
+
+
+def _with_unit(key: str) -> str:
+    unit = unit_of(key)
+    return f"{key} ({unit})" if unit else key
+
+
 # --- HTML ------------------------------------------------------------------------------------------------------
 
 
@@ -95,8 +144,15 @@ def _html_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return f"<table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n{body}\n</tbody>\n</table>"
 
 
-def _html_img(src: str, alt: str) -> str:
-    return f'<img src="{html.escape(src)}" alt="{html.escape(alt)}">'
+def _html_img(png: Path, alt: str) -> str:
+    """The PNG at `png`, inlined: the page references no file beside it."""
+    data = base64.b64encode(png.read_bytes()).decode("ascii")
+    return f'<img src="data:image/png;base64,{data}" alt="{html.escape(alt)}">'
+
+
+def _summary_table(summary: Mapping[str, Any]) -> str:
+    """Key, value and unit of every entry: 'alloc_at_100 | 93.46 | %'."""
+    return _html_table(["key", "value", "unit"], [[k, v, unit_of(str(k))] for k, v in summary.items()])
 
 
 def _html_page(title: str, body: Sequence[str]) -> str:
@@ -184,23 +240,39 @@ def _unique(values: Sequence[Any]) -> list[str]:
     return list(seen)
 
 
-def plot_matrix(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
-    """Grouped bars per pod list and policy: our mean allocation at 100 % arrived (± std) vs the published figure."""
-    workloads = _unique([r.get("workload", "") for r in rows])
+def _pod_list(row: Mapping[str, Any]) -> str:
+    """A matrix row's pod list: `corral sim matrix` calls it pod_list, the study's result files workload."""
+    return str(row.get("pod_list", row.get("workload", "")))
+
+
+def matrix_title(workloads: Sequence[str]) -> str:
+    """The matrix plot's title: what is measured, and on which pod lists (wrapped to a few per line)."""
+    names = list(workloads) or ["(none)"]
+    lines = [", ".join(names[i : i + 4]) for i in range(0, len(names), 4)]
+    return "GPU allocation at 100 % arrived, corral (solid, ± std) vs published (hatched)\npod lists: " + (
+        ",\n".join(lines)
+    )
+
+
+def matrix_figure(rows: Sequence[Mapping[str, Any]]) -> Figure:
+    """Grouped bars per pod list and policy: our mean allocation at 100 % arrived (± std) vs the published figure.
+
+    The y axis starts at 0 so that bar lengths compare honestly; the policies' differences (often a few points
+    near 90 %) are written on the bars instead of being magnified by a cut axis.
+    """
+    workloads = _unique([_pod_list(r) for r in rows])
     policies = _unique([r.get("policy", "") for r in rows])
-    cell: dict[tuple[str, str], Mapping[str, Any]] = {
-        (str(r.get("workload", "")), str(r.get("policy", ""))): r for r in rows
-    }
+    cell: dict[tuple[str, str], Mapping[str, Any]] = {(_pod_list(r), str(r.get("policy", ""))): r for r in rows}
     has_published = any(not _is_missing(_as_float(r.get("published_alloc_at_100"))) for r in rows)
     bars_per_policy = 2 if has_published else 1
     slot = 0.8 / max(1, len(policies) * bars_per_policy)
 
     n_bars = len(workloads) * len(policies) * bars_per_policy
     width = min(16.0, max(FIGSIZE[0], 0.28 * n_bars + 3.0))
-    fig, ax = plt.subplots(figsize=(width, FIGSIZE[1] + 0.5))
+    fig, ax = plt.subplots(figsize=(width, FIGSIZE[1] + 1.0))
     colors = plt.rcParams["axes.prop_cycle"].by_key().get("color", ["C0"])
-    lows: list[float] = []
     highs: list[float] = []
+    label_size = "x-small" if n_bars <= 24 else 5
     for p_i, policy in enumerate(policies):
         color = colors[p_i % len(colors)]
         ours = np.full(len(workloads), math.nan)
@@ -217,25 +289,27 @@ def plot_matrix(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
         base = np.arange(len(workloads)) - 0.4 + slot * (p_i * bars_per_policy + 0.5)
         ok = ~np.isnan(ours)
         if ok.any():
-            ax.bar(base[ok], ours[ok], slot, yerr=std[ok], color=color, capsize=2, label=policy, edgecolor="white")
-            lows.extend((ours[ok] - std[ok]).tolist())
+            bars = ax.bar(
+                base[ok], ours[ok], slot, yerr=std[ok], color=color, capsize=2, label=policy, edgecolor="white"
+            )
+            ax.bar_label(bars, fmt="%.1f", fontsize=label_size, rotation=90, padding=2)
             highs.extend((ours[ok] + std[ok]).tolist())
         okp = ~np.isnan(pub)
         if okp.any():
             ax.bar(base[okp] + slot, pub[okp], slot, color=color, alpha=0.4, hatch="//", edgecolor=color)
-            lows.extend(pub[okp].tolist())
             highs.extend(pub[okp].tolist())
 
-    low = min(lows) if lows else 0.0
     high = max(highs) if highs else 100.0
-    ax.set_ylim(max(0.0, math.floor(low - 2.0)), max(100.0, math.ceil(high + 0.5)))
+    # Room above the tallest bar for its value label; never below the 100 % line.
+    ax.set_ylim(0.0, max(100.0, math.ceil(high)) + 12.0)
+    ax.axhline(100.0, color="0.4", linestyle=":", linewidth=1.0)
     ax.set_xticks(np.arange(len(workloads)))
     ax.set_xticklabels(
         workloads, rotation=20 if len(workloads) > 4 else 0, ha="right" if len(workloads) > 4 else "center"
     )
     ax.set_xlabel("pod list")
     ax.set_ylabel(MATRIX_YLABEL)
-    ax.set_title("GPU allocation at 100 % arrived: corral (solid, ± std) vs published (hatched)")
+    ax.set_title(matrix_title(workloads), fontsize="medium")
     ax.grid(True, axis="y", alpha=0.35)
     handles, labels = ax.get_legend_handles_labels()
     if has_published:
@@ -243,7 +317,12 @@ def plot_matrix(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
         labels.append("published")
     if handles:
         ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
-    _save(fig, path)
+    return fig
+
+
+def plot_matrix(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
+    """matrix_figure(rows), saved as a PNG at `path`."""
+    _save(matrix_figure(rows), path)
 
 
 # --- reports ---------------------------------------------------------------------------------------------------
@@ -260,11 +339,11 @@ def write_run_report(
     plot_curves(frag_png, {label: frag}, FRAG_YLABEL, f"{title}: GPU fragmentation")
     body = [
         "<h2>Summary</h2>",
-        _html_table(["key", "value"], [[k, v] for k, v in summary.items()]),
+        _summary_table(summary),
         "<h2>GPU allocation</h2>",
-        _html_img(alloc_png.name, "GPU allocation vs arrived workload"),
+        _html_img(alloc_png, "GPU allocation vs arrived workload"),
         "<h2>GPU fragmentation</h2>",
-        _html_img(frag_png.name, "GPU fragmentation vs arrived workload"),
+        _html_img(frag_png, "GPU fragmentation vs arrived workload"),
     ]
     page = _write(out_dir / "report.html", _html_page(title, body))
     return [alloc_png, frag_png, page]
@@ -282,8 +361,8 @@ def write_online_report(
     keys = _unique([k for s in summaries.values() for k in s])
     rows = [[policy, *(s.get(k) for k in keys)] for policy, s in summaries.items()]
     body = [
-        _html_table(["policy", *keys], rows),
-        _html_img(png.name, "GPU allocation over time"),
+        _html_table(["policy", *(_with_unit(k) for k in keys)], rows),
+        _html_img(png, "GPU allocation over time"),
     ]
     page = _write(out_dir / "online.html", _html_page(title, body))
     return [png, page]
@@ -294,9 +373,9 @@ def _md_cell(value: Any) -> str:
 
 
 def matrix_markdown(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
-    """A Markdown table of `columns`: floats to 2 decimals, None/NaN/absent as a dash."""
+    """A Markdown table of `columns` (headers with their units): floats to 2 decimals, None/NaN/absent as a dash."""
     lines = [
-        "| " + " | ".join(_md_cell(c) for c in columns) + " |",
+        "| " + " | ".join(_md_cell(_with_unit(c)) for c in columns) + " |",
         "|" + "|".join("---:" if any(_is_number(r.get(c)) for r in rows) else "---" for c in columns) + "|",
     ]
     lines.extend("| " + " | ".join(_md_cell(r.get(c)) for c in columns) + " |" for r in rows)
@@ -321,8 +400,8 @@ def write_matrix_report(
     png = out_dir / "matrix.png"
     plot_matrix(png, rows)
     body = [
-        _html_table(list(columns), [[r.get(c) for c in columns] for r in rows]),
-        _html_img(png.name, "GPU allocation at 100 % arrived, corral vs published"),
+        _html_table([_with_unit(c) for c in columns], [[r.get(c) for c in columns] for r in rows]),
+        _html_img(png, "GPU allocation at 100 % arrived, corral vs published"),
     ]
     page = _write(out_dir / "matrix.html", _html_page(title, body))
     return [csv_path, md, png, page]

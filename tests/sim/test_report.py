@@ -1,13 +1,18 @@
-"""corral.sim.report: every writer produces its files, HTML is escaped, Markdown/CSV tables are well formed."""
+"""corral.sim.report: every writer produces its files, HTML is escaped and self-contained, Markdown/CSV tables are
+well formed, summaries carry units."""
 
 from __future__ import annotations
 
+import base64
 import csv
 import math
+import re
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
 from corral.sim.report import (
+    matrix_figure,
     matrix_markdown,
     plot_curves,
     plot_matrix,
@@ -25,6 +30,76 @@ def assert_png(path: Path) -> None:
     data = path.read_bytes()
     assert data.startswith(PNG_SIGNATURE), path
     assert len(data) > 5_000, (path, len(data))
+
+
+#: Attributes through which a page can make the browser fetch something.
+URL_ATTRIBUTES = {"src", "href", "srcset", "action", "formaction", "poster", "data", "background", "xlink:href"}
+
+
+class _Page(HTMLParser):
+    """Every URL-bearing attribute, the inline styles, and the table cells of a page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.urls: list[tuple[str, str, str]] = []  # (tag, attribute, value)
+        self.styles: list[str] = []
+        self.rows: list[list[str]] = []
+        self._in_style = False
+        self._cell: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        for name, value in attrs:
+            if name in URL_ATTRIBUTES:
+                self.urls.append((tag, name, value or ""))
+            if name == "style" and value:
+                self.styles.append(value)
+        if tag == "style":
+            self._in_style = True
+        if tag == "tr":
+            self.rows.append([])
+        if tag in ("td", "th"):
+            self._cell = []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "style":
+            self._in_style = False
+        if tag in ("td", "th") and self._cell is not None:
+            self.rows[-1].append("".join(self._cell).strip())
+            self._cell = None
+
+    def handle_data(self, data: str) -> None:
+        if self._in_style:
+            self.styles.append(data)
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def parse_page(path: Path) -> _Page:
+    page = _Page()
+    page.feed(path.read_text(encoding="utf-8"))
+    page.close()
+    return page
+
+
+def assert_self_contained(path: Path, images: int) -> _Page:
+    """No src/href (or any other fetch) to anything but a data: URI or an in-page anchor; `images` PNGs inlined."""
+    page = parse_page(path)
+    outside = [(t, a, v[:60]) for t, a, v in page.urls if not (v.startswith("data:") or v.startswith("#"))]
+    assert not outside, f"{path.name} references outside itself: {outside}"
+    assert not any(re.search(r"url\(|@import", s) for s in page.styles), f"{path.name}: a stylesheet fetches"
+    pngs = [v for t, a, v in page.urls if t == "img" and a == "src" and v.startswith("data:image/png;base64,")]
+    assert len(pngs) == images, (path.name, len(pngs))
+    for uri in pngs:
+        assert base64.b64decode(uri.split(",", 1)[1]).startswith(PNG_SIGNATURE)
+    return page
+
+
+def is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def curve(scale: float = 1.0, nan_from: int | None = None) -> list[float]:
@@ -65,14 +140,30 @@ def test_write_run_report(tmp_path: Path) -> None:
     assert paths == [tmp_path / "allocation.png", tmp_path / "fragmentation.png", tmp_path / "report.html"]
     assert_png(paths[0])
     assert_png(paths[1])
+    assert_self_contained(paths[2], images=2)
     page = paths[2].read_text(encoding="utf-8")
-    assert '<img src="allocation.png"' in page
-    assert '<img src="fragmentation.png"' in page
     assert "93.46" in page and "93.456789" not in page
     assert "8152" in page and "fgd" in page
     assert "<script>" not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "run &lt;b&gt;1&lt;/b&gt;" in page and "<b>1</b>" not in page
+
+
+def test_run_report_summary_has_units(tmp_path: Path) -> None:
+    summary: dict[str, Any] = {
+        "pod_list": "default", "policy": "fgd", "seed": 42, "tune": 1.3, "nodes": 2, "gpus": 16, "pods": 40,
+        "failed_pods": 3, "failed_gpu_pods": 2, "failed_pods_without_gpu": 1, "alloc_at_100": 93.5,
+        "alloc_at_130": 95.1, "frag_at_100": 4.2, "final_alloc": 95.1, "wall_seconds": 0.4,
+    }  # fmt: skip
+    write_run_report(tmp_path, summary, curve(), curve(0.1), "run")
+    rows = {r[0]: r[1:] for r in parse_page(tmp_path / "report.html").rows[1:]}
+    assert rows["alloc_at_100"] == ["93.50", "%"]
+    assert rows["frag_at_100"][1] == "%" and rows["final_alloc"][1] == "%"
+    assert rows["pods"] == ["40", "pods"] and rows["failed_gpu_pods"][1] == "pods"
+    assert rows["gpus"] == ["16", "GPUs"] and rows["nodes"][1] == "nodes"
+    assert rows["wall_seconds"] == ["0.40", "s"]
+    numeric = [k for k, (value, _unit) in rows.items() if is_number(value) and k != "seed"]
+    assert numeric and all(rows[k][1] for k in numeric), {k: rows[k] for k in numeric if not rows[k][1]}
 
 
 def test_plot_online(tmp_path: Path) -> None:
@@ -88,16 +179,16 @@ def test_write_online_report(tmp_path: Path) -> None:
     t = [i * 1800.0 for i in range(100)]
     series = {"fgd": (t, [i * 0.9 for i in range(100)]), EVIL: (t, [i * 0.8 for i in range(100)])}
     summaries: dict[str, dict[str, Any]] = {
-        "fgd": {"mean_alloc": 71.23456, "failed": 3},
-        EVIL: {"mean_alloc": 60.0, "failed": 7, "extra": None},
+        "fgd": {"alloc_mean_pct": 71.23456, "placed": 3, "delay_p99_s": 12.0},
+        EVIL: {"alloc_mean_pct": 60.0, "placed": 7, "delay_p99_s": 0.0, "extra": None},
     }
     paths = write_online_report(tmp_path, summaries, series, "online")
     assert paths == [tmp_path / "online.png", tmp_path / "online.html"]
     assert_png(paths[0])
+    parsed = assert_self_contained(paths[1], images=1)
+    assert parsed.rows[0] == ["policy", "alloc_mean_pct (%)", "placed (pods)", "delay_p99_s (s)", "extra"]
     page = paths[1].read_text(encoding="utf-8")
-    assert '<img src="online.png"' in page
     assert page.count("<tr>") == 3  # header + one row per policy
-    assert "<th>mean_alloc</th>" in page and "<th>extra</th>" in page
     assert "71.23" in page and "60.00" in page and "–" in page
     assert "<script>" not in page and "&lt;script&gt;" in page
 
@@ -119,7 +210,10 @@ def test_matrix_markdown() -> None:
     md = matrix_markdown(ROWS, COLUMNS)
     lines = md.strip().split("\n")
     assert len(lines) == 2 + len(ROWS)
-    assert lines[0] == "| " + " | ".join(COLUMNS) + " |"
+    assert lines[0] == (
+        "| workload | policy | alloc_at_100_mean (%) | alloc_at_100_std (%) | published_alloc_at_100 (%) "
+        "| seeds (runs) |"
+    )
     assert lines[1].count("|") == len(COLUMNS) + 1 and set(lines[1]) <= set("|-:")
     assert lines[2] == "| default | fgd | 94.12 | 0.30 | 94.00 | 10 |"
     assert lines[3] == "| default | bestfit | 88.50 | 0.50 | – | 10 |"
@@ -141,6 +235,23 @@ def test_plot_matrix(tmp_path: Path) -> None:
     assert empty.read_bytes().startswith(PNG_SIGNATURE)
 
 
+def test_matrix_plot_starts_at_zero_and_names_the_pod_lists() -> None:
+    import matplotlib.pyplot as plt
+
+    # as `corral sim matrix` writes its rows: the pod list under pod_list
+    rows = [{**{k: v for k, v in r.items() if k != "workload"}, "pod_list": r["workload"]} for r in ROWS]
+    fig = matrix_figure(rows)
+    try:
+        ax = fig.axes[0]
+        low, high = ax.get_ylim()
+        assert low == 0.0 and high >= 100.0
+        assert "%" in ax.get_ylabel()
+        assert "default" in ax.get_title() and "gpushare100" in ax.get_title()
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["default", "gpushare100"]
+    finally:
+        plt.close(fig)
+
+
 def test_write_matrix_report(tmp_path: Path) -> None:
     rows = [*ROWS, {**ROWS[0], "workload": EVIL}]
     paths = write_matrix_report(tmp_path, rows, COLUMNS, "Matrix <i>x</i>")
@@ -159,10 +270,13 @@ def test_write_matrix_report(tmp_path: Path) -> None:
 
     md = paths[1].read_text(encoding="utf-8")
     assert md.startswith("# Matrix <i>x</i>\n\n| workload |")
+    assert "| alloc_at_100_mean (%) |" in md
     assert md.count("\n|") == 2 + len(rows)
 
+    parsed = assert_self_contained(paths[3], images=1)
+    assert parsed.rows[0][2:] == ["alloc_at_100_mean (%)", "alloc_at_100_std (%)", "published_alloc_at_100 (%)",
+                                  "seeds (runs)"]  # fmt: skip
     page = paths[3].read_text(encoding="utf-8")
-    assert '<img src="matrix.png"' in page
     assert "94.12" in page and "–" in page
     assert "<script>" not in page and "&lt;script&gt;" in page
     assert "Matrix &lt;i&gt;x&lt;/i&gt;" in page
