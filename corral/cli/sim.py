@@ -70,6 +70,19 @@ def parse_list(text: str, option: str) -> list[str]:
     return items
 
 
+def check_ratio(value: float, option: str, what: str) -> float:
+    """A finite ratio > 0, checked before any file is read or any progress bar is drawn."""
+    if not math.isfinite(value) or value <= 0:
+        raise InvalidRequest(option, f"must be a positive {what}, got {value}")
+    return value
+
+
+def check_seed(value: int, option: str = "--seed") -> int:
+    if value < 0:  # numpy's generators take no negative seed; say so before any work starts
+        raise InvalidRequest(option, f"must be 0 or more, got {value}")
+    return value
+
+
 def load_inputs(nodes_path: Path, pods_path: Path) -> tuple[list[Node], list[TracePod]]:
     if not nodes_path.is_file():
         raise InvalidRequest(str(nodes_path), "no such file")
@@ -102,6 +115,9 @@ def run_cmd(
 ) -> None:
     """Replay one experiment and write events.csv, curves.csv, summary.json, plots and report.html."""
     try:
+        check_ratio(tune, "--tune", "ratio of GPU capacity")
+        check_ratio(time_compression, "--time-compression", "factor (arrivals this many times denser)")
+        check_seed(seed)
         mode = GpuBehavior.parse(behavior, "--behavior")
         policies = parse_list(policy, "--policy")
         for p in policies:
@@ -153,12 +169,13 @@ def run_online_cmd(
     label: str,
 ) -> None:
     from corral.placement import PlacementConfig
-    from corral.sim.online import run_online
+    from corral.sim.online import OnlineResult, run_online, write_curves, write_events
     from corral.sim.openb import target_workload
     from corral.sim.report import write_online_report
 
     summaries: dict[str, dict[str, Any]] = {}
     series: dict[str, tuple[Sequence[float], Sequence[float]]] = {}
+    results: dict[str, OnlineResult] = {}
     with progress_bar() as bar:
         for p in policies:
             task = bar.add_task(f"{label} {p} online", total=None)
@@ -168,11 +185,14 @@ def run_online_cmd(
                 bar.update(task, completed=done, total=total)
 
             result = run_online(nodes, pods, config, seed, tick)
+            results[p] = result
             summaries[p] = dict(result.summary())
             pct = 100.0 * result.allocated_milli / max(result.capacity_milli, 1)
             series[p] = (result.times.tolist(), pct.tolist())
     with atomic_dir(out_dir) as tmp:
         (tmp / "summary.json").write_text(json.dumps(summaries, indent=2) + "\n")
+        write_events(tmp / "events.csv", results)
+        write_curves(tmp / "curves.csv", results)
         write_online_report(tmp, summaries, series, f"corral sim online: {label}")
     for p, s in summaries.items():
         out.print(
@@ -291,8 +311,11 @@ def matrix_cmd(
             get_policy(p)
         modes = [GpuBehavior.parse(b, "--behaviors").value for b in parse_list(behaviors, "--behaviors")]
         seed_list = parse_seeds(seeds)
-        if not math.isfinite(tune) or tune <= 0:
-            raise InvalidRequest("--tune", f"must be a positive ratio, got {tune}")
+        for one in seed_list:
+            check_seed(one, "--seeds")
+        check_ratio(tune, "--tune", "ratio of GPU capacity")
+        if jobs < 0:
+            raise InvalidRequest("--jobs", f"must be 0 (all cores) or more, got {jobs}")
         for pod_file in pods:
             load_inputs(nodes, pod_file)  # fail fast, before any worker starts
         pub = read_published(published) if published else {}

@@ -9,7 +9,8 @@
 
 runtime = deletion_time - creation_time; a pod without deletion_time, once started, holds its resources to the end.
 After every event (arrival or departure, with the retries it triggered) the cluster's allocated GPU milli is
-recorded, giving a step function of time.
+recorded, giving a step function of time (curves.csv). Each pod's arrival, start (node, GPUs), end and failure
+(rejected at arrival, or still pending when the trace ends) is logged as an `OnlineEvent` (events.csv).
 
 Keeping a retry round to useful work, with results identical to calling `place` for every pending pod in order:
 - within a round, once a request shape failed, other pending pods of that shape are skipped (free resources only
@@ -23,17 +24,19 @@ work without GPUs): such declines clear on any node as GPUs fill up, so those sh
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import heapq
 import time
-from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from corral.model.arrays import FloatArray, IntArray
 from corral.model.errors import InvalidRequest
-from corral.model.resources import MILLI_PER_GPU, Node, Request
+from corral.model.resources import MILLI_PER_GPU, Allocation, Node, Request
 from corral.model.snapshot import ClusterSnapshot
 from corral.placement import PlacementConfig, Reason, place
 from corral.placement.engine import validate_against
@@ -45,6 +48,28 @@ from corral.sim.openb import TracePod
 NON_MONOTONE_BITS = Reason.DECLINED_SCARCE.bit | Reason.GPU_RESERVE.bit
 
 PROGRESS_EVERY = 1000  # events between progress callbacks
+
+
+@dataclass(frozen=True, slots=True)
+class OnlineEvent:
+    """One line of events.csv. kind: arrival | start | end | rejected (fits no node, dropped at arrival) |
+    unplaced (still pending when the trace ends, logged at the last event's time)."""
+
+    time: int  # seconds, the trace's clock (after any time compression)
+    kind: str
+    pod: str
+    node: str = ""
+    gpus: str = ""  # GPU indices on the node, "0,1"
+    gpu_milli: int = 0  # GPU milli granted in all (1000 = one whole GPU)
+    wait_s: int | None = None  # start only: start - arrival
+
+
+EVENT_COLUMNS = ("policy", "time_s", "event", "pod", "node", "gpus", "gpu_milli", "wait_s")
+CURVE_COLUMNS = ("policy", "time_s", "allocated_gpu_milli", "capacity_gpu_milli", "allocated_pct")
+
+
+def _grant(alloc: Allocation) -> tuple[str, int]:
+    return ",".join(str(i) for i in alloc.gpu_indices), sum(g.milli for g in alloc.gpus)
 
 
 @dataclass(frozen=True)
@@ -59,6 +84,7 @@ class OnlineResult:
     pods: int
     wall_seconds: float
     arrivals_end: float = float("nan")  # time of the last arrival
+    events: tuple[OnlineEvent, ...] = field(default=(), repr=False)  # in the order they happened
 
     @property
     def placed(self) -> int:
@@ -192,6 +218,7 @@ class _Replay:
         self.pending: dict[int, list[int]] = {}
         #: Shapes that once failed on a scarce-GPU decline: such a failure can clear on any node, so always retried.
         self.sticky: set[int] = set()
+        self.log: list[OnlineEvent] = []
 
     def fits_node(self, request: Request, node: int) -> bool:
         """Whether `request` fits `node` as it is now, scarce-GPU behaviour aside (the engine's filters, one node)."""
@@ -222,6 +249,10 @@ class _Replay:
         if decision.allocation is not None:
             self.snapshot.allocate(decision.allocation)
             self.delays[k] = now - self.arrival[k]
+            gpus, milli = _grant(decision.allocation)
+            self.log.append(
+                OnlineEvent(now, "start", request.id, decision.allocation.node, gpus, milli, now - self.arrival[k])
+            )
             runtime = self.runtime[k]
             if runtime is not None:
                 heapq.heappush(self.departures, (now + runtime, self.started, k))
@@ -232,10 +263,12 @@ class _Replay:
 
     def arrive(self, k: int) -> bool:
         """Pod k arrives: start it, queue it, or (returned True) reject it."""
+        self.log.append(OnlineEvent(self.arrival[k], "arrival", self.requests[k].id))
         placed, never, non_monotone = self.attempt(k, self.arrival[k])
         if placed:
             return False
         if never:
+            self.log.append(OnlineEvent(self.arrival[k], "rejected", self.requests[k].id))
             return True
         s = self.shapes.of[k]
         self.pending.setdefault(s, []).append(k)
@@ -246,8 +279,11 @@ class _Replay:
     def depart(self) -> int:
         """The next departure: release it, then one retry round over the pending pods in arrival order."""
         now, _, k = heapq.heappop(self.departures)
-        node = self.snapshot.allocations[self.requests[k].id].node_index
+        alloc = self.snapshot.allocations[self.requests[k].id]
+        node = alloc.node_index
         self.snapshot.release(self.requests[k].id)
+        gpus, milli = _grant(alloc)
+        self.log.append(OnlineEvent(now, "end", self.requests[k].id, alloc.node, gpus, milli))
         if not self.pending:
             return now
         shapes = np.fromiter(self.pending, dtype=np.int64, count=len(self.pending))
@@ -319,6 +355,9 @@ def run_online(
             progress(done, total)
     if progress is not None:
         progress(done, done)
+    last = times[-1] if times else 0
+    for k in sorted(k for queue in sim.pending.values() for k in queue):
+        sim.log.append(OnlineEvent(last, "unplaced", sim.requests[k].id))
     return OnlineResult(
         policy=config.policy,
         times=np.array(times, dtype=np.float64),
@@ -330,7 +369,32 @@ def run_online(
         pods=n,
         wall_seconds=time.perf_counter() - start_wall,
         arrivals_end=float(max((p.creation_time or 0) for p in pods)) if pods else float("nan"),
+        events=tuple(sim.log),
     )
+
+
+def write_events(path: Path, results: Mapping[str, OnlineResult]) -> Path:
+    """events.csv: every policy's events in the order they happened (EVENT_COLUMNS)."""
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(EVENT_COLUMNS)
+        for policy, result in results.items():
+            for e in result.events:
+                wait = "" if e.wait_s is None else e.wait_s
+                writer.writerow([policy, e.time, e.kind, e.pod, e.node, e.gpus, e.gpu_milli, wait])
+    return path
+
+
+def write_curves(path: Path, results: Mapping[str, OnlineResult]) -> Path:
+    """curves.csv: the step function online.png plots, one row per event (the allocation right after it)."""
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(CURVE_COLUMNS)
+        for policy, r in results.items():
+            cap = max(r.capacity_milli, 1)
+            for t, milli in zip(r.times.tolist(), r.allocated_milli.tolist(), strict=True):
+                writer.writerow([policy, int(t), milli, r.capacity_milli, f"{100.0 * milli / cap:.4f}"])
+    return path
 
 
 def compress_time(pods: Sequence[TracePod], factor: float) -> list[TracePod]:

@@ -75,7 +75,7 @@ def test_run_writes_every_output(trace: tuple[Path, Path], tmp_path: Path) -> No
     assert curves[0][6:] == [str(j) for j in range(131)]
     assert [row[0] for row in curves[1:]] == ["allocation", "fragmentation"]
     assert float(curves[1][6 + 100]) == summary["alloc_at_100"]
-    assert '<img src="allocation.png"' in (out / "report.html").read_text()
+    assert '<img src="data:image/png;base64,' in (out / "report.html").read_text()  # self-contained
 
 
 def test_tuning_follows_the_study(trace: tuple[Path, Path]) -> None:
