@@ -131,7 +131,8 @@ def run_cmd(
 
             if time_compression != 1.0:
                 pod_list = compress_time(pod_list, time_compression)
-            run_online_cmd(node_list, pod_list, policies, mode, seed, out_dir, pods.stem)
+            label = pods.stem if time_compression == 1.0 else f"{pods.stem}, arrivals {time_compression:g}x denser"
+            run_online_cmd(node_list, pod_list, policies, mode, seed, out_dir, label)
             return
         with progress_bar() as bar:
             task = bar.add_task(f"{pods.stem} {policies[0]} seed {seed}", total=None)
@@ -193,12 +194,15 @@ def run_online_cmd(
         (tmp / "summary.json").write_text(json.dumps(summaries, indent=2) + "\n")
         write_events(tmp / "events.csv", results)
         write_curves(tmp / "curves.csv", results)
-        write_online_report(tmp, summaries, series, f"corral sim online: {label}")
+        ends = [r.arrivals_end for r in results.values() if r.arrivals_end == r.arrivals_end]
+        write_online_report(tmp, summaries, series, f"corral sim online: {label}", max(ends) if ends else None)
+    out.print(f"-> {out_dir} (events.csv, curves.csv, summary.json, online.png, online.html)", highlight=False)
     for p, s in summaries.items():
         out.print(
-            f"{p}: {s['placed']}/{s['pods']} placed, mean GPU allocation while work arrives "
-            f"{s['alloc_mean_arrivals_pct']:.2f} % (peak {s['alloc_peak_pct']:.1f} %), "
-            f"queueing delay p50 {s['delay_p50_s']:.0f} s, p99 {s['delay_p99_s']:.0f} s",
+            f"{p}: {s['placed']}/{s['pods']} pods placed, {s['rejected']} rejected, {s['never_placed']} never "
+            f"started; {s['delayed_pods']} pods waited (mean {s['delay_mean_s']:.2f} s, p99 {s['delay_p99_s']:.0f} s, "
+            f"max {s['delay_max_s']:.0f} s); GPU allocation peak {s['alloc_peak_pct']:.1f} %, mean while work "
+            f"arrives {s['alloc_mean_arrivals_pct']:.2f} %",
             highlight=False,
         )
 

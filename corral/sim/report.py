@@ -217,19 +217,61 @@ def plot_curves(
     _save(fig, path)
 
 
-def plot_online(path: Path, series: Mapping[str, tuple[Sequence[float], Sequence[float]]], title: str) -> None:
-    """GPU allocation % over time (days) per policy; `series[label] = (seconds, allocation %)`, as a step plot."""
-    fig, ax = plt.subplots(figsize=FIGSIZE)
+def time_unit(span_seconds: float) -> tuple[str, float]:
+    """A readable unit for a time axis spanning `span_seconds`: (name, seconds per unit)."""
+    if span_seconds <= 2 * 3600:
+        return "minutes", 60.0
+    if span_seconds <= 2 * 86400:
+        return "hours", 3600.0
+    return "days", 86400.0
+
+
+def _online_panel(
+    ax: Axes, series: Mapping[str, tuple[Sequence[float], Sequence[float]]], end: float | None, title: str
+) -> None:
+    starts = [float(_values(t)[0]) for t, _ in series.values() if len(t)]
+    ends = [float(_values(t)[-1]) for t, _ in series.values() if len(t)]
+    t0 = min(starts) if starts else 0.0
+    t1 = end if end is not None else (max(ends) if ends else 1.0)
+    unit, per = time_unit(t1 - t0)
     for label, (seconds, alloc) in series.items():
-        x = _values(seconds) / 86400.0
+        x = (_values(seconds) - t0) / per
         y = _values(alloc)
         n = min(len(x), len(y))
         ax.step(x[:n], y[:n], where="post", label=label, linewidth=1.3)
-    ax.set_xlabel("time (days)")
+    if end is not None:
+        ax.set_xlim(0.0, max((t1 - t0) / per, 1e-9))
+    ax.set_ylim(bottom=0.0)
+    ax.set_xlabel(f"time since the first arrival ({unit})")
     ax.set_ylabel(ALLOC_YLABEL)
-    ax.set_title(title)
+    ax.set_title(title, fontsize="medium")
     ax.grid(True, alpha=0.35)
-    _legend(ax, loc="best", fontsize="small")
+
+
+def plot_online(
+    path: Path,
+    series: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+    title: str,
+    arrivals_end: float | None = None,
+) -> None:
+    """GPU allocation % over time per policy; `series[label] = (seconds, allocation %)`, as a step plot.
+
+    With `arrivals_end` (the last arrival, in the series' seconds) a first panel shows the time while work arrives,
+    where policies differ, and a second the whole replay: long runtimes otherwise squash the first into one line.
+    """
+    if arrivals_end is None:
+        fig, ax = plt.subplots(figsize=FIGSIZE)
+        _online_panel(ax, series, None, title)
+        _legend(ax, loc="best", fontsize="small")
+    else:
+        fig, (near, whole) = plt.subplots(1, 2, figsize=(FIGSIZE[0] * 1.6, FIGSIZE[1]))
+        starts = [float(_values(t)[0]) for t, _ in series.values() if len(t)]
+        t0 = min(starts) if starts else 0.0
+        # the arrival window and as much again, so the drain after the last arrival shows too
+        _online_panel(near, series, t0 + 2.0 * max(arrivals_end - t0, 1.0), "while work arrives (and as long again)")
+        _online_panel(whole, series, None, "the whole replay, until the last departure")
+        _legend(near, loc="best", fontsize="small")
+        fig.suptitle(title)
     _save(fig, path)
 
 
@@ -354,10 +396,11 @@ def write_online_report(
     summaries: Mapping[str, Mapping[str, Any]],
     series: Mapping[str, tuple[Sequence[float], Sequence[float]]],
     title: str,
+    arrivals_end: float | None = None,
 ) -> list[Path]:
     """online.png (allocation over time per policy) and online.html (one summary row per policy + the plot)."""
     png = out_dir / "online.png"
-    plot_online(png, series, title)
+    plot_online(png, series, title, arrivals_end)
     keys = _unique([k for s in summaries.values() for k in s])
     rows = [[policy, *(s.get(k) for k in keys)] for policy, s in summaries.items()]
     body = [
