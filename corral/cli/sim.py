@@ -83,6 +83,13 @@ def check_seed(value: int, option: str = "--seed") -> int:
     return value
 
 
+def check_out(out_dir: Path) -> Path:
+    """Refuse an --out that cannot become a folder now, not after the replay (atomic_dir checks again at the end)."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InvalidRequest("--out", f"{out_dir} exists and is not a folder")
+    return out_dir
+
+
 def load_inputs(nodes_path: Path, pods_path: Path) -> tuple[list[Node], list[TracePod]]:
     if not nodes_path.is_file():
         raise InvalidRequest(str(nodes_path), "no such file")
@@ -118,6 +125,11 @@ def run_cmd(
         check_ratio(tune, "--tune", "ratio of GPU capacity")
         check_ratio(time_compression, "--time-compression", "factor (arrivals this many times denser)")
         check_seed(seed)
+        check_out(out_dir)
+        if online and order is not None:
+            raise InvalidRequest(
+                "--order", "an arrival order replays the offline study; --online uses the trace's own times"
+            )
         mode = GpuBehavior.parse(behavior, "--behavior")
         policies = parse_list(policy, "--policy")
         for p in policies:
@@ -318,6 +330,7 @@ def matrix_cmd(
         for one in seed_list:
             check_seed(one, "--seeds")
         check_ratio(tune, "--tune", "ratio of GPU capacity")
+        check_out(out_dir)
         if jobs < 0:
             raise InvalidRequest("--jobs", f"must be 0 (all cores) or more, got {jobs}")
         for pod_file in pods:

@@ -155,6 +155,8 @@ def test_online_events_of_a_small_replay() -> None:
         (["--tune", "nan"], "--tune: must be a positive ratio of GPU capacity, got nan"),
         (["--online", "--time-compression", "0"], "--time-compression: must be a positive factor"),
         (["--seed", "-1"], "--seed: must be 0 or more, got -1"),
+        (["--online", "--order", "x.order"], "--order: an arrival order replays the offline study"),
+        (["--out", "{file}"], "exists and is not a folder"),
     ],
 )
 def test_invalid_run_options_fail_before_any_work(
@@ -167,9 +169,12 @@ def test_invalid_run_options_fail_before_any_work(
     monkeypatch.setattr(sim_cli, "load_inputs", no_work)
     nodes, pods = trace
     out = tmp_path / "o"
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a folder")
+    args = [a.replace("{file}", str(a_file)) for a in args]
     code, text = sim("run", "--nodes", str(nodes), "--pods", str(pods), "--out", str(out), *args)
     assert code == 2 and message in text, text
-    assert not out.exists()
+    assert not out.exists() and a_file.read_text() == "not a folder"
 
 
 @pytest.mark.parametrize(
@@ -177,6 +182,7 @@ def test_invalid_run_options_fail_before_any_work(
     [
         (["--tune", "-1"], "--tune: must be a positive ratio of GPU capacity, got -1.0"),
         (["--jobs", "-2"], "--jobs: must be 0 (all cores) or more, got -2"),
+        (["--seeds", "3,-1"], "--seeds: expected e.g. 42-51 or 42,43, got '3,-1'"),
     ],
 )
 def test_invalid_matrix_options_fail_before_any_work(
