@@ -334,11 +334,12 @@ def matrix_figure(rows: Sequence[Mapping[str, Any]]) -> Figure:
             bars = ax.bar(
                 base[ok], ours[ok], slot, yerr=std[ok], color=color, capsize=2, label=policy, edgecolor="white"
             )
-            ax.bar_label(bars, fmt="%.1f", fontsize=label_size, rotation=90, padding=2)
+            ax.bar_label(bars, fmt="%.1f", fontsize=label_size, rotation=90, padding=5)
             highs.extend((ours[ok] + std[ok]).tolist())
         okp = ~np.isnan(pub)
         if okp.any():
-            ax.bar(base[okp] + slot, pub[okp], slot, color=color, alpha=0.4, hatch="//", edgecolor=color)
+            published = ax.bar(base[okp] + slot, pub[okp], slot, color=color, alpha=0.4, hatch="//", edgecolor=color)
+            ax.bar_label(published, fmt="%.1f", fontsize=label_size, rotation=90, padding=5, color="0.35")
             highs.extend(pub[okp].tolist())
 
     high = max(highs) if highs else 100.0
