@@ -127,7 +127,7 @@ def unit_of(key: str) -> str:
 
 def _with_unit(key: str) -> str:
     unit = unit_of(key)
-    return f"{key} ({unit})" if unit else key
+    return f"{key} ({unit})" if unit and unit != key else key  # "pods", not "pods (pods)"
 
 
 # --- HTML ------------------------------------------------------------------------------------------------------
