@@ -17,6 +17,7 @@ from corral.sim.report import (
     plot_curves,
     plot_matrix,
     plot_online,
+    time_unit,
     write_matrix_report,
     write_online_report,
     write_run_report,
@@ -173,6 +174,16 @@ def test_plot_online(tmp_path: Path) -> None:
         path, {"fgd": (t, [min(100.0, i * 0.7) for i in range(200)]), "nan": (t[:3], [1.0, math.nan, 2.0])}, "x"
     )
     assert_png(path)
+
+
+def test_plot_online_with_the_arrival_window_and_time_units(tmp_path: Path) -> None:
+    path = tmp_path / "w.png"
+    t = [float(i) for i in range(0, 600, 5)] + [86400.0 * d for d in range(1, 40)]
+    plot_online(path, {"fgd": (t, [min(90.0, 0.5 * i) for i in range(len(t))])}, "x", arrivals_end=300.0)
+    assert_png(path)
+    assert time_unit(600) == ("minutes", 60.0)
+    assert time_unit(5 * 3600) == ("hours", 3600.0)
+    assert time_unit(40 * 86400) == ("days", 86400.0)
 
 
 def test_write_online_report(tmp_path: Path) -> None:
