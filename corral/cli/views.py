@@ -110,23 +110,30 @@ ONE_MACHINE = {
     ),
 }
 
-#: The engine's reason names that are not words; what they mean, for people.
+#: The engine's reason names that are not words; what they mean, for people: (of a cluster, of this machine).
 NAMED_REASONS = {
     "DeclinedScarceResources": (
-        "declined: this job needs no GPU, and the GPU behaviour keeps machines with free GPUs for GPU work "
-        "(DeclinedScarceResources)"
+        "declined: the job needs no GPU, and the GPU behaviour keeps nodes with free GPUs for GPU work "
+        "(DeclinedScarceResources)",
+        "declined: the job needs no GPU, and the GPU behaviour keeps this machine, which has free GPUs, for GPU "
+        "work (DeclinedScarceResources)",
     ),
 }
 
 
-def _named(text: str) -> str:
-    for name, words in NAMED_REASONS.items():
-        text = re.sub(rf"(?<![\w(]){name}(?![\w)])", words, text)
+def _named(text: str, *, machine: bool = False) -> str:
+    for name, (cluster, one) in NAMED_REASONS.items():
+        text = re.sub(rf"(?<![\w(]){name}(?![\w)])", one if machine else cluster, text)
     return text
 
 
 def _scores(text: str) -> str:
     return _SCORE.sub(lambda m: f"({m['policy']} score {m['score']}; the highest-scoring node is chosen)", text)
+
+
+def engine_words(text: str) -> str:
+    """An engine sentence about a cluster with its named reasons in words and its scores' direction said."""
+    return _scores(_named(text))
 
 
 def machine_words(reason: str) -> str:
@@ -143,7 +150,7 @@ def machine_words(reason: str) -> str:
         reason = ONE_MACHINE[reason]
     elif m := _ONE_NODE_FIT.match(reason):
         reason = f"fits this machine{m['rest']}" if m["node"] else reason
-    return prefix + _scores(_named(reason))
+    return prefix + _scores(_named(reason, machine=True))
 
 
 def short_reason(job: Mapping[str, Any]) -> str:

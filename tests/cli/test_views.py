@@ -48,7 +48,8 @@ def test_one_machine_wording_and_cluster_wording() -> None:
     cluster = "0/3 nodes fit: 2 insufficient GPU (need 2 whole GPUs), 1 no GPUs"
     assert machine_words(cluster) == cluster  # a cluster is still spoken of as one
     declined = machine_words("0/1 nodes fit: 1 DeclinedScarceResources")
-    assert declined.startswith("does not fit on this machine now: declined: this job needs no GPU")
+    assert declined.startswith("does not fit on this machine now: declined: the job needs no GPU")
+    assert "keeps this machine, which has free GPUs, for GPU work" in declined
     assert declined.endswith("(DeclinedScarceResources)")
     chose = machine_words("2/2 nodes fit; chose sim-0 GPU 0,1 (binpack score 15.3516)")
     assert chose == "2/2 nodes fit; chose sim-0 GPU 0,1 (binpack score 15.3516; the highest-scoring node is chosen)"
