@@ -145,3 +145,8 @@ def test_discover_without_a_driver_or_simulated() -> None:
     assert data["simulated"] is True
     assert [g["uuid"] for g in data["gpus"]] == ["SIM-GPU-0-0", "SIM-GPU-0-1"]
     assert data["gpus"][0]["model"] == "H100" and data["gpus"][0]["memory_total_mib"] == 81920
+
+
+def test_sim_matrix_names_its_flags_as_sim_run_does() -> None:
+    shown = " ".join(runner.invoke(app, ["sim", "matrix", "--help"]).output.split())
+    assert "--policy,--policies" in shown and "--behavior,--behaviors" in shown  # the plural: as first shipped

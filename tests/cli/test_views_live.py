@@ -98,3 +98,25 @@ def test_ps_hides_jobs_that_ended_over_an_hour_ago(daemon: tuple[Corral, Path]) 
     for asks in (("--all",), ("-a",), ("--state", "succeeded"), ("--since", "1d")):
         assert old in lines_of(corral.run("ps", *asks).stdout), asks
     assert "2h ago" in lines_of(corral.run("ps", "-a").stdout)[old]
+
+
+def test_app_create_json_and_a_duplicate_said_literally(daemon: tuple[Corral, Path]) -> None:
+    corral, tmp = daemon
+    spec = tmp / "infer.json"
+    spec.write_text(json.dumps({"id": "/infer", "cmd": "sleep 30", "cpus": 0.1, "mem": 16, "instances": 0}))
+    created = json.loads(corral.run("app", "create", "-f", str(spec), "--json").stdout)
+    assert created["id"] == "/infer" and created["instances"] == 0
+    again = corral.run("app", "create", "-f", str(spec), ok=False)
+    # Marathon's own message, its brackets as they are (Rich would have read `[/infer]` as a closing tag)
+    assert again.returncode == 2 and "Traceback" not in again.stderr
+    assert again.stderr.startswith("error: ") and "[/infer]" in again.stderr and "already exists" in again.stderr
+    corral.run("app", "delete", "/infer")
+
+
+def test_serve_takes_behavior_like_the_other_commands(tmp_path: Path) -> None:
+    for flag in ("--behavior", "--gpu-behavior"):  # the second: the spelling that shipped first, kept hidden
+        done = Corral(tmp_path / "none.sock").run(
+            "serve", "--simulate-gpus", "1xA100-80GB", "--state-dir", str(tmp_path / flag), flag, "sometimes", ok=False
+        )
+        assert done.returncode == 2 and done.stderr.startswith("error: Setting sometimes is invalid."), done.stderr
+    assert "--gpu-behavior" not in Corral(tmp_path / "none.sock").run("serve", "--help").stdout
