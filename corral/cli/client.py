@@ -2,7 +2,7 @@
 
 corral serve --simulate-gpus 2xA100-80GB          run the daemon (corral.cli.serve; socket: see serve_locations)
 corral submit --gpus 1 -- python train.py        prints the job id
-corral ps [--all] [--state S] [--user U] [--name N] [--since 2h] [--limit N] [--newest] [--after ID] [--json]
+corral ps [-a] [--state S] [--user U] [--name N] [--since 2h] [--limit N] [--newest] [--after ID] [--json]
                                                  your jobs (root with --all: everyone's), 1000 at most per page
 corral cancel ID... | --state queued | --name N  cancel one job, several, or all of yours that match
 corral show ID | logs [-f] ID | explain ID | gpus

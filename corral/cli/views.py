@@ -186,18 +186,22 @@ def explain_text(job_id: str, data: Mapping[str, Any]) -> list[str]:
         lines = [f"job {job_id} was lost: {reason or 'its outcome is unknown'}"]
     else:  # a newer daemon's state
         lines = [f"job {job_id} is {state}" + (f": {reason}" if reason else "")]
+    now = time.time()
     for key, value in data.items():
         if key in ("state", "reason") or value in (None, "", [], {}):
             continue
-        lines.append(f"{key.replace('_', ' ')}: {_value_text(value)}")
+        lines.append(f"{key.replace('_', ' ')}: {_value_text(key, value, now)}")
     return lines
 
 
-def _value_text(value: Any) -> str:
+def _value_text(key: str, value: Any, now: float) -> str:
+    """A further part of an answer in words: lists joined, mappings as "key value", a time (`*_at`) relative."""
     if isinstance(value, list):
-        return ", ".join(_value_text(v) for v in value)
+        return ", ".join(_value_text(key, v, now) for v in value)
     if isinstance(value, dict):
-        return ", ".join(f"{k.replace('_', ' ')} {_value_text(v)}" for k, v in value.items())
+        return ", ".join(f"{k.replace('_', ' ')} {_value_text(k, v, now)}" for k, v in value.items() if v is not None)
+    if key.endswith("_at") and isinstance(value, int | float) and not isinstance(value, bool):
+        return ago(value, now)
     if isinstance(value, str):
         return machine_words(value)
     return str(value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import datetime
 
 from corral.cli.views import (
@@ -77,6 +78,9 @@ def test_explain_sentences_for_each_state() -> None:
     # whatever else the answer carries (a newer daemon's parts) is shown too, a line each
     more = explain_text("7", {"state": "queued", "reason": "", "queue_position": 2, "holders": ["4", "5"]})
     assert more == ["job 7 is waiting for its turn", "queue position: 2", "holders: 4, 5"]
+    soon = time.time() + 7300
+    reserved = explain_text("7", {"state": "queued", "reason": "", "reservation": {"gpus": [0, 1], "start_at": soon}})
+    assert reserved[1] == "reservation: gpus 0, 1, start at in 2h"
 
 
 def test_errors_name_the_flags() -> None:
