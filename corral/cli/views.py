@@ -127,8 +127,21 @@ def _named(text: str, *, machine: bool = False) -> str:
     return text
 
 
+#: Policies whose node score runs from 0 to 100, higher preferred (their modules' docstrings; fgd-scarcity adds a
+#: tie-break below 1, topology binpack's score / 1000). The others' scores are said to be their own.
+SCORES_OF_100 = frozenset(
+    {"binpack", "spread", "bestfit", "dotprod", "fgd", "fgd-scarcity", "gpu-packing", "load", "topology"}
+)
+
+
+def _score_words(m: re.Match[str]) -> str:
+    if m["policy"] in SCORES_OF_100:
+        return f"({m['policy']} score {m['score']} of 100, higher preferred)"
+    return f"({m['policy']} score {m['score']}, on that policy's own scale)"
+
+
 def _scores(text: str) -> str:
-    return _SCORE.sub(lambda m: f"({m['policy']} score {m['score']}; the highest-scoring node is chosen)", text)
+    return _SCORE.sub(_score_words, text)
 
 
 def engine_words(text: str) -> str:
@@ -149,7 +162,8 @@ def machine_words(reason: str) -> str:
     elif reason in ONE_MACHINE:
         reason = ONE_MACHINE[reason]
     elif m := _ONE_NODE_FIT.match(reason):
-        reason = f"fits this machine{m['rest']}" if m["node"] else reason
+        rest = m["rest"]
+        reason = f"fits this machine; chose{rest}" if rest.startswith(" GPU") else f"fits this machine{rest}"
     return prefix + _scores(_named(reason, machine=True))
 
 

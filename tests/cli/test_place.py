@@ -19,7 +19,7 @@ def test_place_on_a_simulated_inventory() -> None:
     assert result.exit_code == 0, result.output
     assert "simulated GPU inventory (no real devices)" in result.output
     said = " ".join(result.output.split())
-    assert "2/2 nodes fit; chose sim-0 GPU 0,1 (binpack score 15.3516; the highest-scoring node is chosen)" in said
+    assert "2/2 nodes fit; chose sim-0 GPU 0,1 (binpack score 15.3516 of 100, higher preferred)" in said
     assert "SIM-GPU-0-1" in result.output
 
 

@@ -53,7 +53,13 @@ def test_one_machine_wording_and_cluster_wording() -> None:
     assert "keeps this machine, which has free GPUs, for GPU work" in declined
     assert declined.endswith("(DeclinedScarceResources)")
     chose = machine_words("2/2 nodes fit; chose sim-0 GPU 0,1 (binpack score 15.3516)")
-    assert chose == "2/2 nodes fit; chose sim-0 GPU 0,1 (binpack score 15.3516; the highest-scoring node is chosen)"
+    assert chose == "2/2 nodes fit; chose sim-0 GPU 0,1 (binpack score 15.3516 of 100, higher preferred)"
+    assert machine_words("1/2 nodes fit; chose a (fgd-priced score 3)") == (
+        "1/2 nodes fit; chose a (fgd-priced score 3, on that policy's own scale)"
+    )
+    assert machine_words("1/1 nodes fit; chose sim-0 GPU 0 (binpack score 5.20312)") == (
+        "fits this machine; chose GPU 0 (binpack score 5.20312 of 100, higher preferred)"
+    )
     note = "no node without free GPUs fit; placed on a GPU node, keeping the per-GPU reserve free"
     assert "node" not in machine_words(note) and "reserve" in machine_words(note)
     assert machine_words("exit code 3") == "exit code 3" and machine_words("") == ""
