@@ -110,20 +110,22 @@ ONE_MACHINE = {
     ),
 }
 
-#: The engine's reason names that are not words; what they mean, for people: (of a cluster, of this machine).
+#: The engine's reason names that are not words; what they mean, for people: of a cluster, of this machine, and in
+#: a table's cell.
 NAMED_REASONS = {
     "DeclinedScarceResources": (
         "declined: the job needs no GPU, and the GPU behaviour keeps nodes with free GPUs for GPU work "
         "(DeclinedScarceResources)",
-        "declined: the job needs no GPU, and the GPU behaviour keeps this machine, which has free GPUs, for GPU "
-        "work (DeclinedScarceResources)",
+        "the job needs no GPU, and the GPU behaviour keeps this machine for GPU work while it has a free GPU "
+        "(DeclinedScarceResources)",
+        "GPUs free: kept for GPU work (DeclinedScarceResources)",
     ),
 }
 
 
-def _named(text: str, *, machine: bool = False) -> str:
-    for name, (cluster, one) in NAMED_REASONS.items():
-        text = re.sub(rf"(?<![\w(]){name}(?![\w)])", one if machine else cluster, text)
+def _named(text: str, *, form: int = 0) -> str:
+    for name, words in NAMED_REASONS.items():
+        text = re.sub(rf"(?<![\w(]){name}(?![\w)])", words[form], text)
     return text
 
 
@@ -149,22 +151,23 @@ def engine_words(text: str) -> str:
     return _scores(_named(text))
 
 
-def machine_words(reason: str) -> str:
+def machine_words(reason: str, *, short: bool = False) -> str:
     """An engine sentence about one node, said of this machine; about several nodes, the cluster's words. Named
-    reasons (DeclinedScarceResources) get words; a score says which way it counts."""
+    reasons (DeclinedScarceResources) get words (`short`: a table cell's); a score says which way it counts."""
     if not reason:
         return reason
     prefix = ""
     if reason.startswith(_NEVER):
         prefix, reason = _NEVER, reason[len(_NEVER) :]
     if m := _ONE_NODE_MISS.match(reason):  # after "can never run on this machine: " the why alone
-        reason = m["why"] if prefix else NOT_NOW + m["why"]
+        named = m["why"] in NAMED_REASONS  # a sentence of its own already
+        reason = m["why"] if prefix or named else NOT_NOW + m["why"]
     elif reason in ONE_MACHINE:
         reason = ONE_MACHINE[reason]
     elif m := _ONE_NODE_FIT.match(reason):
         rest = m["rest"]
         reason = f"fits this machine; chose{rest}" if rest.startswith(" GPU") else f"fits this machine{rest}"
-    return prefix + _scores(_named(reason, machine=True))
+    return prefix + _scores(_named(reason, form=2 if short else 1))
 
 
 def short_reason(job: Mapping[str, Any]) -> str:
@@ -173,7 +176,7 @@ def short_reason(job: Mapping[str, Any]) -> str:
     if job.get("state") in ("running", "starting"):
         return "-"
     # a queued job's state already says it waits: the table keeps the words on why
-    text = machine_words(str(job.get("reason") or "")).strip().removeprefix(NOT_NOW)
+    text = machine_words(str(job.get("reason") or ""), short=True).strip().removeprefix(NOT_NOW)
     if not text:
         return "-"
     first = text.splitlines()[0]

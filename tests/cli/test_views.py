@@ -49,9 +49,12 @@ def test_one_machine_wording_and_cluster_wording() -> None:
     cluster = "0/3 nodes fit: 2 insufficient GPU (need 2 whole GPUs), 1 no GPUs"
     assert machine_words(cluster) == cluster  # a cluster is still spoken of as one
     declined = machine_words("0/1 nodes fit: 1 DeclinedScarceResources")
-    assert declined.startswith("does not fit on this machine now: declined: the job needs no GPU")
-    assert "keeps this machine, which has free GPUs, for GPU work" in declined
-    assert declined.endswith("(DeclinedScarceResources)")
+    assert declined == (
+        "the job needs no GPU, and the GPU behaviour keeps this machine for GPU work while it has a free GPU "
+        "(DeclinedScarceResources)"
+    )
+    queued = {"state": "queued", "reason": "0/1 nodes fit: 1 DeclinedScarceResources"}
+    assert short_reason(queued) == "GPUs free: kept for GPU work (DeclinedScarceResources)"
     chose = machine_words("2/2 nodes fit; chose sim-0 GPU 0,1 (binpack score 15.3516)")
     assert chose == "2/2 nodes fit; chose sim-0 GPU 0,1 (binpack score 15.3516 of 100, higher preferred)"
     assert machine_words("1/2 nodes fit; chose a (fgd-priced score 3)") == (
