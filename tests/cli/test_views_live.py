@@ -32,7 +32,7 @@ def lines_of(table: str) -> dict[str, str]:
 
 def test_ps_show_explain_and_errors(daemon: tuple[Corral, Path]) -> None:
     corral, _ = daemon
-    cpu = corral.submit("--cpus", "100m", "--memory", "16MiB", "--", "sh", "-c", "date >> f; sleep 30")
+    cpu = corral.submit("--cpus", "100m", "--memory", "16MiB", "--", "sh", "-c", "date >> /dev/null; sleep 30")
     share = corral.submit("--gpus", "1", "--gpu-fraction", "0.3", "--gpu-memory", "10GiB", "--", "sleep", "30")
     whole = corral.submit("--gpus", "1", "--cpus", "100m", "--", "sleep", "30")
     waits = corral.submit("--gpus", "2", "--time-limit", "90m", "--name", "big", "--", "true")
@@ -43,7 +43,7 @@ def test_ps_show_explain_and_errors(daemon: tuple[Corral, Path]) -> None:
         "ID", "NAME", "USER", "STATE", "GPUS", "SUBMITTED", "ENDED", "COMMAND", "REASON",
     ]  # fmt: skip
     rows = lines_of(table)
-    assert "sh -c 'date >> f; sleep 30'" in rows[cpu] and rows[cpu].rstrip().endswith(" -")  # no placement note
+    assert "sh -c 'date >> /dev/null; sleep 30'" in rows[cpu] and rows[cpu].rstrip().endswith(" -")  # no placement note
     assert " 0:300m/10GiB " in rows[share] or " 1:300m/10GiB " in rows[share]
     gpu_of_share = "0" if " 0:300m" in rows[share] else "1"
     assert f" {'1' if gpu_of_share == '0' else '0'} " in rows[whole]
@@ -63,7 +63,7 @@ def test_ps_show_explain_and_errors(daemon: tuple[Corral, Path]) -> None:
     ):  # fmt: skip
         assert expected in shown, (expected, shown)
     assert f"cwd: {Path.cwd()}" in shown and "started: -" in shown
-    assert "command: sh -c 'date >> f; sleep 30'" in corral.run("show", cpu).stdout
+    assert "command: sh -c 'date >> /dev/null; sleep 30'" in corral.run("show", cpu).stdout
     assert json.loads(corral.run("show", waits, "--json").stdout)["request"]["gpu_count"] == 2
 
     running = corral.run("explain", cpu).stdout
