@@ -301,20 +301,22 @@ def create_app(
         user: str | None = None,
         name: str | None = None,
         since: float | None = None,
+        ended_after: float | None = None,
         after: str | None = None,
         limit: Annotated[int, Query(ge=0, le=MAX_LIST_LIMIT)] = DEFAULT_LIST_LIMIT,
         order: Literal["oldest", "newest"] = "oldest",
     ) -> Response:
         """The caller's jobs (root: `all=true` everyone's, `user=NAME` one user's), oldest first (`order=newest`:
         newest first), at most `limit` (default 1000). Filters: `state` (repeatable or comma-separated), `name`,
-        `since` (submitted at or after, seconds since the epoch). A full page carries `X-Corral-Next-After`: pass it
-        as `after` for the next page."""
+        `since` (submitted at or after, seconds since the epoch), `ended_after` (jobs not ended, or ended at or after
+        that time). A full page carries `X-Corral-Next-After`: pass it as `after` for the next page."""
         user_name, uid = scope(who, everyone, user)
-        if since is not None and not math.isfinite(since):
-            raise InvalidRequest("since", f"must be a finite number of seconds since the epoch, got {since}")
+        for field, value in (("since", since), ("ended_after", ended_after)):
+            if value is not None and not math.isfinite(value):
+                raise InvalidRequest(field, f"must be a finite number of seconds since the epoch, got {value}")
         query = JobQuery(
-            states=parse_states(state), user=user_name, uid=uid, name=name, since=since, after=after, limit=limit,
-            newest_first=order == "newest",
+            states=parse_states(state), user=user_name, uid=uid, name=name, since=since, ended_after=ended_after,
+            after=after, limit=limit, newest_first=order == "newest",
         )  # fmt: skip
         jobs = daemon.store.query(query)  # a read of the store: no need to wait for a scheduling round
         headers = {"X-Corral-Next-After": jobs[-1].id} if jobs and len(jobs) == limit else {}
@@ -337,7 +339,8 @@ def create_app(
 
     @app.get("/v1/jobs/{job_id}", response_model=JobOut)
     def show(job_id: str, who: Caller) -> JobOut:
-        return JobOut.of(visible(job_id, who))
+        job = visible(job_id, who)
+        return JobOut.of(job, log_path=str(daemon.log_path(job.id)))
 
     @app.post("/v1/jobs/{job_id}/cancel", response_model=JobOut)
     def cancel(job_id: str, who: Caller) -> JobOut:

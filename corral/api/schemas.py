@@ -45,6 +45,21 @@ class GpuOut(BaseModel):
     memory_mib: int
 
 
+class RequestOut(BaseModel):
+    """What a job asked for, in the daemon's units: shown by `corral show` for a job that waits as for one that runs."""
+
+    cpu_milli: int
+    memory_mib: int
+    gpu_count: int
+    gpu_milli: int  # per GPU; 1000 = whole GPUs
+    gpu_memory_mib: int  # per GPU, for a share
+    gpu_models: list[str] | None
+    time_limit_s: float | None
+    retries: int
+    cwd: str
+    env_count: int  # how many variables, not their values (they may hold secrets)
+
+
 class JobOut(BaseModel):
     id: str
     name: str
@@ -60,10 +75,13 @@ class JobOut(BaseModel):
     gpus: list[GpuOut]
     reason: str
     origin: str = ""  # "" for `corral submit`; else the definition that made it (e.g. a scheduled job's run)
+    request: RequestOut | None = None
+    log_path: str | None = None  # only in one job's answer (GET /v1/jobs/ID)
 
     @classmethod
-    def of(cls, job: Job) -> JobOut:
+    def of(cls, job: Job, *, log_path: str | None = None) -> JobOut:
         uuids = list(job.gpu_uuids) + [""] * max(0, len(job.gpus) - len(job.gpu_uuids))
+        r = job.spec.request
         # clean(): a job stored by an older corral may hold a lone surrogate; the answer must still encode.
         return cls(
             id=job.id,
@@ -83,6 +101,19 @@ class JobOut(BaseModel):
             ],
             reason=clean(job.reason),
             origin=clean(job.spec.origin),
+            request=RequestOut(
+                cpu_milli=r.cpu_milli,
+                memory_mib=r.memory_mib,
+                gpu_count=r.gpu_count,
+                gpu_milli=r.gpu_milli,
+                gpu_memory_mib=r.gpu_memory_mib,
+                gpu_models=None if r.gpu_models is None else sorted(clean(m) for m in r.gpu_models),
+                time_limit_s=job.spec.time_limit_s,
+                retries=job.spec.retries,
+                cwd=clean(job.spec.cwd),
+                env_count=len(job.spec.env),
+            ),
+            log_path=log_path,
         )
 
 

@@ -2,7 +2,7 @@
 
 corral serve --simulate-gpus 2xA100-80GB          run the daemon (corral.cli.serve; socket: see serve_locations)
 corral submit --gpus 1 -- python train.py        prints the job id
-corral ps [--all] [--state S] [--user U] [--name N] [--since 2h] [--limit N] [--newest] [--after ID] [--json]
+corral ps [-a] [--state S] [--user U] [--name N] [--since 2h] [--limit N] [--newest] [--after ID] [--json]
                                                  your jobs (root with --all: everyone's), 1000 at most per page
 corral cancel ID... | --state queued | --name N  cancel one job, several, or all of yours that match
 corral show ID | logs [-f] ID | explain ID | gpus
@@ -27,7 +27,7 @@ import socket as sock_module
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,17 @@ import click
 
 from corral.cli.render import Styled, Terminal, error_line, row, say, table
 from corral.cli.transport import AnswerLost, Endpoint, NotConnected, Response, request
+from corral.cli.views import (
+    FLAGS,
+    ago,
+    command_text,
+    explain_text,
+    flag_error,
+    gpus_text,
+    iso_times,
+    short_reason,
+    show_lines,
+)
 from corral.jobs.environment import admitted_environment
 
 EXIT_BAD_INPUT = 2
@@ -134,18 +145,24 @@ SOCKET_HELP = (
 JSON_HELP = "Print as JSON."
 
 
-def error_text(response: Response) -> str:
+def error_text(response: Response, flags: Mapping[str, str] | None = None) -> str:
+    """corral's own error answer as a line; `flags`: the command's flag for each field (views.FLAGS)."""
     try:
         detail = response.json().get("detail")
     except (ValueError, AttributeError):
         return f"HTTP {response.status_code}: {response.text.strip()[:200]}"
     if isinstance(detail, dict) and "message" in detail:
-        return f"{detail.get('field', '')}: {detail['message']}"
+        return flag_error(str(detail.get("field", "")), str(detail["message"]), flags)
     if isinstance(detail, list) and detail and isinstance(detail[0], dict):
         first = detail[0]
         loc = [str(p) for p in first.get("loc", []) if p != "body"]
-        return f"{'.'.join(loc) or 'request'}: {first.get('msg', 'invalid')}"
+        return flag_error(".".join(loc) or "request", str(first.get("msg", "invalid")), flags)
     return f"HTTP {response.status_code}: {detail}"
+
+
+def flag_errors(response: Response) -> str:
+    """`error_text` for the commands whose request fields are their flags (submit, ps, cancel)."""
+    return error_text(response, FLAGS)
 
 
 def call(
@@ -242,10 +259,6 @@ def job_exit_status(job: dict[str, Any]) -> int:
     return EXIT_NO_CODE
 
 
-def gpus_text(job: dict[str, Any]) -> str:
-    return ",".join(f"{g['index']}" + (f"({g['milli']}m)" if g["milli"] < 1000 else "") for g in job["gpus"]) or "-"
-
-
 # ------------------------------------------------------------------------------------------------ commands
 socket_option = click.option("--socket", type=click.Path(path_type=Path), default=None, help=SOCKET_HELP)
 json_option = click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
@@ -299,7 +312,7 @@ def submit_cmd(
     }
     # One key per submission: a retry after a lost answer gets the job the first attempt made, not a second one.
     key = {"Idempotency-Key": str(uuid.uuid4())}
-    job = call(socket, "POST", "/v1/jobs", json=body, headers=key, retries=SUBMIT_RETRIES).json()
+    job = call(socket, "POST", "/v1/jobs", flag_errors, json=body, headers=key, retries=SUBMIT_RETRIES).json()
     sys.stdout.write(f"{job['id']}\n")
 
 
@@ -322,12 +335,21 @@ def since_time(value: str, now: float) -> float:
         ) from None
 
 
+#: `corral ps` hides jobs that ended longer ago than this, unless --all, --state or --since says otherwise.
+RECENT_S = 3600.0
+
+
 @click.command("ps")
-@click.option("--all", "everyone", is_flag=True, help="Root: every user's jobs.")
-@click.option("--state", multiple=True, help="Only jobs in this state (repeatable).")
+@click.option(
+    "--all", "-a", "everyone", is_flag=True,
+    help="Also jobs that ended more than an hour ago (hidden by default); root: every user's jobs too.",
+)  # fmt: skip
+@click.option(
+    "--state", multiple=True, help="Only jobs in this state (repeatable, or comma-separated: queued,running)."
+)
 @click.option("--user", default=None, help="Root: this user's jobs.")
 @click.option("--name", default=None, help="Only jobs with this name.")
-@click.option("--since", default=None, help="Submitted since: 45m, 2h (ago) or a date.")
+@click.option("--since", default=None, help="Submitted since: 45m, 2h (ago) or a date (old finished jobs included).")
 @click.option(
     "--limit", type=click.IntRange(min=1), default=1000, show_default=True,
     help="At most this many (the daemon allows 10000).",
@@ -348,36 +370,44 @@ def ps_cmd(
     as_json: bool,
     socket: Path | None,
 ) -> None:
-    """List your jobs (root with --all: everyone's), oldest first, 1000 at most: page on with --after."""
+    """List your jobs (root with --all: everyone's), oldest first, 1000 at most: page on with --after.
+
+    Jobs that ended more than an hour ago are left out unless --all, --state or --since asks for them. Times are
+    relative here (3m ago) and ISO 8601 with --json."""
+    now = time.time()
     params: list[tuple[str, str | int | float]] = [("limit", limit)] + [("state", s) for s in state]
     if everyone:
         params.append(("all", "true"))
+    elif not state and since is None:
+        params.append(("ended_after", now - RECENT_S))
     for key, value in (("user", user), ("name", name), ("after", after)):
         if value is not None:
             params.append((key, value))
     if since is not None:
-        params.append(("since", since_time(since, time.time())))
+        params.append(("since", since_time(since, now)))
     if newest:
         params.append(("order", "newest"))
-    response = call(socket, "GET", "/v1/jobs", params=params)
+    response = call(socket, "GET", "/v1/jobs", flag_errors, params=params)
     jobs = response.json()
     more = response.headers.get("X-Corral-Next-After")
     if more:  # on stderr, so that --json output stays one JSON document
         say(err, "more jobs: corral ps ... --after ", more)
     if as_json:
-        dump(jobs)
+        dump(iso_times(jobs))
         return
-    view = table("ID", "NAME", "USER", "STATE", "GPUS", "COMMAND", "REASON")
+    view = table("ID", "NAME", "USER", "STATE", "GPUS", "SUBMITTED", "ENDED", "COMMAND", "REASON")
     for j in jobs:
         row(
             view,
             j["id"],
-            j["name"],
+            j["name"] or "-",
             j["user"],
             state_cell(j["state"]),
             gpus_text(j),
-            " ".join(j["command"]),
-            j["reason"],
+            ago(j["submitted_at"], now),
+            ago(j["finished_at"], now) if j["state"] in FINAL_STATES else "-",
+            command_text(j["command"]),
+            short_reason(j),
         )
     out.print(view)
 
@@ -390,11 +420,10 @@ def show_cmd(job_id: str, as_json: bool, socket: Path | None) -> None:
     """One job in full."""
     job = call(socket, "GET", f"/v1/jobs/{job_id}").json()
     if as_json:
-        dump(job)
+        dump(iso_times(job))
         return
-    for key, value in job.items():
-        text = gpus_text(job) if key == "gpus" else " ".join(value) if key == "command" else value
-        say(out, f"{key:>13}: ", "" if text is None else text)
+    for label, text in show_lines(job):
+        say(out, f"{label:>11}: ", text)
 
 
 @click.command("logs")
@@ -504,7 +533,7 @@ def cancel_cmd(
     body: dict[str, object] = {
         "ids": ids or None, "state": list(state) or None, "name": name, "user": user, "all": everyone,
     }  # fmt: skip
-    done = call(socket, "POST", "/v1/jobs/cancel", json=body).json()
+    done = call(socket, "POST", "/v1/jobs/cancel", flag_errors, json=body).json()
     say(
         out,
         f"cancelled {len(done['cancelled'])}, cancelling {len(done['cancelling'])} (running: SIGTERM sent), "
@@ -524,7 +553,8 @@ def explain_cmd(job_id: str, as_json: bool, socket: Path | None) -> None:
     if as_json:
         dump(data)
         return
-    say(out, f"job {job_id} is {data['state']}: ", data["reason"] or "-")
+    for line in explain_text(job_id, data):
+        say(out, line)
 
 
 @click.command("gpus")

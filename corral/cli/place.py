@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from corral.cli.render import error_line, literal, row
+from corral.cli.views import FLAGS, engine_words, flag_error
 from corral.gpu.simulated import parse_simulated_inventory
 from corral.model.errors import InvalidRequest
 from corral.model.inventory import load_inventory
@@ -35,6 +36,11 @@ err = Console(stderr=True, soft_wrap=True)
 
 EXIT_BAD_INPUT = 2
 EXIT_NO_FIT = 3
+#: `place`'s flags for the request's fields (those of `submit`, and a few more).
+PLACE_FLAGS = {
+    **FLAGS, "min_gpu_memory_mib": "--min-gpu-memory", "constraints": "--constraint", "constraint": "--constraint",
+    "labels": "--label", "label": "--label", "policy": "--policy",
+}  # fmt: skip
 
 
 def fail(message: str) -> typer.Exit:
@@ -118,13 +124,14 @@ def place_cmd(
         )
         decision = place(snapshot, request, config, rng=seed)
     except InvalidRequest as exc:
-        raise fail(str(exc)) from None
+        raise fail(flag_error(exc.field, exc.message, PLACE_FLAGS)) from None
     if as_json:
         sys.stdout.write(json.dumps(decision_json(decision, snapshot), indent=2) + "\n")
     else:
         if simulate_gpus:
             out.print("[yellow]simulated GPU inventory[/] (no real devices)", highlight=False)
-        out.print(literal(render_long(decision.explanation) if explain else render(decision.explanation), lines=True))
+        said = render_long(decision.explanation) if explain else render(decision.explanation)
+        out.print(literal(engine_words(said), lines=True))
         if decision.allocation is not None:
             table = Table("GPU", "UUID", "model", "milli", "memory MiB", title=f"granted on {decision.allocation.node}")
             node = snapshot.nodes[decision.allocation.node_index]
@@ -150,10 +157,15 @@ def discover_cmd(
 
     try:
         if simulate_gpus:
-            gpus = [
-                GpuInfo(g.index, g.uuid, g.model, g.memory_mib)
-                for g in parse_simulated_inventory(simulate_gpus)[0].gpus
-            ]
+            machines = parse_simulated_inventory(simulate_gpus)
+            if len(machines) > 1:  # this command shows one machine: showing the first of several would mislead
+                raise fail(
+                    f"--simulate-gpus: {simulate_gpus!r} is {len(machines)} machines; discover shows this machine "
+                    f"only: give one (e.g. {len(machines[0].gpus)}x{machines[0].gpus[0].model}-"
+                    f"{machines[0].gpus[0].memory_mib // 1024}GB), or see a cluster with `corral place "
+                    f"--simulate-gpus {simulate_gpus} ...`"
+                )
+            gpus = [GpuInfo(g.index, g.uuid, g.model, g.memory_mib) for g in machines[0].gpus]
         else:
             gpus = discover_gpus()
     except (InvalidRequest, GpuDiscoveryError) as exc:
@@ -189,6 +201,10 @@ POLICY_HELP = {
     "fgd": "FGD study: least growth of fragmentation for the target workload",
     "topology": "multi-GPU work on the best-connected GPUs (NVLink, PCIe switch, NUMA)",
     "load": "least busy GPUs by measured utilisation",
+    "fgd-scarcity": "fgd, with its ties going to the node whose loss the future pods feel least (scarce room, "
+    "GPU models others depend on)",
+    "fgd-priced": "shares go where they spoil the least room an optimal packing of the workload's shares would use "
+    "(LP dual prices); hosts for multi-GPU pods kept; fgd-scarcity for the rest",
 }
 
 

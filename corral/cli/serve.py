@@ -52,10 +52,13 @@ def serve_cmd(
     gpu_behavior: Annotated[
         str,
         typer.Option(
+            "--behavior",
             help="Work without GPUs on this GPU machine: preferential (keeps each free GPU's CPU/memory reserve), "
-            "restricted (waits while a GPU is free: DeclinedScarceResources), unrestricted, undefined (warns)."
+            "restricted (waits while a GPU is free: DeclinedScarceResources), unrestricted, undefined (warns).",
         ),
     ] = "preferential",
+    # the spelling that shipped first; `--behavior` is what place, sim and k8s call it
+    gpu_behavior_old: Annotated[str | None, typer.Option("--gpu-behavior", hidden=True)] = None,
     service_ports: Annotated[
         str | None,
         typer.Option(envvar="CORRAL_SERVICE_PORTS", help="Ports for services' $PORT0...: LOW-HIGH (31000-32000)."),
@@ -78,7 +81,7 @@ def serve_cmd(
     try:
         serve(
             state, sock, simulate_gpus, policy, watchdog=gpu_memory_watchdog, sharing=sharing, listen=listen,
-            gpu_behavior=gpu_behavior, service_ports=service_ports,
+            gpu_behavior=gpu_behavior_old or gpu_behavior, service_ports=service_ports,
             container_runtime=container_runtime,
         )  # fmt: skip
     except (ServeError, InvalidRequest, StoreError, OSError) as exc:

@@ -58,17 +58,21 @@ def _request(socket: Path | None, method: str, url: str, **kwargs: Any) -> Any:
     "--file", "-f", "file", type=click.Path(path_type=Path), required=True,
     help="The app's JSON (Marathon format); - reads stdin.",
 )  # fmt: skip
+@json_option
 @socket_option
-def create_cmd(file: Path, socket: Path | None) -> None:
-    """Create an app from Marathon app JSON; prints its id."""
+def create_cmd(file: Path, as_json: bool, socket: Path | None) -> None:
+    """Create an app from Marathon app JSON; prints its id (with --json, the app as Marathon answers it)."""
     try:
         text = sys.stdin.read() if str(file) == "-" else file.read_text()
         body = json.loads(text)
     except OSError as exc:
-        raise fail(f"cannot read {file}: {exc.strerror or exc}") from None
+        raise fail(f"--file: cannot read {file}: {exc.strerror or exc}") from None
     except ValueError as exc:
-        raise fail(f"{file} is not JSON: {exc}") from None
+        raise fail(f"--file: {file} is not JSON: {exc}") from None
     created = _request(socket, "POST", "/marathon/v2/apps", json=body)
+    if as_json:
+        dump(created)
+        return
     sys.stdout.write(f"{created['id']}\n")
 
 

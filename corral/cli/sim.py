@@ -311,21 +311,23 @@ def matrix_cmd(
     nodes: Annotated[Path, typer.Option(help="Nodes: openb node CSV or corral YAML/JSON.")],
     pods: Annotated[list[Path], typer.Option(help="Pod list (repeatable).")],
     out_dir: Annotated[Path, typer.Option("--out", help="Folder for matrix.csv/.md/.png/.html.")],
-    policies: Annotated[str, typer.Option(help="Comma list of policies.")] = ",".join(STUDY_POLICIES),
+    policies: Annotated[
+        str, typer.Option("--policy", "--policies", help="Comma list of policies (as `sim run --policy`).")
+    ] = ",".join(STUDY_POLICIES),
     seeds: Annotated[str, typer.Option(help="Seeds, e.g. 42-51.")] = "42-51",
     tune: Annotated[float, typer.Option(help="Tune ratio.")] = 1.3,
     behaviors: Annotated[
-        str, typer.Option(help="Comma list of GPU behaviours for pods without GPUs.")
+        str, typer.Option("--behavior", "--behaviors", help="Comma list of GPU behaviours for pods without GPUs.")
     ] = "unrestricted",
     published: Annotated[Path | None, typer.Option(help="Published results (expected_results.csv).")] = None,
     jobs: Annotated[int, typer.Option(help="Worker processes (default: all cores).")] = 0,
 ) -> None:
     """Run pod lists x policies x behaviours x seeds on all cores; one table of means beside published numbers."""
     try:
-        names = parse_list(policies, "--policies")
+        names = parse_list(policies, "--policy")
         for p in names:
             get_policy(p)
-        modes = [GpuBehavior.parse(b, "--behaviors").value for b in parse_list(behaviors, "--behaviors")]
+        modes = [GpuBehavior.parse(b, "--behavior").value for b in parse_list(behaviors, "--behavior")]
         seed_list = parse_seeds(seeds)
         for one in seed_list:
             check_seed(one, "--seeds")

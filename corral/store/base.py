@@ -22,7 +22,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, cast, runtime_checkable
 
-from corral.jobs.model import TRANSITIONS, InvalidTransition, Job, JobSpec, JobState
+from corral.jobs.model import FINAL_STATES, TRANSITIONS, InvalidTransition, Job, JobSpec, JobState
 from corral.model.errors import CorralError, InvalidRequest
 from corral.model.resources import GpuGrant
 
@@ -91,6 +91,9 @@ class JobQuery:
     uid: int | None = None  # the submitter's uid (what the API authorises by)
     name: str | None = None  # the job's name, exactly
     since: float | None = None  # submitted at or after this time (seconds since the epoch)
+    #: Jobs not yet ended, or that ended at or after this time (`corral ps` hides what ended long ago by default). A
+    #: job cancelled while queued has no finished_at: its submission time stands in.
+    ended_after: float | None = None
     after: str | None = None  # the cursor: only jobs after this id in the chosen order
     limit: int | None = None  # at most this many jobs (None: all)
     newest_first: bool = False  # by id descending (newest first) instead of ascending
@@ -113,6 +116,10 @@ class JobQuery:
             return False
         if self.since is not None and job.submitted_at < self.since:
             return False
+        if self.ended_after is not None and job.state in FINAL_STATES:
+            ended = job.finished_at if job.finished_at is not None else job.submitted_at
+            if ended < self.ended_after:
+                return False
         if self.after is not None:
             cursor = canonical_id(self.after)
             if cursor is None:

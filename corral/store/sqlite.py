@@ -39,7 +39,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from corral.jobs.model import Job, JobSpec, JobState, check_admissible, spec_from_json, spec_to_json
+from corral.jobs.model import (
+    FINAL_STATES,
+    Job,
+    JobSpec,
+    JobState,
+    check_admissible,
+    spec_from_json,
+    spec_to_json,
+)
 from corral.model.resources import GpuGrant
 from corral.store.base import (
     IDEMPOTENCY_TTL_S,
@@ -257,6 +265,10 @@ class SqliteStore:
         if query.since is not None:
             where.append("submitted_at >= ?")
             params.append(float(query.since))
+        if query.ended_after is not None:
+            final = sorted(s.value for s in FINAL_STATES)
+            where.append(f"(state NOT IN ({', '.join('?' * len(final))}) OR COALESCE(finished_at, submitted_at) >= ?)")
+            params.extend([*final, float(query.ended_after)])
         if query.after is not None:
             cursor = canonical_id(query.after)
             if cursor is None:

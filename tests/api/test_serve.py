@@ -132,7 +132,7 @@ def test_serve_submit_logs_explain_cancel(corral: Corral) -> None:
     wait_for("the sleeps to end", lambda: all(corral.state(b) == "cancelled" for b in busy))
 
     bad = corral.run("submit", "--memory", "lots", "--", "true", ok=False)
-    assert bad.returncode == 2 and bad.stderr.strip() == "error: memory: not a memory amount: 'lots' " + (
+    assert bad.returncode == 2 and bad.stderr.strip() == "error: --memory: not a memory amount: 'lots' " + (
         "(examples: 512MiB, 10GiB, 16Gi, 2TB)"
     )
     missing = corral.run("show", "99", ok=False)

@@ -45,6 +45,6 @@ def test_ps_filters_and_pages_and_cancel_takes_many(corral: Corral) -> None:
         corral.run("cancel", ok=False).stderr.strip() == "error: say which jobs to cancel: job ids, --state or --name"
     )
     bad = corral.run("ps", "--state", "asleep", ok=False)
-    assert bad.returncode == 2 and bad.stderr.startswith("error: state: must be one of queued, starting, running")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: --state: must be one of queued, starting, running")
     assert corral.run("ps", "--since", "soon", ok=False).stderr.startswith("error: --since: give a duration ago")
     wait_for("the hog to end", lambda: ids(corral, "--state", "running") == [])

@@ -68,7 +68,7 @@ def test_ps_show_and_explain_print_markup_and_escapes_literally(corral: Corral) 
     for args in (("ps", "--all"), ("show", job)):
         done = corral.run(*args)
         assert "[/bold][bold red]owned[/bold red]" in done.stdout, done.stdout
-        assert "\\x1b[2J\\x1b[31mred \\u202e" in done.stdout, done.stdout
+        assert "echo '\\x1b[2J\\x1b[31mred' '\\u202e'" in done.stdout, done.stdout  # quoted as a shell would
         assert "\x1b" not in done.stdout and "\u202e" not in done.stdout
     assert "succeeded" in corral.run("explain", job).stdout
 
@@ -87,7 +87,7 @@ def test_a_lone_surrogate_stored_by_an_older_corral_lists_and_shows(daemon: tupl
         db.close()
     for args in (("ps", "--all"), ("show", job)):
         done = corral.run(*args)
-        assert "x\\ud800" in done.stdout and "echo \\udfff" in done.stdout, done.stdout
+        assert "x\\ud800" in done.stdout and "echo '\\udfff'" in done.stdout, done.stdout
     with api(corral) as client:
         assert client.get(f"/v1/jobs/{job}").json()["name"] == "x\\ud800"
 

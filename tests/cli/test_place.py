@@ -18,7 +18,8 @@ def test_place_on_a_simulated_inventory() -> None:
     result = runner.invoke(app, ["place", "--simulate-gpus", "2x8xA100-80GB", "--gpus", "2"])
     assert result.exit_code == 0, result.output
     assert "simulated GPU inventory (no real devices)" in result.output
-    assert "2/2 nodes fit; chose sim-0 GPU 0,1 (binpack score 15.3516)" in result.output
+    said = " ".join(result.output.split())
+    assert "2/2 nodes fit; chose sim-0 GPU 0,1 (binpack score 15.3516 of 100, higher preferred)" in said
     assert "SIM-GPU-0-1" in result.output
 
 
@@ -41,9 +42,9 @@ def test_no_fit_exits_3_and_says_why() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--gpu-model", "T4", "--gpus", "1"], "gpu_models: unknown GPU model T4; this cluster has: H100"),
+        (["--gpu-model", "T4", "--gpus", "1"], "--gpu-model: unknown GPU model T4; this cluster has: H100"),
         (["--gpu-fraction", "1.5"], "--gpu-fraction: must be between 0 and 1 (exclusive), got 1.5"),
-        (["--gpu-memory", "200GiB"], "gpu_memory_mib: 204800 MiB is more than any GPU of this cluster has"),
+        (["--gpu-memory", "200GiB"], "--gpu-memory: 204800 MiB is more than any GPU of this cluster has"),
         (["--memory", "lots"], "--memory: not a memory amount: 'lots'"),
         (["--policy", "tetris"], "policy: unknown policy 'tetris'; use one of"),
         (["--behavior", "maybe"], "--behavior: unknown GPU scheduling behaviour 'maybe'"),
@@ -93,7 +94,13 @@ def test_place_with_a_yaml_cluster(tmp_path: Path) -> None:
 def test_behaviour_flag_and_label() -> None:
     base = ["place", "--simulate-gpus", "1x2xT4-16GB", "--cpus", "1"]
     declined = runner.invoke(app, [*base, "--behavior", "restricted"])
-    assert declined.exit_code == 3 and "0/1 nodes fit: 1 DeclinedScarceResources" in declined.output
+    said = " ".join(declined.output.split())
+    assert (
+        declined.exit_code == 3
+        and "0/1 nodes fit: 1 declined: the job needs no GPU, and the GPU behaviour keeps "
+        "nodes with free GPUs for GPU work (DeclinedScarceResources)"
+        in said
+    )
     overridden = runner.invoke(
         app, [*base, "--behavior", "restricted", "--label", "GPU_SCHEDULING_BEHAVIOR=unrestricted"]
     )
@@ -106,6 +113,18 @@ def test_policies_lists_every_policy() -> None:
     data = json.loads(result.output)
     assert sorted(data) == policy_names()  # every registered policy, plugins included
     assert data["fgd"] == "FGD study: least growth of fragmentation for the target workload"
+    assert all(data.values()), [name for name, text in data.items() if not text]  # each policy says what it does
+    table = runner.invoke(app, ["policies"])
+    assert "registered plugin" not in table.output and "fgd-priced" in table.output
+
+
+def test_discover_refuses_several_simulated_machines() -> None:
+    several = runner.invoke(app, ["discover", "--simulate-gpus", "2x8xA100-80GB"])
+    said = " ".join(several.output.split())
+    assert several.exit_code == 2 and "'2x8xA100-80GB' is 2 machines; discover shows this machine only" in said
+    assert "8xA100-80GB" in said and "corral place --simulate-gpus 2x8xA100-80GB" in said
+    one = runner.invoke(app, ["discover", "--simulate-gpus", "8xA100-80GB", "--json"])
+    assert one.exit_code == 0 and len(json.loads(one.output)["gpus"]) == 8
 
 
 def test_discover_without_a_driver_or_simulated() -> None:
@@ -126,3 +145,8 @@ def test_discover_without_a_driver_or_simulated() -> None:
     assert data["simulated"] is True
     assert [g["uuid"] for g in data["gpus"]] == ["SIM-GPU-0-0", "SIM-GPU-0-1"]
     assert data["gpus"][0]["model"] == "H100" and data["gpus"][0]["memory_total_mib"] == 81920
+
+
+def test_sim_matrix_names_its_flags_as_sim_run_does() -> None:
+    shown = " ".join(runner.invoke(app, ["sim", "matrix", "--help"]).output.split())
+    assert "--policy,--policies" in shown and "--behavior,--behaviors" in shown  # the plural: as first shipped

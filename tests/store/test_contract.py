@@ -231,6 +231,19 @@ def test_query_filters_each_way_and_together(store: Store) -> None:
         assert store.get(job.id) == job
 
 
+def test_query_hides_jobs_that_ended_before_ended_after(store: Store) -> None:
+    fill_for_queries(store)  # ended: 5, 6, 29 cancelled while queued (no finished_at), 7 succeeded
+    store.update("7", finished_at=200.0)
+
+    def ids(**kw: Any) -> list[int]:
+        return [int(j.id) for j in store.query(JobQuery(**kw))]
+
+    # what has not ended always shows; an ended job by when it ended (its submission when it never ran)
+    assert ids(ended_after=150.0) == [i for i in range(1, 31) if i not in (5, 6, 29)]
+    assert ids(ended_after=128.0) == [i for i in range(1, 31) if i not in (5, 6)]
+    assert ids(ended_after=250.0, states={JobState.SUCCEEDED, JobState.CANCELLED}) == []
+
+
 def test_query_pages_by_cursor_in_both_orders(store: Store) -> None:
     fill_for_queries(store)
     for newest_first in (False, True):
@@ -268,6 +281,7 @@ def test_query_agrees_with_its_reference_on_random_filters(store: Store) -> None
             uid=rng.choice([None, 1000, 1001]),
             name=rng.choice([None, "a", "b", "c", "d"]),
             since=rng.choice([None, 90.0, 110.0, 128.5]),
+            ended_after=rng.choice([None, 105.0, 128.5, 300.0]),
             after=rng.choice([None, "1", "12", "30", "31"]),
             limit=rng.choice([None, 0, 1, 5, 100]),
             newest_first=rng.random() < 0.5,
