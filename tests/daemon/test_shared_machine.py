@@ -153,11 +153,14 @@ def test_users_find_the_root_daemon_with_no_flags(system_runtime: tuple[Path, di
             shown = as_user(users["a"], [*CLI, "logs", jobs["a"]], env=env)
             assert shown.stdout == f"{users['a'].name}\n0022\n"  # it ran as a, with a login's umask
 
-            # C starts a daemon of its own: C's CLI now talks to it, not to root's
+            # C starts a daemon of its own: C's CLI now talks to it, not to root's. (Its serve runs without the
+            # shared runtime folder's setting, which names where root's daemon listens: with it, C's serve would
+            # find root's socket there and refuse.)
             home_sock = Path(users["c"].home) / ".local/state/corral/corral.sock"
+            own_env = {k: v for k, v in env.items() if k != "CORRAL_RUNTIME_DIR"}
             personal = subprocess.Popen(
                 ["/usr/sbin/runuser", "-u", users["c"].name, "--", *CLI, "serve", "--simulate-gpus", "1xT4-16GB"],
-                env=env, cwd="/tmp", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                env=own_env, cwd="/tmp", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
             try:
                 wait_for("C's own daemon", lambda: home_sock.exists() or personal.poll() is not None)
