@@ -32,7 +32,6 @@ from __future__ import annotations
 import pwd
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from http import HTTPStatus
 from typing import Annotated, Any
@@ -45,6 +44,7 @@ from corral.api.limits import SafeJSONResponse
 from corral.jobs.controller import Entry, JobsController
 from corral.jobs.definitions import Conflict, DefinitionNotFound, NameTaken, Owner, instant, iso
 from corral.mesos import chronos as c
+from corral.mesos.common import Endpoint
 from corral.mesos.errors import ErrorDetail, ObjectNotValid
 from corral.model.errors import InvalidRequest
 from corral.model.limits import command_problems
@@ -63,18 +63,9 @@ TASK_STATUS = {  # Mesos task states (corral's runs keep them) as Chronos' task-
 CORRAL_RUNS_SHOWN = 5  # runs in the `corral` object of a job asked for with corral=true
 
 
-@dataclass(frozen=True, slots=True)
-class Endpoint:
-    """One endpoint of Chronos' REST API. `path` is relative to the mount (`/chronos`); `/v1/scheduler/...` rows are
-    also served (or refused) as `/scheduler/...` (Chronos 2); `/scheduler/...` rows are Chronos 2's alone.
-    `served` False: answered 501 in Chronos' shape, saying why."""
-
-    method: str
-    path: str
-    served: bool
-    note: str
-
-
+# Chronos' REST API. `path` is relative to the mount (`/chronos`); `/v1/scheduler/...` rows are also served (or
+# refused) as `/scheduler/...` (Chronos 2); `/scheduler/...` rows are Chronos 2's alone. Unserved rows answer 501 in
+# Chronos' shape, saying why.
 ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("POST", "/v1/scheduler/iso8601", True, "a scheduled job; an existing name is updated"),
     Endpoint("PUT", "/v1/scheduler/iso8601", True, "Chronos 2's update; the same as POST"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -92,3 +93,15 @@ def check_labels(problems: Problems, labels: Mapping[str, str], path: str) -> No
     for key, value in labels.items():
         check_text(problems, key, path, MAX_ID)
         check_text(problems, value, _at(path, key))
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One endpoint of a peer's REST API, as corral answers it: served, or refused in the peer's error shape with
+    why (`note`). Each peer keeps one tuple of these; its routes and its docs/compat table are made from / checked
+    against that tuple. `path` is the peer's own (parameters as {name}), relative to corral's mount of the peer."""
+
+    method: str
+    path: str
+    served: bool
+    note: str

@@ -17,7 +17,6 @@ import random
 import re
 import string
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -30,6 +29,7 @@ from corral.mesos.common import (
     MAX_ID,
     MAX_MIB,
     MAX_SECONDS,
+    Endpoint,
     FetchUri,
     KeyValue,
     MesosModel,
@@ -365,16 +365,6 @@ def parse_schedule(data: Any, *, url_id: str | None = None) -> ScheduleSpec:
 
 # ------------------------------------------------------------------------------------------ REST-level rules
 EMBED_OPTIONS = ("activeRuns", "schedules", "history", "historySummary")
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """One route of Metronome's REST API (its `routes` file, dcos/metronome master), as corral answers it."""
-
-    method: str
-    path: str  # Metronome's path, parameters as {name}; corral serves it under /metronome
-    served: bool
-    note: str
 
 
 # Every route Metronome has. The unserved ones answer NOT_SUPPORTED in Metronome's error shape (routes registered
