@@ -12,10 +12,12 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from typer.testing import CliRunner
 
 from corral.api.app import create_app
+from corral.cli.main import app as cli
 from corral.daemon.core import Daemon
-from corral.daemon.reservation import intersect
+from corral.daemon.reservation import DEFAULT_TIME_LIMIT_S, intersect
 from corral.daemon.scheduler import clock_text, schedule
 from corral.executor.fake import FakeExecutor
 from corral.gpu.simulated import parse_simulated_inventory
@@ -250,3 +252,20 @@ def test_explain_tells_position_holders_reservation_and_estimated_start(tmp_path
     # a job that is not waiting says how it stands, without queue fields
     ended = alice.get(f"/v1/jobs/{held_a}/explain").json()
     assert ended["state"] == "running" and ended["position"] is None and ended["holders"] == []
+
+
+# ------------------------------------------------------------------------------------------------ the serve flag
+def test_serve_takes_the_default_time_limit_and_refuses_a_bad_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr("corral.daemon.server.serve", lambda *a, **kw: seen.update(kw))
+    runner = CliRunner()
+    where = ["--state-dir", str(tmp_path / "state"), "--socket", str(tmp_path / "s.sock")]
+    assert runner.invoke(cli, ["serve", *where, "--default-time-limit", "90m"]).exit_code == 0
+    assert seen["default_time_limit_s"] == 5400.0
+    assert runner.invoke(cli, ["serve", *where]).exit_code == 0
+    assert seen["default_time_limit_s"] == DEFAULT_TIME_LIMIT_S == 3600.0
+    for bad, why in (("0", "must be more than 0 seconds, got '0'"), ("soon", "not a duration: 'soon'")):
+        result = runner.invoke(cli, ["serve", *where, "--default-time-limit", bad])
+        assert result.exit_code != 0 and f"--default-time-limit: {why}" in result.output, result.output
