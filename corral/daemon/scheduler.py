@@ -183,8 +183,10 @@ def schedule(
                 r = booking.reservation
                 gpus = ", ".join(map(str, r.allocation.gpu_indices)) or "none"
                 delays[entry.shape] = (
-                    f"would delay the reservation of job {r.job_id} (GPUs {gpus} from {clock_text(r.start)}): "
-                    "a job behind it starts first only if it ends by then (its time limit, or the default) or fits "
+                    # No time in these words: a reason that changed every round would be rewritten for every
+                    # such job every round. `explain` gives the reservation's start.
+                    f"would delay the reservation of job {r.job_id} (GPUs {gpus}): a job behind it starts first "
+                    "only if it ends before the reservation starts (by its time limit, or the default) or fits "
                     "beside it"
                 )
                 reasons[job.id] = delays[entry.shape]

@@ -67,7 +67,7 @@ def test_a_head_with_a_reservation_stops_gpu_backfill_that_would_delay_it_but_no
     plan = schedule(s.copy(), jobs, CONFIG, now=10, ends={"90": 100.0}, default_time_limit_s=3600)
     assert plan.reservation is not None and plan.reservation.start == 100.0
     assert [st.job_id for st in plan.starts] == ["3"]  # CPU work beside the reservation
-    assert plan.waiting["2"].startswith("would delay the reservation of job 1 (GPUs 0, 1, 2, 3 from ")
+    assert plan.waiting["2"].startswith("would delay the reservation of job 1 (GPUs 0, 1, 2, 3): ")
     short = schedule(s.copy(), jobs, CONFIG, now=10, ends={"90": 100.0}, default_time_limit_s=60)
     assert [st.job_id for st in short.starts] == ["2", "3"]  # they end by 70: no delay
 
