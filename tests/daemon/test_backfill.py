@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from corral.api.app import create_app
@@ -272,3 +274,38 @@ def test_serve_takes_the_default_time_limit_and_refuses_a_bad_one(
     for bad, why in (("0", "must be more than 0 seconds, got '0'"), ("soon", "not a duration: 'soon'")):
         result = runner.invoke(cli, ["serve", *where, "--default-time-limit", bad])
         assert result.exit_code != 0 and f"--default-time-limit: {why}" in result.output, result.output
+
+
+# ------------------------------------------------------------------------------------------------ property
+@settings(max_examples=150, deadline=None)
+@given(
+    held=st.lists(st.tuples(st.sampled_from([1, 2]), st.sampled_from([1000, 500]), st.sampled_from([50, 100, 300])),
+                  max_size=4),
+    queued=st.lists(st.tuples(st.integers(0, 4), st.sampled_from([1000, 400]), st.sampled_from([10, 60, 400, None])),
+                    min_size=1, max_size=12),
+)  # fmt: skip
+def test_backfill_never_delays_the_reservation(
+    held: list[tuple[int, int, int]], queued: list[tuple[int, int, float | None]]
+) -> None:
+    def make(jid: int, gpus: int, milli: int, limit: float | None, t: float) -> Job:
+        req = Request(cpu_milli=4000, memory_mib=1024, gpu_count=gpus, gpu_milli=milli if gpus else 0)
+        return Job(str(jid), JobSpec(("x",), req, "a", 1, 1, time_limit_s=limit), JobState.QUEUED, submitted_at=t)
+
+    s = box(4)
+    ends: dict[str, float] = {}
+    for k, (gpus, milli, end) in enumerate(held):
+        plan = schedule(s, [make(100 + k, gpus, milli, None, 0)], CONFIG, 0)
+        if plan.starts:
+            ends[str(100 + k)] = float(end)
+    jobs = [make(k + 1, g, m if g == 1 else 1000, lim, k) for k, (g, m, lim) in enumerate(queued)]
+    plan = schedule(s, jobs, CONFIG, now=0, ends=ends, default_time_limit_s=200)
+    r = plan.reservation
+    if r is None:
+        return
+    limits = {j.id: j.spec.time_limit_s for j in jobs}
+    started: dict[str, float] = {go.job_id: limits[go.job_id] or 200.0 for go in plan.starts}
+    future = s.copy()
+    for job_id, leaves in [*ends.items(), *started.items()]:
+        if leaves <= r.start:
+            future.release(job_id)
+    future.allocate(r.allocation)  # AllocationError here: a backfilled job took what the reservation needs
