@@ -1,7 +1,7 @@
 """A reservation for the head of the queue, and the view a backfilled job must fit in so it does not delay it.
 
-    expected end of a running job = its start + its time limit (or the default run time when it has none),
-                                    never earlier than now (a job past it is expected to end any moment)
+    expected end of a running job = its start + its time limit, never earlier than now (it is being stopped);
+                                    without one: its start + the default, or + 2, 3 ... times it once past it
     future = the snapshot now; for T over the distinct expected ends, earliest first:
                  release the jobs that end by T; place(head) on what is left -> the first fit is the reservation
     shadow = future + the reservation's grant: what the machine has left at T beside the reservation
@@ -17,6 +17,7 @@ one copy of the snapshot per pass (plus one per start, since starts change `view
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -69,9 +70,16 @@ class Booking:
 
 
 def expected_end(started_at: float | None, time_limit_s: float | None, default_s: float, now: float) -> float:
-    """When a running job should end: its start plus its time limit (or the default), not before now."""
+    """When a running job should end: its start plus its time limit, not before now (it is being stopped).
+
+    A job without a time limit is expected to run the default, and once past it, to the next multiple of it: it is
+    not stopped, and "any moment now" would have the head's reservation hold free GPUs idle for as long as, say, a
+    service runs, where a rolling estimate lets jobs shorter than the default use them meanwhile."""
     start = now if started_at is None else started_at
-    return max(now, start + (time_limit_s if time_limit_s is not None else default_s))
+    if time_limit_s is not None:
+        return max(now, start + time_limit_s)
+    periods = max(1, math.ceil((now - start) / default_s))
+    return start + periods * default_s
 
 
 def book(

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from corral.api.app import create_app
 from corral.cli.main import app as cli
 from corral.daemon.core import Daemon
-from corral.daemon.reservation import DEFAULT_TIME_LIMIT_S, intersect
+from corral.daemon.reservation import DEFAULT_TIME_LIMIT_S, expected_end, intersect
 from corral.daemon.scheduler import clock_text, schedule
 from corral.executor.fake import FakeExecutor
 from corral.gpu.simulated import parse_simulated_inventory
@@ -309,3 +309,19 @@ def test_backfill_never_delays_the_reservation(
         if leaves <= r.start:
             future.release(job_id)
     future.allocate(r.allocation)  # AllocationError here: a backfilled job took what the reservation needs
+
+
+def test_a_job_without_a_time_limit_past_the_default_is_expected_to_run_another_default() -> None:
+    assert expected_end(0.0, None, 3600, now=100) == 3600  # the default from its start
+    assert expected_end(0.0, None, 3600, now=5000) == 7200  # past it: the next multiple, not "any moment"
+    assert expected_end(0.0, 600.0, 3600, now=5000) == 5000  # past its time limit: being stopped now
+    assert expected_end(0.0, 600.0, 3600, now=100) == 600
+    # a service-like job has run 5000 s of a default of 3600: the head's reservation is at 7200, so a job of 10 min
+    # uses the free GPU meanwhile instead of leaving it idle
+    s = box(2)
+    running(s, job(1))
+    now = 5000.0
+    plan = schedule(s, [job(10, gpus=2, t=1), job(11, t=2, limit=600)], CONFIG, now=now,
+                    ends={"1": expected_end(0.0, None, 3600, now)}, default_time_limit_s=3600)  # fmt: skip
+    assert plan.reservation is not None and plan.reservation.start == 7200
+    assert [go.job_id for go in plan.starts] == ["11"]
