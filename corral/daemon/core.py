@@ -220,7 +220,7 @@ class Daemon:
         snapshot = self.snapshot(holding)
         waiting = self.store.list([JobState.QUEUED])
         owner = self._share_owner if self.mps is not None else None
-        ends = {j.id: self.expected_end(j, now) for j in holding}
+        ends = {j.id: expected_end(j.started_at, j.spec.time_limit_s, self.default_time_limit_s, now) for j in holding}
         plan = schedule(
             snapshot, waiting, self.config, now, self.rng, owner=owner, cache=self._shapes, max_starts=STARTS_PER_ROUND,
             ends=ends, default_time_limit_s=self.default_time_limit_s,
@@ -248,10 +248,6 @@ class Daemon:
                 busy.update(spec.gpu_uuids)
         self._stop_idle_mps(busy)
         return started
-
-    def expected_end(self, job: Job, now: float) -> float:
-        """When a job that holds resources should end: its start plus its time limit, or the default."""
-        return expected_end(job.started_at, job.spec.time_limit_s, self.default_time_limit_s, now)
 
     def _store_reasons(self, waiting: Sequence[Job], planned: Mapping[str, str], foreign: str, now: float) -> None:
         """Every waiting job's reason, in one durable write for the round however many changed."""
