@@ -4,12 +4,16 @@
         not yet due (retry back-off)          -> waits, "retrying after ..."
         same request shape already failed     -> waits, with that explanation (free resources only shrink in a pass)
         place(snapshot, job.request)          -> Start (snapshot updated, so the next job sees it) or waits, explained
+          behind a reservation and ending after its start: placed again on the reservation's view
+                                              -> Start, or waits, "would delay the reservation of job N (GPUs ...)"
+        the first GPU job that does not fit   -> the head: its reservation is booked (reservation.book)
 
 Backfill with a reservation (corral.daemon.reservation): the first job in queue order that asks for GPUs and does
 not fit now (the head) gets a reservation: the earliest time, and the GPUs, that the expected ends of running jobs
 (start + time limit, or the default run time) free for it. A job behind it starts now only if it does not delay that
 reservation: it ends by the reservation's start (its time limit, or the default, from now), or it fits beside the
-reservation on what is free now. Only the head gets one. Pure: snapshot + jobs + expected ends + config + clock
+reservation on what is free now. Only the head gets one (Slurm reserves for more jobs; one is what keeps a big job
+from starving, and keeps a round cheap). See docs/backfill.md. Pure: snapshot + jobs + expected ends + config + clock
 value in, a plan out; the daemon carries it out.
 
 A long queue: jobs of one shape (the fields of the request that decide where it can go, plus its MPS owner) fit or
