@@ -6,7 +6,9 @@
     POST /v1/jobs/cancel               bulk cancel: {"ids": [...]} | {"state": "queued"} | {"name": "..."}
     GET  /v1/jobs/{id}                 one job
     POST /v1/jobs/{id}/cancel          cancel it
-    GET  /v1/jobs/{id}/explain         {"state": ..., "reason": ...}: why it waits, or how it ended
+    GET  /v1/jobs/{id}/explain         {"state": ..., "reason": ...}: why it waits, or how it ended; a queued job's
+                                       position, the jobs holding what it waits for, its reservation and estimated
+                                       start (docs/backfill.md)
     GET  /v1/jobs/{id}/logs?offset=N   its output from byte N (text/plain)
     GET  /v1/gpus                      each GPU: who holds which share, live use, memory of foreign processes
     POST /v1/tokens, GET /v1/tokens, DELETE /v1/tokens/{id}   bearer tokens for TCP (Unix socket only)
@@ -46,13 +48,16 @@ from corral.api.schemas import (
     CancelManyOut,
     ErrorOut,
     ExplainOut,
+    HolderOut,
     JobOut,
+    ReservationOut,
     SubmitIn,
     TokenIn,
     TokenOut,
 )
 from corral.daemon.core import Daemon
 from corral.daemon.tokens import TokenFileError, TokenNotFound, TokenStore
+from corral.daemon.waiting import wait_story
 from corral.jobs.environment import admitted_environment
 from corral.jobs.model import Job, JobSpec, JobState, check_admissible, spec_to_json
 from corral.model.errors import InvalidRequest
@@ -353,7 +358,26 @@ def create_app(
     @app.get("/v1/jobs/{job_id}/explain", response_model=ExplainOut)
     def explain(job_id: str, who: Caller) -> ExplainOut:
         job = visible(job_id, who)
-        return ExplainOut(state=job.state.value, reason=clean(job.reason))
+        if job.state is not JobState.QUEUED:
+            return ExplainOut(state=job.state.value, reason=clean(job.reason))
+        holding = daemon.store.list([JobState.STARTING, JobState.RUNNING])
+        story = wait_story(
+            job, holding, daemon.queue_order, daemon.reservation, daemon.default_time_limit_s, daemon.clock(),
+            None if who.root else who.uid,
+        )  # fmt: skip
+        r = story.reservation
+        gpus = [] if r is None else list(r.allocation.gpu_indices)
+        reserved = None if r is None else ReservationOut(job=r.job_id, gpus=gpus, start=r.start)
+        return ExplainOut(
+            state=job.state.value,
+            reason=clean(f"{job.reason} {story.text}".strip()),
+            position=story.position,
+            queued=story.queued,
+            holders=[HolderOut(**dataclasses.asdict(h)) for h in story.holders],
+            reservation=reserved,
+            estimated_start=story.estimated_start,
+            default_time_limit_s=story.default_time_limit_s,
+        )
 
     @app.get("/v1/gpus")
     def gpus(who: Caller) -> list[dict[str, Any]]:

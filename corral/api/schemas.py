@@ -134,9 +134,30 @@ class CancelManyOut(BaseModel):
     not_found: list[str]  # no such job (or not the caller's)
 
 
+class HolderOut(BaseModel):
+    job: str
+    owner: str | None  # None: another user's job
+    gpus: list[int]
+    expected_end: float  # epoch seconds
+    expected_end_from: str  # "time limit" or "default time limit"
+
+
+class ReservationOut(BaseModel):
+    job: str
+    gpus: list[int]
+    start: float  # epoch seconds
+
+
 class ExplainOut(BaseModel):
     state: str
     reason: str
+    # A queued job's place and prospects (docs/backfill.md); None / empty for other states.
+    position: int | None = None
+    queued: int | None = None
+    holders: list[HolderOut] = []
+    reservation: ReservationOut | None = None
+    estimated_start: float | None = None
+    default_time_limit_s: float | None = None
 
 
 class TokenIn(BaseModel):

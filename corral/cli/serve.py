@@ -71,18 +71,32 @@ def serve_cmd(
         str | None,
         typer.Option(help="docker or podman: runs job definitions that name a container image (default: none)."),
     ] = None,
+    default_time_limit: Annotated[
+        str,
+        typer.Option(
+            help="How long a job without a time limit is expected to run (e.g. 90m, 2h), when the head of the queue's "
+            "reservation is planned for backfill. Not enforced: such jobs are not stopped.",
+        ),
+    ] = "1h",
 ) -> None:
     """Run the corral daemon on this machine until SIGTERM or Ctrl-C."""
     from corral.daemon.server import ServeError, serve
     from corral.model.errors import InvalidRequest
+    from corral.model.units import parse_duration_seconds
     from corral.store import StoreError
 
+    try:
+        default_time_limit_s = parse_duration_seconds(default_time_limit, "--default-time-limit")
+        if not default_time_limit_s > 0:
+            raise InvalidRequest("--default-time-limit", f"must be more than 0 seconds, got {default_time_limit!r}")
+    except InvalidRequest as exc:
+        raise fail(str(exc)) from None
     state, sock = serve_locations(state_dir, socket, runtime_dir, root=os.geteuid() == 0)
     try:
         serve(
             state, sock, simulate_gpus, policy, watchdog=gpu_memory_watchdog, sharing=sharing, listen=listen,
             gpu_behavior=gpu_behavior_old or gpu_behavior, service_ports=service_ports,
-            container_runtime=container_runtime,
+            container_runtime=container_runtime, default_time_limit_s=default_time_limit_s,
         )  # fmt: skip
     except (ServeError, InvalidRequest, StoreError, OSError) as exc:
         raise fail(str(exc)) from None

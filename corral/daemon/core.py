@@ -38,6 +38,7 @@ from typing import Protocol
 
 import numpy as np
 
+from corral.daemon.reservation import DEFAULT_TIME_LIMIT_S, Reservation, expected_end
 from corral.daemon.scheduler import ShapeCache, schedule
 from corral.executor.base import Executor, Exit, Found, Handle, LaunchSpec
 from corral.gpu.discovery import GpuDiscoveryError
@@ -109,7 +110,10 @@ class Daemon:
         describe: Callable[[int], ProcessInfo | None] = read_process,
         controllers: Sequence[Controller] = (),
         container_runtime: str | None = None,
+        default_time_limit_s: float = DEFAULT_TIME_LIMIT_S,
     ) -> None:
+        if not (math.isfinite(default_time_limit_s) and default_time_limit_s > 0):
+            raise InvalidRequest("default_time_limit", f"must be > 0 seconds, got {default_time_limit_s}")
         if watchdog not in WATCHDOG_MODES:
             raise InvalidRequest("gpu_memory_watchdog", f"must be one of {', '.join(WATCHDOG_MODES)}, got {watchdog!r}")
         self.store = store
@@ -147,6 +151,11 @@ class Daemon:
         #: "docker" or "podman": how jobs that name a container image run; None: such jobs are refused at admission.
         self.container_runtime = container_runtime
         self._shapes = ShapeCache()  # each queued job's queue key and shape, kept across rounds (a long queue)
+        #: How long a job without a time limit is expected to run, when planning the head's reservation.
+        self.default_time_limit_s = default_time_limit_s
+        #: The last round's reservation for the head of the queue, and its queue order (for `explain`).
+        self.reservation: Reservation | None = None
+        self.queue_order: list[str] = []
 
     # ---------------------------------------------------------------------------------------------- requests
     def submit(self, spec: JobSpec, idempotency_key: str | None = None) -> Job:
@@ -211,9 +220,12 @@ class Daemon:
         snapshot = self.snapshot(holding)
         waiting = self.store.list([JobState.QUEUED])
         owner = self._share_owner if self.mps is not None else None
+        ends = {j.id: expected_end(j.started_at, j.spec.time_limit_s, self.default_time_limit_s, now) for j in holding}
         plan = schedule(
-            snapshot, waiting, self.config, now, self.rng, owner=owner, cache=self._shapes, max_starts=STARTS_PER_ROUND
-        )
+            snapshot, waiting, self.config, now, self.rng, owner=owner, cache=self._shapes, max_starts=STARTS_PER_ROUND,
+            ends=ends, default_time_limit_s=self.default_time_limit_s,
+        )  # fmt: skip
+        self.reservation, self.queue_order = plan.reservation, plan.order
         foreign = self.foreign_text()
         self._store_reasons(waiting, plan.waiting, foreign, now)  # before any launch: the lock may be let go there
         busy = {u for j in holding for u in j.gpu_uuids}

@@ -4,10 +4,17 @@
         not yet due (retry back-off)          -> waits, "retrying after ..."
         same request shape already failed     -> waits, with that explanation (free resources only shrink in a pass)
         place(snapshot, job.request)          -> Start (snapshot updated, so the next job sees it) or waits, explained
+          behind a reservation and ending after its start: placed again on the reservation's view
+                                              -> Start, or waits, "would delay the reservation of job N (GPUs ...)"
+        the first GPU job that does not fit   -> the head: its reservation is booked (reservation.book)
 
-Backfill: a job that fits starts even when an earlier one does not, except that once the head of the queue has
-waited `starvation_s`, jobs behind it that ask for GPUs wait too, so GPUs freed up reach it (small work without
-GPUs still flows). Pure: snapshot + jobs + config + clock value in, a plan out; the daemon carries it out.
+Backfill with a reservation (corral.daemon.reservation): the first job in queue order that asks for GPUs and does
+not fit now (the head) gets a reservation: the earliest time, and the GPUs, that the expected ends of running jobs
+(start + time limit, or the default run time) free for it. A job behind it starts now only if it does not delay that
+reservation: it ends by the reservation's start (its time limit, or the default, from now), or it fits beside the
+reservation on what is free now. Only the head gets one (Slurm reserves for more jobs; one is what keeps a big job
+from starving, and keeps a round cheap). See docs/backfill.md. Pure: snapshot + jobs + expected ends + config + clock
+value in, a plan out; the daemon carries it out.
 
 A long queue: jobs of one shape (the fields of the request that decide where it can go, plus its MPS owner) fit or
 fail together within a pass, so a pass makes at most one failed placement attempt per shape, however many jobs wait;
@@ -18,12 +25,14 @@ job's queue key and shape are computed once in its life and kept in a `ShapeCach
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+import time
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
 
 import numpy as np
 
+from corral.daemon.reservation import DEFAULT_TIME_LIMIT_S, Booking, Reservation, book
 from corral.jobs.model import Job
 from corral.model.errors import InvalidRequest
 from corral.model.resources import Allocation
@@ -47,7 +56,9 @@ class Plan:
     starts: list[Start] = field(default_factory=list)
     waiting: dict[str, str] = field(default_factory=dict)  # job id -> why it waits, in words
     unresolvable: set[str] = field(default_factory=set)  # jobs no node can ever hold
-    placements: int = 0  # calls to the engine this pass (starts + one per shape that failed)
+    placements: int = 0  # calls to the engine this pass (starts + one or two per shape that failed)
+    reservation: Reservation | None = None  # the head's, if it has one
+    order: list[str] = field(default_factory=list)  # the ids of the jobs offered, in queue order
 
 
 @dataclass(frozen=True)
@@ -91,23 +102,32 @@ class ShapeCache:
             self.entries.clear()
 
 
+def clock_text(t: float) -> str:
+    """An epoch time as a user reads it in a reason: UTC, to the second."""
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
+
+
 def schedule(
     snapshot: ClusterSnapshot,
     waiting: Sequence[Job],
     config: PlacementConfig,
     now: float,
     rng: np.random.Generator | None = None,
-    starvation_s: float = 300.0,
     owner: Owner | None = None,
     cache: ShapeCache | None = None,
     max_starts: int | None = None,
+    ends: Mapping[str, float] | None = None,
+    default_time_limit_s: float = DEFAULT_TIME_LIMIT_S,
 ) -> Plan:
     """Decide which waiting jobs start now. Grants go into `snapshot` as they are decided.
 
     `owner`: the MPS owner of a job's share (see `Request.share_owner`), part of its shape; `cache`: the keys and
     shapes of earlier passes (a fresh one if None). With `max_starts`, the pass places nothing more once that many
     are decided: the rest wait for the next pass, unplaced, keeping the reason they had (a job that has none yet is
-    told it waits for the next round), so a burst does not rewrite every queued job's reason."""
+    told it waits for the next round), so a burst does not rewrite every queued job's reason.
+    `ends`: the expected end of each allocation in `snapshot` (allocation id -> epoch seconds; one not named never
+    ends, e.g. memory of foreign processes); `default_time_limit_s`: how long a job without a time limit is expected
+    to run. Together they place the head's reservation."""
     cache = cache if cache is not None else ShapeCache()
     known = cache.entries.get  # inlined look-up: this line runs once per queued job every round
     entries = [e if (e := known(job.id)) is not None and e.job is job else cache.entry(job, owner) for job in waiting]
@@ -116,12 +136,17 @@ def schedule(
     starts: list[Start] = []
     reasons: dict[str, str] = {}
     unresolvable: set[str] = set()
+    # Per shape, why it cannot start, and whether never: on what is free now (`failed`), and, for jobs that would
+    # run past the reservation's start, on what the reservation leaves (`delays`). Both only shrink within a pass.
     failed: dict[int, tuple[str, bool]] = {}
+    delays: dict[int, str] = {}
     placements = 0
-    head_starving = False
+    expected = dict(ends or {})
+    booking: Booking | None = None
+    booked = False  # the head has been found (with a reservation or without one)
     generator = rng if rng is not None else np.random.default_rng(0)
     shape_failed = failed.get
-    for position, entry in enumerate(entries):
+    for entry in entries:
         job = entry.job
         if max_starts is not None and len(starts) >= max_starts:
             if not job.reason:
@@ -130,15 +155,20 @@ def schedule(
         if job.not_before > now:
             reasons[job.id] = f"retrying after back-off in {job.not_before - now:.0f} s"
             continue
-        if head_starving and entry.wants_gpu:
-            reasons[job.id] = "waiting behind a job that has waited too long for GPUs"
-            continue
         same = shape_failed(entry.shape)
         if same is not None:
             reasons[job.id] = same[0]
             if same[1]:
                 unresolvable.add(job.id)
             continue
+        limit = job.spec.time_limit_s
+        end = now + (limit if limit is not None else default_time_limit_s)
+        outlives = booking is not None and end > booking.start
+        if outlives:
+            held = delays.get(entry.shape)
+            if held is not None:
+                reasons[job.id] = held
+                continue
         request = replace(job.spec.request, id=job.id, share_owner=entry.owner or job.spec.request.share_owner)
         placements += 1
         try:
@@ -148,8 +178,28 @@ def schedule(
             reasons[job.id] = str(exc)
             unresolvable.add(job.id)
             continue
+        if booking is not None and outlives and decision.allocation is not None:
+            # It fits now; it runs past the reservation's start, so it must fit beside it too. (Tried now first:
+            # what does not fit now fits nowhere, so a long queue that cannot start costs one call per shape.)
+            placements += 1
+            decision = place(booking.view(), request, config, generator)
+            if decision.allocation is None:
+                r = booking.reservation
+                gpus = ", ".join(map(str, r.allocation.gpu_indices)) or "none"
+                delays[entry.shape] = (
+                    # No time in these words: a reason that changed every round would be rewritten for every
+                    # such job every round. `explain` gives the reservation's start.
+                    f"would delay the reservation of job {r.job_id} (GPUs {gpus}): a job behind it starts first "
+                    "only if it ends before the reservation starts (by its time limit, or the default) or fits "
+                    "beside it"
+                )
+                reasons[job.id] = delays[entry.shape]
+                continue
         if decision.allocation is not None:
             snapshot.allocate(decision.allocation)
+            if booking is not None:
+                booking.took(decision.allocation, outlives)
+            expected[job.id] = end
             starts.append(Start(job.id, decision.allocation, decision.explanation.notes))
             continue
         text = render(decision.explanation)
@@ -158,6 +208,8 @@ def schedule(
         reasons[job.id] = text
         if never:
             unresolvable.add(job.id)
-        elif position == 0 and now - job.submitted_at >= starvation_s and entry.wants_gpu:
-            head_starving = True
-    return Plan(starts, reasons, unresolvable, placements)
+        elif not booked and entry.wants_gpu:
+            booked = True  # the head: the first job that asks for GPUs and does not fit now
+            booking = book(snapshot, request, expected, config)
+    reservation = booking.reservation if booking is not None else None
+    return Plan(starts, reasons, unresolvable, placements, reservation, [e.job.id for e in entries])

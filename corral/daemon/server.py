@@ -51,6 +51,7 @@ from corral.api.limits import face_of, message_answer
 from corral.daemon.core import Daemon
 from corral.daemon.extensions import install_extensions
 from corral.daemon.lockstat import Released, daemon_lock
+from corral.daemon.reservation import DEFAULT_TIME_LIMIT_S
 from corral.daemon.tokens import TokenFileError, TokenStore
 from corral.executor.container import RUNTIMES
 from corral.executor.local import LocalExecutor
@@ -363,6 +364,7 @@ def serve(
     gpu_behavior: str = "preferential",
     service_ports: str | None = None,
     container_runtime: str | None = None,
+    default_time_limit_s: float = DEFAULT_TIME_LIMIT_S,
 ) -> None:
     """Run the daemon until SIGTERM or SIGINT.
 
@@ -371,6 +373,8 @@ def serve(
     `watchdog`: what happens to a job over its GPU memory grant where MPS does not enforce it: off, warn or kill.
     `listen`: also serve over TCP at [HOST:]PORT (127.0.0.1 unless a host is named), with bearer tokens.
     `container_runtime`: "docker" or "podman" runs job definitions that name an image; None refuses them.
+    `default_time_limit_s`: how long a job without a time limit is expected to run, when the head of the queue's
+    reservation is planned (docs/backfill.md); not enforced.
     """
     if container_runtime is not None and container_runtime not in RUNTIMES:
         raise ServeError(f"--container-runtime must be one of {', '.join(RUNTIMES)}, got {container_runtime!r}")
@@ -412,7 +416,7 @@ def serve(
     sampler = NvmlSampler() if simulate is None else None
     daemon = Daemon(
         store, executor, node, config, state_dir, mps=mps, sampler=sampler, watchdog=watchdog,
-        container_runtime=container_runtime,
+        container_runtime=container_runtime, default_time_limit_s=default_time_limit_s,
     )  # fmt: skip
     lock = daemon_lock()  # a threading.Lock that times its holds; the figures go to stderr at exit
     woken = threading.Event()

@@ -132,7 +132,10 @@ def test_explain_a_waiting_job(world: World) -> None:
     submit(alice, gpus=1)
     world.tick()
     r = alice.get("/v1/jobs/2/explain")
-    assert r.json() == {"state": "queued", "reason": "0/1 nodes fit: 1 insufficient GPU (need 1 whole GPU)"}
+    data = r.json()
+    assert data["state"] == "queued"
+    assert data["reason"].startswith("0/1 nodes fit: 1 insufficient GPU (need 1 whole GPU) Position 2 of 2 in")
+    assert (data["position"], data["queued"]) == (2, 2)  # the reservation and the rest: tests/daemon/test_backfill.py
 
 
 def test_gpus_show_who_holds_which_share(world: World) -> None:

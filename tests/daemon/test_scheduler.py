@@ -1,4 +1,4 @@
-"""The scheduling pass: queue order, backfill, back-off, anti-starvation, explanations of why a job waits."""
+"""The scheduling pass: queue order, backfill, back-off, the head's reservation, explanations of why a job waits."""
 
 from __future__ import annotations
 
@@ -60,15 +60,16 @@ def test_back_off_and_unresolvable() -> None:
     assert [st.job_id for st in plan.starts] == ["3"]
 
 
-def test_a_starving_head_stops_gpu_backfill_but_not_cpu_work() -> None:
+def test_a_head_with_a_reservation_stops_gpu_backfill_that_would_delay_it_but_not_short_work() -> None:
     s = box(4)
-    assert schedule(s, [job(90, gpus=2)], CONFIG, 0).starts  # two of four GPUs now held
+    assert schedule(s, [job(90, gpus=2)], CONFIG, 0).starts  # two of four GPUs now held, until 100
     jobs = [job(1, gpus=4, t=0), job(2, gpus=1, t=1), job(3, gpus=0, t=2)]
-    fresh = schedule(s.copy(), jobs, CONFIG, now=10)
-    assert [st.job_id for st in fresh.starts] == ["2", "3"]  # backfill while the head is young
-    starving = schedule(s.copy(), jobs, CONFIG, now=1000)
-    assert [st.job_id for st in starving.starts] == ["3"]
-    assert starving.waiting["2"] == "waiting behind a job that has waited too long for GPUs"
+    plan = schedule(s.copy(), jobs, CONFIG, now=10, ends={"90": 100.0}, default_time_limit_s=3600)
+    assert plan.reservation is not None and plan.reservation.start == 100.0
+    assert [st.job_id for st in plan.starts] == ["3"]  # CPU work beside the reservation
+    assert plan.waiting["2"].startswith("would delay the reservation of job 1 (GPUs 0, 1, 2, 3): ")
+    short = schedule(s.copy(), jobs, CONFIG, now=10, ends={"90": 100.0}, default_time_limit_s=60)
+    assert [st.job_id for st in short.starts] == ["2", "3"]  # they end by 70: no delay
 
 
 def test_a_request_the_machine_cannot_understand_waits_forever_with_the_reason() -> None:
