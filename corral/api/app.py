@@ -370,7 +370,8 @@ def create_app(
         reserved = None if r is None else ReservationOut(job=r.job_id, gpus=gpus, start=r.start)
         return ExplainOut(
             state=job.state.value,
-            reason=clean(f"{job.reason} {story.text}".strip()),
+            reason=clean(job.reason),
+            story=clean(story.text) or None,
             position=story.position,
             queued=story.queued,
             holders=[HolderOut(**dataclasses.asdict(h)) for h in story.holders],

@@ -158,6 +158,9 @@ class ExplainOut(BaseModel):
     reservation: ReservationOut | None = None
     estimated_start: float | None = None
     default_time_limit_s: float | None = None
+    # The above in sentences (clock times in UTC): what `corral explain` prints after the reason. Kept apart from
+    # `reason`, which stays the job's own why (the one `GET /v1/jobs` and `corral ps` show).
+    story: str | None = None
 
 
 class TokenIn(BaseModel):

@@ -203,12 +203,21 @@ def explain_text(job_id: str, data: Mapping[str, Any]) -> list[str]:
         lines = [f"job {job_id} was lost: {reason or 'its outcome is unknown'}"]
     else:  # a newer daemon's state
         lines = [f"job {job_id} is {state}" + (f": {reason}" if reason else "")]
+    # A waiting job's place in the queue, who holds what it waits for and its reservation come twice: as fields (for
+    # --json and programs) and as the daemon's sentences in `story`, which are what a person reads: one a line.
+    lines += [sentence for sentence in _SENTENCE_END.split(str(data.get("story") or "").strip()) if sentence]
     now = time.time()
     for key, value in data.items():
-        if key in ("state", "reason") or value in (None, "", [], {}):
+        if key in _SAID or value in (None, "", [], {}):
             continue
         lines.append(f"{key.replace('_', ' ')}: {_value_text(key, value, now)}")
     return lines
+
+
+#: Parts of an explain answer the lines above already say (the rest, a newer daemon's, are printed one a line).
+_SAID = frozenset({"state", "reason", "story", "position", "queued", "holders", "reservation", "estimated_start",
+                   "default_time_limit_s"})  # fmt: skip
+_SENTENCE_END = re.compile(r"(?<=\.) +(?=[A-Z])")
 
 
 def _value_text(key: str, value: Any, now: float) -> str:

@@ -134,7 +134,8 @@ def test_explain_a_waiting_job(world: World) -> None:
     r = alice.get("/v1/jobs/2/explain")
     data = r.json()
     assert data["state"] == "queued"
-    assert data["reason"].startswith("0/1 nodes fit: 1 insufficient GPU (need 1 whole GPU) Position 2 of 2 in")
+    assert data["reason"] == "0/1 nodes fit: 1 insufficient GPU (need 1 whole GPU)"
+    assert data["story"].startswith("Position 2 of 2 in")
     assert (data["position"], data["queued"]) == (2, 2)  # the reservation and the rest: tests/daemon/test_backfill.py
 
 

@@ -85,11 +85,26 @@ def test_explain_sentences_for_each_state() -> None:
     waiting = explain_text("7", {"state": "queued", "reason": "0/1 nodes fit: 1 insufficient GPU (need 1 whole GPU)"})
     assert waiting == ["job 7 is waiting: does not fit on this machine now: insufficient GPU (need 1 whole GPU)"]
     # whatever else the answer carries (a newer daemon's parts) is shown too, a line each
-    more = explain_text("7", {"state": "queued", "reason": "", "queue_position": 2, "holders": ["4", "5"]})
-    assert more == ["job 7 is waiting for its turn", "queue position: 2", "holders: 4, 5"]
+    more = explain_text("7", {"state": "queued", "reason": "", "queue_rank": 2, "blockers": ["4", "5"]})
+    assert more == ["job 7 is waiting for its turn", "queue rank: 2", "blockers: 4, 5"]
     soon = time.time() + 7300
-    reserved = explain_text("7", {"state": "queued", "reason": "", "reservation": {"gpus": [0, 1], "start_at": soon}})
-    assert reserved[1] == "reservation: gpus 0, 1, start at in 2h"
+    window = explain_text("7", {"state": "queued", "reason": "", "window": {"gpus": [0, 1], "start_at": soon}})
+    assert window[1] == "window: gpus 0, 1, start at in 2h"
+    # the daemon's queue story: a sentence a line, and its fields (for --json) not repeated
+    story = explain_text("7", {
+        "state": "queued", "reason": "0/1 nodes fit: 1 insufficient GPU (need 2 whole GPUs)", "position": 1,
+        "queued": 3, "holders": [{"job": "2", "owner": None, "gpus": [0], "expected_end": soon}],
+        "reservation": {"job": "7", "gpus": [0, 1], "start": soon}, "estimated_start": soon,
+        "default_time_limit_s": 3600.0,
+        "story": "Position 1 of 3 in the queue. Held by job 2 (another user, GPU 0, expected to end by "
+        "2026-11-26 22:31:56 UTC). Reserved for it: GPUs 0, 1 from 2026-11-26 22:31:56 UTC (estimated start).",
+    })  # fmt: skip
+    assert story == [
+        "job 7 is waiting: does not fit on this machine now: insufficient GPU (need 2 whole GPUs)",
+        "Position 1 of 3 in the queue.",
+        "Held by job 2 (another user, GPU 0, expected to end by 2026-11-26 22:31:56 UTC).",
+        "Reserved for it: GPUs 0, 1 from 2026-11-26 22:31:56 UTC (estimated start).",
+    ]
 
 
 def test_errors_name_the_flags() -> None:

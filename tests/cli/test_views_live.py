@@ -69,9 +69,12 @@ def test_ps_show_explain_and_errors(daemon: tuple[Corral, Path]) -> None:
     running = corral.run("explain", cpu).stdout
     assert running.startswith(f"job {cpu} is running") and ": -" not in running
     assert corral.run("explain", share).stdout == f"job {share} is running\n"
-    assert corral.run("explain", waits).stdout == (
-        f"job {waits} is waiting: does not fit on this machine now: insufficient GPU (need 2 whole GPUs)\n"
-    )
+    said = corral.run("explain", waits).stdout.splitlines()
+    assert said[0] == f"job {waits} is waiting: does not fit on this machine now: insufficient GPU (need 2 whole GPUs)"
+    # then the queue's story, a sentence a line: its place, who holds the GPUs until when, and its reservation
+    assert said[1] == "Position 1 of 1 in the queue."
+    assert said[2].startswith(f"Held by job {cpu} (") or said[2].startswith("Held by job ")
+    assert said[3].startswith("Reserved for it: GPUs 0, 1 from ") and len(said) == 4
     corral.run("cancel", waits)
     assert corral.run("explain", waits).stdout == f"job {waits} was cancelled\n"
 

@@ -242,8 +242,9 @@ def test_explain_tells_position_holders_reservation_and_estimated_start(tmp_path
     assert data["reservation"] == {"job": head, "gpus": [0, 1], "start": t + 7200}
     assert data["estimated_start"] == t + 7200 and data["default_time_limit_s"] == 7200
     when = clock_text(t + 7200)
-    assert data["reason"] == (
-        "0/1 nodes fit: 1 insufficient GPU (need 2 whole GPUs) Position 1 of 2 in the queue. Held by job 1 (alice, "
+    assert data["reason"] == "0/1 nodes fit: 1 insufficient GPU (need 2 whole GPUs)"  # the job's own why, as in ps
+    assert data["story"] == (
+        "Position 1 of 2 in the queue. Held by job 1 (alice, "
         f"GPU 0, expected to end by {clock_text(t + 600)}), job 2 (another user, GPU 1, expected to end by {when}, "
         f"the default time limit of 7200 s). Reserved for it: GPUs 0, 1 from {when} (estimated start, if running "
         "jobs end by their time limits); jobs behind it start first only if they do not delay it."
@@ -252,11 +253,13 @@ def test_explain_tells_position_holders_reservation_and_estimated_start(tmp_path
     other = alice.get(f"/v1/jobs/{behind}/explain").json()
     assert other["position"] == 2 and other["estimated_start"] is None
     assert other["reservation"] == {"job": head, "gpus": [0, 1], "start": t + 7200}
-    assert other["reason"].startswith("0/1 nodes fit: 1 insufficient GPU (need 1 whole GPU) Position 2 of 2 in")
-    assert f"The head of the queue, job {head}, holds a reservation (GPUs 0, 1 from {when})" in other["reason"]
+    assert other["reason"] == "0/1 nodes fit: 1 insufficient GPU (need 1 whole GPU)"
+    assert other["story"].startswith("Position 2 of 2 in")
+    assert f"The head of the queue, job {head}, holds a reservation (GPUs 0, 1 from {when})" in other["story"]
     # a job that is not waiting says how it stands, without queue fields
     ended = alice.get(f"/v1/jobs/{held_a}/explain").json()
     assert ended["state"] == "running" and ended["position"] is None and ended["holders"] == []
+    assert ended["story"] is None
 
 
 # ------------------------------------------------------------------------------------------------ the serve flag
