@@ -83,6 +83,10 @@ SHUTDOWN_DEADLINE_S = 5.0
 PRIVATE_FILE, PRIVATE_DIR = 0o600, 0o700
 #: What corral keeps in the state directory (the database's files, tokens, the logs' folder).
 STATE_FILES = ("jobs.db", "jobs.db-wal", "jobs.db-shm", "jobs.db-journal", "tokens.json", "logs")
+#: Paths any TCP client may ask without a token (probes): they tell nothing but that the daemon is up and ready.
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+#: The daemon's own log lines (job starts, ends, refusals, warnings) on stderr, after the "listening" line.
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 #: The socket's folder, when it is not the state directory: others must be able to reach the socket in it.
 RUNTIME_DIR_MODE = 0o755
 
@@ -153,7 +157,7 @@ class _WithToken:
         self.tokens = tokens
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope.get("path") in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
         header = dict(scope.get("headers", ())).get(b"authorization", b"").decode("latin-1")
@@ -502,6 +506,7 @@ def serve(
     label += f"; work without GPUs: {behavior.value}"
     sys.stderr.write(f"corral serve: listening on {where}; state in {state_dir}; policy {policy}; {label}\n")
     sys.stderr.flush()
+    _log_to_stderr()
 
     ticker.start()
     try:
@@ -527,6 +532,16 @@ def serve(
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         finished.set()
+
+
+def _log_to_stderr() -> None:
+    """corral's loggers at info level on stderr (once per process; the root logger is left to whoever embeds it)."""
+    logger = logging.getLogger("corral")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
 
 
 class _Server(uvicorn.Server):
