@@ -169,14 +169,17 @@ class Daemon:
     def submit(self, spec: JobSpec, idempotency_key: str | None = None) -> Job:
         """Validate against this machine and store durably; the returned job is acknowledged. `idempotency_key`:
         see `Store.add` (KeyInUse carries the job stored earlier under the key)."""
-        with self._admit_lock:
-            validate_against(self._empty, spec.request)
-            # Refuse what this machine can never run, even when idle: it would wait for ever.
-            empty = place(self._empty, spec.request, self.config, 0)
-        if not empty.placed and all(empty.unresolvable(i) for i in range(len(self._empty))):
-            log.info("refused a job of %s (uid %d): can never run on this machine", spec.user, spec.uid)
-            self.metrics.refused.labels("never_fits").inc()
-            raise InvalidRequest("request", f"can never run on this machine: {render(empty.explanation)}")
+        try:
+            with self._admit_lock:
+                validate_against(self._empty, spec.request)
+                # Refuse what this machine can never run, even when idle: it would wait for ever.
+                empty = place(self._empty, spec.request, self.config, 0)
+            if not empty.placed and all(empty.unresolvable(i) for i in range(len(self._empty))):
+                raise InvalidRequest("request", f"can never run on this machine: {render(empty.explanation)}")
+        except InvalidRequest as exc:
+            log.info("refused a job of %s (uid %d): %s: %s", spec.user, spec.uid, exc.field, exc.message)
+            self.metrics.refused.labels(exc.field).inc()
+            raise
         return self.store.add(spec, self.clock(), idempotency_key=idempotency_key)
 
     def cancel(self, job_id: str, uid: int | None = None) -> Job:
