@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import Counter as Tally
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -297,3 +297,120 @@ class Exposition:
 def render_daemon(daemon: Daemon, jobs: bool) -> bytes:
     """The daemon's metrics in Prometheus' text format."""
     return generate_latest(Exposition(daemon, jobs))
+
+
+# ---------------------------------------------------------------------------------------------- Kubernetes faces
+#: Latency buckets of the extender's verbs, in seconds: a filter takes under a millisecond on a warm cache, a bind
+#: waits on the API server.
+VERB_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+
+
+class ExtenderMetrics:
+    """The extender's counters: requests per verb and status, their latency, and decisions by outcome. Per node, the
+    GPUs granted are read from the cluster state at scrape time (`ExtenderCollector`)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        r = self.registry
+        self.requests = Counter(
+            "corral_extender_requests", "Requests per verb, by HTTP status code", ["verb", "code"], registry=r
+        )
+        self.latency = Histogram(
+            "corral_extender_request_duration_seconds",
+            "Time to answer a verb, from the body read to the answer made",
+            ["verb"],
+            buckets=VERB_BUCKETS,
+            registry=r,
+        )
+        self.decisions = Counter(
+            "corral_extender_decisions",
+            "Decisions by verb and outcome: filter fits / unschedulable, bind bound / refused; any verb: invalid (bad "
+            "input, refused naming the field) or error (a fault of corral's)",
+            ["verb", "outcome"],
+            registry=r,
+        )
+
+    def answered(self, verb: str, status: int, seconds: float) -> None:
+        self.requests.labels(verb, str(status)).inc()
+        self.latency.labels(verb).observe(seconds)
+
+
+class ExtenderCollector:
+    """Per node, at scrape time: GPUs and GPU compute granted to pods (from the extender's cluster state)."""
+
+    def __init__(self, state: Any) -> None:
+        self.state = state  # corral.k8s.state.ClusterState (its lock guards the snapshot)
+
+    def collect(self) -> Iterator[Metric]:
+        import numpy as np
+
+        capacity = GaugeMetricFamily(
+            "corral_node_gpu_milli_capacity", "GPU compute of the node (milli-GPU)", labels=["node"]
+        )
+        granted = GaugeMetricFamily(
+            "corral_node_gpu_milli_granted", "GPU compute granted to pods on the node (milli-GPU)", labels=["node"]
+        )
+        busy = GaugeMetricFamily("corral_node_gpus_granted", "GPUs of the node with any share granted", labels=["node"])
+        with self.state.lock:
+            s = self.state.snapshot
+            if s is not None:
+                present = s.gpu_present
+                used = np.where(present, 1000 - s.gpu_milli_free, 0)
+                for i, name in enumerate(s.names):
+                    capacity.add_metric([name], 1000 * int(s.gpu_count[i]))
+                    granted.add_metric([name], int(used[i].sum()))
+                    busy.add_metric([name], int((used[i] > 0).sum()))
+        yield from (capacity, granted, busy)
+
+
+class Joined:
+    """Several collectors (or registries) as one, for `generate_latest`."""
+
+    def __init__(self, *parts: Any) -> None:
+        self.parts = parts
+
+    def collect(self) -> Iterator[Metric]:
+        for part in self.parts:
+            yield from part.collect()
+
+
+class DevicePluginMetrics:
+    """The device plugin's: Allocate and PreStartContainer calls by resource and outcome; devices advertised and
+    healthy are read from the plugins at scrape time."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.calls = Counter(
+            "corral_device_plugin_allocations",
+            "kubelet's Allocate and PreStartContainer calls per resource, by outcome (ok, refused)",
+            ["resource", "call", "outcome"],
+            registry=self.registry,
+        )
+        self.plugins: list[Any] = []  # corral.k8s.deviceplugin.CorralDevicePlugin, added as they are made
+
+    def collect(self) -> Iterator[Metric]:
+        advertised = GaugeMetricFamily(
+            "corral_device_plugin_devices", "Device IDs advertised to kubelet per resource", labels=["resource"]
+        )
+        healthy = GaugeMetricFamily(
+            "corral_device_plugin_devices_healthy", "Healthy device IDs advertised per resource", labels=["resource"]
+        )
+        gpus = GaugeMetricFamily(
+            "corral_device_plugin_gpus_healthy",
+            "GPUs (1) healthy or (0) not, per resource",
+            labels=["resource", "UUID"],
+        )
+        for plugin in list(self.plugins):
+            per = plugin.per_gpu
+            good = [uuid for uuid, h in dict(plugin.health).items() if h == "Healthy"]
+            advertised.add_metric([plugin.resource], per * len(plugin.gpus))
+            healthy.add_metric([plugin.resource], per * len(good))
+            for g in plugin.gpus:
+                gpus.add_metric([plugin.resource, g.uuid], 1 if g.uuid in good else 0)
+        yield from self.registry.collect()
+        yield from (advertised, healthy, gpus)
+
+
+def render_text(collector: Any) -> bytes:
+    """Any collector (or `Joined` collectors) in Prometheus' text format."""
+    return generate_latest(collector)
