@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import re
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -245,8 +246,9 @@ class Daemon:
         prepared: list[tuple[Job, LaunchSpec]] = []
         for start in plan.starts:
             for note in start.notes:  # e.g. Marathon's "undefined" behaviour warns on every GPU-node placement
-                if note not in self._noted:  # once per cause: the job's reason keeps it for every job
-                    self._noted.add(note)
+                cause = re.sub(r"\d+", "#", note)  # the note's words without its figures (fgd-priced's vary per job)
+                if cause not in self._noted:  # once per cause: each job's reason keeps its own note
+                    self._noted.add(cause)
                     log.warning("job %s: %s (said once; later jobs carry it in their reason)", start.job_id, note)
             ready = self._prepare(start.job_id, start.allocation, now, "; ".join(start.notes))
             if ready is not None:

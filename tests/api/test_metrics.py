@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from corral.metrics import render_daemon
-from tests.api.test_serve import serving, wait_for
+from tests.api.test_serve import CLI, serving, wait_for
 from tests.daemon.test_gpu_use import World as GpuWorld
 from tests.daemon.test_gpu_use import over_its_grant
 
@@ -205,3 +206,31 @@ def test_starts_ends_and_refusals_are_logged_once_per_cause(tmp_path: Path, capl
     assert len(notes) == 1, notes  # three CPU-only jobs, one note
     infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
     assert sum("started" in line or "ended" in line or "refused" in line for line in infos) == 5
+
+
+def test_serve_logs_starts_ends_and_refusals_on_stderr(tmp_path: Path) -> None:
+    sock, out = tmp_path / "corral.sock", tmp_path / "serve.out"
+    command = [*CLI, "serve", "--simulate-gpus", "1xA100-80GB", "--state-dir", str(tmp_path / "state")]
+    with out.open("w") as sink:
+        server = subprocess.Popen([*command, "--socket", str(sock)], stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        wait_for("the socket", lambda: sock.exists() or server.poll() is not None, timeout=15)
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://corral", timeout=10) as c:
+            for _ in range(2):  # CPU-only work on a GPU machine: the "preferential" note, said once
+                assert c.post("/v1/jobs", json={"command": ["true"]}).status_code == 201
+            assert c.post("/v1/jobs", json={"command": ["true"], "gpus": 2}).status_code == 422
+            wait_for("both ends in the log", lambda: out.read_text().count("ended: succeeded (exit code 0)") == 2)
+    finally:
+        server.terminate()
+        server.wait(timeout=15)
+    lines = out.read_text().splitlines()
+    assert lines[0].startswith("corral serve: listening on ")  # the logs come after the line clients wait for
+    for job in ("1", "2"):
+        assert any(
+            re.search(rf"INFO corral.daemon: job {job} of root started \(pid \d+, GPUs none\)$", x) for x in lines
+        )
+        assert any(x.endswith(f"INFO corral.daemon: job {job} of root ended: succeeded (exit code 0)") for x in lines)
+    assert any(
+        "INFO corral.daemon: refused a job of root (uid 0): request: can never run on this machine" in x for x in lines
+    )
+    assert sum("placed on a GPU node" in x for x in lines) == 1
