@@ -336,7 +336,9 @@ class ExtenderMetrics:
 
 
 class ExtenderCollector:
-    """Per node, at scrape time: GPUs and GPU compute granted to pods (from the extender's cluster state)."""
+    """At scrape time, from the extender's cluster state: per node the GPUs and GPU compute granted to pods, and per
+    pod and container its grant on each GPU (HAMi's names: namespaces and pod names, no more than `kubectl get pods`
+    shows)."""
 
     def __init__(self, state: Any) -> None:
         self.state = state  # corral.k8s.state.ClusterState (its lock guards the snapshot)
@@ -351,6 +353,11 @@ class ExtenderCollector:
             "corral_node_gpu_milli_granted", "GPU compute granted to pods on the node (milli-GPU)", labels=["node"]
         )
         busy = GaugeMetricFamily("corral_node_gpus_granted", "GPUs of the node with any share granted", labels=["node"])
+        hami = ["podnamespace", "nodename", "podname", "containeridx", "deviceuuid", "zone"]
+        pod_mem = GaugeMetricFamily(
+            "vGPUMemoryAllocated", "GPU memory granted to the container (bytes; HAMi)", labels=hami
+        )
+        pod_core = GaugeMetricFamily("vGPUCoreAllocated", "GPU compute granted to the container (%; HAMi)", labels=hami)
         with self.state.lock:
             s = self.state.snapshot
             if s is not None:
@@ -360,7 +367,16 @@ class ExtenderCollector:
                     capacity.add_metric([name], 1000 * int(s.gpu_count[i]))
                     granted.add_metric([name], int(used[i].sum()))
                     busy.add_metric([name], int((used[i] > 0).sum()))
-        yield from (capacity, granted, busy)
+            for rec in self.state.pods.values():  # per pod: what its assignment grants, container by container
+                if rec.assignment is None:
+                    continue
+                namespace, _, pod = rec.name.partition("/")
+                for container, slots in rec.assignment.containers.items():
+                    for slot in slots:
+                        at = [namespace, rec.node, pod, container, slot.uuid, HAMI_ZONE]
+                        pod_mem.add_metric(at, slot.memory_mib * 2**20)
+                        pod_core.add_metric(at, slot.milli / 10)
+        yield from (capacity, granted, busy, pod_mem, pod_core)
 
 
 class Joined:

@@ -37,7 +37,7 @@ def every_metric(tmp_path: Path) -> dict[str, str]:
     """What the three faces expose (the daemon as root sees it: per-job series included)."""
     daemon = World(tmp_path).d
     extender = ExtenderMetrics()
-    state = types.SimpleNamespace(lock=threading.Lock(), snapshot=None)
+    state = types.SimpleNamespace(lock=threading.Lock(), snapshot=None, pods={})
     text = render_daemon(daemon, jobs=True) + render_text(Joined(extender.registry, ExtenderCollector(state)))
     text += render_text(DevicePluginMetrics())
     return exposed(text.decode())

@@ -11,7 +11,7 @@ import pytest
 
 from corral.k8s.convert import GPU, GPU_MILLI
 from corral.metrics import DevicePluginMetrics, render_text
-from tests.api.test_metrics import parse, value
+from tests.api.test_metrics import parse, total, value
 from tests.k8s.conftest import Cluster
 from tests.k8s.test_device_plugin import GPUS, FakeKubelet, allocate_request, kubelet, stub  # noqa: F401
 from tests.k8s.test_extender import ALL, bind_args, kube_pod, post
@@ -48,6 +48,13 @@ def test_extender_metrics_count_verbs_decisions_and_grants(served: tuple[str, Cl
     assert value(m, "corral_node_gpu_milli_granted", node="gpu-b") == 2000
     assert value(m, "corral_node_gpu_milli_granted", node="gpu-a") == 0
     assert value(m, "corral_node_gpu_milli_capacity", node="gpu-b") == 4000
+    # per pod and container, in HAMi's names: the two whole GPUs of default/whole
+    cores = [x for x in m["vGPUCoreAllocated"] if x.labels["podname"] == "whole"]
+    assert sorted(x.value for x in cores) == [100, 100]
+    assert {(x.labels["podnamespace"], x.labels["nodename"], x.labels["containeridx"]) for x in cores} == {
+        ("default", "gpu-b", "cuda")
+    }
+    assert total(m, "vGPUMemoryAllocated") == 2 * 81920 * 2**20
 
 
 def test_device_plugin_metrics_count_devices_and_allocations(
