@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from corral.metrics import render_daemon
+from corral.store import StoreError
 from tests.api.test_serve import CLI, serving, wait_for
 from tests.daemon.test_gpu_use import World as GpuWorld
 from tests.daemon.test_gpu_use import over_its_grant
@@ -140,6 +141,14 @@ def test_readyz_says_what_is_not_ready(tmp_path: Path) -> None:
     assert c.get("/readyz").json() == {"status": "ready"}
     assert c.get("/healthz").status_code == 200
     assert c.get("/metrics").status_code == 401  # /metrics needs a caller; the probes do not
+
+    def failing(job_id: str) -> None:
+        raise StoreError("database is locked")
+
+    w.daemon.store.get = failing  # type: ignore[method-assign]
+    r = c.get("/readyz")
+    assert r.status_code == 503
+    assert r.json()["problems"] == ["the job store fails: StoreError: database is locked"]
 
 
 def test_watchdog_kills_are_counted(tmp_path: Path) -> None:
