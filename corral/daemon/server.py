@@ -421,6 +421,7 @@ def serve(
     lock = daemon_lock()  # a threading.Lock that times its holds; the figures go to stderr at exit
     woken = threading.Event()
     stop = threading.Event()
+    held = _hold_logs()
     # Controllers first: a job the restart finds lost is reported to the controller that made it.
     routers = install_extensions(daemon, lock, woken.set)
     with lock:
@@ -493,6 +494,7 @@ def serve(
         try:
             sockets.append(bind_tcp(*tcp_at))
         except ServeError:
+            _log_to_stderr(held)  # what the start did so far (e.g. a restart's outcomes) is not lost
             sockets[0].close()
             socket_path.unlink(missing_ok=True)
             for sig, handler in previous.items():
@@ -506,7 +508,7 @@ def serve(
     label += f"; work without GPUs: {behavior.value}"
     sys.stderr.write(f"corral serve: listening on {where}; state in {state_dir}; policy {policy}; {label}\n")
     sys.stderr.flush()
-    _log_to_stderr()
+    _log_to_stderr(held)
 
     ticker.start()
     try:
@@ -534,14 +536,49 @@ def serve(
         finished.set()
 
 
-def _log_to_stderr() -> None:
-    """corral's loggers at info level on stderr (once per process; the root logger is left to whoever embeds it)."""
+class _HeldLogs(logging.Handler):
+    """corral's log records, kept until the "listening" line is out (clients and scripts wait for that line first).
+
+    flush and close do nothing: uvicorn's logging set-up (dictConfig) closes every handler, and must not end the hold.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _hold_logs() -> _HeldLogs | None:
+    """corral's loggers at info level (the root logger is left to whoever embeds corral), held from now on, e.g. the
+    outcomes a restart finds. None if corral's logger has a handler already."""
     logger = logging.getLogger("corral")
-    if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter(LOG_FORMAT))
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
+    if logger.handlers:
+        return None
+    held = _HeldLogs()
+    logger.addHandler(held)
+    logger.setLevel(logging.INFO)
+    return held
+
+
+def _log_to_stderr(held: _HeldLogs | None) -> None:
+    """What was held, then every line as it comes, on stderr."""
+    if held is None:
+        return
+    logger = logging.getLogger("corral")
+    stream = logging.StreamHandler(sys.stderr)
+    stream.setFormatter(logging.Formatter(LOG_FORMAT))
+    logger.removeHandler(held)  # nothing else logs meanwhile: the tick thread and the server have not started
+    for record in held.records:
+        stream.handle(record)
+    logger.addHandler(stream)
 
 
 class _Server(uvicorn.Server):

@@ -243,3 +243,39 @@ def test_serve_logs_starts_ends_and_refusals_on_stderr(tmp_path: Path) -> None:
         "INFO corral.daemon: refused a job of root (uid 0): request: can never run on this machine" in x for x in lines
     )
     assert sum("placed on a GPU node" in x for x in lines) == 1
+
+
+def test_outcomes_a_restart_finds_are_logged_after_the_listening_line(tmp_path: Path) -> None:
+    sock, state = tmp_path / "corral.sock", tmp_path / "state"
+    command = [*CLI, "serve", "--simulate-gpus", "1xA100-80GB", "--state-dir", str(state), "--socket", str(sock)]
+
+    def start(out: Path) -> subprocess.Popen[bytes]:
+        with out.open("w") as sink:
+            server = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
+        wait_for("the socket", lambda: sock.exists() or server.poll() is not None, timeout=15)
+        return server
+
+    def client() -> httpx.Client:
+        return httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://corral", timeout=10)
+
+    first = start(tmp_path / "first.out")
+    try:
+        with client() as c:
+            assert c.post("/v1/jobs", json={"command": ["sleep", "1"]}).status_code == 201
+            wait_for("the job to run", lambda: c.get("/v1/jobs/1").json()["state"] == "running")
+    finally:
+        first.kill()  # the daemon dies; the job's supervisor records its exit (see corral.executor.local)
+        first.wait(timeout=15)
+    sock.unlink()
+    record = state / "run" / "1.1.json"
+    wait_for("the supervisor's record of the end", lambda: '"ended": true' in record.read_text())
+    second = start(tmp_path / "second.out")
+    try:
+        with client() as c:
+            assert c.get("/v1/jobs/1").json()["state"] == "succeeded"  # the restart read the supervisor's record
+    finally:
+        second.terminate()
+        second.wait(timeout=15)
+    lines = (tmp_path / "second.out").read_text().splitlines()
+    assert lines[0].startswith("corral serve: listening on ")  # held until the line clients wait for is out
+    assert any(x.endswith("INFO corral.daemon: job 1 of root ended: succeeded (exit code 0)") for x in lines[1:])
