@@ -11,6 +11,8 @@
                                        start (docs/backfill.md)
     GET  /v1/jobs/{id}/logs?offset=N   its output from byte N (text/plain)
     GET  /v1/gpus                      each GPU: who holds which share, live use, memory of foreign processes
+    GET  /metrics                      Prometheus text format (docs/metrics.md); per-job series for root only
+    GET  /healthz, /readyz             alive; ready (store answers, a scheduling round ended recently): no caller needed
     POST /v1/tokens, GET /v1/tokens, DELETE /v1/tokens/{id}   bearer tokens for TCP (Unix socket only)
 
 The caller is whoever is on the other end of the Unix socket: the server puts (uid, gid, user) from SO_PEERCRED into
@@ -60,6 +62,8 @@ from corral.daemon.tokens import TokenFileError, TokenNotFound, TokenStore
 from corral.daemon.waiting import wait_story
 from corral.jobs.environment import admitted_environment
 from corral.jobs.model import Job, JobSpec, JobState, check_admissible, spec_to_json
+from corral.metrics import CONTENT_TYPE as METRICS_TYPE
+from corral.metrics import render_daemon
 from corral.model.errors import InvalidRequest
 from corral.model.requests import build_request
 from corral.model.units import parse_duration_seconds
@@ -73,6 +77,8 @@ MAX_LOG_CHUNK = 4 * 1024 * 1024
 #: `GET /v1/jobs` answers at most this many jobs unless told otherwise (`limit`), and never more than the maximum.
 DEFAULT_LIST_LIMIT = 1000
 MAX_LIST_LIMIT = 10000
+#: /readyz: the scheduling loop counts as running while a round has ended within this many seconds.
+READY_WITHIN_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -469,6 +475,33 @@ def create_app(
     def revoke_token(token_id: str, who: Caller) -> Response:
         token_store(who).revoke(token_id, None if who.root else who.uid)
         return Response(status_code=204)
+
+    # -------------------------------------------------------------------------------------------- observability
+    @app.get("/metrics", response_class=Response, include_in_schema=False)
+    def metrics(who: Caller) -> Response:
+        """Prometheus' text format (docs/metrics.md). Per-job series (job ids, users) for root only."""
+        return Response(render_daemon(daemon, jobs=who.root), media_type=METRICS_TYPE)
+
+    @app.get("/healthz", include_in_schema=False)
+    def healthz() -> dict[str, str]:
+        """The process answers (no caller needed: it tells nothing)."""
+        return {"status": "ok"}
+
+    @app.get("/readyz", include_in_schema=False)
+    def readyz() -> JSONResponse:
+        """Ready: the store answers and a scheduling round ended in the last READY_WITHIN_S seconds."""
+        problems = []
+        try:
+            daemon.store.get("0")
+        except Exception as exc:  # any failure of the store means not ready; what it was is in the answer
+            problems.append(f"the job store fails: {type(exc).__name__}: {exc}")
+        since = time.monotonic() - daemon.ticked_at
+        if since > READY_WITHIN_S:
+            ago = "no round has ended yet" if math.isinf(since) else f"the last round ended {since:.0f} s ago"
+            problems.append(f"the scheduling loop is not running: {ago}")
+        if problems:
+            return SafeJSONResponse(status_code=503, content={"status": "not ready", "problems": problems})
+        return JSONResponse({"status": "ready"})
 
     for router in routers:  # the faces installed by corral.daemon.extensions
         app.include_router(router)

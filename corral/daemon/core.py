@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import re
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -45,6 +46,7 @@ from corral.gpu.discovery import GpuDiscoveryError
 from corral.gpu.metrics import GpuSampler, GpuUse, ProcessInfo, attribute, read_process
 from corral.gpu.mps import MpsControl, MpsError
 from corral.jobs.model import Job, JobSpec, JobState
+from corral.metrics import DaemonMetrics
 from corral.model.errors import InvalidRequest
 from corral.model.resources import Allocation, GpuGrant, Node, Request, affinity_tag
 from corral.model.snapshot import ClusterSnapshot
@@ -62,6 +64,19 @@ MAX_BACKOFF_S = 300.0
 STARTS_PER_ROUND = 4
 WATCHDOG_MODES = ("off", "warn", "kill")
 log = logging.getLogger("corral.daemon")
+
+
+def _gpus_text(job: Job) -> str:
+    """A job's GPUs for the log: "0,1", "0:300m/10240MiB", or "none"."""
+    parts = [
+        str(g.index) if g.milli >= 1000 and not g.memory_mib else f"{g.index}:{g.milli}m/{g.memory_mib}MiB"
+        for g in job.gpus
+    ]
+    return ",".join(parts) or "none"
+
+
+def _ids_text(ids: Sequence[str], most: int = 10) -> str:
+    return ", ".join(ids[:most]) + (f" and {len(ids) - most} more" if len(ids) > most else "")
 
 
 def backoff_s(attempts: int) -> float:
@@ -156,17 +171,25 @@ class Daemon:
         #: The last round's reservation for the head of the queue, and its queue order (for `explain`).
         self.reservation: Reservation | None = None
         self.queue_order: list[str] = []
+        self.metrics = DaemonMetrics()  # event counters for /metrics (corral.metrics); gauges are read at scrape time
+        self.ticked_at = -math.inf  # time.monotonic() at the end of the latest round, for /readyz
+        self._noted: set[str] = set()  # placement notes logged once (the same note comes for every such job)
 
     # ---------------------------------------------------------------------------------------------- requests
     def submit(self, spec: JobSpec, idempotency_key: str | None = None) -> Job:
         """Validate against this machine and store durably; the returned job is acknowledged. `idempotency_key`:
         see `Store.add` (KeyInUse carries the job stored earlier under the key)."""
-        with self._admit_lock:
-            validate_against(self._empty, spec.request)
-            # Refuse what this machine can never run, even when idle: it would wait for ever.
-            empty = place(self._empty, spec.request, self.config, 0)
-        if not empty.placed and all(empty.unresolvable(i) for i in range(len(self._empty))):
-            raise InvalidRequest("request", f"can never run on this machine: {render(empty.explanation)}")
+        try:
+            with self._admit_lock:
+                validate_against(self._empty, spec.request)
+                # Refuse what this machine can never run, even when idle: it would wait for ever.
+                empty = place(self._empty, spec.request, self.config, 0)
+            if not empty.placed and all(empty.unresolvable(i) for i in range(len(self._empty))):
+                raise InvalidRequest("request", f"can never run on this machine: {render(empty.explanation)}")
+        except InvalidRequest as exc:
+            log.info("refused a job of %s (uid %d): %s: %s", spec.user, spec.uid, exc.field, exc.message)
+            self.metrics.refused.labels(exc.field).inc()
+            raise
         return self.store.add(spec, self.clock(), idempotency_key=idempotency_key)
 
     def cancel(self, job_id: str, uid: int | None = None) -> Job:
@@ -178,6 +201,8 @@ class Daemon:
             raise InvalidRequest("job", f"job {job_id} is not yours")
         if job.state is JobState.QUEUED:
             done = self.store.transition(job_id, JobState.CANCELLED, expect=[JobState.QUEUED], reason="cancelled")
+            log.info("job %s of %s cancelled while queued", job_id, job.spec.user)
+            self.metrics.job_ended(JobState.CANCELLED, "cancelled")
             self._tell_ended(done)
             return done
         if job.state.holds_resources and job_id in self._exits:
@@ -226,13 +251,17 @@ class Daemon:
             ends=ends, default_time_limit_s=self.default_time_limit_s,
         )  # fmt: skip
         self.reservation, self.queue_order = plan.reservation, plan.order
+        self.metrics.round(self.config.policy, plan.placements, len(plan.starts))
         foreign = self.foreign_text()
         self._store_reasons(waiting, plan.waiting, foreign, now)  # before any launch: the lock may be let go there
         busy = {u for j in holding for u in j.gpu_uuids}
         prepared: list[tuple[Job, LaunchSpec]] = []
         for start in plan.starts:
             for note in start.notes:  # e.g. Marathon's "undefined" behaviour warns on every GPU-node placement
-                log.warning("job %s: %s", start.job_id, note)
+                cause = re.sub(r"\d+", "#", note)  # the note's words without its figures (fgd-priced's vary per job)
+                if cause not in self._noted:  # once per cause: each job's reason keeps its own note
+                    self._noted.add(cause)
+                    log.warning("job %s: %s (said once; later jobs carry it in their reason)", start.job_id, note)
             ready = self._prepare(start.job_id, start.allocation, now, "; ".join(start.notes))
             if ready is not None:
                 prepared.append(ready)
@@ -247,6 +276,7 @@ class Daemon:
                 started.append(job.id)
                 busy.update(spec.gpu_uuids)
         self._stop_idle_mps(busy)
+        self.ticked_at = time.monotonic()
         return started
 
     def _store_reasons(self, waiting: Sequence[Job], planned: Mapping[str, str], foreign: str, now: float) -> None:
@@ -342,10 +372,12 @@ class Daemon:
             what = f"over its GPU memory grant ({'; '.join(over)})"
             if self.watchdog == "kill":
                 log.warning("job %s is %s: killing it", job.id, what)
+                self.metrics.watchdog.labels("kill").inc()
                 self.store.update(job.id, reason=f"{OVER_GRANT}{what}")
                 self.executor.cancel(job.id, grace_s=2.0)
             elif f"warning: {what}" != job.reason:
                 log.warning("job %s is %s", job.id, what)
+                self.metrics.watchdog.labels("warn").inc()
                 self.store.update(job.id, reason=f"warning: {what}")
 
     def _stop_idle_mps(self, busy: set[str]) -> None:
@@ -414,6 +446,8 @@ class Daemon:
             return False
         self._unrecorded[job.id] = outcome
         self._record_start(outcome)
+        log.info("job %s of %s started (pid %d, GPUs %s)", job.id, job.spec.user, outcome.pid, _gpus_text(job))
+        self.metrics.job_started(job, now)
         current = self.store.get(job.id)
         if job.id in self._cancelling or (current is not None and current.reason == CANCELLING):
             self.executor.cancel(job.id)  # cancelled while it was being launched, before the executor knew it
@@ -494,6 +528,8 @@ class Daemon:
 
     def _ended(self, job: Job, state: JobState, now: float, exit_code: int | None, reason: str) -> None:
         done = self.store.transition(job.id, state, finished_at=now, exit_code=exit_code, reason=reason)
+        log.info("job %s of %s ended: %s (%s)", job.id, job.spec.user, state.value, reason)
+        self.metrics.job_ended(state, reason)
         if not (state in (JobState.FAILED, JobState.LOST) and done.attempts <= job.spec.retries):
             self._tell_ended(done)
             return
@@ -608,6 +644,9 @@ class Daemon:
         queued = [j.id for j in found if j.state is JobState.QUEUED]
         cancelled = self.store.transition_many(queued, JobState.CANCELLED, expect=[JobState.QUEUED], reason="cancelled")
         gone = {j.id for j in cancelled}
+        if cancelled:  # one line for a bulk cancel, however many jobs
+            log.info("%d queued jobs cancelled: %s", len(cancelled), _ids_text([j.id for j in cancelled]))
+            self.metrics.ended.labels(JobState.CANCELLED.value, "cancelled").inc(len(cancelled))
         # As `cancel`: a job whose exit is in hand but not yet stored has ended; its real outcome stands.
         running = [j for j in found if j.state.holds_resources and j.id not in self._exits]
         for job in running:

@@ -84,6 +84,10 @@ SHUTDOWN_DEADLINE_S = 5.0
 PRIVATE_FILE, PRIVATE_DIR = 0o600, 0o700
 #: What corral keeps in the state directory (the database's files, tokens, the logs' folder).
 STATE_FILES = ("jobs.db", "jobs.db-wal", "jobs.db-shm", "jobs.db-journal", "tokens.json", "logs")
+#: Paths any TCP client may ask without a token (probes): they tell nothing but that the daemon is up and ready.
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+#: The daemon's own log lines (job starts, ends, refusals, warnings) on stderr, after the "listening" line.
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 #: The socket's folder, when it is not the state directory: others must be able to reach the socket in it.
 RUNTIME_DIR_MODE = 0o755
 
@@ -154,7 +158,7 @@ class _WithToken:
         self.tokens = tokens
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope.get("path") in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
         header = dict(scope.get("headers", ())).get(b"authorization", b"").decode("latin-1")
@@ -421,6 +425,7 @@ def serve(
     lock = daemon_lock()  # a threading.Lock that times its holds; the figures go to stderr at exit
     woken = threading.Event()
     stop = threading.Event()
+    held = _hold_logs()
     # Controllers first: a job the restart finds lost is reported to the controller that made it.
     routers = install_extensions(daemon, lock, woken.set)
     with lock:
@@ -493,6 +498,7 @@ def serve(
         try:
             sockets.append(bind_tcp(*tcp_at))
         except ServeError:
+            _log_to_stderr(held)  # what the start did so far (e.g. a restart's outcomes) is not lost
             sockets[0].close()
             socket_path.unlink(missing_ok=True)
             for sig, handler in previous.items():
@@ -506,6 +512,7 @@ def serve(
     label += f"; work without GPUs: {behavior.value}"
     sys.stderr.write(f"corral serve: listening on {where}; state in {state_dir}; policy {policy}; {label}\n")
     sys.stderr.flush()
+    _log_to_stderr(held)
 
     ticker.start()
     try:
@@ -531,6 +538,51 @@ def serve(
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         finished.set()
+
+
+class _HeldLogs(logging.Handler):
+    """corral's log records, kept until the "listening" line is out (clients and scripts wait for that line first).
+
+    flush and close do nothing: uvicorn's logging set-up (dictConfig) closes every handler, and must not end the hold.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _hold_logs() -> _HeldLogs | None:
+    """corral's loggers at info level (the root logger is left to whoever embeds corral), held from now on, e.g. the
+    outcomes a restart finds. None if corral's logger has a handler already."""
+    logger = logging.getLogger("corral")
+    if logger.handlers:
+        return None
+    held = _HeldLogs()
+    logger.addHandler(held)
+    logger.setLevel(logging.INFO)
+    return held
+
+
+def _log_to_stderr(held: _HeldLogs | None) -> None:
+    """What was held, then every line as it comes, on stderr."""
+    if held is None:
+        return
+    logger = logging.getLogger("corral")
+    stream = logging.StreamHandler(sys.stderr)
+    stream.setFormatter(logging.Formatter(LOG_FORMAT))
+    logger.removeHandler(held)  # nothing else logs meanwhile: the tick thread and the server have not started
+    for record in held.records:
+        stream.handle(record)
+    logger.addHandler(stream)
 
 
 class _Server(uvicorn.Server):

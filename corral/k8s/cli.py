@@ -145,6 +145,7 @@ def device_plugin_cmd(
     simulate_gpus: Annotated[str | None, typer.Option(help="Simulated inventory, e.g. 4xH100-80GB.")] = None,
     publish_seconds: Annotated[float, typer.Option(help="How often to publish live GPU utilisation.")] = 15.0,
     kubeconfig: Annotated[str | None, typer.Option(help="Kubeconfig (default: in-cluster).")] = None,
+    metrics_port: Annotated[int, typer.Option(help="Serve Prometheus /metrics on this port (0: not at all).")] = 0,
 ) -> None:
     """Advertise this node's GPUs to kubelet (device plugin API v1beta1) and publish them for the extender."""
     from corral.gpu.discovery import GpuDiscoveryError, discover_gpus
@@ -193,11 +194,20 @@ def device_plugin_cmd(
             return None
 
     finder = PodFinder(api, node_name, PodResourcesClient(pod_resources_socket))
+    from corral.metrics import DevicePluginMetrics
+
+    metrics = DevicePluginMetrics()
+    if metrics_port:
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        exposed = CollectorRegistry(auto_describe=False)
+        exposed.register(metrics)
+        start_http_server(metrics_port, registry=exposed)
     running = []
     try:
         for r in names:
             per_gpu = share_slots if r == "keti.com/mpsgpu" else IDS_PER_GPU[r]
-            running.append(serve(CorralDevicePlugin(r, gpus, finder, per_gpu, pipe_dir), plugin_dir))
+            running.append(serve(CorralDevicePlugin(r, gpus, finder, per_gpu, pipe_dir, metrics), plugin_dir))
             register(plugin_dir, r)
     except DevicePluginError as exc:
         for p in running:
@@ -226,8 +236,8 @@ def device_plugin_cmd(
                 log.info("kubelet restarted; registering again")
                 for p in running:
                     p.stop()
-                running = [serve(CorralDevicePlugin(p.plugin.resource, gpus, finder, p.plugin.per_gpu, pipe_dir),
-                                 plugin_dir) for p in running]  # fmt: skip
+                running = [serve(CorralDevicePlugin(p.plugin.resource, gpus, finder, p.plugin.per_gpu, pipe_dir,
+                                                    metrics), plugin_dir) for p in running]  # fmt: skip
                 for p in running:
                     register(plugin_dir, p.plugin.resource)
                 started = now

@@ -54,6 +54,7 @@ from corral.k8s.proto import deviceplugin_pb2 as pb
 from corral.k8s.proto import deviceplugin_pb2_grpc as pb_grpc
 from corral.k8s.proto import podresources_pb2 as pr
 from corral.k8s.proto import podresources_pb2_grpc as pr_grpc
+from corral.metrics import DevicePluginMetrics
 from corral.model.errors import CorralError, InvalidRequest
 from corral.model.resources import MILLI_PER_GPU, GpuDevice
 
@@ -217,6 +218,7 @@ class CorralDevicePlugin(pb_grpc.DevicePluginServicer):
         finder: PodFinder,
         per_gpu: int | None = None,
         mps_pipe_dir: Callable[[str], str | None] | None = None,
+        metrics: DevicePluginMetrics | None = None,
     ) -> None:
         self.resource = resource
         self.per_gpu = per_gpu or IDS_PER_GPU[resource]
@@ -227,6 +229,9 @@ class CorralDevicePlugin(pb_grpc.DevicePluginServicer):
         self._changed = threading.Condition()
         self._version = 0
         self.stopped = threading.Event()
+        #: Allocate/PreStartContainer outcomes for /metrics (corral.metrics), shared by a node's plugins.
+        self.metrics = metrics if metrics is not None else DevicePluginMetrics()
+        self.metrics.plugins.append(self)
 
     def devices(self) -> list[Any]:
         out = []
@@ -244,6 +249,8 @@ class CorralDevicePlugin(pb_grpc.DevicePluginServicer):
 
     def stop(self) -> None:
         self.stopped.set()
+        if self in self.metrics.plugins:  # a stopped plugin (kubelet restarted) advertises nothing any more
+            self.metrics.plugins.remove(self)
         with self._changed:
             self._changed.notify_all()
 
@@ -277,6 +284,7 @@ class CorralDevicePlugin(pb_grpc.DevicePluginServicer):
             try:
                 given = self.finder.find(self.resource, list(req.devices_ids))
             except (DevicePluginError, CorralError) as exc:
+                self.metrics.calls.labels(self.resource, "allocate", "refused").inc()
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
                 raise  # abort raises; this line only satisfies the type checker
             pipe = self.mps_pipe_dir(given.slots[0].uuid) if len(given.slots) == 1 else None
@@ -284,14 +292,17 @@ class CorralDevicePlugin(pb_grpc.DevicePluginServicer):
             mounts = [pb.Mount(container_path=pipe, host_path=pipe, read_only=False)] if pipe and len(env) > 2 else []
             annotations = {"corral.dev/gpus": ",".join(s.uuid for s in given.slots)}
             responses.append(pb.ContainerAllocateResponse(envs=env, mounts=mounts, annotations=annotations))
+            self.metrics.calls.labels(self.resource, "allocate", "ok").inc()
         return pb.AllocateResponse(container_responses=responses)
 
     def PreStartContainer(self, request: Any, context: Any) -> Any:
         try:
             self.finder.check(self.resource, list(request.devices_ids))
         except (DevicePluginError, CorralError) as exc:
+            self.metrics.calls.labels(self.resource, "prestart", "refused").inc()
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
             raise
+        self.metrics.calls.labels(self.resource, "prestart", "ok").inc()
         return pb.PreStartContainerResponse()
 
 

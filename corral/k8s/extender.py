@@ -56,6 +56,8 @@ from corral.k8s.convert import (
     pod_request,
 )
 from corral.k8s.state import BindConflict, ClusterState, PodRecord
+from corral.metrics import CONTENT_TYPE as METRICS_TYPE
+from corral.metrics import ExtenderCollector, ExtenderMetrics, Joined, render_text
 from corral.model.arrays import IntArray
 from corral.model.errors import AllocationError, InvalidRequest
 from corral.model.resources import Allocation, Constraint, ConstraintOp, Request
@@ -315,6 +317,7 @@ class Extender:
         #: Victims named at preempt, by preemptor: {preemptor key: (when, [(victim key, "ns/name")])}. kube-scheduler
         #: deletes them and tries the preemptor again, often before the watch tells corral they are gone.
         self._evicting: OrderedDict[str, tuple[float, list[tuple[str, str]]]] = OrderedDict()
+        self.metrics = ExtenderMetrics()  # GET /metrics (corral.metrics); a counter's inc is a lock and an add
 
     # ------------------------------------------------------------------ decisions
     @staticmethod
@@ -467,11 +470,13 @@ class Extender:
     def filter(self, args: Any) -> JsonObj:
         """ExtenderFilterResult for ExtenderArgs (raises InvalidRequest on bad input)."""
         answer, node_objs = self._filter(args)
+        self.metrics.decisions.labels("filter", "fits" if len(answer.passing) else "unschedulable").inc()
         return answer.as_dict(node_objs)
 
     def filter_json(self, args: Any) -> bytes:
         """`filter`'s answer as JSON bytes."""
         answer, node_objs = self._filter(args)
+        self.metrics.decisions.labels("filter", "fits" if len(answer.passing) else "unschedulable").inc()
         return answer.as_json() if node_objs is None else orjson.dumps(answer.as_dict(node_objs))
 
     def _prioritize(self, args: Any) -> tuple[list[str], NodeTable | None, Lookup | None, npt.NDArray[np.int8]]:
@@ -535,11 +540,13 @@ class Extender:
         if len(uid) > MAX_UID:
             raise InvalidRequest("ExtenderBindingArgs.PodUID", f"longer than {MAX_UID} characters")
         try:
-            return self._bind(ns, name, uid, node)
+            bound = self._bind(ns, name, uid, node)
         except (InvalidRequest, KubeApiError, AllocationError) as exc:
             message = f"bind {ns}/{name} to {node}: {exc}"
             log.warning("bind refused: %s", _short(message))
-            return {"Error": message}
+            bound = {"Error": message}
+        self.metrics.decisions.labels("bind", "refused" if bound.get("Error") else "bound").inc()
+        return bound
 
     def _pod_for_bind(self, ns: str, name: str, uid: str) -> JsonObj:
         """The pod a bind follows (its node, annotations and requests are the truth the bind must follow): the pod
@@ -845,7 +852,7 @@ def _failed_filter(message: str) -> bytes:
 
 class ExtenderApp:
     """The HTTP face, a bare ASGI app: POST /filter, /prioritize, /bind, /preempt (kube-scheduler's verbs), GET
-    /healthz and /status.
+    /healthz, /status and /metrics (Prometheus; docs/metrics.md).
 
     Four fixed routes with JSON in and out need no framework: request validation happens in the Extender (each
     error names its field), and a framework's per-request machinery cost more than the verbs' own work.
@@ -860,6 +867,7 @@ class ExtenderApp:
         #: per verb: [calls, seconds of wall time, seconds of the serving thread's CPU] (/status shows the means):
         #: where an extender's time per pod goes, measured where it is spent
         self._spent: dict[str, list[float]] = {}
+        self._cluster = ExtenderCollector(extender.state)  # per node GPUs granted, read at scrape time
         # Each verb's refusal in its own shape: filter's and bind's `Error` fail the pod in kube-scheduler (a 200
         # keeps the reason in its event); kube-scheduler ignores prioritize errors, and preempt has no Error field,
         # so those two answer 400 with the reason, which keeps it visible in kube-scheduler's log.
@@ -876,6 +884,7 @@ class ExtenderApp:
             ("POST", "/preempt"): self._guarded("preempt", lambda args: orjson.dumps(extender.preempt(args))),
             ("GET", "/healthz"): lambda _: (200, orjson.dumps({"ok": extender.state.snapshot is not None})),
             ("GET", "/status"): lambda _: (200, orjson.dumps({**extender.state.status(), "verbs": self.timings()})),
+            ("GET", "/metrics"): lambda _: (200, render_text(Joined(extender.metrics.registry, self._cluster))),
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -906,7 +915,7 @@ class ExtenderApp:
             if size <= MAX_BODY:
                 chunks.append(chunk)
             more = message.get("more_body", False)
-        headers = [(b"content-type", b"application/json")]
+        headers = [(b"content-type", METRICS_TYPE.encode() if path == "/metrics" else b"application/json")]
         ctype = _json_type(scope.get("headers") or [])
         if handler is not None and size > MAX_BODY:
             status, body = self.refusals[path](413, f"body: larger than {MAX_BODY} bytes")
@@ -940,25 +949,32 @@ class ExtenderApp:
         a fault of ours (a bug: no input should reach it) is refused the same way, with its traceback logged."""
         refusal = self.refusals[f"/{verb}"]
         spent = self._spent.setdefault(verb, [0, 0.0, 0.0])
+        metrics = self.extender.metrics
 
         def handle(raw: bytes) -> tuple[int, bytes]:
             wall, cpu = time.perf_counter(), time.thread_time()
+            status = 500
             try:
-                return answered(raw)
+                status, body = answered(raw)
+                return status, body
             finally:
+                took = time.perf_counter() - wall
                 # += on a list item is not atomic across bind threads; a count lost now and then is no harm here
                 spent[0] += 1
-                spent[1] += time.perf_counter() - wall
+                spent[1] += took
                 spent[2] += time.thread_time() - cpu
+                metrics.answered(verb, status, took)
 
         def answered(raw: bytes) -> tuple[int, bytes]:
             try:
                 return 200, answer(_loads(raw))
             except InvalidRequest as exc:
                 log.warning("%s refused: %s", verb, _short(str(exc)))
+                metrics.decisions.labels(verb, "invalid").inc()
                 return refusal(400, str(exc))
             except Exception as exc:
                 log.exception("%s failed", verb)
+                metrics.decisions.labels(verb, "error").inc()
                 return refusal(500, f"corral internal error: {type(exc).__name__}: {exc}")
 
         return handle
