@@ -64,6 +64,20 @@ def fail(message: str, code: int = EXIT_BAD_INPUT) -> SystemExit:
     return SystemExit(code)
 
 
+def read_document(file: Path) -> Any:
+    """The JSON document of a `--file` option (`-`: stdin), or exit with an error naming the flag."""
+    try:
+        text = sys.stdin.read() if str(file) == "-" else file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise fail(f"--file: cannot read {file}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise fail(f"--file: {file} is not UTF-8 text (byte {exc.start}), so not JSON") from None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise fail(f"--file: {file} is not JSON: {exc}") from None
+
+
 #: A root daemon's defaults: the system's places for a service's state and for its socket (a shared machine).
 SYSTEM_STATE_DIR = Path("/var/lib/corral")
 SYSTEM_RUNTIME_DIR = Path("/run/corral")

@@ -10,14 +10,13 @@ corral job delete NAME [--stop-runs]
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
-from corral.cli.client import call, dump, fail, json_option, out, socket_option
+from corral.cli.client import call, dump, json_option, out, read_document, socket_option
 from corral.cli.render import row, say, table
 
 
@@ -50,15 +49,7 @@ def _schedule_text(d: dict[str, Any]) -> str:
 @socket_option
 def create_cmd(file: Path, as_json: bool, socket: Path | None) -> None:
     """Create a job definition from Metronome or Chronos JSON (which one is detected)."""
-    try:
-        text = sys.stdin.read() if str(file) == "-" else file.read_text()
-    except OSError as exc:
-        raise fail(f"--file: cannot read {file}: {exc.strerror or exc}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise fail(f"--file: {file} is not JSON: {exc}") from None
-    created = call(socket, "POST", "/v1/definitions", json=data).json()
+    created = call(socket, "POST", "/v1/definitions", json=read_document(file)).json()
     if as_json:
         dump(created)
         return

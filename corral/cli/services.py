@@ -8,7 +8,6 @@ corral app scale ID N | restart ID | delete ID
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from urllib.parse import quote
 
 import click
 
-from corral.cli.client import call, dump, error_text, fail, json_option, out, socket_option
+from corral.cli.client import call, dump, error_text, fail, json_option, out, read_document, socket_option
 from corral.cli.render import row, say, table
 from corral.cli.transport import Response
 
@@ -62,14 +61,7 @@ def _request(socket: Path | None, method: str, url: str, **kwargs: Any) -> Any:
 @socket_option
 def create_cmd(file: Path, as_json: bool, socket: Path | None) -> None:
     """Create an app from Marathon app JSON; prints its id (with --json, the app as Marathon answers it)."""
-    try:
-        text = sys.stdin.read() if str(file) == "-" else file.read_text()
-        body = json.loads(text)
-    except OSError as exc:
-        raise fail(f"--file: cannot read {file}: {exc.strerror or exc}") from None
-    except ValueError as exc:
-        raise fail(f"--file: {file} is not JSON: {exc}") from None
-    created = _request(socket, "POST", "/marathon/v2/apps", json=body)
+    created = _request(socket, "POST", "/marathon/v2/apps", json=read_document(file))
     if as_json:
         dump(created)
         return

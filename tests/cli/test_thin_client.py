@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from corral.cli.client import call
+from corral.cli.client import call, read_document
 from corral.cli.render import Columns, Styled, Terminal, cut, say, width
 from corral.cli.transport import AnswerLost, Endpoint, NotConnected, request, target
 
@@ -115,6 +115,27 @@ def test_bad_settings_are_one_line_errors(
         call(None, "GET", "/v1/jobs")
     assert done.value.code == 2
     assert capsys.readouterr().err == f"error: {message}\n"
+
+
+def test_a_files_document_or_one_line_naming_the_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = tmp_path / "app.json"
+    good.write_text('{"id": "/web", "cmd": "caf\u00e9"}', encoding="utf-8")
+    assert read_document(good) == {"id": "/web", "cmd": "caf\u00e9"}
+    latin = tmp_path / "latin1.json"
+    latin.write_bytes(b'{"cmd": "caf\xe9"}')  # `corral job create -f` used to end in a UnicodeDecodeError traceback
+    cases = {
+        tmp_path / "missing.json": f"--file: cannot read {tmp_path / 'missing.json'}: No such file or directory",
+        latin: f"--file: {latin} is not UTF-8 text (byte 12), so not JSON",
+        good.with_name(
+            "bad.json"
+        ): f"--file: {good.with_name('bad.json')} is not JSON: Expecting value: line 1 column 1",
+    }
+    good.with_name("bad.json").write_text("[/infer]")
+    for path, message in cases.items():
+        with pytest.raises(SystemExit) as done:
+            read_document(path)
+        assert done.value.code == 2
+        assert capsys.readouterr().err.startswith(f"error: {message}"), path
 
 
 class Recorder(BaseHTTPRequestHandler):
