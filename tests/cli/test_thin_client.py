@@ -128,7 +128,7 @@ def test_a_files_document_or_one_line_naming_the_flag(tmp_path: Path, capsys: py
         latin: f"--file: {latin} is not UTF-8 text (byte 12), so not JSON",
         good.with_name(
             "bad.json"
-        ): f"--file: {good.with_name('bad.json')} is not JSON: Expecting value: line 1 column 1",
+        ): f"--file: {good.with_name('bad.json')} is not JSON: Expecting value: line 1 column 2",
     }
     good.with_name("bad.json").write_text("[/infer]")
     for path, message in cases.items():
