@@ -193,7 +193,9 @@ def create_app(
     }
     # Not default_response_class=SafeJSONResponse: a custom class turns off FastAPI's fast path (pydantic straight
     # to JSON bytes) for every response model; JobOut cleans its own text instead.
-    app = FastAPI(title="corral", version="1", responses=documented)
+    # No /docs or /redoc: FastAPI's pages load Swagger UI and ReDoc from a CDN, which a machine offline cannot reach
+    # and a browser on a shared machine should not be sent to. The schema itself is served: /openapi.json.
+    app = FastAPI(title="corral", version="1", responses=documented, docs_url=None, redoc_url=None)
     app.add_middleware(InputLimits)
 
     @app.exception_handler(RequestValidationError)

@@ -112,6 +112,15 @@ def test_no_identity_is_401(world: World) -> None:
     assert world.client(None).get("/v1/jobs").status_code == 401
 
 
+def test_no_pages_that_load_from_a_cdn_and_the_schema_is_served(world: World) -> None:
+    alice = world.client(ALICE)
+    for page in ("/docs", "/redoc", "/docs/oauth2-redirect"):
+        assert alice.get(page).status_code == 404, page  # FastAPI's pages fetch Swagger UI / ReDoc from a CDN
+    schema = alice.get("/openapi.json")
+    assert schema.status_code == 200 and "/v1/jobs" in schema.json()["paths"]
+    assert "cdn" not in schema.text.lower()
+
+
 def test_cancel(world: World) -> None:
     alice = world.client(ALICE)
     submit(alice)
