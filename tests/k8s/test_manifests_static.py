@@ -17,6 +17,7 @@ import httpx
 import pytest
 import uvicorn
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from corral.k8s.cli import bind_socket, extender_cmd
 from corral.k8s.extender import Extender, create_app
@@ -63,6 +64,26 @@ def test_verbs_on_loopback_health_on_the_pods_address_probes_and_service_reach_i
     assert config["extenders"][0]["urlPrefix"] == f"http://127.0.0.1:{option(cmd, '--port')}"
 
 
+def test_prometheus_is_told_where_each_metrics_endpoint_listens() -> None:
+    """The prometheus.io/* annotations name the port /metrics is served on: the extender's health port (on the pod's
+    address, read-only), and the device plugin's --metrics-port, which its container declares."""
+    scheduler = objects()[("Deployment", "corral-scheduler")]["spec"]["template"]
+    plugin = objects()[("DaemonSet", "corral-device-plugin")]["spec"]["template"]
+    [device] = plugin["spec"]["containers"]
+    wanted = {
+        "extender": (scheduler, option(extender_container()["command"], "--health-port")),
+        "device plugin": (plugin, option(device["command"], "--metrics-port")),
+    }
+    for who, (template, port) in wanted.items():
+        notes = template["metadata"]["annotations"]
+        assert notes == {
+            "prometheus.io/scrape": "true",
+            "prometheus.io/port": port,
+            "prometheus.io/path": "/metrics",
+        }, who
+    assert [(p["name"], str(p["containerPort"])) for p in device["ports"]] == [("metrics", wanted["device plugin"][1])]
+
+
 def test_the_chart_names_the_image_the_dockerfile_builds() -> None:
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
@@ -102,6 +123,10 @@ def test_the_health_address_serves_no_verbs(two_listeners: tuple[str, str]) -> N
     for base in (verbs, health):
         assert httpx.get(f"{base}/healthz").status_code == 200
         assert httpx.get(f"{base}/status").status_code == 200
+    scraped = httpx.get(f"{health}/metrics")  # where the pod's prometheus.io/port annotation sends Prometheus
+    assert scraped.status_code == 200
+    families = {f.name for f in text_string_to_metric_families(scraped.text)}
+    assert {"corral_extender_requests", "corral_extender_decisions"} <= families, families
     for verb in ("filter", "prioritize", "bind", "preempt"):
         r = httpx.post(f"{health}/{verb}", json=body)
         assert r.status_code == 404 and "not served on this address" in r.json()["Error"]
