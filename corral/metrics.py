@@ -106,12 +106,13 @@ class DaemonMetrics:
             registry=r,
         )
 
-    def round(self, policy: str, placements: int, starts: int) -> None:
-        """One scheduling pass: `placements` calls to the engine, `starts` of them placed."""
-        if starts:
-            self.attempts.labels(policy, "placed").inc(starts)
-        if placements > starts:
-            self.attempts.labels(policy, "unschedulable").inc(placements - starts)
+    def round(self, policy: str, placed: int, unplaced: int) -> None:
+        """One scheduling pass: `placed` jobs, and `unplaced` request shapes that could not be placed. (Not engine
+        calls: a job that backfills past the head's reservation is placed twice, now and beside the reservation.)"""
+        if placed:
+            self.attempts.labels(policy, "placed").inc(placed)
+        if unplaced:
+            self.attempts.labels(policy, "unschedulable").inc(unplaced)
 
     def job_started(self, job: Job, now: float) -> None:
         self.started.inc()

@@ -251,7 +251,7 @@ class Daemon:
             ends=ends, default_time_limit_s=self.default_time_limit_s,
         )  # fmt: skip
         self.reservation, self.queue_order = plan.reservation, plan.order
-        self.metrics.round(self.config.policy, plan.placements, len(plan.starts))
+        self.metrics.round(self.config.policy, placed=len(plan.starts), unplaced=plan.unplaced)
         foreign = self.foreign_text()
         self._store_reasons(waiting, plan.waiting, foreign, now)  # before any launch: the lock may be let go there
         busy = {u for j in holding for u in j.gpu_uuids}

@@ -56,7 +56,8 @@ class Plan:
     starts: list[Start] = field(default_factory=list)
     waiting: dict[str, str] = field(default_factory=dict)  # job id -> why it waits, in words
     unresolvable: set[str] = field(default_factory=set)  # jobs no node can ever hold
-    placements: int = 0  # calls to the engine this pass (starts + one or two per shape that failed)
+    placements: int = 0  # calls to the engine this pass (one per shape that failed, one or two per start)
+    unplaced: int = 0  # request shapes that could not be placed this pass (on what is free, or beside the reservation)
     reservation: Reservation | None = None  # the head's, if it has one
     order: list[str] = field(default_factory=list)  # the ids of the jobs offered, in queue order
 
@@ -212,4 +213,5 @@ def schedule(
             booked = True  # the head: the first job that asks for GPUs and does not fit now
             booking = book(snapshot, request, expected, config)
     reservation = booking.reservation if booking is not None else None
-    return Plan(starts, reasons, unresolvable, placements, reservation, [e.job.id for e in entries])
+    order = [e.job.id for e in entries]
+    return Plan(starts, reasons, unresolvable, placements, len(failed) + len(delays), reservation, order)

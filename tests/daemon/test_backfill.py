@@ -102,6 +102,9 @@ def test_a_long_job_that_fits_beside_the_reservation_starts() -> None:
     assert r is not None and r.start == 100.0 and set(r.allocation.gpu_indices) == {0, 1}
     assert [st.job_id for st in plan.starts] == ["11", "12"]  # GPU 3 and CPU the reservation does not need
     assert plan.starts[0].allocation.gpu_indices == (3,)
+    # Jobs 11 and 12 outlive the reservation's start, so the engine placed each twice (now, and beside the
+    # reservation); the only shape that could not be placed is the head's (what /metrics counts as unschedulable)
+    assert plan.placements == 5 and plan.unplaced == 1
 
 
 def test_cpu_the_reservation_needs_is_not_backfilled_past_its_start() -> None:
@@ -114,6 +117,7 @@ def test_cpu_the_reservation_needs_is_not_backfilled_past_its_start() -> None:
     assert plan.reservation is not None and plan.reservation.start == 100.0
     assert [st.job_id for st in plan.starts] == ["12"]
     assert plan.waiting["11"].startswith("would delay the reservation of job 10")
+    assert plan.unplaced == 2  # the head's shape, and job 11's beside the reservation
 
 
 def test_no_reservation_when_the_head_never_fits_on_what_running_jobs_free() -> None:
