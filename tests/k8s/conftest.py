@@ -55,25 +55,30 @@ class Served:
 class Cluster:
     """A fake API server, the extender's state synced from it, and the extender."""
 
-    def __init__(self, config: PlacementConfig | None = None) -> None:
+    def __init__(self, config: PlacementConfig | None = None, pick: bool = False) -> None:
         self.api = FakeKubeApi()
         self.state = ClusterState()
-        self.extender = Extender(self.state, self.api, config)
+        self.extender = Extender(self.state, self.api, config, pick=pick)
 
     def sync(self) -> None:
         Informer(self.api, self.state).sync_once()
 
 
-@pytest.fixture
-def small_cluster() -> Cluster:
-    """gpu-a: 2 A100, gpu-b: 4 A100, gpu-t4: 1 T4 (16 GiB), cpu-1: no GPUs."""
-    c = Cluster()
+def small(pick: bool = False) -> Cluster:
+    """gpu-a: 2 A100, gpu-b: 4 A100, gpu-t4: 1 T4 (16 GiB), cpu-1: no GPUs; `pick`: the extender's filter answers
+    only its pick (corral k8s extender --pick)."""
+    c = Cluster(pick=pick)
     c.api.put_node(gpu_node("gpu-a", 2))
     c.api.put_node(gpu_node("gpu-b", 4))
     c.api.put_node(gpu_node("gpu-t4", 1, model="T4", memory_mib=16384, cpu="16", memory="64Gi"))
     c.api.put_node(node_object("cpu-1", "32", "128Gi"))
     c.sync()
     return c
+
+
+@pytest.fixture
+def small_cluster() -> Cluster:
+    return small()
 
 
 @pytest.fixture

@@ -12,10 +12,9 @@ import pytest
 
 from corral.k8s.convert import parse_assignment
 from corral.k8s.extender import Extender, create_app, kube_preferences
-from corral.k8s.fake import node_object
 from corral.k8s.state import Informer
 from corral.placement import place
-from tests.k8s.conftest import Cluster, Served, gpu_node
+from tests.k8s.conftest import Cluster, Served, small
 from tests.k8s.test_extender import ALL, bind_args, kube_pod, post
 
 PREFERRED_AFFINITY = {
@@ -30,14 +29,7 @@ PREFERRED_AFFINITY = {
 @pytest.fixture
 def picking() -> Cluster:
     """small_cluster's nodes (gpu-a: 2 A100, gpu-b: 4 A100, gpu-t4: 1 T4, cpu-1: none), with pick on."""
-    c = Cluster()
-    c.extender = Extender(c.state, c.api, pick=True)
-    c.api.put_node(gpu_node("gpu-a", 2))
-    c.api.put_node(gpu_node("gpu-b", 4))
-    c.api.put_node(gpu_node("gpu-t4", 1, model="T4", memory_mib=16384, cpu="16", memory="64Gi"))
-    c.api.put_node(node_object("cpu-1", "32", "128Gi"))
-    c.sync()
-    return c
+    return small(pick=True)
 
 
 def engine_choice(c: Cluster, pod: dict[str, Any]) -> str:
