@@ -71,7 +71,7 @@ function jobLink(id) {
 }
 
 function grantText(g) {
-  return g.milli >= 1000 && !g.memory_mib ? `GPU ${g.index}` : `GPU ${g.index}: ${g.milli}m, ${mib(g.memory_mib)}`;
+  return g.milli >= 1000 ? `GPU ${g.index}` : `GPU ${g.index}: ${g.milli}m, ${mib(g.memory_mib)}`;
 }
 
 function table(caption, headers, rows, empty) {
@@ -116,7 +116,7 @@ async function viewGpus() {
       ? el("ul", { class: "shares", "aria-label": `shares of GPU ${g.index}` }, g.held.map((h) => el("li", {},
           h.user === null ? el("span", { text: `#${h.job}` }) : jobLink(h.job), " · ",
           h.user === null ? el("span", { class: "muted", text: "another user" }) : el("span", { text: h.user }),
-          " · ", h.milli >= 1000 && !h.memory_mib ? "whole GPU" : `${h.milli}m of the GPU, ${mib(h.memory_mib)}`)))
+          " · ", h.milli >= 1000 ? "whole GPU" : `${h.milli}m of the GPU, ${mib(h.memory_mib)}`)))
       : el("p", { class: "label", text: "free: no share granted" });
     return el("article", { class: "card", "aria-labelledby": `gpu-${g.index}` },
       el("h3", { id: `gpu-${g.index}` }, `GPU ${g.index} · ${g.model}`),
@@ -135,7 +135,7 @@ function sparkline(gpu, samples) {
   const measured = samples.some((s) => s[3] !== null);
   const label = `last ${samples.length} samples: share granted (solid)` +
     (measured ? ", utilisation (dashed)" : "; utilisation not measured on this GPU");
-  const box = svg("svg", { class: "spark", width, height, viewBox: `0 0 ${width} ${height}`, role: "img", "aria-label": `GPU ${gpu.index}: ${label}` });
+  const box = svg("svg", { class: "spark", viewBox: `0 0 ${width} ${height}`, preserveAspectRatio: "none", role: "img", "aria-label": `GPU ${gpu.index}: ${label}` });
   box.append(svg("rect", { x: 0.5, y: 0.5, width: width - 1, height: height - 1 }));
   const line = (values, cls) => {
     if (values.length < 2) return;
@@ -291,7 +291,8 @@ async function render(focus) {
   if (state.busy) { state.again = true; return; }
   state.busy = true;
   const { view, job } = route();
-  const changed = view !== state.view || job !== state.job;
+  // The page's first view leaves the keyboard at the top (skip link, then the views); a view chosen later takes it.
+  const changed = state.view !== null && (view !== state.view || job !== state.job);
   state.view = view; state.job = job;
   if (view !== "job") state.log = null;
   for (const a of document.querySelectorAll("nav a[data-view]")) {
