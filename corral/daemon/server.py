@@ -169,7 +169,7 @@ class _WithToken:
         # The dashboard's browser session (corral.dashboard.sessions): reads only, and never instead of a header.
         session = None
         if self.sessions is not None and not header:
-            session = self.sessions.peer_of_request(method, scope.get("headers", ()))
+            session = self.sessions.peer_of_request(method, path, scope.get("headers", ()))
         if session is not None:
             scope = dict(scope)
             scope[PEER_KEY] = session

@@ -9,8 +9,8 @@ Who the viewer is:
     Unix socket  the connection's peer (SO_PEERCRED), as for every API call: e.g. `ssh -L 8470:/run/corral/corral.sock`
                  and http://127.0.0.1:8470/ui/ shows the ssh user's view, with no token
     TCP          the page (open: it holds no data) asks for a token once and posts it to /ui/login, which sets an
-                 HttpOnly, SameSite=Strict session cookie (corral.dashboard.sessions); the cookie authorises reads
-                 only. A Bearer header works too, as everywhere.
+                 HttpOnly, SameSite=Strict session cookie and hands the page a check it sends as X-Corral-Session
+                 (corral.dashboard.sessions); a session authorises reads only. A Bearer header works too.
 
 Every UI answer carries a Content-Security-Policy that allows nothing but this origin (UI_CSP): no inline script,
 no third-party request. The page renders every user's and peer's text with textContent, never as markup.
@@ -124,8 +124,9 @@ class Dashboard:
             made = self.sessions.login(body.token) if self.sessions is not None else None
             if made is None:
                 return error(401, "token", "not a valid token (see `corral token create`)")
-            session_id, token = made
-            answer = JSONResponse({"user": token.user}, headers=_headers())
+            session_id, check, token = made
+            # The check goes to the page's script (it keeps it in localStorage, which no other port can read).
+            answer = JSONResponse({"user": token.user, "check": check}, headers=_headers())
             answer.set_cookie(
                 COOKIE, session_id, max_age=SESSION_TTL_S, path="/", httponly=True, samesite="strict",
                 secure=_secure(request),

@@ -1,14 +1,19 @@
 """Browser sessions for the dashboard over TCP: a browser cannot send a bearer header when it loads a page.
 
     POST /ui/login {"token": "corral_..."}   (JSON only: a cross-site form cannot send it, and Origin must match)
-        -> the token is checked as the API checks it -> a new random session id, kept here with the token's id
-        -> Set-Cookie: corral_ui=<id>; HttpOnly; SameSite=Strict; Path=/; Max-Age=43200
-    GET  any path with that cookie  -> the token's (uid, gid, user), while the token exists and the session has not
-                                       expired; only GET and HEAD (the dashboard only reads, so a cookie never
-                                       authorises a write: no cross-site request forgery can cancel a job)
+        -> the token is checked as the API checks it -> a new random session id and a second random value, the
+           check, both kept here (as digests) with the token's id
+        -> Set-Cookie: corral_ui=<id>; HttpOnly; SameSite=Strict; Path=/; Max-Age=43200, and {"check": <check>}
+           in the answer, which the page keeps in its origin's localStorage
+    GET  with that cookie and "X-Corral-Session: <check>"  -> the token's (uid, gid, user), while the token exists
+                                       and the session has not expired; only GET and HEAD (the dashboard only reads,
+                                       so a session never authorises a write: no forged request can cancel a job)
+    GET  /ui/reports/PATH with the cookie alone  (an <iframe> cannot send a header; reports hold no one's jobs)
 
-The browser never stores the bearer token itself (JavaScript cannot read the cookie, and the cookie is worthless once
-the daemon restarts, the session expires, or the token is revoked). Sessions live in memory only.
+Why two halves: a browser sends a cookie to every port of a host (cookies ignore ports, and so does SameSite), so
+another user's web server on 127.0.0.1:OTHER would receive the cookie; localStorage belongs to one origin (port
+included), so that server never gets the check. The browser never stores the bearer token itself, and a session is
+worthless once the daemon restarts, the session expires, or the token is revoked. Sessions live in memory only.
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ from dataclasses import dataclass
 from corral.daemon.tokens import Token, TokenStore
 
 COOKIE = "corral_ui"
+CHECK_HEADER = b"x-corral-session"
+#: Paths a session cookie opens without the check header (what an iframe loads).
+COOKIE_ONLY_PREFIX = "/ui/reports/"
 #: A session lasts this long after login (seconds); then the browser asks for the token again.
 SESSION_TTL_S = 12 * 3600
 #: Sessions kept at once; the oldest goes first (a valid token is needed to make one, so this only bounds memory).
@@ -34,6 +42,7 @@ SAFE_METHODS = frozenset({"GET", "HEAD"})
 @dataclass(frozen=True)
 class Session:
     token_id: str
+    check: str  # digest of the value the page sends in X-Corral-Session
     uid: int
     gid: int
     user: str
@@ -64,29 +73,33 @@ class Sessions:
         self._lock = threading.Lock()
         self._sessions: OrderedDict[str, Session] = OrderedDict()
 
-    def login(self, secret: str) -> tuple[str, Token] | None:
-        """A new session for the token `secret`, or None if it is not a valid token."""
+    def login(self, secret: str) -> tuple[str, str, Token] | None:
+        """A new session for the token `secret` as (session id, check, token), or None if it is not a valid token."""
         token = self.tokens.verify(secret)
         if token is None:
             return None
-        session_id = secrets.token_urlsafe(32)
-        entry = Session(token.id, token.uid, token.gid, token.user, self.clock() + SESSION_TTL_S)
+        session_id, check = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+        entry = Session(token.id, _key(check), token.uid, token.gid, token.user, self.clock() + SESSION_TTL_S)
         with self._lock:
             self._sessions[_key(session_id)] = entry
             while len(self._sessions) > MAX_SESSIONS:
                 self._sessions.popitem(last=False)
-        return session_id, token
+        return session_id, check, token
 
     def logout(self, session_id: str) -> None:
         with self._lock:
             self._sessions.pop(_key(session_id), None)
 
-    def peer(self, session_id: str) -> tuple[int, int, str] | None:
-        """(uid, gid, user) of a live session whose token still exists, else None (and the session is dropped)."""
+    def peer(self, session_id: str, check: str | None) -> tuple[int, int, str] | None:
+        """(uid, gid, user) of a live session whose token still exists, else None (and the session is dropped).
+        `check`: the value the page sends beside the cookie; None where the cookie alone may do (COOKIE_ONLY_PREFIX).
+        """
         key = _key(session_id)
         with self._lock:
             entry = self._sessions.get(key)
         if entry is None:
+            return None
+        if check is not None and not secrets.compare_digest(_key(check), entry.check):
             return None
         alive = entry.expires > self.clock() and any(t.id == entry.token_id for t in self.tokens.list(entry.uid))
         if not alive:
@@ -95,9 +108,19 @@ class Sessions:
             return None
         return entry.uid, entry.gid, entry.user
 
-    def peer_of_request(self, method: str, headers: Iterable[tuple[bytes, bytes]]) -> tuple[int, int, str] | None:
-        """The caller a request's session cookie names, for reading requests only (see the module's note)."""
+    def peer_of_request(
+        self, method: str, path: str, headers: Iterable[tuple[bytes, bytes]]
+    ) -> tuple[int, int, str] | None:
+        """The caller a request's session names, for reading requests only (see the module's note)."""
         if method.upper() not in SAFE_METHODS:
             return None
+        headers = list(headers)
         session_id = cookie_value(headers)
-        return self.peer(session_id) if session_id else None
+        if not session_id:
+            return None
+        check = next((v.decode("latin-1") for k, v in headers if k.lower() == CHECK_HEADER), None)
+        if check is None:
+            if not path.startswith(COOKIE_ONLY_PREFIX):
+                return None
+            return self.peer(session_id, None)
+        return self.peer(session_id, check)

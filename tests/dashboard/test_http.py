@@ -47,7 +47,11 @@ def anonymous(live: Live) -> Iterator[httpx.Client]:
 
 
 def login(client: httpx.Client, token: str) -> httpx.Response:
-    return client.post("/ui/login", json={"token": token}, headers={"Origin": str(client.base_url).rstrip("/")})
+    """Log in as the page does: the cookie goes to the client's jar, the check into its headers."""
+    done = client.post("/ui/login", json={"token": token}, headers={"Origin": str(client.base_url).rstrip("/")})
+    if done.status_code == 200:
+        client.headers["X-Corral-Session"] = done.json()["check"]
+    return done
 
 
 def test_the_page_and_its_assets_need_no_token_and_carry_a_strict_csp(anonymous: httpx.Client) -> None:
@@ -100,6 +104,14 @@ def test_login_gives_a_read_only_session_that_logout_and_revocation_end(live: Li
     me = anonymous.get("/ui/api/me").json()
     assert me["via"] == "session" and me["reports"] is True
     assert anonymous.get("/v1/jobs").status_code == 200
+    # The cookie alone, as a browser would send it to a server of another user on another port of this host (cookies
+    # ignore ports): nothing but the reports, which an iframe must load without a header.
+    check = anonymous.headers.pop("X-Corral-Session")
+    for path in ("/ui/api/me", "/v1/jobs", "/v1/gpus", "/ui/api/reports"):
+        assert anonymous.get(path).status_code == 401, path
+        assert anonymous.get(path, headers={"X-Corral-Session": check[::-1]}).status_code == 401, path
+    assert anonymous.get("/ui/reports/online.html").status_code == 200
+    anonymous.headers["X-Corral-Session"] = check
     # the cookie never authorises a write: a forged cross-site POST could not cancel or submit anything
     submit = anonymous.post("/v1/jobs", json={"command": ["true"]})
     assert submit.status_code == 401

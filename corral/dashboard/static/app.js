@@ -85,8 +85,14 @@ function table(caption, headers, rows, empty) {
 // ------------------------------------------------------------------ talking to the daemon
 class Unauthorised extends Error {}
 
+// The session's second half (corral.dashboard.sessions): in this origin's storage, sent beside the HttpOnly cookie.
+const CHECK_KEY = "corral-session-check";
+
 async function get(path, kind = "json") {
-  const answer = await fetch(path, { credentials: "same-origin", headers: { Accept: "application/json" } });
+  const headers = { Accept: "application/json" };
+  const check = localStorage.getItem(CHECK_KEY);
+  if (check) headers["X-Corral-Session"] = check;
+  const answer = await fetch(path, { credentials: "same-origin", headers });
   if (answer.status === 401) throw new Unauthorised("log in");
   if (!answer.ok) {
     let message = `${answer.status}`;
@@ -384,6 +390,7 @@ async function login(token) {
     return;
   }
   $("token").value = "";
+  localStorage.setItem(CHECK_KEY, (await answer.json()).check);
   await start();
 }
 
@@ -391,6 +398,7 @@ document.addEventListener("DOMContentLoaded", () => {
   $("login-form").addEventListener("submit", (event) => { event.preventDefault(); login($("token").value.trim()); });
   $("logout").addEventListener("click", async () => {
     await fetch("/ui/logout", { method: "POST", credentials: "same-origin" });
+    localStorage.removeItem(CHECK_KEY);
     showLogin("Logged out.");
   });
   $("pause").addEventListener("click", () => togglePause());
