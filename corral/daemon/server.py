@@ -53,7 +53,7 @@ from corral.daemon.extensions import install_extensions
 from corral.daemon.lockstat import Released, daemon_lock
 from corral.daemon.reservation import DEFAULT_TIME_LIMIT_S
 from corral.daemon.tokens import TokenFileError, TokenStore
-from corral.dashboard import Dashboard, is_open
+from corral.dashboard import Dashboard, foreign_browser_host, is_open
 from corral.dashboard.sessions import Sessions
 from corral.executor.container import RUNTIMES
 from corral.executor.local import LocalExecutor
@@ -123,6 +123,12 @@ class _WithPeer:
         self.peer = peer
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        host = foreign_browser_host(scope.get("headers", ())) if scope["type"] == "http" else None
+        if host is not None:  # a page elsewhere that rebound its name to a port forwarded to this socket
+            path = scope.get("path", "/")
+            why = f"a browser reaches the socket as http://127.0.0.1:PORT or http://localhost:PORT, not {host[:80]!r}"
+            await message_answer(403, path, "host", why)(scope, receive, send)
+            return
         scope = dict(scope)
         scope[PEER_KEY] = self.peer
         scope[VIA_KEY] = "unix"

@@ -137,6 +137,16 @@ def test_over_the_socket_the_caller_needs_no_login(live: Live) -> None:
         assert unix.get("/ui/").status_code == 200
         me = unix.get("/ui/api/me").json()
         assert me["via"] == "unix" and me["user"]
+        # a browser through a forwarded port (ssh -L 8470:SOCKET), as the page asks
+        browser = {"Sec-Fetch-Site": "same-origin", "Sec-Fetch-Mode": "cors"}
+        for host in ("127.0.0.1:8470", "localhost:8470", "[::1]:8470"):
+            assert unix.get("/v1/jobs", headers={**browser, "Host": host}).status_code == 200, host
+        # a page elsewhere that rebound its name to 127.0.0.1 reads nothing through that port
+        for host in ("evil.example:8470", "127.0.0.1.evil.example", "corral.example"):
+            refused = unix.get("/v1/jobs", headers={**browser, "Host": host})
+            assert refused.status_code == 403 and refused.json()["detail"]["field"] == "host", host
+        # corral's own clients are not browsers: whatever they put in Host
+        assert unix.get("/v1/jobs", headers={"Host": "anything"}).status_code == 200
 
 
 def test_reports_are_the_folders_html_files_served_sandboxed(live: Live) -> None:
