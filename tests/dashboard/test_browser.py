@@ -250,6 +250,46 @@ def test_jobs_and_a_live_log(site: Site) -> None:
     shot(site, "job")
 
 
+# WCAG 2's contrast ratio of every visible piece of text against the background it is drawn on.
+LOW_CONTRAST = """
+const rgb = (s) => (s.match(/[\\d.]+/g) || []).map(Number);
+const lum = (c) => { const [r, g, b] = c.slice(0, 3).map((v) => { v /= 255;
+  return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; }); return 0.2126 * r + 0.7152 * g + 0.0722 * b; };
+const under = (e) => { for (; e; e = e.parentElement) { const c = rgb(getComputedStyle(e).backgroundColor);
+  if (c.length === 3 || c[3] > 0) return c; } return [255, 255, 255]; };
+const low = [];
+const walk = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+while (walk.nextNode()) {
+  const node = walk.currentNode, e = node.parentElement;
+  if (!node.textContent.trim() || !e.getClientRects().length) continue;
+  const a = lum(rgb(getComputedStyle(e).color)), b = lum(under(e));
+  const ratio = (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+  if (ratio < 4.5) low.push(`${node.textContent.trim().slice(0, 40)}: ${ratio.toFixed(2)}`);
+}
+return low;
+"""
+
+
+def test_text_is_readable_and_states_are_not_colour_alone(site: Site) -> None:
+    a = site.people["a"]
+    # the check itself sees faint text (grey on white: 1.61)
+    site.driver.get(f"{site.live.url}/ui/#gpus")
+    until(site, "the grid", lambda _: heading(site).startswith("GPUs"))
+    site.driver.execute_script("const f = document.createElement('p'); f.textContent = 'faint';"
+                               "f.style.color = '#cccccc'; document.body.append(f)")  # fmt: skip
+    assert site.driver.execute_script(LOW_CONTRAST) == ["faint: 1.61"]
+    site.driver.execute_script("document.body.lastElementChild.remove()")
+    for view, ready in (("gpus", "GPUs"), ("queue", "Queue"), ("jobs", "Jobs"), (f"job/{a.jobs[1]}", "Job")):
+        site.driver.get(f"{site.live.url}/ui/#{view}")
+        until(site, view, lambda _, ready=ready: heading(site).startswith(ready))  # type: ignore[misc]
+        assert site.driver.execute_script(LOW_CONTRAST) == [], view
+    # each state badge says its state in words (and a symbol), not by its colour only
+    site.driver.get(f"{site.live.url}/ui/#jobs")
+    until(site, "the jobs", lambda _: heading(site).startswith("Jobs"))
+    badges = texts(site, "#view .state")
+    assert badges and all(b.split()[-1] in {"running", "queued", "starting", "succeeded", "failed"} for b in badges)
+
+
 def test_reports_are_sandboxed(site: Site) -> None:
     key(site, "r")
     until(site, "the report list", lambda _: heading(site) == "Simulation reports (1)")
