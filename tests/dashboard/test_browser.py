@@ -12,6 +12,7 @@ own user, and the trust test is skipped.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pwd
 import secrets
@@ -229,6 +230,59 @@ def test_users_usage(site: Site) -> None:
         assert rows[b.name] == f"{b.name} 1 1 0.25 (13% of 2) 10 GiB"
     assert "no queues" in view_text(site)  # no /v1/queues on this daemon: said, not hidden
     shot(site, "users")
+
+
+# What GET /v1/queues and GET /v1/shares answer once queues exist (the `queues` branch's shapes, docs/queues.md),
+# with a hostile queue name: the page is given them in place of this daemon's 404s.
+QUEUES = {
+    "default_queue": "default",
+    "fair_share": True,
+    "half_life_s": 604800.0,
+    "queues": [
+        {"name": "default", "default": True, "weight": 1.0, "max_priority": None, "guarantee": {}, "limit": {},
+         "borrow_limit": {}, "in_use": {"gpus": 1, "gpu_milli": 1000, "gpu_memory": 81920, "cpus": 1000,
+         "memory": 1024}, "borrowing": {}, "below_guarantee": False, "pending": 1, "running": 2},
+        {"name": "<i>research</i>", "default": False, "weight": 3.0, "max_priority": 50,
+         "guarantee": {"gpus": 1}, "limit": {"gpus": 2, "gpu_memory": 163840}, "borrow_limit": {}, "in_use": {},
+         "borrowing": {}, "below_guarantee": True, "pending": 0, "running": 0},
+    ],
+}  # fmt: skip
+SHARES = {
+    "half_life_s": 604800.0,
+    "resources": ["gpu_milli", "gpu_memory_mib", "cpu_milli", "memory_mib"],
+    "accounts": [
+        {"queue": "default", "user": None, "weight": 1.0, "norm_shares": 0.25, "dominant_share": 0.5,
+         "effective_usage": 0.5, "fairshare_factor": 0.25, "usage": {"gpu_milli": 1500.0, "gpu_memory_mib": 0,
+         "cpu_milli": 3000.0, "memory_mib": 3072.0}},
+        {"queue": "default", "user": "alice", "weight": 1.0, "norm_shares": 1.0, "dominant_share": 0.5,
+         "effective_usage": 0.5, "fairshare_factor": 0.5, "usage": {"gpu_milli": 1500.0}},
+    ],
+}  # fmt: skip
+FAKE_QUEUES = """
+const answers = {"/v1/queues": arguments[0], "/v1/shares": arguments[1]};
+window.__realFetch = window.__realFetch || window.fetch;
+window.fetch = (path, init) => path in answers
+  ? Promise.resolve(new Response(answers[path], {status: 200, headers: {"Content-Type": "application/json"}}))
+  : window.__realFetch(path, init);
+"""
+
+
+def test_queues_and_fair_share_once_the_daemon_has_them(site: Site) -> None:
+    site.driver.execute_script(FAKE_QUEUES, json.dumps(QUEUES), json.dumps(SHARES))
+    try:
+        until(site, "the queues' tables", lambda _: "Fair share: each queue" in view_text(site))
+        queues, shares = site.driver.execute_script(
+            "return [...document.querySelectorAll('#view table')].slice(1).map(t => t.innerText)"
+        )
+        assert "<i>research</i>" in queues and "default (default)" in queues
+        assert "1 GPU, 1 GPU (1000m), 80 GiB GPU memory, 1 CPU, 1 GiB" in queues  # default's in_use, in words
+        assert "2 GPUs, 160 GiB GPU memory" in queues  # research's limit
+        assert "(the queue)" in shares and "alice" in shares and "0.250" in shares
+        assert "half-life of 7.0 days" in shares
+        assert site.driver.execute_script("return document.querySelector('#view i')") is None
+        shot(site, "fair-share")
+    finally:
+        site.driver.execute_script("if (window.__realFetch) window.fetch = window.__realFetch")
 
 
 def test_jobs_and_a_live_log(site: Site) -> None:

@@ -182,9 +182,47 @@ async function viewQueue() {
       rows, "Nothing is waiting.")];
 }
 
+// Resource amounts as the queues API gives them ({"gpus": 2, "gpu_memory": 40960, ...}), in words.
+const AMOUNT = {
+  gpus: (v) => `${v} GPU${v === 1 ? "" : "s"}`, gpu_milli: (v) => `${gpusText(v)} GPU (${v}m)`,
+  gpu_memory: (v) => `${mib(v)} GPU memory`, gpu_memory_mib: (v) => `${mib(v)} GPU memory`,
+  cpus: (v) => `${v / 1000} CPU`, cpu_milli: (v) => `${v / 1000} CPU`, memory: (v) => mib(v), memory_mib: (v) => mib(v),
+};
+
+function amounts(value) {
+  if (value === null || value === undefined) return "-";
+  if (typeof value !== "object") return typeof value === "number" && !Number.isInteger(value) ? value.toFixed(3) : String(value);
+  const parts = Object.entries(value).filter(([, v]) => v !== null && v !== 0)
+    .map(([k, v]) => (AMOUNT[k] && typeof v === "number" ? AMOUNT[k](Math.round(v)) : `${k} ${amounts(v)}`));
+  return parts.length ? parts.join(", ") : "none";
+}
+
+function queuesTable(body) {
+  // GET /v1/queues: {"default_queue", "fair_share", "queues": [{"name", "weight", "in_use", "limit", ...}]}
+  const list = Array.isArray(body) ? body : body.queues || [];
+  const known = ["name", "weight", "max_priority", "running", "pending", "in_use", "guarantee", "limit", "borrow_limit", "borrowing", "below_guarantee"];
+  const extra = [...new Set(list.flatMap((q) => Object.keys(q)))].filter((k) => !known.includes(k) && k !== "default" && k !== "missing");
+  const columns = [...known.filter((k) => list.some((q) => k in q)), ...extra];
+  const rows = list.map((q) => el("tr", {}, columns.map((k) => el("td", { class: typeof q[k] === "number" ? "num" : null },
+    k === "name" ? `${q.name}${q.default ? " (default)" : ""}${q.missing ? " (removed: jobs still wait in it)" : ""}` : amounts(q[k])))));
+  return table(`Queues${body.fair_share === false ? " (fair share off)" : ""}`, columns.map((k) => [k.replaceAll("_", " ")]), rows, "No queues are defined.");
+}
+
+function sharesTable(body) {
+  // GET /v1/shares (sshare): {"accounts": [{"queue", "user" (null: the queue's own row), "weight", "norm_shares", ...}]}
+  const rows = (body.accounts || []).map((a) => el("tr", {},
+    el("td", { text: a.queue }), el("td", { text: a.user === null ? "(the queue)" : a.user }),
+    ["weight", "norm_shares", "dominant_share", "effective_usage", "fairshare_factor"].map((k) => el("td", { class: "num", text: amounts(a[k]) })),
+    el("td", { text: amounts(a.usage) })));
+  return table("Fair share: each queue, and each user in it (usage decays with a half-life" +
+    (body.half_life_s ? ` of ${(body.half_life_s / 86400).toFixed(1)} days)` : ")"),
+    [["Queue"], ["User"], ["Weight", "num"], ["Normalised shares", "num"], ["Dominant share", "num"], ["Effective usage", "num"], ["Fair-share factor", "num"], ["Usage"]],
+    rows, "No usage recorded yet.");
+}
+
 async function viewUsers() {
-  const [jobs, gpus, queues] = await Promise.all([
-    get("/v1/jobs?all=true&state=queued,starting,running&limit=10000"), get("/v1/gpus"), optional("/v1/queues")]);
+  const [jobs, gpus, queues, shares] = await Promise.all([
+    get("/v1/jobs?all=true&state=queued,starting,running&limit=10000"), get("/v1/gpus"), optional("/v1/queues"), optional("/v1/shares")]);
   const users = new Map();
   const row = (name) => users.get(name) || users.set(name, { running: 0, queued: 0, milli: 0, memory: 0 }).get(name);
   const sizes = new Map(gpus.map((g) => [g.index, g.memory_mib]));
@@ -207,15 +245,12 @@ async function viewUsers() {
   const parts = [el("h2", { tabindex: "-1", text: "Users" }),
     table(state.me?.root ? "Every user's work now" : "Your work now (other users' shares without names)",
       [["User"], ["Running", "num"], ["Queued", "num"], ["GPUs held", "num"], ["GPU memory granted", "num"]], rows, "Nobody runs or waits now.")];
-  parts.push(el("h3", { text: "Fair share" }));
-  if (queues === null) {
+  parts.push(el("h3", { text: "Queues and fair share" }));
+  if (queues === null && shares === null) {
     parts.push(el("p", { class: "muted", text: "This daemon has no queues (GET /v1/queues is not there): no fair-share figures to show." }));
-  } else {
-    const list = Array.isArray(queues) ? queues : queues.queues || [];
-    const keys = [...new Set(list.flatMap((q) => Object.keys(q).filter((k) => q[k] === null || typeof q[k] !== "object")))];
-    parts.push(table("Queues as GET /v1/queues reports them", keys.map((k) => [k.replaceAll("_", " ")]),
-      list.map((q) => el("tr", {}, keys.map((k) => el("td", { text: q[k] ?? "-" })))), "No queues are defined."));
   }
+  if (queues !== null) parts.push(queuesTable(queues));
+  if (shares !== null) parts.push(sharesTable(shares));
   return parts;
 }
 
