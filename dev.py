@@ -2,7 +2,8 @@
 """The project's two commands, runnable on a fresh machine that has only Python and the package registries.
 
     python3 dev.py run [ARGS...]   install corral into .venv and run `corral ARGS` (default: `corral serve`)
-    python3 dev.py test            install corral with its dev tools, then run ruff, mypy --strict and pytest
+    python3 dev.py test            install corral with its dev tools (and, as root, Debian's chromium for the
+                                   dashboard's browser tests), then run ruff, mypy --strict and pytest
 
 `.ci/run` calls `python3 dev.py test`; CI and the README use the same command.
 """
@@ -43,6 +44,25 @@ def ensure_venv(extra: str) -> None:
     stamp.touch()
 
 
+BROWSER = (Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver"))
+
+
+def ensure_browser() -> None:
+    """Debian's chromium and its driver, for the dashboard's browser tests (tests/dashboard): installed with apt where
+    they are missing and this runs as root. Where they cannot be, those tests skip, or fail under CI=true."""
+    if all(p.exists() for p in BROWSER):
+        return
+    apt = shutil.which("apt-get")
+    if apt is None or os.geteuid() != 0:
+        print("note: no chromium here and no root apt-get to install it: the dashboard's browser tests cannot run")
+        return
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    install = [apt, "install", "-y", "-q", "--no-install-recommends", "chromium", "chromium-driver"]
+    if subprocess.call(install, env=env) != 0:
+        subprocess.call([apt, "update", "-q"], env=env)
+        subprocess.call(install, env=env)
+
+
 def main(argv: list[str]) -> None:
     if not argv or argv[0] not in {"run", "test"}:
         print(__doc__)
@@ -52,6 +72,7 @@ def main(argv: list[str]) -> None:
         args = argv[1:] or DEFAULT_RUN
         os.execv(str(BIN / "corral"), [str(BIN / "corral"), *args])
     ensure_venv("dev")
+    ensure_browser()
     sh(BIN / "ruff", "check", "corral", "tests", "benchmarks", "dev.py")
     sh(BIN / "mypy")
     sh(BIN / "python", "-m", "pytest", *argv[1:])

@@ -9,7 +9,7 @@
     GET  /v1/jobs/{id}/explain         {"state": ..., "reason": ...}: why it waits, or how it ended; a queued job's
                                        position, the jobs holding what it waits for, its reservation and estimated
                                        start (docs/backfill.md)
-    GET  /v1/jobs/{id}/logs?offset=N   its output from byte N (text/plain)
+    GET  /v1/jobs/{id}/logs?offset=N   its output from byte N (text/plain); ?tail=N: its last N bytes
     GET  /v1/gpus                      each GPU: who holds which share, live use, memory of foreign processes
     GET  /metrics                      Prometheus text format (docs/metrics.md); per-job series for root only
     GET  /healthz, /readyz             alive; ready (store answers, a scheduling round ended recently): no caller needed
@@ -427,13 +427,21 @@ def create_app(
         response_class=Response,
         responses={200: {"description": "The log's bytes", "content": {"text/plain": {"schema": {"type": "string"}}}}},
     )
-    def logs(job_id: str, who: Caller, offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0) -> Response:
-        """The log's bytes from `offset` (at most 4 MiB); `X-Corral-Next-Offset` says where the next read starts and
-        `X-Corral-Job-State` whether more can come (a final state: no more output), for `corral logs -f`."""
+    def logs(
+        job_id: str,
+        who: Caller,
+        offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
+        tail: Annotated[int | None, Query(ge=0, le=MAX_LOG_CHUNK)] = None,
+    ) -> Response:
+        """The log's bytes from `offset` (at most 4 MiB), or its last `tail` bytes (the dashboard's view of a long
+        log); `X-Corral-Next-Offset` says where the next read starts and `X-Corral-Job-State` whether more can come (a
+        final state: no more output), for `corral logs -f`."""
         job = visible(job_id, who)
         path = daemon.log_path(job_id)
         try:
             with path.open("rb") as f:
+                if tail is not None:
+                    offset = max(0, f.seek(0, 2) - tail)
                 f.seek(offset)
                 data = f.read(MAX_LOG_CHUNK)
         except FileNotFoundError:

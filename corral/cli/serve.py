@@ -78,6 +78,10 @@ def serve_cmd(
             "reservation is planned for backfill. Not enforced: such jobs are not stopped.",
         ),
     ] = "1h",
+    reports: Annotated[
+        Path | None,
+        typer.Option(help="A folder of `corral sim` reports to show on the dashboard (/ui/, docs/dashboard.md)."),
+    ] = None,
 ) -> None:
     """Run the corral daemon on this machine until SIGTERM or Ctrl-C."""
     from corral.daemon.server import ServeError, serve
@@ -96,7 +100,7 @@ def serve_cmd(
         serve(
             state, sock, simulate_gpus, policy, watchdog=gpu_memory_watchdog, sharing=sharing, listen=listen,
             gpu_behavior=gpu_behavior_old or gpu_behavior, service_ports=service_ports,
-            container_runtime=container_runtime, default_time_limit_s=default_time_limit_s,
+            container_runtime=container_runtime, default_time_limit_s=default_time_limit_s, reports=reports,
         )  # fmt: skip
     except (ServeError, InvalidRequest, StoreError, OSError) as exc:
         raise fail(str(exc)) from None

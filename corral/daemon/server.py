@@ -53,6 +53,8 @@ from corral.daemon.extensions import install_extensions
 from corral.daemon.lockstat import Released, daemon_lock
 from corral.daemon.reservation import DEFAULT_TIME_LIMIT_S
 from corral.daemon.tokens import TokenFileError, TokenStore
+from corral.dashboard import Dashboard, foreign_browser_host, is_open
+from corral.dashboard.sessions import Sessions
 from corral.executor.container import RUNTIMES
 from corral.executor.local import LocalExecutor
 from corral.gpu.discovery import GpuDiscoveryError, discover_gpus, local_node
@@ -121,6 +123,12 @@ class _WithPeer:
         self.peer = peer
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        host = foreign_browser_host(scope.get("headers", ())) if scope["type"] == "http" else None
+        if host is not None:  # a page elsewhere that rebound its name to a port forwarded to this socket
+            path = scope.get("path", "/")
+            why = f"a browser reaches the socket as http://127.0.0.1:PORT or http://localhost:PORT, not {host[:80]!r}"
+            await message_answer(403, path, "host", why)(scope, receive, send)
+            return
         scope = dict(scope)
         scope[PEER_KEY] = self.peer
         scope[VIA_KEY] = "unix"
@@ -153,15 +161,27 @@ class _WithToken:
     """ASGI wrapper for TCP connections: the caller is the owner of the request's token, or the answer is 401 (in
     the shape of the face asked: corral's, or the peer's under /marathon, /metronome, /chronos)."""
 
-    def __init__(self, app: AsgiApp, tokens: TokenStore) -> None:
+    def __init__(self, app: AsgiApp, tokens: TokenStore, sessions: Sessions | None = None) -> None:
         self.app = app
         self.tokens = tokens
+        self.sessions = sessions
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("path") in OPEN_PATHS:
+        path, method = scope.get("path", "/"), scope.get("method", "GET")
+        if scope["type"] != "http" or path in OPEN_PATHS or is_open(method, path):
             await self.app(scope, receive, send)
             return
         header = dict(scope.get("headers", ())).get(b"authorization", b"").decode("latin-1")
+        # The dashboard's browser session (corral.dashboard.sessions): reads only, and never instead of a header.
+        session = None
+        if self.sessions is not None and not header:
+            session = self.sessions.peer_of_request(method, path, scope.get("headers", ()))
+        if session is not None:
+            scope = dict(scope)
+            scope[PEER_KEY] = session
+            scope[VIA_KEY] = "session"
+            await self.app(scope, receive, send)
+            return
         secret = token_secret(header)
         token = self.tokens.verify(secret) if secret else None
         if token is None:
@@ -185,8 +205,9 @@ class _WithToken:
         await self.app(scope, receive, send)
 
 
-def protocol_for(tokens: TokenStore) -> type[H11Protocol]:
-    """uvicorn's HTTP/1.1 protocol, with each connection's identity: Unix peer credentials, or TCP bearer tokens."""
+def protocol_for(tokens: TokenStore, sessions: Sessions | None = None) -> type[H11Protocol]:
+    """uvicorn's HTTP/1.1 protocol, with each connection's identity: Unix peer credentials, or TCP bearer tokens (or
+    the dashboard's session cookie)."""
 
     class CorralH11Protocol(H11Protocol):
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -197,7 +218,7 @@ def protocol_for(tokens: TokenStore) -> type[H11Protocol]:
                 if creds is not None:
                     self.app = _WithPeer(self.app, creds)
             else:
-                self.app = _WithToken(self.app, tokens)
+                self.app = _WithToken(self.app, tokens, sessions)
 
     return CorralH11Protocol
 
@@ -369,6 +390,7 @@ def serve(
     service_ports: str | None = None,
     container_runtime: str | None = None,
     default_time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+    reports: Path | None = None,
 ) -> None:
     """Run the daemon until SIGTERM or SIGINT.
 
@@ -379,7 +401,10 @@ def serve(
     `container_runtime`: "docker" or "podman" runs job definitions that name an image; None refuses them.
     `default_time_limit_s`: how long a job without a time limit is expected to run, when the head of the queue's
     reservation is planned (docs/backfill.md); not enforced.
+    `reports`: a folder of `corral sim` reports the dashboard shows (docs/dashboard.md).
     """
+    if reports is not None and not reports.is_dir():
+        raise ServeError(f"--reports: {reports} is not a folder (give the folder `corral sim ... --out` wrote)")
     if container_runtime is not None and container_runtime not in RUNTIMES:
         raise ServeError(f"--container-runtime must be one of {', '.join(RUNTIMES)}, got {container_runtime!r}")
     if sharing not in SHARING_MODES:
@@ -428,6 +453,8 @@ def serve(
     held = _hold_logs()
     # Controllers first: a job the restart finds lost is reported to the controller that made it.
     routers = install_extensions(daemon, lock, woken.set)
+    dashboard = Dashboard(daemon, tokens, reports)
+    routers = [*routers, dashboard.router()]
     with lock:
         daemon.recover()
     gpus = ", ".join(f"{g.index}: {g.model} {g.memory_mib} MiB" for g in node.gpus) or "none"
@@ -481,7 +508,10 @@ def serve(
 
     server = _Server(
         uvicorn.Config(
-            app, log_level="warning", http=protocol_for(tokens), timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S)
+            app,
+            log_level="warning",
+            http=protocol_for(tokens, dashboard.sessions),
+            timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S),
         ),
         stopping,
     )
@@ -515,6 +545,7 @@ def serve(
     _log_to_stderr(held)
 
     ticker.start()
+    dashboard.start()
     try:
         server.run(sockets=sockets)
     finally:
@@ -523,6 +554,7 @@ def serve(
         stopping()
         # Bounded: a tick stuck holding the lock must not keep the daemon alive (the tick thread is a daemon thread).
         ticker.join(timeout=SHUTDOWN_GRACE_S)
+        dashboard.close()
         executor.close()
         if sampler is not None:
             sampler.close()

@@ -1,0 +1,126 @@
+"""Browser sessions for the dashboard over TCP: a browser cannot send a bearer header when it loads a page.
+
+    POST /ui/login {"token": "corral_..."}   (JSON only: a cross-site form cannot send it, and Origin must match)
+        -> the token is checked as the API checks it -> a new random session id and a second random value, the
+           check, both kept here (as digests) with the token's id
+        -> Set-Cookie: corral_ui=<id>; HttpOnly; SameSite=Strict; Path=/; Max-Age=43200, and {"check": <check>}
+           in the answer, which the page keeps in its origin's localStorage
+    GET  with that cookie and "X-Corral-Session: <check>"  -> the token's (uid, gid, user), while the token exists
+                                       and the session has not expired; only GET and HEAD (the dashboard only reads,
+                                       so a session never authorises a write: no forged request can cancel a job)
+    GET  /ui/reports/PATH with the cookie alone  (an <iframe> cannot send a header; reports hold no one's jobs)
+
+Why two halves: a browser sends a cookie to every port of a host (cookies ignore ports, and so does SameSite), so
+another user's web server on 127.0.0.1:OTHER would receive the cookie; localStorage belongs to one origin (port
+included), so that server never gets the check. The browser never stores the bearer token itself, and a session is
+worthless once the daemon restarts, the session expires, or the token is revoked. Sessions live in memory only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from corral.daemon.tokens import Token, TokenStore
+
+COOKIE = "corral_ui"
+CHECK_HEADER = b"x-corral-session"
+#: Paths a session cookie opens without the check header (what an iframe loads).
+COOKIE_ONLY_PREFIX = "/ui/reports/"
+#: A session lasts this long after login (seconds); then the browser asks for the token again.
+SESSION_TTL_S = 12 * 3600
+#: Sessions kept at once; the oldest goes first (a valid token is needed to make one, so this only bounds memory).
+MAX_SESSIONS = 1000
+SAFE_METHODS = frozenset({"GET", "HEAD"})
+
+
+@dataclass(frozen=True)
+class Session:
+    token_id: str
+    check: str  # digest of the value the page sends in X-Corral-Session
+    uid: int
+    gid: int
+    user: str
+    expires: float
+
+
+def _key(session_id: str) -> str:
+    # Only a digest is kept, so a memory dump of the daemon does not hand out live cookies.
+    return hashlib.sha256(session_id.encode()).hexdigest()
+
+
+def cookie_value(headers: Iterable[tuple[bytes, bytes]], name: str = COOKIE) -> str | None:
+    """The value of cookie `name` in a request's Cookie headers, None if absent."""
+    for key, raw in headers:
+        if key.lower() != b"cookie":
+            continue
+        for part in raw.decode("latin-1").split(";"):
+            k, sep, v = part.strip().partition("=")
+            if sep and k == name:
+                return v.strip()
+    return None
+
+
+class Sessions:
+    def __init__(self, tokens: TokenStore, clock: Callable[[], float] = time.time) -> None:
+        self.tokens = tokens
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._sessions: OrderedDict[str, Session] = OrderedDict()
+
+    def login(self, secret: str) -> tuple[str, str, Token] | None:
+        """A new session for the token `secret` as (session id, check, token), or None if it is not a valid token."""
+        token = self.tokens.verify(secret)
+        if token is None:
+            return None
+        session_id, check = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+        entry = Session(token.id, _key(check), token.uid, token.gid, token.user, self.clock() + SESSION_TTL_S)
+        with self._lock:
+            self._sessions[_key(session_id)] = entry
+            while len(self._sessions) > MAX_SESSIONS:
+                self._sessions.popitem(last=False)
+        return session_id, check, token
+
+    def logout(self, session_id: str) -> None:
+        with self._lock:
+            self._sessions.pop(_key(session_id), None)
+
+    def peer(self, session_id: str, check: str | None) -> tuple[int, int, str] | None:
+        """(uid, gid, user) of a live session whose token still exists, else None (and the session is dropped).
+        `check`: the value the page sends beside the cookie; None where the cookie alone may do (COOKIE_ONLY_PREFIX).
+        """
+        key = _key(session_id)
+        with self._lock:
+            entry = self._sessions.get(key)
+        if entry is None:
+            return None
+        if check is not None and not secrets.compare_digest(_key(check), entry.check):
+            return None
+        alive = entry.expires > self.clock() and any(t.id == entry.token_id for t in self.tokens.list(entry.uid))
+        if not alive:
+            with self._lock:
+                self._sessions.pop(key, None)
+            return None
+        return entry.uid, entry.gid, entry.user
+
+    def peer_of_request(
+        self, method: str, path: str, headers: Iterable[tuple[bytes, bytes]]
+    ) -> tuple[int, int, str] | None:
+        """The caller a request's session names, for reading requests only (see the module's note)."""
+        if method.upper() not in SAFE_METHODS:
+            return None
+        headers = list(headers)
+        session_id = cookie_value(headers)
+        if not session_id:
+            return None
+        check = next((v.decode("latin-1") for k, v in headers if k.lower() == CHECK_HEADER), None)
+        if check is None:
+            if not path.startswith(COOKIE_ONLY_PREFIX):
+                return None
+            return self.peer(session_id, None)
+        return self.peer(session_id, check)

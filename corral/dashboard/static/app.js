@@ -1,0 +1,456 @@
+// corral dashboard: plain ES module, no dependencies, no build step.
+// Every piece of user or peer text goes into the page with textContent (through el() below), never as markup.
+"use strict";
+
+const POLL_MS = 2000;
+const LOG_TAIL = 64 * 1024;      // bytes of a log shown when a job is opened
+const LOG_KEEP = 256 * 1024;     // characters of log kept in the page while following
+const EXPLAIN_MOST = 50;         // queued jobs explained per update (the oldest first)
+const FINAL = new Set(["succeeded", "failed", "cancelled", "lost"]);
+
+const state = { me: null, paused: false, timer: null, view: null, job: null, report: null, log: null, busy: false, again: false };
+
+// ------------------------------------------------------------------ building the page safely
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === null || value === undefined || value === false) continue;
+    if (key === "class") node.className = value;
+    else if (key === "text") node.textContent = String(value);
+    else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else node.setAttribute(key, value === true ? "" : String(value));
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined || child === false) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function svg(tag, attrs) {
+  const node = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  for (const [key, value] of Object.entries(attrs || {})) node.setAttribute(key, String(value));
+  return node;
+}
+
+const $ = (id) => document.getElementById(id);
+
+// ------------------------------------------------------------------ formatting
+function mib(value) {
+  if (value === null || value === undefined) return "not measured";
+  return value >= 1024 ? `${(value / 1024).toFixed(value % 1024 ? 1 : 0)} GiB` : `${value} MiB`;
+}
+
+function gpusText(milli) {
+  const whole = milli / 1000;
+  return Number.isInteger(whole) ? String(whole) : whole.toFixed(2).replace(/0+$/, "");
+}
+
+function when(epoch) {
+  if (epoch === null || epoch === undefined) return el("span", { class: "muted", text: "-" });
+  const iso = new Date(epoch * 1000).toISOString().replace(/\.\d+Z$/, "Z");
+  const s = Math.round(Date.now() / 1000 - epoch);
+  const abs = Math.abs(s);
+  const amount = abs < 60 ? `${abs} s` : abs < 3600 ? `${Math.round(abs / 60)} min` :
+    abs < 86400 ? `${(abs / 3600).toFixed(1)} h` : `${(abs / 86400).toFixed(1)} d`;
+  return el("time", { datetime: iso, title: iso, text: s >= 0 ? `${amount} ago` : `in ${amount}` });
+}
+
+// A command as a POSIX shell would need it quoted (what `corral show` prints).
+function shellQuote(args) {
+  return args.map((a) => (a !== "" && /^[A-Za-z0-9_@%+=:,./-]+$/.test(a) ? a : `'${a.replaceAll("'", "'\"'\"'")}'`)).join(" ");
+}
+
+function stateBadge(name) {
+  const symbol = { running: "▶", starting: "▷", queued: "…", succeeded: "✓", failed: "✗", lost: "?", cancelled: "■" }[name] || "";
+  return el("span", { class: `state state-${name}` }, `${symbol} ${name}`);
+}
+
+function jobLink(id) {
+  return el("a", { href: `#job/${encodeURIComponent(id)}`, "aria-label": `job ${id}` }, `#${id}`);
+}
+
+function grantText(g) {
+  return g.milli >= 1000 ? `GPU ${g.index}` : `GPU ${g.index}: ${g.milli}m, ${mib(g.memory_mib)}`;
+}
+
+function table(caption, headers, rows, empty) {
+  if (!rows.length) return el("p", { class: "muted", text: empty });
+  return el("table", {},
+    el("caption", { text: caption }),
+    el("thead", {}, el("tr", {}, headers.map(([h, cls]) => el("th", { scope: "col", class: cls || null, text: h })))),
+    el("tbody", {}, rows));
+}
+
+// ------------------------------------------------------------------ talking to the daemon
+class Unauthorised extends Error {}
+
+// The session's second half (corral.dashboard.sessions): in this origin's storage, sent beside the HttpOnly cookie.
+const CHECK_KEY = "corral-session-check";
+
+async function get(path, kind = "json") {
+  const headers = { Accept: "application/json" };
+  const check = localStorage.getItem(CHECK_KEY);
+  if (check) headers["X-Corral-Session"] = check;
+  const answer = await fetch(path, { credentials: "same-origin", headers });
+  if (answer.status === 401) throw new Unauthorised("log in");
+  if (!answer.ok) {
+    let message = `${answer.status}`;
+    try { const body = await answer.json(); message = body.detail?.message || message; } catch { /* not JSON */ }
+    const problem = new Error(message);
+    problem.status = answer.status;
+    throw problem;
+  }
+  return kind === "json" ? answer.json() : answer;
+}
+
+async function optional(path) {
+  try { return await get(path); } catch (e) { if (e.status === 404) return null; throw e; }
+}
+
+// ------------------------------------------------------------------ views
+async function viewGpus() {
+  const [gpus, history] = await Promise.all([get("/v1/gpus"), get("/ui/api/history")]);
+  const samples = new Map(history.gpus.map((g) => [g.index, g.samples]));
+  const cards = gpus.map((g) => {
+    const granted = g.held.reduce((sum, h) => sum + (h.memory_mib || (h.milli >= 1000 ? g.memory_mib : 0)), 0);
+    const shareBar = el("div", { class: "meter", role: "img", "aria-label": `${gpusText(g.granted_milli)} of 1 GPU granted` }, el("span"));
+    shareBar.firstChild.style.width = `${Math.min(100, g.granted_milli / 10)}%`;
+    const memBar = el("div", { class: "meter mem", role: "img", "aria-label": `${mib(granted)} of ${mib(g.memory_mib)} granted` }, el("span"));
+    memBar.firstChild.style.width = `${Math.min(100, (100 * granted) / g.memory_mib)}%`;
+    const shares = g.held.length
+      ? el("ul", { class: "shares", "aria-label": `shares of GPU ${g.index}` }, g.held.map((h) => el("li", {},
+          h.user === null ? el("span", { text: `#${h.job}` }) : jobLink(h.job), " · ",
+          h.user === null ? el("span", { class: "muted", text: "another user" }) : el("span", { text: h.user }),
+          " · ", h.milli >= 1000 ? "whole GPU" : `${h.milli}m of the GPU, ${mib(h.memory_mib)}`)))
+      : el("p", { class: "label", text: "free: no share granted" });
+    return el("article", { class: "card", "aria-labelledby": `gpu-${g.index}` },
+      el("h3", { id: `gpu-${g.index}` }, `GPU ${g.index} · ${g.model}`),
+      el("div", { class: "label mono", text: g.uuid }),
+      el("div", { class: "label", text: `granted: ${gpusText(g.granted_milli)} of the GPU (${g.granted_milli}m)` }), shareBar,
+      el("div", { class: "label", text: `memory: used ${mib(g.used_memory_mib)}, granted ${mib(granted)} of ${mib(g.memory_mib)}` +
+        (g.foreign_memory_mib ? `, outside corral ${mib(g.foreign_memory_mib)}` : "") }), memBar,
+      sparkline(g, samples.get(g.index) || []),
+      shares);
+  });
+  return [el("h2", { tabindex: "-1", text: `GPUs (${gpus.length})` }), el("div", { class: "grid" }, cards)];
+}
+
+function sparkline(gpu, samples) {
+  const width = 260, height = 40;
+  const measured = samples.some((s) => s[3] !== null);
+  const label = `last ${samples.length} samples: share granted (solid)` +
+    (measured ? ", utilisation (dashed)" : "; utilisation not measured on this GPU");
+  const box = svg("svg", { class: "spark", viewBox: `0 0 ${width} ${height}`, preserveAspectRatio: "none", role: "img", "aria-label": `GPU ${gpu.index}: ${label}` });
+  box.append(svg("rect", { x: 0.5, y: 0.5, width: width - 1, height: height - 1 }));
+  const line = (values, cls) => {
+    if (values.length < 2) return;
+    const step = (width - 4) / (values.length - 1);
+    const points = values.map((v, i) => `${(2 + i * step).toFixed(1)},${(height - 2 - (Math.min(100, v) / 100) * (height - 4)).toFixed(1)}`);
+    box.append(svg("polyline", { class: cls, points: points.join(" ") }));
+  };
+  line(samples.map((s) => s[1] / 10), "granted");
+  if (measured) line(samples.map((s) => s[3] ?? 0), "util");
+  const last = samples.length ? samples[samples.length - 1] : null;
+  const caption = el("div", { class: "label" }, last && last[3] !== null ? `utilisation ${last[3]}% now` : "utilisation: not measured (simulated GPU, or no NVML)");
+  return el("figure", { class: "spark-fig" }, box, caption);
+}
+
+async function viewQueue() {
+  const queued = await get("/v1/jobs?all=true&state=queued&limit=500");
+  const explained = new Map();
+  await Promise.all(queued.slice(0, EXPLAIN_MOST).map(async (j) => {
+    try { explained.set(j.id, await get(`/v1/jobs/${encodeURIComponent(j.id)}/explain`)); } catch (e) { if (e instanceof Unauthorised) throw e; }
+  }));
+  const order = (j) => explained.get(j.id)?.position ?? Infinity;
+  queued.sort((a, b) => order(a) - order(b) || Number(a.id) - Number(b.id));
+  const rows = queued.map((j) => {
+    const x = explained.get(j.id) || {};
+    const wants = j.request ? `${j.request.gpu_count ? `${j.request.gpu_count} × ${j.request.gpu_milli >= 1000 ? "GPU" : `${j.request.gpu_milli}m` + (j.request.gpu_memory_mib ? `/${mib(j.request.gpu_memory_mib)}` : "")}` : "no GPU"}, ${j.request.cpu_milli / 1000} CPU, ${mib(j.request.memory_mib)}` : "";
+    const start = x.estimated_start ? when(x.estimated_start) :
+      x.reservation ? el("span", { class: "muted", text: `after job ${x.reservation.job} (head, reserved)` }) : el("span", { class: "muted", text: "not estimated" });
+    return el("tr", {},
+      el("td", { class: "num", text: x.position ? `${x.position} of ${x.queued}` : "-" }),
+      el("td", {}, jobLink(j.id)), el("td", { text: j.user }), el("td", { text: j.name || "" }), el("td", { text: wants }),
+      el("td", { class: "reason" }, el("span", { text: j.reason || "waiting for its first round" }),
+        x.story ? el("div", { class: "label", text: x.story }) : null),
+      el("td", {}, start), el("td", {}, when(j.submitted_at)));
+  });
+  return [el("h2", { tabindex: "-1", text: `Queue (${queued.length} waiting)` }),
+    table("Queued jobs in the order they start, why each waits, and the head's estimated start",
+      [["Position", "num"], ["Job"], ["User"], ["Name"], ["Wants"], ["Why it waits"], ["Estimated start"], ["Submitted"]],
+      rows, "Nothing is waiting.")];
+}
+
+// Resource amounts as the queues API gives them ({"gpus": 2, "gpu_memory": 40960, ...}), in words.
+const AMOUNT = {
+  gpus: (v) => `${v} GPU${v === 1 ? "" : "s"}`, gpu_milli: (v) => `${gpusText(v)} GPU (${v}m)`,
+  gpu_memory: (v) => `${mib(v)} GPU memory`, gpu_memory_mib: (v) => `${mib(v)} GPU memory`,
+  cpus: (v) => `${v / 1000} CPU`, cpu_milli: (v) => `${v / 1000} CPU`, memory: (v) => mib(v), memory_mib: (v) => mib(v),
+};
+
+function amounts(value) {
+  if (value === null || value === undefined) return "-";
+  if (typeof value !== "object") return typeof value === "number" && !Number.isInteger(value) ? value.toFixed(3) : String(value);
+  const parts = Object.entries(value).filter(([, v]) => v !== null && v !== 0)
+    .map(([k, v]) => (AMOUNT[k] && typeof v === "number" ? AMOUNT[k](Math.round(v)) : `${k} ${amounts(v)}`));
+  return parts.length ? parts.join(", ") : "none";
+}
+
+function queuesTable(body) {
+  // GET /v1/queues: {"default_queue", "fair_share", "queues": [{"name", "weight", "in_use", "limit", ...}]}
+  const list = Array.isArray(body) ? body : body.queues || [];
+  const known = ["name", "weight", "max_priority", "running", "pending", "in_use", "guarantee", "limit", "borrow_limit", "borrowing", "below_guarantee"];
+  const extra = [...new Set(list.flatMap((q) => Object.keys(q)))].filter((k) => !known.includes(k) && k !== "default" && k !== "missing");
+  const columns = [...known.filter((k) => list.some((q) => k in q)), ...extra];
+  const rows = list.map((q) => el("tr", {}, columns.map((k) => el("td", { class: typeof q[k] === "number" ? "num" : null },
+    k === "name" ? `${q.name}${q.default ? " (default)" : ""}${q.missing ? " (removed: jobs still wait in it)" : ""}` : amounts(q[k])))));
+  return table(`Queues${body.fair_share === false ? " (fair share off)" : ""}`, columns.map((k) => [k.replaceAll("_", " ")]), rows, "No queues are defined.");
+}
+
+function sharesTable(body) {
+  // GET /v1/shares (sshare): {"accounts": [{"queue", "user" (null: the queue's own row), "weight", "norm_shares", ...}]}
+  const rows = (body.accounts || []).map((a) => el("tr", {},
+    el("td", { text: a.queue }), el("td", { text: a.user === null ? "(the queue)" : a.user }),
+    ["weight", "norm_shares", "dominant_share", "effective_usage", "fairshare_factor"].map((k) => el("td", { class: "num", text: amounts(a[k]) })),
+    el("td", { text: amounts(a.usage) })));
+  return table("Fair share: each queue, and each user in it (usage decays with a half-life" +
+    (body.half_life_s ? ` of ${(body.half_life_s / 86400).toFixed(1)} days)` : ")"),
+    [["Queue"], ["User"], ["Weight", "num"], ["Normalised shares", "num"], ["Dominant share", "num"], ["Effective usage", "num"], ["Fair-share factor", "num"], ["Usage"]],
+    rows, "No usage recorded yet.");
+}
+
+async function viewUsers() {
+  const [jobs, gpus, queues, shares] = await Promise.all([
+    get("/v1/jobs?all=true&state=queued,starting,running&limit=10000"), get("/v1/gpus"), optional("/v1/queues"), optional("/v1/shares")]);
+  const users = new Map();
+  const row = (name) => users.get(name) || users.set(name, { running: 0, queued: 0, milli: 0, memory: 0 }).get(name);
+  const sizes = new Map(gpus.map((g) => [g.index, g.memory_mib]));
+  for (const j of jobs) {
+    const u = row(j.user);
+    if (j.state === "queued") u.queued += 1; else u.running += 1;
+    for (const g of j.gpus) { u.milli += g.milli; u.memory += g.memory_mib || (g.milli >= 1000 ? sizes.get(g.index) || 0 : 0); }
+  }
+  // Other users' shares show in /v1/gpus without a name: counted together, as the API shows them.
+  for (const g of gpus) for (const h of g.held) if (h.user === null) {
+    const u = row("(other users)");
+    u.milli += h.milli; u.memory += h.memory_mib || (h.milli >= 1000 ? g.memory_mib : 0);
+  }
+  const total = gpus.length * 1000 || 1;
+  const rows = [...users.entries()].sort((a, b) => b[1].milli - a[1].milli || a[0].localeCompare(b[0])).map(([name, u]) =>
+    el("tr", {}, el("td", { text: name }), el("td", { class: "num", text: name === "(other users)" ? "-" : u.running }),
+      el("td", { class: "num", text: name === "(other users)" ? "-" : u.queued }),
+      el("td", { class: "num", text: `${gpusText(u.milli)} (${Math.round((100 * u.milli) / total)}% of ${gpus.length})` }),
+      el("td", { class: "num", text: mib(u.memory) })));
+  const parts = [el("h2", { tabindex: "-1", text: "Users" }),
+    table(state.me?.root ? "Every user's work now" : "Your work now (other users' shares without names)",
+      [["User"], ["Running", "num"], ["Queued", "num"], ["GPUs held", "num"], ["GPU memory granted", "num"]], rows, "Nobody runs or waits now.")];
+  parts.push(el("h3", { text: "Queues and fair share" }));
+  if (queues === null && shares === null) {
+    parts.push(el("p", { class: "muted", text: "This daemon has no queues (GET /v1/queues is not there): no fair-share figures to show." }));
+  }
+  if (queues !== null) parts.push(queuesTable(queues));
+  if (shares !== null) parts.push(sharesTable(shares));
+  return parts;
+}
+
+async function viewJobs() {
+  const jobs = await get("/v1/jobs?all=true&order=newest&limit=100");
+  const rows = jobs.map((j) => el("tr", {},
+    el("td", {}, jobLink(j.id)), el("td", {}, stateBadge(j.state)), el("td", { text: j.user }), el("td", { text: j.name || "" }),
+    el("td", { class: "mono", text: shellQuote(j.command) }), el("td", { text: j.gpus.map(grantText).join(", ") || "-" }),
+    el("td", {}, when(j.submitted_at)), el("td", { class: "num", text: j.exit_code ?? "-" })));
+  return [el("h2", { tabindex: "-1", text: `Jobs (newest ${jobs.length})` }),
+    table("Your jobs, newest first" + (state.me?.root ? " (root: everyone's)" : ""),
+      [["Job"], ["State"], ["User"], ["Name"], ["Command"], ["GPUs"], ["Submitted"], ["Exit", "num"]], rows, "No jobs yet.")];
+}
+
+async function viewJob(id) {
+  let job;
+  try { job = await get(`/v1/jobs/${encodeURIComponent(id)}`); } catch (e) {
+    if (e.status === 404) return [el("h2", { tabindex: "-1", text: `Job ${id}` }), el("p", { text: `No job ${id} that you may see.` })];
+    throw e;
+  }
+  const explain = await get(`/v1/jobs/${encodeURIComponent(id)}/explain`);
+  if (state.log?.id !== job.id) state.log = { id: job.id, text: "", next: null, decoder: new TextDecoder() };
+  const log = state.log;
+  const answer = log.next === null ? await get(`/v1/jobs/${encodeURIComponent(id)}/logs?tail=${LOG_TAIL}`, "raw")
+    : await get(`/v1/jobs/${encodeURIComponent(id)}/logs?offset=${log.next}`, "raw");
+  const fresh = log.decoder.decode(new Uint8Array(await answer.arrayBuffer()), { stream: true });
+  if (log.next === null && Number(answer.headers.get("X-Corral-Next-Offset")) > LOG_TAIL) log.text = `[… earlier output not shown: the last ${LOG_TAIL / 1024} KiB follow]\n`;
+  log.text = (log.text + fresh).slice(-LOG_KEEP);
+  log.next = Number(answer.headers.get("X-Corral-Next-Offset"));
+  const r = job.request || {};
+  const field = (name, value) => [el("dt", { text: name }), el("dd", {}, value)];
+  const pre = el("pre", { class: "log", tabindex: "0", "aria-label": `log of job ${job.id}` }, log.text || "(no output yet)");
+  const live = !FINAL.has(job.state);
+  return [
+    el("h2", { tabindex: "-1" }, `Job ${job.id} `, stateBadge(job.state)),
+    el("p", {}, el("a", { href: "#jobs" }, "← all jobs")),
+    el("dl", { class: "fields" },
+      field("Name", job.name || "-"), field("User", job.user), field("Command", el("code", { text: shellQuote(job.command) })),
+      field("Why", el("span", { class: "reason", text: [explain.reason, explain.story].filter(Boolean).join("\n") || "-" })),
+      field("Position", explain.position ? `${explain.position} of ${explain.queued}` : "-"),
+      field("Estimated start", explain.estimated_start ? when(explain.estimated_start) : "-"),
+      field("GPUs", job.gpus.map(grantText).join(", ") || "-"),
+      field("Asked for", `${r.gpu_count || 0} GPU${r.gpu_count === 1 ? "" : "s"}` + (r.gpu_count && r.gpu_milli < 1000 ? ` of ${r.gpu_milli}m, ${mib(r.gpu_memory_mib)} each` : "") +
+        `, ${(r.cpu_milli || 0) / 1000} CPU, ${mib(r.memory_mib || 0)}` + (r.gpu_models ? `, models ${r.gpu_models.join(", ")}` : "")),
+      field("Time limit", r.time_limit_s ? `${r.time_limit_s} s` : "none"), field("Working directory", el("code", { text: r.cwd || "/" })),
+      field("Environment", `${r.env_count ?? 0} variables (values are not shown)`),
+      field("Submitted", when(job.submitted_at)), field("Started", when(job.started_at)), field("Finished", when(job.finished_at)),
+      field("Exit code", job.exit_code ?? "-"), field("Attempts", job.attempts), field("Log file", el("code", { text: job.log_path || "-" }))),
+    el("h3", {}, live ? "Log (live: the last lines, following)" : "Log (the job has ended)"),
+    pre,
+  ];
+}
+
+async function viewReports() {
+  if (!state.me?.reports) {
+    return [el("h2", { tabindex: "-1", text: "Simulation reports" }),
+      el("p", { class: "muted" }, "This daemon shows no reports: start it with ", el("code", { text: "corral serve --reports DIR" }),
+        ", DIR being where ", el("code", { text: "corral sim ... --out" }), " wrote them.")];
+  }
+  const reports = await get("/ui/api/reports");
+  if (state.report === null && reports.length) state.report = reports[0].path;
+  const list = el("ul", { "aria-label": "reports" }, reports.map((r) => el("li", {},
+    el("button", { type: "button", "aria-current": r.path === state.report ? "true" : "false",
+      onclick: () => { state.report = r.path; render(true); } }, r.path))));
+  const frame = state.report === null ? el("p", { class: "muted", text: "No reports in the folder yet." }) :
+    el("iframe", { class: "report", sandbox: "", referrerpolicy: "no-referrer", title: `report ${state.report}`,
+      src: `/ui/reports/${state.report.split("/").map(encodeURIComponent).join("/")}` });
+  return [el("h2", { tabindex: "-1", text: `Simulation reports (${reports.length})` }), el("div", { class: "reports" }, el("nav", { "aria-label": "report list" }, list), frame)];
+}
+
+// ------------------------------------------------------------------ routing and updates
+function route() {
+  const hash = decodeURIComponent(location.hash.replace(/^#/, "")) || "gpus";
+  if (hash.startsWith("job/")) return { view: "job", job: hash.slice(4) };
+  return { view: ["gpus", "queue", "users", "jobs", "reports"].includes(hash) ? hash : "gpus", job: null };
+}
+
+async function render(focus) {
+  if (state.busy) { state.again = true; return; }
+  state.busy = true;
+  const { view, job } = route();
+  // The page's first view leaves the keyboard at the top (skip link, then the views); a view chosen later takes it.
+  const changed = state.view !== null && (view !== state.view || job !== state.job);
+  state.view = view; state.job = job;
+  if (view !== "job") state.log = null;
+  for (const a of document.querySelectorAll("nav a[data-view]")) {
+    if (a.dataset.view === view || (view === "job" && a.dataset.view === "jobs")) a.setAttribute("aria-current", "page");
+    else a.removeAttribute("aria-current");
+  }
+  try {
+    const make = { gpus: viewGpus, queue: viewQueue, users: viewUsers, jobs: viewJobs, job: () => viewJob(job), reports: viewReports }[view];
+    const parts = await make();
+    const target = $("view");
+    // Keep the keyboard where it was across a live update: remember the focused link or button by its text.
+    const active = document.activeElement && target.contains(document.activeElement) && !changed && !focus
+      ? [document.activeElement.tagName, document.activeElement.textContent] : null;
+    const logBox = target.querySelector("pre.log");
+    const atBottom = logBox ? logBox.scrollTop + logBox.clientHeight >= logBox.scrollHeight - 4 : true;
+    target.replaceChildren(...parts);
+    const newLog = target.querySelector("pre.log");
+    if (newLog && (changed || atBottom)) newLog.scrollTop = newLog.scrollHeight;
+    if (active) {
+      const again = [...target.querySelectorAll(active[0])].find((n) => n.textContent === active[1]);
+      if (again) again.focus();
+    } else if (changed || focus) {
+      const heading = target.querySelector("h2");
+      if (heading && changed) heading.focus();
+    }
+    $("problem").hidden = true;
+    $("status").textContent = `Updated ${new Date().toLocaleTimeString()}${state.paused ? " (updates paused)" : ", every 2 s"}`;
+    document.title = `corral: ${view === "job" ? `job ${job}` : view}`;
+  } catch (e) {
+    if (e instanceof Unauthorised) { showLogin(); return; }
+    $("problem").textContent = `Could not update: ${e.message}`;
+    $("problem").hidden = false;
+  } finally {
+    state.busy = false;
+    // A view asked for while an update was on its way (a key, a click) is drawn now, not at the next update.
+    if (state.again) { state.again = false; render(true); }
+  }
+}
+
+function schedule() {
+  clearTimeout(state.timer);
+  if (state.paused || state.me === null) return;
+  state.timer = setTimeout(async () => {
+    if (!document.hidden) await render(false);
+    schedule();
+  }, POLL_MS);
+}
+
+function showLogin(message) {
+  state.me = null;
+  clearTimeout(state.timer);
+  $("nav").hidden = true; $("who").hidden = true; $("view").replaceChildren();
+  $("login").hidden = false;
+  $("login-error").hidden = !message; $("login-error").textContent = message || "";
+  $("token").focus();
+}
+
+async function start() {
+  // A token in the fragment (#token=corral_...: never sent to the server or its logs) logs in once, then is dropped.
+  const fragment = new URLSearchParams(location.hash.replace(/^#/, ""));
+  if (fragment.get("token")) {
+    const token = fragment.get("token");
+    history.replaceState(null, "", location.pathname + "#gpus");
+    await login(token);
+    return;
+  }
+  try {
+    state.me = await get("/ui/api/me");
+  } catch (e) {
+    if (e instanceof Unauthorised) { showLogin(); return; }
+    $("problem").textContent = `The daemon does not answer: ${e.message}`; $("problem").hidden = false;
+    return;
+  }
+  $("login").hidden = true; $("nav").hidden = false; $("who").hidden = false;
+  $("whoami").textContent = `${state.me.user}${state.me.root ? " (root: sees every job)" : ""}`;
+  $("host").textContent = state.me.host;
+  $("logout").hidden = state.me.via !== "session";
+  await render(true);
+  schedule();
+}
+
+async function login(token) {
+  const answer = await fetch("/ui/login", { method: "POST", credentials: "same-origin",
+    headers: { "Content-Type": "application/json" }, body: JSON.stringify({ token }) });
+  if (!answer.ok) {
+    let message = `${answer.status}`;
+    try { message = (await answer.json()).detail.message; } catch { /* not JSON */ }
+    showLogin(`Not logged in: ${message}`);
+    return;
+  }
+  $("token").value = "";
+  localStorage.setItem(CHECK_KEY, (await answer.json()).check);
+  await start();
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  $("login-form").addEventListener("submit", (event) => { event.preventDefault(); login($("token").value.trim()); });
+  $("logout").addEventListener("click", async () => {
+    await fetch("/ui/logout", { method: "POST", credentials: "same-origin" });
+    localStorage.removeItem(CHECK_KEY);
+    showLogin("Logged out.");
+  });
+  $("pause").addEventListener("click", () => togglePause());
+  window.addEventListener("hashchange", () => { state.report = state.view === "reports" ? state.report : null; render(true); });
+  document.addEventListener("keydown", (event) => {
+    if (event.ctrlKey || event.metaKey || event.altKey || state.me === null) return;
+    if (event.target.closest && event.target.closest("input, textarea, select")) return;
+    const views = { g: "gpus", q: "queue", u: "users", j: "jobs", r: "reports" };
+    if (views[event.key]) { location.hash = views[event.key]; event.preventDefault(); }
+    else if (event.key === "p") { togglePause(); event.preventDefault(); }
+  });
+  start();
+});
+
+function togglePause() {
+  state.paused = !state.paused;
+  $("pause").setAttribute("aria-pressed", String(state.paused));
+  $("pause").textContent = state.paused ? "Resume updates" : "Pause updates";
+  if (state.paused) clearTimeout(state.timer); else { render(false); schedule(); }
+}

