@@ -1,0 +1,324 @@
+"""Preemption: the victim choice (pure, with shares), the daemon over a fake executor (records, retries, restart), and
+the real thing: `corral serve`'s daemon with real processes and signals (SIGTERM trapped, SIGKILL after the grace)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from corral.daemon.core import Daemon
+from corral.daemon.preemption import PREEMPTING, Rules, choose, request_of
+from corral.daemon.scheduler import schedule
+from corral.executor.fake import FakeExecutor
+from corral.executor.local import LocalExecutor
+from corral.gpu.simulated import parse_simulated_inventory
+from corral.jobs.model import Job, JobSpec, JobState
+from corral.model.resources import GpuBehavior, Request
+from corral.model.snapshot import ClusterSnapshot
+from corral.placement import PlacementConfig
+from corral.store import MemoryStore, SqliteStore
+from tests.builders import cluster, node
+
+CONFIG = PlacementConfig(gpu_behavior=GpuBehavior.UNRESTRICTED)
+NOW = 10_000.0
+
+
+def spec(gpus: int = 1, milli: int = 1000, priority: int = 0, preemptible: bool = True, **kw: object) -> JobSpec:
+    req = Request(cpu_milli=1000, memory_mib=1024, gpu_count=gpus, gpu_milli=milli if gpus else 0, priority=priority)
+    return JobSpec(("x",), req, "alice", 1000, 1000, preemptible=preemptible, **kw)  # type: ignore[arg-type]
+
+
+def box(gpus: int = 2) -> ClusterSnapshot:
+    return cluster(node("box").gpus(gpus).cpu(32).mem(128))
+
+
+def run_on(s: ClusterSnapshot, jid: str, ran_s: float, **kw: object) -> Job:
+    """A job started on `s` (it must fit) `ran_s` seconds before NOW, as the daemon holds it."""
+    queued = Job(jid, spec(**kw), JobState.QUEUED, submitted_at=0)  # type: ignore[arg-type]
+    plan = schedule(s, [queued], CONFIG, 0)
+    assert [st.job_id for st in plan.starts] == [jid], plan.waiting
+    grant = plan.starts[0].allocation
+    return replace(queued, state=JobState.RUNNING, started_at=NOW - ran_s, gpus=grant.gpus, attempts=1)
+
+
+def waiting(jid: str = "99", **kw: object) -> Job:
+    return Job(jid, spec(**kw), JobState.QUEUED, submitted_at=NOW)  # type: ignore[arg-type]
+
+
+def victims_of(s: ClusterSnapshot, head: Job, running: list[Job], rules: Rules | None = None) -> list[str] | None:
+    choice = choose(s, head, request_of(head), running, CONFIG, NOW, rules)
+    return None if choice is None else sorted(v.job.id for v in choice.victims)
+
+
+# ------------------------------------------------------------------------------------------------ the choice (pure)
+def test_a_half_gpu_share_is_freed_exactly_and_the_cheapest_single_victim_is_chosen() -> None:
+    s = box(2)
+    a = run_on(s, "1", 100, milli=500)  # GPU 0, half: 50 GPU-seconds lost if stopped
+    b = run_on(s, "2", 40, milli=500)  # GPU 0, the other half: 20 GPU-seconds
+    c = run_on(s, "3", 30)  # GPU 1, whole: 30 GPU-seconds
+    head = waiting(milli=500, priority=5)
+    choice = choose(s, head, request_of(head), [a, b, c], CONFIG, NOW)
+    assert choice is not None and [v.job.id for v in choice.victims] == ["2"]  # one job, the least GPU time lost
+    assert choice.victims[0].gpu_seconds == pytest.approx(20.0)
+    [grant] = choice.allocation.gpus
+    assert (grant.index, grant.milli) == (0, 500)  # exactly the half job 2 held: GPU 0's other half stays job 1's
+    assert s.allocations.keys() == {"1", "2", "3"}  # the snapshot itself is not changed
+
+
+def test_fewest_jobs_first_then_least_run_time() -> None:
+    s = box(2)
+    a = run_on(s, "1", 10, milli=500)
+    b = run_on(s, "2", 10, milli=500)  # jobs 1 and 2 together: 10 GPU-seconds
+    c = run_on(s, "3", 200)  # one job: 200 GPU-seconds
+    assert victims_of(s, waiting(priority=1), [a, b, c]) == ["3"]  # a whole GPU: one victim beats two cheaper ones
+    d = box(2)
+    x = run_on(d, "1", 300)
+    y = run_on(d, "2", 60)
+    assert victims_of(d, waiting(priority=1), [x, y]) == ["2"]  # equal counts: the one that ran for less
+
+
+def test_never_preempt_when_the_preemptor_still_cannot_fit() -> None:
+    s = box(2)
+    low = run_on(s, "1", 10, priority=0)
+    high = run_on(s, "2", 10, priority=9)  # outranks the preemptor: never its victim
+    head = waiting(gpus=2, priority=5)
+    assert victims_of(s, head, [low, high]) is None  # stopping job 1 frees one GPU of the two it needs
+    assert victims_of(s, waiting(gpus=1, priority=5), [low, high]) == ["1"]
+
+
+def test_a_job_not_preemptible_is_never_chosen() -> None:
+    s = box(2)
+    cheap = run_on(s, "1", 5, preemptible=False)
+    dear = run_on(s, "2", 5000)
+    assert victims_of(s, waiting(priority=3), [cheap, dear]) == ["2"]
+    t = box(1)
+    only = run_on(t, "1", 5, preemptible=False)
+    assert victims_of(t, waiting(priority=3), [only]) is None
+
+
+def test_equal_priority_never_preempts_and_the_queue_rules_plug_in() -> None:
+    s = box(1)
+    j = run_on(s, "1", 5, priority=2)
+    assert victims_of(s, waiting(priority=2), [j]) is None  # no queues: only a strictly higher priority preempts
+    reclaim = Rules(below_guarantee=lambda job: job.id == "99")  # its queue is below its guarantee
+    choice = choose(s, waiting(priority=2), request_of(waiting(priority=2)), [j], CONFIG, NOW, reclaim)
+    assert choice is not None and choice.victims[0].why == "guarantee"
+    assert "its queue was below its guarantee" in choice.words["1"]
+    keeps = Rules(borrowing=lambda job: False)  # within its guarantee: not preemptible by anyone
+    assert victims_of(s, waiting(priority=9), [j], keeps) is None
+
+
+def test_many_small_shares_past_the_search_budget_still_give_a_fit() -> None:
+    s = box(2)
+    running = [run_on(s, str(i), 10 + i, milli=100) for i in range(1, 21)]  # ten 0.1 shares per GPU
+    head = waiting(gpus=1, priority=1)
+    choice = choose(s, head, request_of(head), running, CONFIG, NOW, budget=20)
+    assert choice is not None and len(choice.victims) == 10  # one GPU's ten shares: the fewest that free a GPU
+    assert len({g.index for v in choice.victims for g in v.job.gpus}) == 1
+
+
+# ------------------------------------------------------------------------------------------------ the daemon (fake)
+class Clock:
+    def __init__(self) -> None:
+        self.t = NOW
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def fake_daemon(
+    tmp_path: Path, store: object = None, ex: FakeExecutor | None = None, clock: Clock | None = None
+) -> Daemon:
+    box2 = parse_simulated_inventory("2xA100-80GB")[0]
+    return Daemon(
+        store or MemoryStore(),  # type: ignore[arg-type]
+        ex or FakeExecutor(cancel_ends=False),
+        box2,
+        CONFIG,
+        tmp_path,
+        clock=clock or Clock(),
+        preempt_grace_s=30,
+    )
+
+
+def test_the_victim_goes_back_to_the_queue_with_its_attempts_and_retries_kept(tmp_path: Path) -> None:
+    clock = Clock()
+    ex = FakeExecutor(cancel_ends=False)
+    d = fake_daemon(tmp_path, ex=ex, clock=clock)
+    low = d.submit(spec(gpus=2, retries=1))
+    assert d.tick() == [low.id]
+    clock.t += 60
+    high = d.submit(replace(spec(gpus=1, priority=5), user="bob", uid=1001, gid=1001))
+    assert d.tick() == []
+    assert ex.cancelled == [(low.id, 30.0)]  # SIGTERM now, SIGKILL after the 30 s grace (the executor's part)
+    victim = d.store.get(low.id)
+    assert victim is not None and victim.state is JobState.RUNNING and victim.reason.startswith(PREEMPTING)
+    said = f"preempted by job {high.id} (user bob, priority 5) at 1970-01-01 02:47:40 UTC: a higher priority than "
+    assert victim.preempted is not None and victim.preempted.reason.startswith(said)
+    assert victim.preempted.count == 1
+    waits = d.store.get(high.id)
+    assert waits is not None and waits.reason.endswith(
+        f"; preempting job {low.id} for it (SIGTERM, then SIGKILL after 30 s)"
+    )
+    assert d.tick() == [] and ex.cancelled == [(low.id, 30.0)]  # one preemption at a time; not signalled twice
+    clock.t += 30
+    ex.finish(low.id, None, signal=9, cancelled=True)  # it ignored SIGTERM: killed after the grace
+    assert d.tick() == [high.id]  # the freed GPUs go to the preemptor first
+    back = d.store.get(low.id)
+    assert back is not None and back.state is JobState.QUEUED and back.attempts == 1 and back.gpus == ()
+    assert back.preempted is not None and back.preempted.reason.endswith("; it stopped (killed by signal 9)")
+    # Its one retry is still there: started again, then a real failure is retried once, then it fails for good.
+    ex.finish(high.id, 0)
+    assert d.tick() == [low.id]
+    ex.finish(low.id, 3)
+    d.tick()
+    again = d.store.get(low.id)
+    assert again is not None and again.state is JobState.QUEUED and "retry 1 of 1" in again.reason
+    clock.t += 5
+    assert d.tick() == [low.id]
+    ex.finish(low.id, 3)
+    d.tick()
+    done = d.store.get(low.id)
+    assert done is not None and done.state is JobState.FAILED and done.attempts == 3 and done.preempted is not None
+
+
+def test_a_victim_that_exits_0_on_sigterm_is_queued_again_and_a_cancel_wins(tmp_path: Path) -> None:
+    clock = Clock()
+    ex = FakeExecutor(cancel_ends=False)
+    d = fake_daemon(tmp_path, ex=ex, clock=clock)
+    one, two = d.submit(spec()), d.submit(spec())
+    d.tick()
+    d.submit(spec(gpus=2, priority=1))
+    d.tick()
+    assert sorted(j for j, _ in ex.cancelled) == [one.id, two.id]
+    ex.finish(one.id, 0, cancelled=True)  # it saved its work and left
+    d.cancel(two.id)  # and its owner cancels the other meanwhile
+    ex.finish(two.id, None, signal=15, cancelled=True)
+    d.tick()
+    assert d.store.get(one.id).state is JobState.QUEUED  # type: ignore[union-attr]
+    assert d.store.get(two.id).state is JobState.CANCELLED  # type: ignore[union-attr]
+
+
+def test_a_job_not_preemptible_is_left_running(tmp_path: Path) -> None:
+    ex = FakeExecutor(cancel_ends=False)
+    d = fake_daemon(tmp_path, ex=ex)
+    d.submit(spec(gpus=2, preemptible=False))
+    d.tick()
+    d.submit(spec(priority=9))
+    d.tick()
+    assert ex.cancelled == []
+
+
+def test_kill9_during_the_grace_then_restart_neither_loses_nor_reruns_the_job(tmp_path: Path) -> None:
+    clock = Clock()
+    store = SqliteStore(tmp_path / "jobs.db")
+    ex = FakeExecutor(cancel_ends=False)
+    d = fake_daemon(tmp_path, store=store, ex=ex, clock=clock)
+    low = d.submit(spec(gpus=2))
+    d.tick()
+    high = d.submit(spec(gpus=2, priority=4))
+    d.tick()
+    assert [j for j, _ in ex.cancelled] == [low.id]
+    store.close()  # kill -9 of the daemon in the grace period: its supervisor still kills the job
+    clock.t += 10
+    ex2 = ex.restarted()
+    d2 = fake_daemon(tmp_path, store=SqliteStore(tmp_path / "jobs.db"), ex=ex2, clock=clock)
+    d2.recover()
+    alive = d2.store.get(low.id)
+    assert alive is not None and alive.state is JobState.RUNNING and alive.preempted is not None
+    assert ex2.cancelled == [(low.id, 20.0)]  # the SIGTERM again (it may never have been sent), with the grace left
+    assert d2.tick() == []  # still dying: nothing started on its GPUs, nothing preempted twice
+    ex2.finish(low.id, None, signal=9, cancelled=True)
+    assert d2.tick() == [high.id]
+    assert d2.store.get(low.id).state is JobState.QUEUED  # type: ignore[union-attr]
+    # the exit recorded while no daemon runs is a preemption too
+    ex3 = ex2.restarted()
+    ex3.finish(high.id, 0)
+    d3 = fake_daemon(tmp_path, store=d2.store, ex=ex3, clock=clock)
+    d3.recover()
+    assert d3.tick() == [low.id]
+    assert [(s.job_id, s.attempt) for s in ex.launched + ex2.launched + ex3.launched] == [
+        (low.id, 1),
+        (high.id, 1),
+        (low.id, 2),
+    ]
+
+
+def test_an_exit_recorded_while_the_daemon_was_away_requeues_the_victim(tmp_path: Path) -> None:
+    clock = Clock()
+    ex = FakeExecutor(cancel_ends=False)
+    store = MemoryStore()
+    d = fake_daemon(tmp_path, store=store, ex=ex, clock=clock)
+    low = d.submit(spec(gpus=2, retries=0))
+    d.tick()
+    d.submit(spec(gpus=2, priority=4))
+    d.tick()
+    ex2 = ex.restarted()
+    ex2.finish(low.id, None, signal=9, cancelled=True)  # killed after the grace while no daemon ran
+    d2 = fake_daemon(tmp_path, store=store, ex=ex2, clock=clock)
+    d2.recover()
+    back = d2.store.get(low.id)
+    assert back is not None and back.state is JobState.QUEUED and back.attempts == 1  # not FAILED, not CANCELLED
+
+
+# ------------------------------------------------------------------------------------------------ real processes
+def wait_for(what: Callable[[], bool], d: Daemon, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        d.tick()
+        if what():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out; jobs: {[(j.id, j.state.value, j.reason) for j in d.store.list()]}")
+
+
+def test_real_processes_sigterm_trapped_sigkill_after_the_grace(tmp_path: Path) -> None:
+    box2 = parse_simulated_inventory("2xA100-80GB")[0]
+    ex = LocalExecutor(run_dir=tmp_path / "run")
+    d = Daemon(MemoryStore(), ex, box2, CONFIG, tmp_path, preempt_grace_s=1.0)
+    me, gid = os.getuid(), os.getgid()
+
+    def job(script: str, priority: int = 0) -> JobSpec:
+        req = Request(cpu_milli=100, memory_mib=64, gpu_count=1, gpu_milli=1000, priority=priority)
+        return JobSpec(("sh", "-c", script), req, "me", me, gid, cwd=str(tmp_path))
+
+    traps = tmp_path / "termed"
+    started = tmp_path / "started"
+    # One saves its work on SIGTERM and exits 0; the other ignores SIGTERM and is killed after the grace.
+    polite = d.submit(
+        job(f"trap 'echo TERM >> {traps}; exit 0' TERM; echo $$ >> {started}; while :; do sleep 0.05; done")
+    )
+    stubborn = d.submit(job(f"trap '' TERM; echo x >> {started}.2; while :; do sleep 0.05; done"))
+    wait_for(lambda: started.exists() and Path(f"{started}.2").exists(), d)
+    held = d.store.get(stubborn.id)
+    assert held is not None and held.state is JobState.RUNNING
+    time.sleep(0.3)  # both have run a while; the polite one for longer
+    envs = tmp_path / "preemptor"
+    big = d.submit(job(f"echo $CUDA_VISIBLE_DEVICES > {shlex.quote(str(envs))}; exec sleep 60", priority=5))
+    # It preempts one job, the cheaper (the stubborn one ran for less), and starts on the GPU that job held.
+    wait_for(lambda: envs.exists() and envs.read_text().strip() != "", d)
+    assert envs.read_text().strip() == held.gpu_uuids[0]
+    victim = d.store.get(stubborn.id)
+    assert victim is not None and victim.state is JobState.QUEUED and victim.attempts == 1
+    assert victim.preempted is not None and victim.preempted.reason.startswith(f"preempted by job {big.id} (user me")
+    assert victim.preempted.reason.endswith("; it stopped (killed by signal 9)")  # SIGKILL after the 1 s grace
+    assert d.store.get(polite.id).state is JobState.RUNNING  # type: ignore[union-attr]
+    # A second one preempts the polite job, which traps SIGTERM, saves its work and exits 0: queued again.
+    small = d.submit(job("true", priority=5))
+    wait_for(lambda: d.store.get(small.id).state is JobState.SUCCEEDED, d)  # type: ignore[union-attr]
+    assert traps.read_text() == "TERM\n"
+    wait_for(lambda: d.store.get(polite.id).state is JobState.RUNNING, d)  # type: ignore[union-attr]
+    again = d.store.get(polite.id)
+    assert again is not None and again.attempts == 2 and again.preempted is not None
+    assert again.preempted.reason.endswith("; it stopped (exit code 0)")
+    assert d.store.get(stubborn.id).state is JobState.QUEUED  # type: ignore[union-attr]
+    for j in (polite, big, stubborn):
+        d.cancel(j.id)
+    wait_for(lambda: not ex.running(), d)
+    ex.close()
