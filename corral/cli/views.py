@@ -216,7 +216,7 @@ def explain_text(job_id: str, data: Mapping[str, Any]) -> list[str]:
 
 #: Parts of an explain answer the lines above already say (the rest, a newer daemon's, are printed one a line).
 _SAID = frozenset({"state", "reason", "story", "position", "queued", "holders", "reservation", "estimated_start",
-                   "default_time_limit_s"})  # fmt: skip
+                   "default_time_limit_s", "preempted"})  # fmt: skip
 _SENTENCE_END = re.compile(r"(?<=\.) +(?=[A-Z])")
 
 
@@ -309,7 +309,12 @@ def show_lines(job: Mapping[str, Any], now: float | None = None) -> list[tuple[s
             ("cwd", str(req.get("cwd", ""))),
             ("env", f"{req.get('env_count', 0)} variables"),
         ]
+    preempted = job.get("preempted")
+    if preempted:
+        times = "once" if preempted.get("count") == 1 else f"{preempted.get('count')} times"
+        lines.append(("preempted", f"{times}; the last: {preempted.get('reason', '')}"))
     lines += [
+        ("preemptible", "no" if job.get("preemptible") is False else "yes"),
         ("priority", str(job.get("priority", 0))),
         ("log", job.get("log_path") or "-"),
         ("origin", job.get("origin") or "-"),

@@ -51,6 +51,7 @@ from corral.api.limits import face_of, message_answer
 from corral.daemon.core import Daemon
 from corral.daemon.extensions import install_extensions
 from corral.daemon.lockstat import Released, daemon_lock
+from corral.daemon.preemption import DEFAULT_GRACE_S
 from corral.daemon.reservation import DEFAULT_TIME_LIMIT_S
 from corral.daemon.tokens import TokenFileError, TokenStore
 from corral.executor.container import RUNTIMES
@@ -369,6 +370,7 @@ def serve(
     service_ports: str | None = None,
     container_runtime: str | None = None,
     default_time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+    preempt_grace_s: float = DEFAULT_GRACE_S,
 ) -> None:
     """Run the daemon until SIGTERM or SIGINT.
 
@@ -379,6 +381,7 @@ def serve(
     `container_runtime`: "docker" or "podman" runs job definitions that name an image; None refuses them.
     `default_time_limit_s`: how long a job without a time limit is expected to run, when the head of the queue's
     reservation is planned (docs/backfill.md); not enforced.
+    `preempt_grace_s`: between the SIGTERM and the SIGKILL of a preempted job (docs/preemption.md).
     """
     if container_runtime is not None and container_runtime not in RUNTIMES:
         raise ServeError(f"--container-runtime must be one of {', '.join(RUNTIMES)}, got {container_runtime!r}")
@@ -421,6 +424,7 @@ def serve(
     daemon = Daemon(
         store, executor, node, config, state_dir, mps=mps, sampler=sampler, watchdog=watchdog,
         container_runtime=container_runtime, default_time_limit_s=default_time_limit_s,
+        preempt_grace_s=preempt_grace_s,
     )  # fmt: skip
     lock = daemon_lock()  # a threading.Lock that times its holds; the figures go to stderr at exit
     woken = threading.Event()

@@ -5,16 +5,22 @@ from __future__ import annotations
 
 import os
 import shlex
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
+from fastapi.testclient import TestClient
 
+from corral.api.app import create_app
+from corral.cli.client import submit_cmd
+from corral.cli.views import explain_text, show_lines
 from corral.daemon.core import Daemon
 from corral.daemon.preemption import PREEMPTING, Rules, choose, request_of
-from corral.daemon.scheduler import schedule
+from corral.daemon.scheduler import clock_text, schedule
 from corral.executor.fake import FakeExecutor
 from corral.executor.local import LocalExecutor
 from corral.gpu.simulated import parse_simulated_inventory
@@ -23,6 +29,7 @@ from corral.model.resources import GpuBehavior, Request
 from corral.model.snapshot import ClusterSnapshot
 from corral.placement import PlacementConfig
 from corral.store import MemoryStore, SqliteStore
+from tests.api.test_api import ALICE, BOB, AsPeer
 from tests.builders import cluster, node
 
 CONFIG = PlacementConfig(gpu_behavior=GpuBehavior.UNRESTRICTED)
@@ -322,3 +329,58 @@ def test_real_processes_sigterm_trapped_sigkill_after_the_grace(tmp_path: Path) 
         d.cancel(j.id)
     wait_for(lambda: not ex.running(), d)
     ex.close()
+
+
+# ------------------------------------------------------------------------------------------------ API and CLI
+def test_explain_and_show_say_why_a_running_job_was_preempted_and_no_preempt_is_kept(tmp_path: Path) -> None:
+    clock = Clock()
+    box2 = parse_simulated_inventory("2xA100-80GB")[0]
+    ex = FakeExecutor()  # a cancel ends the job at once, as a SIGTERM the job obeys
+    d = Daemon(MemoryStore(), ex, box2, CONFIG, tmp_path, clock=clock, preempt_grace_s=5)
+    app = create_app(d, threading.Lock(), lambda: None, clock=clock)
+    alice, bob = (TestClient(AsPeer(app, p, "unix")) for p in (ALICE, BOB))
+    low = alice.post("/v1/jobs", json={"command": ["x"], "gpus": 2}).json()["id"]
+    d.tick()
+    clock.t += 120
+    high = bob.post("/v1/jobs", json={"command": ["y"], "gpus": 1, "priority": 50}).json()["id"]
+    d.tick()  # job 1 preempted (its SIGTERM ends it at once here)
+    assert d.tick() == [high]  # job 1 back in the queue; job 2 on one GPU; job 1 needs both
+    ex.finish(high, 0)
+    assert d.tick() == [low]
+    when = clock_text(NOW + 120)
+    said = (
+        f"preempted by job {high} (user bob, priority 50) at {when}: a higher priority than this job's 0; "
+        "it stopped (killed by signal 15)"
+    )
+    data = alice.get(f"/v1/jobs/{low}/explain").json()
+    assert data["state"] == "running"
+    assert data["story"] == f"It was preempted once before; the last time: {said}."
+    assert data["preempted"] == {"count": 1, "at": NOW + 120, "reason": said}
+    assert explain_text(low, data) == [f"job {low} is running", f"It was preempted once before; the last time: {said}."]
+    shown = alice.get(f"/v1/jobs/{low}").json()
+    assert shown["attempts"] == 2 and shown["preemptible"] is True
+    assert ("preempted", f"once; the last: {said}") in show_lines(shown, NOW)
+    # Not preemptible: API field and CLI flag; then a higher priority job waits instead.
+    firm = alice.post("/v1/jobs", json={"command": ["z"], "gpus": 0, "preemptible": False}).json()
+    assert firm["preemptible"] is False and ("preemptible", "no") in show_lines(firm, NOW)
+    assert d.store.get(firm["id"]).spec.preemptible is False  # type: ignore[union-attr]
+
+
+def test_submit_no_preempt_flag_sends_preemptible_false() -> None:
+    sent: list[dict[str, object]] = []
+
+    class Answer:
+        def json(self) -> dict[str, object]:
+            return {"id": "7"}
+
+    def fake_call(*args: object, json: dict[str, object], **kw: object) -> Answer:
+        sent.append(json)
+        return Answer()
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("corral.cli.client.call", fake_call)
+        result = CliRunner().invoke(submit_cmd, ["--no-preempt", "--", "train.py"])
+        assert result.exit_code == 0, result.output
+        CliRunner().invoke(submit_cmd, ["--", "train.py"])
+    assert [b["preemptible"] for b in sent] == [False, True]
+    assert "--no-preempt" in CliRunner().invoke(submit_cmd, ["--help"]).output
