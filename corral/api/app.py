@@ -154,6 +154,8 @@ def spec_from(body: SubmitIn, who: Peer) -> JobSpec:
         env=admitted_environment(body.env),  # never CORRAL_TOKEN & co (corral.jobs.environment)
         cwd=body.cwd,
         preemptible=body.preemptible,
+        instances=body.instances,
+        gang=body.gang,
     )
 
 

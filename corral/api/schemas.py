@@ -40,6 +40,9 @@ class SubmitIn(BaseModel):
     idempotency_key: str | None = Field(default=None, pattern=IDEMPOTENCY_KEY)
     #: false: never preempted (docs/preemption.md); with queues, it starts only within its queue's guarantee
     preemptible: bool = True
+    #: A gang: `instances` processes, each with its own grant of the request, all started or none (needs `gang`)
+    instances: int = Field(default=1, ge=1, le=64)
+    gang: bool = False
 
 
 class GpuOut(BaseModel):
@@ -91,6 +94,8 @@ class JobOut(BaseModel):
     log_path: str | None = None  # only in one job's answer (GET /v1/jobs/ID)
     preemptible: bool = True
     preempted: PreemptedOut | None = None  # None: never preempted
+    instances: int = 1  # a gang's processes (gpus lists every instance's grants, instance by instance)
+    gang: bool = False
 
     @classmethod
     def of(cls, job: Job, *, log_path: str | None = None) -> JobOut:
@@ -129,6 +134,8 @@ class JobOut(BaseModel):
             ),
             log_path=log_path,
             preemptible=job.spec.preemptible,
+            instances=job.spec.instances,
+            gang=job.spec.gang,
             preempted=None if job.preempted is None else PreemptedOut(**dataclasses.asdict(job.preempted)),
         )
 

@@ -241,6 +241,7 @@ FLAGS = {
     "cpus": "--cpus", "cpu_milli": "--cpus", "memory": "--memory", "memory_mib": "--memory",
     "gpu_model": "--gpu-model", "gpu_models": "--gpu-model", "time_limit": "--time-limit",
     "time_limit_s": "--time-limit", "priority": "--priority", "name": "--name", "retries": "--retries",
+    "instances": "--instances", "gang": "--gang",
     "command": "COMMAND", "state": "--state", "user": "--user", "since": "--since", "limit": "--limit",
     "after": "--after", "request": "",
 }  # fmt: skip
@@ -313,6 +314,8 @@ def show_lines(job: Mapping[str, Any], now: float | None = None) -> list[tuple[s
     if preempted:
         times = "once" if preempted.get("count") == 1 else f"{preempted.get('count')} times"
         lines.append(("preempted", f"{times}; the last: {preempted.get('reason', '')}"))
+    if (job.get("instances") or 1) > 1:
+        lines.append(("instances", f"{job['instances']}" + (" (a gang: all or none)" if job.get("gang") else "")))
     lines += [
         ("preemptible", "no" if job.get("preemptible") is False else "yes"),
         ("priority", str(job.get("priority", 0))),

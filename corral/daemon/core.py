@@ -39,7 +39,7 @@ from typing import Protocol
 
 import numpy as np
 
-from corral.daemon import preemption
+from corral.daemon import gang, preemption
 from corral.daemon.preemption import PREEMPTING, Rules
 from corral.daemon.reservation import DEFAULT_TIME_LIMIT_S, Reservation, expected_end
 from corral.daemon.scheduler import Plan, ShapeCache, schedule
@@ -195,8 +195,14 @@ class Daemon:
                 validate_against(self._empty, spec.request)
                 # Refuse what this machine can never run, even when idle: it would wait for ever.
                 empty = place(self._empty, spec.request, self.config, 0)
+                whole = gang.place_gang(self._empty, spec.request, spec.instances, self.config, 0)
             if not empty.placed and all(empty.unresolvable(i) for i in range(len(self._empty))):
                 raise InvalidRequest("request", f"can never run on this machine: {render(empty.explanation)}")
+            if spec.instances > 1:
+                if not getattr(self.executor, "runs_gangs", False):
+                    raise InvalidRequest("instances", "this daemon's executor runs one process per job: no gangs")
+                if whole.allocation is None:
+                    raise InvalidRequest("instances", f"can never run on this machine, even idle: {whole.reason()}")
         except InvalidRequest as exc:
             log.info("refused a job of %s (uid %d): %s: %s", spec.user, spec.uid, exc.field, exc.message)
             self.metrics.refused.labels(exc.field).inc()
@@ -408,7 +414,7 @@ class Daemon:
             r = job.spec.request
             owner = job.spec.user if self._mps_share(r) else ""
             alloc = Allocation(job.id, self.node.name, 0, r.cpu_milli, r.memory_mib, job.gpus, affinity_tag(r), owner)
-            snap.allocate(alloc)
+            snap.allocate(alloc if job.spec.instances == 1 else gang.held(job, self.node.name, owner))
         for dev in self.node.gpus:
             use = self.gpu_use.get(dev.uuid)
             if use is None:
@@ -507,7 +513,8 @@ class Daemon:
             return None
         r = job.spec.request
         pipe = None
-        if self.mps is not None and self._mps_share(r) and self.mps.available():
+        # A gang's shares are not put under MPS (one pipe per job here); the memory watchdog guards them.
+        if self.mps is not None and self._mps_share(r) and job.spec.instances == 1 and self.mps.available():
             try:
                 pipe = str(self.mps.start(uuids[0]))
             except MpsError as exc:

@@ -28,6 +28,7 @@ from itertools import combinations
 
 import numpy as np
 
+from corral.daemon.gang import place_gang
 from corral.daemon.scheduler import clock_text
 from corral.jobs.model import Job, JobState
 from corral.model.resources import Allocation, Request
@@ -148,7 +149,10 @@ def choose(
         for v in chosen:
             left.release(v.job.id)
         # Its own seed: planning must not change the daemon's draws (as corral.daemon.reservation).
-        return place(left, request, config, np.random.default_rng(0)).allocation
+        rng = np.random.default_rng(0)
+        if preemptor.spec.instances > 1:  # a gang: all its instances must fit on what the victims leave
+            return place_gang(left, request, preemptor.spec.instances, config, rng).allocation
+        return place(left, request, config, rng).allocation
 
     if fits(victims) is None:
         return None  # never preempt for a job that then cannot start

@@ -50,6 +50,7 @@ from corral.api.app import PEER_KEY, VIA_KEY, create_app
 from corral.api.limits import face_of, message_answer
 from corral.daemon.core import Daemon
 from corral.daemon.extensions import install_extensions
+from corral.daemon.gang import GangExecutor
 from corral.daemon.lockstat import Released, daemon_lock
 from corral.daemon.preemption import DEFAULT_GRACE_S
 from corral.daemon.reservation import DEFAULT_TIME_LIMIT_S
@@ -413,7 +414,10 @@ def serve(
         tokens = TokenStore(state_dir / "tokens.json")
     except TokenFileError as exc:
         raise ServeError(str(exc)) from None
-    executor = LocalExecutor(run_dir=state_dir / "run")  # supervisors record outcomes there (see corral.executor)
+    executor = GangExecutor(  # a gang's instances run as processes of their own (corral.daemon.gang)
+        LocalExecutor(run_dir=state_dir / "run"),  # supervisors record outcomes there (see corral.executor)
+        instances_of=lambda job_id: job.spec.instances if (job := store.get(job_id)) is not None else 1,
+    )
     # Shares are enforced with MPS where the machine has it (never for a simulated inventory). Jobs of every user must
     # reach the pipe directories, so they live beside the socket, not in the private state directory.
     shared_dir = runtime_dir if runtime_dir.resolve() != state_dir.resolve() else state_dir

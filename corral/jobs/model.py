@@ -87,10 +87,19 @@ class JobSpec:
     #: False: never chosen as a victim of preemption (docs/preemption.md); once queues land, it starts only within
     #: its queue's guarantee (`corral.daemon.preemption.Rules.may_borrow`).
     preemptible: bool = True
+    #: A gang (corral.daemon.gang): `instances` processes, each with its own grant of `request`, all started or none.
+    instances: int = 1
+    gang: bool = False
 
     def __post_init__(self) -> None:
         if not self.command or not self.command[0]:
             raise InvalidRequest("command", "give the command to run (after --)")
+        if not 1 <= self.instances <= 64:
+            raise InvalidRequest("instances", f"must be in 1..64, got {self.instances}")
+        if self.instances > 1 and not self.gang:
+            raise InvalidRequest(
+                "instances", "several instances run as a gang (all or none): ask for gang too, or submit the job again"
+            )
         if self.retries < 0 or self.retries > 100:
             raise InvalidRequest("retries", f"must be in 0..100, got {self.retries}")
         if self.time_limit_s is not None and not self.time_limit_s > 0:
@@ -206,6 +215,7 @@ def spec_to_json(s: JobSpec) -> str:
             "origin": s.origin,
             # only when not the default: the JSON of every job stored before this field existed stays as it was
             **({} if s.preemptible else {"preemptible": False}),
+            **({} if s.instances == 1 and not s.gang else {"instances": s.instances, "gang": s.gang}),
         },
         sort_keys=True,
     )
@@ -226,4 +236,6 @@ def spec_from_json(text: str) -> JobSpec:
         cwd=d["cwd"],
         origin=d.get("origin", ""),  # absent in jobs stored before origins existed
         preemptible=bool(d.get("preemptible", True)),
+        instances=int(d.get("instances", 1)),
+        gang=bool(d.get("gang", False)),
     )
