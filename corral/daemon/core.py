@@ -268,8 +268,11 @@ class Daemon:
         self._preempting = {v: p for v, p in self._preempting.items() if v in ends}
         for victim, (_, deadline) in self._preempting.items():
             ends[victim] = min(ends[victim], max(now, deadline))
-        held = [j for j in waiting if not j.spec.preemptible and not self.preemption_rules.may_borrow(j)]
-        offered = [j for j in waiting if j.spec.preemptible or self.preemption_rules.may_borrow(j)] if held else waiting
+        rules = self.preemption_rules  # (without a `may_borrow` rule, a long queue is not walked for it)
+        held = (
+            [] if rules.borrows_freely else [j for j in waiting if not j.spec.preemptible and not rules.may_borrow(j)]
+        )
+        offered = [j for j in waiting if j.spec.preemptible or rules.may_borrow(j)] if held else waiting
         plan = schedule(
             snapshot, offered, self.config, now, self.rng, owner=owner, cache=self._shapes, max_starts=STARTS_PER_ROUND,
             ends=ends, default_time_limit_s=self.default_time_limit_s,
@@ -322,9 +325,15 @@ class Daemon:
         reason and preemption record are stored, then it gets SIGTERM (the executor sends SIGKILL after the grace).
         Its exit sends it back to the queue (`_requeue_preempted`)."""
         started = {s.job_id for s in plan.starts}
-        by_id = {j.id: j for j in waiting}
-        head = next((by_id[i] for i in plan.order if i not in started and i in by_id), None)
-        if head is None or head.not_before > now or head.id in plan.unresolvable or head.id not in plan.waiting:
+        first = next((i for i in plan.order if i not in started), None)  # a few steps, not a walk of the queue
+        head = None if first is None else self.store.get(first)
+        if (
+            head is None
+            or head.state is not JobState.QUEUED
+            or head.not_before > now
+            or head.id in plan.unresolvable
+            or head.id not in plan.waiting
+        ):
             return
         running = [j for j in holding if j.state is JobState.RUNNING and j.id not in self._exits]
         request = preemption.request_of(head, owner(head) if owner is not None else "")

@@ -75,6 +75,11 @@ class Rules:
     outranks: Callable[[Job, Job], bool] = higher_priority
     may_borrow: JobRule = _always
 
+    @property
+    def borrows_freely(self) -> bool:
+        """No `may_borrow` rule (no queues): every job may start, preemptible or not."""
+        return self.may_borrow is _always
+
     def why(self, preemptor: Job, victim: Job) -> str | None:
         """Why `preemptor` may preempt `victim` ("priority" or "guarantee"), None when it may not."""
         if not victim.spec.preemptible or victim.state is not JobState.RUNNING or victim.reason.startswith(PREEMPTING):

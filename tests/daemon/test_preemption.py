@@ -384,3 +384,63 @@ def test_submit_no_preempt_flag_sends_preemptible_false() -> None:
         CliRunner().invoke(submit_cmd, ["--", "train.py"])
     assert [b["preemptible"] for b in sent] == [False, True]
     assert "--no-preempt" in CliRunner().invoke(submit_cmd, ["--help"]).output
+
+
+def test_what_a_victim_frees_in_the_grace_is_held_for_the_preemptor(tmp_path: Path) -> None:
+    clock = Clock()
+    ex = FakeExecutor(cancel_ends=False)
+    d = fake_daemon(tmp_path, ex=ex, clock=clock)
+    polite, stubborn = d.submit(spec()), d.submit(spec())
+    d.tick()
+    clock.t += 10
+    high = d.submit(spec(gpus=2, priority=5))
+    d.tick()
+    assert sorted(j for j, _ in ex.cancelled) == [polite.id, stubborn.id]
+    ex.finish(polite.id, 0, cancelled=True)  # one leaves at once; the other holds its GPU for the whole grace
+    clock.t += 1
+    later = d.submit(spec(time_limit_s=600))  # fits on the freed GPU now, but would run past the grace
+    assert d.tick() == []
+    waits = d.store.get(later.id)
+    assert waits is not None and waits.reason.startswith(f"would delay the reservation of job {high.id}")
+    clock.t += 29
+    ex.finish(stubborn.id, None, signal=9, cancelled=True)
+    assert d.tick() == [high.id]
+
+
+def test_kill9_of_a_real_daemon_in_the_grace_the_supervisor_finishes_and_the_job_is_requeued_once(
+    tmp_path: Path,
+) -> None:
+    box2 = parse_simulated_inventory("2xA100-80GB")[0]
+    me, gid = os.getuid(), os.getgid()
+    runs = tmp_path / "runs"
+
+    def job(script: str, priority: int = 0) -> JobSpec:
+        req = Request(cpu_milli=100, memory_mib=64, gpu_count=2, gpu_milli=1000, priority=priority)
+        return JobSpec(("sh", "-c", script), req, "me", me, gid, cwd=str(tmp_path))
+
+    store = SqliteStore(tmp_path / "jobs.db")
+    ex = LocalExecutor(run_dir=tmp_path / "run")
+    d = Daemon(store, ex, box2, CONFIG, tmp_path, preempt_grace_s=1.5)
+    low = d.submit(job(f"echo run >> {runs}; trap '' TERM; while :; do sleep 0.05; done"))
+    wait_for(lambda: runs.exists(), d)
+    high = d.submit(job("sleep 0.2", priority=5))
+    d.tick()
+    signalled = d.store.get(low.id)
+    assert signalled is not None and signalled.reason.startswith(PREEMPTING)
+    # kill -9 of the daemon: no cleanup; the job's supervisor lives on and kills the job after the grace
+    ex.close()
+    store.close()
+    store2 = SqliteStore(tmp_path / "jobs.db")
+    ex2 = LocalExecutor(run_dir=tmp_path / "run")
+    d2 = Daemon(store2, ex2, box2, CONFIG, tmp_path, preempt_grace_s=1.5)
+    d2.recover()
+    wait_for(lambda: d2.store.get(high.id).state is JobState.SUCCEEDED, d2)  # type: ignore[union-attr]
+    wait_for(lambda: d2.store.get(low.id).state is JobState.RUNNING, d2)  # type: ignore[union-attr]
+    again = d2.store.get(low.id)
+    assert again is not None and again.attempts == 2 and again.preempted is not None and again.preempted.count == 1
+    assert again.preempted.reason.endswith("; it stopped (killed by signal 9)")
+    assert runs.read_text() == "run\nrun\n"  # ran once before, once after: never twice at a time, never lost
+    ex2.cancel(low.id, grace_s=0)  # it ignores SIGTERM: no need to wait out a cancel's grace
+    wait_for(lambda: not ex2.running(), d2)
+    ex2.close()
+    store2.close()
