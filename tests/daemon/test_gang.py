@@ -4,12 +4,16 @@ failing stops the others and the gang retries as one; a restart reads every inst
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
 
+from corral.api.app import create_app
+from corral.cli.views import show_lines
 from corral.daemon.core import Daemon
 from corral.daemon.gang import GangExecutor, place_gang
 from corral.executor.fake import FakeExecutor
@@ -19,8 +23,9 @@ from corral.jobs.model import JobSpec, JobState
 from corral.model.errors import InvalidRequest
 from corral.model.resources import GpuBehavior, Request
 from corral.placement import PlacementConfig
-from corral.store import MemoryStore
+from corral.store import MemoryStore, SqliteStore
 from corral.store.base import Store
+from tests.api.test_api import ALICE, AsPeer
 from tests.builders import cluster, node
 
 CONFIG = PlacementConfig(gpu_behavior=GpuBehavior.UNRESTRICTED)
@@ -171,3 +176,34 @@ def test_a_restart_reads_every_instance_and_ends_the_gang_as_one(tmp_path: Path)
     done = store.get(job.id)
     assert done is not None and done.state is JobState.SUCCEEDED and done.attempts == 1
     assert sorted(fake2.forgotten) == [(f"{job.id}_0", 1), (f"{job.id}_1", 1)]
+
+
+# ------------------------------------------------------------------------------------------------ API and store
+def test_the_api_takes_instances_with_gang_and_names_the_field_otherwise(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "jobs.db")
+    ex = GangExecutor(FakeExecutor(), lambda jid: j.spec.instances if (j := store.get(jid)) is not None else 1)
+    box4 = parse_simulated_inventory("4xA100-80GB")[0]
+    d = Daemon(store, ex, box4, CONFIG, tmp_path)
+    alice = TestClient(AsPeer(create_app(d, threading.Lock(), lambda: None), ALICE, "unix"))
+    bad = alice.post("/v1/jobs", json={"command": ["x"], "gpus": 1, "instances": 2})
+    assert bad.status_code == 422 and bad.json()["detail"]["field"] == "instances"
+    assert "ask for gang too" in bad.json()["detail"]["message"]
+    huge = alice.post("/v1/jobs", json={"command": ["x"], "gpus": 1, "instances": 65, "gang": True})
+    assert huge.status_code == 422 and huge.json()["detail"]["field"] == "instances"
+    ok = alice.post("/v1/jobs", json={"command": ["x"], "gpus": 2, "instances": 2, "gang": True})
+    assert ok.status_code == 201, ok.text
+    assert (ok.json()["instances"], ok.json()["gang"]) == (2, True)
+    assert ("instances", "2 (a gang: all or none)") in show_lines(ok.json(), 0)
+    assert d.tick() == [ok.json()["id"]]
+    shown = alice.get(f"/v1/jobs/{ok.json()['id']}").json()
+    assert len(shown["gpus"]) == 4 and shown["state"] == "running"  # two instances of two GPUs each
+    store.close()
+    again = SqliteStore(tmp_path / "jobs.db").get(ok.json()["id"])  # what the store keeps of it
+    assert again is not None and (again.spec.instances, again.spec.gang, again.spec.preemptible) == (2, True, True)
+
+
+def test_a_daemon_whose_executor_runs_one_process_per_job_refuses_gangs(tmp_path: Path) -> None:
+    box4 = parse_simulated_inventory("4xA100-80GB")[0]
+    d = Daemon(MemoryStore(), FakeExecutor(), box4, CONFIG, tmp_path)
+    with pytest.raises(InvalidRequest, match="instances: this daemon's executor runs one process per job"):
+        d.submit(JobSpec(("x",), one_gpu(), "me", 0, 0, instances=2, gang=True))
