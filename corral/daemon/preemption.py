@@ -41,7 +41,7 @@ PREEMPTING = "being preempted: "
 DEFAULT_GRACE_S = 30.0
 #: Placements tried per search before the greedy fallback: one machine has few running jobs, so the exhaustive
 #: search is usually far below it; the bound keeps a round cheap when many small shares run.
-SEARCH_BUDGET = 256
+SEARCH_BUDGET = 64
 
 #: A predicate over a job. See `Rules`.
 JobRule = Callable[[Job], bool]
