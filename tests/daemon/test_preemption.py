@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
+from typer.testing import CliRunner as TyperRunner
 
 from corral.api.app import create_app
 from corral.cli.client import submit_cmd
+from corral.cli.main import app as corral_cli
 from corral.cli.views import explain_text, show_lines
 from corral.daemon.core import Daemon
 from corral.daemon.preemption import PREEMPTING, Rules, choose, request_of
@@ -25,6 +27,7 @@ from corral.executor.fake import FakeExecutor
 from corral.executor.local import LocalExecutor
 from corral.gpu.simulated import parse_simulated_inventory
 from corral.jobs.model import Job, JobSpec, JobState
+from corral.model.errors import InvalidRequest
 from corral.model.resources import GpuBehavior, Request
 from corral.model.snapshot import ClusterSnapshot
 from corral.placement import PlacementConfig
@@ -444,3 +447,34 @@ def test_kill9_of_a_real_daemon_in_the_grace_the_supervisor_finishes_and_the_job
     wait_for(lambda: not ex2.running(), d2)
     ex2.close()
     store2.close()
+
+
+def test_serve_takes_the_preempt_grace_and_refuses_a_bad_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[str, object] = {}
+    monkeypatch.setattr("corral.daemon.server.serve", lambda *a, **kw: seen.update(kw))
+    runner = TyperRunner()
+    where = ["--state-dir", str(tmp_path / "state"), "--socket", str(tmp_path / "s.sock")]
+    assert runner.invoke(corral_cli, ["serve", *where, "--preempt-grace", "2m"]).exit_code == 0
+    assert seen["preempt_grace_s"] == 120.0
+    assert runner.invoke(corral_cli, ["serve", *where]).exit_code == 0
+    assert seen["preempt_grace_s"] == 30.0
+    result = runner.invoke(corral_cli, ["serve", *where, "--preempt-grace", "soon"])
+    assert result.exit_code != 0 and "--preempt-grace: not a duration: 'soon'" in result.output, result.output
+    with pytest.raises(InvalidRequest, match="preempt_grace: must be >= 0 seconds"):
+        Daemon(
+            MemoryStore(),
+            FakeExecutor(),
+            parse_simulated_inventory("1xA100-80GB")[0],
+            CONFIG,
+            tmp_path,
+            preempt_grace_s=-1,
+        )
+
+
+def test_a_gang_preempts_enough_for_all_its_instances() -> None:
+    s = box(4)
+    running = [run_on(s, str(i), 10 * i) for i in range(1, 5)]  # four 1-GPU jobs, the oldest the costliest
+    head = Job("99", spec(priority=5, instances=3, gang=True), JobState.QUEUED, submitted_at=NOW)
+    choice = choose(s, head, request_of(head), running, CONFIG, NOW)
+    assert choice is not None and sorted(v.job.id for v in choice.victims) == ["1", "2", "3"]  # the 3 cheapest
+    assert len(set(choice.allocation.gpu_indices)) == 3
