@@ -161,6 +161,8 @@ def choose(
 
     if fits(victims) is None:
         return None  # never preempt for a job that then cannot start
+    if fits(()) is not None:
+        return None  # it fits as things are (e.g. something ended since the pass): nothing to stop
     best: tuple[tuple[float, float], tuple[Victim, ...], Allocation] | None = None
     for k in range(1, len(victims) + 1):
         for chosen in combinations(victims, k):

@@ -7,13 +7,16 @@ import os
 import shlex
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
+from itertools import combinations
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner as TyperRunner
 
 from corral.api.app import create_app
@@ -478,3 +481,46 @@ def test_a_gang_preempts_enough_for_all_its_instances() -> None:
     choice = choose(s, head, request_of(head), running, CONFIG, NOW)
     assert choice is not None and sorted(v.job.id for v in choice.victims) == ["1", "2", "3"]  # the 3 cheapest
     assert len(set(choice.allocation.gpu_indices)) == 3
+
+
+# ------------------------------------------------------------------------------------------------ property
+@settings(max_examples=60, deadline=None)
+@given(
+    held=st.lists(
+        st.tuples(st.sampled_from([1000, 500, 250]), st.integers(0, 3), st.booleans(), st.integers(1, 500)),
+        min_size=1,
+        max_size=6,
+    ),
+    want=st.tuples(st.sampled_from([1, 2]), st.sampled_from([1000, 500]), st.integers(0, 4)),
+)
+def test_the_choice_is_safe_and_minimal(held: list[tuple[int, int, bool, int]], want: tuple[int, int, int]) -> None:
+    s = box(2)
+    running: list[Job] = []
+    for i, (milli, priority, preemptible, ran) in enumerate(held, start=1):
+        t = s.copy()
+        queued = Job(str(i), spec(milli=milli, priority=priority, preemptible=preemptible), JobState.QUEUED, 0)
+        if schedule(t, [queued], CONFIG, 0).starts:  # only what fits is running
+            running.append(run_on(s, str(i), ran, milli=milli, priority=priority, preemptible=preemptible))
+    gpus, milli, priority = want
+    head = waiting(gpus=gpus, milli=milli, priority=priority)
+    eligible = [j for j in running if j.spec.preemptible and j.spec.request.priority < priority]
+
+    def fits_without(victims: Sequence[Job]) -> bool:
+        left = s.copy()
+        for v in victims:
+            left.release(v.id)
+        return schedule(left, [head], CONFIG, 0).starts != []
+
+    choice = choose(s, head, request_of(head), running, CONFIG, NOW)
+    if choice is None:
+        # nothing preempted only when it fits as things are, or even all the eligible jobs would not do
+        assert fits_without([]) or not eligible or not fits_without(eligible)
+        return
+    chosen = [v.job for v in choice.victims]
+    assert all(j in eligible for j in chosen)  # never a job of equal or higher priority, never a non-preemptible one
+    left = s.copy()
+    for j in chosen:
+        left.release(j.id)
+    left.allocate(choice.allocation)  # the preemptor's grant fits on exactly what the victims free (no over-commit)
+    fewer = any(fits_without(c) for k in range(len(chosen)) for c in combinations(eligible, k))
+    assert not fewer  # no smaller set of eligible jobs would do
