@@ -280,7 +280,7 @@ class Daemon:
         for j in held:
             plan.waiting[j.id] = "not preemptible: it starts only within its queue's guarantee"
         if not self._preempting and len(plan.starts) < STARTS_PER_ROUND:
-            self._preempt(plan, holding, snapshot, waiting, now, owner)
+            self._preempt(plan, holding, snapshot, now, owner)
         self._say_preempting(plan)
         self.reservation, self.queue_order = plan.reservation, plan.order
         self.metrics.round(self.config.policy, placed=len(plan.starts), unplaced=plan.unplaced)
@@ -317,7 +317,6 @@ class Daemon:
         plan: Plan,
         holding: Sequence[Job],
         snapshot: ClusterSnapshot,
-        waiting: Sequence[Job],
         now: float,
         owner: Callable[[Job], str] | None,
     ) -> None:
@@ -333,6 +332,7 @@ class Daemon:
             or head.not_before > now
             or head.id in plan.unresolvable
             or head.id not in plan.waiting
+            or not (head.spec.preemptible or self.preemption_rules.may_borrow(head))  # held back: may not start
         ):
             return
         running = [j for j in holding if j.state is JobState.RUNNING and j.id not in self._exits]
