@@ -207,3 +207,23 @@ def test_a_daemon_whose_executor_runs_one_process_per_job_refuses_gangs(tmp_path
     d = Daemon(MemoryStore(), FakeExecutor(), box4, CONFIG, tmp_path)
     with pytest.raises(InvalidRequest, match="instances: this daemon's executor runs one process per job"):
         d.submit(JobSpec(("x",), one_gpu(), "me", 0, 0, instances=2, gang=True))
+
+
+def test_a_gang_is_preempted_as_one_and_queued_again(tmp_path: Path) -> None:
+    store = MemoryStore()
+    fake = FakeExecutor()  # a cancel ends the process at once
+    ex = GangExecutor(fake, lambda jid: j.spec.instances if (j := store.get(jid)) is not None else 1)
+    box4 = parse_simulated_inventory("4xA100-80GB")[0]
+    d = Daemon(store, ex, box4, CONFIG, tmp_path, preempt_grace_s=5)
+    two_by_two = Request(cpu_milli=100, memory_mib=64, gpu_count=2, gpu_milli=1000)
+    gang = d.submit(JobSpec(("x",), two_by_two, "me", 0, 0, instances=2, gang=True))
+    assert d.tick() == [gang.id]
+    high = d.submit(
+        JobSpec(("y",), Request(cpu_milli=100, memory_mib=64, gpu_count=1, gpu_milli=1000, priority=5), "me", 0, 0)
+    )
+    d.tick()
+    assert sorted(fake.cancelled) == [(f"{gang.id}_0", 5.0), (f"{gang.id}_1", 5.0)]  # every instance, one grace
+    assert d.tick() == [high.id]  # the gang went back as one; the preemptor took one of its GPUs
+    back = store.get(gang.id)
+    assert back is not None and back.state is JobState.QUEUED and back.attempts == 1 and back.preempted is not None
+    assert back.reason.startswith("1 of 2 instances fit (a gang starts all or none)")  # it waits for both
