@@ -105,6 +105,18 @@ class DaemonMetrics:
             ["action"],
             registry=r,
         )
+        self.preemptions = Counter(
+            "corral_preemptions",
+            "Running jobs preempted (SIGTERM, grace, SIGKILL, queued again), by reason: priority (a higher priority "
+            "class) or guarantee (the preemptor's queue was below its guarantee)",
+            ["reason"],
+            registry=r,
+        )
+        self.preempted_gpu_seconds = Counter(
+            "corral_preempted_gpu_seconds",
+            "GPU-seconds of run time lost by preempted jobs (their GPUs, shares as fractions, times how long they ran)",
+            registry=r,
+        )
 
     def round(self, policy: str, placed: int, unplaced: int) -> None:
         """One scheduling pass: `placed` jobs, and `unplaced` request shapes that could not be placed. (Not engine

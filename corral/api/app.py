@@ -153,7 +153,19 @@ def spec_from(body: SubmitIn, who: Peer) -> JobSpec:
         time_limit_s=limit,
         env=admitted_environment(body.env),  # never CORRAL_TOKEN & co (corral.jobs.environment)
         cwd=body.cwd,
+        preemptible=body.preemptible,
+        instances=body.instances,
+        gang=body.gang,
     )
+
+
+def preempted_story(job: Job) -> str:
+    """A sentence on a job's preemptions (explain tells why a running job was stopped before), "" if none."""
+    p = job.preempted
+    if p is None:
+        return ""
+    times = "once" if p.count == 1 else f"{p.count} times"
+    return clean(f"It was preempted {times} before; the last time: {p.reason}.")
 
 
 def parse_states(values: Sequence[str] | None) -> frozenset[JobState] | None:
@@ -366,8 +378,10 @@ def create_app(
     @app.get("/v1/jobs/{job_id}/explain", response_model=ExplainOut)
     def explain(job_id: str, who: Caller) -> ExplainOut:
         job = visible(job_id, who)
+        was = JobOut.of(job).preempted
+        before = preempted_story(job)
         if job.state is not JobState.QUEUED:
-            return ExplainOut(state=job.state.value, reason=clean(job.reason))
+            return ExplainOut(state=job.state.value, reason=clean(job.reason), story=before or None, preempted=was)
         holding = daemon.store.list([JobState.STARTING, JobState.RUNNING])
         story = wait_story(
             job, holding, daemon.queue_order, daemon.reservation, daemon.default_time_limit_s, daemon.clock(),
@@ -379,7 +393,8 @@ def create_app(
         return ExplainOut(
             state=job.state.value,
             reason=clean(job.reason),
-            story=clean(story.text) or None,
+            story=clean(" ".join(t for t in (story.text, before) if t)) or None,
+            preempted=was,
             position=story.position,
             queued=story.queued,
             holders=[HolderOut(**dataclasses.asdict(h)) for h in story.holders],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from corral.api.limits import clean
@@ -36,6 +38,11 @@ class SubmitIn(BaseModel):
     cwd: str = Field(default="/", max_length=limits.MAX_PATH)
     #: The same job for the same key (the `Idempotency-Key` header does the same; the header wins)
     idempotency_key: str | None = Field(default=None, pattern=IDEMPOTENCY_KEY)
+    #: false: never preempted (docs/preemption.md); with queues, it starts only within its queue's guarantee
+    preemptible: bool = True
+    #: A gang: `instances` processes, each with its own grant of the request, all started or none (needs `gang`)
+    instances: int = Field(default=1, ge=1, le=64)
+    gang: bool = False
 
 
 class GpuOut(BaseModel):
@@ -60,6 +67,14 @@ class RequestOut(BaseModel):
     env_count: int  # how many variables, not their values (they may hold secrets)
 
 
+class PreemptedOut(BaseModel):
+    """A job's preemptions: how many, and the last one (docs/preemption.md)."""
+
+    count: int
+    at: float  # epoch seconds: when the last one was decided
+    reason: str  # "preempted by job N (user U, priority P) at T: ...; it stopped (...)"
+
+
 class JobOut(BaseModel):
     id: str
     name: str
@@ -77,6 +92,10 @@ class JobOut(BaseModel):
     origin: str = ""  # "" for `corral submit`; else the definition that made it (e.g. a scheduled job's run)
     request: RequestOut | None = None
     log_path: str | None = None  # only in one job's answer (GET /v1/jobs/ID)
+    preemptible: bool = True
+    preempted: PreemptedOut | None = None  # None: never preempted
+    instances: int = 1  # a gang's processes (gpus lists every instance's grants, instance by instance)
+    gang: bool = False
 
     @classmethod
     def of(cls, job: Job, *, log_path: str | None = None) -> JobOut:
@@ -114,6 +133,10 @@ class JobOut(BaseModel):
                 env_count=len(job.spec.env),
             ),
             log_path=log_path,
+            preemptible=job.spec.preemptible,
+            instances=job.spec.instances,
+            gang=job.spec.gang,
+            preempted=None if job.preempted is None else PreemptedOut(**dataclasses.asdict(job.preempted)),
         )
 
 
@@ -161,6 +184,7 @@ class ExplainOut(BaseModel):
     # The above in sentences (clock times in UTC): what `corral explain` prints after the reason. Kept apart from
     # `reason`, which stays the job's own why (the one `GET /v1/jobs` and `corral ps` show).
     story: str | None = None
+    preempted: PreemptedOut | None = None  # a job preempted before (any state): the last time, in `story` too
 
 
 class TokenIn(BaseModel):

@@ -290,6 +290,14 @@ json_option = click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
 @click.option("--name", default="", help="A name for the job.")
 @click.option("--retries", type=int, default=0, show_default=True, help="Retries after a failure.")
 @click.option("--time-limit", default=None, help="Time limit, e.g. 90, 45m, 2h.")
+@click.option(
+    "--no-preempt",
+    is_flag=True,
+    help="Never preempt this job for a higher-priority one (with queues: it starts only within its queue's "
+    "guarantee). See docs/preemption.md.",
+)
+@click.option("--instances", type=int, default=1, show_default=True, help="Processes, each with this request.")
+@click.option("--gang", is_flag=True, help="Start all the instances or none; one failing stops the others.")
 @socket_option
 def submit_cmd(
     command: tuple[str, ...],
@@ -303,6 +311,9 @@ def submit_cmd(
     name: str,
     retries: int,
     time_limit: str | None,
+    no_preempt: bool,
+    instances: int,
+    gang: bool,
     socket: Path | None,
 ) -> None:
     """Submit a job; prints its id. The job runs in this directory with this environment.
@@ -320,6 +331,9 @@ def submit_cmd(
         "name": name,
         "retries": retries,
         "time_limit": time_limit,
+        "preemptible": not no_preempt,
+        "instances": instances,
+        "gang": gang,
         # the rule of corral.jobs.environment: never corral's own variables (CORRAL_TOKEN), never the login's agents
         "env": admitted_environment(os.environ),
         "cwd": os.getcwd(),

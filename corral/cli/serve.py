@@ -82,6 +82,13 @@ def serve_cmd(
         Path | None,
         typer.Option(help="A folder of `corral sim` reports to show on the dashboard (/ui/, docs/dashboard.md)."),
     ] = None,
+    preempt_grace: Annotated[
+        str,
+        typer.Option(
+            help="Grace between the SIGTERM and the SIGKILL of a preempted job (e.g. 30, 2m); it then goes back to "
+            "the queue. See docs/preemption.md.",
+        ),
+    ] = "30",
 ) -> None:
     """Run the corral daemon on this machine until SIGTERM or Ctrl-C."""
     from corral.daemon.server import ServeError, serve
@@ -93,6 +100,9 @@ def serve_cmd(
         default_time_limit_s = parse_duration_seconds(default_time_limit, "--default-time-limit")
         if not default_time_limit_s > 0:
             raise InvalidRequest("--default-time-limit", f"must be more than 0 seconds, got {default_time_limit!r}")
+        preempt_grace_s = parse_duration_seconds(preempt_grace, "--preempt-grace")
+        if not preempt_grace_s >= 0:
+            raise InvalidRequest("--preempt-grace", f"must be 0 seconds or more, got {preempt_grace!r}")
     except InvalidRequest as exc:
         raise fail(str(exc)) from None
     state, sock = serve_locations(state_dir, socket, runtime_dir, root=os.geteuid() == 0)
@@ -101,6 +111,7 @@ def serve_cmd(
             state, sock, simulate_gpus, policy, watchdog=gpu_memory_watchdog, sharing=sharing, listen=listen,
             gpu_behavior=gpu_behavior_old or gpu_behavior, service_ports=service_ports,
             container_runtime=container_runtime, default_time_limit_s=default_time_limit_s, reports=reports,
+            preempt_grace_s=preempt_grace_s,
         )  # fmt: skip
     except (ServeError, InvalidRequest, StoreError, OSError) as exc:
         raise fail(str(exc)) from None

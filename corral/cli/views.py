@@ -216,7 +216,7 @@ def explain_text(job_id: str, data: Mapping[str, Any]) -> list[str]:
 
 #: Parts of an explain answer the lines above already say (the rest, a newer daemon's, are printed one a line).
 _SAID = frozenset({"state", "reason", "story", "position", "queued", "holders", "reservation", "estimated_start",
-                   "default_time_limit_s"})  # fmt: skip
+                   "default_time_limit_s", "preempted"})  # fmt: skip
 _SENTENCE_END = re.compile(r"(?<=\.) +(?=[A-Z])")
 
 
@@ -241,6 +241,7 @@ FLAGS = {
     "cpus": "--cpus", "cpu_milli": "--cpus", "memory": "--memory", "memory_mib": "--memory",
     "gpu_model": "--gpu-model", "gpu_models": "--gpu-model", "time_limit": "--time-limit",
     "time_limit_s": "--time-limit", "priority": "--priority", "name": "--name", "retries": "--retries",
+    "instances": "--instances", "gang": "--gang",
     "command": "COMMAND", "state": "--state", "user": "--user", "since": "--since", "limit": "--limit",
     "after": "--after", "request": "",
 }  # fmt: skip
@@ -309,7 +310,14 @@ def show_lines(job: Mapping[str, Any], now: float | None = None) -> list[tuple[s
             ("cwd", str(req.get("cwd", ""))),
             ("env", f"{req.get('env_count', 0)} variables"),
         ]
+    preempted = job.get("preempted")
+    if preempted:
+        times = "once" if preempted.get("count") == 1 else f"{preempted.get('count')} times"
+        lines.append(("preempted", f"{times}; the last: {preempted.get('reason', '')}"))
+    if (job.get("instances") or 1) > 1:
+        lines.append(("instances", f"{job['instances']}" + (" (a gang: all or none)" if job.get("gang") else "")))
     lines += [
+        ("preemptible", "no" if job.get("preemptible") is False else "yes"),
         ("priority", str(job.get("priority", 0))),
         ("log", job.get("log_path") or "-"),
         ("origin", job.get("origin") or "-"),

@@ -39,13 +39,15 @@ from typing import Protocol
 
 import numpy as np
 
+from corral.daemon import gang, preemption
+from corral.daemon.preemption import PREEMPTING, Rules
 from corral.daemon.reservation import DEFAULT_TIME_LIMIT_S, Reservation, expected_end
-from corral.daemon.scheduler import ShapeCache, schedule
+from corral.daemon.scheduler import Plan, ShapeCache, schedule
 from corral.executor.base import Executor, Exit, Found, Handle, LaunchSpec
 from corral.gpu.discovery import GpuDiscoveryError
 from corral.gpu.metrics import GpuSampler, GpuUse, ProcessInfo, attribute, read_process
 from corral.gpu.mps import MpsControl, MpsError
-from corral.jobs.model import Job, JobSpec, JobState
+from corral.jobs.model import Job, JobSpec, JobState, Preempted
 from corral.metrics import DaemonMetrics
 from corral.model.errors import InvalidRequest
 from corral.model.resources import Allocation, GpuGrant, Node, Request, affinity_tag
@@ -126,7 +128,11 @@ class Daemon:
         controllers: Sequence[Controller] = (),
         container_runtime: str | None = None,
         default_time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+        preempt_grace_s: float = preemption.DEFAULT_GRACE_S,
+        preemption_rules: Rules | None = None,
     ) -> None:
+        if not (math.isfinite(preempt_grace_s) and preempt_grace_s >= 0):
+            raise InvalidRequest("preempt_grace", f"must be >= 0 seconds, got {preempt_grace_s}")
         if not (math.isfinite(default_time_limit_s) and default_time_limit_s > 0):
             raise InvalidRequest("default_time_limit", f"must be > 0 seconds, got {default_time_limit_s}")
         if watchdog not in WATCHDOG_MODES:
@@ -174,6 +180,11 @@ class Daemon:
         self.metrics = DaemonMetrics()  # event counters for /metrics (corral.metrics); gauges are read at scrape time
         self.ticked_at = -math.inf  # time.monotonic() at the end of the latest round, for /readyz
         self._noted: set[str] = set()  # placement notes logged once (the same note comes for every such job)
+        #: Preemption (corral.daemon.preemption): SIGTERM, this grace, SIGKILL; who may preempt whom.
+        self.preempt_grace_s = preempt_grace_s
+        self.preemption_rules = preemption_rules or Rules()
+        #: Victims signalled and not yet exited: victim id -> (preemptor id, kill deadline). One preemption at a time.
+        self._preempting: dict[str, tuple[str, float]] = {}
 
     # ---------------------------------------------------------------------------------------------- requests
     def submit(self, spec: JobSpec, idempotency_key: str | None = None) -> Job:
@@ -184,8 +195,14 @@ class Daemon:
                 validate_against(self._empty, spec.request)
                 # Refuse what this machine can never run, even when idle: it would wait for ever.
                 empty = place(self._empty, spec.request, self.config, 0)
+                whole = gang.place_gang(self._empty, spec.request, spec.instances, self.config, 0)
             if not empty.placed and all(empty.unresolvable(i) for i in range(len(self._empty))):
                 raise InvalidRequest("request", f"can never run on this machine: {render(empty.explanation)}")
+            if spec.instances > 1:
+                if not getattr(self.executor, "runs_gangs", False):
+                    raise InvalidRequest("instances", "this daemon's executor runs one process per job: no gangs")
+                if whole.allocation is None:
+                    raise InvalidRequest("instances", f"can never run on this machine, even idle: {whole.reason()}")
         except InvalidRequest as exc:
             log.info("refused a job of %s (uid %d): %s: %s", spec.user, spec.uid, exc.field, exc.message)
             self.metrics.refused.labels(exc.field).inc()
@@ -246,10 +263,25 @@ class Daemon:
         waiting = self.store.list([JobState.QUEUED])
         owner = self._share_owner if self.mps is not None else None
         ends = {j.id: expected_end(j.started_at, j.spec.time_limit_s, self.default_time_limit_s, now) for j in holding}
+        # Victims of a preemption end by their kill deadline: the head's reservation then holds what they free for
+        # the preemptor, so backfill does not take it during the grace period.
+        self._preempting = {v: p for v, p in self._preempting.items() if v in ends}
+        for victim, (_, deadline) in self._preempting.items():
+            ends[victim] = min(ends[victim], max(now, deadline))
+        rules = self.preemption_rules  # (without a `may_borrow` rule, a long queue is not walked for it)
+        held = (
+            [] if rules.borrows_freely else [j for j in waiting if not j.spec.preemptible and not rules.may_borrow(j)]
+        )
+        offered = [j for j in waiting if j.spec.preemptible or rules.may_borrow(j)] if held else waiting
         plan = schedule(
-            snapshot, waiting, self.config, now, self.rng, owner=owner, cache=self._shapes, max_starts=STARTS_PER_ROUND,
+            snapshot, offered, self.config, now, self.rng, owner=owner, cache=self._shapes, max_starts=STARTS_PER_ROUND,
             ends=ends, default_time_limit_s=self.default_time_limit_s,
         )  # fmt: skip
+        for j in held:
+            plan.waiting[j.id] = "not preemptible: it starts only within its queue's guarantee"
+        if not self._preempting and len(plan.starts) < STARTS_PER_ROUND:
+            self._preempt(plan, holding, snapshot, now, owner)
+        self._say_preempting(plan)
         self.reservation, self.queue_order = plan.reservation, plan.order
         self.metrics.round(self.config.policy, placed=len(plan.starts), unplaced=plan.unplaced)
         foreign = self.foreign_text()
@@ -278,6 +310,88 @@ class Daemon:
         self._stop_idle_mps(busy)
         self.ticked_at = time.monotonic()
         return started
+
+    # ---------------------------------------------------------------------------------------------- preemption
+    def _preempt(
+        self,
+        plan: Plan,
+        holding: Sequence[Job],
+        snapshot: ClusterSnapshot,
+        now: float,
+        owner: Callable[[Job], str] | None,
+    ) -> None:
+        """The first job in queue order that waits may preempt running jobs (corral.daemon.preemption): each victim's
+        reason and preemption record are stored, then it gets SIGTERM (the executor sends SIGKILL after the grace).
+        Its exit sends it back to the queue (`_requeue_preempted`)."""
+        started = {s.job_id for s in plan.starts}
+        first = next((i for i in plan.order if i not in started), None)  # a few steps, not a walk of the queue
+        head = None if first is None else self.store.get(first)
+        if (
+            head is None
+            or head.state is not JobState.QUEUED
+            or head.not_before > now
+            or head.id in plan.unresolvable
+            or head.id not in plan.waiting
+            or not (head.spec.preemptible or self.preemption_rules.may_borrow(head))  # held back: may not start
+        ):
+            return
+        running = [j for j in holding if j.state is JobState.RUNNING and j.id not in self._exits]
+        request = preemption.request_of(head, owner(head) if owner is not None else "")
+        choice = preemption.choose(snapshot, head, request, running, self.config, now, self.preemption_rules)
+        if choice is None:
+            return
+        for victim in choice.victims:
+            job = victim.job
+            text = choice.words[job.id]
+            count = (job.preempted.count if job.preempted is not None else 0) + 1
+            try:  # durable before the signal: a restarted daemon reads from the reason that the exit is a preemption
+                self.store.update(job.id, reason=PREEMPTING + text, preempted=Preempted(count, now, text))
+            except StoreError:
+                log.warning("job %s: its preemption could not be stored; not preempted", job.id)
+                return
+            self.executor.cancel(job.id, grace_s=self.preempt_grace_s)
+            self._preempting[job.id] = (head.id, now + self.preempt_grace_s)
+            self.metrics.preemptions.labels(victim.why).inc()
+            self.metrics.preempted_gpu_seconds.inc(victim.gpu_seconds)
+            log.info("job %s of %s %s (grace %g s)", job.id, job.spec.user, text, self.preempt_grace_s)
+
+    def _say_preempting(self, plan: Plan) -> None:
+        """A preemptor's reason names the jobs being stopped for it (no times: the words stay put every round)."""
+        for_whom: dict[str, list[str]] = {}
+        for victim, (preemptor_id, _) in self._preempting.items():
+            for_whom.setdefault(preemptor_id, []).append(victim)
+        for preemptor_id, victims in for_whom.items():
+            if preemptor_id in plan.waiting:
+                ids = sorted(victims, key=lambda i: (len(i), i))
+                plan.waiting[preemptor_id] += (
+                    f"; preempting job{'s' if len(ids) > 1 else ''} {_ids_text(ids)} for it "
+                    f"(SIGTERM, then SIGKILL after {self.preempt_grace_s:g} s)"
+                )
+
+    def _requeue_preempted(self, job: Job, ended: Exit, now: float) -> None:
+        """A preempted job has exited: back to the queue, its attempts kept, no retry used, not a failure."""
+        how = (
+            "exit code 0"
+            if ended.succeeded
+            else (f"killed by signal {ended.signal}" if ended.signal is not None else f"exit code {ended.exit_code}")
+        )
+        text = job.reason.removeprefix(PREEMPTING)
+        record = job.preempted or Preempted(1, now, text)  # None only for a job preempted by an older corral
+        self.store.transition(
+            job.id,
+            JobState.QUEUED,
+            expect=[JobState.RUNNING],
+            not_before=now,
+            gpus=(),
+            gpu_uuids=(),
+            pid=None,
+            pid_start_time=None,
+            reason=f"{text}; it stopped ({how}) and is queued again (attempts kept, no retry used)",
+            # the record keeps how it stopped: the queued job's reason is soon its place in the queue
+            preempted=replace(record, reason=f"{record.reason}; it stopped ({how})"),
+        )
+        self._preempting.pop(job.id, None)
+        log.info("job %s of %s preempted: stopped (%s), queued again", job.id, job.spec.user, how)
 
     def _store_reasons(self, waiting: Sequence[Job], planned: Mapping[str, str], foreign: str, now: float) -> None:
         """Every waiting job's reason, in one durable write for the round however many changed."""
@@ -309,7 +423,7 @@ class Daemon:
             r = job.spec.request
             owner = job.spec.user if self._mps_share(r) else ""
             alloc = Allocation(job.id, self.node.name, 0, r.cpu_milli, r.memory_mib, job.gpus, affinity_tag(r), owner)
-            snap.allocate(alloc)
+            snap.allocate(alloc if job.spec.instances == 1 else gang.held(job, self.node.name, owner))
         for dev in self.node.gpus:
             use = self.gpu_use.get(dev.uuid)
             if use is None:
@@ -357,7 +471,7 @@ class Daemon:
     def _watch_memory(self, holding: list[Job]) -> None:
         """A job using more GPU memory than its grant, where MPS does not cap it: warn, or kill it."""
         for job in holding:
-            if job.state is not JobState.RUNNING or job.reason.startswith((CANCELLING, OVER_GRANT)):
+            if job.state is not JobState.RUNNING or job.reason.startswith((CANCELLING, OVER_GRANT, PREEMPTING)):
                 continue
             if self._mps_share(job.spec.request) and self.mps is not None and self.mps.available():
                 continue  # MPS enforces its memory limit
@@ -408,7 +522,8 @@ class Daemon:
             return None
         r = job.spec.request
         pipe = None
-        if self.mps is not None and self._mps_share(r) and self.mps.available():
+        # A gang's shares are not put under MPS (one pipe per job here); the memory watchdog guards them.
+        if self.mps is not None and self._mps_share(r) and job.spec.instances == 1 and self.mps.available():
             try:
                 pipe = str(self.mps.start(uuids[0]))
             except MpsError as exc:
@@ -508,6 +623,8 @@ class Daemon:
             self._ended(job, JobState.CANCELLED, when, ended.exit_code, "cancelled")
         elif job.reason.startswith(OVER_GRANT):
             self._ended(job, JobState.FAILED, when, ended.exit_code, job.reason)
+        elif job.reason.startswith(PREEMPTING):  # before `ended.cancelled`: the cancel was the preemption's SIGTERM
+            self._requeue_preempted(job, ended, when)
         elif ended.cancelled:  # cancelled by a daemon that died before it could record the cancel
             self._ended(job, JobState.CANCELLED, when, ended.exit_code, "cancelled")
         elif ended.exit_code == 0 and ended.signal is None and not ended.timed_out:
@@ -530,11 +647,12 @@ class Daemon:
         done = self.store.transition(job.id, state, finished_at=now, exit_code=exit_code, reason=reason)
         log.info("job %s of %s ended: %s (%s)", job.id, job.spec.user, state.value, reason)
         self.metrics.job_ended(state, reason)
-        if not (state in (JobState.FAILED, JobState.LOST) and done.attempts <= job.spec.retries):
+        # `failures`, not `attempts`: a preempted attempt uses up no retry
+        if not (state in (JobState.FAILED, JobState.LOST) and done.failures <= job.spec.retries):
             self._tell_ended(done)
             return
-        wait = backoff_s(done.attempts)
-        why = f"{reason}; retry {done.attempts} of {job.spec.retries} in {wait:g} s"
+        wait = backoff_s(done.failures)
+        why = f"{reason}; retry {done.failures} of {job.spec.retries} in {wait:g} s"
         # The outcome is stored; if its return to the queue is not, `_retry` keeps it for later rounds (or a restart).
         with contextlib.suppress(StoreError):
             self._retry(job.id, why, now + wait, now)
@@ -584,6 +702,8 @@ class Daemon:
             elif found is not None and found.found is Found.ALIVE:
                 if job.state is JobState.STARTING and found.handle is not None:
                     self._unrecorded[job.id] = found.handle
+                if job.reason.startswith(PREEMPTING):
+                    self._resume_preemption(job, now)
             elif found is not None and found.found is Found.GONE:
                 self._ended(job, JobState.LOST, now, None, "lost: its supervisor was gone when the daemon restarted")
             elif self._adopt_bare(job):
@@ -596,11 +716,20 @@ class Daemon:
                 self._ended(job, JobState.LOST, now, None, "lost: the process was gone when the daemon restarted")
         for state in (JobState.FAILED, JobState.LOST):  # a retry decided, then the daemon stopped before storing it
             for job in self.store.list([state]):
-                if job.attempts <= job.spec.retries:
-                    wait = backoff_s(job.attempts)
-                    self._retry(job.id, f"{job.reason}; retry {job.attempts} of {job.spec.retries}", now + wait, now)
+                if job.failures <= job.spec.retries:
+                    wait = backoff_s(job.failures)
+                    self._retry(job.id, f"{job.reason}; retry {job.failures} of {job.spec.retries}", now + wait, now)
         self.executor.sweep(keep)
         self._flush(now)
+
+    def _resume_preemption(self, job: Job, now: float) -> None:
+        """After a restart, a victim still alive: its SIGTERM may never have been sent (the daemon died between
+        storing the preemption and signalling), so it is sent again with what is left of the grace (a second cancel
+        restarts the supervisor's timer from there, so the SIGKILL comes about when it was due)."""
+        at = job.preempted.at if job.preempted is not None else now
+        deadline = at + self.preempt_grace_s
+        self.executor.cancel(job.id, grace_s=max(0.0, deadline - now))
+        self._preempting[job.id] = ("", deadline)
 
     def _adopt_bare(self, job: Job) -> bool:
         """A job started before supervisors existed: adopted by PID and start time (its exit code stays unknown)."""

@@ -32,12 +32,13 @@ from operator import attrgetter
 
 import numpy as np
 
+from corral.daemon.gang import GangDecision, combined_request, place_gang
 from corral.daemon.reservation import DEFAULT_TIME_LIMIT_S, Booking, Reservation, book
 from corral.jobs.model import Job
 from corral.model.errors import InvalidRequest
-from corral.model.resources import Allocation
+from corral.model.resources import Allocation, Request
 from corral.model.snapshot import ClusterSnapshot
-from corral.placement import PlacementConfig, place, render
+from corral.placement import Decision, PlacementConfig, place, render
 from corral.queue import queue_key
 
 #: The MPS owner a job's one-GPU share carries ("" when shares are not tied to a user): part of its shape.
@@ -88,7 +89,7 @@ class ShapeCache:
             return found
         request = job.spec.request
         who = owner(job) if owner is not None else ""
-        shape = (request.placement_key(), who)
+        shape = (request.placement_key(), who, job.spec.instances)  # a gang of 3 fits where 2 fit, or not
         index = self.shapes.setdefault(shape, len(self.shapes))
         made = _Entry(job, queue_key(job), index, request.wants_gpu, who)
         self.entries[job.id] = made
@@ -101,6 +102,17 @@ class ShapeCache:
         if len(self.shapes) > 4 * keep + 1024:
             self.shapes.clear()
             self.entries.clear()
+
+
+def _place(
+    snapshot: ClusterSnapshot, request: Request, instances: int, config: PlacementConfig, rng: np.random.Generator
+) -> Decision | GangDecision:
+    """One job's placement: the engine's, or for a gang all its instances together (corral.daemon.gang)."""
+    return (
+        place(snapshot, request, config, rng)
+        if instances == 1
+        else place_gang(snapshot, request, instances, config, rng)
+    )
 
 
 def clock_text(t: float) -> str:
@@ -173,7 +185,7 @@ def schedule(
         request = replace(job.spec.request, id=job.id, share_owner=entry.owner or job.spec.request.share_owner)
         placements += 1
         try:
-            decision = place(snapshot, request, config, generator)
+            decision = _place(snapshot, request, job.spec.instances, config, generator)
         except InvalidRequest as exc:  # e.g. a GPU model this machine no longer has: can never start
             failed[entry.shape] = (str(exc), True)
             reasons[job.id] = str(exc)
@@ -183,7 +195,7 @@ def schedule(
             # It fits now; it runs past the reservation's start, so it must fit beside it too. (Tried now first:
             # what does not fit now fits nowhere, so a long queue that cannot start costs one call per shape.)
             placements += 1
-            decision = place(booking.view(), request, config, generator)
+            decision = _place(booking.view(), request, job.spec.instances, config, generator)
             if decision.allocation is None:
                 r = booking.reservation
                 gpus = ", ".join(map(str, r.allocation.gpu_indices)) or "none"
@@ -203,7 +215,7 @@ def schedule(
             expected[job.id] = end
             starts.append(Start(job.id, decision.allocation, decision.explanation.notes))
             continue
-        text = render(decision.explanation)
+        text = decision.reason() if isinstance(decision, GangDecision) else render(decision.explanation)
         never = all(decision.unresolvable(i) for i in range(len(snapshot)))
         failed[entry.shape] = (text, never)
         reasons[job.id] = text
@@ -211,7 +223,7 @@ def schedule(
             unresolvable.add(job.id)
         elif not booked and entry.wants_gpu:
             booked = True  # the head: the first job that asks for GPUs and does not fit now
-            booking = book(snapshot, request, expected, config)
+            booking = book(snapshot, combined_request(request, job.spec.instances), expected, config)
     reservation = booking.reservation if booking is not None else None
     order = [e.job.id for e in entries]
     return Plan(starts, reasons, unresolvable, placements, len(failed) + len(delays), reservation, order)

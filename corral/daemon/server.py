@@ -50,7 +50,9 @@ from corral.api.app import PEER_KEY, VIA_KEY, create_app
 from corral.api.limits import face_of, message_answer
 from corral.daemon.core import Daemon
 from corral.daemon.extensions import install_extensions
+from corral.daemon.gang import GangExecutor
 from corral.daemon.lockstat import Released, daemon_lock
+from corral.daemon.preemption import DEFAULT_GRACE_S
 from corral.daemon.reservation import DEFAULT_TIME_LIMIT_S
 from corral.daemon.tokens import TokenFileError, TokenStore
 from corral.dashboard import Dashboard, foreign_browser_host, is_open
@@ -391,6 +393,7 @@ def serve(
     container_runtime: str | None = None,
     default_time_limit_s: float = DEFAULT_TIME_LIMIT_S,
     reports: Path | None = None,
+    preempt_grace_s: float = DEFAULT_GRACE_S,
 ) -> None:
     """Run the daemon until SIGTERM or SIGINT.
 
@@ -402,6 +405,7 @@ def serve(
     `default_time_limit_s`: how long a job without a time limit is expected to run, when the head of the queue's
     reservation is planned (docs/backfill.md); not enforced.
     `reports`: a folder of `corral sim` reports the dashboard shows (docs/dashboard.md).
+    `preempt_grace_s`: between the SIGTERM and the SIGKILL of a preempted job (docs/preemption.md).
     """
     if reports is not None and not reports.is_dir():
         raise ServeError(f"--reports: {reports} is not a folder (give the folder `corral sim ... --out` wrote)")
@@ -435,7 +439,10 @@ def serve(
         tokens = TokenStore(state_dir / "tokens.json")
     except TokenFileError as exc:
         raise ServeError(str(exc)) from None
-    executor = LocalExecutor(run_dir=state_dir / "run")  # supervisors record outcomes there (see corral.executor)
+    executor = GangExecutor(  # a gang's instances run as processes of their own (corral.daemon.gang)
+        LocalExecutor(run_dir=state_dir / "run"),  # supervisors record outcomes there (see corral.executor)
+        instances_of=lambda job_id: job.spec.instances if (job := store.get(job_id)) is not None else 1,
+    )
     # Shares are enforced with MPS where the machine has it (never for a simulated inventory). Jobs of every user must
     # reach the pipe directories, so they live beside the socket, not in the private state directory.
     shared_dir = runtime_dir if runtime_dir.resolve() != state_dir.resolve() else state_dir
@@ -446,6 +453,7 @@ def serve(
     daemon = Daemon(
         store, executor, node, config, state_dir, mps=mps, sampler=sampler, watchdog=watchdog,
         container_runtime=container_runtime, default_time_limit_s=default_time_limit_s,
+        preempt_grace_s=preempt_grace_s,
     )  # fmt: skip
     lock = daemon_lock()  # a threading.Lock that times its holds; the figures go to stderr at exit
     woken = threading.Event()

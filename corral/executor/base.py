@@ -51,6 +51,9 @@ class LaunchSpec:
     time_limit_s: float | None
     mps_pipe_dir: str | None = None  # set when the GPUs are shared under MPS
     attempt: int = 1  # the job's attempt number: names the attempt's durable record
+    #: One process of a gang (corral.daemon.gang): `job_id` is then "<job>_<instance>"; its environment says both.
+    instance: int = 0
+    instances: int = 1
 
     def __post_init__(self) -> None:
         if not self.job_id:

@@ -115,6 +115,10 @@ def job_environment(spec: LaunchSpec) -> dict[str, str]:
     env["CUDA_VISIBLE_DEVICES"] = visible
     env["NVIDIA_VISIBLE_DEVICES"] = visible
     env["CORRAL_JOB_ID"] = spec.job_id
+    if spec.instances > 1:  # one instance of a gang: the job's own id, and which instance of how many this is
+        env["CORRAL_JOB_ID"] = spec.job_id.rpartition("_")[0]
+        env["CORRAL_INSTANCE"] = str(spec.instance)
+        env["CORRAL_INSTANCES"] = str(spec.instances)
     if spec.is_share and spec.mps_pipe_dir:
         for key in [k for k in env if k.startswith("CUDA_MPS_")]:
             del env[key]

@@ -4,6 +4,7 @@
     RUNNING --> SUCCEEDED (exit 0) | FAILED (non-zero, signal, time limit) | CANCELLED (user) | LOST (daemon
     restarted and the process was gone or not ours)
     FAILED / LOST with attempts left --> QUEUED again after a back-off (`not_before`)
+    STARTING / RUNNING --(preempted: SIGTERM, grace, SIGKILL; corral.daemon.preemption)--> QUEUED, attempts kept
     QUEUED / STARTING --> CANCELLED
 
 A job's resources are held from STARTING until it reaches a final state, so a job that has just started keeps its
@@ -46,8 +47,13 @@ FINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLE
 #: Allowed transitions (from -> to). A retry is FAILED/LOST -> QUEUED.
 TRANSITIONS: Mapping[JobState, frozenset[JobState]] = {
     JobState.QUEUED: frozenset({JobState.STARTING, JobState.CANCELLED}),
-    JobState.STARTING: frozenset({JobState.RUNNING, JobState.FAILED, JobState.CANCELLED, JobState.LOST}),
-    JobState.RUNNING: frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.LOST}),
+    # -> QUEUED: a preempted job goes back to the queue in one write (not through FAILED: it did not fail).
+    JobState.STARTING: frozenset(
+        {JobState.RUNNING, JobState.FAILED, JobState.CANCELLED, JobState.LOST, JobState.QUEUED}
+    ),
+    JobState.RUNNING: frozenset(
+        {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.LOST, JobState.QUEUED}
+    ),
     JobState.FAILED: frozenset({JobState.QUEUED}),
     JobState.LOST: frozenset({JobState.QUEUED}),
     JobState.SUCCEEDED: frozenset(),
@@ -78,10 +84,22 @@ class JobSpec:
     #: What made this job: "" for `corral submit`; otherwise "<kind>:<name>[:<run>]" of the definition it runs
     #: (a scheduled job's run, a service's instance), so the definition's controller can follow it.
     origin: str = ""
+    #: False: never chosen as a victim of preemption (docs/preemption.md); once queues land, it starts only within
+    #: its queue's guarantee (`corral.daemon.preemption.Rules.may_borrow`).
+    preemptible: bool = True
+    #: A gang (corral.daemon.gang): `instances` processes, each with its own grant of `request`, all started or none.
+    instances: int = 1
+    gang: bool = False
 
     def __post_init__(self) -> None:
         if not self.command or not self.command[0]:
             raise InvalidRequest("command", "give the command to run (after --)")
+        if not 1 <= self.instances <= 64:
+            raise InvalidRequest("instances", f"must be in 1..64, got {self.instances}")
+        if self.instances > 1 and not self.gang:
+            raise InvalidRequest(
+                "instances", "several instances run as a gang (all or none): ask for gang too, or submit the job again"
+            )
         if self.retries < 0 or self.retries > 100:
             raise InvalidRequest("retries", f"must be in 0..100, got {self.retries}")
         if self.time_limit_s is not None and not self.time_limit_s > 0:
@@ -119,6 +137,23 @@ def check_admissible(spec: JobSpec) -> None:
 
 
 @dataclass(frozen=True)
+class Preempted:
+    """A job's preemptions: how many, and the last one's time and reason in words (what `explain` tells)."""
+
+    count: int
+    at: float  # epoch seconds: when the last one was decided (its SIGTERM)
+    reason: str  # "preempted by job N (user U, priority P) at T: ..."
+
+    def to_json(self) -> str:
+        return json.dumps({"count": self.count, "at": self.at, "reason": self.reason}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Preempted:
+        d = json.loads(text)
+        return cls(int(d["count"]), float(d["at"]), str(d["reason"]))
+
+
+@dataclass(frozen=True)
 class Job:
     id: str
     spec: JobSpec
@@ -135,6 +170,12 @@ class Job:
     gpu_uuids: tuple[str, ...] = ()
     reason: str = ""  # why it waits / how it ended, in words
     version: int = 0  # bumped by the store on every write (compare-and-set)
+    preempted: Preempted | None = None  # None: never preempted
+
+    @property
+    def failures(self) -> int:
+        """Attempts that used up a retry: a preempted attempt did not fail."""
+        return self.attempts - (self.preempted.count if self.preempted is not None else 0)
 
     def evolve(self, **changes: Any) -> Job:
         return replace(self, **changes)
@@ -172,6 +213,9 @@ def spec_to_json(s: JobSpec) -> str:
             "env": dict(s.env),
             "cwd": s.cwd,
             "origin": s.origin,
+            # only when not the default: the JSON of every job stored before this field existed stays as it was
+            **({} if s.preemptible else {"preemptible": False}),
+            **({} if s.instances == 1 and not s.gang else {"instances": s.instances, "gang": s.gang}),
         },
         sort_keys=True,
     )
@@ -191,4 +235,7 @@ def spec_from_json(text: str) -> JobSpec:
         env=d["env"],
         cwd=d["cwd"],
         origin=d.get("origin", ""),  # absent in jobs stored before origins existed
+        preemptible=bool(d.get("preemptible", True)),
+        instances=int(d.get("instances", 1)),
+        gang=bool(d.get("gang", False)),
     )

@@ -22,7 +22,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, cast, runtime_checkable
 
-from corral.jobs.model import FINAL_STATES, TRANSITIONS, InvalidTransition, Job, JobSpec, JobState
+from corral.jobs.model import FINAL_STATES, TRANSITIONS, InvalidTransition, Job, JobSpec, JobState, Preempted
 from corral.model.errors import CorralError, InvalidRequest
 from corral.model.resources import GpuGrant
 
@@ -235,6 +235,7 @@ FIELD_TYPES: Mapping[str, tuple[tuple[type, ...], bool]] = {
     "gpus": ((tuple, builtins.list), False),
     "gpu_uuids": ((tuple, builtins.list), False),
     "reason": ((str,), False),
+    "preempted": ((Preempted,), True),
 }
 #: Fields no write may set: `state` only through `transition(to=...)`, the rest never change after `add`.
 FIXED_FIELDS = frozenset({"id", "spec", "version", "submitted_at", "state"})

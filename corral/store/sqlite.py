@@ -44,6 +44,7 @@ from corral.jobs.model import (
     Job,
     JobSpec,
     JobState,
+    Preempted,
     check_admissible,
     spec_from_json,
     spec_to_json,
@@ -97,7 +98,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     gpus           TEXT    NOT NULL DEFAULT '[]',
     gpu_uuids      TEXT    NOT NULL DEFAULT '[]',
     reason         TEXT    NOT NULL DEFAULT '',
-    version        INTEGER NOT NULL
+    version        INTEGER NOT NULL,
+    preempted      TEXT
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state);
 CREATE INDEX IF NOT EXISTS jobs_user ON jobs (user);
@@ -137,6 +139,7 @@ _COLUMNS = (
     "gpu_uuids",
     "reason",
     "version",
+    "preempted",
 )
 _SELECT = f"SELECT {', '.join(_COLUMNS)} FROM jobs"
 
@@ -482,6 +485,10 @@ class SqliteStore:
         for statement in _SCHEMA.split(";"):
             if statement.strip():
                 conn.execute(statement)
+        # A column added within schema 3 (preemption records, NULL for every older job): added where missing, and
+        # ignored by an older corral (it names the columns it reads), so the file stays readable by both.
+        if "preempted" not in {r[1] for r in conn.execute("PRAGMA table_info(jobs)")}:
+            conn.execute("ALTER TABLE jobs ADD COLUMN preempted TEXT")
         row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         if row is None:
             conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
@@ -584,6 +591,7 @@ class SqliteStore:
                 gpu_uuids=tuple(str(u) for u in json.loads(d["gpu_uuids"])),
                 reason=str(d["reason"]),
                 version=int(d["version"]),
+                preempted=None if d["preempted"] is None else Preempted.from_json(d["preempted"]),
             )
         except (ValueError, TypeError, KeyError) as exc:  # InvalidRequest is a ValueError
             raise StoreError(f"job store {self.path}: job {d['id']} cannot be read ({exc})") from exc
@@ -601,6 +609,8 @@ def _encode(name: str, value: Any) -> Any:
         return json.dumps([[g.index, g.milli, g.memory_mib] for g in value])
     if name == "gpu_uuids":
         return json.dumps(list(value))
+    if name == "preempted":
+        return None if value is None else value.to_json()
     return value
 
 

@@ -30,7 +30,8 @@ def test_a_round_places_once_per_shape_and_rewrites_only_changed_reasons(
     store = SqliteStore(tmp_path / "jobs.db")
     box = node("box").gpus(1, memory_gib=80).cpu(16).mem(64).build()
     daemon = Daemon(store, FakeExecutor(), box, PlacementConfig(gpu_behavior=GpuBehavior.UNRESTRICTED), tmp_path)
-    daemon.submit(JobSpec(("hog",), SHAPES[0], "alice", 1000, 1000))
+    # not preemptible: the queued jobs of higher priority would otherwise preempt it (docs/preemption.md)
+    daemon.submit(JobSpec(("hog",), SHAPES[0], "alice", 1000, 1000, preemptible=False))
     assert daemon.tick() == ["1"]  # the only GPU is held from now on
     now = time.time()  # the daemon's clock: the head has not waited long enough to stop backfill
     for i in range(3000):

@@ -375,10 +375,11 @@ def test_invalid_transition_message(store: Store) -> None:
     for _ in range(3):
         store.add(simple_spec(), now=0)
     drive(store, "3", R)
-    with pytest.raises(InvalidTransition, match=r"^state: job 3 is running; it cannot become queued$") as info:
-        store.transition("3", Q, reason="never written")
+    # (running -> queued is allowed since preemption: a preempted job goes back to the queue)
+    with pytest.raises(InvalidTransition, match=r"^state: job 3 is running; it cannot become starting$") as info:
+        store.transition("3", JobState.STARTING, reason="never written")
     assert isinstance(info.value, InvalidRequest)
-    assert info.value.message == "job 3 is running; it cannot become queued"
+    assert info.value.message == "job 3 is running; it cannot become starting"
     job = store.get("3")
     assert job is not None and job.reason == ""
 
