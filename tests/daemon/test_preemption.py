@@ -445,6 +445,8 @@ def test_kill9_of_a_real_daemon_in_the_grace_the_supervisor_finishes_and_the_job
     again = d2.store.get(low.id)
     assert again is not None and again.attempts == 2 and again.preempted is not None and again.preempted.count == 1
     assert again.preempted.reason.endswith("; it stopped (killed by signal 9)")
+    # RUNNING is stored when the process is launched, not when its first line has run: wait for the line
+    wait_for(lambda: runs.read_text().count("run") >= 2, d2)
     assert runs.read_text() == "run\nrun\n"  # ran once before, once after: never twice at a time, never lost
     ex2.cancel(low.id, grace_s=0)  # it ignores SIGTERM: no need to wait out a cancel's grace
     wait_for(lambda: not ex2.running(), d2)
