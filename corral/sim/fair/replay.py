@@ -72,7 +72,9 @@ def check_policy(name: str) -> str:
 
 def check_round(round_s: float) -> float:
     if not math.isfinite(round_s) or round_s < 0:
-        raise InvalidRequest("--round", f"must be 0 (a round after every event) or a positive number of s, got {round_s}")
+        raise InvalidRequest(
+            "--round", f"must be 0 (a round after every event) or a positive number of s, got {round_s}"
+        )
     return float(round_s)
 
 
@@ -409,7 +411,7 @@ class _Sim:
         u = int(self.user[k])
         present = self.capacity > 0
         after = float(np.max((self.held_u[u] + self.amount[k])[present] / self.capacity[present]))
-        return after <= fair[u] + 1e-12
+        return after <= float(fair[u]) + 1e-12
 
     def preempt_for(self, k: int, fair: FloatArray, now: float) -> Allocation | None:
         """Preempt the fewest, then cheapest, jobs of borrowing users on one node so that job k fits; its grant.
@@ -433,7 +435,7 @@ class _Sim:
 
         def cost(j: int) -> float:  # GPU-seconds lost, then run time (CPU-only jobs), if j is preempted now
             ran = now - float(self.run_start[j])
-            return held(self.allocs[j])[0] * ran + ran * 1e-6
+            return float(held(self.allocs[j])[0]) * ran + ran * 1e-6
 
         fit_nodes = [int(i) for i in np.nonzero(everything.node_reasons == 0)[0] if int(i) in by_node]
         fit_nodes.sort(key=lambda i: (len(by_node[i]), sum(cost(j) for j in by_node[i])))
