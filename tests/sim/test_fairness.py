@@ -148,6 +148,16 @@ def test_preemption_frees_exactly_what_the_preemptor_needs_and_the_cheapest() ->
     assert starts(run("fair-backfill", nodes, jobs))["light"] == 1001.0  # h0 and h1 free n0 at 1000, 1001
 
 
+def test_preemption_on_one_node_takes_the_job_that_ran_least_and_no_more() -> None:
+    nodes = gpu_nodes(1, 4)
+    jobs = [job(f"h{i}", "heavy", gpus(1), t, 1000) for i, t in enumerate((3, 0, 2, 1))]  # h0 started last
+    jobs.append(job("light", "light", gpus(1), 10, 5))
+    r = run("fair-backfill-preempt", nodes, jobs)
+    assert starts(r)["light"] == 10.0
+    assert {j.id: int(r.runs[k]) for k, j in enumerate(r.jobs)} == {"h0": 2, "h1": 1, "h2": 1, "h3": 1, "light": 1}
+    assert float(r.lost_gpu_milli_s.sum()) == (10 - 3) * 1000
+
+
 def test_no_preemption_when_the_preemptor_would_still_not_fit() -> None:
     nodes = [node("a").gpus(2, model="A100").build(), node("b").gpus(2, model="A100").build()]
     nodes.append(node("c").gpus(8, model="T4").build())

@@ -228,6 +228,14 @@ class _Sim:
         self.decayed = decayed
         u = len(self.users)
         self.held_u = np.zeros((u, 4))
+        self.holding = np.zeros((n, 4))  # what each running job holds (zeros when it does not run)
+        reps: dict[int, Request] = {}
+        for k, j in enumerate(self.jobs):
+            reps.setdefault(self.shape[k], j.request)
+        self.shape_cpu = np.array([reps[i].cpu_milli for i in range(len(reps))], dtype=np.int64)
+        self.shape_mem = np.array([reps[i].memory_mib for i in range(len(reps))], dtype=np.int64)
+        self.shape_count = np.array([reps[i].gpu_count for i in range(len(reps))], dtype=np.int64)
+        self.shape_milli = np.array([reps[i].gpu_milli for i in range(len(reps))], dtype=np.int64)
         self.pending_u = np.zeros((u, 4))
         self.run_start = np.full(n, np.nan)
         self.first_start = np.full(n, np.nan)
@@ -264,7 +272,8 @@ class _Sim:
         self.snapshot.allocate(alloc)
         self.allocs[k] = alloc
         self._dequeued(k)
-        self.held_u[self.user[k]] += held(alloc)
+        self.holding[k] = held(alloc)
+        self.held_u[self.user[k]] += self.holding[k]
         self.run_start[k] = now
         if math.isnan(self.first_start[k]):
             self.first_start[k] = now
@@ -273,9 +282,10 @@ class _Sim:
 
     def stop(self, k: int, now: float, finished: bool) -> None:
         job = self.jobs[k]
-        alloc = self.snapshot.release(job.id)
+        self.snapshot.release(job.id)
         del self.allocs[k]
-        a = held(alloc)
+        a = self.holding[k].copy()
+        self.holding[k] = 0.0
         self.held_u[self.user[k]] -= a
         began = float(self.run_start[k])
         self.run_start[k] = np.nan
@@ -325,12 +335,21 @@ class _Sim:
             ks = np.nonzero(running)[0]
             h = self.half_life_s
             factor = (h / math.log(2.0)) * (1.0 - np.exp2(-(now - self.run_start[ks]) / h))
-            amounts = np.array([held(self.allocs[int(k)]) for k in ks]).reshape(len(ks), 4)
-            np.add.at(usage, self.user[ks], amounts * factor[:, None])
+            np.add.at(usage, self.user[ks], self.holding[ks] * factor[:, None])
         users = {int(self.user[k]) for k in self.pending}
         return {u: dominant_share(self.ledger.usage(u, now) + usage[u], self.decayed) for u in users}
 
     # ----------------------------------------------------------------------------------------- rounds
+    def may_fit(self, s: int) -> bool:
+        """A necessary condition for shape s to fit now: some node has its CPU, memory and enough GPUs with its GPU
+        milli free (models and GPU memory are left to `place`). Far cheaper than a failed `place`."""
+        sn = self.snapshot
+        ok = (sn.cpu_free >= self.shape_cpu[s]) & (sn.mem_free >= self.shape_mem[s])
+        count = int(self.shape_count[s])
+        if count:
+            ok &= np.count_nonzero(sn.gpu_milli_free >= self.shape_milli[s], axis=1) >= count
+        return bool(ok.any())
+
     def order(self, now: float) -> list[int]:
         if self.policy.startswith("fair"):
             return fair_order([self.offers[k] for k in self.pending], self.decayed_shares(now), lambda _: 1.0)
@@ -366,8 +385,9 @@ class _Sim:
             outlives = booking is not None and end > booking.start
             if outlives and s in delayed:
                 continue
-            decision = place(self.snapshot, job.request, self.config, self.rng)
-            alloc = decision.allocation
+            alloc = None
+            if self.may_fit(s):
+                alloc = place(self.snapshot, job.request, self.config, self.rng).allocation
             if alloc is not None and booking is not None and outlives:
                 alloc = place(booking.view(), job.request, self.config, self.rng).allocation
                 if alloc is None:
@@ -435,7 +455,7 @@ class _Sim:
 
         def cost(j: int) -> float:  # GPU-seconds lost, then run time (CPU-only jobs), if j is preempted now
             ran = now - float(self.run_start[j])
-            return float(held(self.allocs[j])[0]) * ran + ran * 1e-6
+            return float(self.holding[j, 0]) * ran + ran * 1e-6
 
         fit_nodes = [int(i) for i in np.nonzero(everything.node_reasons == 0)[0] if int(i) in by_node]
         fit_nodes.sort(key=lambda i: (len(by_node[i]), sum(cost(j) for j in by_node[i])))
