@@ -4,8 +4,10 @@
     wait                       = JCT - duration: time not spent in the run that finished (queueing, and runs that
                                  preemption threw away)
     size buckets               cpu (no GPU) | <1 GPU (a share) | 1 GPU | 2-4 GPUs | 8 GPUs (5 or more)
-    contended window           [first arrival, last sample with a job queued]: where policies can differ
-    GPU allocation             the step function allocated(t), its time-weighted mean over the window (%)
+    contended window           [first arrival, last sample with a job queued]: where policies can differ; its
+                               length is when the queue last empties
+    GPU allocation             the step function allocated(t), its time-weighted mean over the contended window,
+                               and over [first arrival, last arrival] (the same window for every policy) (%)
 
 Jain's fairness index over users' dominant shares, in the contended window:
 
@@ -156,6 +158,8 @@ def summarize(r: FairResult) -> dict[str, Any]:
         "unfinished": int((~finished & (r.rejected == 0)).sum()),
         "contended_s": t1 - t0,
         "alloc_mean_pct": alloc_mean_pct(r, t0, t1),
+        # the same window for every policy: while work arrives
+        "alloc_arriving_pct": alloc_mean_pct(r, t0, float(max(j.arrival for j in r.jobs))) if r.jobs else math.nan,
         "jain": index,
         "preemptions": r.preemptions,
         "wasted_gpu_h": float(r.lost_gpu_milli_s.sum()) / MILLI_PER_GPU / 3600.0,

@@ -29,6 +29,7 @@ COLUMNS: dict[str, str] = {
     "policy": "policy",
     "finished": "finished (jobs)",
     "unfinished": "never finished (jobs)",
+    "alloc_arriving_pct": "GPU allocation, mean while jobs arrive (%)",
     "alloc_mean_pct": "GPU allocation, mean while contended (%)",
     "jain": "Jain's index over users",
     "preemptions": "preemptions",
@@ -38,14 +39,16 @@ COLUMNS: dict[str, str] = {
     **{f"jct_p50_{b}_s": f"JCT p50, {b} (s)" for b in BUCKETS},
     **{f"jct_p99_{b}_s": f"JCT p99, {b} (s)" for b in BUCKETS},
     "largest_wait_max_s": "longest wait of the largest jobs (s)",
-    "contended_s": "contended window (s)",
+    "contended_s": "queue last empty after (s)",
     "wall_s": "replay wall time (s)",
 }
 
 #: The shorter table of the Markdown summary (README, docs): the columns where policies differ most.
 SHORT = (
     "policy",
+    "alloc_arriving_pct",
     "alloc_mean_pct",
+    "contended_s",
     "jain",
     "jct_p50_1 GPU_s",
     "jct_p99_1 GPU_s",
@@ -87,9 +90,10 @@ def plot_jct(path: Path, results: Mapping[str, FairResult]) -> None:
         p99 = np.array([stats[b]["p99"] for b in BUCKETS])
         pos = x - 0.4 + width * (i + 0.5)
         color = colors[i % len(colors)]
-        ax.bar(pos, np.nan_to_num(p99, nan=0.0), width, color=color, alpha=0.35, edgecolor=color)
-        ax.bar(pos, np.nan_to_num(p50, nan=0.0), width, color=color, label=policy)
-    ax.set_yscale("symlog", linthresh=1.0)
+        # a bucket without finished jobs (NaN) or with JCT 0 has no bar on a log axis
+        ax.bar(pos, np.where(p99 > 0, p99, np.nan), width, color=color, alpha=0.35, edgecolor=color)
+        ax.bar(pos, np.where(p50 > 0, p50, np.nan), width, color=color, label=policy)
+    ax.set_yscale("log")
     ax.set_xticks(x)
     counts = per_bucket(next(iter(results.values()))) if results else {}
     ax.set_xticklabels([f"{b}\n({int(counts[b]['count']) if counts else 0} jobs)" for b in BUCKETS])
