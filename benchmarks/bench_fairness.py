@@ -21,7 +21,9 @@ from corral.sim.fair.workload import make_jobs, offered_load
 from corral.sim.online import compress_time
 from corral.sim.openb import load_nodes, load_pods, target_workload
 
-DEFAULT_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces" / "openb"
+DEFAULT_TRACES = Path(
+    os.environ.get("CORRAL_TRACES", Path(__file__).resolve().parents[2] / "shared" / "traces" / "openb")
+)
 
 
 def main() -> None:
