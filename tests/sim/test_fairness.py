@@ -75,6 +75,16 @@ def test_fifo_blocks_behind_a_big_head_and_backfill_does_not() -> None:
         assert got == {"a": 0.0, "big": 100.0, "small": 2.0}, policy  # small backfills; big is not delayed
 
 
+def test_a_job_no_node_can_hold_is_rejected_at_arrival_and_blocks_nothing() -> None:
+    nodes = gpu_nodes(2, 4)
+    jobs = [job("huge", "u1", gpus(8), 0, 10), job("after", "u2", gpus(1), 1, 10)]
+    for policy in POLICIES:
+        r = run(policy, nodes, jobs)
+        assert starts(r)["after"] == 1.0, policy  # even strict FIFO: the 8-GPU job never queued
+        row = summarize(r)
+        assert (row["rejected"], row["finished"], row["unfinished"]) == (1, 1, 0), policy
+
+
 def test_backfill_does_not_delay_the_heads_reservation_under_a_stream_of_small_jobs() -> None:
     nodes = gpu_nodes(1, 4)
     jobs = [job(f"first{i}", "u1", gpus(1), i, 40) for i in range(4)]  # all 4 GPUs, ending at 40..43
