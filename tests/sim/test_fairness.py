@@ -101,6 +101,21 @@ def test_backfill_does_not_delay_the_heads_reservation_under_a_stream_of_small_j
     assert starts(r)["big"] <= 5 + 80.0
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_with_true_time_limits_no_head_starts_after_its_first_reservation(seed: int) -> None:
+    rng = random.Random(seed)
+    shapes = [gpus(1), gpus(1, 500), gpus(2), gpus(4), gpus(8)]
+    jobs = [
+        job(f"j{i:03d}", f"u{rng.randint(1, 4)}", rng.choice(shapes), rng.randint(0, 300), rng.randint(1, 90))
+        for i in range(150)
+    ]
+    r = run("fifo-backfill", gpu_nodes(2, 8), jobs)
+    heads = ~np.isnan(r.first_reservation)
+    assert heads.sum() >= 5  # big jobs did wait at the head
+    late = [(j.id, r.first_start[k], r.first_reservation[k]) for k, j in enumerate(r.jobs) if heads[k]]
+    assert all(start <= reserved for _, start, reserved in late), [x for x in late if x[1] > x[2]]
+
+
 def test_book_fast_books_what_book_books() -> None:
     rng = random.Random(7)
     for trial in range(30):

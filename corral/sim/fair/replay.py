@@ -90,6 +90,7 @@ class FairResult:
     lost_gpu_milli_s: FloatArray  # per job: GPU milli x seconds of runs that preemption threw away
     used_gpu_milli_s: FloatArray  # per job: GPU milli x seconds of all its runs (lost ones included)
     rejected: FloatArray = field(repr=False)  # per job: 1 if no node can ever hold it
+    first_reservation: FloatArray = field(repr=False)  # per job: its first reservation's start as the head, or NaN
     times: FloatArray = field(repr=False)  # sample times (after every instant with events, and every round)
     allocated_milli: IntArray = field(repr=False)  # cluster GPU milli allocated at each sample
     held_share: FloatArray = field(repr=False)  # samples x users: dominant share of the cluster each user holds
@@ -239,6 +240,7 @@ class _Sim:
         self.pending_u = np.zeros((u, 4))
         self.run_start = np.full(n, np.nan)
         self.first_start = np.full(n, np.nan)
+        self.reserved = np.full(n, np.nan)  # the start of the first reservation a job got as the head
         self.completion = np.full(n, np.nan)
         self.runs = np.zeros(n, dtype=np.int64)
         self.lost = np.zeros(n)
@@ -420,6 +422,8 @@ class _Sim:
             failed.add(s)
             if booking is None and job.request.wants_gpu:
                 booking = book_fast(self.snapshot, job.request, ends, self.config)
+                if booking is not None and math.isnan(self.reserved[k]):
+                    self.reserved[k] = booking.start
             if len(failed) == shapes:
                 break  # every shape still queued fails now: nothing else can start
         if started:
@@ -575,6 +579,7 @@ def run_fair(
         lost_gpu_milli_s=sim.lost,
         used_gpu_milli_s=sim.used,
         rejected=sim.rejected,
+        first_reservation=sim.reserved,
         times=np.array(times, dtype=np.float64),
         allocated_milli=np.array(allocated, dtype=np.int64),
         held_share=np.array(held_rows).reshape(len(times), users),
