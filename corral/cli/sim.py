@@ -3,6 +3,7 @@
 corral sim run    --nodes N.csv --pods P.csv --policy fgd --seed 42 --tune 1.3 --out DIR [--order FILE]
 corral sim run    --online --policy fgd,bestfit ...             real arrival and departure times, pending queue
 corral sim matrix --nodes N.csv --pods A.csv --pods B.csv --policies ... --seeds 42-51 --published E.csv --out DIR
+corral sim fair   --nodes N.csv --pods P.csv --users 50 --time-compression 4000 --out DIR   queue policies with users
 """
 
 from __future__ import annotations
@@ -217,6 +218,121 @@ def run_online_cmd(
             f"arrives {s['alloc_mean_arrivals_pct']:.2f} %",
             highlight=False,
         )
+
+
+# ---------------------------------------------------------------------------------------------------- fair
+@app.command("fair")
+def fair_cmd(
+    nodes: Annotated[Path, typer.Option(help="Nodes: openb node CSV or corral YAML/JSON.")],
+    pods: Annotated[Path, typer.Option(help="Pods with creation and deletion times (openb pod CSV).")],
+    out_dir: Annotated[Path, typer.Option("--out", help="Folder for the report (written only when complete).")],
+    policies: Annotated[
+        str, typer.Option(help="Queue policies to compare (comma list).")
+    ] = "fifo,fifo-backfill,fair-backfill,fair-backfill-preempt",
+    placement: Annotated[str, typer.Option(help="Placement policy of the engine, the same for all.")] = "fgd",
+    users: Annotated[int, typer.Option(help="Users the pods are drawn among.")] = 50,
+    zipf: Annotated[float, typer.Option(help="Zipf exponent of the users' draw: P(rank k) ~ 1/k^zipf.")] = 1.1,
+    overestimate: Annotated[
+        float, typer.Option(help="Time limit = run time x U(1, this): what backfill plans with (1 = exact).")
+    ] = 2.0,
+    half_life: Annotated[float, typer.Option(help="Half-life of fair share's decayed usage (s).")] = 3600.0,
+    round_s: Annotated[float, typer.Option("--round", help="Seconds between rounds (0: after every event).")] = 30.0,
+    time_compression: Annotated[float, typer.Option(help="Arrivals this many times denser, runtimes unchanged.")] = 1.0,
+    limit: Annotated[int, typer.Option(help="Replay only the first N pods by creation time (0: all).")] = 0,
+    node_stride: Annotated[int, typer.Option(help="Keep every Nth node of the node file (a smaller cluster).")] = 1,
+    behavior: Annotated[str, typer.Option(help="GPU scheduling behaviour for pods without GPUs.")] = "unrestricted",
+    seed: Annotated[int, typer.Option(help="Seed of the users' draw, time limits and tie-breaks.")] = 42,
+) -> None:
+    """Compare queue policies on a trace with users: GPU allocation, JCT by size, waits, fairness, preemption."""
+    from corral.sim.fair.replay import check_policy, check_round
+    from corral.sim.fair.workload import check_users
+
+    try:
+        names = parse_list(policies, "--policies")
+        for name in names:
+            check_policy(name)
+        if len(set(names)) != len(names):
+            raise InvalidRequest("--policies", f"names a policy twice: {policies}")
+        get_policy(placement)
+        check_users(users, zipf, overestimate)
+        check_ratio(half_life, "--half-life", "number of seconds")
+        check_round(round_s)
+        check_ratio(time_compression, "--time-compression", "factor (arrivals this many times denser)")
+        if limit < 0:
+            raise InvalidRequest("--limit", f"must be 0 (all pods) or more, got {limit}")
+        if node_stride < 1:
+            raise InvalidRequest("--node-stride", f"must be 1 (every node) or more, got {node_stride}")
+        check_seed(seed)
+        check_out(out_dir)
+        mode = GpuBehavior.parse(behavior, "--behavior")
+        node_list, pod_list = load_inputs(nodes, pods)
+        run_fair_cmd(
+            node_list[::node_stride], pod_list, names, placement, mode, users, zipf, overestimate, half_life,
+            round_s, time_compression, limit, seed, out_dir, pods.stem, node_stride,
+        )  # fmt: skip
+    except InvalidRequest as exc:
+        raise fail(str(exc)) from None
+
+
+def run_fair_cmd(
+    nodes: list[Node],
+    pods: list[TracePod],
+    names: list[str],
+    placement: str,
+    mode: GpuBehavior,
+    users: int,
+    zipf: float,
+    overestimate: float,
+    half_life: float,
+    round_s: float,
+    compression: float,
+    limit: int,
+    seed: int,
+    out_dir: Path,
+    label: str,
+    stride: int,
+) -> None:
+    from corral.placement import PlacementConfig
+    from corral.sim.fair.replay import FairResult, run_fair
+    from corral.sim.fair.report import markdown, write_report
+    from corral.sim.fair.workload import make_jobs, offered_load
+    from corral.sim.online import compress_time
+    from corral.sim.openb import target_workload
+
+    if limit:
+        pods = sorted(pods, key=lambda p: (p.creation_time or 0, p.name))[:limit]
+    if compression != 1.0:
+        pods = compress_time(pods, compression)
+    jobs = make_jobs(pods, users, zipf, overestimate, seed)
+    config = PlacementConfig(policy=placement, gpu_behavior=mode, workload=target_workload(pods))
+    capacity = sum(len(n.gpus) for n in nodes) * 1000
+    load = offered_load(jobs, capacity)
+    results: dict[str, FairResult] = {}
+    with progress_bar() as bar:
+        for name in names:
+            task = bar.add_task(f"{label} {name}", total=None)
+
+            def tick(done: int, total: int, task: TaskID = task) -> None:
+                bar.update(task, completed=done, total=total)
+
+            results[name] = run_fair(nodes, jobs, name, config, half_life, round_s, seed, tick)
+    settings = {
+        "pods": f"{label} ({len(jobs)} pods)",
+        "nodes": f"{len(nodes)} nodes (every {stride}), {capacity // 1000} GPUs",
+        "offered GPU load (while arriving)": round(load, 3),
+        "users": f"{users}, Zipf exponent {zipf}",
+        "time limits": f"run time x U(1, {overestimate})",
+        "arrivals": f"{compression:g}x denser",
+        "round every (s)": round_s,
+        "fair-share half-life (s)": half_life,
+        "placement": placement,
+        "seed": seed,
+    }
+    title = f"corral sim fair: {label}"
+    with atomic_dir(out_dir) as tmp:
+        rows = write_report(tmp, results, settings, title)
+    out.print(f"offered GPU load {load:.2f} x capacity; -> {out_dir} (fairness.html, .csv, .json, .md, jobs.csv)")
+    typer.echo(markdown(rows))
 
 
 # ---------------------------------------------------------------------------------------------------- matrix
