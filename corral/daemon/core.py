@@ -39,6 +39,7 @@ from typing import Protocol
 
 import numpy as np
 
+from corral.daemon.queues import Queues
 from corral.daemon.reservation import DEFAULT_TIME_LIMIT_S, Reservation, expected_end
 from corral.daemon.scheduler import ShapeCache, schedule
 from corral.executor.base import Executor, Exit, Found, Handle, LaunchSpec
@@ -126,6 +127,7 @@ class Daemon:
         controllers: Sequence[Controller] = (),
         container_runtime: str | None = None,
         default_time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+        queues: Queues | None = None,
     ) -> None:
         if not (math.isfinite(default_time_limit_s) and default_time_limit_s > 0):
             raise InvalidRequest("default_time_limit", f"must be > 0 seconds, got {default_time_limit_s}")
@@ -174,12 +176,15 @@ class Daemon:
         self.metrics = DaemonMetrics()  # event counters for /metrics (corral.metrics); gauges are read at scrape time
         self.ticked_at = -math.inf  # time.monotonic() at the end of the latest round, for /readyz
         self._noted: set[str] = set()  # placement notes logged once (the same note comes for every such job)
+        #: Queues, limits and fair share (corral.daemon.queues); one queue without limits when no file is given.
+        self.queues = queues if queues is not None else Queues(node)
 
     # ---------------------------------------------------------------------------------------------- requests
     def submit(self, spec: JobSpec, idempotency_key: str | None = None) -> Job:
         """Validate against this machine and store durably; the returned job is acknowledged. `idempotency_key`:
         see `Store.add` (KeyInUse carries the job stored earlier under the key)."""
         try:
+            spec = self.queues.admit(spec)  # its queue named, and allowed (priority bound, who may submit)
             with self._admit_lock:
                 validate_against(self._empty, spec.request)
                 # Refuse what this machine can never run, even when idle: it would wait for ever.
@@ -246,9 +251,10 @@ class Daemon:
         waiting = self.store.list([JobState.QUEUED])
         owner = self._share_owner if self.mps is not None else None
         ends = {j.id: expected_end(j.started_at, j.spec.time_limit_s, self.default_time_limit_s, now) for j in holding}
+        queues = self.queues.round(waiting, holding, snapshot, now, self.default_time_limit_s)
         plan = schedule(
             snapshot, waiting, self.config, now, self.rng, owner=owner, cache=self._shapes, max_starts=STARTS_PER_ROUND,
-            ends=ends, default_time_limit_s=self.default_time_limit_s,
+            ends=ends, default_time_limit_s=self.default_time_limit_s, queues=queues,
         )  # fmt: skip
         self.reservation, self.queue_order = plan.reservation, plan.order
         self.metrics.round(self.config.policy, placed=len(plan.starts), unplaced=plan.unplaced)
@@ -528,6 +534,7 @@ class Daemon:
 
     def _ended(self, job: Job, state: JobState, now: float, exit_code: int | None, reason: str) -> None:
         done = self.store.transition(job.id, state, finished_at=now, exit_code=exit_code, reason=reason)
+        self.queues.charge(done)  # its run counts in its account's fair share from now on
         log.info("job %s of %s ended: %s (%s)", job.id, job.spec.user, state.value, reason)
         self.metrics.job_ended(state, reason)
         if not (state in (JobState.FAILED, JobState.LOST) and done.attempts <= job.spec.retries):

@@ -78,6 +78,8 @@ class JobSpec:
     #: What made this job: "" for `corral submit`; otherwise "<kind>:<name>[:<run>]" of the definition it runs
     #: (a scheduled job's run, a service's instance), so the definition's controller can follow it.
     origin: str = ""
+    #: The queue it was submitted to ("" before queues existed, or from a face that names none: the default queue).
+    queue: str = ""
 
     def __post_init__(self) -> None:
         if not self.command or not self.command[0]:
@@ -172,6 +174,7 @@ def spec_to_json(s: JobSpec) -> str:
             "env": dict(s.env),
             "cwd": s.cwd,
             "origin": s.origin,
+            **({"queue": s.queue} if s.queue else {}),  # absent when unset: specs stored before queues read the same
         },
         sort_keys=True,
     )
@@ -191,4 +194,5 @@ def spec_from_json(text: str) -> JobSpec:
         env=d["env"],
         cwd=d["cwd"],
         origin=d.get("origin", ""),  # absent in jobs stored before origins existed
+        queue=d.get("queue", ""),
     )
