@@ -78,6 +78,14 @@ def serve_cmd(
             "reservation is planned for backfill. Not enforced: such jobs are not stopped.",
         ),
     ] = "1h",
+    queues: Annotated[
+        Path | None,
+        typer.Option(
+            "--queues",
+            help="Queues, limits and fair share (TOML, docs/queues.md; default: STATE_DIR/queues.toml if it exists, "
+            "else one queue, first come first served). SIGHUP or `corral queue reload` reads it again.",
+        ),
+    ] = None,
 ) -> None:
     """Run the corral daemon on this machine until SIGTERM or Ctrl-C."""
     from corral.daemon.server import ServeError, serve
@@ -96,7 +104,7 @@ def serve_cmd(
         serve(
             state, sock, simulate_gpus, policy, watchdog=gpu_memory_watchdog, sharing=sharing, listen=listen,
             gpu_behavior=gpu_behavior_old or gpu_behavior, service_ports=service_ports,
-            container_runtime=container_runtime, default_time_limit_s=default_time_limit_s,
+            container_runtime=container_runtime, default_time_limit_s=default_time_limit_s, queues_file=queues,
         )  # fmt: skip
     except (ServeError, InvalidRequest, StoreError, OSError) as exc:
         raise fail(str(exc)) from None

@@ -228,15 +228,14 @@ class Queues:
         config = self.config
         queue_of = self.queue_of
         self.usage = measure(config, holding, queue_of, lambda j: held(j, self._gpu_mem.__getitem__), self.groups_of)
+        queue_of_id = {j.id: queue_of(j) for j in waiting}
+        self.queue_of_id = queue_of_id
         if not self.active:
-            self.queue_of_id = {}
             self.limited = {}
             return None
         usages = self.usages(holding, now)
         cap = decayed_capacity(self.capacity, config.half_life_s)
         h = config.half_life_s
-        queue_of_id = {j.id: queue_of(j) for j in waiting}
-        self.queue_of_id = queue_of_id
         gate = Gate(config, self.usage, free_of(snapshot), set(queue_of_id.values()), self.groups_of)
         limited: dict[str, str] = {}
         self.limited = limited
