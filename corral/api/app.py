@@ -379,9 +379,8 @@ def create_app(
             return ExplainOut(state=job.state.value, reason=clean(job.reason))
         holding = daemon.store.list([JobState.STARTING, JobState.RUNNING])
         queues = daemon.queues
-        told = queue_story(
-            job.id, queues.queue_of(job), daemon.queue_order, queues.queue_of_id, queues.limited.get(job.id)
-        )
+        waiting = [i for i in daemon.queue_order if i not in queues.started]  # the last round's, less its starts
+        told = queue_story(job.id, queues.queue_of(job), waiting, queues.queue_of_id, queues.limited.get(job.id))
         story = wait_story(
             job, holding, daemon.queue_order, daemon.reservation, daemon.default_time_limit_s, daemon.clock(),
             None if who.root else who.uid, told if queues.active else None,

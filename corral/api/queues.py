@@ -15,7 +15,6 @@ job's command, environment or output. Counts and holdings are the last schedulin
 from __future__ import annotations
 
 import threading
-from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -33,8 +32,7 @@ def queues_router(daemon: Daemon, lock: threading.Lock, wake: Callable[[], None]
 
     def rows() -> list[dict[str, Any]]:
         with lock:
-            pending = Counter(daemon.queues.queue_of_id.values())
-            return daemon.queues.queues_view(dict(pending))
+            return daemon.queues.queues_view()
 
     @router.get("/v1/queues")
     def list_queues(who: Caller) -> dict[str, Any]:

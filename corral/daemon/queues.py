@@ -23,6 +23,7 @@ import logging
 import math
 import os
 import pwd
+from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -94,6 +95,7 @@ class Queues:
         self.usage = Usage()  # the last round's holdings (for GET /v1/queues)
         self.queue_of_id: dict[str, str] = {}  # the last round's waiting jobs' queues (for explain)
         self.limited: dict[str, str] = {}  # the last round's jobs held back by a limit, and which
+        self.started: set[str] = set()  # the jobs the last round started (no longer waiting)
 
     # ---------------------------------------------------------------------------------------------- configuration
     @classmethod
@@ -230,6 +232,8 @@ class Queues:
         self.usage = measure(config, holding, queue_of, lambda j: held(j, self._gpu_mem.__getitem__), self.groups_of)
         queue_of_id = {j.id: queue_of(j) for j in waiting}
         self.queue_of_id = queue_of_id
+        started: set[str] = set()
+        self.started = started
         if not self.active:
             self.limited = {}
             return None
@@ -308,12 +312,15 @@ class Queues:
 
         def took(e: Any) -> None:
             job = e.job
+            started.add(job.id)
             gate.took(queue_of_id[job.id], job.spec.user, job.spec.gid, demand(job.spec.request, whole_mem))
 
         return RoundQueues(order, check, took)
 
     # ---------------------------------------------------------------------------------------------- views
-    def queues_view(self, pending: dict[str, int]) -> list[dict[str, object]]:
+    def queues_view(self) -> list[dict[str, object]]:
+        """Each queue, with the jobs the last round left waiting in it and its holdings then."""
+        pending = Counter(q for job_id, q in self.queue_of_id.items() if job_id not in self.started)
         return queue_rows(self.config, self.usage, pending)
 
     def shares_view(self, holding: Sequence[Job], now: float) -> dict[str, Any]:

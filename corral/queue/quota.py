@@ -11,8 +11,9 @@ A waiting job may start (`Gate.check`, before it is placed) only if, with its de
         lendable = free now - sum over OTHER queues that have waiting jobs of max(0, guarantee - in use)
     i.e. a queue borrows idle capacity only; what another queue with work is guaranteed is not lent.
 
-Borrowing jobs (`Usage.borrowing`): a queue's running jobs in the order they started; each one whose start put
-the queue's holdings above its guarantee in any dimension, and every later one, is borrowing (the latest-started jobs
+Borrowing jobs (`borrowing`): a queue's running jobs in the order they started; each one whose start put the
+queue's holdings above its guarantee in a dimension it is guaranteed (any, for a queue guaranteed nothing), and
+every later one, is borrowing (the latest-started jobs
 are the excess: stopping them brings the queue back to its guarantee and loses the least run time). The preemption
 branch reclaims only these (`borrowing(job_id, usage)`), and only for a queue that is `below_guarantee`.
 Pure: jobs, a configuration and the machine's free amounts in; verdicts and words out.
@@ -126,8 +127,10 @@ def measure(
         usage.charge(q, job.spec.user, groups_of(job.spec.user, job.spec.gid), v)
         spec = config.queues.get(q)
         g = spec.guarantee.vector() if spec is not None else ZERO
+        # Only the dimensions it is guaranteed count; a queue guaranteed nothing borrows all it holds.
+        dims = [i for i, x in enumerate(spec.guarantee.values()) if x is not None] if spec is not None else []
         after = usage.queue[q]
-        if q in usage.borrowed or any(after[i] > g[i] and v[i] > 0 for i in range(5)):
+        if q in usage.borrowed or any(after[i] > g[i] and v[i] > 0 for i in (dims or range(5))):
             usage.borrowing_ids.add(job.id)
             over_g = tuple(max(0, after[i] - g[i]) for i in range(5))
             usage.borrowed[q] = (over_g[0], over_g[1], over_g[2], over_g[3], over_g[4])
