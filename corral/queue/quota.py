@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from corral.jobs.model import Job
 from corral.model.resources import MILLI_PER_GPU, Request
 from corral.model.snapshot import ClusterSnapshot
-from corral.queue.config import DIMENSIONS, Amounts, Principal, QueuesConfig, QueueSpec, Vector
+from corral.queue.config import DIMENSIONS, Amounts, QueuesConfig, QueueSpec, Vector
 
 ZERO: Vector = (0, 0, 0, 0, 0)
 #: A user's Unix groups by name: (user, primary gid) -> names.
@@ -167,6 +167,7 @@ class Gate:
         self.groups_of = groups_of
         self._verdicts: dict[tuple[str, str, int, int], str | None] = {}
         self._lendable: dict[str, Vector] = {}
+        self._tops: dict[str, Amounts] = {}
 
     def lendable(self, queue: str) -> Vector:
         """Free now, less what other queues with waiting jobs are guaranteed and do not hold."""
@@ -186,15 +187,34 @@ class Gate:
         return made
 
     def check(self, queue: str, user: str, gid: int, shape: int, want: Vector) -> str | None:
-        """Why a job of `user` in `queue` asking `want` (of request shape `shape`) may not start now, or None."""
+        """Why a job of `user` in `queue` asking `want` (of request shape `shape`) may not start now, or None.
+
+        Two caches, both cleared by a start: the queue's verdict per shape, and the user's and groups' per user and
+        shape; only what differs is computed, and words are made only for a job that is held back."""
         key = (queue, user, gid, shape)
-        if key in self._verdicts:
-            return self._verdicts[key]
-        verdict = self._check(queue, user, gid, want)
-        self._verdicts[key] = verdict
+        verdicts = self._verdicts
+        if key in verdicts:
+            return verdicts[key]
+        qkey = (queue, "", -1, shape)
+        if qkey in verdicts:
+            verdict = verdicts[qkey]
+        else:
+            verdict = verdicts[qkey] = self._check_queue(queue, want)
+        if verdict is None:
+            verdict = self._check_principals(queue, user, gid, want)
+        verdicts[key] = verdict
         return verdict
 
-    def _check(self, queue: str, user: str, gid: int, want: Vector) -> str | None:
+    def _top(self, spec: QueueSpec) -> Amounts:
+        """What a queue may hold with what it borrows: its guarantee plus its borrow limit, per dimension set."""
+        found = self._tops.get(spec.name)
+        if found is None:
+            g = spec.guarantee.vector()
+            found = Amounts(*(None if b is None else g[k] + b for k, b in enumerate(spec.borrow_limit.values())))
+            self._tops[spec.name] = found
+        return found
+
+    def _check_queue(self, queue: str, want: Vector) -> str | None:
         spec = self.config.queues.get(queue)
         if spec is None:
             return (
@@ -207,7 +227,7 @@ class Gate:
             return self._words(f"queue '{queue}'", spec.limit, used, want, i)
         g = spec.guarantee.vector()
         if not spec.borrow_limit.empty:
-            top = Amounts(*(None if b is None else g[k] + b for k, b in enumerate(spec.borrow_limit.values())))
+            top = self._top(spec)
             i = over(used, want, top)
             if i is not None:
                 return (
@@ -225,27 +245,38 @@ class Gate:
                         f"may borrow ({amount_text(k, max(0, lend[k]))} lendable of {amount_text(k, self.free[k])} "
                         "free: the rest is guaranteed to other queues with waiting jobs)"
                     )
-        groups = self.groups_of(user, gid) if (spec.groups or self.config.groups) else ()
-        checks: list[tuple[str, Principal | None, Vector]] = [
-            (
-                f"user {user}'s limit in queue '{queue}'",
-                spec.user(user),
-                self.usage.queue_user.get((queue, user), ZERO),
-            ),
-        ]
-        checks += [
-            (f"group {grp}'s limit in queue '{queue}'", spec.groups.get(grp), self.usage.queue_group.get((queue, grp),
-             ZERO)) for grp in groups
-        ]  # fmt: skip
-        checks.append((f"user {user}'s limit", self.config.user(user), self.usage.user.get(user, ZERO)))
-        checks += [(f"group {grp}'s limit", self.config.groups.get(grp), self.usage.group.get(grp, ZERO))
-                   for grp in groups]  # fmt: skip
-        for what, principal, held_now in checks:
-            if principal is None:
-                continue
-            i = over(held_now, want, principal.limit)
+        return None
+
+    def _check_principals(self, queue: str, user: str, gid: int, want: Vector) -> str | None:
+        spec = self.config.queues[queue]
+        usage = self.usage
+        p = spec.user(user)
+        if p is not None:
+            held_now = usage.queue_user.get((queue, user), ZERO)
+            i = over(held_now, want, p.limit)
             if i is not None:
-                return self._words(what, principal.limit, held_now, want, i)
+                return self._words(f"user {user}'s limit in queue '{queue}'", p.limit, held_now, want, i)
+        groups = self.groups_of(user, gid) if (spec.groups or self.config.groups) else ()
+        for grp in groups:
+            g = spec.groups.get(grp)
+            if g is not None:
+                held_now = usage.queue_group.get((queue, grp), ZERO)
+                i = over(held_now, want, g.limit)
+                if i is not None:
+                    return self._words(f"group {grp}'s limit in queue '{queue}'", g.limit, held_now, want, i)
+        p = self.config.user(user)
+        if p is not None:
+            held_now = usage.user.get(user, ZERO)
+            i = over(held_now, want, p.limit)
+            if i is not None:
+                return self._words(f"user {user}'s limit", p.limit, held_now, want, i)
+        for grp in groups:
+            g = self.config.groups.get(grp)
+            if g is not None:
+                held_now = usage.group.get(grp, ZERO)
+                i = over(held_now, want, g.limit)
+                if i is not None:
+                    return self._words(f"group {grp}'s limit", g.limit, held_now, want, i)
         return None
 
     @staticmethod
