@@ -90,7 +90,8 @@ class Queues:
         self._gpu_mem = {g.index: g.memory_mib for g in node.gpus}
         self.ledger = UsageLedger(self.config.half_life_s)
         self._groups: dict[tuple[str, int], tuple[str, ...]] = {}
-        self._offers: dict[str, tuple[Any, Offer[Any]]] = {}  # job id -> (entry, its offer), while the entry lives
+        #: job id -> (entry, its offer, its key for the limits' verdicts), while the entry lives
+        self._offers: dict[str, tuple[Any, Offer[Any], tuple[str, str, int, int]]] = {}
         self._projected: dict[tuple[int, float | None], float] = {}
         self.usage = Usage()  # the last round's holdings (for GET /v1/queues)
         self.queue_of_id: dict[str, str] = {}  # the last round's waiting jobs' queues (for explain)
@@ -268,17 +269,19 @@ class Queues:
                     continue
                 job = e.job
                 numeric = int(job.id) if job.id.isdigit() else 0
-                o = Offer(e, ("user", queue_of_id[job.id], job.spec.user), job.spec.request.priority,
+                q = queue_of_id[job.id]
+                o = Offer(e, ("user", q, job.spec.user), job.spec.request.priority,
                           job.submitted_at, (numeric, job.id), projected(e.shape, job))  # fmt: skip
-                cache[job.id] = (e, o)
+                cache[job.id] = (e, o, (q, job.spec.user, job.spec.gid, e.shape))
                 offers.append(o)
             if len(cache) > 2 * len(entries) + 64:
                 live = {e.job.id for e in entries}
                 for k in [k for k in cache if k not in live]:
                     del cache[k]
+            accounts = {o.account for o in offers}
             active: dict[str, set[str]] = {}
-            for o in offers:
-                acc: tuple[str, str, str] = o.account  # type: ignore[assignment]
+            for account in accounts:
+                acc: tuple[str, str, str] = account  # type: ignore[assignment]
                 active.setdefault(acc[1], set()).add(acc[2])
             for j in holding:
                 active.setdefault(queue_of(j), set()).add(j.spec.user)
@@ -296,18 +299,23 @@ class Queues:
                 acc: tuple[str, str, str] = account  # type: ignore[assignment]
                 return uw.get((acc[1], acc[2]), 1.0)
 
-            accounts = {o.account for o in offers}
             shares: dict[Hashable, float] = {a: dominant_share(usages[a], cap) for a in accounts if a in usages}
             return fair_order(offers, shares, weight)
 
+        verdicts = gate.verdicts
+        offered = self._offers
+
         def check(e: Any) -> str | None:
-            job = e.job
-            want = demands.get(e.shape)
-            if want is None:
-                want = demands[e.shape] = demand(job.spec.request, whole_mem)
-            why = gate.check(queue_of_id[job.id], job.spec.user, job.spec.gid, e.shape, want)
+            key = offered[e.job.id][2]  # (queue, user, gid, shape), made with its offer
+            if key in verdicts:  # the common case, inlined: this runs once per queued job every round
+                why = verdicts[key]
+            else:
+                want = demands.get(e.shape)
+                if want is None:
+                    want = demands[e.shape] = demand(e.job.spec.request, whole_mem)
+                why = gate.check(*key, want)
             if why is not None:
-                limited[job.id] = why
+                limited[e.job.id] = why
             return why
 
         def took(e: Any) -> None:

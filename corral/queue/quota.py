@@ -165,7 +165,8 @@ class Gate:
         self.free = free
         self.waiting_queues = set(waiting_queues)
         self.groups_of = groups_of
-        self._verdicts: dict[tuple[str, str, int, int], str | None] = {}
+        #: (queue, user, gid, shape) -> why such a job waits, or None; (queue, "", -1, shape): the queue's part
+        self.verdicts: dict[tuple[str, str, int, int], str | None] = {}
         self._lendable: dict[str, Vector] = {}
         self._tops: dict[str, Amounts] = {}
 
@@ -192,7 +193,7 @@ class Gate:
         Two caches, both cleared by a start: the queue's verdict per shape, and the user's and groups' per user and
         shape; only what differs is computed, and words are made only for a job that is held back."""
         key = (queue, user, gid, shape)
-        verdicts = self._verdicts
+        verdicts = self.verdicts
         if key in verdicts:
             return verdicts[key]
         qkey = (queue, "", -1, shape)
@@ -292,7 +293,7 @@ class Gate:
         self.usage.charge(queue, user, self.groups_of(user, gid), want)
         f = self.free
         self.free = (f[0] - want[0], f[1] - want[1], f[2] - want[2], f[3] - want[3], f[4] - want[4])
-        self._verdicts.clear()
+        self.verdicts.clear()
         self._lendable.clear()
 
 
