@@ -1,7 +1,8 @@
 """Queues and fair share on corral's API (docs/queues.md).
 
     GET  /v1/queues                each queue: weight, max priority, guarantee, limit, borrow limit, in use,
-                                   borrowing (what it holds above its guarantee), below_guarantee, pending, running
+                                   borrowing (what it holds above its guarantee) and borrowing_jobs (their ids),
+                                   below_guarantee, pending, running
     GET  /v1/queues/{name}         one of them
     GET  /v1/shares                sshare: per queue and per user in it, weight, normalised shares, decayed usage per
                                    resource, dominant share, effective usage, fair-share factor

@@ -99,6 +99,7 @@ class Usage:
     group: dict[str, Vector] = field(default_factory=dict)
     running: dict[str, int] = field(default_factory=dict)  # jobs per queue
     borrowing_ids: set[str] = field(default_factory=set)
+    queue_of_borrower: dict[str, str] = field(default_factory=dict)  # borrowing job id -> its queue
     borrowed: dict[str, Vector] = field(default_factory=dict)  # per queue: what it holds above its guarantee
 
     def charge(self, queue: str, user: str, groups: Iterable[str], v: Vector) -> None:
@@ -132,6 +133,7 @@ def measure(
         after = usage.queue[q]
         if q in usage.borrowed or any(after[i] > g[i] and v[i] > 0 for i in (dims or range(5))):
             usage.borrowing_ids.add(job.id)
+            usage.queue_of_borrower[job.id] = q
             over_g = tuple(max(0, after[i] - g[i]) for i in range(5))
             usage.borrowed[q] = (over_g[0], over_g[1], over_g[2], over_g[3], over_g[4])
     return usage
@@ -297,6 +299,10 @@ class Gate:
         self._lendable.clear()
 
 
+def _id_order(job_id: str) -> tuple[int, str]:
+    return (int(job_id) if job_id.isdigit() else 0, job_id)
+
+
 def queue_rows(config: QueuesConfig, usage: Usage, pending: Mapping[str, int]) -> list[dict[str, object]]:
     """Each queue as `GET /v1/queues` shows it (see docs/queues.md)."""
     rows: list[dict[str, object]] = []
@@ -313,6 +319,8 @@ def queue_rows(config: QueuesConfig, usage: Usage, pending: Mapping[str, int]) -
                 "borrow_limit": spec.borrow_limit.as_dict(),
                 "in_use": dict(zip(DIMENSIONS, used, strict=True)),
                 "borrowing": dict(zip(DIMENSIONS, usage.borrowed.get(name, ZERO), strict=True)),
+                # the running jobs that are its excess (ids only): what preemption may reclaim
+                "borrowing_jobs": sorted((j for j, q in usage.queue_of_borrower.items() if q == name), key=_id_order),
                 "below_guarantee": below_guarantee(spec, usage),
                 "pending": pending.get(name, 0),
                 "running": usage.running.get(name, 0),

@@ -4,8 +4,13 @@ priority bounds, reload, restart, explain, and the no-starvation check with queu
 from __future__ import annotations
 
 import grp
+import json
 import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +155,7 @@ def test_borrowing_is_refused_while_another_queue_waits_for_its_guarantee(tmp_pa
     )
     rows = {r["name"]: r for r in w.client(ALICE).get("/v1/queues").json()["queues"]}
     assert rows["a"]["borrowing"]["gpus"] == 1 and rows["a"]["running"] == 3 and rows["a"]["pending"] == 1
+    assert rows["a"]["borrowing_jobs"] == [held[2]] and rows["b"]["borrowing_jobs"] == []
     assert rows["b"]["below_guarantee"] and rows["b"]["pending"] == 1
     assert w.state(waits) is JobState.QUEUED
 
@@ -332,3 +338,57 @@ def test_queue_list_and_show_print_what_the_daemon_returns(tmp_path: Path) -> No
     one: dict[str, Any] = w.client(BOB).get("/v1/queues/train").json()
     assert one["name"] == "train" and one["guarantee"] == {"gpus": 1}
     assert w.client(BOB).get("/v1/queues/nope").json() == {"detail": {"field": "queue", "message": "no queue 'nope'"}}
+
+
+# ------------------------------------------------------------------------------------------------ corral serve
+CLI = [sys.executable, "-m", "corral.cli.main"]
+
+
+def run_cli(sock: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "CORRAL_SOCKET": str(sock), "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env.pop("CORRAL_URL", None)
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=60, env=env)
+
+
+def test_serve_reads_the_default_file_reloads_on_sighup_and_refuses_a_bad_one(tmp_path: Path) -> None:
+    state, sock = tmp_path / "state", tmp_path / "s.sock"
+    state.mkdir(mode=0o700)
+    (state / "queues.toml").write_text("[queues.train]\nlimit = { gpus = 1 }\n")  # the default location
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    serve = [*CLI, "serve", "--simulate-gpus", "2xA100-80GB", "--state-dir", str(state), "--socket", str(sock)]
+    server = subprocess.Popen(serve, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not sock.exists() and server.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sock.exists(), server.communicate(timeout=5)[0] if server.poll() is not None else "no socket"
+        listed = json.loads(run_cli(sock, "queue", "list", "--json").stdout)
+        assert listed["fair_share"] and [q["name"] for q in listed["queues"]] == ["default", "train"]
+        assert run_cli(sock, "submit", "--queue", "train", "--", "true").returncode == 0
+        refused = run_cli(sock, "submit", "--queue", "nope", "--", "true")
+        assert refused.returncode == 2
+        assert refused.stderr.strip() == "error: --queue: no queue 'nope' (queues: default, train)"
+        (state / "queues.toml").write_text("[queues.train]\nlimit = { gpus = 1 }\nguarantee = { gpus = 3 }\n")
+        bad = run_cli(sock, "queue", "reload")
+        assert bad.returncode == 2 and "queues.train.guarantee.gpus: is 3, above the queue's limit of 1; the old " \
+            "configuration stays" in bad.stderr  # fmt: skip
+        (state / "queues.toml").write_text("[queues.train]\n[queues.dev]\n")
+        server.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 30
+        names: list[str] = []
+        while "dev" not in names and time.monotonic() < deadline:
+            names = [q["name"] for q in json.loads(run_cli(sock, "queue", "list", "--json").stdout)["queues"]]
+            time.sleep(0.1)
+        assert names == ["default", "dev", "train"]
+        shown = run_cli(sock, "queue", "show")
+        assert shown.returncode == 0 and shown.stdout.split()[:2] == ["ACCOUNT", "WEIGHT"], shown.stdout
+    finally:
+        server.send_signal(signal.SIGTERM)
+        output = server.communicate(timeout=20)[0]
+    assert server.returncode == 0, output
+    # a bad file stops the start, naming the file, the key and the rule
+    (state / "queues.toml").write_text("[queues.train]\nweight = -1\n")
+    done = subprocess.run(serve, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    file = state / "queues.toml"
+    assert done.stderr.strip() == f"error: --queues: {file}: queues.train.weight: must be > 0 and at most 1e+06, got -1"
