@@ -97,6 +97,7 @@ class Queues:
         self.queue_of_id: dict[str, str] = {}  # the last round's waiting jobs' queues (for explain)
         self.limited: dict[str, str] = {}  # the last round's jobs held back by a limit, and which
         self.started: set[str] = set()  # the jobs the last round started (no longer waiting)
+        self._gid_of: dict[str, int] = {}  # each user's primary gid, as their jobs carry it (for group weights)
 
     # ---------------------------------------------------------------------------------------------- configuration
     @classmethod
@@ -147,6 +148,23 @@ class Queues:
                 continue
         self._groups[key] = tuple(sorted(set(names)))
         return self._groups[key]
+
+    def user_weight(self, queue: str, user: str) -> float:
+        """A user's weight among a queue's users: its weight in the queue, times its weight across queues, times the
+        weights of its Unix groups (in the queue and across queues); 1 for what the file does not name."""
+        spec = self.config.queues.get(queue)
+        w = 1.0
+        if spec is not None and (p := spec.user(user)) is not None:
+            w *= p.weight
+        if (p := self.config.user(user)) is not None:
+            w *= p.weight
+        gid = self._gid_of.get(user)
+        if gid is not None and ((spec is not None and spec.groups) or self.config.groups):
+            for g in self.groups_of(user, gid):
+                for table in ((spec.groups if spec is not None else {}), self.config.groups):
+                    if (pg := table.get(g)) is not None:
+                        w *= pg.weight
+        return w
 
     def queue_of(self, job: Job) -> str:
         return job.spec.queue or self.config.default_queue
@@ -273,6 +291,7 @@ class Queues:
                 o = Offer(e, ("user", q, job.spec.user), job.spec.request.priority,
                           job.submitted_at, (numeric, job.id), projected(e.shape, job))  # fmt: skip
                 cache[job.id] = (e, o, (q, job.spec.user, job.spec.gid, e.shape))
+                self._gid_of[job.spec.user] = job.spec.gid
                 offers.append(o)
             if len(cache) > 2 * len(entries) + 64:
                 live = {e.job.id for e in entries}
@@ -285,12 +304,12 @@ class Queues:
                 active.setdefault(acc[1], set()).add(acc[2])
             for j in holding:
                 active.setdefault(queue_of(j), set()).add(j.spec.user)
+                self._gid_of[j.spec.user] = j.spec.gid
             qw = {q: (config.queues[q].weight if q in config.queues else 1.0) for q in active}
             total_q = sum(qw.values()) or 1.0
             uw: dict[tuple[str, str], float] = {}
             for q, users in active.items():
-                spec = config.queues.get(q)
-                ws = {u: (p.weight if spec is not None and (p := spec.user(u)) is not None else 1.0) for u in users}
+                ws = {u: self.user_weight(q, u) for u in users}
                 total_u = sum(ws.values()) or 1.0
                 for u, w in ws.items():
                     uw[(q, u)] = qw[q] / total_q * w / total_u
@@ -345,8 +364,7 @@ class Queues:
         for qr in qrows:
             rows.append(_row(qr, qr.account, None))
             users = sorted({k[2] for k in usages if k[0] == "user" and k[1] == qr.account})
-            spec = self.config.queues.get(qr.account)
-            weights = {u: (p.weight if spec is not None and (p := spec.user(u)) is not None else 1.0) for u in users}
+            weights = {u: self.user_weight(qr.account, u) for u in users}
             for ur in share_rows({u: usages[("user", qr.account, u)] for u in users}, weights, self.capacity, h):
                 rows.append(_row(ur, qr.account, ur.account))
         return {"half_life_s": h, "resources": list(RESOURCES), "accounts": rows}

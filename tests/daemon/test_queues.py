@@ -188,6 +188,28 @@ def test_the_light_users_job_goes_first(tmp_path: Path) -> None:
     assert not fifo.queues.active and fifo.state("1") is JobState.RUNNING and fifo.state("2") is JobState.QUEUED
 
 
+def test_a_groups_weight_gives_its_members_a_larger_part(tmp_path: Path) -> None:
+    """carol (in a group of weight 3) used twice what alice used; her job still goes first: 2/(3/4) < 1/(1/4)."""
+    group = grp.getgrgid(os.getgid()).gr_name
+    w = World(tmp_path, f"[queues.default.groups.{group}]\nweight = 3\n", gpus=1)
+    USERS["carol"] = (os.getuid() + 7000, os.getgid())
+    try:
+        for user, hours in (("alice", 1), ("carol", 2)):
+            j = w.submit(user)
+            w.daemon.tick()
+            w.clock.t += 3600 * hours
+            w.executor.finish(j)
+            w.daemon.tick()
+        first = w.submit("alice")
+        second = w.submit("carol")
+        w.daemon.tick()
+    finally:
+        del USERS["carol"]
+    assert w.state(second) is JobState.RUNNING and w.state(first) is JobState.QUEUED
+    shares = {a["user"]: a for a in w.client(ROOT).get("/v1/shares").json()["accounts"] if a["user"]}
+    assert shares["carol"]["weight"] == 3 and shares["alice"]["weight"] == 1
+
+
 def test_restart_keeps_usage_rebuilt_from_history(tmp_path: Path) -> None:
     w = World(tmp_path, "[queues.default]\n", gpus=1)
     j = w.submit("alice")
