@@ -59,6 +59,8 @@ from corral.store.base import JobQuery, Store
 
 log = logging.getLogger("corral.queues")
 
+#: The label a Marathon app or a Metronome/Chronos job names its queue with.
+QUEUE_LABEL = "corral.queue"
 #: Finished jobs older than this many half-lives weigh less than 1e-6 of their usage: not read back on a start.
 HISTORY_HALF_LIVES = 20
 
@@ -173,7 +175,9 @@ class Queues:
     def admit(self, spec: JobSpec) -> JobSpec:
         """`spec` with its queue named; InvalidRequest (422) for an unknown queue, Forbidden (403) for a queue the
         user may not submit to or a priority above the bound."""
-        name = spec.queue or self.config.default_queue
+        # The peers' objects (Marathon apps, Metronome and Chronos jobs) name a queue by a label, so their shapes stay
+        # theirs; their labels are their requests' (corral.mesos.model.to_request).
+        name = spec.queue or spec.request.labels.get(QUEUE_LABEL) or self.config.default_queue
         queue = self.config.queues.get(name)
         if queue is None:
             known = ", ".join(sorted(self.config.queues))

@@ -21,6 +21,7 @@ from corral.api.app import create_app
 from corral.api.queues import queues_router
 from corral.cli.queues import list_lines, priority_lines, share_lines
 from corral.daemon.core import Daemon
+from corral.daemon.extensions import install_extensions
 from corral.daemon.queues import Forbidden, Queues
 from corral.executor.fake import FakeExecutor
 from corral.gpu.simulated import parse_simulated_inventory
@@ -255,6 +256,21 @@ def test_a_queue_names_who_may_submit_and_an_unknown_queue_is_refused(tmp_path: 
     r = w.client(BOB).post("/v1/jobs", json={"command": ["x"], "queue": "train"})
     assert r.status_code == 201 and r.json()["queue"] == "train"
     assert w.client(ALICE).post("/v1/jobs", json={"command": ["x"]}).json()["queue"] == "default"
+
+
+def test_a_marathon_app_names_its_queue_by_a_label(tmp_path: Path) -> None:
+    w = World(tmp_path, "[queues.train]\n")
+    lock = threading.Lock()
+    routers = install_extensions(w.daemon, lock, lambda: None)  # Marathon's face among them
+    app = create_app(w.daemon, lock, lambda: None, clock=w.clock, routers=routers)
+    c = TestClient(AsPeer(app, ALICE, "unix"))
+    r = c.post("/marathon/v2/apps", json={"id": "/web", "cmd": "sleep 100", "cpus": 0.1, "mem": 32, "instances": 1,
+                                          "labels": {"corral.queue": "train"}})  # fmt: skip
+    assert r.status_code == 201, r.text
+    assert "labels" in r.json() and r.json()["labels"] == {"corral.queue": "train"}  # the peer's shape, unchanged
+    w.daemon.tick()
+    jobs = w.store.list()
+    assert [j.spec.queue for j in jobs] == ["train"]
 
 
 def test_reload_takes_a_good_file_and_keeps_the_old_for_a_bad_one(tmp_path: Path) -> None:
