@@ -54,7 +54,7 @@ from corral.queue.fairshare import (
     fair_order,
     share_rows,
 )
-from corral.queue.quota import Gate, Usage, demand, free_of, held, measure, queue_rows
+from corral.queue.quota import ZERO, Gate, Usage, amount_text, demand, free_of, held, measure, over, queue_rows
 from corral.store.base import JobQuery, Store
 
 log = logging.getLogger("corral.queues")
@@ -199,6 +199,19 @@ class Queues:
                         "priority",
                         f"{priority} is above the bound of {whose}, {bound} (only root or an admin may exceed it)",
                     )
+        want = demand(spec.request, self._whole_mem)
+        for cap, whose in (
+            (queue.limit, f"queue {name!r}'s limit"),
+            (p.limit if (p := queue.user(spec.user)) is not None else None, f"user {spec.user}'s limit in {name!r}"),
+            (p.limit if (p := self.config.user(spec.user)) is not None else None, f"user {spec.user}'s limit"),
+        ):
+            i = over(ZERO, want, cap) if cap is not None else None
+            if i is not None and cap is not None:
+                raise InvalidRequest(
+                    "queue",
+                    f"the job asks for {amount_text(i, want[i])}, more than {whose} of "
+                    f"{amount_text(i, cap.vector()[i])}: it could never start",
+                )
         return spec if spec.queue == name else replace(spec, queue=name)
 
     # ---------------------------------------------------------------------------------------------- usage

@@ -246,7 +246,7 @@ def test_priority_bounds_and_who_may_exceed_them(tmp_path: Path) -> None:
 
 
 def test_a_queue_names_who_may_submit_and_an_unknown_queue_is_refused(tmp_path: Path) -> None:
-    w = World(tmp_path, '[queues.train]\nsubmitters = ["bob"]\n')
+    w = World(tmp_path, '[queues.train]\nsubmitters = ["bob"]\nlimit = { gpus = 2 }\n')
     r = w.client(ALICE).post("/v1/jobs", json={"command": ["x"], "queue": "train"})
     assert r.status_code == 403 and r.json()["detail"] == {
         "field": "queue", "message": "user alice may not submit to queue 'train'"}  # fmt: skip
@@ -255,6 +255,10 @@ def test_a_queue_names_who_may_submit_and_an_unknown_queue_is_refused(tmp_path: 
         "field": "queue", "message": "no queue 'nope' (queues: default, train)"}  # fmt: skip
     r = w.client(BOB).post("/v1/jobs", json={"command": ["x"], "queue": "train"})
     assert r.status_code == 201 and r.json()["queue"] == "train"
+    r = w.client(BOB).post("/v1/jobs", json={"command": ["x"], "queue": "train", "gpus": 3})  # over its limit
+    assert r.status_code == 422 and r.json()["detail"] == {"field": "queue", "message": "the job asks for 3 GPUs, "
+                                                           "more than queue 'train''s limit of 2 GPUs: it could never "
+                                                           "start"}  # fmt: skip
     assert w.client(ALICE).post("/v1/jobs", json={"command": ["x"]}).json()["queue"] == "default"
 
 
