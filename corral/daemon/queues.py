@@ -115,6 +115,8 @@ class Queues:
         """Read the file again; the new configuration replaces the old only if it is valid (QueueConfigError)."""
         if self.path is None:
             raise QueueConfigError("no queues file: start corral serve with --queues FILE")
+        if not self.active and not self.path.exists():
+            raise QueueConfigError(f"no queues file at {self.path} (or start corral serve with --queues FILE)")
         config = load_queues(self.path)
         validate_against_machine(config, capacity_of(self.node))
         half_life_changed = config.half_life_s != self.config.half_life_s

@@ -406,6 +406,8 @@ def serve(
         queues = Queues.open(queues_file, node)
     except QueueConfigError as exc:
         raise ServeError(f"--queues: {exc}") from None
+    if queues_file is None:  # none yet: a reload reads the default location once an administrator writes it
+        queues.path = default_queues_path(state_dir)
     # Everything the daemon creates from here on (SQLite's files, tokens, logs, folders) is its user's alone.
     os.umask(0o077)
     drop_client_credentials()

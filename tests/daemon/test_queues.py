@@ -434,3 +434,17 @@ def test_serve_reads_the_default_file_reloads_on_sighup_and_refuses_a_bad_one(tm
     assert done.returncode == 2
     file = state / "queues.toml"
     assert done.stderr.strip() == f"error: --queues: {file}: queues.train.weight: must be > 0 and at most 1e+06, got -1"
+
+
+def test_a_daemon_started_without_a_file_takes_one_on_reload(tmp_path: Path) -> None:
+    w = World(tmp_path, None)
+    w.queues.path = w.path  # what corral serve does: the default location, read once it exists
+    r = w.client(ROOT).post("/v1/queues/reload")
+    assert r.status_code == 422 and r.json()["detail"]["message"] == (
+        f"no queues file at {w.path} (or start corral serve with --queues FILE); the old configuration stays"
+    )
+    assert not w.client(ROOT).get("/v1/queues").json()["fair_share"]
+    w.path.write_text('half_life = "1d"\n[queues.train]\n')
+    assert w.client(ROOT).post("/v1/queues/reload").status_code == 200
+    listed = w.client(ROOT).get("/v1/queues").json()
+    assert listed["fair_share"] and listed["half_life_s"] == 86400 and listed["source"] == str(w.path)
