@@ -99,6 +99,7 @@ class Queues:
         self.queue_of_id: dict[str, str] = {}  # the last round's waiting jobs' queues (for explain)
         self.limited: dict[str, str] = {}  # the last round's jobs held back by a limit, and which
         self.started: set[str] = set()  # the jobs the last round started (no longer waiting)
+        self.waiting_accounts: set[Hashable] = set()  # ("user", queue, user) of the last round's waiting jobs
         self._gid_of: dict[str, int] = {}  # each user's primary gid, as their jobs carry it (for group weights)
 
     # ---------------------------------------------------------------------------------------------- configuration
@@ -317,6 +318,7 @@ class Queues:
                 for k in [k for k in cache if k not in live]:
                     del cache[k]
             accounts = {o.account for o in offers}
+            self.waiting_accounts = accounts
             active: dict[str, set[str]] = {}
             for account in accounts:
                 acc: tuple[str, str, str] = account  # type: ignore[assignment]
@@ -382,9 +384,11 @@ class Queues:
         rows: list[dict[str, Any]] = []
         for qr in qrows:
             rows.append(_row(qr, qr.account, None))
-            users = sorted({k[2] for k in usages if k[0] == "user" and k[1] == qr.account})
+            known = set(usages) | {a for a in self.waiting_accounts if isinstance(a, tuple)}
+            users = sorted({k[2] for k in known if k[0] == "user" and k[1] == qr.account})
             weights = {u: self.user_weight(qr.account, u) for u in users}
-            for ur in share_rows({u: usages[("user", qr.account, u)] for u in users}, weights, self.capacity, h):
+            used = {u: usages.get(("user", qr.account, u), amount()) for u in users}
+            for ur in share_rows(used, weights, self.capacity, h):
                 rows.append(_row(ur, qr.account, ur.account))
         return {"half_life_s": h, "resources": list(RESOURCES), "accounts": rows}
 

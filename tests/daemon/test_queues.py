@@ -100,6 +100,11 @@ def test_a_queue_at_its_limit_holds_the_job_back_with_its_words(tmp_path: Path) 
     w.daemon.tick()
     assert [w.state(i) for i in ids] == [JobState.RUNNING] * 3 + [JobState.QUEUED]
     assert w.reason(ids[3]) == "queue 'train' is at its limit of 3 GPUs (3 GPUs in use, the job asks for 1 GPU)"
+    w.submit("bob", queue="train")  # bob only waits: sshare lists him (no usage), counted in train's split
+    w.daemon.tick()
+    rows = [a for a in w.client(BOB).get("/v1/shares").json()["accounts"] if a["queue"] == "train"]
+    assert [(a["user"], a["norm_shares"], a["usage"]["gpu_milli"]) for a in rows][1:] == [
+        ("alice", 0.5, pytest.approx(0.0)), ("bob", 0.5, 0.0)]  # fmt: skip
 
 
 def test_a_users_limit_in_a_queue_and_a_groups_limit(tmp_path: Path) -> None:
@@ -209,6 +214,7 @@ def test_a_groups_weight_gives_its_members_a_larger_part(tmp_path: Path) -> None
     assert w.state(second) is JobState.RUNNING and w.state(first) is JobState.QUEUED
     shares = {a["user"]: a for a in w.client(ROOT).get("/v1/shares").json()["accounts"] if a["user"]}
     assert shares["carol"]["weight"] == 3 and shares["alice"]["weight"] == 1
+    assert shares["alice"]["norm_shares"] == 0.25
 
 
 def test_restart_keeps_usage_rebuilt_from_history(tmp_path: Path) -> None:
