@@ -192,11 +192,17 @@ class Queues:
                 raise Forbidden("queue", f"user {spec.user} may not submit to queue {name!r}")
         priority = spec.request.priority
         if not admin:
-            for bound, whose in (
+            bounds = [
                 (queue.max_priority, f"queue {name!r}"),
                 (p.max_priority if (p := queue.user(spec.user)) is not None else None, f"user {spec.user} in {name!r}"),
                 (p.max_priority if (p := self.config.user(spec.user)) is not None else None, f"user {spec.user}"),
-            ):
+            ]
+            if queue.groups or self.config.groups:
+                for g in self.groups_of(spec.user, spec.gid):
+                    for table, where in ((queue.groups, f" in {name!r}"), (self.config.groups, "")):
+                        if (pg := table.get(g)) is not None:
+                            bounds.append((pg.max_priority, f"group {g}{where}"))
+            for bound, whose in bounds:
                 if bound is not None and priority > bound:
                     raise Forbidden(
                         "priority",

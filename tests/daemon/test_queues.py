@@ -240,6 +240,15 @@ def test_priority_bounds_and_who_may_exceed_them(tmp_path: Path) -> None:
     with pytest.raises(Forbidden, match=r"priority: 7 is above the bound of user alice, 5 \(only root or an admin"):
         w.submit("alice", priority=7)
     w.submit("alice", priority=5)
+    group = grp.getgrgid(os.getgid()).gr_name
+    w.path.write_text(toml + f"[groups.{group}]\nmax_priority = 2\n")
+    w.queues.reload(w.store, w.clock())
+    USERS["carol"] = (os.getuid() + 7000, os.getgid())
+    try:
+        with pytest.raises(Forbidden, match=f"priority: 3 is above the bound of group {group}, 2"):
+            w.submit("carol", priority=3)
+    finally:
+        del USERS["carol"]
     w.submit("bob", priority=50)  # an admin
     w.submit("root", priority=5000)
     r = w.client(ALICE).post("/v1/jobs", json={"command": ["x"], "priority": 11})
