@@ -94,7 +94,9 @@ class Queues:
         self._groups: dict[tuple[str, int], tuple[str, ...]] = {}
         #: job id -> (entry, its offer, its key for the limits' verdicts), while the entry lives
         self._offers: dict[str, tuple[Any, Offer[Any], tuple[str, str, int, int]]] = {}
-        self._projected: dict[tuple[int, float | None], float] = {}
+        #: A job's projected share by what decides it: its amounts and time limit (not the shape's index, which the
+        #: scheduler's ShapeCache may renumber when it prunes).
+        self._projected: dict[tuple[int, int, int, int, int, float | None], float] = {}
         self.usage = Usage()  # the last round's holdings (for GET /v1/queues)
         self.queue_of_id: dict[str, str] = {}  # the last round's waiting jobs' queues (for explain)
         self.limited: dict[str, str] = {}  # the last round's jobs held back by a limit, and which
@@ -291,11 +293,11 @@ class Queues:
         whole_mem = self._whole_mem
         demands: dict[int, Vector] = {}
 
-        def projected(shape: int, job: Job) -> float:
-            key = (shape, job.spec.time_limit_s)
+        def projected(job: Job) -> float:
+            r = job.spec.request
+            key = (r.gpu_count, r.gpu_milli, r.gpu_memory_mib, r.cpu_milli, r.memory_mib, job.spec.time_limit_s)
             p = self._projected.get(key)
             if p is None:
-                r = job.spec.request
                 gmem = whole_mem if r.whole_gpus else r.gpu_memory_mib
                 a = amount(r.gpu_count * r.gpu_milli, r.gpu_count * gmem, r.cpu_milli, r.memory_mib)
                 run = job.spec.time_limit_s if job.spec.time_limit_s is not None else default_time_limit_s
@@ -315,7 +317,7 @@ class Queues:
                 numeric = int(job.id) if job.id.isdigit() else 0
                 q = queue_of_id[job.id]
                 o = Offer(e, ("user", q, job.spec.user), job.spec.request.priority,
-                          job.submitted_at, (numeric, job.id), projected(e.shape, job))  # fmt: skip
+                          job.submitted_at, (numeric, job.id), projected(job))  # fmt: skip
                 cache[job.id] = (e, o, (q, job.spec.user, job.spec.gid, e.shape))
                 self._gid_of[job.spec.user] = job.spec.gid
                 offers.append(o)
