@@ -463,3 +463,20 @@ def test_a_daemon_started_without_a_file_takes_one_on_reload(tmp_path: Path) -> 
     assert w.client(ROOT).post("/v1/queues/reload").status_code == 200
     listed = w.client(ROOT).get("/v1/queues").json()
     assert listed["fair_share"] and listed["half_life_s"] == 86400 and listed["source"] == str(w.path)
+
+
+def test_a_new_half_life_on_reload_rebuilds_usage_from_history(tmp_path: Path) -> None:
+    w = World(tmp_path, 'half_life = "7d"\n[queues.default]\n', gpus=1)
+    j = w.submit("alice")
+    w.daemon.tick()
+    w.clock.t += 3600
+    w.executor.finish(j)
+    w.daemon.tick()
+    w.clock.t += 86400  # a day later
+    week = next(a for a in w.client(ROOT).get("/v1/shares").json()["accounts"] if a["user"] == "alice")
+    w.path.write_text('half_life = "1d"\n[queues.default]\n')
+    assert w.client(ROOT).post("/v1/queues/reload").status_code == 200
+    day = next(a for a in w.client(ROOT).get("/v1/shares").json()["accounts"] if a["user"] == "alice")
+    # one GPU-hour a day ago: 2^(-1/7) of it with a week's half-life, about half of it with a day's
+    assert week["usage"]["gpu_milli"] / 3.6e6 == pytest.approx(2 ** (-1 / 7), rel=0.01)
+    assert day["usage"]["gpu_milli"] / 3.6e6 == pytest.approx(0.5, rel=0.02)
