@@ -13,6 +13,13 @@ Backfill with a reservation (issue 14): the same queue behind a 4-GPU head on a 
 jobs with time limits (distinct expected ends), two of them free: the pass books the head's reservation, then checks
 every job that fits now against it (a second placement on the reservation's view for those that run past its
 start), with the jobs' own time limits drawn from a few values.
+
+Queues and fair share (issue 14): the backfill case with its jobs spread over 40 users in 4 queues (a guarantee, a
+limit, a per-user limit, weights), a usage history of 2,000 finished jobs in the fair-share ledger: the pass orders
+the queue by priority, then each (queue, user) account's projected weighted share, then age (`fair_order`), checks
+every job's queue, user and group limits and borrowing (`quota.Gate`, once per account and shape between starts),
+books the head's reservation and backfills. Measured cold (the first pass after a start or a reload: every job's
+offer is built) and warm (the offers of unchanged jobs are kept across rounds, as the shapes are).
 """
 
 from __future__ import annotations
@@ -31,12 +38,14 @@ import numpy as np
 
 from benchmarks.bench_engine import cpu_name, emit, memory_gib
 from corral.daemon.core import Daemon
-from corral.daemon.scheduler import schedule
+from corral.daemon.queues import Queues
+from corral.daemon.scheduler import ShapeCache, schedule
 from corral.executor.fake import FakeExecutor
 from corral.jobs.model import Job, JobSpec, JobState
 from corral.model.resources import Allocation, GpuBehavior, GpuDevice, GpuGrant, Node, Request
 from corral.model.snapshot import ClusterSnapshot
 from corral.placement import PlacementConfig
+from corral.queue.config import parse_queues
 from corral.store import SqliteStore
 
 
@@ -93,13 +102,16 @@ def backfill_queue(n: int, shapes: int, seed: int) -> list[Job]:
     return [head, *rest]
 
 
-def daemon_rounds(jobs: list[Job], repeat: int) -> tuple[float, list[float]]:
-    """Seconds of the daemon's first round over the queue, and of the `repeat` rounds after it."""
+def daemon_rounds(jobs: list[Job], repeat: int, queues: str | None = None) -> tuple[float, list[float]]:
+    """Seconds of the daemon's first round over the queue, and of the `repeat` rounds after it (`queues`: a queues
+    file's text: fair share and limits on)."""
     gpus = tuple(GpuDevice(i, "A100", 81920, f"GPU-{i}") for i in range(8))
     box = Node("box", 128_000, 1_048_576, gpus)
     with tempfile.TemporaryDirectory() as tmp:
         store = SqliteStore(Path(tmp) / "jobs.db")
-        daemon = Daemon(store, FakeExecutor(), box, PlacementConfig(gpu_behavior=GpuBehavior.UNRESTRICTED), Path(tmp))
+        q = Queues(box, parse_queues(queues, "bench")) if queues is not None else None
+        config = PlacementConfig(gpu_behavior=GpuBehavior.UNRESTRICTED)
+        daemon = Daemon(store, FakeExecutor(), box, config, Path(tmp), queues=q)
         holders = [Request(cpu_milli=4000, memory_mib=8192, gpu_count=1, gpu_milli=1000)] * 7
         for r in [*holders, Request(cpu_milli=4000, memory_mib=8192, gpu_count=1, gpu_milli=500)]:
             daemon.submit(JobSpec(("true",), r, "u", 1000, 1000))
@@ -110,12 +122,71 @@ def daemon_rounds(jobs: list[Job], repeat: int) -> tuple[float, list[float]]:
         daemon.tick()
         first = time.perf_counter() - start
         steady = []
+        cpu = []
         for _ in range(repeat):
-            start = time.perf_counter()
+            start, began = time.perf_counter(), time.process_time()
             daemon.tick()
             steady.append(time.perf_counter() - start)
+            cpu.append(time.process_time() - began)
+        print(f"daemon round{' with queues' if queues else ''}: CPU time median {1000 * statistics.median(cpu):.1f} ms")
         store.close()
     return first, steady
+
+
+QUEUES = """
+half_life = "7d"
+[queues.train]
+weight = 3
+guarantee = { gpus = 4 }
+limit = { gpus = 8 }
+[queues.train.users."*"]
+limit = { gpus = 4 }
+[queues.dev]
+guarantee = { gpus = 2 }
+limit = { gpus = 4, cpus = 64 }
+[queues.batch]
+weight = 0.5
+[queues.default]
+"""
+
+
+def queues_case(n: int, shapes: int, repeat: int) -> tuple[list[float], list[float], list[float], int, int]:
+    """Pass times with queues and fair share over the backfill case: cold (offers built), warm (kept), and warm with
+    the daemon's cap of 4 starts; the starts and the jobs held back by a limit of the uncapped pass."""
+    names = ("train", "dev", "batch", "default")
+    jobs = [
+        replace(j, spec=replace(j.spec, user=f"u{i % 40}", uid=2000 + i % 40, queue=names[(i % 40) % 4]))
+        for i, j in enumerate(backfill_queue(n, shapes, 1))
+    ]
+    snap, ends = backfill_machine()
+    node = Node("box", 128_000, 1_048_576, tuple(GpuDevice(i, "A100", 81920, f"GPU-{i}") for i in range(8)))
+    qconfig = parse_queues(QUEUES, "bench")
+    q = Queues(node, qconfig)
+    for k in range(2000):  # a history: 2,000 finished jobs of the 40 users over the last two weeks
+        start = -14 * 86400 + k * 600.0
+        q.ledger.record(("user", names[k % 4], f"u{k % 40}"), q.capacity / 8, start, start + 1800 + 60 * (k % 7))
+    config = PlacementConfig(gpu_behavior=GpuBehavior.UNRESTRICTED)
+    cold: list[float] = []
+    warm: list[float] = []
+    capped: list[float] = []
+    cpu_times: dict[int, list[float]] = {id(cold): [], id(warm): [], id(capped): []}
+    for _ in range(repeat):
+        cache = ShapeCache()
+        ledger, q = q.ledger, Queues(node, qconfig)  # a fresh daemon's: no offers kept yet
+        q.ledger = ledger
+        for out, cap in ((cold, None), (warm, None), (capped, 4)):
+            s, e = snap.copy(), dict(ends)
+            start, cpu = time.perf_counter(), time.process_time()
+            rq = q.round(jobs, [], s, 0.0, 3600.0)
+            plan = schedule(s, jobs, config, now=0.0, ends=e, cache=cache, queues=rq, max_starts=cap)
+            out.append(time.perf_counter() - start)
+            cpu_times[id(out)].append(time.process_time() - cpu)
+            if cap is None:
+                starts, limited = len(plan.starts), len(q.limited)
+    assert plan.reservation is not None
+    for name, out in (("cold", cold), ("warm", warm), ("warm, capped", capped)):  # the CPU it took, beside the clock
+        print(f"queues pass {name}: CPU time median {1000 * statistics.median(cpu_times[id(out)]):.1f} ms")
+    return cold, warm, capped, starts, limited
 
 
 def main() -> None:
@@ -146,6 +217,13 @@ def main() -> None:
             if cap is None:
                 bf_plan = bf
     assert bf_plan.reservation is not None and bf_plan.reservation.job_id == "0"
+    q_cold, q_warm, q_capped, q_starts, q_limited = queues_case(args.jobs, args.shapes, args.repeat)
+    names = ("train", "dev", "batch", "default")
+    spread = [
+        replace(j, spec=replace(j.spec, user=f"u{i % 40}", uid=2000 + i % 40, queue=names[(i % 40) % 4]))
+        for i, j in enumerate(jobs)
+    ]
+    q_first, q_steady = daemon_rounds(spread, args.repeat, QUEUES)
     delayed = sum(1 for r in bf_plan.waiting.values() if r.startswith("would delay"))
     text = (
         f"## corral serve: one scheduling pass ({datetime.date.today()})\n\n"
@@ -164,7 +242,16 @@ def main() -> None:
         f"would delay it, {bf_plan.placements} placements. Pass time over {args.repeat} runs: median "
         f"{1000 * statistics.median(bf_times):.1f} ms, max {1000 * max(bf_times):.1f} ms; with the daemon's cap of 4 "
         f"starts a round: median {1000 * statistics.median(bf_capped):.1f} ms, max {1000 * max(bf_capped):.1f} ms "
-        "(target: at most 200 ms).\n"
+        "(target: at most 200 ms).\n\n"
+        f"Queues and fair share: the backfill case over 40 users in 4 queues with limits and a ledger of 2,000 "
+        f"finished jobs: {q_starts} started, {q_limited} held back by a limit. Pass time (order, limits, "
+        f"reservation, backfill) over {args.repeat} runs: cold (offers built) median "
+        f"{1000 * statistics.median(q_cold):.1f} ms, max {1000 * max(q_cold):.1f} ms; warm median "
+        f"{1000 * statistics.median(q_warm):.1f} ms, max {1000 * max(q_warm):.1f} ms; warm with the daemon's cap of "
+        f"4 starts median {1000 * statistics.median(q_capped):.1f} ms, max {1000 * max(q_capped):.1f} ms (target: "
+        "at most 200 ms). The daemon's whole round with queues on over the SQLite store (the first case's jobs "
+        f"spread the same way): first round {1000 * q_first:.0f} ms, then median "
+        f"{1000 * statistics.median(q_steady):.1f} ms, max {1000 * max(q_steady):.1f} ms.\n"
     )
     emit(text, args.write)
 

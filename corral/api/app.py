@@ -58,8 +58,9 @@ from corral.api.schemas import (
     TokenOut,
 )
 from corral.daemon.core import Daemon
+from corral.daemon.queues import Forbidden
 from corral.daemon.tokens import TokenFileError, TokenNotFound, TokenStore
-from corral.daemon.waiting import wait_story
+from corral.daemon.waiting import queue_story, wait_story
 from corral.jobs.environment import admitted_environment
 from corral.jobs.model import Job, JobSpec, JobState, check_admissible, spec_to_json
 from corral.metrics import CONTENT_TYPE as METRICS_TYPE
@@ -156,6 +157,7 @@ def spec_from(body: SubmitIn, who: Peer) -> JobSpec:
         preemptible=body.preemptible,
         instances=body.instances,
         gang=body.gang,
+        queue=body.queue or "",
     )
 
 
@@ -245,6 +247,11 @@ def create_app(
         assert isinstance(exc, InvalidRequest)
         return error(404, exc.field, exc.message)
 
+    @app.exception_handler(Forbidden)
+    def _forbidden(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, InvalidRequest)
+        return error(403, exc.field, exc.message)
+
     @app.exception_handler(InvalidRequest)
     def _invalid(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, InvalidRequest)
@@ -286,7 +293,8 @@ def create_app(
         who: Caller,
         key_header: Annotated[str | None, Header(alias="Idempotency-Key", pattern=IDEMPOTENCY_KEY)] = None,
     ) -> Any:
-        check_priority(body.priority, who)
+        if not daemon.queues.is_admin(who.user, who.uid, who.gid):  # admins of the queues file: as root here
+            check_priority(body.priority, who)
         try:
             spec = spec_from(body, who)
         except InvalidRequest:
@@ -294,6 +302,7 @@ def create_app(
         except (ValueError, TypeError) as exc:  # a malformed value that no check above named
             raise InvalidRequest("request", str(exc)) from exc
         check_admissible(spec)
+        spec = daemon.queues.admit(spec)  # the queue named (so a retry's spec compares equal), bounds checked
         key = key_header if key_header is not None else body.idempotency_key
         # Admission needs no scheduler lock (the store is atomic; the daemon checks against an idle machine under a
         # lock of its own), so submissions are not held up by a scheduling round.
@@ -383,9 +392,12 @@ def create_app(
         if job.state is not JobState.QUEUED:
             return ExplainOut(state=job.state.value, reason=clean(job.reason), story=before or None, preempted=was)
         holding = daemon.store.list([JobState.STARTING, JobState.RUNNING])
+        queues = daemon.queues
+        waiting = [i for i in daemon.queue_order if i not in queues.started]  # the last round's, less its starts
+        told = queue_story(job.id, queues.queue_of(job), waiting, queues.queue_of_id, queues.limited.get(job.id))
         story = wait_story(
             job, holding, daemon.queue_order, daemon.reservation, daemon.default_time_limit_s, daemon.clock(),
-            None if who.root else who.uid,
+            None if who.root else who.uid, told if queues.active else None,
         )  # fmt: skip
         r = story.reservation
         gpus = [] if r is None else list(r.allocation.gpu_indices)
@@ -395,6 +407,11 @@ def create_app(
             reason=clean(job.reason),
             story=clean(" ".join(t for t in (story.text, before) if t)) or None,
             preempted=was,
+            queue=clean(told.queue),
+            queue_position=told.position,
+            queue_queued=told.queued,
+            ahead=told.ahead,
+            limit=told.limit,
             position=story.position,
             queued=story.queued,
             holders=[HolderOut(**dataclasses.asdict(h)) for h in story.holders],

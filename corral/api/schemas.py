@@ -32,6 +32,8 @@ class SubmitIn(BaseModel):
     #: users: USER_PRIORITY; root: up to MAX_PRIORITY
     priority: int = Field(default=0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
     name: str = Field(default="", max_length=limits.MAX_NAME)
+    #: The queue (docs/queues.md); none: the default queue
+    queue: str | None = Field(default=None, max_length=64)
     retries: int = Field(default=0, ge=0, le=100)
     time_limit: str | None = Field(default=None, max_length=MAX_QUANTITY_TEXT)
     env: dict[str, str] = Field(default_factory=dict, max_length=limits.MAX_ENV_VARS)
@@ -90,6 +92,7 @@ class JobOut(BaseModel):
     gpus: list[GpuOut]
     reason: str
     origin: str = ""  # "" for `corral submit`; else the definition that made it (e.g. a scheduled job's run)
+    queue: str = ""  # its queue ("" for a job stored before queues existed: the default queue)
     request: RequestOut | None = None
     log_path: str | None = None  # only in one job's answer (GET /v1/jobs/ID)
     preemptible: bool = True
@@ -120,6 +123,7 @@ class JobOut(BaseModel):
             ],
             reason=clean(job.reason),
             origin=clean(job.spec.origin),
+            queue=clean(job.spec.queue),
             request=RequestOut(
                 cpu_milli=r.cpu_milli,
                 memory_mib=r.memory_mib,
@@ -185,6 +189,13 @@ class ExplainOut(BaseModel):
     # `reason`, which stays the job's own why (the one `GET /v1/jobs` and `corral ps` show).
     story: str | None = None
     preempted: PreemptedOut | None = None  # a job preempted before (any state): the last time, in `story` too
+    # Its queue (docs/queues.md): position among that queue's waiting jobs, jobs ahead across the machine, and the
+    # limit (queue, user, group, borrowing) that held it back in the last round, if one did.
+    queue: str | None = None
+    queue_position: int | None = None
+    queue_queued: int | None = None
+    ahead: int | None = None
+    limit: str | None = None
 
 
 class TokenIn(BaseModel):

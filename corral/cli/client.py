@@ -288,6 +288,7 @@ json_option = click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
 @click.option("--gpu-model", multiple=True, help="Allowed GPU model (repeatable).")
 @click.option("--priority", type=int, default=0, show_default=True, help="Priority (higher first).")
 @click.option("--name", default="", help="A name for the job.")
+@click.option("--queue", default=None, help="The queue (default: the daemon's default queue).")
 @click.option("--retries", type=int, default=0, show_default=True, help="Retries after a failure.")
 @click.option("--time-limit", default=None, help="Time limit, e.g. 90, 45m, 2h.")
 @click.option(
@@ -309,6 +310,7 @@ def submit_cmd(
     gpu_model: tuple[str, ...],
     priority: int,
     name: str,
+    queue: str | None,
     retries: int,
     time_limit: str | None,
     no_preempt: bool,
@@ -329,6 +331,7 @@ def submit_cmd(
         "gpu_model": list(gpu_model),
         "priority": priority,
         "name": name,
+        **({"queue": queue} if queue is not None else {}),  # absent: an older daemon takes the request as before
         "retries": retries,
         "time_limit": time_limit,
         "preemptible": not no_preempt,

@@ -67,6 +67,7 @@ COMMANDS: dict[str, Lazy] = {
         "measure it.",
     ),
     "token": Lazy("corral.cli.client", "token_group", "Bearer tokens for talking to corral serve over TCP."),
+    "queue": Lazy("corral.cli.queues", "queue_group", "Queues, fair share and priority factors (docs/queues.md)."),
     "serve": Lazy(
         "corral.cli.serve", "serve_cmd", "Run the corral daemon on this machine until SIGTERM or Ctrl-C.", typer=True
     ),

@@ -89,6 +89,14 @@ def serve_cmd(
             "the queue. See docs/preemption.md.",
         ),
     ] = "30",
+    queues: Annotated[
+        Path | None,
+        typer.Option(
+            "--queues",
+            help="Queues, limits and fair share (TOML, docs/queues.md; default: STATE_DIR/queues.toml if it exists, "
+            "else one queue, first come first served). SIGHUP or `corral queue reload` reads it again.",
+        ),
+    ] = None,
 ) -> None:
     """Run the corral daemon on this machine until SIGTERM or Ctrl-C."""
     from corral.daemon.server import ServeError, serve
@@ -111,7 +119,7 @@ def serve_cmd(
             state, sock, simulate_gpus, policy, watchdog=gpu_memory_watchdog, sharing=sharing, listen=listen,
             gpu_behavior=gpu_behavior_old or gpu_behavior, service_ports=service_ports,
             container_runtime=container_runtime, default_time_limit_s=default_time_limit_s, reports=reports,
-            preempt_grace_s=preempt_grace_s,
+            preempt_grace_s=preempt_grace_s, queues_file=queues,
         )  # fmt: skip
     except (ServeError, InvalidRequest, StoreError, OSError) as exc:
         raise fail(str(exc)) from None

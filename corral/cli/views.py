@@ -216,7 +216,8 @@ def explain_text(job_id: str, data: Mapping[str, Any]) -> list[str]:
 
 #: Parts of an explain answer the lines above already say (the rest, a newer daemon's, are printed one a line).
 _SAID = frozenset({"state", "reason", "story", "position", "queued", "holders", "reservation", "estimated_start",
-                   "default_time_limit_s", "preempted"})  # fmt: skip
+                   "default_time_limit_s", "preempted", "queue", "queue_position", "queue_queued", "ahead",
+                   "limit"})  # fmt: skip
 _SENTENCE_END = re.compile(r"(?<=\.) +(?=[A-Z])")
 
 
@@ -243,7 +244,7 @@ FLAGS = {
     "time_limit_s": "--time-limit", "priority": "--priority", "name": "--name", "retries": "--retries",
     "instances": "--instances", "gang": "--gang",
     "command": "COMMAND", "state": "--state", "user": "--user", "since": "--since", "limit": "--limit",
-    "after": "--after", "request": "",
+    "after": "--after", "request": "", "queue": "--queue",
 }  # fmt: skip
 
 

@@ -41,6 +41,7 @@ import numpy as np
 
 from corral.daemon import gang, preemption
 from corral.daemon.preemption import PREEMPTING, Rules
+from corral.daemon.queues import NOT_PREEMPTIBLE, Queues
 from corral.daemon.reservation import DEFAULT_TIME_LIMIT_S, Reservation, expected_end
 from corral.daemon.scheduler import Plan, ShapeCache, schedule
 from corral.executor.base import Executor, Exit, Found, Handle, LaunchSpec
@@ -130,6 +131,7 @@ class Daemon:
         default_time_limit_s: float = DEFAULT_TIME_LIMIT_S,
         preempt_grace_s: float = preemption.DEFAULT_GRACE_S,
         preemption_rules: Rules | None = None,
+        queues: Queues | None = None,
     ) -> None:
         if not (math.isfinite(preempt_grace_s) and preempt_grace_s >= 0):
             raise InvalidRequest("preempt_grace", f"must be >= 0 seconds, got {preempt_grace_s}")
@@ -182,15 +184,20 @@ class Daemon:
         self._noted: set[str] = set()  # placement notes logged once (the same note comes for every such job)
         #: Preemption (corral.daemon.preemption): SIGTERM, this grace, SIGKILL; who may preempt whom.
         self.preempt_grace_s = preempt_grace_s
-        self.preemption_rules = preemption_rules or Rules()
+        #: Who may preempt whom: given (tests), else the queues' (`Queues.preemption_rules`), fixed each round.
+        self.preemption_rules = preemption_rules
+        self.rules = preemption_rules or Rules()
         #: Victims signalled and not yet exited: victim id -> (preemptor id, kill deadline). One preemption at a time.
         self._preempting: dict[str, tuple[str, float]] = {}
+        #: Queues, limits and fair share (corral.daemon.queues); one queue without limits when no file is given.
+        self.queues = queues if queues is not None else Queues(node)
 
     # ---------------------------------------------------------------------------------------------- requests
     def submit(self, spec: JobSpec, idempotency_key: str | None = None) -> Job:
         """Validate against this machine and store durably; the returned job is acknowledged. `idempotency_key`:
         see `Store.add` (KeyInUse carries the job stored earlier under the key)."""
         try:
+            spec = self.queues.admit(spec)  # its queue named, and allowed (priority bound, who may submit)
             with self._admit_lock:
                 validate_against(self._empty, spec.request)
                 # Refuse what this machine can never run, even when idle: it would wait for ever.
@@ -268,17 +275,21 @@ class Daemon:
         self._preempting = {v: p for v, p in self._preempting.items() if v in ends}
         for victim, (_, deadline) in self._preempting.items():
             ends[victim] = min(ends[victim], max(now, deadline))
-        rules = self.preemption_rules  # (without a `may_borrow` rule, a long queue is not walked for it)
+        # The queues' holdings first: the preemption rules read them (a not-preemptible job starts only within its
+        # queue's guarantee).
+        queues = self.queues.round(waiting, holding, snapshot, now, self.default_time_limit_s)
+        rules = self.rules = self.preemption_rules or self.queues.preemption_rules()
+        # (without a `may_borrow` rule, a long queue is not walked for it)
         held = (
             [] if rules.borrows_freely else [j for j in waiting if not j.spec.preemptible and not rules.may_borrow(j)]
         )
         offered = [j for j in waiting if j.spec.preemptible or rules.may_borrow(j)] if held else waiting
         plan = schedule(
             snapshot, offered, self.config, now, self.rng, owner=owner, cache=self._shapes, max_starts=STARTS_PER_ROUND,
-            ends=ends, default_time_limit_s=self.default_time_limit_s,
+            ends=ends, default_time_limit_s=self.default_time_limit_s, queues=queues,
         )  # fmt: skip
         for j in held:
-            plan.waiting[j.id] = "not preemptible: it starts only within its queue's guarantee"
+            plan.waiting[j.id] = NOT_PREEMPTIBLE
         if not self._preempting and len(plan.starts) < STARTS_PER_ROUND:
             self._preempt(plan, holding, snapshot, now, owner)
         self._say_preempting(plan)
@@ -332,12 +343,12 @@ class Daemon:
             or head.not_before > now
             or head.id in plan.unresolvable
             or head.id not in plan.waiting
-            or not (head.spec.preemptible or self.preemption_rules.may_borrow(head))  # held back: may not start
+            or not (head.spec.preemptible or self.rules.may_borrow(head))  # held back: may not start
         ):
             return
         running = [j for j in holding if j.state is JobState.RUNNING and j.id not in self._exits]
         request = preemption.request_of(head, owner(head) if owner is not None else "")
-        choice = preemption.choose(snapshot, head, request, running, self.config, now, self.preemption_rules)
+        choice = preemption.choose(snapshot, head, request, running, self.config, now, self.rules)
         if choice is None:
             return
         for victim in choice.victims:
@@ -645,6 +656,7 @@ class Daemon:
 
     def _ended(self, job: Job, state: JobState, now: float, exit_code: int | None, reason: str) -> None:
         done = self.store.transition(job.id, state, finished_at=now, exit_code=exit_code, reason=reason)
+        self.queues.charge(done)  # its run counts in its account's fair share from now on
         log.info("job %s of %s ended: %s (%s)", job.id, job.spec.user, state.value, reason)
         self.metrics.job_ended(state, reason)
         # `failures`, not `attempts`: a preempted attempt uses up no retry

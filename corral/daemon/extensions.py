@@ -27,4 +27,7 @@ def install_extensions(daemon: Daemon, lock: threading.Lock, wake: Callable[[], 
     from corral.api.definitions import install_jobs  # here: corral.api imports the daemon
 
     routers += install_jobs(daemon, lock, wake)
+    from corral.api.queues import queues_router
+
+    routers.append(queues_router(daemon, lock, wake))  # queues and fair share: /v1/queues, /v1/shares
     return routers

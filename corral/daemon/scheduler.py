@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -40,6 +41,9 @@ from corral.model.resources import Allocation, Request
 from corral.model.snapshot import ClusterSnapshot
 from corral.placement import Decision, PlacementConfig, place, render
 from corral.queue import queue_key
+
+if TYPE_CHECKING:
+    from corral.daemon.queues import RoundQueues
 
 #: The MPS owner a job's one-GPU share carries ("" when shares are not tied to a user): part of its shape.
 Owner = Callable[[Job], str]
@@ -131,6 +135,7 @@ def schedule(
     max_starts: int | None = None,
     ends: Mapping[str, float] | None = None,
     default_time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+    queues: RoundQueues | None = None,
 ) -> Plan:
     """Decide which waiting jobs start now. Grants go into `snapshot` as they are decided.
 
@@ -140,12 +145,17 @@ def schedule(
     told it waits for the next round), so a burst does not rewrite every queued job's reason.
     `ends`: the expected end of each allocation in `snapshot` (allocation id -> epoch seconds; one not named never
     ends, e.g. memory of foreign processes); `default_time_limit_s`: how long a job without a time limit is expected
-    to run. Together they place the head's reservation."""
+    to run. Together they place the head's reservation. `queues` (corral.daemon.queues): the order of the pass
+    (priority, fair share, age) instead of priority then age, and the limits checked before a job is placed (a job
+    held back by one waits with its words, and is not the head)."""
     cache = cache if cache is not None else ShapeCache()
     known = cache.entries.get  # inlined look-up: this line runs once per queued job every round
     entries = [e if (e := known(job.id)) is not None and e.job is job else cache.entry(job, owner) for job in waiting]
     cache.prune(len(entries))
-    entries.sort(key=attrgetter("key"))
+    if queues is not None:
+        entries = queues.order(entries)
+    else:
+        entries.sort(key=attrgetter("key"))
     starts: list[Start] = []
     reasons: dict[str, str] = {}
     unresolvable: set[str] = set()
@@ -168,6 +178,11 @@ def schedule(
         if job.not_before > now:
             reasons[job.id] = f"retrying after back-off in {job.not_before - now:.0f} s"
             continue
+        if queues is not None:
+            held_back = queues.gate(entry)
+            if held_back is not None:
+                reasons[job.id] = held_back
+                continue
         same = shape_failed(entry.shape)
         if same is not None:
             reasons[job.id] = same[0]
@@ -213,6 +228,8 @@ def schedule(
             if booking is not None:
                 booking.took(decision.allocation, outlives)
             expected[job.id] = end
+            if queues is not None:
+                queues.took(entry)
             starts.append(Start(job.id, decision.allocation, decision.explanation.notes))
             continue
         text = decision.reason() if isinstance(decision, GangDecision) else render(decision.explanation)

@@ -53,6 +53,8 @@ from corral.daemon.extensions import install_extensions
 from corral.daemon.gang import GangExecutor
 from corral.daemon.lockstat import Released, daemon_lock
 from corral.daemon.preemption import DEFAULT_GRACE_S
+from corral.daemon.queues import Queues
+from corral.daemon.queues import default_path as default_queues_path
 from corral.daemon.reservation import DEFAULT_TIME_LIMIT_S
 from corral.daemon.tokens import TokenFileError, TokenStore
 from corral.dashboard import Dashboard, foreign_browser_host, is_open
@@ -67,6 +69,7 @@ from corral.jobs.environment import RULE, admitted_environment, is_denied
 from corral.model.errors import CorralError, InvalidRequest
 from corral.model.resources import GpuBehavior, Node
 from corral.placement import PlacementConfig
+from corral.queue.config import QueueConfigError
 from corral.services.ports import ENV as PORTS_ENV
 from corral.services.ports import parse_range
 from corral.store import SqliteStore
@@ -394,6 +397,7 @@ def serve(
     default_time_limit_s: float = DEFAULT_TIME_LIMIT_S,
     reports: Path | None = None,
     preempt_grace_s: float = DEFAULT_GRACE_S,
+    queues_file: Path | None = None,
 ) -> None:
     """Run the daemon until SIGTERM or SIGINT.
 
@@ -406,6 +410,8 @@ def serve(
     reservation is planned (docs/backfill.md); not enforced.
     `reports`: a folder of `corral sim` reports the dashboard shows (docs/dashboard.md).
     `preempt_grace_s`: between the SIGTERM and the SIGKILL of a preempted job (docs/preemption.md).
+    `queues_file`: queues, limits and fair share (docs/queues.md); None: STATE_DIR/queues.toml if it exists, else one
+    queue without limits. SIGHUP (or POST /v1/queues/reload) reads it again; a bad file leaves the old in place.
     """
     if reports is not None and not reports.is_dir():
         raise ServeError(f"--reports: {reports} is not a folder (give the folder `corral sim ... --out` wrote)")
@@ -423,6 +429,14 @@ def serve(
             raise ServeError(f"--service-ports: {exc.message}") from None
     node = build_node(simulate)
     config = PlacementConfig(policy=policy, gpu_behavior=behavior)
+    if queues_file is None and default_queues_path(state_dir).is_file():
+        queues_file = default_queues_path(state_dir)
+    try:
+        queues = Queues.open(queues_file, node)
+    except QueueConfigError as exc:
+        raise ServeError(f"--queues: {exc}") from None
+    if queues_file is None:  # none yet: a reload reads the default location once an administrator writes it
+        queues.path = default_queues_path(state_dir)
     # Everything the daemon creates from here on (SQLite's files, tokens, logs, folders) is its user's alone.
     os.umask(0o077)
     drop_client_credentials()
@@ -453,7 +467,7 @@ def serve(
     daemon = Daemon(
         store, executor, node, config, state_dir, mps=mps, sampler=sampler, watchdog=watchdog,
         container_runtime=container_runtime, default_time_limit_s=default_time_limit_s,
-        preempt_grace_s=preempt_grace_s,
+        preempt_grace_s=preempt_grace_s, queues=queues,
     )  # fmt: skip
     lock = daemon_lock()  # a threading.Lock that times its holds; the figures go to stderr at exit
     woken = threading.Event()
@@ -465,6 +479,10 @@ def serve(
     routers = [*routers, dashboard.router()]
     with lock:
         daemon.recover()
+        if queues.active:
+            counted = queues.rebuild(store, daemon.clock())  # fair share: usage from the jobs' history
+            log.info("queues from %s: %s; usage of %d finished jobs", queues_file, ", ".join(queues.config.queues),
+                     counted)  # fmt: skip
     gpus = ", ".join(f"{g.index}: {g.model} {g.memory_mib} MiB" for g in node.gpus) or "none"
     label = f"SIMULATED GPU inventory {simulate} (no real devices)" if simulate else f"GPUs {gpus}"
     if simulate is None:
@@ -528,8 +546,21 @@ def serve(
         server.should_exit = True
         stopping()
 
+    def reload_queues() -> None:
+        with lock:
+            try:
+                queues.reload(store, daemon.clock())
+            except QueueConfigError as exc:
+                log.error("queues not reloaded (the old configuration stays): %s", exc)
+        woken.set()
+
+    def on_hangup(sig: int, _frame: FrameType | None) -> None:
+        # Not in the handler itself: the reload takes the daemon's lock, which a round may hold.
+        threading.Thread(target=reload_queues, name="corral-reload-queues", daemon=True).start()
+
     # Before the socket exists: a SIGTERM that comes as soon as a client can connect must stop the daemon cleanly.
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, on_hangup)
     sockets = [bind_unix(socket_path)]
     where = str(socket_path)
     if tcp_at is not None:

@@ -8,7 +8,7 @@ jobs appear by number, GPUs and expected end only.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from corral.daemon.reservation import Reservation, expected_end
@@ -51,8 +51,10 @@ def wait_story(
     default_time_limit_s: float,
     now: float,
     viewer_uid: int | None,
+    queue: QueueStory | None = None,
 ) -> WaitStory:
-    """The story of queued `job`. `viewer_uid`: the caller (None = root, who sees every owner)."""
+    """The story of queued `job`. `viewer_uid`: the caller (None = root, who sees every owner); `queue`: its place
+    in its queue and the limit holding it back (with a queues file), told instead of the bare position."""
     try:
         position: int | None = order.index(job.id) + 1
     except ValueError:
@@ -79,7 +81,9 @@ def wait_story(
         key=lambda h: (h.expected_end, h.job),
     )
     sentences = []
-    if position is not None:
+    if queue is not None and queue.text:
+        sentences.append(queue.text)
+    elif position is not None:
         sentences.append(f"Position {position} of {len(order)} in the queue.")
     if holders:
         named = [
@@ -112,3 +116,41 @@ def wait_story(
         default_time_limit_s,
         " ".join(sentences),
     )
+
+
+@dataclass(frozen=True)
+class QueueStory:
+    queue: str
+    position: int | None  # 1-based among the jobs of its queue, in the last round's order
+    queued: int  # jobs of its queue in that order
+    ahead: int | None  # jobs ahead of it across the machine
+    limit: str | None  # the limit that held it back in the last round, if any
+    text: str
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def queue_story(
+    job_id: str, queue: str, order: Sequence[str], queue_of: Mapping[str, str], limit: str | None
+) -> QueueStory:
+    """Where a queued job stands in its queue (docs/queues.md), and the limit that holds it back."""
+    position: int | None = None
+    ahead: int | None = None
+    mine = 0
+    for n, other in enumerate(order):
+        if queue_of.get(other) == queue:
+            mine += 1
+        if other == job_id:
+            position, ahead = mine, n
+    sentences = []
+    if position is not None and ahead is not None:
+        sentences.append(
+            f"{_ordinal(position)} of {mine} in queue '{queue}'; {ahead} job{'s' if ahead != 1 else ''} ahead across "
+            "the machine."
+        )
+    if limit is not None:
+        sentences.append(f"Held back by a limit: {limit}.")
+    return QueueStory(queue, position, mine, ahead, limit, " ".join(sentences))

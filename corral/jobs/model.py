@@ -90,6 +90,8 @@ class JobSpec:
     #: A gang (corral.daemon.gang): `instances` processes, each with its own grant of `request`, all started or none.
     instances: int = 1
     gang: bool = False
+    #: The queue it was submitted to ("" before queues existed, or from a face that names none: the default queue).
+    queue: str = ""
 
     def __post_init__(self) -> None:
         if not self.command or not self.command[0]:
@@ -216,6 +218,7 @@ def spec_to_json(s: JobSpec) -> str:
             # only when not the default: the JSON of every job stored before this field existed stays as it was
             **({} if s.preemptible else {"preemptible": False}),
             **({} if s.instances == 1 and not s.gang else {"instances": s.instances, "gang": s.gang}),
+            **({"queue": s.queue} if s.queue else {}),  # absent when unset: specs stored before queues read the same
         },
         sort_keys=True,
     )
@@ -238,4 +241,5 @@ def spec_from_json(text: str) -> JobSpec:
         preemptible=bool(d.get("preemptible", True)),
         instances=int(d.get("instances", 1)),
         gang=bool(d.get("gang", False)),
+        queue=d.get("queue", ""),
     )

@@ -52,7 +52,9 @@ def heavy(modules: list[str]) -> list[str]:
     return [m for m in modules if any(m == h or m.startswith(h + ".") for h in HEAVY)]
 
 
-@pytest.mark.parametrize("module", ["corral.cli.main", "corral.cli.client", "corral.cli.jobs", "corral.cli.services"])
+@pytest.mark.parametrize(
+    "module", ["corral.cli.main", "corral.cli.client", "corral.cli.jobs", "corral.cli.services", "corral.cli.queues"]
+)
 def test_importing_the_thin_client_loads_nothing_heavy(module: str) -> None:
     modules = loaded_after(f"import {module}")
     assert heavy(modules) == []

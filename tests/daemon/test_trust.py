@@ -168,6 +168,8 @@ def test_no_other_user_learns_a_jobs_environment_or_output(shared_tmp: Path) -> 
             "/chronos/metrics", "/marathon/v2/apps?embed=apps.tasks&embed=apps.deployments&corral=true",
             "/marathon/v2/apps/secretapp?corral=true", "/marathon/v2/apps/secretapp/versions", "/marathon/v2/tasks",
             "/marathon/v2/deployments", "/marathon/v2/queue",
+            # queues and fair share: every user's usage numbers are shown (as Slurm's sshare), never a job's words
+            "/v1/queues", "/v1/queues/default", "/v1/shares",
         ]  # fmt: skip
         for job in (cli_job, raw_job, root_job):
             urls += [f"/v1/jobs/{job}", f"/v1/jobs/{job}/logs", f"/v1/jobs/{job}/explain"]
@@ -195,6 +197,7 @@ def test_no_other_user_learns_a_jobs_environment_or_output(shared_tmp: Path) -> 
             for job in (cli_job, raw_job, root_job):
                 assert http[f"/v1/jobs/{job}"][0] == 404 and http[f"/v1/jobs/{job}/logs"][0] == 404
             assert json.loads(http["/v1/jobs?all=true"][1]) == []
+            assert http["/v1/shares"][0] == 200 and http["/v1/queues"][0] == 200
             assert json.loads(http["/marathon/v2/apps"][1]) == {"apps": []}
             # the CLI as the user says the same, and a plain sqlite3 cannot open the database
             env = user_env(CORRAL_RUNTIME_DIR=str(runtime))

@@ -1,0 +1,305 @@
+"""Queues from a TOML file: guarantees, limits, borrowing, weights and priority bounds, validated as a whole.
+
+    half_life = "7d"                 # fair share: usage decays by half in this time (default 7d)
+    default_queue = "default"        # jobs that name no queue (default: "default"; created if not listed)
+    admins = ["ann"]                 # may exceed priority bounds, submit anywhere, reload (root always may)
+    admin_groups = ["ops"]
+
+    [queues.train]
+    weight = 2                       # fair share (default 1)
+    max_priority = 50                # bound for users (default: none beyond the API's -100..100)
+    submitters = ["ann", "@ml"]      # who may submit (a name, or @group); default: everyone
+    guarantee = { gpus = 2 }         # deserved: kept for it while it has work (others borrow it only when idle)
+    limit = { gpus = 4, memory = "256GiB" }       # at most this much at once
+    borrow_limit = { gpus = 1 }      # at most this much above its guarantee (default: up to its limit)
+    [queues.train.users.ann]         # per user in this queue ("*": every user)
+    limit = { gpus = 2 }
+    weight = 2
+    max_priority = 10
+    [queues.train.groups.ml]         # per Unix group in this queue (a job counts for each group its user is in)
+    limit = { gpus = 3 }
+    [users.bob]                      # per user across all queues ("*": every user)
+    limit = { gpu_milli = 2500 }
+    [groups.interns]                 # per group across all queues
+    limit = { gpus = 1 }
+
+Amounts: `gpus` (whole GPUs, i.e. devices a job touches), `gpu_milli` (1000 = one GPU), `gpu_memory` ("40GiB"),
+`cpus` (16, "500m"), `memory` ("64GiB"), as `corral submit`'s flags. Every error names the file, the key and the
+rule: unknown keys, negative, NaN or huge numbers, a guarantee above its limit. Guarantees that sum above the
+machine are refused when the machine is known (`validate_against_machine`): a guarantee that cannot be honoured is
+a promise the scheduler cannot keep.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from corral.model.errors import CorralError, InvalidRequest
+from corral.model.resources import MAX_PRIORITY, MAX_QUANTITY, MILLI_PER_GPU
+from corral.model.units import parse_cpu_milli, parse_duration_seconds, parse_memory_mib
+
+#: The dimensions of a quota, in this order in every vector (`Amounts.vector`).
+DIMENSIONS = ("gpus", "gpu_milli", "gpu_memory", "cpus", "memory")
+#: How each dimension reads in a message (the unit of the vector's base value).
+NAMES = {"gpus": "GPUs", "gpu_milli": "GPU milli", "gpu_memory": "MiB of GPU memory", "cpus": "CPU milli",
+         "memory": "MiB of memory"}  # fmt: skip
+DEFAULT_HALF_LIFE_S = 7 * 86400.0
+DEFAULT_QUEUE = "default"
+MAX_WEIGHT = 1e6
+_MAX = {
+    "gpus": MAX_QUANTITY["gpu_count"] * 1024,
+    "gpu_milli": MAX_QUANTITY["gpu_count"] * 1024 * MILLI_PER_GPU,
+    "gpu_memory": MAX_QUANTITY["memory_mib"],
+    "cpus": MAX_QUANTITY["cpu_milli"],
+    "memory": MAX_QUANTITY["memory_mib"],
+}
+Vector = tuple[int, int, int, int, int]
+
+
+class QueueConfigError(CorralError):
+    """The queues file is not valid; the message names the file, the key and the problem."""
+
+
+@dataclass(frozen=True)
+class Amounts:
+    """A quota: per dimension a bound in base units (whole GPUs, GPU milli, MiB, CPU milli, MiB), None = unbounded."""
+
+    gpus: int | None = None
+    gpu_milli: int | None = None
+    gpu_memory: int | None = None
+    cpus: int | None = None
+    memory: int | None = None
+
+    def values(self) -> tuple[int | None, ...]:
+        return (self.gpus, self.gpu_milli, self.gpu_memory, self.cpus, self.memory)
+
+    def vector(self, unset: int = 0) -> Vector:
+        v = [unset if x is None else x for x in self.values()]
+        return (v[0], v[1], v[2], v[3], v[4])
+
+    @property
+    def empty(self) -> bool:
+        return all(x is None for x in self.values())
+
+    def as_dict(self) -> dict[str, int]:
+        return {k: v for k, v in zip(DIMENSIONS, self.values(), strict=True) if v is not None}
+
+
+@dataclass(frozen=True)
+class Principal:
+    """A user's or group's rules (in a queue, or across all queues)."""
+
+    limit: Amounts = Amounts()
+    weight: float = 1.0
+    max_priority: int | None = None
+
+
+@dataclass(frozen=True)
+class QueueSpec:
+    name: str
+    weight: float = 1.0
+    guarantee: Amounts = Amounts()
+    limit: Amounts = Amounts()
+    borrow_limit: Amounts = Amounts()  # above the guarantee; unset: up to the limit
+    max_priority: int | None = None
+    submitters: tuple[str, ...] | None = None  # None: everyone; names, "@group" for a Unix group
+    users: Mapping[str, Principal] = field(default_factory=dict)
+    groups: Mapping[str, Principal] = field(default_factory=dict)
+
+    def user(self, name: str) -> Principal | None:
+        return self.users.get(name) or self.users.get("*")
+
+
+@dataclass(frozen=True)
+class QueuesConfig:
+    queues: Mapping[str, QueueSpec]
+    default_queue: str = DEFAULT_QUEUE
+    half_life_s: float = DEFAULT_HALF_LIFE_S
+    admins: frozenset[str] = frozenset()
+    admin_groups: frozenset[str] = frozenset()
+    users: Mapping[str, Principal] = field(default_factory=dict)
+    groups: Mapping[str, Principal] = field(default_factory=dict)
+    source: str = ""  # the file it came from ("" = built in)
+
+    @classmethod
+    def single(cls) -> QueuesConfig:
+        """No file: one queue without limits (corral's behaviour before queues)."""
+        return cls({DEFAULT_QUEUE: QueueSpec(DEFAULT_QUEUE)})
+
+    def user(self, name: str) -> Principal | None:
+        return self.users.get(name) or self.users.get("*")
+
+
+# ------------------------------------------------------------------------------------------------ parsing
+class _Reader:
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, key: str, problem: str) -> QueueConfigError:
+        return QueueConfigError(f"{self.source}: {key}: {problem}")
+
+    def table(self, value: Any, key: str, allowed: set[str]) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise self.fail(key, f"must be a table, got {type(value).__name__}")
+        unknown = sorted(set(value) - allowed)
+        if unknown:
+            raise self.fail(f"{key}.{unknown[0]}" if key else unknown[0],
+                            f"unknown key (known: {', '.join(sorted(allowed))})")  # fmt: skip
+        return value
+
+    def name(self, value: str, key: str) -> str:
+        if not value or len(value) > 64 or not all(c.isalnum() or c in "-_." for c in value):
+            raise self.fail(key, f"a name is 1-64 letters, digits, '-', '_' or '.', got {value!r}")
+        return value
+
+    def weight(self, value: Any, key: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise self.fail(key, f"must be a finite number, got {value!r}")
+        if not 0 < value <= MAX_WEIGHT:
+            raise self.fail(key, f"must be > 0 and at most {MAX_WEIGHT:g}, got {value!r}")
+        return float(value)
+
+    def priority(self, value: Any, key: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or abs(value) > MAX_PRIORITY:
+            raise self.fail(key, f"must be a whole number in -{MAX_PRIORITY}..{MAX_PRIORITY}, got {value!r}")
+        return value
+
+    def names(self, value: Any, key: str) -> tuple[str, ...]:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise self.fail(key, "must be a list of names")
+        for v in value:
+            self.name(v.removeprefix("@"), key)  # "@ml": the Unix group ml
+        return tuple(value)
+
+    def amounts(self, value: Any, key: str) -> Amounts:
+        t = self.table(value, key, set(DIMENSIONS))
+        out: dict[str, int] = {}
+        for dim, raw in t.items():
+            k = f"{key}.{dim}"
+            if isinstance(raw, bool) or not isinstance(raw, int | float | str):
+                raise self.fail(k, f"must be a number or an amount, got {raw!r}")
+            if isinstance(raw, float) and not math.isfinite(raw):
+                raise self.fail(k, f"must be finite, got {raw!r}")
+            if isinstance(raw, int | float) and raw < 0:
+                raise self.fail(k, f"must not be negative, got {raw!r}")
+            try:
+                if dim == "gpus":
+                    if not isinstance(raw, int):
+                        raise InvalidRequest(dim, f"must be a whole number of GPUs, got {raw!r}")
+                    v = raw
+                elif dim == "gpu_milli":
+                    if not isinstance(raw, int):
+                        raise InvalidRequest(dim, f"must be a whole number (1000 = one GPU), got {raw!r}")
+                    v = raw
+                elif dim == "cpus":
+                    v = parse_cpu_milli(raw, k)
+                else:
+                    v = parse_memory_mib(raw, k)
+            except InvalidRequest as exc:
+                raise self.fail(k, exc.message) from None
+            if v > _MAX[dim]:
+                raise self.fail(k, f"must be at most {_MAX[dim]}, got {raw!r}")
+            out[dim] = v
+        return Amounts(**out)
+
+    def principal(self, value: Any, key: str) -> Principal:
+        t = self.table(value, key, {"limit", "weight", "max_priority"})
+        return Principal(
+            self.amounts(t.get("limit", {}), f"{key}.limit"),
+            self.weight(t.get("weight", 1.0), f"{key}.weight"),
+            self.priority(t["max_priority"], f"{key}.max_priority") if "max_priority" in t else None,
+        )
+
+    def principals(self, value: Any, key: str) -> dict[str, Principal]:
+        t = self.table(value, key, set(value) if isinstance(value, dict) else set())
+        return {(n if n == "*" else self.name(n, f"{key}.{n}")): self.principal(v, f"{key}.{n}") for n, v in t.items()}
+
+    def queue(self, name: str, value: Any) -> QueueSpec:
+        key = f"queues.{self.name(name, f'queues.{name}')}"
+        allowed = {"weight", "guarantee", "limit", "borrow_limit", "max_priority", "submitters", "users", "groups"}
+        t = self.table(value, key, allowed)
+        guarantee = self.amounts(t.get("guarantee", {}), f"{key}.guarantee")
+        limit = self.amounts(t.get("limit", {}), f"{key}.limit")
+        for dim, g, lim in zip(DIMENSIONS, guarantee.values(), limit.values(), strict=True):
+            if g is not None and lim is not None and g > lim:
+                raise self.fail(f"{key}.guarantee.{dim}", f"is {g}, above the queue's limit of {lim}")
+        return QueueSpec(
+            name=name,
+            weight=self.weight(t.get("weight", 1.0), f"{key}.weight"),
+            guarantee=guarantee,
+            limit=limit,
+            borrow_limit=self.amounts(t.get("borrow_limit", {}), f"{key}.borrow_limit"),
+            max_priority=self.priority(t["max_priority"], f"{key}.max_priority") if "max_priority" in t else None,
+            submitters=self.names(t["submitters"], f"{key}.submitters") if "submitters" in t else None,
+            users=self.principals(t.get("users", {}), f"{key}.users"),
+            groups=self.principals(t.get("groups", {}), f"{key}.groups"),
+        )
+
+
+def parse_queues(text: str, source: str = "queues.toml") -> QueuesConfig:
+    """The configuration in `text` (TOML); QueueConfigError names `source`, the key and the problem."""
+    r = _Reader(source)
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise QueueConfigError(f"{source}: not valid TOML: {exc}") from None
+    allowed = {"half_life", "default_queue", "admins", "admin_groups", "queues", "users", "groups"}
+    top = r.table(data, "", allowed)
+    half_life = DEFAULT_HALF_LIFE_S
+    if "half_life" in top:
+        raw = top["half_life"]
+        try:
+            if isinstance(raw, bool) or not isinstance(raw, str | int | float):
+                raise InvalidRequest("half_life", f'must be a duration such as "7d", got {raw!r}')
+            half_life = parse_duration_seconds(str(raw), "half_life")
+        except InvalidRequest as exc:
+            raise r.fail("half_life", exc.message) from None
+        if not half_life > 0:
+            raise r.fail("half_life", f"must be more than 0 seconds, got {raw!r}")
+    queues_raw = r.table(top.get("queues", {}), "queues", set(top.get("queues", {})))
+    queues = {name: r.queue(name, value) for name, value in queues_raw.items()}
+    default = top.get("default_queue", DEFAULT_QUEUE)
+    if not isinstance(default, str):
+        raise r.fail("default_queue", f"must be a queue's name, got {default!r}")
+    if default not in queues:
+        if "default_queue" in top:
+            raise r.fail("default_queue", f"names no queue of this file: {default!r} (queues: {', '.join(queues)})")
+        queues[default] = QueueSpec(default)
+    return QueuesConfig(
+        queues=queues,
+        default_queue=default,
+        half_life_s=half_life,
+        admins=frozenset(r.names(top.get("admins", []), "admins")),
+        admin_groups=frozenset(r.names(top.get("admin_groups", []), "admin_groups")),
+        users=r.principals(top.get("users", {}), "users"),
+        groups=r.principals(top.get("groups", {}), "groups"),
+        source=source,
+    )
+
+
+def load_queues(path: Path) -> QueuesConfig:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise QueueConfigError(f"{path}: cannot read the queues file: {exc.strerror or exc}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise QueueConfigError(f"{path}: not UTF-8 text") from None
+    return parse_queues(text, str(path))
+
+
+def validate_against_machine(config: QueuesConfig, capacity: Vector) -> None:
+    """Refuse guarantees that add up to more than the machine has: they could not all be kept at once."""
+    for i, dim in enumerate(DIMENSIONS):
+        total = sum(q.guarantee.vector()[i] for q in config.queues.values())
+        if total > capacity[i]:
+            raise QueueConfigError(
+                f"{config.source}: queues.*.guarantee.{dim}: the guarantees add up to {total} {NAMES[dim]}, more "
+                f"than the machine's {capacity[i]}"
+            )
