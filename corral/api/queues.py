@@ -9,8 +9,10 @@
     POST /v1/queues/reload         read the queues file again (root or an admin): the new one, or 422 with why and
                                    the old configuration kept
 
-Anyone may read these (as Slurm's sshare shows every user's usage): they carry numbers and user names, never a
-job's command, environment or output. Counts and holdings are the last scheduling round's.
+Anyone may read these: they carry numbers, never a job's command, environment or output. As everywhere else in
+corral (explain's holders, the GPU view), a user sees other users' names only as root or an admin: in /v1/shares
+their rows keep their figures (a user's standing needs them, as with Slurm's sshare) under the name "another user"
+(like Slurm's PrivateData=users). Counts and holdings are the last scheduling round's.
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ from corral.daemon.core import Daemon
 from corral.jobs.model import JobState
 from corral.model.errors import InvalidRequest
 from corral.queue.config import QueueConfigError
+
+
+#: What a user who is not root or an admin sees in place of another user's name.
+OTHER_USER = "another user"
 
 
 def queues_router(daemon: Daemon, lock: threading.Lock, wake: Callable[[], None]) -> APIRouter:
@@ -57,7 +63,13 @@ def queues_router(daemon: Daemon, lock: threading.Lock, wake: Callable[[], None]
     def shares(who: Caller) -> dict[str, Any]:
         holding = daemon.store.list([JobState.STARTING, JobState.RUNNING])
         with lock:
-            return daemon.queues.shares_view(holding, daemon.clock())
+            view = daemon.queues.shares_view(holding, daemon.clock())
+            admin = daemon.queues.is_admin(who.user, who.uid, who.gid)
+        if not admin:
+            for row in view["accounts"]:
+                if row["user"] is not None and row["user"] != who.user:
+                    row["user"] = OTHER_USER
+        return view
 
     @router.post("/v1/queues/reload")
     def reload(who: Caller) -> dict[str, Any]:

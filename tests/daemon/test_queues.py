@@ -102,7 +102,7 @@ def test_a_queue_at_its_limit_holds_the_job_back_with_its_words(tmp_path: Path) 
     assert w.reason(ids[3]) == "queue 'train' is at its limit of 3 GPUs (3 GPUs in use, the job asks for 1 GPU)"
     w.submit("bob", queue="train")  # bob only waits: sshare lists him (no usage), counted in train's split
     w.daemon.tick()
-    rows = [a for a in w.client(BOB).get("/v1/shares").json()["accounts"] if a["queue"] == "train"]
+    rows = [a for a in w.client(ROOT).get("/v1/shares").json()["accounts"] if a["queue"] == "train"]
     assert [(a["user"], a["norm_shares"], a["usage"]["gpu_milli"]) for a in rows][1:] == [
         ("alice", 0.5, pytest.approx(0.0)), ("bob", 0.5, 0.0)]  # fmt: skip
 
@@ -181,10 +181,13 @@ def test_the_light_users_job_goes_first(tmp_path: Path) -> None:
     w.daemon.tick()
     assert w.state(light) is JobState.RUNNING and w.state(heavy) is JobState.QUEUED
     assert w.daemon.queue_order[:2] == [light, heavy]
-    shares = w.client(BOB).get("/v1/shares").json()
+    shares = w.client(ROOT).get("/v1/shares").json()
     users = {a["user"]: a for a in shares["accounts"] if a["user"] is not None}
     assert users["alice"]["usage"]["gpu_milli"] > 3 * 3600 * 1000 * 0.9  # decayed a little
     assert users["alice"]["fairshare_factor"] < 0.5 < users["bob"]["fairshare_factor"]
+    # bob sees his own name and alice's figures, not her name (as explain's holders and the GPU view)
+    seen = {a["user"]: a for a in w.client(BOB).get("/v1/shares").json()["accounts"] if a["user"] is not None}
+    assert set(seen) == {"bob", "another user"} and seen["another user"] == {**users["alice"], "user": "another user"}
     # without a queues file the order stays first come, first served (corral before queues)
     (tmp_path / "fifo").mkdir()
     fifo = World(tmp_path / "fifo", None, gpus=1)
@@ -386,9 +389,11 @@ def test_queue_list_and_show_print_what_the_daemon_returns(tmp_path: Path) -> No
         ["train", "2", "gpus=1", "gpus=2 memory=64GiB", "gpus=1 gpu_milli=1000 gpu_memory=80GiB cpus=1 memory=1GiB",
          "-", "1", "1"],
     ]  # fmt: skip
-    shares = w.client(BOB).get("/v1/shares").json()
+    shares = w.client(ROOT).get("/v1/shares").json()
     lines = share_lines(shares, "train")
     assert [line[0] for line in lines] == ["train", "  alice", "  bob"]
+    assert [line[0] for line in share_lines(w.client(BOB).get("/v1/shares").json(), "train")] == [
+        "train", "  another user", "  bob"]  # fmt: skip
     assert lines[1][3] == "1.00"  # alice: one decayed GPU-hour (half-life 7 d: a second's decay is not seen)
     jobs = w.client(BOB).get("/v1/jobs", params={"state": "queued"}).json()
     assert [p[:4] for p in priority_lines(jobs, shares, w.clock.t)] == [[waiting, "train", "bob", "0"]]
