@@ -29,7 +29,6 @@ from corral.jobs.model import JobState
 from corral.model.errors import InvalidRequest
 from corral.queue.config import QueueConfigError
 
-
 #: What a user who is not root or an admin sees in place of another user's name.
 OTHER_USER = "another user"
 
