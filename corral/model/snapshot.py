@@ -70,10 +70,13 @@ class Memo(OrderedDict[Any, Any]):
         self.capacity = capacity
 
     def get(self, key: Any, default: Any = None) -> Any:
-        if key in self:
-            self.move_to_end(key)
-            return self[key]
-        return default
+        # One lookup and one move (not a membership test first): keys are hashed on each, and this is on the hot path.
+        try:
+            value = self[key]
+        except KeyError:
+            return default
+        self.move_to_end(key)
+        return value
 
     def __setitem__(self, key: Any, value: Any) -> None:
         super().__setitem__(key, value)
