@@ -134,7 +134,8 @@ def main() -> None:
         cpu = sum(1 for r in pods if r["num_gpu"] == "0")
         spec = sum(1 for r in pods if r["gpu_spec"])
         print(f"{name}: {len(pods)} pods, {gpu / 1000:.0f} GPUs of demand, shares {100 * share / gpu:.0f} %, "
-              f"multi-GPU {100 * multi / gpu:.0f} %, {cpu} CPU-only pods, {spec} model-constrained -> {path}")  # fmt: skip
+              f"multi-GPU {100 * multi / gpu:.0f} %, {cpu} CPU-only pods, {spec} model-constrained "
+              f"-> {path}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -238,9 +238,9 @@ def resource_lp(nodes: list[Node], requests: list[Request]) -> float:
             if not kinds[k][2] or not sizes:
                 continue
             base = len(cls) + per_kind * k
-            value, counts = _best_config(sizes, dual[base + 3 : base + 3 + len(sizes)])
-            if value > dual[base + 2] + 1e-7 and (k, tuple(counts)) not in configs:
-                configs.append((k, tuple(counts)))
+            value, best = _best_config(sizes, dual[base + 3 : base + 3 + len(sizes)])
+            if value > dual[base + 2] + 1e-7 and (k, tuple(best)) not in configs:
+                configs.append((k, tuple(best)))
                 added += 1
         if not added:
             break
