@@ -31,6 +31,7 @@ the rest of the trace. Node scores are cached per request shape and scarcity wei
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
 from corral.model.arrays import FloatArray, IntArray
 from corral.placement.context import Context
@@ -70,7 +71,7 @@ class FgdScarcity(FragmentationScored):
             return scarcity_weights(ctx.snapshot, ctx.workload)
         return np.ones(n_types, dtype=np.float64)
 
-    def _parts(self, ctx: Context, nodes: IntArray) -> tuple[FloatArray, IntArray]:
+    def _parts(self, ctx: Context, nodes: IntArray) -> tuple[FloatArray, npt.NDArray[np.int32]]:
         """FGD's points and, per target type, the unfilled milli the pod removes (before - after), for `nodes`.
 
         Shaped (nodes[, GPUs]) and (types, nodes[, GPUs]) (per GPU for a one-GPU share: one hypothetical state per
@@ -81,14 +82,14 @@ class FgdScarcity(FragmentationScored):
         s, r = ctx.snapshot, ctx.request
         share = r.wants_gpu and r.gpu_count == 1 and not r.whole_gpus
         key = ("scarcity-parts", shape_key(r), ctx.workload.key)
-        entry: tuple[IntArray, FloatArray, IntArray] | None = s.memo.get(key)
+        entry: tuple[IntArray, FloatArray, npt.NDArray[np.int32]] | None = s.memo.get(key)
         if entry is None:
             n, t = len(s), len(ctx.workload.types)
             shape = (n, s.max_gpus) if share else (n,)
             entry = (
                 np.full(n, -1, dtype=np.int64),
                 np.zeros(shape, dtype=np.float64),
-                np.zeros((t, *shape), dtype=np.int64),
+                np.zeros((t, *shape), dtype=np.int32),  # milli of one node: int32 halves the largest memo entries
             )
             s.memo[key] = entry
         versions, points, drop = entry
@@ -144,5 +145,6 @@ class FgdScarcity(FragmentationScored):
             self.name,
             nodes,
             lambda idx: self._compute(ctx, idx, weights),
-            extra_key=(ctx.workload.key, tuple(weights.tolist())),
+            extra_key=ctx.workload.key,
+            generation=tuple(weights.tolist()),
         )
