@@ -85,8 +85,10 @@ def _request_gang(table: _Gang, request: Request) -> list[tuple[int, float]]:
     ]
 
 
-def kept_hosts(snapshot: ClusterSnapshot, workload: TargetWorkload, request: Request, nodes: IntArray) -> BoolArray:
-    """Of `nodes`, those the request should keep off (see the module docstring)."""
+def kept_hosts(
+    snapshot: ClusterSnapshot, workload: TargetWorkload, request: Request, nodes: IntArray, cpu: bool = False
+) -> BoolArray:
+    """Of `nodes`, those the request should keep off (see the module docstring; `cpu`: H counts free CPU too)."""
     keep = np.zeros(len(nodes), dtype=np.bool_)
     table = _gang_table(snapshot, workload)
     # The types and their probabilities depend only on the workload and the request's shape: kept per shape.
@@ -97,7 +99,7 @@ def kept_hosts(snapshot: ClusterSnapshot, workload: TargetWorkload, request: Req
         snapshot.memo[key] = gang
     if not gang:
         return keep
-    h = horizon(snapshot, workload)
+    h = horizon(snapshot, workload, cpu)
     for i, probability in gang:
         reserve = math.ceil(h * probability - 1e-9)
         count = int(table.counts[i])

@@ -57,17 +57,26 @@ def cluster_slots(snapshot: ClusterSnapshot, workload: TargetWorkload) -> IntArr
     return totals.copy()
 
 
-def horizon(snapshot: ClusterSnapshot, workload: TargetWorkload) -> float:
-    """H: how many more pods drawn from the workload it takes to fill the cluster's free GPU milli."""
-    key = ("milli-per-pod", workload.key)
-    per_pod: float | None = snapshot.memo.get(key)
+def horizon(snapshot: ClusterSnapshot, workload: TargetWorkload, cpu: bool = False) -> float:
+    """H: how many more pods drawn from the workload it takes to fill the cluster's free GPU milli.
+
+    With `cpu`, the free CPU counts too: H is the smaller of the pods that fill the free GPU milli and the pods that
+    take the free CPU (every target type, pods without GPUs included). Where pods without GPUs are many, CPU runs out
+    long before GPU milli does, and the GPU-only horizon promises pods (multi-GPU ones among them) that never come.
+    """
+    key = ("per-pod", workload.key)
+    per_pod: tuple[float, float] | None = snapshot.memo.get(key)
     if per_pod is None:
         w = compile_workload(snapshot, workload)
-        per_pod = float((w.prob * w.count * w.milli).sum())
+        per_pod = (float((w.prob * w.count * w.milli).sum()), float((w.prob * w.cpu).sum()))
         snapshot.memo[key] = per_pod
+    milli, cores = per_pod
     # gpu_free_total is each node's free milli over its GPUs (kept by allocate/release): no pass over every GPU.
     free = float(snapshot.gpu_free_total.sum())
-    return free / per_pod if per_pod > 0 else 0.0
+    out = free / milli if milli > 0 else 0.0
+    if cpu and cores > 0:
+        out = min(out, float(np.maximum(snapshot.cpu_free, 0).sum()) / cores)
+    return out
 
 
 def scarcity_weights(snapshot: ClusterSnapshot, workload: TargetWorkload) -> FloatArray:

@@ -114,3 +114,27 @@ def test_workload_keys_are_equal_for_equal_workloads_and_differ_by_tail() -> Non
     assert a.key == b.key and hash(a.key) == hash(b.key)
     assert a.key != c.key
     assert a.key is a.key  # computed once per workload
+
+
+def test_the_reserve_horizon_counts_free_cpu_when_cpu_runs_out_first() -> None:
+    """Issue 16: with many pods without GPUs, CPU runs out long before GPU milli; the GPU-only horizon then keeps
+    hosts for multi-GPU pods that never come (on the cpu300p proxy, fgd-priced lost to fgd on 3 of 3 seeds)."""
+    from corral.model.resources import Request
+    from corral.placement.scarcity import horizon
+    from corral.placement.scores.fgd_priced import FgdPriced
+    from tests.builders import cluster, node
+
+    snap = cluster(node("a1").cpu(128).gpus(8), node("a2").cpu(128).gpus(8), node("b").cpu(16).gpus(8))
+    workload = TargetWorkload(
+        (TargetType(8000, 0, 0, None, 0.9), TargetType(4000, 1000, 1, None, 0.1)),
+        (TargetType(120_000, 1000, 8, None, 0.01),),
+    )
+    # GPU milli: 24,000 free / 100 per pod = 240 pods; CPU: 272,000 free / 7,600 per pod = 35.8 pods.
+    assert horizon(snap, workload) == 240.0
+    assert abs(horizon(snap, workload, cpu=True) - 272_000 / 7_600) < 1e-9
+    pod = Request(id="c", cpu_milli=16_000, memory_mib=1024)
+    everything = np.arange(3, dtype=np.int64)
+    # 240 x 0.01 -> 3 hosts wanted, 2 exist: both kept. 35.8 x 0.01 -> 1 wanted, 2 exist: none kept.
+    assert kept_hosts(snap, workload, pod, everything).tolist() == [True, True, False]
+    assert kept_hosts(snap, workload, pod, everything, cpu=True).tolist() == [False, False, False]
+    assert FgdPriced.cpu_horizon
