@@ -85,8 +85,15 @@ class _PricedNoReserve(FgdPriced):
     reserve = False
 
 
+class _PricedGpuHorizon(FgdPriced):
+    """fgd-priced as issue 7 left it: the kept hosts' horizon counts free GPU milli only, not free CPU."""
+
+    name = "fgd-priced-gpu-horizon"
+    cpu_horizon = False
+
+
 ABLATIONS: tuple[type[FgdScarcity], ...] = (
-    _FgdFill, _CpuPodsOnly, _NoModelLevel, _Unweighted, _PricedLoose, _PricedNoReserve
+    _FgdFill, _CpuPodsOnly, _NoModelLevel, _Unweighted, _PricedLoose, _PricedNoReserve, _PricedGpuHorizon
 )  # fmt: skip
 
 

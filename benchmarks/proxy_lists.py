@@ -12,6 +12,12 @@ Writes DIR/openb_pod_list_<name>.csv and links the node list, so `python -m benc
                    shares carry P % of the GPU demand (`gpushare60` swaps 1-GPU pods for shares: 8,152 pods either
                    way, shares 60 % of the demand)
     cpu<P>p        the CPU-only pods drawn with replacement to P % of their count in `default` (`cpu100` has 789)
+    gpuspec<P>p    from `gpuspec20` (20 % of the GPU pods name GPU models), GPU pods without a model spec, in random
+                   order, take the spec of a random constrained pod of `gpuspec20` asking for as many GPUs, until P %
+                   of the GPU pods are constrained
+
+Issue 16 asks for lists further out in each direction: cpu250p and cpu300p, gpushare100p (every whole 1-GPU pod
+swapped for a share; the multi-GPU pods stay), multigpu50p and gpuspec33p.
 
 These are proxies: the study's own generator is not public in ../shared, so only their shape is the same.
 """
@@ -25,7 +31,18 @@ from pathlib import Path
 
 from benchmarks.beyond_fgd import DEFAULT_TRACES
 
-PROXIES = ("multigpu40p", "multigpu50p", "gpushare40p", "gpushare80p", "cpu50p", "cpu200p")
+PROXIES = (
+    "multigpu40p",
+    "multigpu50p",
+    "gpushare40p",
+    "gpushare80p",
+    "gpushare100p",
+    "cpu50p",
+    "cpu200p",
+    "cpu250p",
+    "cpu300p",
+    "gpuspec33p",
+)
 
 
 def _demand(r: dict[str, str]) -> int:
@@ -36,7 +53,9 @@ def _share(r: dict[str, str]) -> bool:
     return r["num_gpu"] == "1" and int(r["gpu_milli"]) < 1000
 
 
-def make(name: str, rows: list[dict[str, str]], rng: random.Random) -> list[dict[str, str]]:
+def make(
+    name: str, rows: list[dict[str, str]], rng: random.Random, spec_rows: list[dict[str, str]] | None = None
+) -> list[dict[str, str]]:
     kind, pct = name.rstrip("p").rstrip("0123456789"), int("".join(ch for ch in name if ch.isdigit()))
     multi = [r for r in rows if int(r["num_gpu"]) > 1]
     if kind == "multigpu":
@@ -66,6 +85,24 @@ def make(name: str, rows: list[dict[str, str]], rng: random.Random) -> list[dict
         cpu = [r for r in rows if r["num_gpu"] == "0"]
         rest = [r for r in rows if r["num_gpu"] != "0"]
         return rest + [rng.choice(cpu) for _ in range(len(cpu) * pct // 100)]
+    if kind == "gpuspec":
+        if spec_rows is None:
+            raise SystemExit("gpuspec proxies start from openb_pod_list_gpuspec20.csv")
+        out = list(spec_rows)
+        gpu_pods = [i for i, r in enumerate(out) if r["num_gpu"] != "0"]
+        constrained = sum(1 for i in gpu_pods if out[i]["gpu_spec"])
+        by_count: dict[str, list[str]] = {}
+        for r in spec_rows:
+            if r["gpu_spec"]:
+                by_count.setdefault(r["num_gpu"], []).append(r["gpu_spec"])
+        free = [i for i in gpu_pods if not out[i]["gpu_spec"] and out[i]["num_gpu"] in by_count]
+        rng.shuffle(free)
+        for i in free:
+            if constrained >= len(gpu_pods) * pct / 100:
+                break
+            out[i] = {**out[i], "gpu_spec": rng.choice(by_count[out[i]["num_gpu"]])}
+            constrained += 1
+        return out
     raise SystemExit(f"unknown proxy {name!r}")
 
 
@@ -77,12 +114,14 @@ def main() -> None:
     args = ap.parse_args()
     with (args.traces / "openb_pod_list_default.csv").open() as fh:
         rows = list(csv.DictReader(fh))
+    with (args.traces / "openb_pod_list_gpuspec20.csv").open() as fh:
+        spec_rows = list(csv.DictReader(fh))
     args.out.mkdir(parents=True, exist_ok=True)
     link = args.out / "openb_node_list_gpu_node.csv"
     if not link.exists():
         link.symlink_to((args.traces / "openb_node_list_gpu_node.csv").resolve())
     for name in PROXIES:
-        pods = make(name, rows, random.Random(f"{args.seed}-{name}"))
+        pods = make(name, rows, random.Random(f"{args.seed}-{name}"), spec_rows)
         path = args.out / f"openb_pod_list_{name}.csv"
         with path.open("w", newline="") as fh:
             w = csv.DictWriter(fh, list(rows[0].keys()))
@@ -93,8 +132,10 @@ def main() -> None:
         share = sum(_demand(r) for r in pods if _share(r))
         multi = sum(_demand(r) for r in pods if int(r["num_gpu"]) > 1)
         cpu = sum(1 for r in pods if r["num_gpu"] == "0")
+        spec = sum(1 for r in pods if r["gpu_spec"])
         print(f"{name}: {len(pods)} pods, {gpu / 1000:.0f} GPUs of demand, shares {100 * share / gpu:.0f} %, "
-              f"multi-GPU {100 * multi / gpu:.0f} %, {cpu} CPU-only pods -> {path}")  # fmt: skip
+              f"multi-GPU {100 * multi / gpu:.0f} %, {cpu} CPU-only pods, {spec} model-constrained "
+              f"-> {path}")  # fmt: skip
 
 
 if __name__ == "__main__":

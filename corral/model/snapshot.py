@@ -58,28 +58,57 @@ class NodeState:
     tags: Mapping[int, int]  # GpuClustering tag -> pods holding it
 
 
+def _nbytes(value: Any) -> int:
+    """Bytes of the numpy arrays an entry holds (directly, in a tuple or list, or as a dataclass's fields)."""
+    if isinstance(value, np.ndarray):
+        return int(value.nbytes)
+    if isinstance(value, (tuple, list)):
+        return sum(_nbytes(v) for v in value)
+    fields = getattr(value, "__dict__", None)
+    if fields is not None:
+        return sum(_nbytes(v) for v in fields.values())
+    return 0
+
+
 class Memo(OrderedDict[Any, Any]):
     """A small LRU map for what is derived from the snapshot: static masks and per-request-shape score caches.
 
-    Bounded so that a long-running daemon seeing many request shapes does not grow without limit; an evicted entry
-    is simply recomputed.
+    Bounded by entries and by the bytes of their arrays, so that a long-running daemon seeing many request shapes
+    does not grow without limit; an evicted entry is simply recomputed. The entry bound is generous (a replay of a
+    trace with a few hundred request shapes keeps two or three entries per shape: with 256 entries, gpuspec20 evicted
+    and recomputed whole-cluster score caches all the time); the byte bound is what keeps memory in check.
     """
 
-    def __init__(self, capacity: int = 256) -> None:
+    def __init__(self, capacity: int = 4096, max_bytes: int = 512 << 20) -> None:
         super().__init__()
         self.capacity = capacity
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._sizes: dict[Any, int] = {}
 
     def get(self, key: Any, default: Any = None) -> Any:
-        if key in self:
-            self.move_to_end(key)
-            return self[key]
-        return default
+        # One lookup and one move (not a membership test first): keys are hashed on each, and this is on the hot path.
+        try:
+            value = self[key]
+        except KeyError:
+            return default
+        self.move_to_end(key)
+        return value
 
     def __setitem__(self, key: Any, value: Any) -> None:
+        size = _nbytes(value)
+        self.bytes += size - self._sizes.get(key, 0)
+        self._sizes[key] = size
         super().__setitem__(key, value)
         self.move_to_end(key)
-        while len(self) > self.capacity:
-            self.popitem(last=False)
+        while len(self) > 1 and (len(self) > self.capacity or self.bytes > self.max_bytes):
+            old, _ = self.popitem(last=False)
+            self.bytes -= self._sizes.pop(old, 0)
+
+    def clear(self) -> None:
+        super().clear()
+        self._sizes.clear()
+        self.bytes = 0
 
 
 class ClusterSnapshot:

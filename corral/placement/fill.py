@@ -27,6 +27,8 @@ from corral.placement.workload import TargetWorkload, compile_workload
 
 #: Nodes per block (bounds memory at types x block x GPUs, x GPUs again for per-GPU candidates).
 _BLOCK = 1024
+#: CPU slots of a type that asks for no CPU: unlimited.
+_UNLIMITED = int(np.iinfo(np.int64).max)
 
 
 def type_fill(
@@ -58,12 +60,33 @@ def type_fill(
     whole_free = (access & (free[None] >= MILLI_PER_GPU)).sum(axis=-1)
     gpu_slots = np.where(share, share_slots, whole_free // np.maximum(count, 1))
     cpu = w.cpu.reshape(t, *extra)
-    cpu_slots = np.where(cpu > 0, np.maximum(cpu_free, 0)[None] // np.maximum(cpu, 1), np.iinfo(np.int64).max)
+    cpu_slots = np.where(cpu > 0, np.maximum(cpu_free, 0)[None] // np.maximum(cpu, 1), _UNLIMITED)
     cpu_only = w.cpu_only.reshape(t, *extra)
     slots = np.where(cpu_only, cpu_slots, np.minimum(gpu_slots, cpu_slots))
     usable = np.minimum(slots * count * milli, idle[None])
     unfilled = np.where(cpu_only, idle[None], idle[None] - usable)
     return slots, unfilled
+
+
+def current_fill(snapshot: ClusterSnapshot, workload: TargetWorkload, nodes: IntArray) -> tuple[IntArray, IntArray]:
+    """`type_fill` of the given nodes as they are now, kept per node and recomputed only where `version` moved.
+
+    fgd-scarcity needs it for every changed node before scoring it, and the cluster-wide slot count
+    (`scarcity.cluster_slots`) for every changed node once per decision: each node change computes it once."""
+    key = ("fill", workload.key)
+    entry: tuple[IntArray, IntArray, IntArray] | None = snapshot.memo.get(key)
+    if entry is None:
+        n, t = len(snapshot), len(workload.types)
+        entry = (np.full(n, -1, dtype=np.int64), np.zeros((t, n), dtype=np.int64), np.zeros((t, n), dtype=np.int64))
+        snapshot.memo[key] = entry
+    versions, slots, unfilled = entry
+    stale = nodes[versions[nodes] != snapshot.version[nodes]]
+    if len(stale):
+        slots[:, stale], unfilled[:, stale] = type_fill(
+            snapshot, workload, stale, snapshot.cpu_free[stale], snapshot.gpu_milli_free[stale]
+        )
+        versions[stale] = snapshot.version[stale]
+    return slots[:, nodes], unfilled[:, nodes]
 
 
 def _unfilled(
@@ -110,6 +133,42 @@ def share_unfilled_after(
     for lo in range(0, len(nodes), block):
         idx = nodes[lo : lo + block]
         out[lo : lo + len(idx)] = _unfilled(snapshot, workload, idx, *share_states(snapshot, idx, cpu_req, milli_req))
+    return out
+
+
+def share_unfilled(
+    snapshot: ClusterSnapshot, workload: TargetWorkload, nodes: IntArray, cpu_req: int, milli_req: int
+) -> IntArray:
+    """unfilled_m of `nodes` with a one-GPU share placed on each GPU in turn (types x nodes x GPUs).
+
+    The same integers as `type_fill` on `share_states`, but each type's GPU slots are updated for the one GPU that
+    changed instead of recounting every GPU of every hypothetical state (GPUs x fewer operations)."""
+    w = compile_workload(snapshot, workload)
+    t = len(w.prob)
+    present = snapshot.gpu_present[nodes]
+    access = w.access[:, nodes]  # types x nodes x GPUs
+    u = snapshot.gpu_milli_free[nodes]
+    free = np.where(present, np.maximum(u, 0), 0)
+    free_after = np.where(present, np.maximum(u - milli_req, 0), 0)  # [n, j]: GPU j once the share took it
+    idle_after = (free.sum(axis=1)[:, None] - free + free_after)[None]  # 1 x nodes x GPUs
+    milli = w.milli.reshape(t, 1, 1)
+    count = w.count.reshape(t, 1, 1)
+    per_gpu = np.maximum(milli, 1)
+    share = ((w.count == 1) & (w.milli < MILLI_PER_GPU)).reshape(t, 1, 1)
+    slots_before = np.where(access, free[None] // per_gpu, 0)
+    share_slots = (
+        slots_before.sum(axis=2, keepdims=True) - slots_before + np.where(access, free_after[None] // per_gpu, 0)
+    )
+    whole_before = access & (free[None] >= MILLI_PER_GPU)
+    whole_free = whole_before.sum(axis=2, keepdims=True) - whole_before + (access & (free_after[None] >= MILLI_PER_GPU))
+    gpu_slots = np.where(share, share_slots, whole_free // np.maximum(count, 1))
+    cpu = w.cpu.reshape(t, 1, 1)
+    cpu_free = np.maximum(snapshot.cpu_free[nodes] - cpu_req, 0)[None, :, None]
+    cpu_slots = np.where(cpu > 0, cpu_free // np.maximum(cpu, 1), _UNLIMITED)
+    cpu_only = w.cpu_only.reshape(t, 1, 1)
+    slots = np.where(cpu_only, cpu_slots, np.minimum(gpu_slots, cpu_slots))
+    usable = np.minimum(slots * count * milli, idle_after)
+    out: IntArray = np.where(cpu_only, idle_after, idle_after - usable)
     return out
 
 

@@ -42,7 +42,7 @@ from scipy.optimize import linprog
 
 from corral.model.arrays import FloatArray, IntArray
 from corral.model.resources import MILLI_PER_GPU
-from corral.placement.workload import TargetWorkload
+from corral.placement.workload import TargetWorkload, WorkloadKey
 
 #: Column generation stops when no configuration improves the LP by more than this (milli per unit of demand).
 _TOLERANCE = 1e-7
@@ -141,8 +141,14 @@ def _prices_for(key: tuple[tuple[int, float], ...]) -> SharePrices | None:
 
 def share_prices(workload: TargetWorkload) -> SharePrices | None:
     """Prices for the workload's one-GPU shares (merged by size), or None when it has no shares."""
+    return _prices_of(workload.key)
+
+
+@lru_cache(maxsize=32)
+def _prices_of(key: WorkloadKey) -> SharePrices | None:
+    # Keyed by the workload's key (hashed once): fgd-priced asks on every share decision.
     by_size: dict[int, float] = {}
-    for t in workload.types:
+    for t in key.types:
         if t.gpu_count == 1 and 0 < t.gpu_milli < MILLI_PER_GPU and t.probability > 0:
             by_size[t.gpu_milli] = by_size.get(t.gpu_milli, 0.0) + t.probability
     return _prices_for(tuple(sorted(by_size.items())))

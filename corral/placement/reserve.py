@@ -19,6 +19,7 @@ use them; as the cluster fills, H and with it the reserve shrink to nothing.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -39,29 +40,87 @@ def _covers(r: Request, t: TargetType) -> bool:
     return r.cpu_milli >= t.cpu_milli and r.gpu_count >= t.gpu_count and r.gpu_milli >= t.gpu_milli
 
 
-def kept_hosts(snapshot: ClusterSnapshot, workload: TargetWorkload, request: Request, nodes: IntArray) -> BoolArray:
-    """Of `nodes`, those the request should keep off (see the module docstring)."""
+def _gang_table(snapshot: ClusterSnapshot, workload: TargetWorkload) -> _Gang:
+    """Every multi-GPU type of the workload, with per node the GPUs that have room for one of its GPUs and whether
+    one pod of it fits now, and per type the number of such hosts; refreshed only for nodes that changed."""
+    key = ("gang-hosts", workload.key)
+    table: _Gang | None = snapshot.memo.get(key)
+    if table is None:
+        types = tuple(t for t in (*workload.types, *workload.tail) if t.gpu_count >= 2 and t.probability > 0)
+        n, k = len(snapshot), len(types)
+        masks = (
+            np.stack([snapshot.gpu_static_mask(t.models, 0) for t in types])
+            if types
+            else np.zeros((0, n, snapshot.max_gpus), dtype=np.bool_)
+        )
+        table = _Gang(
+            types,
+            masks,
+            np.array([t.gpu_milli for t in types], dtype=np.int64).reshape(k, 1, 1),
+            np.array([[t.gpu_count] for t in types], dtype=np.int64).reshape(k, 1),
+            np.array([[t.cpu_milli] for t in types], dtype=np.int64).reshape(k, 1),
+            np.full(n, -1, dtype=np.int64),
+            np.zeros((k, n), dtype=np.int64),
+            np.zeros((k, n), dtype=np.bool_),
+            np.zeros(k, dtype=np.int64),
+        )
+        snapshot.memo[key] = table
+    stale = np.flatnonzero(table.versions != snapshot.version)
+    if len(stale) and table.types:
+        room = ((snapshot.gpu_milli_free[stale][None] >= table.milli) & table.masks[:, stale]).sum(axis=2)
+        hosts = (snapshot.cpu_free[stale][None] >= table.cpu) & (room >= table.count)
+        table.counts[:] += hosts.sum(axis=1) - table.hosts[:, stale].sum(axis=1)
+        table.room[:, stale] = room
+        table.hosts[:, stale] = hosts
+    table.versions[stale] = snapshot.version[stale]
+    return table
+
+
+def _request_gang(table: _Gang, request: Request) -> list[tuple[int, float]]:
+    """The multi-GPU types the request does not cover (indices into the table), each with the probability of it and
+    of every such type at least as demanding (what its reserve is made of)."""
+    gang = [i for i, t in enumerate(table.types) if not _covers(request, t)]
+    return [
+        (i, sum(table.types[o].probability for o in gang if _at_least(table.types[o], table.types[i]))) for i in gang
+    ]
+
+
+def kept_hosts(
+    snapshot: ClusterSnapshot, workload: TargetWorkload, request: Request, nodes: IntArray, cpu: bool = False
+) -> BoolArray:
+    """Of `nodes`, those the request should keep off (see the module docstring; `cpu`: H counts free CPU too)."""
     keep = np.zeros(len(nodes), dtype=np.bool_)
-    gang = [t for t in (*workload.types, *workload.tail) if t.gpu_count >= 2 and t.probability > 0]
-    gang = [t for t in gang if not _covers(request, t)]
+    table = _gang_table(snapshot, workload)
+    # The types and their probabilities depend only on the workload and the request's shape: kept per shape.
+    key = ("gang-types", workload.key, request.cpu_milli, request.gpu_count, request.gpu_milli)
+    gang: list[tuple[int, float]] | None = snapshot.memo.get(key)
+    if gang is None:
+        gang = _request_gang(table, request)
+        snapshot.memo[key] = gang
     if not gang:
         return keep
-    h = horizon(snapshot, workload)
-    rooms: dict[tuple[int, frozenset[str] | None], IntArray] = {}
-    for t in gang:
-        reserve = math.ceil(h * sum(o.probability for o in gang if _at_least(o, t)) - 1e-9)
-        if reserve <= 0:
+    h = horizon(snapshot, workload, cpu)
+    for i, probability in gang:
+        reserve = math.ceil(h * probability - 1e-9)
+        count = int(table.counts[i])
+        if reserve <= 0 or count == 0 or count > reserve:
             continue
-        room = rooms.get((t.gpu_milli, t.models))
-        if room is None:  # per node: GPUs of an allowed model with room for one GPU of t
-            allowed = snapshot.gpu_static_mask(t.models, 0)
-            room = rooms[(t.gpu_milli, t.models)] = ((snapshot.gpu_milli_free >= t.gpu_milli) & allowed).sum(axis=1)
-        hosts = (snapshot.cpu_free >= t.cpu_milli) & (room >= t.gpu_count)
-        count = int(np.count_nonzero(hosts))
-        if count == 0 or count > reserve:
-            continue
+        t = table.types[i]
         # Would the request leave the host unable to take one pod of t? (It takes its GPUs from those with room.)
         after_cpu = snapshot.cpu_free[nodes] - request.cpu_milli
-        after_room = room[nodes] - request.gpu_count
-        keep |= hosts[nodes] & ((after_cpu < t.cpu_milli) | (after_room < t.gpu_count))
+        after_room = table.room[i, nodes] - request.gpu_count
+        keep |= table.hosts[i, nodes] & ((after_cpu < t.cpu_milli) | (after_room < t.gpu_count))
     return keep
+
+
+@dataclass(frozen=True, eq=False)
+class _Gang:
+    types: tuple[TargetType, ...]
+    masks: BoolArray  # types x nodes x GPUs: GPUs of an allowed model
+    milli: IntArray  # types x 1 x 1, per GPU
+    count: IntArray  # types x 1
+    cpu: IntArray  # types x 1
+    versions: IntArray  # nodes: `snapshot.version` when room and hosts were computed
+    room: IntArray  # types x nodes: GPUs of an allowed model with room for one GPU of the type
+    hosts: BoolArray  # types x nodes: one pod of the type fits now
+    counts: IntArray  # types: hosts per type

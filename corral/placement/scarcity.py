@@ -27,7 +27,7 @@ import numpy as np
 
 from corral.model.arrays import FloatArray, IntArray
 from corral.model.snapshot import ClusterSnapshot
-from corral.placement.fill import type_fill
+from corral.placement.fill import current_fill
 from corral.placement.workload import TargetWorkload, compile_workload
 
 #: Weights move in steps of 1/WEIGHT_STEPS (see the module docstring).
@@ -37,30 +37,46 @@ _MANY = 1 << 40
 
 
 def cluster_slots(snapshot: ClusterSnapshot, workload: TargetWorkload) -> IntArray:
-    """Per target type: pods of it that still fit, summed over nodes (kept per node, refreshed where nodes changed)."""
+    """Per target type: pods of it that still fit, summed over nodes (kept per node, refreshed where nodes changed;
+    the sums are updated by the changed nodes' differences, exact in integers, instead of re-added each decision)."""
     n = len(snapshot)
     key = ("slots", workload.key)
-    entry: tuple[IntArray, IntArray] | None = snapshot.memo.get(key)
+    entry: tuple[IntArray, IntArray, IntArray] | None = snapshot.memo.get(key)
     if entry is None:
         types = len(compile_workload(snapshot, workload).prob)
-        entry = (np.full(n, -1, dtype=np.int64), np.zeros((types, n), dtype=np.int64))
+        entry = (np.full(n, -1, dtype=np.int64), np.zeros((types, n), dtype=np.int64), np.zeros(types, dtype=np.int64))
         snapshot.memo[key] = entry
-    versions, per_node = entry
+    versions, per_node, totals = entry
     stale = np.flatnonzero(versions != snapshot.version)
     if len(stale):
-        slots, _ = type_fill(snapshot, workload, stale, snapshot.cpu_free[stale], snapshot.gpu_milli_free[stale])
-        per_node[:, stale] = np.minimum(slots, _MANY // max(n, 1))
+        slots, _ = current_fill(snapshot, workload, stale)
+        fresh = np.minimum(slots, _MANY // max(n, 1))
+        totals += fresh.sum(axis=1) - per_node[:, stale].sum(axis=1)
+        per_node[:, stale] = fresh
         versions[stale] = snapshot.version[stale]
-    out: IntArray = per_node.sum(axis=1)
+    return totals.copy()
+
+
+def horizon(snapshot: ClusterSnapshot, workload: TargetWorkload, cpu: bool = False) -> float:
+    """H: how many more pods drawn from the workload it takes to fill the cluster's free GPU milli.
+
+    With `cpu`, the free CPU counts too: H is the smaller of the pods that fill the free GPU milli and the pods that
+    take the free CPU (every target type, pods without GPUs included). Where pods without GPUs are many, CPU runs out
+    long before GPU milli does, and the GPU-only horizon promises pods (multi-GPU ones among them) that never come.
+    """
+    key = ("per-pod", workload.key)
+    per_pod: tuple[float, float] | None = snapshot.memo.get(key)
+    if per_pod is None:
+        w = compile_workload(snapshot, workload)
+        per_pod = (float((w.prob * w.count * w.milli).sum()), float((w.prob * w.cpu).sum()))
+        snapshot.memo[key] = per_pod
+    milli, cores = per_pod
+    # gpu_free_total is each node's free milli over its GPUs (kept by allocate/release): no pass over every GPU.
+    free = float(snapshot.gpu_free_total.sum())
+    out = free / milli if milli > 0 else 0.0
+    if cpu and cores > 0:
+        out = min(out, float(np.maximum(snapshot.cpu_free, 0).sum()) / cores)
     return out
-
-
-def horizon(snapshot: ClusterSnapshot, workload: TargetWorkload) -> float:
-    """H: how many more pods drawn from the workload it takes to fill the cluster's free GPU milli."""
-    w = compile_workload(snapshot, workload)
-    free = float(np.where(snapshot.gpu_present, np.maximum(snapshot.gpu_milli_free, 0), 0).sum())
-    per_pod = float((w.prob * w.count * w.milli).sum())
-    return free / per_pod if per_pod > 0 else 0.0
 
 
 def scarcity_weights(snapshot: ClusterSnapshot, workload: TargetWorkload) -> FloatArray:

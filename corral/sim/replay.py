@@ -19,7 +19,7 @@ from corral.model.arrays import BoolArray, FloatArray, IntArray
 from corral.model.resources import Node, Request
 from corral.model.snapshot import ClusterSnapshot
 from corral.placement import PlacementConfig, place, render
-from corral.placement.workload import node_fragmentation
+from corral.placement.workload import current_fragmentation
 
 COLUMNS = range(131)  # arrived 0..130 % of capacity, as in the published files
 
@@ -80,20 +80,20 @@ def replay(
     frag = np.zeros(n if track else 0, dtype=np.float64)
     outcomes: list[str] = []
     node_frag = (
-        node_fragmentation(snapshot, workload, np.arange(len(snapshot), dtype=np.int64))
+        current_fragmentation(snapshot, workload, np.arange(len(snapshot), dtype=np.int64)).copy()
         if track and workload is not None
         else None
     )
     total = 0
     for i, request in enumerate(arrivals):
-        decision = place(snapshot, request, config, rng)
+        decision = place(snapshot, request, config, rng, explain_placed=False)
         alloc = decision.allocation
         if alloc is not None:
             snapshot.allocate(alloc)
             placed[i] = True
             if node_frag is not None and workload is not None:
                 idx = np.array([alloc.node_index], dtype=np.int64)
-                node_frag[alloc.node_index] = node_fragmentation(snapshot, workload, idx)[0]
+                node_frag[alloc.node_index] = current_fragmentation(snapshot, workload, idx)[0]
         total += request.gpu_demand_milli
         arrived[i] = total
         allocated[i] = snapshot.gpu_allocated_milli

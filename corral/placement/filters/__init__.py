@@ -31,6 +31,13 @@ class FitResult:
     warn_undefined: BoolArray | None  # nodes where `undefined` behaviour would put non-GPU work beside free GPUs
 
 
+# Bits as plain ints: evaluate runs once per decision, and an Enum property lookup costs more than the maths.
+_INSUFFICIENT_CPU = Reason.INSUFFICIENT_CPU.bit
+_INSUFFICIENT_MEMORY = Reason.INSUFFICIENT_MEMORY.bit
+_INSUFFICIENT_GPU = Reason.INSUFFICIENT_GPU.bit
+_CANNOT_GPU = Reason.NO_GPUS.bit | Reason.GPU_MODEL.bit | Reason.GPU_MEMORY.bit | Reason.TOO_FEW_GPUS.bit
+
+
 def gpu_fit_matrix(snapshot: ClusterSnapshot, request: Request, static: BoolArray) -> BoolArray:
     """GPUs that can take one of the request's GPUs now (whole: nothing of it held; share: enough left)."""
     fit: BoolArray
@@ -95,21 +102,18 @@ def evaluate(
     static = static_bits(snapshot, request)
     bits = static.copy()
     c, m = request.cpu_milli, request.memory_mib
+    # A node that can never hold the request (capacity below it) is not also "short" of it.
     if c:
-        bits |= np.where(snapshot.cpu_free < c, Reason.INSUFFICIENT_CPU.bit, 0)
+        bits |= ((snapshot.cpu_free < c) & (snapshot.cpu_cap >= c)) * _INSUFFICIENT_CPU
     if m:
-        bits |= np.where(snapshot.mem_free < m, Reason.INSUFFICIENT_MEMORY.bit, 0)
-    # A node that can never hold the request is not also "short" of it.
-    bits &= ~np.where(static & (Reason.CPU_CAPACITY.bit), Reason.INSUFFICIENT_CPU.bit, 0)
-    bits &= ~np.where(static & (Reason.MEMORY_CAPACITY.bit), Reason.INSUFFICIENT_MEMORY.bit, 0)
+        bits |= ((snapshot.mem_free < m) & (snapshot.mem_cap >= m)) * _INSUFFICIENT_MEMORY
 
     preferred = warn = None
     if request.wants_gpu:
         k = request.gpu_count
         fit = gpu_fit_matrix(snapshot, request, static_gpu_mask(snapshot, request))
-        cannot = Reason.NO_GPUS.bit | Reason.GPU_MODEL.bit | Reason.GPU_MEMORY.bit | Reason.TOO_FEW_GPUS.bit
-        short = (np.count_nonzero(fit, axis=1) < k) & ((static & cannot) == 0)
-        bits |= np.where(short, Reason.INSUFFICIENT_GPU.bit, 0)
+        short = (np.count_nonzero(fit, axis=1) < k) & ((static & _CANNOT_GPU) == 0)
+        bits |= short * _INSUFFICIENT_GPU
     else:
         fit = np.zeros((len(snapshot), snapshot.max_gpus), dtype=np.bool_)
         decline, preferred, warn = scarce_gpu(snapshot, request, behavior, reserve)

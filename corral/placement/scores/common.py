@@ -56,20 +56,26 @@ def cached_node_scores(
     nodes: IntArray,
     compute: Callable[[IntArray], tuple[FloatArray, IntArray]],
     extra_key: object = None,
+    generation: object = None,
 ) -> tuple[FloatArray, IntArray]:
     """Node-local scores (and a per-node int, e.g. the best GPU) for `nodes`, recomputing only changed nodes.
 
     Valid because these scores depend only on the node's own state and the request's shape: the cache keeps, per
-    (policy, shape), the arrays and the `version` of every node when it was computed.
+    (policy, shape), the arrays and the `version` of every node when it was computed. `generation` is what else the
+    scores depend on that changes now and then (fgd-scarcity's weights): when it differs from the one the entry was
+    computed with, every node is recomputed, in the same entry (one memo entry per shape, however often it moves).
     """
     snap = ctx.snapshot
     key = ("scores", policy, shape_key(ctx.request), extra_key)
-    entry = snap.memo.get(key)
+    entry: list[Any] | None = snap.memo.get(key)
     if entry is None:
         n = len(snap)
-        entry = (np.full(n, -1, dtype=np.int64), np.zeros(n, dtype=np.float64), np.zeros(n, dtype=np.int64))
+        entry = [np.full(n, -1, dtype=np.int64), np.zeros(n, dtype=np.float64), np.zeros(n, dtype=np.int64), generation]
         snap.memo[key] = entry
-    versions, scores, aux = entry
+    versions, scores, aux, seen = entry
+    if seen != generation:
+        versions.fill(-1)
+        entry[3] = generation
     stale = nodes[versions[nodes] != snap.version[nodes]]
     if len(stale):
         s, a = compute(stale)

@@ -18,7 +18,7 @@ from corral.model.arrays import FloatArray, IntArray
 from corral.placement.context import Context
 from corral.placement.scores.common import cached_node_scores
 from corral.placement.select import first_k_ascending, whole_gpus
-from corral.placement.workload import node_fragmentation, share_fragmentation_after
+from corral.placement.workload import current_fragmentation, node_fragmentation, share_fragmentation_after
 
 
 def fgd_score(delta: FloatArray) -> FloatArray:
@@ -65,7 +65,7 @@ class Fgd(FragmentationScored):
 
     def _compute(self, ctx: Context, nodes: IntArray) -> tuple[FloatArray, IntArray]:
         s, r, w = ctx.snapshot, ctx.request, ctx.workload
-        before = node_fragmentation(s, w, nodes)
+        before = current_fragmentation(s, w, nodes)
         if r.wants_gpu and r.gpu_count == 1 and not r.whole_gpus:
             after = share_fragmentation_after(s, w, nodes, r.cpu_milli, r.gpu_milli)
             per_gpu = np.where(ctx.fit.gpu_fit[nodes], fgd_score(before[:, None] - after), -1.0)

@@ -46,13 +46,14 @@ class FgdPriced(FgdScarcity):
     name = "fgd-priced"
     tightest = True  # key 2 (False only for the ablation in `benchmarks/beyond_fgd.py`)
     reserve = True  # keep hosts for multi-GPU types while they run out (`placement.reserve`)
+    cpu_horizon = True  # the reserve's horizon counts free CPU too (False only for the ablation)
 
     _kept = 0  # nodes the last `score` kept for multi-GPU pods (a policy object serves one decision)
 
     def score(self, ctx: Context, nodes: IntArray) -> FloatArray:
         scores = super().score(ctx, nodes)
         if self.reserve:
-            kept = kept_hosts(ctx.snapshot, ctx.workload, ctx.request, nodes)
+            kept = kept_hosts(ctx.snapshot, ctx.workload, ctx.request, nodes, self.cpu_horizon)
             self._kept = int(np.count_nonzero(kept))
             if self._kept:
                 scores = np.where(kept, scores - KEPT_OFF, scores)

@@ -31,14 +31,20 @@ the rest of the trace. Node scores are cached per request shape and scarcity wei
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
 from corral.model.arrays import FloatArray, IntArray
 from corral.placement.context import Context
-from corral.placement.fill import share_states, type_fill
+from corral.placement.fill import current_fill, share_unfilled, type_fill
 from corral.placement.scarcity import model_levels, scarcity_weights
-from corral.placement.scores.common import cached_node_scores
+from corral.placement.scores.common import cached_node_scores, shape_key
 from corral.placement.scores.fgd import FragmentationScored, fgd_score, node_after
-from corral.placement.workload import compile_workload, node_fragmentation, share_fragmentation_after
+from corral.placement.workload import (
+    compile_workload,
+    current_fragmentation,
+    node_fragmentation,
+    share_fragmentation_after,
+)
 
 #: The tie-break stays below 1 so it can never lift a node past a higher FGD integer.
 TIE_WEIGHT = 0.999
@@ -65,17 +71,54 @@ class FgdScarcity(FragmentationScored):
             return scarcity_weights(ctx.snapshot, ctx.workload)
         return np.ones(n_types, dtype=np.float64)
 
+    def _parts(self, ctx: Context, nodes: IntArray) -> tuple[FloatArray, npt.NDArray[np.int32]]:
+        """FGD's points and, per target type, the unfilled milli the pod removes (before - after), for `nodes`.
+
+        Shaped (nodes[, GPUs]) and (types, nodes[, GPUs]) (per GPU for a one-GPU share: one hypothetical state per
+        GPU it could take). Neither depends on the scarcity weights, so they are kept per request shape and
+        recomputed only for nodes that changed; the weights, which move in steps as the cluster fills, are applied
+        in `_compute` (before, every change of a weight recomputed the fill and fragmentation of every node).
+        """
+        s, r = ctx.snapshot, ctx.request
+        share = r.wants_gpu and r.gpu_count == 1 and not r.whole_gpus
+        key = ("scarcity-parts", shape_key(r), ctx.workload.key)
+        entry: tuple[IntArray, FloatArray, npt.NDArray[np.int32]] | None = s.memo.get(key)
+        if entry is None:
+            n, t = len(s), len(ctx.workload.types)
+            shape = (n, s.max_gpus) if share else (n,)
+            entry = (
+                np.full(n, -1, dtype=np.int64),
+                np.zeros(shape, dtype=np.float64),
+                np.zeros((t, *shape), dtype=np.int32),  # milli of one node: int32 halves the largest memo entries
+            )
+            s.memo[key] = entry
+        versions, points, drop = entry
+        stale = nodes[versions[nodes] != s.version[nodes]]
+        if len(stale):
+            points[stale], drop[:, stale] = self._node_parts(ctx, stale, share)
+            versions[stale] = s.version[stale]
+        return points[nodes], drop[:, nodes]
+
+    def _node_parts(self, ctx: Context, nodes: IntArray, share: bool) -> tuple[FloatArray, IntArray]:
+        s, r, wl = ctx.snapshot, ctx.request, ctx.workload
+        frag_before = current_fragmentation(s, wl, nodes)
+        _, unfilled_before = current_fill(s, wl, nodes)
+        if share:
+            unfilled_after = share_unfilled(s, wl, nodes, r.cpu_milli, r.gpu_milli)
+            after = share_fragmentation_after(s, wl, nodes, r.cpu_milli, r.gpu_milli)
+            return fgd_score(frag_before[:, None] - after), unfilled_before[:, :, None] - unfilled_after
+        cpu_after_n, milli_after_n = node_after(ctx, nodes)
+        _, unfilled_after_n = type_fill(s, wl, nodes, cpu_after_n, milli_after_n)
+        points_n = fgd_score(frag_before - node_fragmentation(s, wl, nodes, cpu_after_n, milli_after_n))
+        return points_n, unfilled_before - unfilled_after_n
+
     def _compute(self, ctx: Context, nodes: IntArray, weights: FloatArray) -> tuple[FloatArray, IntArray]:
         s, r, wl = ctx.snapshot, ctx.request, ctx.workload
         pw = compile_workload(s, wl).prob * weights
-        frag_before = node_fragmentation(s, wl, nodes)
-        _, unfilled_before = type_fill(s, wl, nodes, s.cpu_free[nodes], s.gpu_milli_free[nodes])
         use = self.gpu_pods if r.wants_gpu else self.cpu_pods
+        points, drop = self._parts(ctx, nodes)
         if r.wants_gpu and r.gpu_count == 1 and not r.whole_gpus:
-            # One hypothetical state per GPU the share could take.
-            _, unfilled_after = type_fill(s, wl, nodes, *share_states(s, nodes, r.cpu_milli, r.gpu_milli))
-            gain = (pw[:, None, None] * (unfilled_before[:, :, None] - unfilled_after)).sum(axis=0)
-            points = fgd_score(frag_before[:, None] - share_fragmentation_after(s, wl, nodes, r.cpu_milli, r.gpu_milli))
+            gain = (pw[:, None, None] * drop).sum(axis=0)
             frac_gpu = gain_fraction(gain) if use else np.zeros_like(gain)
             if use and self.model_guard:
                 level, levels = model_levels(s, wl)
@@ -83,16 +126,13 @@ class FgdScarcity(FragmentationScored):
             per_gpu = self._share_scores(ctx, nodes, points + TIE_WEIGHT * frac_gpu)
             best = np.argmax(np.where(ctx.fit.gpu_fit[nodes], per_gpu, -1.0), axis=1)
             return per_gpu[np.arange(len(nodes)), best], best.astype(np.int64)
-        cpu_after_n, milli_after_n = node_after(ctx, nodes)
-        _, unfilled_after_n = type_fill(s, wl, nodes, cpu_after_n, milli_after_n)
-        gain_n = (pw[:, None] * (unfilled_before - unfilled_after_n)).sum(axis=0)
-        points_n = fgd_score(frag_before - node_fragmentation(s, wl, nodes, cpu_after_n, milli_after_n))
+        gain_n = (pw[:, None] * drop).sum(axis=0)
         frac = gain_fraction(gain_n) if use else np.zeros(len(nodes))
         if r.wants_gpu and use and self.model_guard:
             level, levels = model_levels(s, wl)
             frac = (levels - 1 - level[nodes] + frac) / levels
         gpu = np.full(len(nodes), -1, dtype=np.int64)
-        return points_n + TIE_WEIGHT * frac, gpu
+        return points + TIE_WEIGHT * frac, gpu
 
     def _share_scores(self, ctx: Context, nodes: IntArray, per_gpu: FloatArray) -> FloatArray:
         """Per (node, GPU) score of a one-GPU share (non-negative); a subclass may put a criterion of its own first."""
@@ -105,5 +145,6 @@ class FgdScarcity(FragmentationScored):
             self.name,
             nodes,
             lambda idx: self._compute(ctx, idx, weights),
-            extra_key=(ctx.workload.key, tuple(weights.tolist())),
+            extra_key=ctx.workload.key,
+            generation=tuple(weights.tolist()),
         )
