@@ -584,7 +584,9 @@ class ServicesController:
             # it has ended, as Marathon replaces a task once it is terminal.
             missing = target - len(current) - (len(jobs) - len(active))
         if missing <= 0:
-            app.waiting = ""
+            # A gang that waits for room: the scheduler's words for it (stored on its instances by the last round).
+            queued = (j.reason for j in jobs if gang and j.state is JobState.QUEUED and j.reason.startswith(GANG_STOP))
+            app.waiting = next(queued, "")
             return
         backoff = app.backoff()
         not_before = backoff.launch_not_before() if backoff.version in ("", app.config_version) else None

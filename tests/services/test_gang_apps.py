@@ -22,7 +22,9 @@ def four_gpus(tmp_path: Path) -> World:
 
 def hog(world: World, gpus: int) -> str:
     """A plain corral job that holds `gpus` GPUs until the test ends it."""
-    spec = JobSpec(("sleep", "1000"), Request(cpu_milli=100, memory_mib=64, gpu_count=gpus, gpu_milli=1000), "bob", 1001, 1001)
+    spec = JobSpec(
+        ("sleep", "1000"), Request(cpu_milli=100, memory_mib=64, gpu_count=gpus, gpu_milli=1000), "bob", 1001, 1001
+    )
     job = world.daemon.submit(spec)
     world.tick()
     assert world.store.get(job.id).state is JobState.RUNNING  # type: ignore[union-attr]
@@ -50,9 +52,12 @@ def test_a_gang_app_that_does_not_fit_whole_starts_none_and_says_why(tmp_path: P
     assert all(not j.gpus for j in live)  # none holds a GPU while it waits
     for job in live:
         assert job.reason.startswith("gang: 2 of 3 instances fit"), job.reason
+    assert world.controller.apps["/web"].waiting.startswith("gang: 2 of 3 instances fit")  # the app says it too
     world.executor.finish(other, 0)  # the GPUs come free: the whole gang starts
     world.tick()
     assert len(world.running()) == 3
+    world.tick()
+    assert world.controller.apps["/web"].waiting == ""
 
 
 def test_without_the_label_instances_start_one_by_one_as_before(tmp_path: Path) -> None:
