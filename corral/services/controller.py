@@ -245,6 +245,14 @@ def prepare(raw: Any, daemon: Daemon, who: Owner) -> tuple[mr.MarathonApp, Servi
         raise ObjectNotValid([ErrorDetail("/", (exc.message,))]) from None
     if not decision.placed and all(decision.unresolvable(i) for i in range(len(empty))):
         raise ObjectNotValid([ErrorDetail("/", (f"can never run on this machine: {render(decision.explanation)}",))])
+    if model.labels.get(GANG_LABEL, "").lower() == "true":
+        # A gang that could not start even on the idle machine would wait for ever: refused, as a job's gang is.
+        for n in range(model.instances):
+            one = place(empty, replace(request, id=f"instance{n}"), daemon.config, 0)
+            if one.allocation is None:
+                why = f"a gang of {model.instances} can never start on this machine, even idle: only {n} fit"
+                raise ObjectNotValid([ErrorDetail("/instances", (f"{why}; {render(one.explanation)}",))])
+            empty.allocate(one.allocation)
     doc_app = {k: v for k, v in raw.items() if k not in READ_ONLY}
     doc_app["id"] = canonical(model.id)
     return model, service, doc_app, runs_as

@@ -130,11 +130,17 @@ def test_a_queued_gang_that_loses_a_member_is_launched_again_whole(tmp_path: Pat
     world.executor.finish(other, 0)
 
 
-def test_the_gang_label_takes_true_or_false(tmp_path: Path) -> None:
+def test_the_gang_label_takes_true_or_false_and_a_gang_must_fit_the_idle_machine(tmp_path: Path) -> None:
     world = four_gpus(tmp_path)
     with pytest.raises(ObjectNotValid) as caught:
         world.create(labels={"corral.gang": "yes"})
     assert "/labels/corral.gang" in str(caught.value.details)
+    with pytest.raises(ObjectNotValid) as caught:  # 5 instances x 1 GPU never fit on 4 GPUs all at once
+        world.create(instances=5, gpus=1, labels=GANG)
+    assert "a gang of 5 can never start on this machine, even idle: only 4 fit" in str(caught.value.details)
+    world.create(instances=4, gpus=1, labels=GANG)
+    with pytest.raises(ObjectNotValid):
+        world.controller.update(world.daemon, "/web", {"instances": 5}, ALICE)
     world.create(id="/off", instances=3, gpus=1, labels={"corral.gang": "false"})
     world.tick()
     assert all(not j.spec.gang_group for j in world.live("/off"))
