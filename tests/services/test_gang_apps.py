@@ -11,6 +11,7 @@ from corral.jobs.model import JobSpec, JobState
 from corral.mesos.errors import ObjectNotValid
 from corral.model.resources import Request
 from corral.services.controller import LAUNCHES_PER_ROUND
+from corral.store import SqliteStore
 from tests.services.helpers import ALICE, World, machine
 
 GANG = {"corral.gang": "true"}
@@ -144,3 +145,29 @@ def test_the_gang_label_takes_true_or_false_and_a_gang_must_fit_the_idle_machine
     world.create(id="/off", instances=3, gpus=1, labels={"corral.gang": "false"})
     world.tick()
     assert all(not j.spec.gang_group for j in world.live("/off"))
+
+
+def test_a_gang_survives_a_daemon_restart_waiting_and_running(tmp_path: Path) -> None:
+    """The group lives in the stored jobs: after a restart a waiting gang still starts whole, and a running one still
+    restarts together when an instance fails."""
+    world = World(tmp_path, store=SqliteStore(tmp_path / "jobs.db"), box=machine("A100", "A100", "A100", "A100"))
+    other = hog(world, 2)
+    world.create(instances=3, gpus=1, labels=GANG)
+    world.tick()
+    world.tick()
+    assert all(j.state is JobState.QUEUED and j.reason.startswith("gang: 2 of 3") for j in world.live())
+    world.restart()
+    world.tick()
+    assert all(j.state is JobState.QUEUED for j in world.live()) and len(world.live()) == 3
+    world.executor.finish(other, 0)
+    world.tick()
+    first = world.running()
+    assert len(first) == 3
+    world.restart()
+    world.tick()
+    world.fail(world.running()[0])
+    world.tick()
+    assert len(world.executor.cancelled) == 2  # the other two of its gang
+    for _ in range(3):
+        world.tick(1.0)
+    assert len(world.running()) == 3 and not {j.id for j in world.running()} & {j.id for j in first}
