@@ -661,23 +661,28 @@ class ServicesController:
             app.waiting = ""
 
     def _break_incomplete(self, daemon: Daemon, app: App, jobs: Sequence[Job]) -> bool:
-        """End the queued instances of a gang group that lost a member before it started (scaled down, killed, or
-        partly refused at submission): it could never be complete again, so it would wait for ever. The rounds
-        then launch the missing instances as a new gang. True when some were ended."""
+        """End the gang groups that can no longer start whole: one that lost a member before it started (scaled
+        down, killed, or partly refused at submission) would wait for ever, and so would one that started and has a
+        member back in the queue (preempted): its queued members are ended, and in the second case its started ones
+        are stopped too. The rounds then launch the missing instances as a new gang. True when some were ended."""
         groups: dict[str, list[Job]] = {}
         for j in jobs:
-            if j.spec.gang_group:
+            if j.spec.gang_group and j.id not in app.killing and j.reason != CANCELLING:
                 groups.setdefault(j.spec.gang_group, []).append(j)
-        broken = [
-            j
-            for members in groups.values()
-            if len(members) < members[0].spec.gang_size
-            for j in members
-            if j.state is JobState.QUEUED and j.id not in app.killing
-        ]
-        if broken:
-            self._kill_all(daemon, app, broken, f"{GANG_STOP}its gang lost a member before starting; launched again")
-        return bool(broken)
+        doomed: list[Job] = []
+        for members in groups.values():
+            queued = [j for j in members if j.state is JobState.QUEUED]
+            if not queued:
+                continue
+            started = len(queued) < len(members)
+            if started:
+                doomed += members
+            elif len(members) < members[0].spec.gang_size:
+                doomed += queued
+        if doomed:
+            why = f"{GANG_STOP}its gang can no longer start whole (a member left or went back to the queue)"
+            self._kill_all(daemon, app, doomed, why, app.service.kill_grace_s)
+        return bool(doomed)
 
     def _stop_gang(self, daemon: Daemon, app: App, ended: Job, status: str, task: str) -> None:
         """One instance of a gang ended while the app still wanted it: the others of its gang are stopped, and the

@@ -171,3 +171,23 @@ def test_a_gang_survives_a_daemon_restart_waiting_and_running(tmp_path: Path) ->
     for _ in range(3):
         world.tick(1.0)
     assert len(world.running()) == 3 and not {j.id for j in world.running()} & {j.id for j in first}
+
+
+def test_a_started_gang_with_a_member_back_in_the_queue_restarts_whole(tmp_path: Path) -> None:
+    """A preempted instance goes back to the queue while the others run: that group could never start whole again
+    (it waits for all its members queued), so the controller stops it and launches the gang anew."""
+    world = four_gpus(tmp_path)
+    world.create(instances=3, gpus=1, labels=GANG)
+    world.tick()
+    first = world.running()
+    back = first[0]
+    # As the daemon requeues a preempted job once it has stopped (Daemon._requeue_preempted).
+    world.store.transition(back.id, JobState.QUEUED, expect=[JobState.RUNNING], gpus=(), gpu_uuids=(), pid=None)
+    world.tick()
+    assert sorted(job_id for job_id, _ in world.executor.cancelled) == sorted(j.id for j in first[1:])
+    for _ in range(3):
+        world.tick()
+    again = world.running()
+    assert len(again) == 3 and not {j.id for j in again} & {j.id for j in first}, [
+        (j.id, j.state) for j in world.live()
+    ]
