@@ -343,6 +343,7 @@ class Daemon:
             or head.not_before > now
             or head.id in plan.unresolvable
             or head.id not in plan.waiting
+            or head.spec.gang_group  # one member's room is not the group's: a gang group does not preempt (yet)
             or not (head.spec.preemptible or self.rules.may_borrow(head))  # held back: may not start
         ):
             return

@@ -74,6 +74,7 @@ class _Entry:
     shape: int  # an index into ShapeCache.shapes, so a look-up hashes an int, not the request's fields
     wants_gpu: bool
     owner: str
+    group: str = ""  # its gang group (JobSpec.gang_group): its members start together or not at all
 
 
 class ShapeCache:
@@ -95,7 +96,7 @@ class ShapeCache:
         who = owner(job) if owner is not None else ""
         shape = (request.placement_key(), who, job.spec.instances)  # a gang of 3 fits where 2 fit, or not
         index = self.shapes.setdefault(shape, len(self.shapes))
-        made = _Entry(job, queue_key(job), index, request.wants_gpu, who)
+        made = _Entry(job, queue_key(job), index, request.wants_gpu, who, job.spec.gang_group)
         self.entries[job.id] = made
         return made
 
@@ -117,6 +118,61 @@ def _place(
         if instances == 1
         else place_gang(snapshot, request, instances, config, rng)
     )
+
+
+def _groups(entries: Sequence[_Entry]) -> dict[str, list[_Entry]]:
+    """The queued members of each gang group, in queue order."""
+    out: dict[str, list[_Entry]] = {}
+    for e in entries:
+        if e.group:
+            out.setdefault(e.group, []).append(e)
+    return out
+
+
+def _place_group(
+    members: Sequence[_Entry],
+    snapshot: ClusterSnapshot,
+    booking: Booking | None,
+    queues: RoundQueues | None,
+    config: PlacementConfig,
+    rng: np.random.Generator,
+) -> tuple[list[Start], str | None, int]:
+    """A gang group's start: every member placed, one after the other, on a copy of what is free (of what the
+    reservation leaves, with `booking`: the members run past its start), each seeing the earlier ones' grants; all
+    fit, or none starts. Returns (the starts, or none; why not; calls to the engine). A group waits, without a call,
+    until all `gang_size` members are queued (the controller submits them in one round)."""
+    size = members[0].job.spec.gang_size
+    if len(members) < size:
+        return [], f"gang: {len(members)} of {size} instances queued; they start together once all are", 0
+    if queues is not None:
+        # Each member is checked alone against the limits (a group of N may go over one by up to N-1 members'
+        # worth: the gate learns of starts only as they are taken, and taking is not undone).
+        for m in members:
+            held_back = queues.gate(m)
+            if held_back is not None:
+                return [], f"gang: instance job {m.job.id} is held back: {held_back}", 0
+    trial = (booking.view() if booking is not None else snapshot).copy()
+    beside = f" beside the reservation of job {booking.reservation.job_id}" if booking is not None else ""
+    starts: list[Start] = []
+    for i, m in enumerate(members):
+        job = m.job
+        request = replace(job.spec.request, id=job.id, share_owner=m.owner or job.spec.request.share_owner)
+        try:
+            decision = place(trial, request, config, rng)
+        except InvalidRequest as exc:
+            return [], f"gang: instance job {job.id}: {exc}", i + 1
+        if decision.allocation is None:
+            return (
+                [],
+                (
+                    f"gang: {i} of {len(members)} instances fit{beside} (the app asked for corral.gang: all start or "
+                    f"none); instance {i + 1}: {render(decision.explanation)}"
+                ),
+                i + 1,
+            )
+        trial.allocate(decision.allocation)
+        starts.append(Start(job.id, decision.allocation, decision.explanation.notes))
+    return starts, None, len(members)
 
 
 def clock_text(t: float) -> str:
@@ -169,6 +225,8 @@ def schedule(
     booked = False  # the head has been found (with a reservation or without one)
     generator = rng if rng is not None else np.random.default_rng(0)
     shape_failed = failed.get
+    groups: dict[str, list[_Entry]] | None = None  # gang groups' queued members, in queue order (made when needed)
+    groups_done: set[str] = set()
     for entry in entries:
         job = entry.job
         if max_starts is not None and len(starts) >= max_starts:
@@ -177,6 +235,38 @@ def schedule(
             continue
         if job.not_before > now:
             reasons[job.id] = f"retrying after back-off in {job.not_before - now:.0f} s"
+            continue
+        if entry.group:  # a gang group: decided as a whole at its first member in queue order (see _place_group)
+            if entry.group in groups_done:
+                continue  # its reason (or its start) was given with the group's first member
+            groups_done.add(entry.group)
+            if groups is None:
+                groups = _groups(entries)
+            members = groups[entry.group]
+            limit = job.spec.time_limit_s
+            end = now + (limit if limit is not None else default_time_limit_s)
+            outlives = booking is not None and end > booking.start
+            group_starts, why, tries = _place_group(
+                members, snapshot, booking if outlives else None, queues, config, generator
+            )
+            placements += tries
+            for m, start in zip(members, group_starts, strict=False):
+                snapshot.allocate(start.allocation)
+                if booking is not None:
+                    booking.took(start.allocation, outlives)
+                expected[start.job_id] = end
+                if queues is not None:
+                    queues.took(m)
+                starts.append(start)
+            if why is not None:
+                for m in members:
+                    reasons[m.job.id] = why
+                if not booked and entry.wants_gpu and tries:  # did not fit now: the group is the head
+                    booked = True
+                    request = replace(
+                        job.spec.request, id=job.id, share_owner=entry.owner or job.spec.request.share_owner
+                    )
+                    booking = book(snapshot, combined_request(request, len(members)), expected, config)
             continue
         if queues is not None:
             held_back = queues.gate(entry)

@@ -67,6 +67,10 @@ class InvalidTransition(InvalidRequest):
         self.current = current
 
 
+#: Most jobs one gang group may have (a Marathon app's instances launched as one gang).
+MAX_GANG_GROUP = 1000
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """What was submitted. Validated by `Request` for resources; the rest here."""
@@ -92,6 +96,10 @@ class JobSpec:
     gang: bool = False
     #: The queue it was submitted to ("" before queues existed, or from a face that names none: the default queue).
     queue: str = ""
+    #: A gang of jobs (a Marathon app's instances with the label corral.gang): the jobs that share this group start
+    #: together or none does (corral.daemon.scheduler), and only once all `gang_size` of them are queued.
+    gang_group: str = ""
+    gang_size: int = 0
 
     def __post_init__(self) -> None:
         if not self.command or not self.command[0]:
@@ -102,6 +110,10 @@ class JobSpec:
             raise InvalidRequest(
                 "instances", "several instances run as a gang (all or none): ask for gang too, or submit the job again"
             )
+        if self.gang_group and not 1 <= self.gang_size <= MAX_GANG_GROUP:
+            raise InvalidRequest("gang_size", f"a gang group has 1..{MAX_GANG_GROUP} jobs, got {self.gang_size}")
+        if self.gang_group and self.instances > 1:
+            raise InvalidRequest("gang_group", "a job of several instances is a gang already: it joins no group")
         if self.retries < 0 or self.retries > 100:
             raise InvalidRequest("retries", f"must be in 0..100, got {self.retries}")
         if self.time_limit_s is not None and not self.time_limit_s > 0:
@@ -219,6 +231,7 @@ def spec_to_json(s: JobSpec) -> str:
             **({} if s.preemptible else {"preemptible": False}),
             **({} if s.instances == 1 and not s.gang else {"instances": s.instances, "gang": s.gang}),
             **({"queue": s.queue} if s.queue else {}),  # absent when unset: specs stored before queues read the same
+            **({"gang_group": s.gang_group, "gang_size": s.gang_size} if s.gang_group else {}),
         },
         sort_keys=True,
     )
@@ -242,4 +255,6 @@ def spec_from_json(text: str) -> JobSpec:
         instances=int(d.get("instances", 1)),
         gang=bool(d.get("gang", False)),
         queue=d.get("queue", ""),
+        gang_group=d.get("gang_group", ""),
+        gang_size=int(d.get("gang_size", 0)),
     )

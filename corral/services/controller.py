@@ -57,6 +57,10 @@ log = logging.getLogger("corral.services")
 
 KIND = "marathon.app"
 UNHEALTHY = "unhealthy"
+#: The label by which an app asks for its instances as a gang (Marathon has no field for it; label values are strings).
+GANG_LABEL = "corral.gang"
+#: The start of the reason an instance is killed with when another of its gang ended (see `job_ended`).
+GANG_STOP = "gang: "
 ORIGIN = "marathon:"
 LIVE = (JobState.QUEUED, JobState.STARTING, JobState.RUNNING)
 #: The most instances one round launches, and kills, over all apps (see the module docstring).
@@ -105,6 +109,11 @@ def parse_origin(origin: str) -> tuple[str, str] | None:
 
 def iso(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{int(t * 1000) % 1000:03d}Z"
+
+
+def is_gang(app: App) -> bool:
+    """Whether the app asked for its instances as a gang (label corral.gang "true")."""
+    return app.model.labels.get(GANG_LABEL, "").lower() == "true"
 
 
 def instance_version(job: Job) -> str:
@@ -209,6 +218,11 @@ def prepare(raw: Any, daemon: Daemon, who: Owner) -> tuple[mr.MarathonApp, Servi
     for i, hc in enumerate(service.health_checks):
         if hc.protocol != "COMMAND" and hc.port is None and (hc.port_index or 0) >= port_count:
             problems.add(f"/healthChecks/{i}/portIndex", f"the app has {port_count} port(s): use a smaller portIndex")
+    gang = model.labels.get(GANG_LABEL)
+    if gang is not None and gang.lower() not in ("true", "false"):
+        problems.add(
+            f"/labels/{GANG_LABEL}", f'must be "true" or "false" (the app\'s instances as a gang), got {gang!r}'
+        )
     if model.require_ports and any(p.port == 0 for p in model.port_definitions):
         problems.add("/portDefinitions", "requirePorts needs a non-zero port in every port definition")
     runs_as = who
@@ -231,6 +245,14 @@ def prepare(raw: Any, daemon: Daemon, who: Owner) -> tuple[mr.MarathonApp, Servi
         raise ObjectNotValid([ErrorDetail("/", (exc.message,))]) from None
     if not decision.placed and all(decision.unresolvable(i) for i in range(len(empty))):
         raise ObjectNotValid([ErrorDetail("/", (f"can never run on this machine: {render(decision.explanation)}",))])
+    if model.labels.get(GANG_LABEL, "").lower() == "true":
+        # A gang that could not start even on the idle machine would wait for ever: refused, as a job's gang is.
+        for n in range(model.instances):
+            one = place(empty, replace(request, id=f"instance{n}"), daemon.config, 0)
+            if one.allocation is None:
+                why = f"a gang of {model.instances} can never start on this machine, even idle: only {n} fit"
+                raise ObjectNotValid([ErrorDetail("/instances", (f"{why}; {render(one.explanation)}",))])
+            empty.allocate(one.allocation)
     doc_app = {k: v for k, v in raw.items() if k not in READ_ONLY}
     doc_app["id"] = canonical(model.id)
     return model, service, doc_app, runs_as
@@ -439,7 +461,8 @@ class ServicesController:
         if scale and doomed:
             target = max(0, app.model.instances - len(doomed))
             app, _ = self.update(daemon, app.key, {"instances": target}, app.owner)
-        self._kill_all(daemon, app, doomed, "killed by request", app.service.kill_grace_s)
+        why = "killed by request and scaled down" if scale else "killed by request"
+        self._kill_all(daemon, app, doomed, why, app.service.kill_grace_s)
         return app
 
     def reset_delay(self, daemon: Daemon, app_id: str) -> App:
@@ -528,6 +551,9 @@ class ServicesController:
         return h is not None and all(s.healthy is True for s in h.states)
 
     def _reconcile(self, daemon: Daemon, app: App, jobs: list[Job], now: float, taken: set[int]) -> None:
+        gang = is_gang(app)
+        if gang and self._break_incomplete(daemon, app, jobs):
+            return  # the next round sees the instances it ended, and launches them again, together
         active = [j for j in jobs if j.reason != CANCELLING and j.id not in app.killing]
         current: list[Job] = []
         old: list[Job] = []
@@ -566,7 +592,9 @@ class ServicesController:
             # it has ended, as Marathon replaces a task once it is terminal.
             missing = target - len(current) - (len(jobs) - len(active))
         if missing <= 0:
-            app.waiting = ""
+            # A gang that waits for room: the scheduler's words for it (stored on its instances by the last round).
+            queued = (j.reason for j in jobs if gang and j.state is JobState.QUEUED and j.reason.startswith(GANG_STOP))
+            app.waiting = next(queued, "")
             return
         backoff = app.backoff()
         not_before = backoff.launch_not_before() if backoff.version in ("", app.config_version) else None
@@ -578,7 +606,9 @@ class ServicesController:
             return
         placed = [g.index for j in jobs for g in j.gpus]
         alive = len(jobs)
-        now_count = min(missing, self._launches_left)
+        # A gang's instances are submitted in one round, whatever the round's budget (the scheduler starts a group
+        # only once all of it is queued); the budget still counts them, so other apps wait for the next round.
+        now_count = missing if gang else min(missing, self._launches_left)
         if now_count < missing:
             app.waiting = (
                 f"{missing - now_count} instance(s) to launch in the next rounds (at most {LAUNCHES_PER_ROUND} a round)"
@@ -590,19 +620,28 @@ class ServicesController:
         first = int(app.state.get("next", 1))
         app.state["next"] = first + now_count
         self._save(daemon, app)
+        # A gang's instances are all made ready (constraints, ports) before the first is submitted: one held back
+        # holds back the whole gang, so a group is never left short of members.
+        gathered: list[tuple[JobSpec, list[int]]] = []
+        held = "gang of {n} held back (all or none): {why}" if gang else "instance held back: {why}"
         for number in range(first, first + now_count):
             admission = admit(app.service.constraints, daemon.node, app.service.request.gpu_count, alive, placed)
             if not admission.ok:
-                app.waiting = f"instance held back: {admission.reason}"
+                app.waiting = held.format(n=now_count, why=admission.reason)
                 return
             try:
                 fixed = [p.port for p in app.model.port_definitions] if app.model.require_ports else []
                 ports = self.ports.allocate(len(app.port_names), taken, fixed)
             except NoPorts as exc:
-                app.waiting = f"instance held back: {exc}"
+                app.waiting = held.format(n=now_count, why=exc)
                 return
             instance = f"{app.key.strip('/').replace('/', '_')}.{number}"
             spec = self._spec(daemon, app, instance, ports, admission.gpu_models, admission.min_gpu_memory_mib)
+            if gang:  # submitted below, all together
+                gathered.append((replace(spec, gang_group=f"{app.key}#{first}", gang_size=now_count), ports))
+                taken.update(ports)
+                alive += 1
+                continue
             self._launches_left -= 1
             try:
                 daemon.submit(spec)
@@ -611,8 +650,55 @@ class ServicesController:
                 return
             taken.update(ports)
             alive += 1
+        for spec, _ in gathered:
+            self._launches_left -= 1
+            try:
+                daemon.submit(spec)
+            except InvalidRequest as exc:  # the members submitted wait as an incomplete group: ended next round
+                app.waiting = f"instance refused: {exc.message}"
+                return
         if now_count == missing:
             app.waiting = ""
+
+    def _break_incomplete(self, daemon: Daemon, app: App, jobs: Sequence[Job]) -> bool:
+        """End the gang groups that can no longer start whole: one that lost a member before it started (scaled
+        down, killed, or partly refused at submission) would wait for ever, and so would one that started and has a
+        member back in the queue (preempted): its queued members are ended, and in the second case its started ones
+        are stopped too. The rounds then launch the missing instances as a new gang. True when some were ended."""
+        groups: dict[str, list[Job]] = {}
+        for j in jobs:
+            if j.spec.gang_group and j.id not in app.killing and j.reason != CANCELLING:
+                groups.setdefault(j.spec.gang_group, []).append(j)
+        doomed: list[Job] = []
+        for members in groups.values():
+            queued = [j for j in members if j.state is JobState.QUEUED]
+            if not queued:
+                continue
+            started = len(queued) < len(members)
+            if started:
+                doomed += members
+            elif len(members) < members[0].spec.gang_size:
+                doomed += queued
+        if doomed:
+            why = f"{GANG_STOP}its gang can no longer start whole (a member left or went back to the queue)"
+            self._kill_all(daemon, app, doomed, why, app.service.kill_grace_s)
+        return bool(doomed)
+
+    def _stop_gang(self, daemon: Daemon, app: App, ended: Job, status: str, task: str) -> None:
+        """One instance of a gang ended while the app still wanted it: the others of its gang are stopped, and the
+        rounds launch the whole gang again (all or nothing, as it started)."""
+        others = [
+            j
+            for j in self.live_jobs(daemon).get(app.key, [])
+            if j.spec.gang_group == ended.spec.gang_group
+            and j.id != ended.id
+            and j.reason != CANCELLING
+            and j.id not in app.killing
+        ]
+        if others:
+            why = f"{GANG_STOP}instance {task} of its gang ended ({status}): the gang restarts together"
+            log.info("app %s: %s; stopping %d other instance(s)", app.key, why, len(others))
+            self._kill_all(daemon, app, others, why, app.service.kill_grace_s)
 
     def _victims(self, app: App, jobs: Sequence[Job], count: int) -> list[Job]:
         """Instances not yet running go first (Marathon kills those before running ones), then by killSelection."""
@@ -726,6 +812,9 @@ class ServicesController:
                 "version": version,
             }
         self._save(daemon, app)
+        wanted = why is None or unhealthy or why == "killed by request"  # not scaled down, replaced or deleted
+        if is_gang(app) and job.spec.gang_group and wanted and version == app.config_version:
+            self._stop_gang(daemon, app, job, status, parsed[1])
 
     # -------------------------------------------------------------------------------------------- health
     def _schedule_checks(self, live: Mapping[str, list[Job]], now: float) -> None:

@@ -33,7 +33,7 @@ for _name in ("Iterable", "Mapping", "MutableMapping", "Sequence"):
     if not hasattr(collections, _name):
         setattr(collections, _name, getattr(collections.abc, _name))
 
-from marathon import MarathonClient, NotFoundError  # noqa: E402 - after the shim
+from marathon import MarathonClient, MarathonHttpError, NotFoundError  # noqa: E402 - after the shim
 from marathon.models.app import (  # noqa: E402
     MarathonApp,
     MarathonHealthCheck,
@@ -399,3 +399,25 @@ def test_every_endpoint_not_supported_says_so_in_marathons_shape(live: Live) -> 
                 body = got.json()
                 assert list(body) == ["message"] and "not supported by corral" in body["message"], (method, path)
                 assert body["message"].startswith(f"{method} {url.removeprefix('/marathon')}: ")
+
+
+def test_an_app_with_the_gang_label_starts_its_instances_together(client: Counted, live: Live) -> None:
+    """The label `corral.gang` (docs/preemption.md): the app's JSON shape is Marathon's, the label is echoed as given;
+    a gang that could never all run on the idle machine (2 GPUs here) is refused with Marathon's 422."""
+
+    def gang(n: int) -> MarathonApp:
+        return MarathonApp(
+            cmd="exec sleep 600", cpus=0.1, mem=32.0, gpus=1, instances=n, labels={"corral.gang": "true"}
+        )
+
+    created = client.create_app("/gang-pair", gang(2))
+    assert created.labels == {"corral.gang": "true"}
+    wait_for("both instances to run", lambda: len(running_ids(client, "/gang-pair")) == 2, timeout=30)
+    with live.http() as http:
+        ours = http.get("/marathon/v2/apps/gang-pair", params={"corral": "true"}).json()["app"]
+    gpus = [g["index"] for t in ours["tasks"] for g in t["corral"]["gpus"]]
+    assert sorted(gpus) == [0, 1]
+    client.delete_app("/gang-pair")
+    with Counted.error_expected(), pytest.raises(MarathonHttpError) as refused:
+        client.create_app("/gang-three", gang(3))
+    assert refused.value.status_code == 422 and "can never start" in json.dumps(refused.value.error_details)
