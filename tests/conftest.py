@@ -1,9 +1,14 @@
-"""Test-wide settings: in CI, hypothesis runs a fixed set of examples so a run is repeatable."""
+"""Test-wide settings: in CI, hypothesis runs a fixed set of examples so a run is repeatable; no test leaves a
+process running in its tmp_path."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+from collections.abc import Iterator
 
+import pytest
 from hypothesis import settings
 
 # dcos-metronome's generated protobuf code (tests/mesos/test_metronome_client.py) runs only on protobuf's pure-Python
@@ -13,3 +18,34 @@ os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
 settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
+
+
+def _strays(where: str) -> list[int]:
+    """Processes (not this one) whose command line or working directory lies under `where`."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                cmdline = f.read().decode(errors="replace")
+            cwd = os.readlink(f"/proc/{entry.name}/cwd")
+        except OSError:  # gone, or another user's
+            continue
+        if where in cmdline or cwd == where or cwd.startswith(where + "/"):
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.fixture(autouse=True)
+def _no_strays(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that starts real jobs and fails before its clean-up would leave them running for ever (a job that
+    ignores SIGTERM in a loop, say), eating the CPU of every later test and of the machine. After each test that
+    has a tmp_path, whatever still runs in it or names it is killed."""
+    where = str(request.getfixturevalue("tmp_path")) if "tmp_path" in request.fixturenames else None
+    yield
+    if where is None:
+        return
+    for pid in _strays(where):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
