@@ -40,7 +40,7 @@ from corral.model.resources import MILLI_PER_GPU, Allocation, Node, Request
 from corral.model.snapshot import ClusterSnapshot
 from corral.placement import PlacementConfig, Reason, place
 from corral.placement.engine import validate_against
-from corral.placement.filters import static_bits, static_gpu_mask
+from corral.placement.filters import fits_node_now
 from corral.placement.reasons import UNRESOLVABLE_BITS
 from corral.sim.openb import TracePod
 
@@ -222,21 +222,7 @@ class _Replay:
 
     def fits_node(self, request: Request, node: int) -> bool:
         """Whether `request` fits `node` as it is now, scarce-GPU behaviour aside (the engine's filters, one node)."""
-        sn = self.snapshot
-        if static_bits(sn, request)[node]:
-            return False
-        if request.cpu_milli > sn.cpu_free[node] or request.memory_mib > sn.mem_free[node]:
-            return False
-        if not request.wants_gpu:
-            return True
-        fit = static_gpu_mask(sn, request)[node]
-        if request.whole_gpus:
-            fit = fit & (sn.gpu_milli_free[node] == MILLI_PER_GPU) & (sn.gpu_mem_free[node] == sn.gpu_mem_cap[node])
-        else:
-            fit = (
-                fit & (sn.gpu_milli_free[node] >= request.gpu_milli) & (sn.gpu_mem_free[node] >= request.gpu_memory_mib)
-            )
-        return int(np.count_nonzero(fit)) >= request.gpu_count
+        return fits_node_now(self.snapshot, request, node)
 
     def attempt(self, k: int, now: int) -> tuple[bool, bool, bool]:
         """Try to start pod k now: (placed, unresolvable on every node, failure may clear as resources shrink)."""

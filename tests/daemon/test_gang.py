@@ -27,6 +27,7 @@ from corral.store import MemoryStore, SqliteStore
 from corral.store.base import Store
 from tests.api.test_api import ALICE, AsPeer
 from tests.builders import cluster, node
+from tests.daemon.test_preemption import wait_for
 
 CONFIG = PlacementConfig(gpu_behavior=GpuBehavior.UNRESTRICTED)
 
@@ -86,13 +87,7 @@ def sh(tmp_path: Path, script: str, instances: int = 1, gpus: int = 1, retries: 
 
 
 def until(d: Daemon, what: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        d.tick()
-        if what():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out: {[(j.id, j.state.value, j.reason) for j in d.store.list()]}")
+    wait_for(what, d, timeout)
 
 
 def test_three_instances_on_four_gpus_all_start_each_with_its_own_gpu(

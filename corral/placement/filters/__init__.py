@@ -58,6 +58,31 @@ def static_gpu_mask(snapshot: ClusterSnapshot, request: Request) -> BoolArray:
     return snapshot.gpu_static_mask(request.gpu_models, max(request.min_gpu_memory_mib, request.gpu_memory_mib))
 
 
+def fits_node_now(snapshot: ClusterSnapshot, request: Request, node: int) -> bool:
+    """Whether `request` fits `node` as it is now: the engine's filters on one node, scarce-GPU behaviour aside. A
+    cheap necessary test the simulators run before a placement that could only fail."""
+    if static_bits(snapshot, request)[node]:
+        return False
+    if request.cpu_milli > snapshot.cpu_free[node] or request.memory_mib > snapshot.mem_free[node]:
+        return False
+    if not request.wants_gpu:
+        return True
+    fit = static_gpu_mask(snapshot, request)[node]
+    if request.whole_gpus:
+        fit = (
+            fit
+            & (snapshot.gpu_milli_free[node] == MILLI_PER_GPU)
+            & (snapshot.gpu_mem_free[node] == snapshot.gpu_mem_cap[node])
+        )
+    else:
+        fit = (
+            fit
+            & (snapshot.gpu_milli_free[node] >= request.gpu_milli)
+            & (snapshot.gpu_mem_free[node] >= request.gpu_memory_mib)
+        )
+    return int(np.count_nonzero(fit)) >= request.gpu_count
+
+
 def static_bits(snapshot: ClusterSnapshot, request: Request) -> IntArray:
     """Reasons that depend only on what nodes are, not on what they hold: cached per request shape."""
     k = request.gpu_count

@@ -40,7 +40,7 @@ from corral.model.resources import MILLI_PER_GPU, Allocation, Node, Request
 from corral.model.snapshot import ClusterSnapshot
 from corral.placement import PlacementConfig, place
 from corral.placement.engine import validate_against
-from corral.placement.filters import static_bits, static_gpu_mask
+from corral.placement.filters import fits_node_now
 from corral.queue.fairshare import (
     Offer,
     UsageLedger,
@@ -103,22 +103,6 @@ class FairResult:
     @property
     def capacity_milli(self) -> int:
         return int(self.capacity[0])
-
-
-def _fits_node(sn: ClusterSnapshot, request: Request, node: int) -> bool:
-    """Whether `request` fits `node` as it is now (the engine's filters on one node, scarce-GPU behaviour aside)."""
-    if static_bits(sn, request)[node]:
-        return False
-    if request.cpu_milli > sn.cpu_free[node] or request.memory_mib > sn.mem_free[node]:
-        return False
-    if not request.wants_gpu:
-        return True
-    fit = static_gpu_mask(sn, request)[node]
-    if request.whole_gpus:
-        fit = fit & (sn.gpu_milli_free[node] == MILLI_PER_GPU) & (sn.gpu_mem_free[node] == sn.gpu_mem_cap[node])
-    else:
-        fit = fit & (sn.gpu_milli_free[node] >= request.gpu_milli) & (sn.gpu_mem_free[node] >= request.gpu_memory_mib)
-    return int(np.count_nonzero(fit)) >= request.gpu_count
 
 
 def book_fast(
@@ -470,15 +454,15 @@ class _Sim:
             for j in sorted(by_node[i], key=cost):  # cheapest first, until it fits
                 work.release(self.jobs[j].id)
                 chosen.append(j)
-                if _fits_node(work, request, i):
+                if fits_node_now(work, request, i):
                     break
-            if not _fits_node(work, request, i):
+            if not fits_node_now(work, request, i):
                 for j in chosen:
                     work.allocate(self.allocs[j])
                 continue
             for j in sorted(chosen, key=cost, reverse=True):  # drop any the job does not need after all
                 work.allocate(self.allocs[j])
-                if _fits_node(work, request, i):
+                if fits_node_now(work, request, i):
                     chosen.remove(j)
                 else:
                     work.release(self.jobs[j].id)
