@@ -147,4 +147,5 @@ class FgdScarcity(FragmentationScored):
             lambda idx: self._compute(ctx, idx, weights),
             extra_key=ctx.workload.key,
             generation=tuple(weights.tolist()),
+            by_state=True,
         )
