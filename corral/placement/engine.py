@@ -207,9 +207,15 @@ def _counts_primary(bits: IntArray) -> tuple[tuple[Reason, int], ...]:
     return tuple(sorted(pairs, key=lambda p: (-p[1], p[0].value)))
 
 
+#: Bit position of each reason, in ORDER (the enum's `bit` property costs more than the count it feeds).
+_POSITIONS = np.array([r.value for r in ORDER], dtype=np.int64)
+
+
 def _counts_any(bits: IntArray) -> tuple[tuple[Reason, int], ...]:
-    pairs = [(r, int(np.count_nonzero(bits & r.bit))) for r in ORDER]
-    return tuple((r, n) for r, n in pairs if n)
+    # Only rejected nodes have bits; one pass over them for every reason at once.
+    rejected = bits[bits != 0]
+    counts = ((rejected[:, None] >> _POSITIONS[None, :]) & 1).sum(axis=0).tolist()
+    return tuple((r, n) for r, n in zip(ORDER, counts, strict=True) if n)
 
 
 def _shortfalls(snapshot: ClusterSnapshot, request: Request, fit: FitResult) -> tuple[Shortfall, ...]:
