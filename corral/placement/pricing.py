@@ -34,7 +34,7 @@ probabilities, so it is computed once per workload.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
@@ -56,6 +56,8 @@ class SharePrices:
     sizes: tuple[int, ...]  # the workload's share sizes (milli), descending
     value: tuple[float, ...]  # effective size of each, same order
     room: FloatArray  # room[u] = R(u)
+    #: Derived lookup tables, kept with the prices (fgd-priced's keys per share size: `scores.fgd_priced`).
+    tables: dict[tuple[int, bool], FloatArray] = field(default_factory=dict, compare=False, repr=False)
 
     def size_value(self, milli: int) -> float:
         for s, v in zip(self.sizes, self.value, strict=True):

@@ -66,13 +66,14 @@ def _gang_table(snapshot: ClusterSnapshot, workload: TargetWorkload) -> _Gang:
         )
         snapshot.memo[key] = table
     stale = np.flatnonzero(table.versions != snapshot.version)
-    if len(stale) and table.types:
-        room = ((snapshot.gpu_milli_free[stale][None] >= table.milli) & table.masks[:, stale]).sum(axis=2)
-        hosts = (snapshot.cpu_free[stale][None] >= table.cpu) & (room >= table.count)
-        table.counts[:] += hosts.sum(axis=1) - table.hosts[:, stale].sum(axis=1)
-        table.room[:, stale] = room
-        table.hosts[:, stale] = hosts
-    table.versions[stale] = snapshot.version[stale]
+    if len(stale):
+        if table.types:
+            room = ((snapshot.gpu_milli_free[stale][None] >= table.milli) & table.masks[:, stale]).sum(axis=2)
+            hosts = (snapshot.cpu_free[stale][None] >= table.cpu) & (room >= table.count)
+            table.counts[:] += hosts.sum(axis=1) - table.hosts[:, stale].sum(axis=1)
+            table.room[:, stale] = room
+            table.hosts[:, stale] = hosts
+        table.versions[stale] = snapshot.version[stale]
     return table
 
 
@@ -100,6 +101,7 @@ def kept_hosts(
     if not gang:
         return keep
     h = horizon(snapshot, workload, cpu)
+    after_cpu: IntArray | None = None
     for i, probability in gang:
         reserve = math.ceil(h * probability - 1e-9)
         count = int(table.counts[i])
@@ -107,7 +109,8 @@ def kept_hosts(
             continue
         t = table.types[i]
         # Would the request leave the host unable to take one pod of t? (It takes its GPUs from those with room.)
-        after_cpu = snapshot.cpu_free[nodes] - request.cpu_milli
+        if after_cpu is None:
+            after_cpu = snapshot.cpu_free[nodes] - request.cpu_milli
         after_room = table.room[i, nodes] - request.gpu_count
         keep |= table.hosts[i, nodes] & ((after_cpu < t.cpu_milli) | (after_room < t.gpu_count))
     return keep

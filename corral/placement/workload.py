@@ -167,6 +167,11 @@ class _Compiled:
     prob: FloatArray
     cpu_only: BoolArray
     access: BoolArray  # types x nodes x GPUs: GPUs of an allowed model (every present GPU for types without models)
+    # Derived per type, for `fill.type_fill` (computed there on every call before).
+    share: BoolArray  # a share of one GPU (one GPU, under 1000 milli)
+    milli_div: IntArray  # max(milli, 1)
+    count_div: IntArray  # max(count, 1)
+    cpu_div: IntArray  # max(cpu, 1)
 
 
 def compile_workload(snapshot: ClusterSnapshot, workload: TargetWorkload) -> _Compiled:
@@ -179,13 +184,20 @@ def compile_workload(snapshot: ClusterSnapshot, workload: TargetWorkload) -> _Co
                 for t in workload.types
             ]
         )
+        cpu = np.array([t.cpu_milli for t in workload.types], dtype=np.int64)
+        milli = np.array([t.gpu_milli for t in workload.types], dtype=np.int64)
+        count = np.array([t.gpu_count for t in workload.types], dtype=np.int64)
         compiled = _Compiled(
-            cpu=np.array([t.cpu_milli for t in workload.types], dtype=np.int64),
-            milli=np.array([t.gpu_milli for t in workload.types], dtype=np.int64),
-            count=np.array([t.gpu_count for t in workload.types], dtype=np.int64),
+            cpu=cpu,
+            milli=milli,
+            count=count,
             prob=np.array([t.probability for t in workload.types], dtype=np.float64),
             cpu_only=np.array([t.gpu_count == 0 for t in workload.types], dtype=np.bool_),
             access=access,
+            share=(count == 1) & (milli < MILLI_PER_GPU),
+            milli_div=np.maximum(milli, 1),
+            count_div=np.maximum(count, 1),
+            cpu_div=np.maximum(cpu, 1),
         )
         snapshot.memo[key] = compiled
     return compiled

@@ -32,7 +32,7 @@ import numpy as np
 from corral.model.arrays import FloatArray, IntArray
 from corral.model.resources import MILLI_PER_GPU
 from corral.placement.context import Context
-from corral.placement.pricing import share_prices
+from corral.placement.pricing import SharePrices, share_prices
 from corral.placement.reserve import kept_hosts
 from corral.placement.scores.fgd_scarcity import FgdScarcity
 
@@ -79,9 +79,30 @@ class FgdPriced(FgdScarcity):
         if prices is None:
             return per_gpu
         free = ctx.snapshot.gpu_milli_free[nodes]
-        lost = np.rint(np.minimum(prices.loss(free, ctx.request.gpu_milli), MILLI_PER_GPU))
-        key = MILLI_PER_GPU - lost
-        if self.tightest:
-            key = key * (MILLI_PER_GPU + 1) + (MILLI_PER_GPU - np.clip(free, 0, MILLI_PER_GPU))
-        out: FloatArray = key * STRIDE + per_gpu
+        if free.size and (free.min() < -1 or free.max() > MILLI_PER_GPU):  # not a snapshot's state: compute it
+            out: FloatArray = _keys(prices, free, ctx.request.gpu_milli, self.tightest) * STRIDE + per_gpu
+            return out
+        # Keys 1-2 depend only on the GPU's free milli (-1 absent, 0..1000): looked up, the same floats as computed.
+        table = _key_table(prices, ctx.request.gpu_milli, self.tightest)
+        out = table[free + 1] * STRIDE + per_gpu
         return out
+
+
+def _keys(prices: SharePrices, free: IntArray, milli: int, tightest: bool) -> FloatArray:
+    """Keys 1-2 (module docstring) of a share of `milli` on GPUs with `free` milli free."""
+    lost = np.rint(np.minimum(prices.loss(free, milli), MILLI_PER_GPU))
+    key: FloatArray = MILLI_PER_GPU - lost
+    if tightest:
+        key = key * (MILLI_PER_GPU + 1) + (MILLI_PER_GPU - np.clip(free, 0, MILLI_PER_GPU))
+    return key
+
+
+def _key_table(prices: SharePrices, milli: int, tightest: bool) -> FloatArray:
+    """`_keys` for every free milli from -1 (no GPU) to 1000, at index free + 1 (elementwise maths: each entry is
+    exactly the float `_keys` gives for that free milli); kept with the prices, per share size."""
+    table = prices.tables.get((milli, tightest))
+    if table is None:
+        table = _keys(prices, np.arange(-1, MILLI_PER_GPU + 1, dtype=np.int64), milli, tightest)
+        table.setflags(write=False)
+        prices.tables[(milli, tightest)] = table
+    return table

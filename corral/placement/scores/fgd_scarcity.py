@@ -65,11 +65,19 @@ class FgdScarcity(FragmentationScored):
     weighted = True  # weight the GPU pods' fill gain by scarcity (False: every type counts fully)
     model_guard = True  # the model level comes first for GPU pods
 
+    _weights_of: tuple[Context, FloatArray] | None = None  # the last decision's weights (an object per decision)
+
     def _weights(self, ctx: Context) -> FloatArray:
+        # `score` and then `choose_gpus` ask within one decision, on the same unchanged snapshot: computed once.
+        if self._weights_of is not None and self._weights_of[0] is ctx:
+            return self._weights_of[1]
         n_types = len(ctx.workload.types)
         if ctx.request.wants_gpu and self.gpu_pods and self.weighted:
-            return scarcity_weights(ctx.snapshot, ctx.workload)
-        return np.ones(n_types, dtype=np.float64)
+            weights = scarcity_weights(ctx.snapshot, ctx.workload)
+        else:
+            weights = np.ones(n_types, dtype=np.float64)
+        self._weights_of = (ctx, weights)
+        return weights
 
     def _parts(self, ctx: Context, nodes: IntArray) -> tuple[FloatArray, npt.NDArray[np.int32]]:
         """FGD's points and, per target type, the unfilled milli the pod removes (before - after), for `nodes`.
@@ -147,4 +155,5 @@ class FgdScarcity(FragmentationScored):
             lambda idx: self._compute(ctx, idx, weights),
             extra_key=ctx.workload.key,
             generation=tuple(weights.tolist()),
+            by_state=True,
         )
