@@ -15,8 +15,8 @@ import statistics
 import time
 from dataclasses import replace
 
-from corral.daemon.preemption import choose, request_of
-from corral.daemon.scheduler import schedule
+from corral.daemon.preemption import choose
+from corral.daemon.scheduler import request_of, schedule
 from corral.jobs.model import Job, JobSpec, JobState
 from corral.model.resources import GpuBehavior, Request
 from corral.model.snapshot import ClusterSnapshot

@@ -43,7 +43,7 @@ from corral.daemon import gang, preemption
 from corral.daemon.preemption import PREEMPTING, Rules
 from corral.daemon.queues import NOT_PREEMPTIBLE, Queues
 from corral.daemon.reservation import DEFAULT_TIME_LIMIT_S, Reservation, expected_end
-from corral.daemon.scheduler import Plan, ShapeCache, schedule
+from corral.daemon.scheduler import Plan, ShapeCache, request_of, schedule
 from corral.executor.base import Executor, Exit, Found, Handle, LaunchSpec
 from corral.gpu.discovery import GpuDiscoveryError
 from corral.gpu.metrics import GpuSampler, GpuUse, ProcessInfo, attribute, read_process
@@ -348,7 +348,7 @@ class Daemon:
         ):
             return
         running = [j for j in holding if j.state is JobState.RUNNING and j.id not in self._exits]
-        request = preemption.request_of(head, owner(head) if owner is not None else "")
+        request = request_of(head, owner(head) if owner is not None else "")
         choice = preemption.choose(snapshot, head, request, running, self.config, now, self.rules)
         if choice is None:
             return

@@ -23,7 +23,7 @@ priority may preempt preemptible jobs of lower priority, and that is all.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from itertools import combinations
 
 import numpy as np
@@ -199,8 +199,3 @@ def words(preemptor: Job, victim: Victim, now: float) -> str:
     )
     who = f"job {preemptor.id} (user {p.user}, priority {p.request.priority})"
     return f"preempted by {who} at {clock_text(now)}: {rule}"
-
-
-def request_of(job: Job, owner: str = "") -> Request:
-    """The placement request of a waiting job, as the scheduler builds it (its id the job's)."""
-    return replace(job.spec.request, id=job.id, share_owner=owner or job.spec.request.share_owner)

@@ -156,9 +156,8 @@ def _place_group(
     starts: list[Start] = []
     for i, m in enumerate(members):
         job = m.job
-        request = replace(job.spec.request, id=job.id, share_owner=m.owner or job.spec.request.share_owner)
         try:
-            decision = place(trial, request, config, rng)
+            decision = place(trial, request_of(job, m.owner), config, rng)
         except InvalidRequest as exc:
             return [], f"gang: instance job {job.id}: {exc}", i + 1
         if decision.allocation is None:
@@ -173,6 +172,11 @@ def _place_group(
         trial.allocate(decision.allocation)
         starts.append(Start(job.id, decision.allocation, decision.explanation.notes))
     return starts, None, len(members)
+
+
+def request_of(job: Job, owner: str = "") -> Request:
+    """The placement request of a waiting job: its id the job's, its share tied to `owner` (its MPS owner) if given."""
+    return replace(job.spec.request, id=job.id, share_owner=owner or job.spec.request.share_owner)
 
 
 def clock_text(t: float) -> str:
@@ -227,6 +231,21 @@ def schedule(
     shape_failed = failed.get
     groups: dict[str, list[_Entry]] | None = None  # gang groups' queued members, in queue order (made when needed)
     groups_done: set[str] = set()
+
+    def planned_end(job: Job) -> float:
+        limit = job.spec.time_limit_s
+        return now + (limit if limit is not None else default_time_limit_s)
+
+    def take(entry: _Entry, start: Start, end: float, outlives: bool) -> None:
+        """A start decided: granted in `snapshot` (and beside the reservation), expected to end at `end`."""
+        snapshot.allocate(start.allocation)
+        if booking is not None:
+            booking.took(start.allocation, outlives)
+        expected[start.job_id] = end
+        if queues is not None:
+            queues.took(entry)
+        starts.append(start)
+
     for entry in entries:
         job = entry.job
         if max_starts is not None and len(starts) >= max_starts:
@@ -243,30 +262,22 @@ def schedule(
             if groups is None:
                 groups = _groups(entries)
             members = groups[entry.group]
-            limit = job.spec.time_limit_s
-            end = now + (limit if limit is not None else default_time_limit_s)
+            end = planned_end(job)
             outlives = booking is not None and end > booking.start
             group_starts, why, tries = _place_group(
                 members, snapshot, booking if outlives else None, queues, config, generator
             )
             placements += tries
             for m, start in zip(members, group_starts, strict=False):
-                snapshot.allocate(start.allocation)
-                if booking is not None:
-                    booking.took(start.allocation, outlives)
-                expected[start.job_id] = end
-                if queues is not None:
-                    queues.took(m)
-                starts.append(start)
+                take(m, start, end, outlives)
             if why is not None:
                 for m in members:
                     reasons[m.job.id] = why
                 if not booked and entry.wants_gpu and tries:  # did not fit now: the group is the head
                     booked = True
-                    request = replace(
-                        job.spec.request, id=job.id, share_owner=entry.owner or job.spec.request.share_owner
+                    booking = book(
+                        snapshot, combined_request(request_of(job, entry.owner), len(members)), expected, config
                     )
-                    booking = book(snapshot, combined_request(request, len(members)), expected, config)
             continue
         if queues is not None:
             held_back = queues.gate(entry)
@@ -279,15 +290,14 @@ def schedule(
             if same[1]:
                 unresolvable.add(job.id)
             continue
-        limit = job.spec.time_limit_s
-        end = now + (limit if limit is not None else default_time_limit_s)
+        end = planned_end(job)
         outlives = booking is not None and end > booking.start
         if outlives:
             held = delays.get(entry.shape)
             if held is not None:
                 reasons[job.id] = held
                 continue
-        request = replace(job.spec.request, id=job.id, share_owner=entry.owner or job.spec.request.share_owner)
+        request = request_of(job, entry.owner)
         placements += 1
         try:
             decision = _place(snapshot, request, job.spec.instances, config, generator)
@@ -314,13 +324,7 @@ def schedule(
                 reasons[job.id] = delays[entry.shape]
                 continue
         if decision.allocation is not None:
-            snapshot.allocate(decision.allocation)
-            if booking is not None:
-                booking.took(decision.allocation, outlives)
-            expected[job.id] = end
-            if queues is not None:
-                queues.took(entry)
-            starts.append(Start(job.id, decision.allocation, decision.explanation.notes))
+            take(entry, Start(job.id, decision.allocation, decision.explanation.notes), end, outlives)
             continue
         text = decision.reason() if isinstance(decision, GangDecision) else render(decision.explanation)
         never = all(decision.unresolvable(i) for i in range(len(snapshot)))

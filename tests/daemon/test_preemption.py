@@ -24,8 +24,8 @@ from corral.cli.client import submit_cmd
 from corral.cli.main import app as corral_cli
 from corral.cli.views import explain_text, show_lines
 from corral.daemon.core import Daemon
-from corral.daemon.preemption import PREEMPTING, Rules, choose, request_of
-from corral.daemon.scheduler import clock_text, schedule
+from corral.daemon.preemption import PREEMPTING, Rules, choose
+from corral.daemon.scheduler import clock_text, request_of, schedule
 from corral.executor.fake import FakeExecutor
 from corral.executor.local import LocalExecutor
 from corral.gpu.simulated import parse_simulated_inventory
