@@ -184,9 +184,8 @@ class Daemon:
         self._noted: set[str] = set()  # placement notes logged once (the same note comes for every such job)
         #: Preemption (corral.daemon.preemption): SIGTERM, this grace, SIGKILL; who may preempt whom.
         self.preempt_grace_s = preempt_grace_s
-        #: Who may preempt whom: given (tests), else the queues' (`Queues.preemption_rules`), fixed each round.
+        #: Who may preempt whom: given, else the queues' (`Queues.preemption_rules`, taken each round).
         self.preemption_rules = preemption_rules
-        self.rules = preemption_rules or Rules()
         #: Victims signalled and not yet exited: victim id -> (preemptor id, kill deadline). One preemption at a time.
         self._preempting: dict[str, tuple[str, float]] = {}
         #: Queues, limits and fair share (corral.daemon.queues); one queue without limits when no file is given.
@@ -278,7 +277,7 @@ class Daemon:
         # The queues' holdings first: the preemption rules read them (a not-preemptible job starts only within its
         # queue's guarantee).
         queues = self.queues.round(waiting, holding, snapshot, now, self.default_time_limit_s)
-        rules = self.rules = self.preemption_rules or self.queues.preemption_rules()
+        rules = self.preemption_rules or self.queues.preemption_rules()
         # (without a `may_borrow` rule, a long queue is not walked for it)
         held = (
             [] if rules.borrows_freely else [j for j in waiting if not j.spec.preemptible and not rules.may_borrow(j)]
@@ -291,7 +290,7 @@ class Daemon:
         for j in held:
             plan.waiting[j.id] = NOT_PREEMPTIBLE
         if not self._preempting and len(plan.starts) < STARTS_PER_ROUND:
-            self._preempt(plan, holding, snapshot, now, owner)
+            self._preempt(plan, holding, snapshot, now, owner, rules)
         self._say_preempting(plan)
         self.reservation, self.queue_order = plan.reservation, plan.order
         self.metrics.round(self.config.policy, placed=len(plan.starts), unplaced=plan.unplaced)
@@ -330,6 +329,7 @@ class Daemon:
         snapshot: ClusterSnapshot,
         now: float,
         owner: Callable[[Job], str] | None,
+        rules: Rules,
     ) -> None:
         """The first job in queue order that waits may preempt running jobs (corral.daemon.preemption): each victim's
         reason and preemption record are stored, then it gets SIGTERM (the executor sends SIGKILL after the grace).
@@ -344,12 +344,12 @@ class Daemon:
             or head.id in plan.unresolvable
             or head.id not in plan.waiting
             or head.spec.gang_group  # one member's room is not the group's: a gang group does not preempt (yet)
-            or not (head.spec.preemptible or self.rules.may_borrow(head))  # held back: may not start
+            or not (head.spec.preemptible or rules.may_borrow(head))  # held back: may not start
         ):
             return
         running = [j for j in holding if j.state is JobState.RUNNING and j.id not in self._exits]
         request = request_of(head, owner(head) if owner is not None else "")
-        choice = preemption.choose(snapshot, head, request, running, self.config, now, self.rules)
+        choice = preemption.choose(snapshot, head, request, running, self.config, now, rules)
         if choice is None:
             return
         for victim in choice.victims:
