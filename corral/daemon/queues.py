@@ -38,6 +38,7 @@ from corral.model.resources import Node
 from corral.model.snapshot import ClusterSnapshot
 from corral.queue.config import (
     DEFAULT_QUEUE,
+    Amounts,
     QueueConfigError,
     QueuesConfig,
     Vector,
@@ -85,6 +86,16 @@ class Forbidden(InvalidRequest):
 
 #: Why a job that may not be preempted waits (docs/preemption.md): it may not borrow.
 NOT_PREEMPTIBLE = "not preemptible: it starts only within its queue's guarantee"
+
+
+def over_guarantee(used: Vector, want: Vector, guarantee: Amounts) -> int | None:
+    """The first dimension in which `used + want` goes over `guarantee`, or None: within it. As `quota.measure` counts
+    borrowing, only the dimensions a queue is guaranteed count, and a queue guaranteed nothing has no room at all
+    (then: the first dimension `want` asks for)."""
+    bound = guarantee.values()
+    if all(b is None or b == 0 for b in bound):
+        return next((i for i, w in enumerate(want) if w), 0)
+    return next((i for i, b in enumerate(bound) if b is not None and used[i] + want[i] > b), None)
 
 
 @dataclass(frozen=True)
@@ -242,19 +253,11 @@ class Queues:
                     f"{amount_text(i, cap.vector()[i])}: it could never start",
                 )
         if not spec.preemptible and self.active:
-            # As in `measure`: only the dimensions a queue is guaranteed count; one guaranteed nothing has no room.
-            guaranteed = queue.guarantee.values()
-            total = tuple(x * (spec.instances if spec.gang else 1) for x in want)
-            nothing = all(b is None or b == 0 for b in guaranteed)
-            i = (
-                next((i for i, w in enumerate(total) if w), 0)
-                if nothing
-                else next(
-                    (i for i, (w, b) in enumerate(zip(total, guaranteed, strict=True)) if b is not None and w > b), None
-                )
-            )
+            total = self._whole_demand(spec)
+            i = over_guarantee(ZERO, total, queue.guarantee)
             if i is not None:
-                has = "guarantees none" if nothing else f"guarantees {amount_text(i, guaranteed[i] or 0)}"
+                guaranteed = queue.guarantee.values()
+                has = f"guarantees {amount_text(i, guaranteed[i] or 0)}" if any(guaranteed) else "guarantees none"
                 raise InvalidRequest(
                     "preemptible",
                     f"a job that may not be preempted starts only within its queue's guarantee, and queue {name!r} "
@@ -292,14 +295,13 @@ class Queues:
         spec = self.config.queues.get(q)
         if spec is None:
             return False
-        want = demand(job.spec.request, self._whole_mem)
-        if job.spec.gang:
-            want = tuple(x * job.spec.instances for x in want)  # type: ignore[assignment]
-        used = self.usage.queue.get(q, ZERO)
-        bound = spec.guarantee.values()
-        if all(b is None or b == 0 for b in bound):
-            return False
-        return all(b is None or used[i] + w <= b for i, (w, b) in enumerate(zip(want, bound, strict=True)))
+        return over_guarantee(self.usage.queue.get(q, ZERO), self._whole_demand(job.spec), spec.guarantee) is None
+
+    def _whole_demand(self, spec: JobSpec) -> Vector:
+        """What a job asks for in all: a gang's N instances count N times."""
+        want = demand(spec.request, self._whole_mem)
+        n = spec.instances if spec.gang else 1
+        return (want[0] * n, want[1] * n, want[2] * n, want[3] * n, want[4] * n)
 
     # ---------------------------------------------------------------------------------------------- usage
     def held_vector(self, job: Job) -> np.ndarray:
