@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-import corral.cli.sim as sim_cli
 from corral.cli.main import app
 from corral.daemon.reservation import book
 from corral.model.resources import GpuBehavior, Node, Request
@@ -29,6 +28,7 @@ from corral.sim.fair.report import write_report
 from corral.sim.fair.workload import FairJob, make_jobs, offered_load
 from corral.sim.openb import TracePod
 from tests.builders import cpu_only, gpus, node
+from tests.sim.test_online_outputs import forbid_work
 from tests.sim.test_report import assert_self_contained, parse_page
 
 CONFIG = PlacementConfig(policy="binpack", gpu_behavior=GpuBehavior.UNRESTRICTED)
@@ -359,11 +359,7 @@ def test_cli_writes_the_report(trace: tuple[Path, Path], tmp_path: Path) -> None
 def test_invalid_fair_options_fail_before_any_work(
     trace: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], message: str
 ) -> None:
-    def no_work(*_: object) -> Any:
-        raise AssertionError("work started before the options were checked")
-
-    monkeypatch.setattr(sim_cli, "progress_bar", no_work)
-    monkeypatch.setattr(sim_cli, "load_inputs", no_work)
+    forbid_work(monkeypatch, "progress_bar", "load_inputs")
     nodes, pods = trace
     a_file = tmp_path / "a-file"
     a_file.write_text("x")

@@ -50,6 +50,17 @@ def trace(tmp_path: Path) -> tuple[Path, Path]:
     return nodes, pods
 
 
+def forbid_work(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
+    """Make `corral sim`'s named steps (e.g. its progress bar, its trace loading) fail the test if they run: an
+    invalid option must be refused before any work."""
+
+    def no_work(*_: object) -> Any:
+        raise AssertionError("work started before the options were checked")
+
+    for name in names:
+        monkeypatch.setattr(sim_cli, name, no_work)
+
+
 def sim(*args: str) -> tuple[int, str]:
     result = runner.invoke(app, ["sim", *args])
     return result.exit_code, " ".join(result.output.split())
@@ -162,11 +173,7 @@ def test_online_events_of_a_small_replay() -> None:
 def test_invalid_run_options_fail_before_any_work(
     trace: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], message: str
 ) -> None:
-    def no_work(*_: object) -> Any:
-        raise AssertionError("work started before the options were checked")
-
-    monkeypatch.setattr(sim_cli, "progress_bar", no_work)
-    monkeypatch.setattr(sim_cli, "load_inputs", no_work)
+    forbid_work(monkeypatch, "progress_bar", "load_inputs")
     nodes, pods = trace
     out = tmp_path / "o"
     a_file = tmp_path / "a-file"
@@ -188,10 +195,7 @@ def test_invalid_run_options_fail_before_any_work(
 def test_invalid_matrix_options_fail_before_any_work(
     trace: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], message: str
 ) -> None:
-    def no_work(*_: object) -> Any:
-        raise AssertionError("work started before the options were checked")
-
-    monkeypatch.setattr(sim_cli, "progress_bar", no_work)
+    forbid_work(monkeypatch, "progress_bar")
     nodes, pods = trace
     code, text = sim("matrix", "--nodes", str(nodes), "--pods", str(pods), "--out", str(tmp_path / "m"), *args)
     assert code == 2 and message in text, text
