@@ -18,7 +18,6 @@ worthless once the daemon restarts, the session expires, or the token is revoked
 
 from __future__ import annotations
 
-import hashlib
 import secrets
 import threading
 import time
@@ -26,7 +25,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from corral.daemon.tokens import Token, TokenStore
+from corral.daemon.tokens import Token, TokenStore, digest
 
 COOKIE = "corral_ui"
 CHECK_HEADER = b"x-corral-session"
@@ -49,9 +48,9 @@ class Session:
     expires: float
 
 
-def _key(session_id: str) -> str:
-    # Only a digest is kept, so a memory dump of the daemon does not hand out live cookies.
-    return hashlib.sha256(session_id.encode()).hexdigest()
+# Only digests of session ids and checks are kept (tokens.digest, as for tokens), so a memory dump of the daemon does
+# not hand out live cookies.
+_key = digest
 
 
 def cookie_value(headers: Iterable[tuple[bytes, bytes]], name: str = COOKIE) -> str | None:
