@@ -123,13 +123,6 @@ class UsageLedger:
     def accounts(self) -> list[Hashable]:
         return list(self._folded)
 
-    def forget_below(self, now: float, capacity: FloatArray, fraction: float = 1e-9) -> None:
-        """Drop accounts whose usage has decayed below `fraction` of the capacity (bounded memory over years)."""
-        cap = decayed_capacity(capacity, self.half_life_s)
-        for account in list(self._folded):
-            if dominant_share(self.usage(account, now), cap) < fraction:
-                del self._folded[account]
-
 
 def decayed_capacity(capacity: FloatArray, half_life_s: float) -> FloatArray:
     """The most decayed usage there can be: the whole machine held for ever."""
