@@ -141,15 +141,15 @@ def test_the_reserve_horizon_counts_free_cpu_when_cpu_runs_out_first() -> None:
 
 
 def test_nodes_in_one_state_share_a_score_only_where_the_request_fits_them_alike() -> None:
-    """fgd-scarcity and fgd-priced score one node per state (`cached_node_scores(by_state=True)`). Two nodes with the
-    same free CPU and GPU milli are not in the same state for a request whose GPU memory fits only one of b's GPUs:
-    copying a's score (computed first) would grant b the GPU that a's score assumed (GPU 0), which cannot hold the
-    request (seen failing with the GPU fit left out of the state)."""
+    """fgd, fgd-scarcity and fgd-priced score one node per state (`cached_node_scores(by_state=True)`). Two nodes
+    with the same free CPU and GPU milli are not in the same state for a request whose GPU memory fits only one of
+    b's GPUs: copying a's score (computed first) would grant b the GPU that a's score assumed (GPU 0), which cannot
+    hold the request (seen failing with the GPU fit left out of the state)."""
     from corral.model.resources import GpuGrant
     from tests.builders import cluster, gpus, node
 
     workload = TargetWorkload((TargetType(1000, 500, 1, None, 1.0),))
-    for policy in ("fgd-scarcity", "fgd-priced"):
+    for policy in ("fgd", "fgd-scarcity", "fgd-priced"):
         snap = cluster(node("a").gpus(2, memory_gib=16), node("b").gpus(2, memory_gib=16), ranks=[1, 0])
         # GPU memory only: b's GPU 0 keeps all its milli but 4 GiB of its memory.
         snap.allocate(Allocation("m", "b", 1, 0, 0, (GpuGrant(0, 0, 12 * 1024),), tag=-1))

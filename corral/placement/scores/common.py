@@ -68,8 +68,8 @@ def cached_node_scores(
 
     With `by_state`, a changed node whose state equals one this entry already scored takes that score without
     computing (`node_state_keys`: everything of a node a fragmentation-scored policy reads). Valid for scores that
-    are a function of that state alone: fgd-scarcity's and fgd-priced's are, and there nodes of a kind pass through
-    the same states again and again (on openb `default`, 70 % of the nodes such a replay recomputes).
+    are a function of that state alone: fgd's, fgd-scarcity's and fgd-priced's are, and there nodes of a kind pass
+    through the same states again and again (on openb `default`, 70 % of the nodes such a replay recomputes).
     """
     snap = ctx.snapshot
     key = ("scores", policy, shape_key(ctx.request), extra_key)

@@ -7,7 +7,10 @@
                          (whole GPUs: the lowest-index free ones); score = floor(100 sigmoid((F(n) - F(n'))/1000))
 
 No change in fragmentation scores 50. Scores are cached per request shape and recomputed only for nodes that changed
-since (`common.cached_node_scores`), which makes a decision cost about one node's worth of fragmentation maths.
+since (`common.cached_node_scores`), which makes a decision cost about one node's worth of fragmentation maths; a
+changed node in a state already scored for the shape takes that score (`by_state`: both scores are functions of the
+node's free CPU, per-GPU free milli and model, and the request's GPU fit). A request shape seen for the first time
+so scores one node per distinct state, not the whole cluster (default, seed 42: 4.63 -> 3.61 s per replay).
 """
 
 from __future__ import annotations
@@ -77,5 +80,5 @@ class Fgd(FragmentationScored):
 
     def _scores(self, ctx: Context, nodes: IntArray) -> tuple[FloatArray, IntArray]:
         return cached_node_scores(
-            ctx, self.name, nodes, lambda idx: self._compute(ctx, idx), extra_key=ctx.workload.key
+            ctx, self.name, nodes, lambda idx: self._compute(ctx, idx), extra_key=ctx.workload.key, by_state=True
         )
