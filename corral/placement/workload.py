@@ -15,6 +15,10 @@ could not use it; a node's fragmentation F(n) is the expectation over the target
 f is computed in integers; p_m x f is summed per category (q1, q2, q4, xl, xr, no_access) in the target types' order
 and the categories are then added, exactly as the study's code does, so F of a node is bit-identical to the authors'
 value however it was reached (FGD's 49-or-50 ties depend on those rounding residues; see `_fragmentation`).
+
+Two paths give the same floats: numpy over blocks of nodes (`_node_fragmentation`, a first look at the cluster),
+and plain Python one node at a time, memoised by node state (`_Scalar`, the one or two nodes of a decision, where
+numpy's per-call overhead on 35 types x 8 GPUs cost several times the maths).
 """
 
 from __future__ import annotations
@@ -252,6 +256,133 @@ def _fragmentation(
     return out
 
 
+#: Up to this many nodes, F is computed node by node in plain Python (`_Scalar`): a decision computes F for one
+#: node or two, where numpy's per-call overhead on arrays of 35 types x 8 GPUs costs several times the maths.
+_FEW = 4
+
+
+class _Scalar:
+    """One workload's target types as Python numbers, for F of one node at a time, and F memoised by node state.
+
+    The same integers and the same float operations in the same order as `_fragmentation` (p x milli added per
+    category in type order, starting from 0.0, then q1 + q2 + q4 + xl + xr + no_access left to right), so the
+    floats are bit-identical to the vectorised path's. A node's state is its free CPU and the multiset of its
+    present GPUs' (model, free milli): F depends on nothing else (integer counts and sums over GPUs do not depend
+    on their order), so twin nodes, and a node that comes back to a state it had, share one entry."""
+
+    __slots__ = ("memo", "probes", "types")
+
+    #: States remembered per workload before the memo starts afresh (about 200 bytes each).
+    LIMIT = 1 << 16
+
+    def __init__(self, snapshot: ClusterSnapshot, workload: TargetWorkload) -> None:
+        # Types that ask for GPUs differ in what they ask of one GPU (milli, allowed models) far less often than
+        # in CPU or count (default: 12 probes for 30 GPU types): count fitting GPUs once per probe.
+        probes: dict[tuple[int, tuple[bool, ...]], int] = {}
+        self.types: list[tuple[int, int, float, bool, int]] = []
+        for t in workload.types:
+            j = -1
+            if t.gpu_count:
+                # Per GPU model id: whether the type may use a GPU of that model (`compile_workload`'s access).
+                access = tuple(t.models is None or name in t.models for name in snapshot.models)
+                j = probes.setdefault((t.gpu_milli, access), len(probes))
+            self.types.append((t.cpu_milli, t.gpu_count, t.probability, t.gpu_count == 0, j))
+        self.probes = list(probes)
+        self.memo: dict[tuple[int, tuple[tuple[int, int, int], ...]], float] = {}
+
+    @staticmethod
+    def groups(models: list[int], free: list[int]) -> tuple[tuple[int, int, int], ...]:
+        """The present GPUs as sorted (model, free milli, how many) triples."""
+        counts: dict[tuple[int, int], int] = {}
+        for m, u in zip(models, free, strict=True):
+            if m >= 0:
+                counts[m, u] = counts.get((m, u), 0) + 1
+        return tuple(sorted((m, u, k) for (m, u), k in counts.items()))
+
+    def usable(self, groups: tuple[tuple[int, int, int], ...]) -> tuple[list[bool], list[int], list[int]]:
+        """Per probe: whether any GPU is of an allowed model, how many such GPUs fit it, and their free milli."""
+        anys, counts, sums = [], [], []
+        for milli, access in self.probes:
+            seen, n, s = False, 0, 0
+            for m, u, k in groups:
+                if access[m]:
+                    seen = True
+                    if u >= milli:
+                        n += k
+                        s += max(u, 0) * k
+            anys.append(seen)
+            counts.append(n)
+            sums.append(s)
+        return anys, counts, sums
+
+    def node(self, cpu: int, models: list[int], free: list[int]) -> float:
+        """F of one node with free CPU `cpu` and per-GPU `models` / free milli `free` (-1 model: absent)."""
+        groups = self.groups(models, free)
+        key = (cpu, groups)
+        f = self.memo.get(key)
+        if f is None:
+            total = sum(max(u, 0) * k for _, u, k in groups)
+            anys, counts, sums = self.usable(groups)
+            f = self._f(cpu, total, anys, counts, sums)
+            if len(self.memo) >= self.LIMIT:
+                self.memo.clear()
+            self.memo[key] = f
+        return f
+
+    def _f(self, cpu: int, total: int, anys: list[bool], counts: list[int], sums: list[int]) -> float:
+        b = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+        for c_m, k_m, p, cpu_only, j in self.types:
+            cpu_ok = cpu >= c_m
+            if cpu_only:
+                b[_XL if cpu_ok else _XR] += p * total
+            elif not anys[j]:
+                b[_NA] += p * total
+            elif cpu_ok:
+                b[_Q2] += p * (total - sums[j]) if counts[j] >= k_m else p * total
+            else:
+                b[_Q4 if counts[j] >= k_m else _Q1] += p * total
+        return b[0] + b[1] + b[2] + b[3] + b[4] + b[5]
+
+    def share(self, cpu: int, models: list[int], free: list[int], cpu_req: int, milli_req: int) -> list[float]:
+        """`share_fragmentation_after` of one node: per GPU column, F once a share of `milli_req` took that GPU
+        (with the vectorised path's arithmetic for every column, absent and unfitting GPUs included)."""
+        groups = self.groups(models, free)
+        total2 = sum(max(u, 0) * k for _, u, k in groups) - milli_req
+        cpu2 = cpu - cpu_req
+        anys, counts, sums = self.usable(groups)
+        out: list[float] = []
+        done: dict[tuple[int, int], float] = {}
+        for m, u in zip(models, free, strict=True):
+            f = done.get((m, u))
+            if f is None:
+                if m < 0:  # an absent GPU changes no probe's count or sum
+                    f = self._f(cpu2, total2, anys, counts, sums)
+                else:
+                    after = u - milli_req
+                    counts2, sums2 = list(counts), list(sums)
+                    for j, (milli, access) in enumerate(self.probes):
+                        if access[m]:
+                            if u >= milli:
+                                counts2[j] -= 1
+                                sums2[j] -= u
+                            if after >= milli:
+                                counts2[j] += 1
+                                sums2[j] += after
+                    f = self._f(cpu2, total2, anys, counts2, sums2)
+                done[m, u] = f
+            out.append(f)
+        return out
+
+
+def _scalar(snapshot: ClusterSnapshot, workload: TargetWorkload) -> _Scalar:
+    key = ("workload-scalar", workload.key)
+    scalar: _Scalar | None = snapshot.memo.get(key)
+    if scalar is None:
+        scalar = _Scalar(snapshot, workload)
+        snapshot.memo[key] = scalar
+    return scalar
+
+
 def node_fragmentation(
     snapshot: ClusterSnapshot,
     workload: TargetWorkload,
@@ -260,9 +391,25 @@ def node_fragmentation(
     milli_free: IntArray | None = None,
 ) -> FloatArray:
     """F(n) for the given node indices, on their current state or on hypothetical free CPU / GPU milli."""
-    w = compile_workload(snapshot, workload)
     c_all = snapshot.cpu_free[nodes] if cpu_free is None else cpu_free
     u_all = snapshot.gpu_milli_free[nodes] if milli_free is None else milli_free
+    if len(nodes) <= _FEW:
+        scalar = _scalar(snapshot, workload)
+        return np.array(
+            [
+                scalar.node(c, m, u)
+                for c, m, u in zip(c_all.tolist(), snapshot.gpu_model[nodes].tolist(), u_all.tolist(), strict=True)
+            ],
+            dtype=np.float64,
+        )
+    return _node_fragmentation(snapshot, workload, nodes, c_all, u_all)
+
+
+def _node_fragmentation(
+    snapshot: ClusterSnapshot, workload: TargetWorkload, nodes: IntArray, c_all: IntArray, u_all: IntArray
+) -> FloatArray:
+    """The vectorised `node_fragmentation`, in blocks of nodes."""
+    w = compile_workload(snapshot, workload)
     out = np.empty(len(nodes), dtype=np.float64)
     for lo in range(0, len(nodes), _BLOCK):
         idx, c, u = nodes[lo : lo + _BLOCK], c_all[lo : lo + _BLOCK], u_all[lo : lo + _BLOCK]
@@ -318,6 +465,24 @@ def share_fragmentation_after(
     Updates each type's usable-GPU count and sum for the one changed GPU instead of recomputing whole nodes, in
     integers, so an unchanged type contributes exactly what it contributed to F(n).
     """
+    if len(nodes) <= _FEW:
+        scalar = _scalar(snapshot, workload)
+        rows = zip(
+            snapshot.cpu_free[nodes].tolist(),
+            snapshot.gpu_model[nodes].tolist(),
+            snapshot.gpu_milli_free[nodes].tolist(),
+            strict=True,
+        )
+        return np.array([scalar.share(c, m, u, cpu_req, milli_req) for c, m, u in rows], dtype=np.float64).reshape(
+            len(nodes), snapshot.max_gpus
+        )
+    return _share_fragmentation_after(snapshot, workload, nodes, cpu_req, milli_req)
+
+
+def _share_fragmentation_after(
+    snapshot: ClusterSnapshot, workload: TargetWorkload, nodes: IntArray, cpu_req: int, milli_req: int
+) -> FloatArray:
+    """The vectorised `share_fragmentation_after`, in blocks of nodes."""
     w = compile_workload(snapshot, workload)
     out = np.empty((len(nodes), snapshot.max_gpus), dtype=np.float64)
     mm = w.milli[:, None, None]
