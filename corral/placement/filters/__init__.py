@@ -38,6 +38,29 @@ _INSUFFICIENT_GPU = Reason.INSUFFICIENT_GPU.bit
 _CANNOT_GPU = Reason.NO_GPUS.bit | Reason.GPU_MODEL.bit | Reason.GPU_MEMORY.bit | Reason.TOO_FEW_GPUS.bit
 
 
+#: x * _BYTE_SUM >> 56 is the sum of x's eight bytes (each 0 or 1 here, so no byte carries into the next).
+_BYTE_SUM = np.uint64(0x0101010101010101)
+_SHIFT = np.uint64(56)
+
+
+def count_per_row(mask: BoolArray) -> IntArray:
+    """True values per row of a nodes x GPUs mask: `np.count_nonzero(mask, axis=1)`, in a few microseconds.
+
+    count_nonzero along a short axis costs 45 ns per element (5,000 nodes x 8 GPUs: 230 us, the largest part of
+    `evaluate`); read as one 64-bit word per eight GPUs, a row's count is a multiply and a shift."""
+    n, g = mask.shape
+    width = -(-g // 8) * 8
+    if width == g and mask.flags.c_contiguous:
+        padded = mask
+    else:
+        padded = np.zeros((n, width), dtype=np.bool_)
+        padded[:, :g] = mask
+    words = padded.view(np.uint64)  # n x width/8
+    counts = ((words * _BYTE_SUM) >> _SHIFT).astype(np.int64)
+    out: IntArray = counts[:, 0] if width == 8 else counts.sum(axis=1)
+    return out
+
+
 def gpu_fit_matrix(snapshot: ClusterSnapshot, request: Request, static: BoolArray) -> BoolArray:
     """GPUs that can take one of the request's GPUs now (whole: nothing of it held; share: enough left)."""
     fit: BoolArray
@@ -137,7 +160,7 @@ def evaluate(
     if request.wants_gpu:
         k = request.gpu_count
         fit = gpu_fit_matrix(snapshot, request, static_gpu_mask(snapshot, request))
-        short = (np.count_nonzero(fit, axis=1) < k) & ((static & _CANNOT_GPU) == 0)
+        short = (count_per_row(fit) < k) & ((static & _CANNOT_GPU) == 0)
         bits |= short * _INSUFFICIENT_GPU
     else:
         fit = np.zeros((len(snapshot), snapshot.max_gpus), dtype=np.bool_)
