@@ -95,10 +95,13 @@ def place(
     config: PlacementConfig | None = None,
     rng: np.random.Generator | int | None = None,
     explain_placed: bool = True,
+    explain_refused: bool = True,
 ) -> Decision:
     """One decision. With `explain_placed=False` a placed request's explanation is left brief (counts, top scores
-    and notes empty; a refusal is always explained in full): the simulator, which keeps only where each pod went,
-    spent a fifth of an fgd replay composing sentences nobody read."""
+    and notes empty): the simulator, which keeps only where each pod went, spent a fifth of an fgd replay composing
+    sentences nobody read. `explain_refused=False` does the same for a refusal (reason counts and shortfalls empty;
+    `node_reasons` is always there): only for callers that never show it (a replay without per-pod outcomes: a
+    quarter of the pods of a replay are refused, and their shortfalls cost a tenth of an fgd replay)."""
     config = config or PlacementConfig()
     validate_against(snapshot, request)
     policy = get_policy(request.policy or config.policy)
@@ -120,21 +123,7 @@ def place(
             gpus = policy.choose_gpus(ctx, node)
         allocation = _allocation(snapshot, request, node, gpus)
         if not explain_placed:
-            brief = Explanation(
-                request=request.describe_gpus(),
-                policy=policy.name,
-                behavior=behavior.value,
-                nodes_evaluated=len(snapshot),
-                nodes_feasible=len(feasible),
-                rejected=(),
-                failing=(),
-                unresolvable_nodes=0,
-                shortfalls=(),
-                top=(),
-                chosen=allocation.node,
-                gpus=tuple(gpus),
-                labels={},
-            )
+            brief = _brief(snapshot, request, policy.name, behavior, len(feasible), allocation, gpus)
             return Decision(request, policy.name, behavior, allocation, brief, fit.reasons)
         order = top_order(feasible, scores, snapshot.rank, fit.preferred, config.top_scores)
         if order[0] != win:  # keep the winner first even if a custom policy returns NaN scores
@@ -144,14 +133,18 @@ def place(
         policy_notes = getattr(policy, "notes", None)
         if callable(policy_notes):
             notes.extend(policy_notes(ctx, node, gpus))
+    elif not explain_refused:
+        brief = _brief(snapshot, request, policy.name, behavior, 0, None, gpus)
+        return Decision(request, policy.name, behavior, None, brief, fit.reasons)
+    patterns = _patterns(fit.reasons)
     explanation = Explanation(
         request=request.describe_gpus(),
         policy=policy.name,
         behavior=behavior.value,
         nodes_evaluated=len(snapshot),
         nodes_feasible=len(feasible),
-        rejected=_counts_primary(fit.reasons),
-        failing=_counts_any(fit.reasons),
+        rejected=_counts_primary(fit.reasons, patterns),
+        failing=_counts_any(fit.reasons, patterns),
         unresolvable_nodes=int(np.count_nonzero(fit.reasons & UNRESOLVABLE_BITS)),
         shortfalls=_shortfalls(snapshot, request, fit) if allocation is None else (),
         top=top,
@@ -161,6 +154,33 @@ def place(
         notes=tuple(notes),
     )
     return Decision(request, policy.name, behavior, allocation, explanation, fit.reasons)
+
+
+def _brief(
+    snapshot: ClusterSnapshot,
+    request: Request,
+    policy: str,
+    behavior: GpuBehavior,
+    feasible: int,
+    allocation: Allocation | None,
+    gpus: list[int],
+) -> Explanation:
+    """An explanation without counts, shortfalls, top scores or notes (see `place`'s explain_* flags)."""
+    return Explanation(
+        request=request.describe_gpus(),
+        policy=policy,
+        behavior=behavior.value,
+        nodes_evaluated=len(snapshot),
+        nodes_feasible=feasible,
+        rejected=(),
+        failing=(),
+        unresolvable_nodes=0,
+        shortfalls=(),
+        top=(),
+        chosen=None if allocation is None else allocation.node,
+        gpus=tuple(gpus),
+        labels={},
+    )
 
 
 def _allocation(snapshot: ClusterSnapshot, request: Request, node: int, gpus: list[int]) -> Allocation:
@@ -202,14 +222,15 @@ def _behaviour_notes(snapshot: ClusterSnapshot, fit: FitResult, behavior: GpuBeh
 
 def _patterns(bits: IntArray) -> tuple[IntArray, IntArray]:
     """The distinct non-zero reason bitmasks and how many nodes have each: a handful, where nodes are thousands,
-    so the counts below cost a pass over the patterns, not one pass over every node per reason."""
+    so the counts below cost a pass over the patterns, not one pass over every node per reason (found once per
+    decision for both counts)."""
     hist = np.bincount(bits)
     patterns = np.flatnonzero(hist[1:]) + 1
     return patterns, hist[patterns]
 
 
-def _counts_primary(bits: IntArray) -> tuple[tuple[Reason, int], ...]:
-    patterns, nodes = _patterns(bits)
+def _counts_primary(bits: IntArray, found: tuple[IntArray, IntArray] | None = None) -> tuple[tuple[Reason, int], ...]:
+    patterns, nodes = found or _patterns(bits)
     counts = np.zeros(len(ORDER), dtype=np.int64)
     np.add.at(counts, primary_reasons(patterns), nodes)
     pairs = [(r, int(counts[r.value])) for r in ORDER if counts[r.value]]
@@ -220,8 +241,8 @@ def _counts_primary(bits: IntArray) -> tuple[tuple[Reason, int], ...]:
 _POSITIONS = np.array([r.value for r in ORDER], dtype=np.int64)
 
 
-def _counts_any(bits: IntArray) -> tuple[tuple[Reason, int], ...]:
-    patterns, nodes = _patterns(bits)
+def _counts_any(bits: IntArray, found: tuple[IntArray, IntArray] | None = None) -> tuple[tuple[Reason, int], ...]:
+    patterns, nodes = found or _patterns(bits)
     counts = (((patterns[:, None] >> _POSITIONS[None, :]) & 1) * nodes[:, None]).sum(axis=0).tolist()
     return tuple((r, n) for r, n in zip(ORDER, counts, strict=True) if n)
 

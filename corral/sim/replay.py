@@ -86,7 +86,8 @@ def replay(
     )
     total = 0
     for i, request in enumerate(arrivals):
-        decision = place(snapshot, request, config, rng, explain_placed=False)
+        # A refusal's explanation is read only for the per-pod outcomes of `track`.
+        decision = place(snapshot, request, config, rng, explain_placed=False, explain_refused=track)
         alloc = decision.allocation
         if alloc is not None:
             snapshot.allocate(alloc)

@@ -1,0 +1,84 @@
+"""The engine's per-decision shortcuts (issue 16, fgd speed part 3) change no decision and no explanation it gives."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from corral.model.resources import GpuBehavior
+from corral.placement import PlacementConfig, place
+from corral.placement.engine import _counts_any, _counts_primary, _patterns
+from corral.placement.filters import count_per_row
+from corral.sim.replay import replay
+from tests.builders import cluster, cpu_only, gpus, node
+from tests.placement.test_properties import clusters, draw_request
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    mask=st.integers(0, 40).flatmap(
+        lambda n: st.integers(1, 19).flatmap(lambda g: arrays(np.bool_, (n, g)))  # 19: words of 8, 16 and a tail
+    ),
+    order=st.sampled_from(["C", "F", "strided"]),
+)
+def test_count_per_row_equals_count_nonzero(mask: np.ndarray, order: str) -> None:
+    if order == "F":
+        mask = np.asfortranarray(mask)
+    elif order == "strided":
+        mask = mask[:, ::2]
+    assert count_per_row(mask).tolist() == np.count_nonzero(mask, axis=1).tolist()
+
+
+def test_count_per_row_on_a_full_eight_gpu_cluster() -> None:
+    """Eight True bytes sum to 8 in the top byte: no carry from one row's word into the count."""
+    mask = np.ones((3, 8), dtype=np.bool_)
+    mask[1] = False
+    mask[2, 7] = False
+    assert count_per_row(mask).tolist() == [8, 0, 7]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_a_brief_refusal_decides_alike_and_keeps_the_node_reasons(data: st.DataObject) -> None:
+    snap = data.draw(clusters(), label="cluster")
+    config = PlacementConfig(
+        policy=data.draw(st.sampled_from(["fgd", "binpack", "bestfit"]), label="policy"),
+        gpu_behavior=data.draw(st.sampled_from(list(GpuBehavior)), label="behaviour"),
+    )
+    for step in range(data.draw(st.integers(1, 12), label="steps")):
+        request = draw_request(data, snap, f"r{step}")
+        full = place(snap, request, config, step)
+        brief = place(snap, request, config, step, explain_placed=False, explain_refused=False)
+        assert brief.allocation == full.allocation
+        assert brief.node_reasons.tolist() == full.node_reasons.tolist()
+        # The counts of the full explanation come from one set of patterns, as they did from the bits directly.
+        patterns = _patterns(full.node_reasons)
+        assert full.explanation.rejected == _counts_primary(full.node_reasons, patterns)
+        assert full.explanation.failing == _counts_any(full.node_reasons, patterns)
+        if full.allocation is not None:
+            snap.allocate(full.allocation)
+
+
+def test_a_brief_refusal_is_empty_and_a_tracked_replay_still_explains_refusals() -> None:
+    snap = cluster(node("a").cpu(4).gpus(1), node("b").cpu(4))
+    request = gpus(2, id="big")
+    full = place(snap, request, PlacementConfig(policy="fgd"), 0)
+    brief = place(snap, request, PlacementConfig(policy="fgd"), 0, explain_refused=False)
+    assert full.allocation is None and brief.allocation is None
+    assert full.explanation.rejected and full.explanation.failing
+    assert (brief.explanation.rejected, brief.explanation.failing, brief.explanation.shortfalls) == ((), (), ())
+    assert brief.explanation.nodes_feasible == 0 and brief.explanation.chosen is None
+    # The simulator's per-pod outcomes (`track`) still carry the full sentence of a refusal.
+    nodes = [node("a").cpu(4).gpus(1).build(), node("b").cpu(4).build()]
+    events, _ = replay(
+        nodes, [gpus(1, id="p1"), gpus(2, id="p2"), cpu_only(16000, id="p3")], PlacementConfig(), track=True
+    )
+    assert events.outcomes == (
+        "a GPU 0",
+        "0/2 nodes fit: 1 no GPUs, 1 fewer than 2 eligible GPUs",
+        "0/2 nodes fit: 2 CPU capacity below 16000m",
+    )
+    untracked, _ = replay(nodes, [gpus(1, id="p1"), gpus(2, id="p2"), cpu_only(16000, id="p3")], PlacementConfig())
+    assert untracked.placed.tolist() == events.placed.tolist() == [True, False, False]
