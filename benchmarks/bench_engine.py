@@ -1,7 +1,7 @@
 """Placement engine throughput: decisions per second on a half-full cluster of 8-GPU nodes.
 
     .venv/bin/python -m benchmarks.bench_engine [--nodes 1000,5000,10000,50000] [--policies binpack,fgd]
-        [--decisions N] [--warmup N] [--seed S] [--fill F] [--fill-shard S] [--write BENCHMARKS.md]
+        [--decisions N] [--warmup N] [--seed S] [--fill F] [--fill-shard S] [--clock wall|cpu] [--write BENCHMARKS.md]
 
 Per cluster size and policy:
 
@@ -13,7 +13,7 @@ Per cluster size and policy:
    runs shard by shard (`--fill-shard` nodes, each its own snapshot, its allocations then granted on the
    whole cluster); `--fill-shard 0` fills globally. Not timed.
 3. Clear the snapshot's caches (`snapshot.memo`: FGD's per-request-shape scores, the static masks) and run
-   decisions from the same mix, each timed as a whole with `time.perf_counter`:
+   decisions from the same mix, each timed as a whole with `time.perf_counter` (`--clock cpu`: `process_time`):
    `place(snapshot, request, config, rng)`, `snapshot.allocate(decision.allocation)` when placed and, while
    the cluster is at or above the fill level, `snapshot.release` of a random earlier allocation, so it stays
    about half full. The very first decision (cold caches) is "first ms"; then one decision of every request
@@ -35,7 +35,7 @@ import platform
 import shlex
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -196,7 +196,16 @@ def occupancy(snapshot: ClusterSnapshot) -> float:
     return snapshot.gpu_allocated_milli / (snapshot.total_gpus * MILLI_PER_GPU)
 
 
-def measure(nodes: list[Node], policy: str, decisions: int, warmup: int, seed: int, level: float, shard: int) -> Result:
+def measure(
+    nodes: list[Node],
+    policy: str,
+    decisions: int,
+    warmup: int,
+    seed: int,
+    level: float,
+    shard: int,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Result:
     config = PlacementConfig(policy=policy)
     t_setup = time.perf_counter()
     snapshot = ClusterSnapshot(nodes)
@@ -219,13 +228,13 @@ def measure(nodes: list[Node], policy: str, decisions: int, warmup: int, seed: i
             slot = int(victims.integers(len(live)))
             victim = live[slot]
         victim_milli = 0 if victim is None else granted_milli(snapshot, victim)
-        t0 = time.perf_counter()
+        t0 = clock()
         decision = place(snapshot, request, config, rng)
         if decision.allocation is not None:
             snapshot.allocate(decision.allocation)
         if victim is not None:
             snapshot.release(victim)
-        elapsed = time.perf_counter() - t0
+        elapsed = clock() - t0
         if victim is not None:
             live[slot] = live[-1]
             live.pop()
@@ -432,6 +441,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--fill", type=float, default=0.5, help="fraction of GPU compute to allocate before timing")
     p.add_argument("--fill-shard", type=int, default=500, help="nodes per fill shard (0: fill globally)")
+    p.add_argument(
+        "--clock",
+        choices=["wall", "cpu"],
+        default="wall",
+        help="time decisions by wall clock (perf_counter) or by this process's CPU time (process_time: steadier on "
+        "a machine others share)",
+    )
     p.add_argument("--write", type=Path, default=None, metavar="FILE", help="append a Markdown section to FILE")
     args = p.parse_args(list(argv))
     if args.decisions < 1 or args.warmup < 0 or not 0.0 <= args.fill < 1.0:
@@ -448,7 +464,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         nodes = build_nodes(n, args.seed)
         print(f"built {n:,} nodes in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
         for policy in args.policies:
-            r = measure(nodes, policy, args.decisions, args.warmup, args.seed, args.fill, args.fill_shard)
+            clock = time.process_time if args.clock == "cpu" else time.perf_counter
+            r = measure(nodes, policy, args.decisions, args.warmup, args.seed, args.fill, args.fill_shard, clock)
             print(
                 f"  {policy}: setup {r.setup_s:.1f} s, {r.per_second:,.0f} decisions/s, mean {r.mean_ms:.2f} ms",
                 file=sys.stderr,

@@ -66,6 +66,9 @@ class Decision:
         return bool(self.node_reasons[node] & UNRESOLVABLE_BITS)
 
 
+_LARGEST_GPU_MEMORY = ("largest-gpu-memory",)
+
+
 def validate_against(snapshot: ClusterSnapshot, request: Request) -> None:
     """Refuse requests that name things this cluster does not have at all."""
     if request.gpu_models is not None:
@@ -75,7 +78,10 @@ def validate_against(snapshot: ClusterSnapshot, request: Request) -> None:
             raise InvalidRequest("gpu_models", f"unknown GPU model {', '.join(unknown)}; this cluster has: {known}")
     want = max(request.gpu_memory_mib, request.min_gpu_memory_mib)
     if want:
-        biggest = int(snapshot.gpu_mem_cap.max())
+        biggest: int | None = snapshot.memo.get(_LARGEST_GPU_MEMORY)
+        if biggest is None:  # a pass over every GPU per decision otherwise: memory capacities never change
+            biggest = int(snapshot.gpu_mem_cap.max())
+            snapshot.memo[_LARGEST_GPU_MEMORY] = biggest
         if want > biggest:
             raise InvalidRequest(
                 "gpu_memory_mib" if request.gpu_memory_mib >= request.min_gpu_memory_mib else "min_gpu_memory_mib",
@@ -108,7 +114,7 @@ def place(
     behavior = request.effective_behavior(config.gpu_behavior)
     fit = evaluate(snapshot, request, behavior, config.reserve)
     ctx = Context(snapshot, request, fit, config.workload or DEFAULT_WORKLOAD, _rng(rng))
-    feasible = np.flatnonzero(fit.feasible).astype(np.int64)
+    feasible = np.flatnonzero(fit.feasible).astype(np.int64, copy=False)
     notes: list[str] = []
     allocation = None
     top: tuple[tuple[str, float], ...] = ()

@@ -24,14 +24,16 @@ NVLINK, SAME_SWITCH, SAME_NUMA = 3, 2, 1
 
 def best_node(candidates: IntArray, scores: FloatArray, rank: IntArray, preferred: BoolArray | None) -> int:
     """Index into `candidates` of the winner: preferred class, then max score, then min rank."""
-    keep = np.ones(len(candidates), dtype=np.bool_)
     if preferred is not None:
         pref = preferred[candidates]
         if pref.any():
-            keep = pref
-    top = scores[keep].max()
-    keep = keep & (scores == top)
-    idx = np.flatnonzero(keep)
+            idx = np.flatnonzero(pref & (scores == scores[pref].max()))
+        else:
+            idx = np.flatnonzero(scores == scores.max())
+    else:
+        idx = np.flatnonzero(scores == scores.max())
+    if len(idx) == 1:  # the usual case: no tie to break
+        return int(idx[0])
     return int(idx[np.argmin(rank[candidates[idx]])])
 
 

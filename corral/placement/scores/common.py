@@ -137,6 +137,14 @@ def _by_state(
         for i, k in enumerate(keys):
             first.setdefault(k, i)
     new = list(first.values())
+    if len(new) == len(keys):
+        # Every state is new (the engine's steady state: a state is rarely seen twice): one computation for all,
+        # stored as computed, without a lookup per node.
+        s, a = compute(stale)
+        scores[stale] = s
+        aux[stale] = a
+        by_key.update(zip(keys, zip(s.tolist(), a.tolist(), strict=True), strict=True))
+        return
     if new:
         idx = np.asarray(new, dtype=np.int64)
         s, a = compute(stale[idx])
