@@ -60,11 +60,22 @@ def top_order(
     return subset[order[:limit]]
 
 
+_FEW_ROWS = 4
+
+
 def first_k_ascending(free: IntArray, fit: BoolArray, k: int) -> BoolArray:
     """Per node (row), the first k fitting GPUs in ascending free milli, lowest index on ties (nodes x GPUs mask).
 
     The FGD study's way of picking a request's GPUs when scoring (gpu-packing, fgd): tightest first.
     """
+    if len(free) <= _FEW_ROWS:
+        # A decision asks this of a node or two: sorting eight numbers in Python beats six numpy calls.
+        chosen_rows = np.zeros(fit.shape, dtype=np.bool_)
+        for i, (u_row, fit_row) in enumerate(zip(free.tolist(), fit.tolist(), strict=True)):
+            fitting = sorted((u, j) for j, (u, ok) in enumerate(zip(u_row, fit_row, strict=True)) if ok)
+            for _, j in fitting[:k]:
+                chosen_rows[i, j] = True
+        return chosen_rows
     order = np.argsort(np.where(fit, free, np.iinfo(np.int64).max), axis=1, kind="stable")
     fit_sorted = np.take_along_axis(fit, order, axis=1)
     chosen = np.zeros_like(fit)

@@ -11,6 +11,7 @@ from corral.model.resources import GpuBehavior
 from corral.placement import PlacementConfig, place
 from corral.placement.engine import _counts_any, _counts_primary, _patterns
 from corral.placement.filters import count_per_row
+from corral.placement.select import first_k_ascending
 from corral.sim.replay import replay
 from tests.builders import cluster, cpu_only, gpus, node
 from tests.placement.test_properties import clusters, draw_request
@@ -82,3 +83,25 @@ def test_a_brief_refusal_is_empty_and_a_tracked_replay_still_explains_refusals()
     )
     untracked, _ = replay(nodes, [gpus(1, id="p1"), gpus(2, id="p2"), cpu_only(16000, id="p3")], PlacementConfig())
     assert untracked.placed.tolist() == events.placed.tolist() == [True, False, False]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    rows=st.integers(5, 12).flatmap(
+        lambda n: st.integers(1, 9).flatmap(
+            lambda g: st.tuples(
+                arrays(np.int64, (n, g), elements=st.sampled_from([-1, 0, 250, 500, 1000]) | st.integers(-1, 1000)),
+                arrays(np.bool_, (n, g)),
+            )
+        )
+    ),
+    k=st.integers(0, 9),
+)
+def test_first_k_ascending_row_by_row_equals_the_vectorised_choice(rows: tuple[np.ndarray, np.ndarray], k: int) -> None:
+    """A row or two are chosen in Python (a decision's case), many with numpy: the same GPUs, ties to the lower
+    index."""
+    free, fit = rows
+    want = first_k_ascending(free, fit, k)  # more rows than the Python path takes
+    for i in range(len(free)):
+        assert first_k_ascending(free[i : i + 1], fit[i : i + 1], k).tolist() == want[i : i + 1].tolist()
+    assert first_k_ascending(free[:2], fit[:2], k).tolist() == want[:2].tolist()
