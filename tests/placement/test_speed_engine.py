@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from corral.model.resources import GpuBehavior
+from corral.model.snapshot import ClusterSnapshot
 from corral.placement import PlacementConfig, place
 from corral.placement.engine import _counts_any, _counts_primary, _patterns
-from corral.placement.filters import count_per_row
+from corral.placement.filters import count_per_row, evaluate
 from corral.placement.select import first_k_ascending
+from corral.placement.workload import GpuReserve
 from corral.sim.replay import replay
 from tests.builders import cluster, cpu_only, gpus, node
 from tests.placement.test_properties import clusters, draw_request
@@ -105,3 +109,39 @@ def test_first_k_ascending_row_by_row_equals_the_vectorised_choice(rows: tuple[n
     for i in range(len(free)):
         assert first_k_ascending(free[i : i + 1], fit[i : i + 1], k).tolist() == want[i : i + 1].tolist()
     assert first_k_ascending(free[:2], fit[:2], k).tolist() == want[:2].tolist()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_evaluate_kept_per_shape_equals_a_fresh_evaluation(data: st.DataObject) -> None:
+    """A GPU request's fit is kept per request shape and refreshed only where a node's version moved: after any
+    stream of placements and releases (shares with owners included), it equals the fit computed afresh."""
+    snap = data.draw(clusters(), label="cluster")
+    fresh = ClusterSnapshot(snap.nodes, snap.rank.tolist())
+    config = PlacementConfig(policy="random", gpu_behavior=GpuBehavior.UNRESTRICTED)
+    probes = [draw_request(data, snap, f"probe{i}") for i in range(3)]
+    live: list[str] = []
+    for step in range(data.draw(st.integers(1, 15), label="steps")):
+        if live and data.draw(st.integers(0, 2), label="op") == 0:
+            rid = live.pop(data.draw(st.integers(0, len(live) - 1), label="victim"))
+            snap.release(rid)
+            fresh.release(rid)
+        else:
+            request = draw_request(data, snap, f"r{step}")
+            if data.draw(st.booleans(), label="owned") and request.wants_gpu and not request.whole_gpus:
+                request = dataclasses.replace(request, share_owner=data.draw(st.sampled_from(["u1", "u2"])))
+            decision = place(snap, request, config, step)
+            if decision.allocation is not None:
+                snap.allocate(decision.allocation)
+                fresh.allocate(decision.allocation)
+                live.append(request.id)
+            probes.append(request)
+        for probe in probes[-4:]:
+            got = evaluate(snap, probe, GpuBehavior.UNRESTRICTED, GpuReserve())
+            fresh.memo.clear()
+            want = evaluate(fresh, probe, GpuBehavior.UNRESTRICTED, GpuReserve())
+            assert got.reasons.tolist() == want.reasons.tolist()
+            assert got.gpu_fit.tolist() == want.gpu_fit.tolist()
+            assert got.feasible.tolist() == want.feasible.tolist()
+            got.reasons[:] = -1  # a decision's arrays are its own: changing them changes no later evaluation
+            got.gpu_fit[:] = True
