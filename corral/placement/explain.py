@@ -8,11 +8,12 @@ every dimension that failed on any node (a node short of CPU and of GPU counts u
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from corral.model.resources import Request
+from corral.model.resources import Constraint, Request
 from corral.placement.reasons import Reason, reasons_of
 
 
@@ -38,7 +39,43 @@ _DIMENSION = {
 
 
 def reason_labels(request: Request) -> dict[Reason, str]:
-    """The words for each reason, with the request's numbers in them."""
+    """The words for each reason, with the request's numbers in them (a new dict: the caller's to keep)."""
+    # Composed once per request shape: twelve formatted sentences per decision cost as much as a filter pass.
+    return dict(
+        _labels(
+            request.cpu_milli,
+            request.memory_mib,
+            request.gpu_count,
+            request.gpu_milli,
+            request.gpu_memory_mib,
+            request.gpu_models,
+            request.min_gpu_memory_mib,
+            request.constraints,
+        )
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _labels(
+    cpu_milli: int,
+    memory_mib: int,
+    gpu_count: int,
+    gpu_milli: int,
+    gpu_memory_mib: int,
+    gpu_models: frozenset[str] | None,
+    min_gpu_memory_mib: int,
+    constraints: tuple[Constraint, ...],
+) -> dict[Reason, str]:
+    request = Request(
+        cpu_milli=cpu_milli,
+        memory_mib=memory_mib,
+        gpu_count=gpu_count,
+        gpu_milli=gpu_milli,
+        gpu_memory_mib=gpu_memory_mib,
+        gpu_models=gpu_models,
+        min_gpu_memory_mib=min_gpu_memory_mib,
+        constraints=constraints,
+    )
     models = ", ".join(sorted(request.gpu_models)) if request.gpu_models else ""
     gpu_mem = max(request.min_gpu_memory_mib, request.gpu_memory_mib)
     k = request.gpu_count

@@ -145,3 +145,27 @@ def test_evaluate_kept_per_shape_equals_a_fresh_evaluation(data: st.DataObject) 
             assert got.feasible.tolist() == want.feasible.tolist()
             got.reasons[:] = -1  # a decision's arrays are its own: changing them changes no later evaluation
             got.gpu_fit[:] = True
+
+
+def test_reason_labels_are_composed_once_per_shape_and_each_caller_gets_its_own_dict() -> None:
+    from corral.model.resources import Constraint, ConstraintOp
+    from corral.placement.explain import reason_labels
+    from corral.placement.reasons import Reason
+
+    a = gpus(2, 300, cpu=4000, gpu_memory_mib=2048, id="a", gpu_models=frozenset({"T4", "A100"}))
+    labels = reason_labels(a)
+    assert labels[Reason.INSUFFICIENT_GPU] == "insufficient GPU (need 2 GPUs at 30 % and with 2048 MiB)"
+    assert labels[Reason.GPU_MODEL] == "GPU model not in [A100, T4]"
+    labels[Reason.GPU_MODEL] = "changed by the caller"
+    assert reason_labels(dataclasses.replace(a, id="b"))[Reason.GPU_MODEL] == "GPU model not in [A100, T4]"
+    # Any field the words use gives other words.
+    assert reason_labels(dataclasses.replace(a, cpu_milli=8000))[Reason.INSUFFICIENT_CPU] == (
+        "insufficient CPU (need 8000m)"
+    )
+    assert reason_labels(dataclasses.replace(a, min_gpu_memory_mib=40960))[Reason.GPU_MEMORY] == (
+        "no GPU with 40960 MiB of model [A100, T4]"
+    )
+    zone = Constraint("zone", ConstraintOp.IS, "z1")
+    assert reason_labels(dataclasses.replace(a, constraints=(zone,)))[Reason.CONSTRAINT] == (
+        f"constraint not met ({zone})"
+    )
