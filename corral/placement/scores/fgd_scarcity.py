@@ -30,14 +30,17 @@ the rest of the trace. Node scores are cached per request shape and scarcity wei
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import numpy as np
 import numpy.typing as npt
 
-from corral.model.arrays import FloatArray, IntArray
+from corral.model.arrays import BoolArray, FloatArray, IntArray
 from corral.placement.context import Context
 from corral.placement.fill import current_fill, share_unfilled, type_fill
 from corral.placement.scarcity import model_levels, scarcity_weights
-from corral.placement.scores.common import cached_node_scores, shape_key
+from corral.placement.scores.common import node_state_keys, shape_key
 from corral.placement.scores.fgd import FragmentationScored, fgd_score, node_after
 from corral.placement.workload import (
     compile_workload,
@@ -148,12 +151,86 @@ class FgdScarcity(FragmentationScored):
 
     def _scores(self, ctx: Context, nodes: IntArray) -> tuple[FloatArray, IntArray]:
         weights = self._weights(ctx)
-        return cached_node_scores(
-            ctx,
-            self.name,
-            nodes,
-            lambda idx: self._compute(ctx, idx, weights),
-            extra_key=ctx.workload.key,
-            generation=tuple(weights.tolist()),
-            by_state=True,
+        generation = tuple(weights.tolist())
+        return state_scores(ctx, self.name, nodes, lambda idx: self._compute(ctx, idx, weights), generation)
+
+
+#: Node states one shape's entry remembers before it starts afresh (bounds memory: about 250 bytes each).
+_STATES_PER_SHAPE = 1 << 14
+
+
+@dataclass
+class _StateScores:
+    """Per request shape: each node's state id (taken at its `version`), and per state id its score and aux under
+    `generation` (`valid` says which are computed)."""
+
+    versions: IntArray
+    sid: IntArray
+    ids: dict[bytes, int]
+    score: FloatArray
+    aux: IntArray
+    valid: BoolArray
+    generation: object
+
+
+def state_scores(
+    ctx: Context,
+    policy: str,
+    nodes: IntArray,
+    compute: Callable[[IntArray], tuple[FloatArray, IntArray]],
+    generation: object,
+) -> tuple[FloatArray, IntArray]:
+    """Scores (and the GPU of a share) of `nodes`, computed once per distinct node state and `generation`.
+
+    Valid because fgd-scarcity's and fgd-priced's scores are a function of the node's state (`node_state_keys`:
+    free CPU, per-GPU free milli and model, the request's GPU fit), the request's shape and the generation (the
+    scarcity weights). A node's state id is taken only when its `version` moved; when the weights move (often: a
+    step of any type's weight), no node is keyed again: the states in use are rescored, one node each, in one
+    vectorised call. (`common.cached_node_scores(by_state=True)`, which this replaces here, keyed every node again
+    in Python on each move of the weights: most of its time on the CPU-heavy lists.)
+    """
+    s = ctx.snapshot
+    key = ("state-scores", policy, shape_key(ctx.request), ctx.workload.key)
+    e: _StateScores | None = s.memo.get(key)
+    if e is None:
+        n, cap = len(s), 64
+        e = _StateScores(
+            np.full(n, -1, dtype=np.int64),
+            np.zeros(n, dtype=np.int64),
+            {},
+            np.zeros(cap, dtype=np.float64),
+            np.zeros(cap, dtype=np.int64),
+            np.zeros(cap, dtype=np.bool_),
+            generation,
         )
+        s.memo[key] = e
+    if e.generation != generation:
+        e.valid[:] = False
+        e.generation = generation
+    stale = nodes[e.versions[nodes] != s.version[nodes]]
+    if len(stale):
+        if len(e.ids) + len(stale) > _STATES_PER_SHAPE:  # start afresh: every node is keyed again when asked
+            e.ids.clear()
+            e.versions.fill(-1)
+            e.valid[:] = False
+            stale = nodes
+        ids = e.ids
+        # setdefault's default is evaluated first: a new state gets the next id.
+        sid = [ids.setdefault(k, len(ids)) for k in node_state_keys(ctx, stale)]
+        if len(ids) > len(e.valid):
+            cap = max(2 * len(e.valid), len(ids))
+            e.score = np.resize(e.score, cap)
+            e.aux = np.resize(e.aux, cap)
+            e.valid = np.concatenate([e.valid, np.zeros(cap - len(e.valid), dtype=np.bool_)])
+            s.memo[key] = e  # the memo counts the entry's bytes again
+        e.sid[stale] = sid
+        e.versions[stale] = s.version[stale]
+    sids = e.sid[nodes]
+    missing = ~e.valid[sids]
+    if missing.any():
+        want, first = np.unique(sids[missing], return_index=True)
+        sc, ax = compute(nodes[missing][first])
+        e.score[want] = sc
+        e.aux[want] = ax
+        e.valid[want] = True
+    return e.score[sids], e.aux[sids]
