@@ -38,7 +38,7 @@ import numpy.typing as npt
 
 from corral.model.arrays import BoolArray, FloatArray, IntArray
 from corral.placement.context import Context
-from corral.placement.fill import current_fill, share_unfilled, type_fill
+from corral.placement.fill import cpu_pod_unfilled, current_fill, share_unfilled, type_fill
 from corral.placement.scarcity import model_levels, scarcity_weights
 from corral.placement.scores.common import node_state_keys, shape_key
 from corral.placement.scores.fgd import FragmentationScored, fgd_score, node_after
@@ -119,7 +119,10 @@ class FgdScarcity(FragmentationScored):
             after = share_fragmentation_after(s, wl, nodes, r.cpu_milli, r.gpu_milli)
             return fgd_score(frag_before[:, None] - after), unfilled_before[:, :, None] - unfilled_after
         cpu_after_n, milli_after_n = node_after(ctx, nodes)
-        _, unfilled_after_n = type_fill(s, wl, nodes, cpu_after_n, milli_after_n)
+        if r.wants_gpu:
+            _, unfilled_after_n = type_fill(s, wl, nodes, cpu_after_n, milli_after_n)
+        else:  # only the CPU slots change (the GPU slots are current_fill's)
+            unfilled_after_n = cpu_pod_unfilled(s, wl, nodes, r.cpu_milli)
         points_n = fgd_score(frag_before - node_fragmentation(s, wl, nodes, cpu_after_n, milli_after_n))
         return points_n, unfilled_before - unfilled_after_n
 
