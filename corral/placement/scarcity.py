@@ -85,7 +85,7 @@ def scarcity_weights(snapshot: ClusterSnapshot, workload: TargetWorkload) -> Flo
     slots = cluster_slots(snapshot, workload).astype(np.float64)
     demand = w.prob * horizon(snapshot, workload)
     ratio = np.where(slots > 0, demand / np.maximum(slots, 1.0), np.where(demand > 0, 1.0, 0.0))
-    out: FloatArray = np.round(np.minimum(ratio, 1.0) * WEIGHT_STEPS) / WEIGHT_STEPS
+    out: FloatArray = np.rint(np.minimum(ratio, 1.0) * WEIGHT_STEPS) / WEIGHT_STEPS  # np.round, no wrapper
     return out
 
 

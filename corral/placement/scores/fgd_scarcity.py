@@ -55,7 +55,8 @@ TIE_WEIGHT = 0.999
 
 def gain_fraction(gain: FloatArray) -> FloatArray:
     """Map a fill gain (milli-GPU, any sign) monotonically into (0, 1), on FGD's own 1000-milli scale."""
-    out: FloatArray = 1.0 / (1.0 + np.exp(-np.clip(gain, -50_000.0, 50_000.0) / 1000.0))
+    # minimum(maximum()) is np.clip's result without its Python-level wrapper (a decision calls this once or twice).
+    out: FloatArray = 1.0 / (1.0 + np.exp(-np.minimum(np.maximum(gain, -50_000.0), 50_000.0) / 1000.0))
     return out
 
 
@@ -82,7 +83,7 @@ class FgdScarcity(FragmentationScored):
         self._weights_of = (ctx, weights)
         return weights
 
-    def _parts(self, ctx: Context, nodes: IntArray) -> tuple[FloatArray, npt.NDArray[np.int32]]:
+    def _parts(self, ctx: Context, nodes: IntArray) -> tuple[FloatArray, IntArray | npt.NDArray[np.int32]]:
         """FGD's points and, per target type, the unfilled milli the pod removes (before - after), for `nodes`.
 
         Shaped (nodes[, GPUs]) and (types, nodes[, GPUs]) (per GPU for a one-GPU share: one hypothetical state per
@@ -106,8 +107,11 @@ class FgdScarcity(FragmentationScored):
         versions, points, drop = entry
         stale = nodes[versions[nodes] != s.version[nodes]]
         if len(stale):
-            points[stale], drop[:, stale] = self._node_parts(ctx, stale, share)
+            fresh_points, fresh_drop = self._node_parts(ctx, stale, share)
+            points[stale], drop[:, stale] = fresh_points, fresh_drop
             versions[stale] = s.version[stale]
+            if len(stale) == len(nodes):  # all of them (the usual case): the same values, without gathering them
+                return fresh_points, fresh_drop
         return points[nodes], drop[:, nodes]
 
     def _node_parts(self, ctx: Context, nodes: IntArray, share: bool) -> tuple[FloatArray, IntArray]:
@@ -152,10 +156,21 @@ class FgdScarcity(FragmentationScored):
         """Per (node, GPU) score of a one-GPU share (non-negative); a subclass may put a criterion of its own first."""
         return per_gpu
 
+    _scored: tuple[Context, IntArray, FloatArray, IntArray] | None = None  # the last `_scores` of this decision
+
     def _scores(self, ctx: Context, nodes: IntArray) -> tuple[FloatArray, IntArray]:
+        last = self._scored
+        if last is not None and last[0] is ctx and len(nodes) == 1:
+            # `choose_gpus` asks for the chosen node of the scores just computed (on the same, unchanged snapshot).
+            at = int(np.searchsorted(last[1], nodes[0]))
+            if at < len(last[1]) and last[1][at] == nodes[0]:
+                return last[2][at : at + 1], last[3][at : at + 1]
         weights = self._weights(ctx)
         generation = tuple(weights.tolist())
-        return state_scores(ctx, self.name, nodes, lambda idx: self._compute(ctx, idx, weights), generation)
+        scores, aux = state_scores(ctx, self.name, nodes, lambda idx: self._compute(ctx, idx, weights), generation)
+        if len(nodes) > 1 and bool((nodes[1:] > nodes[:-1]).all()):  # sorted (the engine's feasible nodes are)
+            self._scored = (ctx, nodes, scores, aux)
+        return scores, aux
 
 
 #: Node states one shape's entry remembers before it starts afresh (bounds memory: about 250 bytes each).
@@ -231,8 +246,13 @@ def state_scores(
     sids = e.sid[nodes]
     missing = ~e.valid[sids]
     if missing.any():
-        want, first = np.unique(sids[missing], return_index=True)
-        sc, ax = compute(nodes[missing][first])
+        at = np.flatnonzero(missing)
+        if len(at) == 1:
+            want, reps = sids[at], nodes[at]
+        else:
+            want, first = np.unique(sids[at], return_index=True)
+            reps = nodes[at[first]]
+        sc, ax = compute(reps)
         e.score[want] = sc
         e.aux[want] = ax
         e.valid[want] = True
