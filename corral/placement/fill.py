@@ -229,11 +229,11 @@ def share_unfilled(
     changed instead of recounting every GPU of every hypothetical state (GPUs x fewer operations)."""
     w = compile_workload(snapshot, workload)
     t = len(w.prob)
-    present = snapshot.gpu_present[nodes]
     access = w.access[:, nodes]  # types x nodes x GPUs
     u = snapshot.gpu_milli_free[nodes]
-    free = np.where(present, np.maximum(u, 0), 0)
-    free_after = np.where(present, np.maximum(u - milli_req, 0), 0)  # [n, j]: GPU j once the share took it
+    # An absent GPU holds -1 free milli in a snapshot, so max(u, 0) is 0 there: no mask of the GPUs present needed.
+    free = np.maximum(u, 0)
+    free_after = np.maximum(u - max(milli_req, 0), 0)  # [n, j]: GPU j once the share took it
     idle_after = (free.sum(axis=1)[:, None] - free + free_after)[None]  # 1 x nodes x GPUs
     per_gpu = w.milli_div.reshape(t, 1, 1)
     slots_before = np.where(access, free[None] // per_gpu, 0)
