@@ -117,6 +117,17 @@ def cpu_pod_unfilled(snapshot: ClusterSnapshot, workload: TargetWorkload, nodes:
     return out
 
 
+def _state_bytes(snapshot: ClusterSnapshot, nodes: IntArray, cpu: IntArray, milli: IntArray) -> list[bytes]:
+    """Per node, free CPU, per-GPU free milli and per-GPU model as int64 bytes (`current_fill`'s state key)."""
+    model = snapshot.gpu_model
+    if len(nodes) == 1 and cpu.dtype == milli.dtype == model.dtype == np.int64:
+        # The same bytes as the general case, without building an array first (one node: the usual case).
+        return [cpu.tobytes() + milli.tobytes() + model[int(nodes[0])].tobytes()]
+    rows = np.concatenate([cpu[:, None], milli, model[nodes]], axis=1).astype(np.int64, copy=False)
+    raw, width = rows.tobytes(), rows.shape[1] * 8
+    return [raw[i * width : (i + 1) * width] for i in range(len(nodes))]
+
+
 @dataclass
 class _Current:
     """`current_fill`'s entry: per node the version its columns were computed at, the columns, and the columns per
@@ -148,9 +159,7 @@ def _current(snapshot: ClusterSnapshot, workload: TargetWorkload, nodes: IntArra
     if len(stale):
         by_state = e.by_state
         cpu, milli = snapshot.cpu_free[stale], snapshot.gpu_milli_free[stale]
-        rows = np.concatenate([cpu[:, None], milli, snapshot.gpu_model[stale]], axis=1)
-        raw, width = rows.tobytes(), rows.shape[1] * rows.itemsize
-        keys = [raw[i * width : (i + 1) * width] for i in range(len(stale))]
+        keys = _state_bytes(snapshot, stale, cpu, milli)
         new = [i for i, k in enumerate(keys) if k not in by_state]
         if len(by_state) + len(new) > _FILL_STATES:  # start afresh (the columns of every stale node computed)
             by_state.clear()
