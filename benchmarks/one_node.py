@@ -1,6 +1,6 @@
 """One machine, 8 GPUs with shares: which placement policy should `corral serve` start with (issue 16)?
 
-    python -m benchmarks.one_node [--seeds 42-46] [--pods 400] [--load 1.3] [--source default]
+    python -m benchmarks.one_node [--seeds 42-61] [--pods 400] [--load 1.0] [--source default]
                                   [--policies binpack,spread,fgd,fgd-priced,fgd-priced@default] [--keep DIR]
 
 On one node the node choice is trivial; a policy differs only in which GPU a share goes to, and that decides
@@ -21,7 +21,8 @@ policy `NAME@default` runs NAME with the engine's DEFAULT_WORKLOAD instead of th
 Columns, means over seeds (waits in seconds): pods that waited, mean / p99 / max wait of all pods, mean wait of
 whole-GPU pods and of shares, mean GPU allocation from the first arrival until the last pod started (the contended
 window: a policy that packs better keeps more of the GPUs busy while others wait), time the last pod started, and
-on how many seeds the policy's mean wait is below / equal to / above the first policy's (binpack by default).
+the policy's mean wait minus the first policy's (binpack by default), paired by seed, as mean ± 2 standard errors,
+and on how many seeds it is below / equal to / above.
 """
 
 from __future__ import annotations
@@ -204,9 +205,9 @@ def table(runs: Sequence[Run], labels: Sequence[str], seeds: Sequence[int]) -> s
     head = (
         "| policy | pods placed | pods that waited | mean wait (s) | p99 wait (s) | max wait (s) | mean wait, whole "
         "GPUs (s) | mean wait, shares (s) | GPU allocation until the last start (%) | last start (s) | "
-        f"mean wait vs {base} (seeds below / level / above) |"
+        f"mean wait - {base}'s (s; mean ± 2 s.e. over seeds) | seeds below / level / above {base} |"
     )
-    lines = [head, "|---|" + "---:|" * 10]
+    lines = [head, "|---|" + "---:|" * 11]
     for label in labels:
         rs = [by[(label, s)] for s in seeds]
         sums = [r.result.summary() for r in rs]
@@ -222,12 +223,18 @@ def table(runs: Sequence[Run], labels: Sequence[str], seeds: Sequence[int]) -> s
         ]
         below = sum(a < b - 1e-9 for a, b in cmp)
         above = sum(a > b + 1e-9 for a, b in cmp)
+        diff = np.array([a - b for a, b in cmp], dtype=np.float64)
+        spread = 2 * float(diff.std(ddof=1)) / math.sqrt(len(diff)) if len(diff) > 1 else 0.0
         lines.append(
             f"| {label} | {placed:,.0f} / {pods:,.0f} | {mean('delayed_pods'):.1f} | {mean('delay_mean_s'):,.0f} | "
             f"{mean('delay_p99_s'):,.0f} | {mean('delay_max_s'):,.0f} | {np.mean([r.whole_wait for r in rs]):,.0f} | "
             f"{np.mean([r.share_wait for r in rs]):,.0f} | {np.mean([r.alloc_contended for r in rs]):.2f} | "
             f"{np.mean([r.last_start for r in rs]):,.0f} | "
-            + ("-" if label == base else f"{below} / {len(seeds) - below - above} / {above}")
+            + (
+                "- | -"
+                if label == base
+                else f"{diff.mean():+,.0f} ± {spread:,.0f} | {below} / {len(seeds) - below - above} / {above}"
+            )
             + " |"
         )
     return "\n".join(lines)
@@ -238,9 +245,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--traces", type=Path, default=DEFAULT_TRACES, help="folder of the openb node and pod lists")
     p.add_argument("--source", default="default", help="pod list to draw from: openb_pod_list_<SOURCE>.csv")
     p.add_argument("--node-model", default="G2", help="GPU model of the 8-GPU node")
-    p.add_argument("--seeds", type=parse_seeds, default=parse_seeds("42-46"))
+    p.add_argument("--seeds", type=parse_seeds, default=parse_seeds("42-61"))
     p.add_argument("--pods", type=positive_int, default=400, help="pods per seed")
-    p.add_argument("--load", type=positive_float, default=1.3, help="offered GPU load, x the node's 8 GPUs")
+    p.add_argument("--load", type=positive_float, default=1.0, help="offered GPU load, x the node's 8 GPUs")
     p.add_argument("--max-runtime", type=positive_int, default=6 * 3600, help="run times clipped here (s)")
     p.add_argument("--policies", type=parse_policies, default=parse_policies(DEFAULT_POLICIES))
     p.add_argument("--keep", type=Path, help="write node.csv and pods-<seed>.csv here for `corral sim run --online`")
