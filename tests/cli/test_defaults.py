@@ -17,9 +17,11 @@ from corral.cli.typer_app import TYPER_COMMANDS, load
 DEFAULTS = {
     # one machine: binpack kept while it waits no longer than fgd-priced there (benchmarks/one_node.py)
     (("serve",), "policy"): "binpack",
-    # the simulator and the extender: the policy the figures recommend for a cluster
-    (("sim", "run"), "policy"): "fgd",
+    # a cluster replayed with its own pod statistics: the recommended policy (BENCHMARKS.md, issue-16 sections)
+    (("sim", "run"), "policy"): "fgd-priced",
+    # fgd-priced starves 8-GPU jobs on README's fair example (BENCHMARKS.md, "corral sim fair's placement")
     (("sim", "fair"), "placement"): "fgd",
+    # the extender knows no workload; fgd-priced with the generic one loses on multigpu30 ("The extender's default")
     (("k8s", "extender"), "policy"): "binpack",
 }
 
