@@ -1,6 +1,6 @@
 """`corral k8s`: the scheduler extender and the device plugin as commands (what the manifests in deploy/ run).
 
-corral k8s extender --port 8888 --policy binpack          serve kube-scheduler's extender verbs
+corral k8s extender --port 8888 --policy fgd-priced       serve kube-scheduler's extender verbs
 corral k8s device-plugin --node-name $NODE_NAME           advertise this node's GPUs to kubelet, publish inventory
 """
 
@@ -55,7 +55,7 @@ def extender_cmd(
     port: Annotated[int, typer.Option(help="Port of the verbs.")] = 8888,
     health_host: Annotated[str | None, typer.Option(help=HEALTH_HOST_HELP)] = None,
     health_port: Annotated[int, typer.Option(help="Port of --health-host.")] = 8889,
-    policy: Annotated[str, typer.Option(help="Default policy (a pod may set corral.dev/policy).")] = "binpack",
+    policy: Annotated[str, typer.Option(help="Default policy (a pod may set corral.dev/policy).")] = "fgd-priced",
     behavior: Annotated[str, typer.Option(help="GPU scheduling behaviour for pods without GPUs.")] = "preferential",
     reserve_cpus: Annotated[str, typer.Option(help="preferential: CPUs kept free per free GPU.")] = "4",
     reserve_memory: Annotated[str, typer.Option(help="preferential: memory kept free per free GPU.")] = "16GiB",
