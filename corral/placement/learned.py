@@ -236,4 +236,3 @@ def summary(workload: TargetWorkload | None, source: str) -> str:
         return f"workload: {source}: the engine's DEFAULT_WORKLOAD"
     top = "; ".join(describe_type(t) for t in workload.types[:3])
     return f"workload: {source}: {len(workload.types)} typical types, {len(workload.tail)} rare; top: {top}"
-
