@@ -55,7 +55,7 @@ class LearnerConfig:
     min_pods: int = 200  # pods seen (decayed weight) before the learned workload replaces the default
     check_pods: int = 256  # build a candidate after this many new pods...
     check_seconds: float = 60.0  # ...or this long after the last check, if any pod came meanwhile
-    min_change: float = 0.02  # adopt a candidate whose shape distribution moved at least this (total variation)
+    min_change: float = 0.05  # adopt a candidate whose shape distribution moved at least this (total variation)
     max_shapes: int = 1024
     max_uids: int = 65536
     max_gpu_count: int = 64
