@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import random
 from pathlib import Path
 
@@ -14,7 +15,8 @@ from corral.placement.learned import LearnerConfig, WorkloadLearner, distance, s
 from corral.placement.workload import TargetWorkload
 from corral.sim.openb import TracePod, load_pods, target_workload
 
-SHARED_LIST = Path("/work/shared/traces/openb/openb_pod_list_default.csv")
+TRACES = Path(os.environ.get("CORRAL_TRACES", Path(__file__).resolve().parents[3] / "shared" / "traces" / "openb"))
+SHARED_LIST = TRACES / "openb_pod_list_default.csv"
 
 #: Every pod counts at once: no decay, the smallest sample, a check after every pod, any change adopted.
 EAGER = LearnerConfig(half_life_pods=math.inf, min_pods=1, check_pods=1, min_change=0.0)
