@@ -225,7 +225,12 @@ class WorkloadLearner:
 
 def describe_type(t: TargetType) -> str:
     """One target type in words, e.g. "2x1000m GPU [V100] + 8000m CPU: 12.5 %"."""
-    gpu = f"{t.gpu_count}x{t.gpu_milli}m GPU" if t.gpu_count else "no GPU"
+    if not t.gpu_count:
+        gpu = "no GPU"
+    elif t.gpu_milli:
+        gpu = f"{t.gpu_count}x{t.gpu_milli}m GPU"
+    else:  # a share by GPU memory only: the shape (as the simulator's) does not count the memory
+        gpu = f"{t.gpu_count}x GPU memory share"
     models = f" [{','.join(sorted(t.models))}]" if t.models else ""
     return f"{gpu}{models} + {t.cpu_milli}m CPU: {100 * t.probability:.1f} %"
 

@@ -184,3 +184,15 @@ def test_bad_settings_are_refused_by_name() -> None:
         LearnerConfig(half_life_pods=0)
     with pytest.raises(InvalidRequest, match="no pods seen yet"):
         WorkloadLearner().candidate()
+
+
+def test_types_in_words() -> None:
+    learner = WorkloadLearner(EAGER)
+    learner.observe("a", req(gpus=2, models=frozenset({"V100"}), cpu=8000), 0.0)
+    learner.observe("b", Request(cpu_milli=1000, gpu_count=1, gpu_memory_mib=4096), 0.0)
+    learner.observe("c", req(gpus=0, cpu=500), 0.0)
+    assert learner.describe()["top"] == [
+        "2x1000m GPU [V100] + 8000m CPU: 33.3 %",
+        "1x GPU memory share + 1000m CPU: 33.3 %",
+        "no GPU + 500m CPU: 33.3 %",
+    ]
