@@ -64,6 +64,7 @@ from corral.model.errors import AllocationError, InvalidRequest
 from corral.model.resources import Allocation, Constraint, ConstraintOp, Request
 from corral.model.snapshot import ClusterSnapshot
 from corral.placement import PlacementConfig, place
+from corral.placement.engine import validate_against
 from corral.placement.explain import node_reason_text, render
 from corral.placement.learned import WorkloadLearner, summary
 from corral.placement.reasons import UNRESOLVABLE_BITS
@@ -376,6 +377,17 @@ class Extender:
         Called under the state's lock. A new workload makes the engine rebuild its per-workload caches, which is why
         the learner adopts one only every so many pods and only when it moved."""
         assert self.learner is not None
+        s = self.state.snapshot
+        if s is not None:
+            # A pod no node of this cluster can ever serve (a GPU model or GPU memory it has nowhere, more GPUs than
+            # any node) is not part of the workload it serves: counted, its type would only dilute the others. Not
+            # remembered either, so it counts once the cluster has such a node.
+            try:
+                validate_against(s, request)
+            except InvalidRequest:
+                return
+            if request.gpu_count > s.max_gpus:
+                return
         if self.learner.observe(key, request, time.monotonic()):
             self.config = dataclasses.replace(self.config, workload=self.learner.workload)
             log.info("%s (from %d pods)", summary(self.config.workload, "learned"), self.learner.pods)

@@ -25,8 +25,8 @@ Why these parts:
   the learned statistics have settled.
 - Bounded: at most `max_shapes` distinct shapes and `max_uids` UIDs; a request no node could ever hold in one piece
   (more than `max_gpu_count` GPUs, more than `max_models` models or a model name longer than `max_model_chars`) is
-  not counted at all, so a stream of hostile pods with odd requests churns at most the lightest shape's slot and
-  never adds a type whose every GPU is unreachable.
+  not counted at all, so a stream of hostile pods with odd requests churns at most the lightest shape's slot. (The
+  extender also leaves out pods its cluster can never serve: a GPU model it lacks, more GPUs than any node has.)
 
 Pure: the caller passes the time (`now`), so the simulator replays the same rule the extender runs.
 """

@@ -126,18 +126,18 @@ def test_workload_flag(tmp_path: Path) -> None:
     assert "error: --workload: expected auto, default or a pod list file; 'nope' is none of them" in r.output
 
 
-def test_odd_pods_are_learned_without_breaking_decisions() -> None:
-    """Pods asking for a GPU model no node has, or more GPUs than any node, are counted (they are what is
-    submitted) or ignored (beyond the learner's bounds), and the engine keeps deciding for everyone else."""
+def test_pods_the_cluster_cannot_serve_are_not_learned() -> None:
+    """Pods asking for a GPU model no node has, or more GPUs than any node, are not counted (their types would
+    only dilute the others), and the engine keeps deciding for everyone else."""
     c = learning(LearnerConfig(half_life_pods=math.inf, min_pods=3, check_pods=1, min_change=0.0))
     ext = c.extender
     odd = gpu_pod("odd-model", "1")
     odd["metadata"]["annotations"]["corral.dev/gpu-model"] = "Z9000"
     assert ext.filter({"Pod": odd, "NodeNames": ALL})["NodeNames"] == []
-    assert ext.filter({"Pod": gpu_pod("many", "512"), "NodeNames": ALL})["NodeNames"] == []
+    assert ext.filter({"Pod": gpu_pod("many", "8"), "NodeNames": ALL})["NodeNames"] == []  # the most is 4
     for i in range(3):
         ext.filter({"Pod": gpu_pod(f"p{i}", "1"), "NodeNames": ALL})
-    assert ext.learner is not None and ext.learner.pods == 4 and ext.learner.ignored == 1  # 512 GPUs: not counted
+    assert ext.learner is not None and ext.learner.pods == 3
     w = ext.config.workload
-    assert w is not None and any(t.models == frozenset({"Z9000"}) for t in (*w.types, *w.tail))
+    assert w is not None and [(t.gpu_count, t.models, t.probability) for t in (*w.types, *w.tail)] == [(1, None, 1.0)]
     assert ext.filter({"Pod": gpu_pod("after", "2"), "NodeNames": ALL})["NodeNames"] == ["gpu-a", "gpu-b"]
