@@ -86,13 +86,15 @@ def make_nodes(count: int, seed: int) -> list[dict[str, Any]]:
     return nodes
 
 
-def serve(port: int, nodes: int, pods: int, seed: int) -> None:
+def serve(port: int, nodes: int, pods: int, seed: int, policy: str = "binpack", workload: str = "auto") -> None:
     """The child process: the extender app over a fake API server that already holds the nodes and pods."""
     import uvicorn
 
     from corral.k8s.extender import Extender, create_app
     from corral.k8s.fake import FakeKubeApi
     from corral.k8s.state import ClusterState, Informer
+    from corral.placement import PlacementConfig
+    from corral.placement.learned import WorkloadLearner
 
     api = FakeKubeApi()
     for n in make_nodes(nodes, seed):
@@ -103,7 +105,9 @@ def serve(port: int, nodes: int, pods: int, seed: int) -> None:
     Informer(api, state).sync_once()
     gc.collect()
     gc.freeze()  # as `corral k8s extender` does after its first sync: long-lived objects leave the GC's scans
-    uvicorn.run(create_app(Extender(state, api)), host="127.0.0.1", port=port, log_level="warning")
+    learner = WorkloadLearner() if workload == "auto" else None  # as `corral k8s extender --workload auto|default`
+    app = create_app(Extender(state, api, PlacementConfig(policy=policy), learner=learner))
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 
 
 def free_port() -> int:
@@ -158,12 +162,15 @@ def per_pod_ms(before: float | None, after: float | None, pods: int) -> float | 
     return None if before is None or after is None or not pods else (after - before) / pods * 1000
 
 
-def run(nodes: int, latency_pods: int, bind_pods: int, seed: int) -> dict[str, Any]:
+def run(
+    nodes: int, latency_pods: int, bind_pods: int, seed: int, policy: str = "binpack", workload: str = "auto"
+) -> dict[str, Any]:
     port = free_port()
     pods_needed = max(latency_pods, bind_pods)
     child = subprocess.Popen(
         [sys.executable, "-m", "benchmarks.bench_k8s", "--serve", str(port), "--nodes", str(nodes),
-         "--pods", str(pods_needed), "--seed", str(seed)],
+         "--pods", str(pods_needed), "--seed", str(seed), "--policy", policy,
+         "--workload", workload],
     )  # fmt: skip
     try:
         client = Client(port)
@@ -200,6 +207,7 @@ def run(nodes: int, latency_pods: int, bind_pods: int, seed: int) -> dict[str, A
             bound += 1
         wall = time.perf_counter() - t0
         cpu2 = cpu_seconds(child.pid)
+        learned = client.call("GET", "/status")["workload"]
     finally:
         child.terminate()
         child.wait(timeout=30)
@@ -216,6 +224,7 @@ def run(nodes: int, latency_pods: int, bind_pods: int, seed: int) -> dict[str, A
         "pods_per_s": len(pods) / wall,
         "bind_server_cpu_ms_per_pod": per_pod_ms(cpu1, cpu2, len(pods)),
         "load_average": os.getloadavg()[0],
+        "workload": learned,
     }
 
 
@@ -237,6 +246,10 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--latency-pods", type=int, default=300)
     ap.add_argument("--bind-pods", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--policy", default="binpack", help="the extender's policy (`corral k8s extender --policy`)")
+    ap.add_argument(
+        "--workload", default="auto", choices=("auto", "default"), help="the extender's --workload (auto: learned)"
+    )
     ap.add_argument(
         "--write", type=Path, default=None, help="write the figures into this markdown file (replacing this section)"
     )
@@ -244,9 +257,9 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--pods", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.serve:
-        serve(args.serve, args.nodes, args.pods, args.seed)
+        serve(args.serve, args.nodes, args.pods, args.seed, args.policy, args.workload)
         return
-    res = run(args.nodes, args.latency_pods, args.bind_pods, args.seed)
+    res = run(args.nodes, args.latency_pods, args.bind_pods, args.seed, args.policy, args.workload)
     print(json.dumps(res, indent=2))
     if args.write:
         shown = argv[: argv.index("--write")] if "--write" in argv else argv

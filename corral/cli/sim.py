@@ -111,7 +111,7 @@ def run_cmd(
     nodes: Annotated[Path, typer.Option(help="Nodes: openb node CSV or corral YAML/JSON.")],
     pods: Annotated[Path, typer.Option(help="Pods: openb pod CSV or corral YAML/JSON.")],
     out_dir: Annotated[Path, typer.Option("--out", help="Folder for the results (written only when complete).")],
-    policy: Annotated[str, typer.Option(help="Policy; with --online a comma list to compare.")] = "fgd",
+    policy: Annotated[str, typer.Option(help="Policy; with --online a comma list to compare.")] = "fgd-priced",
     seed: Annotated[int, typer.Option(help="Seed of the shuffle, tuning and tie-break ranks.")] = 42,
     tune: Annotated[float, typer.Option(help="Tune the arriving GPU demand to this x GPU capacity.")] = 1.3,
     order: Annotated[Path | None, typer.Option(help="Replay this exact order file instead of drawing one.")] = None,

@@ -1,6 +1,6 @@
 """`corral k8s`: the scheduler extender and the device plugin as commands (what the manifests in deploy/ run).
 
-corral k8s extender --port 8888 --policy binpack          serve kube-scheduler's extender verbs
+corral k8s extender --port 8888 --policy fgd-priced       serve kube-scheduler's extender verbs
 corral k8s device-plugin --node-name $NODE_NAME           advertise this node's GPUs to kubelet, publish inventory
 """
 
@@ -19,7 +19,7 @@ import typer
 from corral.model.errors import CorralError, InvalidRequest
 from corral.model.resources import GpuBehavior
 from corral.model.units import parse_cpu_milli, parse_memory_mib
-from corral.placement import GpuReserve, PlacementConfig
+from corral.placement import GpuReserve, PlacementConfig, TargetWorkload
 
 RESOURCE_HELP = (
     "Resource to advertise (repeatable; default corral.dev/gpu, corral.dev/gpu-milli, elasticgpu.io/gpu-core, "
@@ -40,6 +40,11 @@ PICK_HELP = (
     "(several times the pods/s); pods with preferred affinities or ScheduleAnyway spreading still get every node "
     "that fits. --no-pick: every node that fits, ranked at prioritize."
 )
+WORKLOAD_HELP = (
+    "Target workload of fgd and fgd-priced: auto (learned from the pods the extender sees: the engine's generic one "
+    "until 200 have come, then their shapes, recent ones weighing most), default (the engine's generic one), or a pod "
+    "list FILE as `corral sim` reads it (openb CSV, or corral's YAML/JSON), whose typical pods are the workload."
+)
 app = typer.Typer(no_args_is_help=True, help="corral on Kubernetes: scheduler extender and device plugin.")
 log = logging.getLogger("corral.k8s")
 
@@ -55,13 +60,14 @@ def extender_cmd(
     port: Annotated[int, typer.Option(help="Port of the verbs.")] = 8888,
     health_host: Annotated[str | None, typer.Option(help=HEALTH_HOST_HELP)] = None,
     health_port: Annotated[int, typer.Option(help="Port of --health-host.")] = 8889,
-    policy: Annotated[str, typer.Option(help="Default policy (a pod may set corral.dev/policy).")] = "binpack",
+    policy: Annotated[str, typer.Option(help="Default policy (a pod may set corral.dev/policy).")] = "fgd-priced",
     behavior: Annotated[str, typer.Option(help="GPU scheduling behaviour for pods without GPUs.")] = "preferential",
     reserve_cpus: Annotated[str, typer.Option(help="preferential: CPUs kept free per free GPU.")] = "4",
     reserve_memory: Annotated[str, typer.Option(help="preferential: memory kept free per free GPU.")] = "16GiB",
     load_weight: Annotated[float, typer.Option(help="0..1: how much live GPU utilisation lowers scores.")] = 0.0,
     kubeconfig: Annotated[str | None, typer.Option(help="Kubeconfig (default: in-cluster, else ~/.kube).")] = None,
     pick: Annotated[bool, typer.Option(help=PICK_HELP)] = True,
+    workload: Annotated[str, typer.Option(help=WORKLOAD_HELP)] = "auto",
 ) -> None:
     """Serve the kube-scheduler extender verbs (filter, prioritize, bind, preempt) from corral's engine."""
     import uvicorn
@@ -69,8 +75,10 @@ def extender_cmd(
     from corral.k8s.client import RealKubeApi
     from corral.k8s.extender import Extender, create_app
     from corral.k8s.state import ClusterState, Informer
+    from corral.placement.learned import WorkloadLearner
 
     try:
+        target = load_workload(workload)
         config = PlacementConfig(
             policy=policy,
             gpu_behavior=GpuBehavior.parse(behavior, "--behavior"),
@@ -78,6 +86,7 @@ def extender_cmd(
                 parse_cpu_milli(reserve_cpus, "--reserve-cpus"), parse_memory_mib(reserve_memory, "--reserve-memory")
             ),
             load_weight=load_weight,
+            workload=target,
         )
         api = RealKubeApi(kubeconfig)
     except (InvalidRequest, CorralError) as exc:
@@ -102,12 +111,30 @@ def extender_cmd(
         informer.close()
         raise _fail(f"--host/--health-host: cannot listen: {exc}") from None
     app_ = create_app(
-        Extender(state, api, config, pick=pick), health_only_ports=frozenset({health_port}) if health_host else None
+        Extender(state, api, config, pick=pick, learner=WorkloadLearner() if workload == "auto" else None),
+        health_only_ports=frozenset({health_port}) if health_host else None,
     )
     try:
         uvicorn.Server(uvicorn.Config(app_, log_level="warning")).run(sockets=sockets)
     finally:
         informer.close()
+
+
+def load_workload(value: str) -> TargetWorkload | None:
+    """--workload's fixed workload: None for auto and default (the learner, or the engine's generic one), else the
+    typical pods of the pod list FILE, as `corral sim` builds them from it. Raises InvalidRequest naming the flag."""
+    if value in ("auto", "default"):
+        return None
+    from corral.sim.openb import target_workload
+    from corral.sim.pods import load_pod_file
+
+    path = Path(value)
+    if not path.is_file():
+        raise InvalidRequest("--workload", f"expected auto, default or a pod list file; {value!r} is none of them")
+    try:
+        return target_workload(load_pod_file(path))
+    except InvalidRequest as exc:
+        raise InvalidRequest("--workload", f"{exc.field}: {exc.message}") from None
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

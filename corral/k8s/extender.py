@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import orjson
+from prometheus_client import CollectorRegistry, Gauge
 
 from corral.k8s.client import JsonObj, KubeApi, KubeApiError
 from corral.k8s.convert import (
@@ -63,7 +64,9 @@ from corral.model.errors import AllocationError, InvalidRequest
 from corral.model.resources import Allocation, Constraint, ConstraintOp, Request
 from corral.model.snapshot import ClusterSnapshot
 from corral.placement import PlacementConfig, place
+from corral.placement.engine import validate_against
 from corral.placement.explain import node_reason_text, render
+from corral.placement.learned import WorkloadLearner, summary
 from corral.placement.reasons import UNRESOLVABLE_BITS
 
 log = logging.getLogger("corral.k8s.extender")
@@ -304,12 +307,20 @@ class Extender:
     """
 
     def __init__(
-        self, state: ClusterState, api: KubeApi | None, config: PlacementConfig | None = None, pick: bool = False
+        self,
+        state: ClusterState,
+        api: KubeApi | None,
+        config: PlacementConfig | None = None,
+        pick: bool = False,
+        learner: WorkloadLearner | None = None,
     ) -> None:
         self.state = state
         self.api = api
         self.config = config or PlacementConfig()
         self.pick = pick
+        #: Learns the target workload (fgd, fgd-priced) from the pods seen; None: `config.workload` stays as given
+        #: (a file's, or the engine's DEFAULT_WORKLOAD).
+        self.learner = learner
         self._verdicts: OrderedDict[str, Verdict] = OrderedDict()
         self._pods: OrderedDict[str, JsonObj] = OrderedDict()  # recent Pod objects by UID, for bind
         self._table_for: ClusterSnapshot | None = None
@@ -318,6 +329,9 @@ class Extender:
         #: deletes them and tries the preemptor again, often before the watch tells corral they are gone.
         self._evicting: OrderedDict[str, tuple[float, list[tuple[str, str]]]] = OrderedDict()
         self.metrics = ExtenderMetrics()  # GET /metrics (corral.metrics); a counter's inc is a lock and an add
+        self._workload_gauges = _WorkloadGauges(self.metrics.registry)
+        self._workload_gauges.update(self)
+        log.info("%s", summary(self.config.workload, self.workload_source))
 
     # ------------------------------------------------------------------ decisions
     @staticmethod
@@ -341,6 +355,8 @@ class Extender:
             if cached is not None and cached.generation == self.state.generation and (ask is None or ask == cached.ask):
                 return cached
             ask = ask or pod_request(pod)
+            if self.learner is not None:
+                self._learn(key, ask.request)
             verdict = self._decide(ask)
             # Verdicts of older generations stay (the most recent VERDICTS_KEPT): filter/prioritize never use them
             # again, but bind tries their allocation first, and with pick kube-scheduler filters the next pods
@@ -348,6 +364,44 @@ class Extender:
             self._remember(self._verdicts, key, verdict, VERDICTS_KEPT)
             self._remember(self._pods, key, pod, 1024)
             return verdict
+
+    @property
+    def workload_source(self) -> str:
+        """Where the workload in use comes from: "learned", "default" (the engine's), or "given" (a file's)."""
+        if self.config.workload is None:
+            return "default"
+        return "learned" if self.learner is not None else "given"
+
+    def _learn(self, key: str, request: Request) -> None:
+        """Count the pod (once per key) and, when the learner adopts a new workload, decide with it from now on.
+        Called under the state's lock. A new workload makes the engine rebuild its per-workload caches, which is why
+        the learner adopts one only every so many pods and only when it moved."""
+        assert self.learner is not None
+        s = self.state.snapshot
+        if s is not None:
+            # A pod no node of this cluster can ever serve (a GPU model or GPU memory it has nowhere, more GPUs than
+            # any node) is not part of the workload it serves: counted, its type would only dilute the others. Not
+            # remembered either, so it counts once the cluster has such a node.
+            try:
+                validate_against(s, request)
+            except InvalidRequest:
+                return
+            if request.gpu_count > s.max_gpus:
+                return
+        if self.learner.observe(key, request, time.monotonic()):
+            self.config = dataclasses.replace(self.config, workload=self.learner.workload)
+            log.info("%s (from %d pods)", summary(self.config.workload, "learned"), self.learner.pods)
+            self._workload_gauges.update(self)
+
+    def workload_status(self) -> dict[str, Any]:
+        """/status's "workload": its source, and the learner's account when it learns."""
+        out: dict[str, Any] = {"source": self.workload_source}
+        w = self.config.workload
+        if w is not None:
+            out.update(types=len(w.types), tail=len(w.tail))
+        if self.learner is not None:
+            out["learner"] = self.learner.describe()
+        return out
 
     def _see_evictions(self, preemptor: str) -> None:
         """Read back the victims named for this preemptor that the state still holds, and forget those the API
@@ -883,7 +937,10 @@ class ExtenderApp:
             ("POST", "/bind"): self._guarded("bind", lambda args: orjson.dumps(extender.bind(args))),
             ("POST", "/preempt"): self._guarded("preempt", lambda args: orjson.dumps(extender.preempt(args))),
             ("GET", "/healthz"): lambda _: (200, orjson.dumps({"ok": extender.state.snapshot is not None})),
-            ("GET", "/status"): lambda _: (200, orjson.dumps({**extender.state.status(), "verbs": self.timings()})),
+            ("GET", "/status"): lambda _: (
+                200,
+                orjson.dumps({**extender.state.status(), "verbs": self.timings(), "workload": self._workload()}),
+            ),
             ("GET", "/metrics"): lambda _: (200, render_text(Joined(extender.metrics.registry, self._cluster))),
         }
 
@@ -979,6 +1036,10 @@ class ExtenderApp:
 
         return handle
 
+    def _workload(self) -> dict[str, Any]:
+        with self.extender.state.lock:  # the learner is updated under it
+            return self.extender.workload_status()
+
     def timings(self) -> dict[str, dict[str, float]]:
         """Per verb since the start: calls, and seconds of wall time and of CPU (the serving thread's) of their
         handling, from the body read to the answer made (HTTP and the server's own work not included)."""
@@ -986,6 +1047,37 @@ class ExtenderApp:
             verb: {"calls": int(n), "wall_s": round(w, 6), "cpu_s": round(c, 6)}
             for verb, (n, w, c) in self._spent.items()
         }
+
+
+class _WorkloadGauges:
+    """/metrics: which target workload the engine uses and what the learner has seen."""
+
+    SOURCES = ("default", "learned", "given")
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.source = Gauge(
+            "corral_extender_workload_source",
+            "1 for the target workload fgd and fgd-priced use now: default (the engine's generic one), learned (from "
+            "the pods seen), given (--workload FILE)",
+            ["source"],
+            registry=registry,
+        )
+        self.types = Gauge("corral_extender_workload_types", "Typical task types of the workload in use",
+                           registry=registry)  # fmt: skip
+        self.pods = Gauge("corral_extender_workload_pods_seen", "Pods the workload learner has counted (once per UID)",
+                          registry=registry)  # fmt: skip
+        self.rebuilds = Gauge("corral_extender_workload_rebuilds", "Learned workloads adopted since the start",
+                              registry=registry)  # fmt: skip
+
+    def update(self, extender: Extender) -> None:
+        """Set at the start and at each adoption; the counts are read at scrape time."""
+        source = extender.workload_source
+        for s in self.SOURCES:
+            self.source.labels(s).set(1 if s == source else 0)
+        self.types.set_function(lambda: len(w.types) if (w := extender.config.workload) is not None else 0)
+        learner = extender.learner
+        self.pods.set_function(lambda: learner.pods if learner is not None else 0)
+        self.rebuilds.set_function(lambda: learner.rebuilds if learner is not None else 0)
 
 
 def _short(text: str, limit: int = 300) -> str:

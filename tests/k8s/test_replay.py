@@ -53,7 +53,7 @@ def fake_kube_scheduler(c: Cluster, pod: dict[str, Any], names: list[str]) -> st
     return str(best["Host"])
 
 
-@pytest.mark.parametrize("policy", ["binpack", "spread", "fgd"])
+@pytest.mark.parametrize("policy", ["binpack", "spread", "fgd", "fgd-priced"])
 def test_replay_matches_the_engine(policy: str) -> None:
     rng = random.Random(7)
     config = PlacementConfig(policy=policy)
