@@ -92,8 +92,53 @@ class _PricedGpuHorizon(FgdPriced):
     cpu_horizon = False
 
 
+class _PricedIssue16(FgdPriced):
+    """fgd-priced as issue 16 found it: the tightest GPU before FGD's points, no margin on the kept hosts' reserve."""
+
+    name = "fgd-priced-issue16"
+    fgd_first = False
+    gpu_margin = 1.0
+
+
+class _PricedTightFirst(FgdPriced):
+    """fgd-priced with the tightest GPU before FGD's points (the order issue 7 left); margin kept."""
+
+    name = "fgd-priced-tight-first"
+    fgd_first = False
+
+
+class _PricedNoMargin(FgdPriced):
+    """fgd-priced without the margin for pods with GPUs on the kept hosts' reserve."""
+
+    name = "fgd-priced-no-margin"
+    gpu_margin = 1.0
+
+
+class _PricedMarginAll(FgdPriced):
+    """fgd-priced with the margin for every pod, pods without GPUs included."""
+
+    name = "fgd-priced-margin-all"
+    cpu_margin = FgdPriced.gpu_margin
+
+
+class _PricedMargin2TightFirst(FgdPriced):
+    """A first try: margin 2 for every pod, tightest GPU before FGD's points."""
+
+    name = "fgd-priced-margin2-tight-first"
+    fgd_first = False
+    gpu_margin = 2.0
+    cpu_margin = 2.0
+
+
+class _PricedAlias(FgdPriced):
+    """fgd-priced under the name its prototype ran as (TEMPORARY, while a sweep runs)."""
+
+    name = "fgd-priced-ff-m15g"
+
+
 ABLATIONS: tuple[type[FgdScarcity], ...] = (
-    _FgdFill, _CpuPodsOnly, _NoModelLevel, _Unweighted, _PricedLoose, _PricedNoReserve, _PricedGpuHorizon
+    _FgdFill, _CpuPodsOnly, _NoModelLevel, _Unweighted, _PricedLoose, _PricedNoReserve, _PricedGpuHorizon,
+    _PricedIssue16, _PricedTightFirst, _PricedNoMargin, _PricedMarginAll, _PricedMargin2TightFirst, _PricedAlias,
 )  # fmt: skip
 
 
