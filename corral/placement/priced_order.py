@@ -10,9 +10,8 @@ configuration wherever it was, even on a node whose CPU the share exhausts, stra
 points are the one key here that sees the node as a whole (its CPU and every GPU, for the workload's typical pods),
 so they now come before the GPU's tightness: a started configuration is still completed before a fresh GPU is
 opened when the nodes are equally good to FGD, and not at the price of a node's CPU. Measured (3 seeds, issue 16,
-`docs/beyond-fgd.md`): on `cpu300p` (three times `default`'s pods without GPUs) it turns a loss to fgd on one seed
-into +0.07..+0.51 on all three; on `multigpu50p`, whose shares share nodes with 8-GPU pods, CPU-stranded free GPUs
-at arrived 100 % fell from 34 to ... (see the doc).
+`docs/beyond-fgd.md`): on `cpu300p` (three times `default`'s pods without GPUs) it alone turns a loss to fgd on
+one seed into +0.07..+0.51 on all three.
 
 Packing: ((1000 - loss) x 101 + points) x 1001 + (1000 - u) + (score - points), at most about 1.02e8 (below
 fgd-priced's 2^28 for kept hosts); the look-ahead's fraction keeps a resolution of about 1.5e-8 there, as before.
