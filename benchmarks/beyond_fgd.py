@@ -12,6 +12,18 @@ The ablation variants are registered here only (not in the product), each `fgd-s
     fgd-scarcity-cpu-pods     only pods without GPUs get the tie-break (pods with GPUs: FGD's node rank)
     fgd-scarcity-no-model     pods with GPUs: no model level first
     fgd-scarcity-unweighted   pods with GPUs: model level, then the plain fill gain (no scarcity weights)
+
+and `fgd-priced` with one part changed (the share-price and kept-host parts of issue 7, the level-everywhere parts
+of issue 16):
+
+    fgd-priced-loose          the share prices alone (no tightest GPU, no kept hosts)
+    fgd-priced-no-reserve     no hosts kept for multi-GPU pods
+    fgd-priced-gpu-horizon    the kept hosts' horizon counts free GPU milli only
+    fgd-priced-issue16        as issue 16 found it: the tightest GPU before FGD's points, no reserve margin
+    fgd-priced-tight-first    the tightest GPU before FGD's points (margin kept)
+    fgd-priced-no-margin      no margin for pods with GPUs on the kept hosts' reserve (FGD's points first kept)
+    fgd-priced-margin-all     the margin for pods without GPUs too
+    fgd-priced-margin2-tight-first   margin 2 for every pod, the tightest GPU first (a first try)
 """
 
 from __future__ import annotations
@@ -130,15 +142,9 @@ class _PricedMargin2TightFirst(FgdPriced):
     cpu_margin = 2.0
 
 
-class _PricedAlias(FgdPriced):
-    """fgd-priced under the name its prototype ran as (TEMPORARY, while a sweep runs)."""
-
-    name = "fgd-priced-ff-m15g"
-
-
 ABLATIONS: tuple[type[FgdScarcity], ...] = (
     _FgdFill, _CpuPodsOnly, _NoModelLevel, _Unweighted, _PricedLoose, _PricedNoReserve, _PricedGpuHorizon,
-    _PricedIssue16, _PricedTightFirst, _PricedNoMargin, _PricedMarginAll, _PricedMargin2TightFirst, _PricedAlias,
+    _PricedIssue16, _PricedTightFirst, _PricedNoMargin, _PricedMarginAll, _PricedMargin2TightFirst,
 )  # fmt: skip
 
 
