@@ -142,9 +142,17 @@ class _PricedMargin2TightFirst(FgdPriced):
     cpu_margin = 2.0
 
 
+class _PricedMarginGpuBound(FgdPriced):
+    """The margin only while free GPU milli runs out before free CPU."""
+
+    name = "fgd-priced-margin-gpu-bound"
+    margin_gpu_bound = True
+
+
 ABLATIONS: tuple[type[FgdScarcity], ...] = (
     _FgdFill, _CpuPodsOnly, _NoModelLevel, _Unweighted, _PricedLoose, _PricedNoReserve, _PricedGpuHorizon,
     _PricedIssue16, _PricedTightFirst, _PricedNoMargin, _PricedMarginAll, _PricedMargin2TightFirst,
+    _PricedMarginGpuBound,
 )  # fmt: skip
 
 

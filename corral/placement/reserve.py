@@ -100,6 +100,11 @@ def _request_gang(table: _Gang, request: Request) -> list[tuple[int, float]]:
     ]
 
 
+def gpu_runs_out_later(snapshot: ClusterSnapshot, workload: TargetWorkload) -> bool:
+    """Whether free CPU runs out before free GPU milli (the CPU-aware horizon is the smaller)."""
+    return horizon(snapshot, workload, True) < horizon(snapshot, workload, False)
+
+
 def kept_hosts(
     snapshot: ClusterSnapshot,
     workload: TargetWorkload,

@@ -37,7 +37,7 @@ from corral.model.resources import MILLI_PER_GPU
 from corral.placement.context import Context
 from corral.placement.priced_order import points_before_tightness
 from corral.placement.pricing import SharePrices, share_prices
-from corral.placement.reserve import GPU_POD_MARGIN, kept_hosts
+from corral.placement.reserve import GPU_POD_MARGIN, gpu_runs_out_later, kept_hosts
 from corral.placement.scores.fgd_scarcity import FgdScarcity
 
 #: fgd-scarcity's scores lie in [0, 101); one step of the keys above outweighs any of them.
@@ -54,6 +54,7 @@ class FgdPriced(FgdScarcity):
     fgd_first = True  # among GPUs of equal loss, FGD's points before the tightest GPU (`placement.priced_order`)
     gpu_margin = GPU_POD_MARGIN  # reserve margin for pods with GPUs (`placement.reserve`; 1.0: none)
     cpu_margin = 1.0  # and for pods without GPUs
+    margin_gpu_bound = False  # the margin only while free GPU milli runs out before free CPU
 
     _kept = 0  # nodes the last `score` kept for multi-GPU pods (a policy object serves one decision)
 
@@ -61,6 +62,8 @@ class FgdPriced(FgdScarcity):
         scores = super().score(ctx, nodes)
         if self.reserve:
             margin = self.gpu_margin if ctx.request.wants_gpu else self.cpu_margin
+            if self.margin_gpu_bound and margin != 1.0 and gpu_runs_out_later(ctx.snapshot, ctx.workload):
+                margin = 1.0
             kept = kept_hosts(ctx.snapshot, ctx.workload, ctx.request, nodes, self.cpu_horizon, margin)
             self._kept = int(np.count_nonzero(kept))
             if self._kept:
