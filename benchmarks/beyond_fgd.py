@@ -117,6 +117,7 @@ class _PricedTightFirst(FgdPriced):
 
     name = "fgd-priced-tight-first"
     fgd_first = False
+    margin_gpu_bound = False
 
 
 class _PricedNoMargin(FgdPriced):
@@ -131,6 +132,7 @@ class _PricedMarginAll(FgdPriced):
 
     name = "fgd-priced-margin-all"
     cpu_margin = FgdPriced.gpu_margin
+    margin_gpu_bound = False
 
 
 class _PricedMargin2TightFirst(FgdPriced):
@@ -140,19 +142,26 @@ class _PricedMargin2TightFirst(FgdPriced):
     fgd_first = False
     gpu_margin = 2.0
     cpu_margin = 2.0
+    margin_gpu_bound = False
 
 
-class _PricedMarginGpuBound(FgdPriced):
-    """The margin only while free GPU milli runs out before free CPU."""
+class _PricedMarginAlways(FgdPriced):
+    """The margin for pods with GPUs also while free CPU runs out before free GPU milli."""
+
+    name = "fgd-priced-margin-always"
+    margin_gpu_bound = False
+
+
+class _PricedAlias(FgdPriced):
+    """fgd-priced under the name it ran as while being tried (TEMPORARY, while a sweep runs)."""
 
     name = "fgd-priced-margin-gpu-bound"
-    margin_gpu_bound = True
 
 
 ABLATIONS: tuple[type[FgdScarcity], ...] = (
     _FgdFill, _CpuPodsOnly, _NoModelLevel, _Unweighted, _PricedLoose, _PricedNoReserve, _PricedGpuHorizon,
     _PricedIssue16, _PricedTightFirst, _PricedNoMargin, _PricedMarginAll, _PricedMargin2TightFirst,
-    _PricedMarginGpuBound,
+    _PricedMarginAlways, _PricedAlias,
 )  # fmt: skip
 
 

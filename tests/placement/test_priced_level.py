@@ -1,5 +1,6 @@
 """fgd-priced's two issue-16 mechanisms on small hand-built clusters: where each must change the choice, and where it
-must not (FGD's points before the tightest GPU; the kept hosts' margin for pods with GPUs)."""
+must not (FGD's points before the tightest GPU; the kept hosts' margin for pods with GPUs while GPU milli runs out
+no later than CPU)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from corral.model.resources import MILLI_PER_GPU, Request
 from corral.model.snapshot import ClusterSnapshot
 from corral.placement import PlacementConfig, place
 from corral.placement.registry import policy_names, register_policy
-from corral.placement.reserve import GPU_POD_MARGIN, kept_hosts
+from corral.placement.reserve import GPU_POD_MARGIN, gpu_runs_out_later, kept_hosts
 from corral.placement.scores.fgd_priced import FgdPriced
 from corral.placement.workload import TargetType, TargetWorkload
 from tests.builders import cluster, cpu_only, gpus, node
@@ -26,7 +27,12 @@ class _NoMargin(FgdPriced):
     gpu_margin = 1.0
 
 
-for _cls in (_TightFirst, _NoMargin):
+class _MarginAlways(FgdPriced):
+    name = "test-priced-margin-always"
+    margin_gpu_bound = False
+
+
+for _cls in (_TightFirst, _NoMargin, _MarginAlways):
     if _cls.name not in policy_names():
         register_policy(_cls.name, _cls)
 
@@ -103,6 +109,27 @@ def test_the_margin_keeps_hosts_earlier_for_pods_with_gpus_only() -> None:
     # A pod without GPUs keeps the margin of 1: it is placed as without the margin.
     assert chosen(s, cpu_pod, "fgd-priced", workload) == chosen(s, cpu_pod, "test-priced-no-margin", workload)
     assert not kept_hosts(s, workload, cpu_pod, everything, cpu=True).any()
+
+
+def test_the_margin_does_not_apply_where_cpu_runs_out_first() -> None:
+    # Typical pods of 20 cores: 448 free cores take 22.4 pods, 32 free GPUs 32, so CPU runs out first and H = 22.4.
+    # 4 %: demand 0.9, a reserve of 1 < 2 hosts; with the margin it would be ceil(1.34) = 2, and the hosts kept.
+    typical = (TargetType(20_000, MILLI_PER_GPU, 1, None, 1.0),)
+    workload = TargetWorkload(typical, (TargetType(120_000, MILLI_PER_GPU, 8, None, 0.04),))
+    s, one_gpu = g3_and_g2(), gpus(1, cpu=16_000)
+    everything = np.arange(len(s), dtype=np.int64)
+    assert gpu_runs_out_later(s, workload)
+    assert kept_hosts(s, workload, one_gpu, everything, cpu=True, margin=GPU_POD_MARGIN).any()
+    assert chosen(s, one_gpu, "fgd-priced", workload) == chosen(s, one_gpu, "test-priced-no-margin", workload)
+
+    def notes(policy: str) -> tuple[str, ...]:
+        return place(s, one_gpu, PlacementConfig(policy=policy, workload=workload), rng=0).explanation.notes
+
+    kept = "fgd-priced: 2 nodes kept free for multi-GPU pods came last"
+    assert kept in notes("test-priced-margin-always")
+    assert not any("kept free" in n for n in notes("fgd-priced"))
+    # With 14-core pods (the test above) the two horizons are equal, GPU milli runs out no later, the margin holds.
+    assert not gpu_runs_out_later(s, with_big_tail(0.03))
 
 
 def test_the_margin_keeps_nothing_while_hosts_are_plentiful() -> None:

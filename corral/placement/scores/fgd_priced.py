@@ -54,7 +54,7 @@ class FgdPriced(FgdScarcity):
     fgd_first = True  # among GPUs of equal loss, FGD's points before the tightest GPU (`placement.priced_order`)
     gpu_margin = GPU_POD_MARGIN  # reserve margin for pods with GPUs (`placement.reserve`; 1.0: none)
     cpu_margin = 1.0  # and for pods without GPUs
-    margin_gpu_bound = False  # the margin only while free GPU milli runs out before free CPU
+    margin_gpu_bound = True  # the margin only while free GPU milli runs out no later than free CPU
 
     _kept = 0  # nodes the last `score` kept for multi-GPU pods (a policy object serves one decision)
 
