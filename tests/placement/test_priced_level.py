@@ -5,11 +5,11 @@ no later than CPU)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from corral.model.resources import MILLI_PER_GPU, Request
 from corral.model.snapshot import ClusterSnapshot
-from corral.placement import PlacementConfig, place
-from corral.placement.registry import policy_names, register_policy
+from corral.placement import PlacementConfig, place, registry
 from corral.placement.reserve import GPU_POD_MARGIN, gpu_runs_out_later, kept_hosts
 from corral.placement.scores.fgd_priced import FgdPriced
 from corral.placement.workload import TargetType, TargetWorkload
@@ -32,9 +32,12 @@ class _MarginAlways(FgdPriced):
     margin_gpu_bound = False
 
 
-for _cls in (_TightFirst, _NoMargin, _MarginAlways):
-    if _cls.name not in policy_names():
-        register_policy(_cls.name, _cls)
+@pytest.fixture(autouse=True)
+def _variants(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The variants are registered for each test only (the registry's list of policies is itself tested)."""
+    for cls in (_TightFirst, _NoMargin, _MarginAlways):
+        monkeypatch.setitem(registry._REGISTRY, cls.name, cls)
+
 
 PAIRS = shares((470, 2.0), (320, 1.0), (650, 1.0))
 
