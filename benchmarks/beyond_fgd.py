@@ -24,6 +24,7 @@ of issue 16):
     fgd-priced-no-margin      no margin for pods with GPUs on the kept hosts' reserve (FGD's points first kept)
     fgd-priced-margin-all     the margin for pods without GPUs too
     fgd-priced-margin2-tight-first   margin 2 for every pod, the tightest GPU first (a first try)
+    fgd-priced-margin-always  the margin for pods with GPUs also while free CPU runs out first
 """
 
 from __future__ import annotations
@@ -152,16 +153,10 @@ class _PricedMarginAlways(FgdPriced):
     margin_gpu_bound = False
 
 
-class _PricedAlias(FgdPriced):
-    """fgd-priced under the name it ran as while being tried (TEMPORARY, while a sweep runs)."""
-
-    name = "fgd-priced-margin-gpu-bound"
-
-
 ABLATIONS: tuple[type[FgdScarcity], ...] = (
     _FgdFill, _CpuPodsOnly, _NoModelLevel, _Unweighted, _PricedLoose, _PricedNoReserve, _PricedGpuHorizon,
     _PricedIssue16, _PricedTightFirst, _PricedNoMargin, _PricedMarginAll, _PricedMargin2TightFirst,
-    _PricedMarginAlways, _PricedAlias,
+    _PricedMarginAlways,
 )  # fmt: skip
 
 
