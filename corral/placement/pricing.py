@@ -77,19 +77,28 @@ class SharePrices:
 
 def _knapsack(sizes: IntArray, values: FloatArray) -> tuple[FloatArray, IntArray]:
     """The unbounded knapsack of `values` with weights `sizes` (milli) for u = 0..1000: R(u), and per u the item
-    that achieves it (the first of equal ones), -2 where leaving one milli unused is as good."""
-    room = np.zeros(MILLI_PER_GPU + 1, dtype=np.float64)
-    last = np.full(MILLI_PER_GPU + 1, -1, dtype=np.int64)
-    items = np.arange(len(sizes))
+    that achieves it (the first of equal ones), -2 where leaving one milli unused is as good.
+
+    Plain Python floats: a thousand steps over a handful of sizes, where numpy's per-call cost was most of the
+    time (the same IEEE additions and comparisons, so the same R to the last bit; `solve_prices` runs it once per
+    round of column generation, twenty or so per workload)."""
+    sz = [int(x) for x in sizes]
+    vals = [float(x) for x in values]
+    items = list(zip(range(len(sz)), sz, vals, strict=True))
+    room = [0.0] * (MILLI_PER_GPU + 1)
+    last = [-1] * (MILLI_PER_GPU + 1)
     for u in range(1, MILLI_PER_GPU + 1):
-        room[u], last[u] = room[u - 1], -2  # free room can always be left unused
-        fits = items[sizes <= u]
-        if len(fits):
-            candidates = room[u - sizes[fits]] + values[fits]
-            best = int(np.argmax(candidates))
-            if candidates[best] > room[u]:
-                room[u], last[u] = candidates[best], fits[best]
-    return room, last
+        best, arg = room[u - 1], -2  # free room can always be left unused
+        top, top_i = 0.0, -1  # the first largest candidate, as np.argmax picks it
+        for i, size, value in items:
+            if size <= u:
+                c = room[u - size] + value
+                if top_i < 0 or c > top:
+                    top, top_i = c, i
+        if top_i >= 0 and top > best:
+            best, arg = top, top_i
+        room[u], last[u] = best, arg
+    return np.array(room, dtype=np.float64), np.array(last, dtype=np.int64)
 
 
 def room_values(sizes: IntArray, values: FloatArray) -> FloatArray:

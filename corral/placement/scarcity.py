@@ -48,7 +48,13 @@ def cluster_slots(snapshot: ClusterSnapshot, workload: TargetWorkload) -> IntArr
         snapshot.memo[key] = entry
     versions, per_node, totals = entry
     stale = np.flatnonzero(versions != snapshot.version)
-    if len(stale):
+    if len(stale) == 1:  # the usual case in a replay (the node the last decision changed): no sums over an axis
+        i = int(stale[0])
+        one = np.minimum(current_fill(snapshot, workload, stale)[0][:, 0], _MANY // max(n, 1))
+        totals += one - per_node[:, i]
+        per_node[:, i] = one
+        versions[i] = snapshot.version[i]
+    elif len(stale):
         slots, _ = current_fill(snapshot, workload, stale)
         fresh = np.minimum(slots, _MANY // max(n, 1))
         totals += fresh.sum(axis=1) - per_node[:, stale].sum(axis=1)
@@ -85,7 +91,7 @@ def scarcity_weights(snapshot: ClusterSnapshot, workload: TargetWorkload) -> Flo
     slots = cluster_slots(snapshot, workload).astype(np.float64)
     demand = w.prob * horizon(snapshot, workload)
     ratio = np.where(slots > 0, demand / np.maximum(slots, 1.0), np.where(demand > 0, 1.0, 0.0))
-    out: FloatArray = np.round(np.minimum(ratio, 1.0) * WEIGHT_STEPS) / WEIGHT_STEPS
+    out: FloatArray = np.rint(np.minimum(ratio, 1.0) * WEIGHT_STEPS) / WEIGHT_STEPS  # np.round, no wrapper
     return out
 
 

@@ -30,14 +30,17 @@ the rest of the trace. Node scores are cached per request shape and scarcity wei
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import numpy as np
 import numpy.typing as npt
 
-from corral.model.arrays import FloatArray, IntArray
+from corral.model.arrays import BoolArray, FloatArray, IntArray
 from corral.placement.context import Context
-from corral.placement.fill import current_fill, share_unfilled, type_fill
+from corral.placement.fill import cpu_pod_unfilled, current_fill, share_unfilled, type_fill
 from corral.placement.scarcity import model_levels, scarcity_weights
-from corral.placement.scores.common import cached_node_scores, shape_key
+from corral.placement.scores.common import shape_key
 from corral.placement.scores.fgd import FragmentationScored, fgd_score, node_after
 from corral.placement.workload import (
     compile_workload,
@@ -52,7 +55,8 @@ TIE_WEIGHT = 0.999
 
 def gain_fraction(gain: FloatArray) -> FloatArray:
     """Map a fill gain (milli-GPU, any sign) monotonically into (0, 1), on FGD's own 1000-milli scale."""
-    out: FloatArray = 1.0 / (1.0 + np.exp(-np.clip(gain, -50_000.0, 50_000.0) / 1000.0))
+    # minimum(maximum()) is np.clip's result without its Python-level wrapper (a decision calls this once or twice).
+    out: FloatArray = 1.0 / (1.0 + np.exp(-np.minimum(np.maximum(gain, -50_000.0), 50_000.0) / 1000.0))
     return out
 
 
@@ -79,7 +83,7 @@ class FgdScarcity(FragmentationScored):
         self._weights_of = (ctx, weights)
         return weights
 
-    def _parts(self, ctx: Context, nodes: IntArray) -> tuple[FloatArray, npt.NDArray[np.int32]]:
+    def _parts(self, ctx: Context, nodes: IntArray) -> tuple[FloatArray, IntArray | npt.NDArray[np.int32]]:
         """FGD's points and, per target type, the unfilled milli the pod removes (before - after), for `nodes`.
 
         Shaped (nodes[, GPUs]) and (types, nodes[, GPUs]) (per GPU for a one-GPU share: one hypothetical state per
@@ -103,8 +107,11 @@ class FgdScarcity(FragmentationScored):
         versions, points, drop = entry
         stale = nodes[versions[nodes] != s.version[nodes]]
         if len(stale):
-            points[stale], drop[:, stale] = self._node_parts(ctx, stale, share)
+            fresh_points, fresh_drop = self._node_parts(ctx, stale, share)
+            points[stale], drop[:, stale] = fresh_points, fresh_drop
             versions[stale] = s.version[stale]
+            if len(stale) == len(nodes):  # all of them (the usual case): the same values, without gathering them
+                return fresh_points, fresh_drop
         return points[nodes], drop[:, nodes]
 
     def _node_parts(self, ctx: Context, nodes: IntArray, share: bool) -> tuple[FloatArray, IntArray]:
@@ -116,7 +123,10 @@ class FgdScarcity(FragmentationScored):
             after = share_fragmentation_after(s, wl, nodes, r.cpu_milli, r.gpu_milli)
             return fgd_score(frag_before[:, None] - after), unfilled_before[:, :, None] - unfilled_after
         cpu_after_n, milli_after_n = node_after(ctx, nodes)
-        _, unfilled_after_n = type_fill(s, wl, nodes, cpu_after_n, milli_after_n)
+        if r.wants_gpu:
+            _, unfilled_after_n = type_fill(s, wl, nodes, cpu_after_n, milli_after_n)
+        else:  # only the CPU slots change (the GPU slots are current_fill's)
+            unfilled_after_n = cpu_pod_unfilled(s, wl, nodes, r.cpu_milli)
         points_n = fgd_score(frag_before - node_fragmentation(s, wl, nodes, cpu_after_n, milli_after_n))
         return points_n, unfilled_before - unfilled_after_n
 
@@ -146,14 +156,125 @@ class FgdScarcity(FragmentationScored):
         """Per (node, GPU) score of a one-GPU share (non-negative); a subclass may put a criterion of its own first."""
         return per_gpu
 
+    _scored: tuple[Context, IntArray, FloatArray, IntArray] | None = None  # the last `_scores` of this decision
+
     def _scores(self, ctx: Context, nodes: IntArray) -> tuple[FloatArray, IntArray]:
+        last = self._scored
+        if last is not None and last[0] is ctx and len(nodes) == 1:
+            # `choose_gpus` asks for the chosen node of the scores just computed (on the same, unchanged snapshot).
+            at = int(np.searchsorted(last[1], nodes[0]))
+            if at < len(last[1]) and last[1][at] == nodes[0]:
+                return last[2][at : at + 1], last[3][at : at + 1]
         weights = self._weights(ctx)
-        return cached_node_scores(
-            ctx,
-            self.name,
-            nodes,
-            lambda idx: self._compute(ctx, idx, weights),
-            extra_key=ctx.workload.key,
-            generation=tuple(weights.tolist()),
-            by_state=True,
+        generation = tuple(weights.tolist())
+        scores, aux = state_scores(ctx, self.name, nodes, lambda idx: self._compute(ctx, idx, weights), generation)
+        if len(nodes) > 1 and bool((nodes[1:] > nodes[:-1]).all()):  # sorted (the engine's feasible nodes are)
+            self._scored = (ctx, nodes, scores, aux)
+        return scores, aux
+
+
+def _state_keys(ctx: Context, nodes: IntArray) -> list[bytes]:
+    """Per node, its state as int64 bytes: free CPU, per-GPU free milli, per-GPU model (which give the GPUs present,
+    the workload's access and the model level) and the request's GPU fit (which also says what the GPU memory and
+    the share owners allow); as `common.node_state_keys`. Two nodes with equal keys are scored alike."""
+    s = ctx.snapshot
+    fit = ctx.fit.gpu_fit
+    if len(nodes) == 1:  # one changed node (the usual case): the same bytes, without building an array first
+        i = int(nodes[0])
+        return [
+            s.cpu_free[i : i + 1].astype(np.int64, copy=False).tobytes()
+            + s.gpu_milli_free[i].astype(np.int64, copy=False).tobytes()
+            + s.gpu_model[i].astype(np.int64, copy=False).tobytes()
+            + fit[i].astype(np.int64).tobytes()
+        ]
+    rows = np.concatenate(
+        [s.cpu_free[nodes][:, None], s.gpu_milli_free[nodes], s.gpu_model[nodes], fit[nodes]], axis=1
+    ).astype(np.int64, copy=False)
+    raw, width = rows.tobytes(), rows.shape[1] * 8
+    return [raw[i * width : (i + 1) * width] for i in range(len(nodes))]
+
+
+#: Node states one shape's entry remembers before it starts afresh (bounds memory: about 250 bytes each).
+_STATES_PER_SHAPE = 1 << 14
+
+
+@dataclass
+class _StateScores:
+    """Per request shape: each node's state id (taken at its `version`), and per state id its score and aux under
+    `generation` (`valid` says which are computed)."""
+
+    versions: IntArray
+    sid: IntArray
+    ids: dict[bytes, int]
+    score: FloatArray
+    aux: IntArray
+    valid: BoolArray
+    generation: object
+
+
+def state_scores(
+    ctx: Context,
+    policy: str,
+    nodes: IntArray,
+    compute: Callable[[IntArray], tuple[FloatArray, IntArray]],
+    generation: object,
+) -> tuple[FloatArray, IntArray]:
+    """Scores (and the GPU of a share) of `nodes`, computed once per distinct node state and `generation`.
+
+    Valid because fgd-scarcity's and fgd-priced's scores are a function of the node's state (`_state_keys`:
+    free CPU, per-GPU free milli and model, the request's GPU fit), the request's shape and the generation (the
+    scarcity weights). A node's state id is taken only when its `version` moved; when the weights move (often: a
+    step of any type's weight), no node is keyed again: the states in use are rescored, one node each, in one
+    vectorised call. (`common.cached_node_scores(by_state=True)`, which this replaces here, keyed every node again
+    in Python on each move of the weights: most of its time on the CPU-heavy lists.)
+    """
+    s = ctx.snapshot
+    key = ("state-scores", policy, shape_key(ctx.request), ctx.workload.key)
+    e: _StateScores | None = s.memo.get(key)
+    if e is None:
+        n, cap = len(s), 64
+        e = _StateScores(
+            np.full(n, -1, dtype=np.int64),
+            np.zeros(n, dtype=np.int64),
+            {},
+            np.zeros(cap, dtype=np.float64),
+            np.zeros(cap, dtype=np.int64),
+            np.zeros(cap, dtype=np.bool_),
+            generation,
         )
+        s.memo[key] = e
+    if e.generation != generation:
+        e.valid[:] = False
+        e.generation = generation
+    stale = nodes[e.versions[nodes] != s.version[nodes]]
+    if len(stale):
+        if len(e.ids) + len(stale) > _STATES_PER_SHAPE:  # start afresh: every node is keyed again when asked
+            e.ids.clear()
+            e.versions.fill(-1)
+            e.valid[:] = False
+            stale = nodes
+        ids = e.ids
+        # setdefault's default is evaluated first: a new state gets the next id.
+        sid = [ids.setdefault(k, len(ids)) for k in _state_keys(ctx, stale)]
+        if len(ids) > len(e.valid):
+            cap = max(2 * len(e.valid), len(ids))
+            e.score = np.resize(e.score, cap)
+            e.aux = np.resize(e.aux, cap)
+            e.valid = np.concatenate([e.valid, np.zeros(cap - len(e.valid), dtype=np.bool_)])
+            s.memo[key] = e  # the memo counts the entry's bytes again
+        e.sid[stale] = sid
+        e.versions[stale] = s.version[stale]
+    sids = e.sid[nodes]
+    missing = ~e.valid[sids]
+    if missing.any():
+        at = np.flatnonzero(missing)
+        if len(at) == 1:
+            want, reps = sids[at], nodes[at]
+        else:
+            want, first = np.unique(sids[at], return_index=True)
+            reps = nodes[at[first]]
+        sc, ax = compute(reps)
+        e.score[want] = sc
+        e.aux[want] = ax
+        e.valid[want] = True
+    return e.score[sids], e.aux[sids]
