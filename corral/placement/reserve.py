@@ -35,6 +35,7 @@ import numpy as np
 from corral.model.arrays import BoolArray, IntArray
 from corral.model.resources import Request
 from corral.model.snapshot import ClusterSnapshot
+from corral.placement.scarce_hosts import scarce_hosts
 from corral.placement.scarcity import horizon
 from corral.placement.workload import TargetType, TargetWorkload
 
@@ -121,9 +122,12 @@ def kept_hosts(
     if not gang:
         return keep
     h = horizon(snapshot, workload, cpu)
+    scarce = scarce_hosts(snapshot, workload, table.types)  # all kept, and left to drain (`placement.scarce_hosts`)
     after_cpu: IntArray | None = None
     for i, probability in gang:
-        reserve = math.ceil(margin * h * probability - 1e-9)
+        reserve = max(math.ceil(margin * h * probability - 1e-9), int(scarce.floors[i]))
+        if scarce.floors[i]:
+            keep |= scarce.nodes[i, nodes] & ~table.hosts[i, nodes]
         count = int(table.counts[i])
         if reserve <= 0 or count == 0 or count > reserve:
             continue
