@@ -4,16 +4,18 @@ multi-GPU pods are kept while they run out; fgd-scarcity decides the rest.
     every pod:  0. a node kept for multi-GPU pods comes after every other feasible node    (`placement.reserve`)
     a share of one GPU, per fitting GPU g (u_g free milli, m the share's milli), then:
                 1. loss(u_g, m), rounded to whole milli, lowest first                     (`placement.pricing`)
-                2. u_g, lowest first                            (the tightest GPU among equally good ones)
-                3. fgd-scarcity's score on that GPU, highest first   (FGD's points, then its look-ahead tie-break)
+                2. FGD's integer points on that GPU, highest first                    (`placement.priced_order`)
+                3. u_g, lowest first                            (the tightest GPU among equally good ones)
+                4. fgd-scarcity's look-ahead tie-break on that GPU
     any other pod, then: fgd-scarcity's score
 
 loss(u, m) is what a GPU with u milli free loses beyond the share's own worth when a share of m milli lands on it,
 priced with the dual prices of the LP that packs the workload's shares best. It is zero where the share continues a
 configuration an optimal packing uses (a 470 beside a 470, a 320 beside a 650), positive where it spoils room others
-would fill better (a 320 beside a 470 costs 167). Among GPUs of equal loss the tightest goes first, so a
-configuration that was started is completed before a new one is opened; FGD's points and fgd-scarcity's tie-break
-then choose among the nodes still equal, so node-level fragmentation and CPU still count.
+would fill better (a 320 beside a 470 costs 167). Among GPUs of equal loss FGD's points come first, so the node's
+fragmentation and CPU count before the GPU's tightness (issue 16: tightest first stranded GPUs on nodes whose CPU the
+share took); among those still equal the tightest goes first, so a configuration that was started is completed
+before a new one is opened, and fgd-scarcity's look-ahead decides the rest.
 
 Key 0 exists because the rare largest pods (8 GPUs and 120 cores, which only an empty 8-GPU, 128-core node takes)
 weigh nothing in the expectations above: fgd-scarcity's look-ahead sends 1-GPU pods to exactly those CPU-rich
@@ -21,8 +23,9 @@ nodes, and without key 0 such pods wait in the online replay while FGD, by the l
 enough of those nodes empty.
 
 Each decision's notes say it in words: what the share costs and what its GPU loses, and how many nodes were kept.
-Keys 1-3 are packed into one float: (1000 - loss) x 1001 + (1000 - u), times 128, plus fgd-scarcity's score (in
-[0, 101)), at most about 1.3e8, which keeps fgd-scarcity's fraction to better than 1e-7; key 0 subtracts 2^28.
+Keys 1-4 are packed into one float (`priced_order`), at most about 1.02e8, which keeps fgd-scarcity's fraction to
+better than 1e-7; key 0 subtracts 2^28. (With `fgd_first` off, the order issue 7 left, kept for the ablation: 1, the
+tightness, then fgd-scarcity's whole score, packed as (1000 - loss) x 1001 + (1000 - u), times 128, plus the score.)
 """
 
 from __future__ import annotations
@@ -32,8 +35,9 @@ import numpy as np
 from corral.model.arrays import FloatArray, IntArray
 from corral.model.resources import MILLI_PER_GPU
 from corral.placement.context import Context
+from corral.placement.priced_order import points_before_tightness
 from corral.placement.pricing import SharePrices, share_prices
-from corral.placement.reserve import kept_hosts
+from corral.placement.reserve import GPU_POD_MARGIN, kept_hosts
 from corral.placement.scores.fgd_scarcity import FgdScarcity
 
 #: fgd-scarcity's scores lie in [0, 101); one step of the keys above outweighs any of them.
@@ -47,13 +51,17 @@ class FgdPriced(FgdScarcity):
     tightest = True  # key 2 (False only for the ablation in `benchmarks/beyond_fgd.py`)
     reserve = True  # keep hosts for multi-GPU types while they run out (`placement.reserve`)
     cpu_horizon = True  # the reserve's horizon counts free CPU too (False only for the ablation)
+    fgd_first = True  # among GPUs of equal loss, FGD's points before the tightest GPU (`placement.priced_order`)
+    gpu_margin = GPU_POD_MARGIN  # reserve margin for pods with GPUs (`placement.reserve`; 1.0: none)
+    cpu_margin = 1.0  # and for pods without GPUs
 
     _kept = 0  # nodes the last `score` kept for multi-GPU pods (a policy object serves one decision)
 
     def score(self, ctx: Context, nodes: IntArray) -> FloatArray:
         scores = super().score(ctx, nodes)
         if self.reserve:
-            kept = kept_hosts(ctx.snapshot, ctx.workload, ctx.request, nodes, self.cpu_horizon)
+            margin = self.gpu_margin if ctx.request.wants_gpu else self.cpu_margin
+            kept = kept_hosts(ctx.snapshot, ctx.workload, ctx.request, nodes, self.cpu_horizon, margin)
             self._kept = int(np.count_nonzero(kept))
             if self._kept:
                 scores = np.where(kept, scores - KEPT_OFF, scores)
@@ -79,6 +87,11 @@ class FgdPriced(FgdScarcity):
         if prices is None:
             return per_gpu
         free = ctx.snapshot.gpu_milli_free[nodes]
+        if self.fgd_first and self.tightest:
+            if free.size and (free.min() < -1 or free.max() > MILLI_PER_GPU):  # not a snapshot's state
+                return points_before_tightness(_keys(prices, free, ctx.request.gpu_milli, False), free, per_gpu)
+            loss_key = _key_table(prices, ctx.request.gpu_milli, False)[free + 1]
+            return points_before_tightness(loss_key, free, per_gpu)
         if free.size and (free.min() < -1 or free.max() > MILLI_PER_GPU):  # not a snapshot's state: compute it
             out: FloatArray = _keys(prices, free, ctx.request.gpu_milli, self.tightest) * STRIDE + per_gpu
             return out
