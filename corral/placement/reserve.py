@@ -113,7 +113,9 @@ def _gang_table(snapshot: ClusterSnapshot, workload: TargetWorkload) -> _Gang:
             old_room = table.room[:, node].tolist()
             cpu, old_cpu = int(snapshot.cpu_free[node]), int(table.cpu_seen[node])
             for i, (c, k, gi) in enumerate(table.scalars):
-                counts[i] += (cpu >= c and room[gi] >= k) - (old_cpu >= c and old_room[gi] >= k)
+                change = (cpu >= c and room[gi] >= k) - (old_cpu >= c and old_room[gi] >= k)
+                if change:
+                    counts[i] += change
             table.room[:, node] = room
             table.cpu_seen[node] = cpu
             table.versions[node] = snapshot.version[node]
@@ -198,13 +200,21 @@ def kept_hosts(
     # (on openb `default` seed 42, 1,243 of 8,403 decisions; the others are at one or two types, rarely more).
     mh = margin * horizon(snapshot, workload, cpu)  # margin x H x p, multiplied in the same order as ever
     counts = table.counts
-    active = tuple(
-        i
-        for i, probability, floor in shape.gang
-        if counts[i] and counts[i] <= max(math.ceil(mh * probability - 1e-9), floor)
-    )
-    if not active:
+    at_reserve: list[int] = []
+    if shape.scarce:
+        for i, probability, floor in shape.gang:
+            count = counts[i]
+            if count and count <= max(math.ceil(mh * probability - 1e-9), floor):
+                at_reserve.append(i)
+    else:
+        # No floors: count <= ceil(x) for an integer count is x > count - 1 (exact in floats), with no ceil.
+        for i, probability, _ in shape.gang:
+            count = counts[i]
+            if count and mh * probability - 1e-9 > count - 1:
+                at_reserve.append(i)
+    if not at_reserve:
         return keep
+    active = tuple(at_reserve)
     # Would the request leave a host unable to take one pod of t? (It takes its GPUs from those with room.)
     p = shape.passes.get(active)
     if p is None:
