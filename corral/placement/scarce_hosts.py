@@ -28,7 +28,8 @@ for every pod less demanding than m. Kept nodes stay feasible and only rank last
 still lands on one (the cluster is never held idle for a pod that may not come). The drain rule matters once the
 cluster is contended: every host is then broken by pods that had nowhere else to go, and without it fgd-scarcity's
 look-ahead refills a CPU-rich G3 node with 1-GPU pods each time part of it frees (same run: with the floor alone the
-longest wait was 169,000 s, with both 129,000 s, fgd's figure).
+longest wait was 169,000 s, with both 129,000 s, fgd's figure; that is seed 42: on seed 43 the waits were longer
+than without either rule, see BENCHMARKS.md "fgd-priced online: the largest jobs").
 
 The whole openb cluster has 39 hosts of the 8-GPU, 120-core pods, and no multi-GPU type of any of the 15 offline
 lists has 1..4 hosts there: no type is scarce, and the offline replays are unchanged. Uses the inventory and the
