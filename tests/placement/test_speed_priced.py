@@ -159,7 +159,6 @@ def test_a_node_back_in_a_state_seen_before_takes_its_score_under_the_current_we
     )
 
 
-
 def test_state_keys_of_one_node_are_the_bytes_of_the_batch_form() -> None:
     """`fgd_scarcity._state_keys` builds one node's key without an array: the bytes must equal the batch form's
     (and `common.node_state_keys`), or a state would get two ids (scored twice) or two states one (a wrong score)."""
