@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.beyond_fgd import DEFAULT_TRACES
+from corral.cli.sim import parse_seeds as sim_seeds
 from corral.model.errors import InvalidRequest
 from corral.model.inventory import load_inventory
 from corral.model.resources import MILLI_PER_GPU, GpuBehavior
@@ -152,16 +153,11 @@ def replay(node_csv: Path, pod_csv: Path, label: str, seed: int) -> Run:
 
 
 def parse_seeds(text: str) -> list[int]:
-    seeds: list[int] = []
+    """`corral sim`'s --seeds rule ('42-61' or '42,43'), as argparse's error."""
     try:
-        for part in text.split(","):
-            lo, sep, hi = part.strip().partition("-")
-            seeds.extend(range(int(lo), int(hi) + 1) if sep else [int(lo)])
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected e.g. 42-46 or 42,43, got {text!r}") from None
-    if not seeds or min(seeds) < 0:
-        raise argparse.ArgumentTypeError(f"expected seeds of 0 or more, got {text!r}")
-    return seeds
+        return sim_seeds(text)
+    except InvalidRequest as e:
+        raise argparse.ArgumentTypeError(e.message) from None
 
 
 def parse_policies(text: str) -> list[str]:

@@ -101,7 +101,7 @@ def test_bad_flags_are_named(traces: Path, capsys: pytest.CaptureFixture[str]) -
         (["--policies", "tetris"], "unknown policy 'tetris'"),
         (["--policies", "fgd@tomorrow"], "the only suffix is @default"),
         (["--load", "0"], "--load: must be > 0, got 0"),
-        (["--seeds", "x"], "expected e.g. 42-46"),
+        (["--seeds", "x"], "argument --seeds: expected e.g. 42-51 or 42,43, got 'x'"),
     ):
         with pytest.raises(SystemExit):
             one_node.main(["--traces", str(traces), *argv])
