@@ -22,7 +22,7 @@ from collections import Counter as Tally
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 
@@ -341,6 +341,23 @@ class ExtenderMetrics:
             "input, refused naming the field) or error (a fault of corral's)",
             ["verb", "outcome"],
             registry=r,
+        )
+        # Which target workload fgd and fgd-priced use, set by the extender at its start and at each adoption.
+        self.workload_source = Gauge(
+            "corral_extender_workload_source",
+            "1 for the target workload fgd and fgd-priced use now: default (the engine's generic one), learned (from "
+            "the pods seen), given (--workload FILE)",
+            ["source"],
+            registry=r,
+        )
+        self.workload_types = Gauge(
+            "corral_extender_workload_types", "Typical task types of the workload in use", registry=r
+        )
+        self.workload_pods = Gauge(
+            "corral_extender_workload_pods_seen", "Pods the workload learner has counted (once per UID)", registry=r
+        )
+        self.workload_rebuilds = Gauge(
+            "corral_extender_workload_rebuilds", "Learned workloads adopted since the start", registry=r
         )
 
     def answered(self, verb: str, status: int, seconds: float) -> None:

@@ -45,7 +45,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import orjson
-from prometheus_client import CollectorRegistry, Gauge
 
 from corral.k8s.client import JsonObj, KubeApi, KubeApiError
 from corral.k8s.convert import (
@@ -329,8 +328,7 @@ class Extender:
         #: deletes them and tries the preemptor again, often before the watch tells corral they are gone.
         self._evicting: OrderedDict[str, tuple[float, list[tuple[str, str]]]] = OrderedDict()
         self.metrics = ExtenderMetrics()  # GET /metrics (corral.metrics); a counter's inc is a lock and an add
-        self._workload_gauges = _WorkloadGauges(self.metrics.registry)
-        self._workload_gauges.update(self)
+        _update_workload_gauges(self.metrics, self)
         log.info("%s", summary(self.config.workload, self.workload_source))
 
     # ------------------------------------------------------------------ decisions
@@ -391,7 +389,7 @@ class Extender:
         if self.learner.observe(key, request, time.monotonic()):
             self.config = dataclasses.replace(self.config, workload=self.learner.workload)
             log.info("%s (from %d pods)", summary(self.config.workload, "learned"), self.learner.pods)
-            self._workload_gauges.update(self)
+            _update_workload_gauges(self.metrics, self)
 
     def workload_status(self) -> dict[str, Any]:
         """/status's "workload": its source, and the learner's account when it learns."""
@@ -1049,35 +1047,20 @@ class ExtenderApp:
         }
 
 
-class _WorkloadGauges:
-    """/metrics: which target workload the engine uses and what the learner has seen."""
+#: Where the extender's target workload comes from (`Extender.workload_source`), one gauge series each.
+WORKLOAD_SOURCES = ("default", "learned", "given")
 
-    SOURCES = ("default", "learned", "given")
 
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.source = Gauge(
-            "corral_extender_workload_source",
-            "1 for the target workload fgd and fgd-priced use now: default (the engine's generic one), learned (from "
-            "the pods seen), given (--workload FILE)",
-            ["source"],
-            registry=registry,
-        )
-        self.types = Gauge("corral_extender_workload_types", "Typical task types of the workload in use",
-                           registry=registry)  # fmt: skip
-        self.pods = Gauge("corral_extender_workload_pods_seen", "Pods the workload learner has counted (once per UID)",
-                          registry=registry)  # fmt: skip
-        self.rebuilds = Gauge("corral_extender_workload_rebuilds", "Learned workloads adopted since the start",
-                              registry=registry)  # fmt: skip
-
-    def update(self, extender: Extender) -> None:
-        """Set at the start and at each adoption; the counts are read at scrape time."""
-        source = extender.workload_source
-        for s in self.SOURCES:
-            self.source.labels(s).set(1 if s == source else 0)
-        self.types.set_function(lambda: len(w.types) if (w := extender.config.workload) is not None else 0)
-        learner = extender.learner
-        self.pods.set_function(lambda: learner.pods if learner is not None else 0)
-        self.rebuilds.set_function(lambda: learner.rebuilds if learner is not None else 0)
+def _update_workload_gauges(metrics: ExtenderMetrics, extender: Extender) -> None:
+    """/metrics: which target workload the engine uses and what the learner has seen. Set at the start and at each
+    adoption; the counts are read at scrape time."""
+    source = extender.workload_source
+    for s in WORKLOAD_SOURCES:
+        metrics.workload_source.labels(s).set(1 if s == source else 0)
+    metrics.workload_types.set_function(lambda: len(w.types) if (w := extender.config.workload) is not None else 0)
+    learner = extender.learner
+    metrics.workload_pods.set_function(lambda: learner.pods if learner is not None else 0)
+    metrics.workload_rebuilds.set_function(lambda: learner.rebuilds if learner is not None else 0)
 
 
 def _short(text: str, limit: int = 300) -> str:
