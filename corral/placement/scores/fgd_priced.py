@@ -90,17 +90,17 @@ class FgdPriced(FgdScarcity):
         if prices is None:
             return per_gpu
         free = ctx.snapshot.gpu_milli_free[nodes]
-        if self.fgd_first and self.tightest:
-            if free.size and (free.min() < -1 or free.max() > MILLI_PER_GPU):  # not a snapshot's state
-                return points_before_tightness(_keys(prices, free, ctx.request.gpu_milli, False), free, per_gpu)
-            loss_key = _key_table(prices, ctx.request.gpu_milli, False)[free + 1]
-            return points_before_tightness(loss_key, free, per_gpu)
+        fgd_first = self.fgd_first and self.tightest
+        # With FGD's points first the tightness goes in after them (`priced_order`), so the loss key comes alone.
+        tightest_key = self.tightest and not fgd_first
         if free.size and (free.min() < -1 or free.max() > MILLI_PER_GPU):  # not a snapshot's state: compute it
-            out: FloatArray = _keys(prices, free, ctx.request.gpu_milli, self.tightest) * STRIDE + per_gpu
-            return out
-        # Keys 1-2 depend only on the GPU's free milli (-1 absent, 0..1000): looked up, the same floats as computed.
-        table = _key_table(prices, ctx.request.gpu_milli, self.tightest)
-        out = table[free + 1] * STRIDE + per_gpu
+            key = _keys(prices, free, ctx.request.gpu_milli, tightest_key)
+        else:
+            # Keys 1-2 depend only on the GPU's free milli (-1 absent, 0..1000): looked up, the same floats as computed.
+            key = _key_table(prices, ctx.request.gpu_milli, tightest_key)[free + 1]
+        if fgd_first:
+            return points_before_tightness(key, free, per_gpu)
+        out: FloatArray = key * STRIDE + per_gpu
         return out
 
 
