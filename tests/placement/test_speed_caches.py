@@ -141,7 +141,7 @@ def test_the_reserve_horizon_counts_free_cpu_when_cpu_runs_out_first() -> None:
 
 
 def test_nodes_in_one_state_share_a_score_only_where_the_request_fits_them_alike() -> None:
-    """fgd, fgd-scarcity and fgd-priced score one node per state (`cached_node_scores(by_state=True)`). Two nodes
+    """fgd, fgd-scarcity and fgd-priced score one node per state (keyed by `common.node_state_keys`). Two nodes
     with the same free CPU and GPU milli are not in the same state for a request whose GPU memory fits only one of
     b's GPUs: copying a's score (computed first) would grant b the GPU that a's score assumed (GPU 0), which cannot
     hold the request (seen failing with the GPU fit left out of the state)."""

@@ -160,10 +160,9 @@ def test_a_node_back_in_a_state_seen_before_takes_its_score_under_the_current_we
 
 
 def test_state_keys_of_one_node_are_the_bytes_of_the_batch_form() -> None:
-    """`fgd_scarcity._state_keys` builds one node's key without an array: the bytes must equal the batch form's
-    (and `common.node_state_keys`), or a state would get two ids (scored twice) or two states one (a wrong score)."""
+    """`common.node_state_keys` builds one node's key without an array: the bytes must equal the batch form's, or
+    a state would get two ids (scored twice) or two states one (a wrong score)."""
     from corral.placement.scores.common import node_state_keys
-    from corral.placement.scores.fgd_scarcity import _state_keys
 
     snap = cluster(node("a").cpu(16).gpus(4), node("b").cpu(16).gpus(2, model="T4"), node("c").cpu(8))
     snap.allocate(Allocation("x", "a", 0, 3000, 0, (GpuGrant(1, 250, 0),), tag=-1))
@@ -171,7 +170,6 @@ def test_state_keys_of_one_node_are_the_bytes_of_the_batch_form() -> None:
     fit = evaluate(snap, request, UNRESTRICTED, PlacementConfig().reserve)
     ctx = Context(snap, request, fit, TargetWorkload((TargetType(1000, 500, 1, None, 1.0),)), np.random.default_rng(0))
     everything = np.arange(3, dtype=np.int64)
-    batch = _state_keys(ctx, everything)
-    assert batch == node_state_keys(ctx, everything)
-    assert [_state_keys(ctx, everything[i : i + 1])[0] for i in range(3)] == batch
+    batch = node_state_keys(ctx, everything)
+    assert [node_state_keys(ctx, everything[i : i + 1])[0] for i in range(3)] == batch
     assert len(set(batch)) == 3

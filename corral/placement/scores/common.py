@@ -106,12 +106,22 @@ _STATES_PER_SHAPE = 1 << 14
 
 
 def node_state_keys(ctx: Context, nodes: IntArray) -> list[bytes]:
-    """Per node, its state as bytes: free CPU, per-GPU free milli, per-GPU model (which gives the GPUs present, the
-    workload's access and the model level) and the request's GPU fit (which also says what the GPU memory and the
-    share owners allow). Two nodes with equal keys are scored alike by fgd-scarcity and fgd-priced."""
+    """Per node, its state as int64 bytes: free CPU, per-GPU free milli, per-GPU model (which gives the GPUs
+    present, the workload's access and the model level) and the request's GPU fit (which also says what the GPU
+    memory and the share owners allow). Two nodes with equal keys are scored alike by fgd, fgd-scarcity and
+    fgd-priced."""
     s = ctx.snapshot
+    fit = ctx.fit.gpu_fit
+    if len(nodes) == 1:  # one changed node (the usual case): the same bytes, without building an array first
+        i = int(nodes[0])
+        return [
+            s.cpu_free[i : i + 1].astype(np.int64, copy=False).tobytes()
+            + s.gpu_milli_free[i].astype(np.int64, copy=False).tobytes()
+            + s.gpu_model[i].astype(np.int64, copy=False).tobytes()
+            + fit[i].astype(np.int64).tobytes()
+        ]
     rows = np.concatenate(
-        [s.cpu_free[nodes][:, None], s.gpu_milli_free[nodes], s.gpu_model[nodes], ctx.fit.gpu_fit[nodes]], axis=1
+        [s.cpu_free[nodes][:, None], s.gpu_milli_free[nodes], s.gpu_model[nodes], fit[nodes]], axis=1
     ).astype(np.int64, copy=False)
     raw, width = rows.tobytes(), rows.shape[1] * 8
     return [raw[i * width : (i + 1) * width] for i in range(len(nodes))]

@@ -40,7 +40,7 @@ from corral.model.arrays import BoolArray, FloatArray, IntArray
 from corral.placement.context import Context
 from corral.placement.fill import cpu_pod_unfilled, current_fill, share_unfilled, type_fill
 from corral.placement.scarcity import model_levels, scarcity_weights
-from corral.placement.scores.common import shape_key
+from corral.placement.scores.common import node_state_keys, shape_key
 from corral.placement.scores.fgd import FragmentationScored, fgd_score, node_after
 from corral.placement.workload import (
     compile_workload,
@@ -173,27 +173,6 @@ class FgdScarcity(FragmentationScored):
         return scores, aux
 
 
-def _state_keys(ctx: Context, nodes: IntArray) -> list[bytes]:
-    """Per node, its state as int64 bytes: free CPU, per-GPU free milli, per-GPU model (which give the GPUs present,
-    the workload's access and the model level) and the request's GPU fit (which also says what the GPU memory and
-    the share owners allow); as `common.node_state_keys`. Two nodes with equal keys are scored alike."""
-    s = ctx.snapshot
-    fit = ctx.fit.gpu_fit
-    if len(nodes) == 1:  # one changed node (the usual case): the same bytes, without building an array first
-        i = int(nodes[0])
-        return [
-            s.cpu_free[i : i + 1].astype(np.int64, copy=False).tobytes()
-            + s.gpu_milli_free[i].astype(np.int64, copy=False).tobytes()
-            + s.gpu_model[i].astype(np.int64, copy=False).tobytes()
-            + fit[i].astype(np.int64).tobytes()
-        ]
-    rows = np.concatenate(
-        [s.cpu_free[nodes][:, None], s.gpu_milli_free[nodes], s.gpu_model[nodes], fit[nodes]], axis=1
-    ).astype(np.int64, copy=False)
-    raw, width = rows.tobytes(), rows.shape[1] * 8
-    return [raw[i * width : (i + 1) * width] for i in range(len(nodes))]
-
-
 #: Node states one shape's entry remembers before it starts afresh (bounds memory: about 250 bytes each).
 _STATES_PER_SHAPE = 1 << 14
 
@@ -221,7 +200,7 @@ def state_scores(
 ) -> tuple[FloatArray, IntArray]:
     """Scores (and the GPU of a share) of `nodes`, computed once per distinct node state and `generation`.
 
-    Valid because fgd-scarcity's and fgd-priced's scores are a function of the node's state (`_state_keys`:
+    Valid because fgd-scarcity's and fgd-priced's scores are a function of the node's state (`common.node_state_keys`:
     free CPU, per-GPU free milli and model, the request's GPU fit), the request's shape and the generation (the
     scarcity weights). A node's state id is taken only when its `version` moved; when the weights move (often: a
     step of any type's weight), no node is keyed again: the states in use are rescored, one node each, in one
@@ -255,7 +234,7 @@ def state_scores(
             stale = nodes
         ids = e.ids
         # setdefault's default is evaluated first: a new state gets the next id.
-        sid = [ids.setdefault(k, len(ids)) for k in _state_keys(ctx, stale)]
+        sid = [ids.setdefault(k, len(ids)) for k in node_state_keys(ctx, stale)]
         if len(ids) > len(e.valid):
             cap = max(2 * len(e.valid), len(ids))
             e.score = np.resize(e.score, cap)
