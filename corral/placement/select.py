@@ -24,12 +24,9 @@ NVLINK, SAME_SWITCH, SAME_NUMA = 3, 2, 1
 
 def best_node(candidates: IntArray, scores: FloatArray, rank: IntArray, preferred: BoolArray | None) -> int:
     """Index into `candidates` of the winner: preferred class, then max score, then min rank."""
-    if preferred is not None:
-        pref = preferred[candidates]
-        if pref.any():
-            idx = np.flatnonzero(pref & (scores == scores[pref].max()))
-        else:
-            idx = np.flatnonzero(scores == scores.max())
+    pref = None if preferred is None else preferred[candidates]
+    if pref is not None and pref.any():
+        idx = np.flatnonzero(pref & (scores == scores[pref].max()))
     else:
         idx = np.flatnonzero(scores == scores.max())
     if len(idx) == 1:  # the usual case: no tie to break
