@@ -43,6 +43,10 @@ _BYTE_SUM = np.uint64(0x0101010101010101)
 _SHIFT = np.uint64(56)
 
 
+#: Nodes to evaluate: all of them (a slice) or some (indices).
+Rows = IntArray | slice
+
+
 def count_per_row(mask: BoolArray) -> IntArray:
     """True values per row of a nodes x GPUs mask: `np.count_nonzero(mask, axis=1)`, in a few microseconds.
 
@@ -61,19 +65,21 @@ def count_per_row(mask: BoolArray) -> IntArray:
     return out
 
 
-def gpu_fit_matrix(snapshot: ClusterSnapshot, request: Request, static: BoolArray) -> BoolArray:
-    """GPUs that can take one of the request's GPUs now (whole: nothing of it held; share: enough left)."""
+def gpu_fit_matrix(snapshot: ClusterSnapshot, request: Request, static: BoolArray, rows: Rows) -> BoolArray:
+    """GPUs of nodes `rows` that can take one of the request's GPUs now (whole: nothing of it held; share: enough
+    left); `static` is the request's static GPU mask of those rows."""
+    milli, mem = snapshot.gpu_milli_free[rows], snapshot.gpu_mem_free[rows]
     fit: BoolArray
     if request.whole_gpus:
-        whole = (snapshot.gpu_milli_free == MILLI_PER_GPU) & (snapshot.gpu_mem_free == snapshot.gpu_mem_cap)
-        fit = static & whole
+        fit = static & (milli == MILLI_PER_GPU) & (mem == snapshot.gpu_mem_cap[rows])
         return fit
-    fit = static & (snapshot.gpu_milli_free >= request.gpu_milli)
+    fit = static & (milli >= request.gpu_milli)
     if request.gpu_memory_mib:
-        fit &= snapshot.gpu_mem_free >= request.gpu_memory_mib
+        fit &= mem >= request.gpu_memory_mib
     if request.share_owner:
         owner = snapshot.owner_ids.get(request.share_owner, -2)
-        fit &= (snapshot.gpu_owner == -1) | (snapshot.gpu_owner == owner)
+        held = snapshot.gpu_owner[rows]
+        fit &= (held == -1) | (held == owner)
     return fit
 
 
@@ -159,9 +165,6 @@ def evaluate(
     return FitResult(bits == 0, bits, fit, preferred, warn)
 
 
-Rows = IntArray | slice
-
-
 def _cpu_memory_bits(snapshot: ClusterSnapshot, request: Request, static: IntArray, rows: Rows) -> IntArray:
     """The static reason bits of nodes `rows` plus their CPU and memory shortages now (a new array)."""
     bits = static[rows].copy() if isinstance(rows, slice) else static[rows]
@@ -178,19 +181,7 @@ def _gpu_rows(snapshot: ClusterSnapshot, request: Request, rows: Rows) -> tuple[
     """Reason bits and GPU fit of a GPU request on nodes `rows`, from their state now."""
     static = static_bits(snapshot, request)
     bits = _cpu_memory_bits(snapshot, request, static, rows)
-    mask = static_gpu_mask(snapshot, request)[rows]
-    milli, mem = snapshot.gpu_milli_free[rows], snapshot.gpu_mem_free[rows]
-    fit: BoolArray
-    if request.whole_gpus:
-        fit = mask & (milli == MILLI_PER_GPU) & (mem == snapshot.gpu_mem_cap[rows])
-    else:
-        fit = mask & (milli >= request.gpu_milli)
-        if request.gpu_memory_mib:
-            fit &= mem >= request.gpu_memory_mib
-        if request.share_owner:
-            owner = snapshot.owner_ids.get(request.share_owner, -2)
-            held = snapshot.gpu_owner[rows]
-            fit &= (held == -1) | (held == owner)
+    fit = gpu_fit_matrix(snapshot, request, static_gpu_mask(snapshot, request)[rows], rows)
     short = (count_per_row(fit) < request.gpu_count) & ((static[rows] & _CANNOT_GPU) == 0)
     bits |= short * _INSUFFICIENT_GPU
     return bits, fit
