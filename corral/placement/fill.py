@@ -25,7 +25,7 @@ import numpy as np
 from corral.model.arrays import FloatArray, IntArray
 from corral.model.resources import MILLI_PER_GPU
 from corral.model.snapshot import ClusterSnapshot
-from corral.placement.workload import TargetWorkload, compile_workload
+from corral.placement.workload import TargetWorkload, _Compiled, compile_workload
 
 #: Nodes per block (bounds memory at types x block x GPUs, x GPUs again for per-GPU candidates).
 _BLOCK = 1024
@@ -67,19 +67,27 @@ def _fill(
         access = access[:, :, None, :]
     free = np.where(present, np.maximum(milli_free, 0), 0)
     idle = free.sum(axis=-1)
-    milli = w.milli.reshape(t, *extra)
-    count = w.count.reshape(t, *extra)
     share = w.share.reshape(t, *extra)
     share_slots = np.where(access, free[None] // w.milli_div.reshape(t, *extra, 1), 0).sum(axis=-1)
     whole_free = (access & (free[None] >= MILLI_PER_GPU)).sum(axis=-1)
     gpu_slots = np.where(share, share_slots, whole_free // w.count_div.reshape(t, *extra))
+    slots, unfilled = _slots_unfilled(w, extra, np.maximum(cpu_free, 0)[None], gpu_slots, idle[None])
+    return slots, unfilled, gpu_slots, idle
+
+
+def _slots_unfilled(
+    w: _Compiled, extra: tuple[int, ...], cpu_free: IntArray, gpu_slots: IntArray, idle: IntArray
+) -> tuple[IntArray, IntArray]:
+    """Per type, how many of its pods fit (its CPU slots, and its GPU slots for a type with GPUs) and the idle milli
+    they leave unfilled, from free CPU (at least 0) and idle milli shaped (1, *S) and GPU slots (types, *S)."""
+    t = len(w.prob)
     cpu = w.cpu.reshape(t, *extra)
-    cpu_slots = np.where(cpu > 0, np.maximum(cpu_free, 0)[None] // w.cpu_div.reshape(t, *extra), _UNLIMITED)
+    cpu_slots = np.where(cpu > 0, cpu_free // w.cpu_div.reshape(t, *extra), _UNLIMITED)
     cpu_only = w.cpu_only.reshape(t, *extra)
     slots = np.where(cpu_only, cpu_slots, np.minimum(gpu_slots, cpu_slots))
-    usable = np.minimum(slots * count * milli, idle[None])
-    unfilled = np.where(cpu_only, idle[None], idle[None] - usable)
-    return slots, unfilled, gpu_slots, idle
+    usable = np.minimum(slots * (w.count * w.milli).reshape(t, *extra), idle)
+    unfilled: IntArray = np.where(cpu_only, idle, idle - usable)
+    return slots, unfilled
 
 
 #: Node states `current_fill` remembers per workload before it starts afresh (about 600 bytes each).
@@ -105,16 +113,8 @@ def cpu_pod_unfilled(snapshot: ClusterSnapshot, workload: TargetWorkload, nodes:
     not change, so they are taken from `current_fill`'s entry and only the CPU slots are counted again."""
     w = compile_workload(snapshot, workload)
     e = _current(snapshot, workload, nodes)
-    t = len(w.prob)
-    idle = e.idle[nodes][None]
-    cpu = w.cpu.reshape(t, 1)
     cpu_free = np.maximum(snapshot.cpu_free[nodes] - cpu_req, 0)[None]
-    cpu_slots = np.where(cpu > 0, cpu_free // w.cpu_div.reshape(t, 1), _UNLIMITED)
-    cpu_only = w.cpu_only.reshape(t, 1)
-    slots = np.where(cpu_only, cpu_slots, np.minimum(e.gpu_slots[:, nodes], cpu_slots))
-    usable = np.minimum(slots * w.count.reshape(t, 1) * w.milli.reshape(t, 1), idle)
-    out: IntArray = np.where(cpu_only, idle, idle - usable)
-    return out
+    return _slots_unfilled(w, (1,), cpu_free, e.gpu_slots[:, nodes], e.idle[nodes][None])[1]
 
 
 def _state_bytes(snapshot: ClusterSnapshot, nodes: IntArray, cpu: IntArray, milli: IntArray) -> list[bytes]:
@@ -254,14 +254,8 @@ def share_unfilled(
     if milli_req <= 0:  # (a share takes at least one milli, so the GPU it took is whole no more: no term to add)
         whole_free = whole_free + (access & (free_after[None] >= MILLI_PER_GPU))
     gpu_slots = np.where(w.share.reshape(t, 1, 1), share_slots, whole_free // w.count_div.reshape(t, 1, 1))
-    cpu = w.cpu.reshape(t, 1, 1)
     cpu_free = np.maximum(snapshot.cpu_free[nodes] - cpu_req, 0)[None, :, None]
-    cpu_slots = np.where(cpu > 0, cpu_free // w.cpu_div.reshape(t, 1, 1), _UNLIMITED)
-    cpu_only = w.cpu_only.reshape(t, 1, 1)
-    slots = np.where(cpu_only, cpu_slots, np.minimum(gpu_slots, cpu_slots))
-    usable = np.minimum(slots * (w.count * w.milli).reshape(t, 1, 1), idle_after)
-    out: IntArray = np.where(cpu_only, idle_after, idle_after - usable)
-    return out
+    return _slots_unfilled(w, (1, 1), cpu_free, gpu_slots, idle_after)[1]
 
 
 def share_states(snapshot: ClusterSnapshot, nodes: IntArray, cpu_req: int, milli_req: int) -> tuple[IntArray, IntArray]:
