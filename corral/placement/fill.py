@@ -25,7 +25,8 @@ import numpy as np
 from corral.model.arrays import FloatArray, IntArray
 from corral.model.resources import MILLI_PER_GPU
 from corral.model.snapshot import ClusterSnapshot
-from corral.placement.workload import TargetWorkload, _Compiled, compile_workload
+from corral.placement.native import kernels
+from corral.placement.workload import TargetWorkload, _Compiled, _ints, compile_workload
 
 #: Nodes per block (bounds memory at types x block x GPUs, x GPUs again for per-GPU candidates).
 _BLOCK = 1024
@@ -58,13 +59,15 @@ def _fill(
 ) -> tuple[IntArray, IntArray, IntArray, IntArray]:
     """`type_fill`'s slots and unfilled, with the GPU slots (types, *S) and idle milli (S) they were made of."""
     w = compile_workload(snapshot, workload)
+    if cpu_free.ndim == 1:  # one state per node (every caller in the engine): the compiled loops
+        got: tuple[IntArray, IntArray, IntArray, IntArray] = kernels().fill(
+            _ints(nodes), _ints(cpu_free), _ints(milli_free), snapshot.gpu_present, w.access, w.table
+        )
+        return got
     t = len(w.prob)
     extra = (1,) * cpu_free.ndim
-    present = snapshot.gpu_present[nodes]
-    access = w.access[:, nodes]  # types x nodes x GPUs
-    if cpu_free.ndim == 2:
-        present = present[:, None, :]
-        access = access[:, :, None, :]
+    present = snapshot.gpu_present[nodes][:, None, :]
+    access = w.access[:, nodes][:, :, None, :]  # types x nodes x candidates x GPUs
     free = np.where(present, np.maximum(milli_free, 0), 0)
     idle = free.sum(axis=-1)
     share = w.share.reshape(t, *extra)
@@ -237,25 +240,11 @@ def share_unfilled(
     The same integers as `type_fill` on `share_states`, but each type's GPU slots are updated for the one GPU that
     changed instead of recounting every GPU of every hypothetical state (GPUs x fewer operations)."""
     w = compile_workload(snapshot, workload)
-    t = len(w.prob)
-    access = w.access[:, nodes]  # types x nodes x GPUs
-    u = snapshot.gpu_milli_free[nodes]
-    # An absent GPU holds -1 free milli in a snapshot, so max(u, 0) is 0 there: no mask of the GPUs present needed.
-    free = np.maximum(u, 0)
-    free_after = np.maximum(u - max(milli_req, 0), 0)  # [n, j]: GPU j once the share took it
-    idle_after = (free.sum(axis=1)[:, None] - free + free_after)[None]  # 1 x nodes x GPUs
-    per_gpu = w.milli_div.reshape(t, 1, 1)
-    slots_before = np.where(access, free[None] // per_gpu, 0)
-    share_slots = (
-        slots_before.sum(axis=2, keepdims=True) - slots_before + np.where(access, free_after[None] // per_gpu, 0)
+    s = snapshot
+    out: IntArray = kernels().share_unfilled(
+        _ints(nodes), s.cpu_free, s.gpu_milli_free, w.access, w.table, cpu_req, milli_req
     )
-    whole_before = access & (free[None] >= MILLI_PER_GPU)
-    whole_free = whole_before.sum(axis=2, keepdims=True) - whole_before
-    if milli_req <= 0:  # (a share takes at least one milli, so the GPU it took is whole no more: no term to add)
-        whole_free = whole_free + (access & (free_after[None] >= MILLI_PER_GPU))
-    gpu_slots = np.where(w.share.reshape(t, 1, 1), share_slots, whole_free // w.count_div.reshape(t, 1, 1))
-    cpu_free = np.maximum(snapshot.cpu_free[nodes] - cpu_req, 0)[None, :, None]
-    return _slots_unfilled(w, (1, 1), cpu_free, gpu_slots, idle_after)[1]
+    return out
 
 
 def share_states(snapshot: ClusterSnapshot, nodes: IntArray, cpu_req: int, milli_req: int) -> tuple[IntArray, IntArray]:

@@ -39,6 +39,7 @@ import numpy as np
 from corral.model.arrays import BoolArray, IntArray
 from corral.model.resources import Request
 from corral.model.snapshot import ClusterSnapshot
+from corral.placement.native import kernels
 from corral.placement.scarce_hosts import scarce_hosts
 from corral.placement.scarcity import horizon
 from corral.placement.workload import TargetType, TargetWorkload
@@ -80,48 +81,22 @@ def _gang_table(snapshot: ClusterSnapshot, workload: TargetWorkload) -> _Gang:
         table = _Gang(
             types,
             np.array(group, dtype=np.int64),
-            masks,
-            np.array([milli for _, milli in groups], dtype=np.int64).reshape(g, 1, 1),
+            np.ascontiguousarray(masks),
+            np.array([milli for _, milli in groups], dtype=np.int64),
             np.array([t.gpu_count for t in types], dtype=np.int64),
             np.array([t.cpu_milli for t in types], dtype=np.int64),
-            [(t.cpu_milli, t.gpu_count, gi) for t, gi in zip(types, group, strict=True)],
-            [milli for _, milli in groups],
-            # Per group, per node: the indices of its allowed GPUs (for the one-node refresh in Python).
-            [[np.flatnonzero(row).tolist() for row in m] for m in masks],
             np.full(n, -1, dtype=np.int64),
             np.zeros(n, dtype=np.int64),
             np.zeros((g, n), dtype=np.int64),
-            [0] * len(types),
+            np.zeros(len(types), dtype=np.int64),
         )
         snapshot.memo[key] = table
-    stale = np.flatnonzero(table.versions != snapshot.version)
-    if len(stale) > _FEW_STALE:
-        # Many nodes changed (the first call, or a batch): recompute room on them and every count from scratch.
-        table.room[:, stale] = ((snapshot.gpu_milli_free[stale][None] >= table.milli) & table.masks[:, stale]).sum(
-            axis=2
-        )
-        table.cpu_seen[stale] = snapshot.cpu_free[stale]
-        hosts = (table.cpu_seen[None] >= table.cpu[:, None]) & (table.room[table.group] >= table.count[:, None])
-        table.counts[:] = hosts.sum(axis=1).tolist()
-        table.versions[stale] = snapshot.version[stale]
-    elif len(stale):
-        # Typically the one node the last decision changed: a few scalars per type, no whole-array work.
-        counts = table.counts
-        for node in stale.tolist():
-            free = snapshot.gpu_milli_free[node].tolist()
-            room = [
-                sum(1 for j in allowed[node] if free[j] >= m)
-                for allowed, m in zip(table.allowed, table.millis, strict=True)
-            ]
-            old_room = table.room[:, node].tolist()
-            cpu, old_cpu = int(snapshot.cpu_free[node]), int(table.cpu_seen[node])
-            for i, (c, k, gi) in enumerate(table.scalars):
-                change = (cpu >= c and room[gi] >= k) - (old_cpu >= c and old_room[gi] >= k)
-                if change:
-                    counts[i] += change
-            table.room[:, node] = room
-            table.cpu_seen[node] = cpu
-            table.versions[node] = snapshot.version[node]
+    s = snapshot
+    t = table
+    kernels().refresh_gang(
+        s.version, s.cpu_free, s.gpu_milli_free, t.masks, t.milli, t.cpu, t.count, t.group, t.versions, t.cpu_seen,
+        t.room, t.counts,
+    )  # fmt: skip
     return table
 
 
@@ -208,7 +183,7 @@ def kept_hosts(
     # The reserve of each type from H and the counts alone: where no type is at its reserve no node is touched
     # (on openb `default` seed 42, 1,243 of 8,403 decisions; the others are at one or two types, rarely more).
     mh = margin * horizon(snapshot, workload, cpu)  # margin x H x p, multiplied in the same order as ever
-    counts = table.counts
+    counts = table.counts.tolist()
     at_reserve: list[int] = []
     if shape.scarce:
         for i, probability, floor in shape.gang:
@@ -236,22 +211,15 @@ def kept_hosts(
     return keep | broken if shape.scarce else broken
 
 
-#: More changed nodes than this since the last call: recompute with whole-array operations, not node by node.
-_FEW_STALE = 8
-
-
 @dataclass(frozen=True, eq=False)
 class _Gang:
     types: tuple[TargetType, ...]
     group: IntArray  # types: index of the type's group (models, milli per GPU)
     masks: BoolArray  # groups x nodes x GPUs: GPUs of an allowed model
-    milli: IntArray  # groups x 1 x 1, per GPU
+    milli: IntArray  # groups: milli per GPU
     count: IntArray  # types: GPUs per pod
     cpu: IntArray  # types: CPU milli per pod
-    scalars: list[tuple[int, int, int]]  # types: CPU milli, GPUs and group, as Python ints
-    millis: list[int]  # groups: milli per GPU
-    allowed: list[list[list[int]]]  # groups x nodes: indices of the allowed GPUs
     versions: IntArray  # nodes: `snapshot.version` when room was computed
     cpu_seen: IntArray  # nodes: free CPU then (what the counts hold, to take a node out of them when it changes)
     room: IntArray  # groups x nodes: GPUs of an allowed model with room for one GPU of the group
-    counts: list[int]  # types: nodes where one pod of the type fits now
+    counts: IntArray  # types: nodes where one pod of the type fits now

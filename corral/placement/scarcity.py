@@ -27,7 +27,7 @@ import numpy as np
 
 from corral.model.arrays import FloatArray, IntArray
 from corral.model.snapshot import ClusterSnapshot
-from corral.placement.fill import current_fill
+from corral.placement.native import kernels
 from corral.placement.workload import TargetWorkload, compile_workload
 
 #: Weights move in steps of 1/WEIGHT_STEPS (see the module docstring).
@@ -39,6 +39,12 @@ _MANY = 1 << 40
 def cluster_slots(snapshot: ClusterSnapshot, workload: TargetWorkload) -> IntArray:
     """Per target type: pods of it that still fit, summed over nodes (kept per node, refreshed where nodes changed;
     the sums are updated by the changed nodes' differences, exact in integers, instead of re-added each decision)."""
+    return _slots(snapshot, workload)[2].copy()
+
+
+def _slots(snapshot: ClusterSnapshot, workload: TargetWorkload) -> tuple[IntArray, IntArray, IntArray]:
+    """`cluster_slots`' entry (per node the version its slots were counted at, slots per type and node, and their
+    sums per type), brought up to date."""
     n = len(snapshot)
     key = ("slots", workload.key)
     entry: tuple[IntArray, IntArray, IntArray] | None = snapshot.memo.get(key)
@@ -46,21 +52,13 @@ def cluster_slots(snapshot: ClusterSnapshot, workload: TargetWorkload) -> IntArr
         types = len(compile_workload(snapshot, workload).prob)
         entry = (np.full(n, -1, dtype=np.int64), np.zeros((types, n), dtype=np.int64), np.zeros(types, dtype=np.int64))
         snapshot.memo[key] = entry
+    w, s = compile_workload(snapshot, workload), snapshot
     versions, per_node, totals = entry
-    stale = np.flatnonzero(versions != snapshot.version)
-    if len(stale) == 1:  # the usual case in a replay (the node the last decision changed): no sums over an axis
-        i = int(stale[0])
-        one = np.minimum(current_fill(snapshot, workload, stale)[0][:, 0], _MANY // max(n, 1))
-        totals += one - per_node[:, i]
-        per_node[:, i] = one
-        versions[i] = snapshot.version[i]
-    elif len(stale):
-        slots, _ = current_fill(snapshot, workload, stale)
-        fresh = np.minimum(slots, _MANY // max(n, 1))
-        totals += fresh.sum(axis=1) - per_node[:, stale].sum(axis=1)
-        per_node[:, stale] = fresh
-        versions[stale] = snapshot.version[stale]
-    return totals.copy()
+    kernels().refresh_slots(
+        s.version, s.cpu_free, s.gpu_milli_free, s.gpu_present, w.access, w.table, versions, per_node, totals,
+        _MANY // max(n, 1),
+    )  # fmt: skip
+    return entry
 
 
 def horizon(snapshot: ClusterSnapshot, workload: TargetWorkload, cpu: bool = False) -> float:
@@ -78,20 +76,19 @@ def horizon(snapshot: ClusterSnapshot, workload: TargetWorkload, cpu: bool = Fal
         snapshot.memo[key] = per_pod
     milli, cores = per_pod
     # gpu_free_total is each node's free milli over its GPUs (kept by allocate/release): no pass over every GPU.
-    free = float(snapshot.gpu_free_total.sum())
-    out = free / milli if milli > 0 else 0.0
+    free, free_cpu = kernels().free_sums(snapshot.gpu_free_total, snapshot.cpu_free)
+    out = float(free) / milli if milli > 0 else 0.0
     if cpu and cores > 0:
-        out = min(out, float(np.maximum(snapshot.cpu_free, 0).sum()) / cores)
+        out = min(out, float(free_cpu) / cores)
     return out
 
 
 def scarcity_weights(snapshot: ClusterSnapshot, workload: TargetWorkload) -> FloatArray:
     """weight_m = min(1, p_m H / slots_m) in steps of 1/WEIGHT_STEPS (module docstring)."""
     w = compile_workload(snapshot, workload)
-    slots = cluster_slots(snapshot, workload).astype(np.float64)
-    demand = w.prob * horizon(snapshot, workload)
-    ratio = np.where(slots > 0, demand / np.maximum(slots, 1.0), np.where(demand > 0, 1.0, 0.0))
-    out: FloatArray = np.rint(np.minimum(ratio, 1.0) * WEIGHT_STEPS) / WEIGHT_STEPS  # np.round, no wrapper
+    out: FloatArray = kernels().weights(
+        w.prob, _slots(snapshot, workload)[2], horizon(snapshot, workload), WEIGHT_STEPS
+    )
     return out
 
 

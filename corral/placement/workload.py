@@ -14,11 +14,11 @@ could not use it; a node's fragmentation F(n) is the expectation over the target
 
 f is computed in integers; p_m x f is summed per category (q1, q2, q4, xl, xr, no_access) in the target types' order
 and the categories are then added, exactly as the study's code does, so F of a node is bit-identical to the authors'
-value however it was reached (FGD's 49-or-50 ties depend on those rounding residues; see `_fragmentation`).
+value however it was reached (FGD's 49-or-50 ties depend on those rounding residues).
 
-Two paths give the same floats: numpy over blocks of nodes (`_node_fragmentation`, a first look at the cluster),
-and plain Python one node at a time, memoised by node state (`_Scalar`, the one or two nodes of a decision, where
-numpy's per-call overhead on 35 types x 8 GPUs cost several times the maths).
+F is computed by compiled loops (`placement.kernels`), one node at a time over its types and GPUs: a decision computes
+F for one node or two, where numpy's per-call overhead on 35 types x 8 GPUs cost several times the maths (and a
+plain-Python path, memoised by node state, still cost more than the maths).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from corral.model.arrays import BoolArray, FloatArray, IntArray
 from corral.model.errors import InvalidRequest
 from corral.model.resources import MILLI_PER_GPU, Request
 from corral.model.snapshot import ClusterSnapshot
+from corral.placement.native import kernels
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +177,7 @@ class _Compiled:
     milli_div: IntArray  # max(milli, 1)
     count_div: IntArray  # max(count, 1)
     cpu_div: IntArray  # max(cpu, 1)
+    table: IntArray  # types x `kernels.COLUMNS`: the columns above as the compiled kernels read them
 
 
 def compile_workload(snapshot: ClusterSnapshot, workload: TargetWorkload) -> _Compiled:
@@ -191,201 +193,36 @@ def compile_workload(snapshot: ClusterSnapshot, workload: TargetWorkload) -> _Co
         cpu = np.array([t.cpu_milli for t in workload.types], dtype=np.int64)
         milli = np.array([t.gpu_milli for t in workload.types], dtype=np.int64)
         count = np.array([t.gpu_count for t in workload.types], dtype=np.int64)
+        share = (count == 1) & (milli < MILLI_PER_GPU)
+        cpu_only = count == 0
+        k = kernels()
+        table = np.zeros((len(workload.types), k.COLUMNS), dtype=np.int64)
+        for col, values in (
+            (k.CPU, cpu),
+            (k.MILLI, milli),
+            (k.COUNT, count),
+            (k.CPU_ONLY, cpu_only),
+            (k.SHARE, share),
+            (k.MILLI_DIV, np.maximum(milli, 1)),
+            (k.COUNT_DIV, np.maximum(count, 1)),
+            (k.CPU_DIV, np.maximum(cpu, 1)),
+        ):
+            table[:, col] = values
         compiled = _Compiled(
             cpu=cpu,
             milli=milli,
             count=count,
             prob=np.array([t.probability for t in workload.types], dtype=np.float64),
-            cpu_only=np.array([t.gpu_count == 0 for t in workload.types], dtype=np.bool_),
+            cpu_only=cpu_only,
             access=access,
-            share=(count == 1) & (milli < MILLI_PER_GPU),
+            share=share,
             milli_div=np.maximum(milli, 1),
             count_div=np.maximum(count, 1),
             cpu_div=np.maximum(cpu, 1),
+            table=table,
         )
         snapshot.memo[key] = compiled
     return compiled
-
-
-#: Nodes per block when fragmentation is computed for many nodes at once (bounds memory at types x block x GPUs).
-_BLOCK = 2048
-
-
-def _sequential_sum(x: FloatArray) -> FloatArray:
-    """Sum over the first axis strictly in order (numpy's sum may pair terms up, which rounds differently)."""
-    out: FloatArray = np.add.accumulate(x, axis=0)[-1]
-    return out
-
-
-#: Fragmentation categories (the study's buckets), in the order F adds them up.
-_Q1, _Q2, _Q4, _XL, _XR, _NA = range(6)
-_CATEGORIES = np.arange(6)
-
-
-def _fragmentation(
-    w: _Compiled,
-    access: BoolArray,
-    gpu_ok: BoolArray,
-    cpu_ok: BoolArray,
-    total: IntArray,
-    unusable: IntArray,
-) -> FloatArray:
-    """F from per-type categories, summed as the study does (fgd-experiment.md section 7, C2).
-
-    Each target type adds p_m x milli to one category bucket (a satisfied GPU type adds the milli it cannot use to
-    q2_lack_gpu); buckets are summed over types in order, then F = q1 + q2 + q4 + xl + xr + no_access. Summing by
-    category rather than by type only changes rounding residues, but those decide FGD's 49-or-50 ties. All arrays
-    are (types, ...) and broadcast together.
-    """
-    shape = (len(w.prob), *np.broadcast_shapes(access.shape[1:], gpu_ok.shape[1:], total.shape[1:]))
-    extra = (1,) * (len(shape) - 1)
-    p = w.prob.reshape(-1, *extra)
-    cpu_only = w.cpu_only.reshape(-1, *extra)
-    # One category per (type, element), then one weighted bincount over (category, element) bins fed in type
-    # order: bincount adds each weight to its bin strictly in input order, starting from 0.0, so every bucket is
-    # the same additions in the same order as one ordered sum per category (where the other categories' 0.0 added
-    # nothing). One pass over types x elements, where a (types, categories, elements) array took four.
-    cat = np.where(
-        cpu_only,
-        np.where(cpu_ok, _XL, _XR),
-        np.where(access, np.where(cpu_ok, _Q2, np.where(gpu_ok, _Q4, _Q1)), _NA),
-    )
-    value = np.where(~cpu_only & access & gpu_ok & cpu_ok, p * unusable, p * total)
-    size = int(np.prod(shape[1:], dtype=np.int64))
-    bins = np.broadcast_to(cat, shape).reshape(shape[0], size) * size + np.arange(size)
-    weights = np.broadcast_to(value, shape).reshape(-1)
-    counted = np.bincount(bins.reshape(-1), weights=weights, minlength=len(_CATEGORIES) * size)
-    buckets: FloatArray = counted.astype(np.float64, copy=False).reshape(len(_CATEGORIES), size)
-    # q1 + q2 + q4 + xl + xr + no_access, left to right (the categories are numbered in that order).
-    out: FloatArray = _sequential_sum(buckets).reshape(shape[1:])
-    return out
-
-
-#: Up to this many nodes, F is computed node by node in plain Python (`_Scalar`): a decision computes F for one
-#: node or two, where numpy's per-call overhead on arrays of 35 types x 8 GPUs costs several times the maths.
-_FEW = 4
-
-
-class _Scalar:
-    """One workload's target types as Python numbers, for F of one node at a time, and F memoised by node state.
-
-    The same integers and the same float operations in the same order as `_fragmentation` (p x milli added per
-    category in type order, starting from 0.0, then q1 + q2 + q4 + xl + xr + no_access left to right), so the
-    floats are bit-identical to the vectorised path's. A node's state is its free CPU and the multiset of its
-    present GPUs' (model, free milli): F depends on nothing else (integer counts and sums over GPUs do not depend
-    on their order), so twin nodes, and a node that comes back to a state it had, share one entry."""
-
-    __slots__ = ("memo", "probes", "types")
-
-    #: States remembered per workload before the memo starts afresh (about 200 bytes each).
-    LIMIT = 1 << 16
-
-    def __init__(self, snapshot: ClusterSnapshot, workload: TargetWorkload) -> None:
-        # Types that ask for GPUs differ in what they ask of one GPU (milli, allowed models) far less often than
-        # in CPU or count (default: 12 probes for 30 GPU types): count fitting GPUs once per probe.
-        probes: dict[tuple[int, tuple[bool, ...]], int] = {}
-        self.types: list[tuple[int, int, float, bool, int]] = []
-        for t in workload.types:
-            j = -1
-            if t.gpu_count:
-                # Per GPU model id: whether the type may use a GPU of that model (`compile_workload`'s access).
-                access = tuple(t.models is None or name in t.models for name in snapshot.models)
-                j = probes.setdefault((t.gpu_milli, access), len(probes))
-            self.types.append((t.cpu_milli, t.gpu_count, t.probability, t.gpu_count == 0, j))
-        self.probes = list(probes)
-        self.memo: dict[tuple[int, tuple[tuple[int, int, int], ...]], float] = {}
-
-    @staticmethod
-    def groups(models: list[int], free: list[int]) -> tuple[tuple[int, int, int], ...]:
-        """The present GPUs as sorted (model, free milli, how many) triples."""
-        counts: dict[tuple[int, int], int] = {}
-        for m, u in zip(models, free, strict=True):
-            if m >= 0:
-                counts[m, u] = counts.get((m, u), 0) + 1
-        return tuple(sorted((m, u, k) for (m, u), k in counts.items()))
-
-    def usable(self, groups: tuple[tuple[int, int, int], ...]) -> tuple[list[bool], list[int], list[int]]:
-        """Per probe: whether any GPU is of an allowed model, how many such GPUs fit it, and their free milli."""
-        anys, counts, sums = [], [], []
-        for milli, access in self.probes:
-            seen, n, s = False, 0, 0
-            for m, u, k in groups:
-                if access[m]:
-                    seen = True
-                    if u >= milli:
-                        n += k
-                        s += max(u, 0) * k
-            anys.append(seen)
-            counts.append(n)
-            sums.append(s)
-        return anys, counts, sums
-
-    def node(self, cpu: int, models: list[int], free: list[int]) -> float:
-        """F of one node with free CPU `cpu` and per-GPU `models` / free milli `free` (-1 model: absent)."""
-        groups = self.groups(models, free)
-        key = (cpu, groups)
-        f = self.memo.get(key)
-        if f is None:
-            total = sum(max(u, 0) * k for _, u, k in groups)
-            anys, counts, sums = self.usable(groups)
-            f = self._f(cpu, total, anys, counts, sums)
-            if len(self.memo) >= self.LIMIT:
-                self.memo.clear()
-            self.memo[key] = f
-        return f
-
-    def _f(self, cpu: int, total: int, anys: list[bool], counts: list[int], sums: list[int]) -> float:
-        b = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
-        for c_m, k_m, p, cpu_only, j in self.types:
-            cpu_ok = cpu >= c_m
-            if cpu_only:
-                b[_XL if cpu_ok else _XR] += p * total
-            elif not anys[j]:
-                b[_NA] += p * total
-            elif cpu_ok:
-                b[_Q2] += p * (total - sums[j]) if counts[j] >= k_m else p * total
-            else:
-                b[_Q4 if counts[j] >= k_m else _Q1] += p * total
-        return b[0] + b[1] + b[2] + b[3] + b[4] + b[5]
-
-    def share(self, cpu: int, models: list[int], free: list[int], cpu_req: int, milli_req: int) -> list[float]:
-        """`share_fragmentation_after` of one node: per GPU column, F once a share of `milli_req` took that GPU
-        (with the vectorised path's arithmetic for every column, absent and unfitting GPUs included)."""
-        groups = self.groups(models, free)
-        total2 = sum(max(u, 0) * k for _, u, k in groups) - milli_req
-        cpu2 = cpu - cpu_req
-        anys, counts, sums = self.usable(groups)
-        out: list[float] = []
-        done: dict[tuple[int, int], float] = {}
-        for m, u in zip(models, free, strict=True):
-            f = done.get((m, u))
-            if f is None:
-                if m < 0:  # an absent GPU changes no probe's count or sum
-                    f = self._f(cpu2, total2, anys, counts, sums)
-                else:
-                    after = u - milli_req
-                    counts2, sums2 = list(counts), list(sums)
-                    for j, (milli, access) in enumerate(self.probes):
-                        if access[m]:
-                            if u >= milli:
-                                counts2[j] -= 1
-                                sums2[j] -= u
-                            if after >= milli:
-                                counts2[j] += 1
-                                sums2[j] += after
-                    f = self._f(cpu2, total2, anys, counts2, sums2)
-                done[m, u] = f
-            out.append(f)
-        return out
-
-
-def _scalar(snapshot: ClusterSnapshot, workload: TargetWorkload) -> _Scalar:
-    key = ("workload-scalar", workload.key)
-    scalar: _Scalar | None = snapshot.memo.get(key)
-    if scalar is None:
-        scalar = _Scalar(snapshot, workload)
-        snapshot.memo[key] = scalar
-    return scalar
 
 
 def node_fragmentation(
@@ -396,41 +233,18 @@ def node_fragmentation(
     milli_free: IntArray | None = None,
 ) -> FloatArray:
     """F(n) for the given node indices, on their current state or on hypothetical free CPU / GPU milli."""
+    w = compile_workload(snapshot, workload)
     c_all = snapshot.cpu_free[nodes] if cpu_free is None else cpu_free
     u_all = snapshot.gpu_milli_free[nodes] if milli_free is None else milli_free
-    if len(nodes) <= _FEW:
-        scalar = _scalar(snapshot, workload)
-        return np.array(
-            [
-                scalar.node(c, m, u)
-                for c, m, u in zip(c_all.tolist(), snapshot.gpu_model[nodes].tolist(), u_all.tolist(), strict=True)
-            ],
-            dtype=np.float64,
-        )
-    return _node_fragmentation(snapshot, workload, nodes, c_all, u_all)
+    out: FloatArray = kernels().fragmentation(
+        _ints(nodes), _ints(c_all), _ints(u_all), snapshot.gpu_present, w.access, w.table, w.prob
+    )
+    return out
 
 
-def _node_fragmentation(
-    snapshot: ClusterSnapshot, workload: TargetWorkload, nodes: IntArray, c_all: IntArray, u_all: IntArray
-) -> FloatArray:
-    """The vectorised `node_fragmentation`, in blocks of nodes."""
-    w = compile_workload(snapshot, workload)
-    out = np.empty(len(nodes), dtype=np.float64)
-    for lo in range(0, len(nodes), _BLOCK):
-        idx, c, u = nodes[lo : lo + _BLOCK], c_all[lo : lo + _BLOCK], u_all[lo : lo + _BLOCK]
-        up = np.where(snapshot.gpu_present[idx], np.maximum(u, 0), 0)
-        total = up.sum(axis=1)
-        a = w.access[:, idx]  # types x nodes x GPUs
-        fit = a & (u[None] >= w.milli[:, None, None])
-        any_access: BoolArray = np.asarray(a.any(axis=2))
-        out[lo : lo + _BLOCK] = _fragmentation(
-            w,
-            any_access,
-            fit.sum(axis=2) >= w.count[:, None],
-            c[None] >= w.cpu[:, None],
-            total[None],
-            total[None] - (up[None] * fit).sum(axis=2),
-        )
+def _ints(a: IntArray) -> IntArray:
+    """`a` as a C-ordered int64 array (what the kernels are compiled for: one signature, one compilation)."""
+    out: IntArray = np.ascontiguousarray(a, dtype=np.int64)
     return out
 
 
@@ -470,46 +284,9 @@ def share_fragmentation_after(
     Updates each type's usable-GPU count and sum for the one changed GPU instead of recomputing whole nodes, in
     integers, so an unchanged type contributes exactly what it contributed to F(n).
     """
-    if len(nodes) <= _FEW:
-        scalar = _scalar(snapshot, workload)
-        rows = zip(
-            snapshot.cpu_free[nodes].tolist(),
-            snapshot.gpu_model[nodes].tolist(),
-            snapshot.gpu_milli_free[nodes].tolist(),
-            strict=True,
-        )
-        return np.array([scalar.share(c, m, u, cpu_req, milli_req) for c, m, u in rows], dtype=np.float64).reshape(
-            len(nodes), snapshot.max_gpus
-        )
-    return _share_fragmentation_after(snapshot, workload, nodes, cpu_req, milli_req)
-
-
-def _share_fragmentation_after(
-    snapshot: ClusterSnapshot, workload: TargetWorkload, nodes: IntArray, cpu_req: int, milli_req: int
-) -> FloatArray:
-    """The vectorised `share_fragmentation_after`, in blocks of nodes."""
     w = compile_workload(snapshot, workload)
-    out = np.empty((len(nodes), snapshot.max_gpus), dtype=np.float64)
-    mm = w.milli[:, None, None]
-    for lo in range(0, len(nodes), _BLOCK // 4):
-        idx = nodes[lo : lo + _BLOCK // 4]
-        u = snapshot.gpu_milli_free[idx]
-        up = np.where(snapshot.gpu_present[idx], np.maximum(u, 0), 0)
-        total2 = (up.sum(axis=1) - milli_req)[None, :, None]  # 1 x nodes x 1
-        u_after = u - milli_req
-        a = w.access[:, idx]  # types x nodes x GPUs (axis 2 = the GPU the share would go to)
-        before = a & (u[None] >= mm)
-        after = a & (u_after[None] >= mm)
-        cnt2 = before.sum(axis=2, keepdims=True) - before + after
-        s2 = (up[None] * before).sum(axis=2, keepdims=True) - np.where(before, u, 0) + np.where(after, u_after, 0)
-        c2 = (snapshot.cpu_free[idx] - cpu_req)[None, :, None]
-        any_access: BoolArray = np.asarray(a.any(axis=2, keepdims=True))
-        out[lo : lo + len(idx)] = _fragmentation(
-            w,
-            any_access,
-            cnt2 >= w.count[:, None, None],
-            c2 >= w.cpu[:, None, None],
-            total2,
-            total2 - s2,
-        )
+    s = snapshot
+    out: FloatArray = kernels().share_fragmentation(
+        _ints(nodes), s.cpu_free, s.gpu_milli_free, s.gpu_present, w.access, w.table, w.prob, cpu_req, milli_req
+    )
     return out

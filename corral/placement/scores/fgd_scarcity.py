@@ -38,16 +38,11 @@ import numpy.typing as npt
 
 from corral.model.arrays import BoolArray, FloatArray, IntArray
 from corral.placement.context import Context
-from corral.placement.fill import cpu_pod_unfilled, current_fill, share_unfilled, type_fill
+from corral.placement.native import kernels
 from corral.placement.scarcity import model_levels, scarcity_weights
 from corral.placement.scores.common import node_state_keys, shape_key
-from corral.placement.scores.fgd import FragmentationScored, fgd_score, node_after
-from corral.placement.workload import (
-    compile_workload,
-    current_fragmentation,
-    node_fragmentation,
-    share_fragmentation_after,
-)
+from corral.placement.scores.fgd import FragmentationScored, fgd_score
+from corral.placement.workload import compile_workload
 
 #: The tie-break stays below 1 so it can never lift a node past a higher FGD integer.
 TIE_WEIGHT = 0.999
@@ -115,20 +110,19 @@ class FgdScarcity(FragmentationScored):
         return points[nodes], drop[:, nodes]
 
     def _node_parts(self, ctx: Context, nodes: IntArray, share: bool) -> tuple[FloatArray, IntArray]:
-        s, r, wl = ctx.snapshot, ctx.request, ctx.workload
-        frag_before = current_fragmentation(s, wl, nodes)
-        _, unfilled_before = current_fill(s, wl, nodes)
+        s, r = ctx.snapshot, ctx.request
+        w = compile_workload(s, ctx.workload)
+        idx = np.ascontiguousarray(nodes, dtype=np.int64)
         if share:
-            unfilled_after = share_unfilled(s, wl, nodes, r.cpu_milli, r.gpu_milli)
-            after = share_fragmentation_after(s, wl, nodes, r.cpu_milli, r.gpu_milli)
-            return fgd_score(frag_before[:, None] - after), unfilled_before[:, :, None] - unfilled_after
-        cpu_after_n, milli_after_n = node_after(ctx, nodes)
-        if r.wants_gpu:
-            _, unfilled_after_n = type_fill(s, wl, nodes, cpu_after_n, milli_after_n)
-        else:  # only the CPU slots change (the GPU slots are current_fill's)
-            unfilled_after_n = cpu_pod_unfilled(s, wl, nodes, r.cpu_milli)
-        points_n = fgd_score(frag_before - node_fragmentation(s, wl, nodes, cpu_after_n, milli_after_n))
-        return points_n, unfilled_before - unfilled_after_n
+            delta, drop = kernels().share_parts(
+                idx, s.cpu_free, s.gpu_milli_free, s.gpu_present, w.access, w.table, w.prob, r.cpu_milli, r.gpu_milli
+            )
+        else:  # the after state is `fgd.node_after`'s (the GPUs FGD's scoring takes), worked out in the kernel
+            delta, drop = kernels().pod_parts(
+                idx, s.cpu_free, s.gpu_milli_free, np.ascontiguousarray(ctx.fit.gpu_fit), s.gpu_present, w.access,
+                w.table, w.prob, r.cpu_milli, r.gpu_milli, r.gpu_count if r.wants_gpu else 0,
+            )  # fmt: skip
+        return fgd_score(delta), drop
 
     def _compute(self, ctx: Context, nodes: IntArray, weights: FloatArray) -> tuple[FloatArray, IntArray]:
         s, r, wl = ctx.snapshot, ctx.request, ctx.workload

@@ -1,0 +1,533 @@
+"""Compiled per-node arithmetic of the fragmentation-scored policies: F (`workload`) and the fill (`fill`).
+
+fgd, fgd-scarcity and fgd-priced score one or two changed nodes per decision. In numpy each such step is a chain of
+a few dozen calls on arrays of 35 types x 8 GPUs, and numpy's per-call overhead, not the maths, was most of a replay
+(issue 16: fgd-priced cost 2.2-3.0x an fgd replay). These loops do the same integer counts per node and type, and
+the same float operations in the same order, compiled once by numba (cached on disk, `cache=True`):
+
+* F adds p_m x milli to its category bucket in type order, starting from 0.0, then q1 + q2 + q4 + xl + xr + no_access
+  left to right (fgd-experiment.md section 7, C2), exactly as the vectorised bincount did, so every float is
+  bit-identical to the numpy path it replaced and to `reference.fragmentation` (property tests check both).
+* Nothing transcendental is computed here: exp (FGD's sigmoid, the fill gain's) stays in numpy, whose SIMD exp may
+  round differently from the C library's.
+
+Every kernel takes the snapshot's whole per-node arrays and the indices of the nodes to compute, so the caller
+gathers nothing, and the workload as one int64 table (columns below, built by `workload.compile_workload`) and its
+probabilities.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from corral.model.arrays import BoolArray, FloatArray, IntArray
+
+#: Columns of the per-type table.
+CPU, MILLI, COUNT, CPU_ONLY, SHARE, MILLI_DIV, COUNT_DIV, CPU_DIV = range(8)
+COLUMNS = 8
+#: CPU slots of a type that asks for no CPU: unlimited (as `fill` counts them).
+UNLIMITED = int(np.iinfo(np.int64).max)
+_FULL = 1000  # MILLI_PER_GPU (a literal: compiled code reads module globals as constants)
+
+
+def _sig(text: str) -> str:
+    """A kernel's signature from shorthand: the public kernels are compiled (or loaded from numba's cache) when this
+    module is imported, not inside the first decision that needs them, and for C-ordered int64, bool and float64
+    arrays only (`workload._ints` makes hypothetical states so)."""
+    for short, full in _TYPES.items():
+        text = text.replace(short, full)
+    return text
+
+
+_TYPES = {
+    "I1": "int64[::1]",
+    "I2": "int64[:, ::1]",
+    "I3": "int64[:, :, ::1]",
+    "B2": "boolean[:, ::1]",
+    "B3": "boolean[:, :, ::1]",
+    "F1": "float64[::1]",
+    "F2": "float64[:, ::1]",
+    "i8": "int64",
+    "f8": "float64",
+}
+
+
+@njit(cache=True)
+def _f(
+    table: IntArray,
+    prob: FloatArray,
+    any_access: BoolArray,
+    count: IntArray,
+    fit_sum: IntArray,
+    total: int,
+    cpu: int,
+) -> float:
+    """F of one node from, per type, whether any GPU is of an allowed model, how many allowed GPUs fit one of its
+    pods' GPUs and their free milli; `total` is the node's free milli, `cpu` its free CPU."""
+    q1 = q2 = q4 = xl = xr = na = 0.0
+    for m in range(table.shape[0]):
+        p = prob[m]
+        if table[m, CPU_ONLY]:
+            if cpu >= table[m, CPU]:
+                xl += p * total
+            else:
+                xr += p * total
+        elif not any_access[m]:
+            na += p * total
+        elif cpu >= table[m, CPU]:
+            if count[m] >= table[m, COUNT]:
+                q2 += p * (total - fit_sum[m])
+            else:
+                q2 += p * total
+        elif count[m] >= table[m, COUNT]:
+            q4 += p * total
+        else:
+            q1 += p * total
+    return q1 + q2 + q4 + xl + xr + na
+
+
+@njit(_sig("F1(I1, I1, I2, B2, B3, I2, F1)"), cache=True)
+def fragmentation(
+    nodes: IntArray,
+    cpu: IntArray,
+    milli: IntArray,
+    present: BoolArray,
+    access: BoolArray,
+    table: IntArray,
+    prob: FloatArray,
+) -> FloatArray:
+    """F of `nodes` in the given states: free CPU `cpu[i]` and per-GPU free milli `milli[i]` for node `nodes[i]`."""
+    n, t, g = len(nodes), table.shape[0], milli.shape[1]
+    out = np.empty(n, dtype=np.float64)
+    any_access = np.zeros(t, dtype=np.bool_)
+    count = np.zeros(t, dtype=np.int64)
+    fit_sum = np.zeros(t, dtype=np.int64)
+    for i in range(n):
+        node = nodes[i]
+        total = 0
+        for j in range(g):
+            if present[node, j] and milli[i, j] > 0:
+                total += milli[i, j]
+        for m in range(t):
+            seen, c, s, need = False, 0, 0, table[m, MILLI]
+            for j in range(g):
+                if access[m, node, j]:
+                    seen = True
+                    u = milli[i, j]
+                    if u >= need:
+                        c += 1
+                        if present[node, j] and u > 0:
+                            s += u
+            any_access[m], count[m], fit_sum[m] = seen, c, s
+        out[i] = _f(table, prob, any_access, count, fit_sum, total, cpu[i])
+    return out
+
+
+@njit(_sig("F2(I1, I1, I2, B2, B3, I2, F1, i8, i8)"), cache=True)
+def share_fragmentation(
+    nodes: IntArray,
+    cpu_free: IntArray,
+    milli_free: IntArray,
+    present: BoolArray,
+    access: BoolArray,
+    table: IntArray,
+    prob: FloatArray,
+    cpu_req: int,
+    milli_req: int,
+) -> FloatArray:
+    """F per (node, GPU column) once a one-GPU share of `milli_req` milli and `cpu_req` CPU took that GPU, from the
+    nodes' current state (every column, absent and unfitting GPUs included, with the same arithmetic)."""
+    n, t, g = len(nodes), table.shape[0], milli_free.shape[1]
+    out = np.empty((n, g), dtype=np.float64)
+    any_access = np.zeros(t, dtype=np.bool_)
+    count = np.zeros(t, dtype=np.int64)
+    fit_sum = np.zeros(t, dtype=np.int64)
+    count2 = np.zeros(t, dtype=np.int64)
+    fit_sum2 = np.zeros(t, dtype=np.int64)
+    for i in range(n):
+        node = nodes[i]
+        total = 0
+        for j in range(g):
+            if present[node, j] and milli_free[node, j] > 0:
+                total += milli_free[node, j]
+        for m in range(t):
+            seen, c, s, need = False, 0, 0, table[m, MILLI]
+            for j in range(g):
+                if access[m, node, j]:
+                    seen = True
+                    u = milli_free[node, j]
+                    if u >= need:
+                        c += 1
+                        if present[node, j] and u > 0:
+                            s += u
+            any_access[m], count[m], fit_sum[m] = seen, c, s
+        total2, cpu2 = total - milli_req, cpu_free[node] - cpu_req
+        for j in range(g):
+            u = milli_free[node, j]
+            after = u - milli_req
+            for m in range(t):
+                c, s, need = count[m], fit_sum[m], table[m, MILLI]
+                if access[m, node, j]:
+                    if u >= need:
+                        c -= 1
+                        s -= u
+                    if after >= need:
+                        c += 1
+                        s += after
+                count2[m], fit_sum2[m] = c, s
+            out[i, j] = _f(table, prob, any_access, count2, fit_sum2, total2, cpu2)
+    return out
+
+
+@njit(cache=True)
+def _slots_unfilled(table: IntArray, m: int, cpu: int, gpu_slots: int, idle: int) -> tuple[int, int]:
+    """Type m's slots (its CPU slots, and its GPU slots if it asks for GPUs) and the idle milli they leave unfilled,
+    from free CPU (at least 0), the type's GPU slots and the node's idle milli."""
+    cpu_slots = cpu // table[m, CPU_DIV] if table[m, CPU] > 0 else UNLIMITED
+    if table[m, CPU_ONLY]:
+        return cpu_slots, idle
+    slots = min(gpu_slots, cpu_slots)
+    return slots, idle - min(slots * (table[m, COUNT] * table[m, MILLI]), idle)
+
+
+@njit(_sig("Tuple((I2, I2, I2, I1))(I1, I1, I2, B2, B3, I2)"), cache=True)
+def fill(
+    nodes: IntArray,
+    cpu: IntArray,
+    milli: IntArray,
+    present: BoolArray,
+    access: BoolArray,
+    table: IntArray,
+) -> tuple[IntArray, IntArray, IntArray, IntArray]:
+    """`fill.type_fill` of `nodes` in the given states (free CPU `cpu[i]`, per-GPU free milli `milli[i]`): per type
+    and node its slots, unfilled milli and GPU slots (types x nodes), and per node its idle milli."""
+    n, t, g = len(nodes), table.shape[0], milli.shape[1]
+    slots = np.empty((t, n), dtype=np.int64)
+    unfilled = np.empty((t, n), dtype=np.int64)
+    gpu_slots = np.empty((t, n), dtype=np.int64)
+    idle = np.empty(n, dtype=np.int64)
+    free = np.zeros(g, dtype=np.int64)
+    for i in range(n):
+        node = nodes[i]
+        total = 0
+        for j in range(g):
+            free[j] = max(milli[i, j], 0) if present[node, j] else 0
+            total += free[j]
+        idle[i] = total
+        c = max(cpu[i], 0)
+        for m in range(t):
+            k = 0
+            if table[m, SHARE]:
+                for j in range(g):
+                    if access[m, node, j]:
+                        k += free[j] // table[m, MILLI_DIV]
+            else:
+                for j in range(g):
+                    if access[m, node, j] and free[j] >= _FULL:
+                        k += 1
+                k //= table[m, COUNT_DIV]
+            gpu_slots[m, i] = k
+            slots[m, i], unfilled[m, i] = _slots_unfilled(table, m, c, k, total)
+    return slots, unfilled, gpu_slots, idle
+
+
+@njit(_sig("I3(I1, I1, I2, B3, I2, i8, i8)"), cache=True)
+def share_unfilled(
+    nodes: IntArray,
+    cpu_free: IntArray,
+    milli_free: IntArray,
+    access: BoolArray,
+    table: IntArray,
+    cpu_req: int,
+    milli_req: int,
+) -> IntArray:
+    """`fill.share_unfilled`: unfilled milli per (type, node, GPU) once a one-GPU share of `milli_req` milli and
+    `cpu_req` CPU took that GPU, each type's GPU slots updated for the one GPU that changed."""
+    n, t, g = len(nodes), table.shape[0], milli_free.shape[1]
+    out = np.empty((t, n, g), dtype=np.int64)
+    free = np.zeros(g, dtype=np.int64)
+    take = max(milli_req, 0)
+    for i in range(n):
+        node = nodes[i]
+        idle = 0
+        for j in range(g):
+            free[j] = max(milli_free[node, j], 0)  # an absent GPU holds -1: 0 here, without a mask
+            idle += free[j]
+        c = max(cpu_free[node] - cpu_req, 0)
+        for m in range(t):
+            div, share = table[m, MILLI_DIV], table[m, SHARE]
+            share_before, whole_before = 0, 0
+            for j in range(g):
+                if access[m, node, j]:
+                    share_before += free[j] // div
+                    if free[j] >= _FULL:
+                        whole_before += 1
+            for j in range(g):
+                after = max(milli_free[node, j] - take, 0)
+                if share:
+                    k = share_before
+                    if access[m, node, j]:
+                        k += after // div - free[j] // div
+                else:
+                    k = whole_before
+                    if access[m, node, j]:
+                        if free[j] >= _FULL:
+                            k -= 1
+                        if milli_req <= 0 and after >= _FULL:
+                            k += 1
+                    k //= table[m, COUNT_DIV]
+                out[m, i, j] = _slots_unfilled(table, m, c, k, idle - free[j] + after)[1]
+    return out
+
+
+@njit(cache=True)
+def _usable(
+    node: int,
+    milli: IntArray,
+    present: BoolArray,
+    access: BoolArray,
+    table: IntArray,
+    any_access: BoolArray,
+    count: IntArray,
+    fit_sum: IntArray,
+) -> int:
+    """Per type, into the arrays given: whether any GPU of `node` is of an allowed model, how many allowed GPUs fit
+    one of its pods' GPUs and their free milli, for per-GPU free milli `milli`; returns the node's free milli."""
+    g = len(milli)
+    total = 0
+    for j in range(g):
+        if present[node, j] and milli[j] > 0:
+            total += milli[j]
+    for m in range(table.shape[0]):
+        seen, c, s, need = False, 0, 0, table[m, MILLI]
+        for j in range(g):
+            if access[m, node, j]:
+                seen = True
+                u = milli[j]
+                if u >= need:
+                    c += 1
+                    if present[node, j] and u > 0:
+                        s += u
+        any_access[m], count[m], fit_sum[m] = seen, c, s
+    return total
+
+
+@njit(cache=True)
+def _unfilled_into(
+    node: int, cpu: int, milli: IntArray, present: BoolArray, access: BoolArray, table: IntArray, out: IntArray
+) -> None:
+    """`fill`'s unfilled milli per type of one node state, into `out`."""
+    g = len(milli)
+    free = np.zeros(g, dtype=np.int64)
+    total = 0
+    for j in range(g):
+        free[j] = max(milli[j], 0) if present[node, j] else 0
+        total += free[j]
+    c = max(cpu, 0)
+    for m in range(table.shape[0]):
+        k = 0
+        if table[m, SHARE]:
+            for j in range(g):
+                if access[m, node, j]:
+                    k += free[j] // table[m, MILLI_DIV]
+        else:
+            for j in range(g):
+                if access[m, node, j] and free[j] >= _FULL:
+                    k += 1
+            k //= table[m, COUNT_DIV]
+        out[m] = _slots_unfilled(table, m, c, k, total)[1]
+
+
+@njit(_sig("Tuple((F1, I2))(I1, I1, I2, B2, B2, B3, I2, F1, i8, i8, i8)"), cache=True)
+def pod_parts(
+    nodes: IntArray,
+    cpu_free: IntArray,
+    milli_free: IntArray,
+    fit: BoolArray,
+    present: BoolArray,
+    access: BoolArray,
+    table: IntArray,
+    prob: FloatArray,
+    cpu_req: int,
+    milli_req: int,
+    count_req: int,
+) -> tuple[FloatArray, IntArray]:
+    """For each node, from its current state to the state after a pod that is not a one-GPU share (`cpu_req` CPU,
+    and `count_req` GPUs of `milli_req` each, taken from the fitting GPUs in ascending free milli, lowest index on
+    ties: `fgd.node_after`): F(n) - F(n') and, per type, the unfilled milli the pod removes (types x nodes)."""
+    n, t, g = len(nodes), table.shape[0], milli_free.shape[1]
+    delta = np.empty(n, dtype=np.float64)
+    drop = np.empty((t, n), dtype=np.int64)
+    any_access = np.zeros(t, dtype=np.bool_)
+    count = np.zeros(t, dtype=np.int64)
+    fit_sum = np.zeros(t, dtype=np.int64)
+    before = np.zeros(t, dtype=np.int64)
+    after = np.zeros(t, dtype=np.int64)
+    milli_after = np.zeros(g, dtype=np.int64)
+    taken = np.zeros(g, dtype=np.bool_)
+    for i in range(n):
+        node = nodes[i]
+        for j in range(g):
+            milli_after[j] = milli_free[node, j]
+            taken[j] = False
+        for _ in range(count_req):
+            best = -1
+            for j in range(g):
+                if fit[node, j] and not taken[j] and (best < 0 or milli_free[node, j] < milli_free[node, best]):
+                    best = j
+            if best < 0:
+                break
+            taken[best] = True
+            milli_after[best] -= milli_req
+        cpu_after = cpu_free[node] - cpu_req
+        total = _usable(node, milli_free[node], present, access, table, any_access, count, fit_sum)
+        f_before = _f(table, prob, any_access, count, fit_sum, total, cpu_free[node])
+        total = _usable(node, milli_after, present, access, table, any_access, count, fit_sum)
+        delta[i] = f_before - _f(table, prob, any_access, count, fit_sum, total, cpu_after)
+        _unfilled_into(node, cpu_free[node], milli_free[node], present, access, table, before)
+        _unfilled_into(node, cpu_after, milli_after, present, access, table, after)
+        for m in range(t):
+            drop[m, i] = before[m] - after[m]
+    return delta, drop
+
+
+@njit(_sig("Tuple((F2, I3))(I1, I1, I2, B2, B3, I2, F1, i8, i8)"), cache=True)
+def share_parts(
+    nodes: IntArray,
+    cpu_free: IntArray,
+    milli_free: IntArray,
+    present: BoolArray,
+    access: BoolArray,
+    table: IntArray,
+    prob: FloatArray,
+    cpu_req: int,
+    milli_req: int,
+) -> tuple[FloatArray, IntArray]:
+    """`node_parts` for a one-GPU share of `milli_req` milli and `cpu_req` CPU placed on each GPU column in turn:
+    F(n) - F(n') per (node, GPU) and the unfilled milli removed per (type, node, GPU)."""
+    n, t, g = len(nodes), table.shape[0], milli_free.shape[1]
+    f_after = share_fragmentation(nodes, cpu_free, milli_free, present, access, table, prob, cpu_req, milli_req)
+    unfilled_after = share_unfilled(nodes, cpu_free, milli_free, access, table, cpu_req, milli_req)
+    delta = np.empty((n, g), dtype=np.float64)
+    any_access = np.zeros(t, dtype=np.bool_)
+    count = np.zeros(t, dtype=np.int64)
+    fit_sum = np.zeros(t, dtype=np.int64)
+    before = np.zeros(t, dtype=np.int64)
+    for i in range(n):
+        node = nodes[i]
+        total = _usable(node, milli_free[node], present, access, table, any_access, count, fit_sum)
+        f_before = _f(table, prob, any_access, count, fit_sum, total, cpu_free[node])
+        for j in range(g):
+            delta[i, j] = f_before - f_after[i, j]
+        _unfilled_into(node, cpu_free[node], milli_free[node], present, access, table, before)
+        for m in range(t):
+            for j in range(g):
+                unfilled_after[m, i, j] = before[m] - unfilled_after[m, i, j]
+    return delta, unfilled_after
+
+
+@njit(_sig("UniTuple(i8, 2)(I1, I1)"), cache=True)
+def free_sums(gpu_free_total: IntArray, cpu_free: IntArray) -> tuple[int, int]:
+    """The cluster's free GPU milli and free CPU (each node's counted from 0 up), exact in integers."""
+    gpu, cpu = 0, 0
+    for i in range(len(cpu_free)):
+        gpu += gpu_free_total[i]
+        if cpu_free[i] > 0:
+            cpu += cpu_free[i]
+    return gpu, cpu
+
+
+@njit(_sig("none(I1, I1, I2, B2, B3, I2, I1, I2, I1, i8)"), cache=True)
+def refresh_slots(
+    version: IntArray,
+    cpu_free: IntArray,
+    milli_free: IntArray,
+    present: BoolArray,
+    access: BoolArray,
+    table: IntArray,
+    seen: IntArray,
+    per_node: IntArray,
+    totals: IntArray,
+    cap: int,
+) -> None:
+    """`scarcity.cluster_slots`' entry brought up to date in place: for every node whose `version` moved since
+    `seen`, its slots per type (as `fill`, capped at `cap`) replace its old ones in `per_node` and in `totals`."""
+    t, g = table.shape[0], milli_free.shape[1]
+    free = np.zeros(g, dtype=np.int64)
+    for node in range(len(version)):
+        if seen[node] == version[node]:
+            continue
+        total = 0
+        for j in range(g):
+            free[j] = max(milli_free[node, j], 0) if present[node, j] else 0
+            total += free[j]
+        c = max(cpu_free[node], 0)
+        for m in range(t):
+            k = 0
+            if table[m, SHARE]:
+                for j in range(g):
+                    if access[m, node, j]:
+                        k += free[j] // table[m, MILLI_DIV]
+            else:
+                for j in range(g):
+                    if access[m, node, j] and free[j] >= _FULL:
+                        k += 1
+                k //= table[m, COUNT_DIV]
+            slots = min(_slots_unfilled(table, m, c, k, total)[0], cap)
+            totals[m] += slots - per_node[m, node]
+            per_node[m, node] = slots
+        seen[node] = version[node]
+
+
+@njit(_sig("F1(F1, I1, f8, i8)"), cache=True)
+def weights(prob: FloatArray, totals: IntArray, horizon: float, steps: int) -> FloatArray:
+    """`scarcity.scarcity_weights` from the cluster's slots per type and H: min(1, p_m H / slots_m) rounded to
+    1/steps (1 where a type with demand has no slot, 0 where it has neither)."""
+    out = np.empty(len(prob), dtype=np.float64)
+    for m in range(len(prob)):
+        demand = prob[m] * horizon
+        slots = float(totals[m])
+        ratio = demand / max(slots, 1.0) if slots > 0 else 1.0 if demand > 0 else 0.0
+        out[m] = np.rint(min(ratio, 1.0) * steps) / steps
+    return out
+
+
+@njit(_sig("none(I1, I1, I2, B3, I1, I1, I1, I1, I1, I1, I2, I1)"), cache=True)
+def refresh_gang(
+    version: IntArray,
+    cpu_free: IntArray,
+    milli_free: IntArray,
+    masks: BoolArray,
+    millis: IntArray,
+    cpu: IntArray,
+    count: IntArray,
+    group: IntArray,
+    seen: IntArray,
+    cpu_seen: IntArray,
+    room: IntArray,
+    hosts: IntArray,
+) -> None:
+    """`reserve`'s gang table brought up to date in place: for every node whose `version` moved since `seen`, per GPU
+    group (`masks`: its allowed GPUs, `millis`: milli per GPU) the GPUs with room for one GPU of it, and per type
+    (`cpu`, `count`, `group`) the number of nodes where one pod fits, moved by that node's change."""
+    groups, g = masks.shape[0], milli_free.shape[1]
+    fresh = np.zeros(groups, dtype=np.int64)
+    for node in range(len(version)):
+        if seen[node] == version[node]:
+            continue
+        for k in range(groups):
+            r = 0
+            for j in range(g):
+                if masks[k, node, j] and milli_free[node, j] >= millis[k]:
+                    r += 1
+            fresh[k] = r
+        c, old_c = cpu_free[node], cpu_seen[node]
+        for i in range(len(cpu)):
+            now = c >= cpu[i] and fresh[group[i]] >= count[i]
+            was = old_c >= cpu[i] and room[group[i], node] >= count[i]
+            hosts[i] += int(now) - int(was)
+        for k in range(groups):
+            room[k, node] = fresh[k]
+        cpu_seen[node] = c
+        seen[node] = version[node]
