@@ -19,6 +19,7 @@ probabilities.
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 from numba import njit
 
 from corral.model.arrays import BoolArray, FloatArray, IntArray
@@ -44,6 +45,8 @@ _TYPES = {
     "I1": "int64[::1]",
     "I2": "int64[:, ::1]",
     "I3": "int64[:, :, ::1]",
+    "J2": "int32[:, ::1]",
+    "J3": "int32[:, :, ::1]",
     "B2": "boolean[:, ::1]",
     "B3": "boolean[:, :, ::1]",
     "F1": "float64[::1]",
@@ -339,7 +342,7 @@ def _unfilled_into(
         out[m] = _slots_unfilled(table, m, c, k, total)[1]
 
 
-@njit(_sig("Tuple((F1, I2))(I1, I1, I2, B2, B2, B3, I2, F1, i8, i8, i8)"), cache=True)
+@njit(_sig("Tuple((F1, J2))(I1, I1, I2, B2, B2, B3, I2, F1, i8, i8, i8)"), cache=True)
 def pod_parts(
     nodes: IntArray,
     cpu_free: IntArray,
@@ -352,13 +355,13 @@ def pod_parts(
     cpu_req: int,
     milli_req: int,
     count_req: int,
-) -> tuple[FloatArray, IntArray]:
+) -> tuple[FloatArray, npt.NDArray[np.int32]]:
     """For each node, from its current state to the state after a pod that is not a one-GPU share (`cpu_req` CPU,
     and `count_req` GPUs of `milli_req` each, taken from the fitting GPUs in ascending free milli, lowest index on
     ties: `fgd.node_after`): F(n) - F(n') and, per type, the unfilled milli the pod removes (types x nodes)."""
     n, t, g = len(nodes), table.shape[0], milli_free.shape[1]
     delta = np.empty(n, dtype=np.float64)
-    drop = np.empty((t, n), dtype=np.int64)
+    drop = np.empty((t, n), dtype=np.int32)
     any_access = np.zeros(t, dtype=np.bool_)
     count = np.zeros(t, dtype=np.int64)
     fit_sum = np.zeros(t, dtype=np.int64)
@@ -392,7 +395,7 @@ def pod_parts(
     return delta, drop
 
 
-@njit(_sig("Tuple((F2, I3))(I1, I1, I2, B2, B3, I2, F1, i8, i8)"), cache=True)
+@njit(_sig("Tuple((F2, J3))(I1, I1, I2, B2, B3, I2, F1, i8, i8)"), cache=True)
 def share_parts(
     nodes: IntArray,
     cpu_free: IntArray,
@@ -403,13 +406,14 @@ def share_parts(
     prob: FloatArray,
     cpu_req: int,
     milli_req: int,
-) -> tuple[FloatArray, IntArray]:
+) -> tuple[FloatArray, npt.NDArray[np.int32]]:
     """`node_parts` for a one-GPU share of `milli_req` milli and `cpu_req` CPU placed on each GPU column in turn:
     F(n) - F(n') per (node, GPU) and the unfilled milli removed per (type, node, GPU)."""
     n, t, g = len(nodes), table.shape[0], milli_free.shape[1]
     f_after = share_fragmentation(nodes, cpu_free, milli_free, present, access, table, prob, cpu_req, milli_req)
     unfilled_after = share_unfilled(nodes, cpu_free, milli_free, access, table, cpu_req, milli_req)
     delta = np.empty((n, g), dtype=np.float64)
+    drop = np.empty((t, n, g), dtype=np.int32)  # milli of one node: int32 halves the largest memo entries
     any_access = np.zeros(t, dtype=np.bool_)
     count = np.zeros(t, dtype=np.int64)
     fit_sum = np.zeros(t, dtype=np.int64)
@@ -423,8 +427,8 @@ def share_parts(
         _unfilled_into(node, cpu_free[node], milli_free[node], present, access, table, before)
         for m in range(t):
             for j in range(g):
-                unfilled_after[m, i, j] = before[m] - unfilled_after[m, i, j]
-    return delta, unfilled_after
+                drop[m, i, j] = before[m] - unfilled_after[m, i, j]
+    return delta, drop
 
 
 @njit(_sig("UniTuple(i8, 2)(I1, I1)"), cache=True)
@@ -531,3 +535,132 @@ def refresh_gang(
             room[k, node] = fresh[k]
         cpu_seen[node] = c
         seen[node] = version[node]
+
+
+@njit(_sig("F1(F1, J2)"), cache=True)
+def gain_exponent(pw: FloatArray, drop: npt.NDArray[np.int32]) -> FloatArray:
+    """Per column of `drop` (types x states: the unfilled milli a pod removes), -clip(gain, -5e4, 5e4) / 1000 with
+    gain = sum_m pw_m drop_m added in type order: the exponent of fgd-scarcity's `gain_fraction`, whose exp numpy
+    takes (the same float operations as `(pw[:, None] * drop).sum(axis=0)` and `gain_fraction`'s before its exp)."""
+    t, k = drop.shape
+    out = np.empty(k, dtype=np.float64)
+    for c in range(k):
+        gain = pw[0] * drop[0, c]
+        for m in range(1, t):
+            gain += pw[m] * drop[m, c]
+        out[c] = -min(max(gain, -50_000.0), 50_000.0) / 1000.0
+    return out
+
+
+@njit(cache=True)
+def _tie(e: FloatArray, c: int, use: bool, guard: bool, level: int, levels: int) -> float:
+    """fgd-scarcity's tie-break fraction of state c from exp(its exponent) `e[c]`: the fill gain's sigmoid, below the
+    model level where `guard` (0 where the look-ahead is off)."""
+    frac = 1.0 / (1.0 + e[c]) if use else 0.0
+    if guard:
+        frac = (levels - 1 - level + frac) / levels
+    return frac
+
+
+@njit(_sig("F1(I1, F1, F1, b1, b1, I1, i8, f8)"), cache=True)
+def pod_scores(
+    nodes: IntArray,
+    points: FloatArray,
+    e: FloatArray,
+    use: bool,
+    guard: bool,
+    level: IntArray,
+    levels: int,
+    tie_weight: float,
+) -> FloatArray:
+    """fgd-scarcity's score of a pod that is not a one-GPU share: FGD's points + tie_weight x the tie-break."""
+    out = np.empty(len(nodes), dtype=np.float64)
+    for i in range(len(nodes)):
+        out[i] = points[i] + tie_weight * _tie(e, i, use, guard, level[nodes[i]], levels)
+    return out
+
+
+@njit(_sig("Tuple((F1, I1))(I1, F2, F1, b1, b1, I1, i8, F1, i8, F2, I2, B2)"), cache=True)
+def share_choice(
+    nodes: IntArray,
+    points: FloatArray,
+    e: FloatArray,
+    use: bool,
+    guard: bool,
+    level: IntArray,
+    levels: int,
+    consts: FloatArray,
+    mode: int,
+    key: FloatArray,
+    milli_free: IntArray,
+    fit: BoolArray,
+) -> tuple[FloatArray, IntArray]:
+    """A one-GPU share's score per node and the GPU it takes: per GPU, FGD's points + tie_weight x the tie-break,
+    ordered by a key first (`mode` 1: `priced_order`'s packing of `key`, the points and the
+    tightness; 2: key x stride + score; 0: no key); the best fitting GPU, the lowest index on ties (the first GPU's
+    score where none fits). `consts` = (tie_weight, stride, points' step, tightness' step)."""
+    n, g = points.shape
+    tie_weight, stride, step_points, step_tight = consts[0], consts[1], consts[2], consts[3]
+    score = np.empty(n, dtype=np.float64)
+    best = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        node = nodes[i]
+        top, at, first = -1.0, 0, 0.0
+        for j in range(g):
+            per = points[i, j] + tie_weight * _tie(e, i * g + j, use, guard, level[node], levels)
+            if mode == 1:
+                whole = np.floor(per)
+                tight = _FULL - min(max(milli_free[node, j], 0), _FULL)
+                per = ((key[i, j] * step_points + whole) * step_tight + tight) + (per - whole)
+            elif mode == 2:
+                per = key[i, j] * stride + per
+            value = per if fit[node, j] else -1.0
+            if j == 0:
+                top, first = value, per
+            elif value > top:
+                top, at, first = value, j, per
+        score[i], best[i] = first, at
+    return score, best
+
+
+@njit(_sig("I1(I1, I1, I1)"), cache=True)
+def stale(nodes: IntArray, seen: IntArray, version: IntArray) -> IntArray:
+    """Of `nodes`, those whose `version` moved since `seen` (in their order)."""
+    out = np.empty(len(nodes), dtype=np.int64)
+    k = 0
+    for i in range(len(nodes)):
+        if seen[nodes[i]] != version[nodes[i]]:
+            out[k] = nodes[i]
+            k += 1
+    return out[:k]
+
+
+@njit(_sig("Tuple((I1, I1))(I1, I1, b1[::1])"), cache=True)
+def missing_states(nodes: IntArray, sid: IntArray, valid: BoolArray) -> tuple[IntArray, IntArray]:
+    """The state ids of `nodes` (`sid` per node) not `valid`, each once, and for each the first node in that state."""
+    want = np.empty(len(nodes), dtype=np.int64)
+    reps = np.empty(len(nodes), dtype=np.int64)
+    k = 0
+    for i in range(len(nodes)):
+        state = sid[nodes[i]]
+        if not valid[state]:
+            seen = False
+            for j in range(k):
+                if want[j] == state:
+                    seen = True
+                    break
+            if not seen:
+                want[k], reps[k] = state, nodes[i]
+                k += 1
+    return want[:k], reps[:k]
+
+
+@njit(_sig("Tuple((F1, I1))(I1, I1, F1, I1)"), cache=True)
+def by_state(nodes: IntArray, sid: IntArray, score: FloatArray, aux: IntArray) -> tuple[FloatArray, IntArray]:
+    """Each node's score and aux from its state's (`score[sid[node]]`, `aux[sid[node]]`)."""
+    out_score = np.empty(len(nodes), dtype=np.float64)
+    out_aux = np.empty(len(nodes), dtype=np.int64)
+    for i in range(len(nodes)):
+        state = sid[nodes[i]]
+        out_score[i], out_aux[i] = score[state], aux[state]
+    return out_score, out_aux

@@ -15,25 +15,14 @@ one seed into +0.07..+0.51 on all three.
 
 Packing: ((1000 - loss) x 101 + points) x 1001 + (1000 - u) + (score - points), at most about 1.02e8 (below
 fgd-priced's 2^28 for kept hosts); the look-ahead's fraction keeps a resolution of about 1.5e-8 there, as before.
+The packing is computed per (node, GPU) by `kernels.share_choice` (mode 1), from the constants here.
 """
 
 from __future__ import annotations
 
-import numpy as np
-
-from corral.model.arrays import FloatArray, IntArray
 from corral.model.resources import MILLI_PER_GPU
 
 #: FGD's points are integers 0..100: one step of the loss key outweighs every point.
 POINTS = 101.0
 #: The tightness key is 0..1000: one FGD point outweighs every tightness.
 TIGHT = float(MILLI_PER_GPU + 1)
-
-
-def points_before_tightness(loss_key: FloatArray, free: IntArray, per_gpu: FloatArray) -> FloatArray:
-    """Per (node, GPU): the packed keys above, from `loss_key` (1000 - the share's rounded loss on the GPU), the
-    GPU's `free` milli and fgd-scarcity's score `per_gpu` (FGD's integer points plus a fraction below one)."""
-    points = np.floor(per_gpu)
-    tight = MILLI_PER_GPU - np.clip(free, 0, MILLI_PER_GPU)
-    out: FloatArray = ((loss_key * POINTS + points) * TIGHT + tight) + (per_gpu - points)
-    return out

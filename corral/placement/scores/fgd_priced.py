@@ -35,10 +35,10 @@ import numpy as np
 from corral.model.arrays import FloatArray, IntArray
 from corral.model.resources import MILLI_PER_GPU
 from corral.placement.context import Context
-from corral.placement.priced_order import points_before_tightness
+from corral.placement.priced_order import POINTS, TIGHT
 from corral.placement.pricing import SharePrices, share_prices
 from corral.placement.reserve import GPU_POD_MARGIN, gpu_runs_out_later, kept_hosts
-from corral.placement.scores.fgd_scarcity import FgdScarcity
+from corral.placement.scores.fgd_scarcity import _NO_KEY, TIE_WEIGHT, FgdScarcity
 
 #: fgd-scarcity's scores lie in [0, 101); one step of the keys above outweighs any of them.
 STRIDE = 128
@@ -85,10 +85,16 @@ class FgdPriced(FgdScarcity):
             out.append(f"fgd-priced: {self._kept} nodes kept free for multi-GPU pods came last")
         return out
 
-    def _share_scores(self, ctx: Context, nodes: IntArray, per_gpu: FloatArray) -> FloatArray:
+    @property
+    def _consts(self) -> FloatArray:  # type: ignore[override]
+        return np.array([TIE_WEIGHT, STRIDE, POINTS, TIGHT])
+
+    def _share_key(self, ctx: Context, nodes: IntArray) -> tuple[int, FloatArray]:
+        """Keys 1-2 per (node, GPU), packed before fgd-scarcity's score (mode 1: FGD's points, then the tightness,
+        between them, `priced_order`; mode 2, the ablation's order: key x STRIDE + score)."""
         prices = share_prices(ctx.workload)
         if prices is None:
-            return per_gpu
+            return 0, _NO_KEY
         free = ctx.snapshot.gpu_milli_free[nodes]
         fgd_first = self.fgd_first and self.tightest
         # With FGD's points first the tightness goes in after them (`priced_order`), so the loss key comes alone.
@@ -98,10 +104,7 @@ class FgdPriced(FgdScarcity):
         else:
             # Keys 1-2 depend only on the GPU's free milli (-1 absent, 0..1000): looked up, the same floats as computed.
             key = _key_table(prices, ctx.request.gpu_milli, tightest_key)[free + 1]
-        if fgd_first:
-            return points_before_tightness(key, free, per_gpu)
-        out: FloatArray = key * STRIDE + per_gpu
-        return out
+        return (1 if fgd_first else 2), key
 
 
 def _keys(prices: SharePrices, free: IntArray, milli: int, tightest: bool) -> FloatArray:

@@ -46,6 +46,8 @@ from corral.placement.workload import compile_workload
 
 #: The tie-break stays below 1 so it can never lift a node past a higher FGD integer.
 TIE_WEIGHT = 0.999
+_NOTHING = np.zeros(0, dtype=np.float64)
+_NO_KEY = np.zeros((0, 0), dtype=np.float64)
 
 
 def gain_fraction(gain: FloatArray) -> FloatArray:
@@ -109,7 +111,7 @@ class FgdScarcity(FragmentationScored):
                 return fresh_points, fresh_drop
         return points[nodes], drop[:, nodes]
 
-    def _node_parts(self, ctx: Context, nodes: IntArray, share: bool) -> tuple[FloatArray, IntArray]:
+    def _node_parts(self, ctx: Context, nodes: IntArray, share: bool) -> tuple[FloatArray, npt.NDArray[np.int32]]:
         s, r = ctx.snapshot, ctx.request
         w = compile_workload(s, ctx.workload)
         idx = np.ascontiguousarray(nodes, dtype=np.int64)
@@ -126,29 +128,34 @@ class FgdScarcity(FragmentationScored):
 
     def _compute(self, ctx: Context, nodes: IntArray, weights: FloatArray) -> tuple[FloatArray, IntArray]:
         s, r, wl = ctx.snapshot, ctx.request, ctx.workload
+        k = kernels()
         pw = compile_workload(s, wl).prob * weights
         use = self.gpu_pods if r.wants_gpu else self.cpu_pods
         points, drop = self._parts(ctx, nodes)
+        # C order, as the kernels take them (a gather from the parts cache may give another).
+        points, drop = np.ascontiguousarray(points), np.ascontiguousarray(drop, dtype=np.int32)
+        # The fill gain's sigmoid: its exponent compiled, the exp numpy's (`kernels`: no exp is compiled).
+        e = np.exp(k.gain_exponent(pw, drop.reshape(len(drop), -1))) if use else _NOTHING
+        guard = use and self.model_guard and r.wants_gpu
+        level, levels = model_levels(s, wl)
         if r.wants_gpu and r.gpu_count == 1 and not r.whole_gpus:
-            gain = (pw[:, None, None] * drop).sum(axis=0)
-            frac_gpu = gain_fraction(gain) if use else np.zeros_like(gain)
-            if use and self.model_guard:
-                level, levels = model_levels(s, wl)
-                frac_gpu = (levels - 1 - level[nodes][:, None] + frac_gpu) / levels
-            per_gpu = self._share_scores(ctx, nodes, points + TIE_WEIGHT * frac_gpu)
-            best = np.argmax(np.where(ctx.fit.gpu_fit[nodes], per_gpu, -1.0), axis=1)
-            return per_gpu[np.arange(len(nodes)), best], best.astype(np.int64)
-        gain_n = (pw[:, None] * drop).sum(axis=0)
-        frac = gain_fraction(gain_n) if use else np.zeros(len(nodes))
-        if r.wants_gpu and use and self.model_guard:
-            level, levels = model_levels(s, wl)
-            frac = (levels - 1 - level[nodes] + frac) / levels
-        gpu = np.full(len(nodes), -1, dtype=np.int64)
-        return points + TIE_WEIGHT * frac, gpu
+            mode, key = self._share_key(ctx, nodes)
+            got: tuple[FloatArray, IntArray] = k.share_choice(
+                nodes, points, e, use, guard, level, levels, self._consts, mode, key, s.gpu_milli_free,
+                np.ascontiguousarray(ctx.fit.gpu_fit),
+            )  # fmt: skip
+            return got
+        scores: FloatArray = k.pod_scores(nodes, points, e, use, guard, level, levels, TIE_WEIGHT)
+        return scores, np.full(len(nodes), -1, dtype=np.int64)
 
-    def _share_scores(self, ctx: Context, nodes: IntArray, per_gpu: FloatArray) -> FloatArray:
-        """Per (node, GPU) score of a one-GPU share (non-negative); a subclass may put a criterion of its own first."""
-        return per_gpu
+    #: What `kernels.share_choice` packs with: the tie-break's weight, and for a subclass's key its stride and the
+    #: steps of FGD's points and of the tightness (`priced_order`).
+    _consts = np.array([TIE_WEIGHT, 0.0, 0.0, 0.0])
+
+    def _share_key(self, ctx: Context, nodes: IntArray) -> tuple[int, FloatArray]:
+        """A criterion a subclass puts before fgd-scarcity's score of a one-GPU share, per (node, GPU): how it is
+        packed (`kernels.share_choice`'s mode; 0: none) and its key."""
+        return 0, _NO_KEY
 
     _scored: tuple[Context, IntArray, FloatArray, IntArray] | None = None  # the last `_scores` of this decision
 
@@ -219,7 +226,8 @@ def state_scores(
     if e.generation != generation:
         e.valid[:] = False
         e.generation = generation
-    stale = nodes[e.versions[nodes] != s.version[nodes]]
+    k = kernels()
+    stale = k.stale(nodes, e.versions, s.version)
     if len(stale):
         if len(e.ids) + len(stale) > _STATES_PER_SHAPE:  # start afresh: every node is keyed again when asked
             e.ids.clear()
@@ -228,7 +236,7 @@ def state_scores(
             stale = nodes
         ids = e.ids
         # setdefault's default is evaluated first: a new state gets the next id.
-        sid = [ids.setdefault(k, len(ids)) for k in node_state_keys(ctx, stale)]
+        sid = [ids.setdefault(state, len(ids)) for state in node_state_keys(ctx, stale)]
         if len(ids) > len(e.valid):
             cap = max(2 * len(e.valid), len(ids))
             e.score = np.resize(e.score, cap)
@@ -237,17 +245,12 @@ def state_scores(
             s.memo[key] = e  # the memo counts the entry's bytes again
         e.sid[stale] = sid
         e.versions[stale] = s.version[stale]
-    sids = e.sid[nodes]
-    missing = ~e.valid[sids]
-    if missing.any():
-        at = np.flatnonzero(missing)
-        if len(at) == 1:
-            want, reps = sids[at], nodes[at]
-        else:
-            want, first = np.unique(sids[at], return_index=True)
-            reps = nodes[at[first]]
+    # The states without a score under this generation, each computed once, on the first node found in it.
+    want, reps = k.missing_states(nodes, e.sid, e.valid)
+    if len(want):
         sc, ax = compute(reps)
         e.score[want] = sc
         e.aux[want] = ax
         e.valid[want] = True
-    return e.score[sids], e.aux[sids]
+    got: tuple[FloatArray, IntArray] = k.by_state(nodes, e.sid, e.score, e.aux)
+    return got
