@@ -537,53 +537,132 @@ def refresh_gang(
         seen[node] = version[node]
 
 
-@njit(_sig("F1(F1, J2)"), cache=True)
-def gain_exponent(pw: FloatArray, drop: npt.NDArray[np.int32]) -> FloatArray:
-    """Per column of `drop` (types x states: the unfilled milli a pod removes), -clip(gain, -5e4, 5e4) / 1000 with
-    gain = sum_m pw_m drop_m added in type order: the exponent of fgd-scarcity's `gain_fraction`, whose exp numpy
-    takes (the same float operations as `(pw[:, None] * drop).sum(axis=0)` and `gain_fraction`'s before its exp)."""
-    t, k = drop.shape
-    out = np.empty(k, dtype=np.float64)
-    for c in range(k):
-        gain = pw[0] * drop[0, c]
-        for m in range(1, t):
-            gain += pw[m] * drop[m, c]
-        out[c] = -min(max(gain, -50_000.0), 50_000.0) / 1000.0
-    return out
+@njit(_sig("I1(I1, I1, I1)"), cache=True)
+def stale(nodes: IntArray, seen: IntArray, version: IntArray) -> IntArray:
+    """Of `nodes`, those whose `version` moved since `seen` (in their order)."""
+    out = np.empty(len(nodes), dtype=np.int64)
+    k = 0
+    for i in range(len(nodes)):
+        if seen[nodes[i]] != version[nodes[i]]:
+            out[k] = nodes[i]
+            k += 1
+    return out[:k]
 
 
 @njit(cache=True)
-def _tie(e: FloatArray, c: int, use: bool, guard: bool, level: int, levels: int) -> float:
-    """fgd-scarcity's tie-break fraction of state c from exp(its exponent) `e[c]`: the fill gain's sigmoid, below the
-    model level where `guard` (0 where the look-ahead is off)."""
-    frac = 1.0 / (1.0 + e[c]) if use else 0.0
-    if guard:
-        frac = (levels - 1 - level + frac) / levels
-    return frac
-
-
-@njit(_sig("F1(I1, F1, F1, b1, b1, I1, i8, f8)"), cache=True)
-def pod_scores(
-    nodes: IntArray,
-    points: FloatArray,
-    e: FloatArray,
-    use: bool,
-    guard: bool,
-    level: IntArray,
-    levels: int,
-    tie_weight: float,
+def _exponents(
+    nodes: IntArray, delta: FloatArray, drop: npt.NDArray[np.int32], pw: FloatArray, use: bool
 ) -> FloatArray:
-    """fgd-scarcity's score of a pod that is not a one-GPU share: FGD's points + tie_weight x the tie-break."""
-    out = np.empty(len(nodes), dtype=np.float64)
+    """Per state (node, or node and GPU), from the cached parts: -delta / 1000, the exponent of FGD's sigmoid, and
+    -clip(gain, -5e4, 5e4) / 1000, gain = sum_m pw_m drop_m added in type order, the exponent of fgd-scarcity's
+    `gain_fraction` (0 without the look-ahead); numpy takes their exp. The same float operations as `fgd_score`'s and
+    `gain_fraction`'s before their exp, and as `(pw[:, None] * drop).sum(axis=0)`."""
+    t = drop.shape[0]
+    g = delta.shape[1]
+    out = np.zeros((2, len(nodes) * g), dtype=np.float64)
     for i in range(len(nodes)):
-        out[i] = points[i] + tie_weight * _tie(e, i, use, guard, level[nodes[i]], levels)
+        node = nodes[i]
+        for j in range(g):
+            c = i * g + j
+            out[0, c] = -delta[node, j] / 1000.0
+            if use:
+                gain = pw[0] * drop[0, node, j]
+                for m in range(1, t):
+                    gain += pw[m] * drop[m, node, j]
+                out[1, c] = -min(max(gain, -50_000.0), 50_000.0) / 1000.0
     return out
 
 
-@njit(_sig("Tuple((F1, I1))(I1, F2, F1, b1, b1, I1, i8, F1, i8, F2, I2, B2)"), cache=True)
+@njit(_sig("F2(I1, I1, I1, F2, J3, I1, I2, B2, B3, I2, F1, i8, i8, F1, b1)"), cache=True)
+def share_exponents(
+    nodes: IntArray,
+    seen: IntArray,
+    version: IntArray,
+    delta: FloatArray,
+    drop: npt.NDArray[np.int32],
+    cpu_free: IntArray,
+    milli_free: IntArray,
+    present: BoolArray,
+    access: BoolArray,
+    table: IntArray,
+    prob: FloatArray,
+    cpu_req: int,
+    milli_req: int,
+    pw: FloatArray,
+    use: bool,
+) -> FloatArray:
+    """A one-GPU share's parts per (node, GPU) kept in `delta` and `drop` (nodes x GPUs, types x nodes x GPUs),
+    computed (`share_parts`) for the nodes whose `version` moved since `seen`; returns `_exponents` of `nodes`."""
+    fresh = stale(nodes, seen, version)
+    if len(fresh):
+        d, dr = share_parts(fresh, cpu_free, milli_free, present, access, table, prob, cpu_req, milli_req)
+        for a in range(len(fresh)):
+            node = fresh[a]
+            delta[node] = d[a]
+            drop[:, node, :] = dr[:, a, :]
+            seen[node] = version[node]
+    return _exponents(nodes, delta, drop, pw, use)
+
+
+@njit(_sig("F2(I1, I1, I1, F2, J3, I1, I2, B2, B2, B3, I2, F1, i8, i8, i8, F1, b1)"), cache=True)
+def pod_exponents(
+    nodes: IntArray,
+    seen: IntArray,
+    version: IntArray,
+    delta: FloatArray,
+    drop: npt.NDArray[np.int32],
+    cpu_free: IntArray,
+    milli_free: IntArray,
+    fit: BoolArray,
+    present: BoolArray,
+    access: BoolArray,
+    table: IntArray,
+    prob: FloatArray,
+    cpu_req: int,
+    milli_req: int,
+    count_req: int,
+    pw: FloatArray,
+    use: bool,
+) -> FloatArray:
+    """`share_exponents` for a pod that is not a one-GPU share (`pod_parts`; `delta` nodes x 1, `drop` types x nodes
+    x 1)."""
+    fresh = stale(nodes, seen, version)
+    if len(fresh):
+        d, dr = pod_parts(fresh, cpu_free, milli_free, fit, present, access, table, prob, cpu_req, milli_req, count_req)
+        for a in range(len(fresh)):
+            node = fresh[a]
+            delta[node, 0] = d[a]
+            drop[:, node, 0] = dr[:, a]
+            seen[node] = version[node]
+    return _exponents(nodes, delta, drop, pw, use)
+
+
+@njit(cache=True)
+def _score(e: FloatArray, c: int, use: bool, guard: bool, level: int, levels: int, tie_weight: float) -> float:
+    """fgd-scarcity's score of state c from the exp of its `_exponents` (`e`, 2 x states): FGD's points
+    (floor(100 sigmoid)) + tie_weight x the tie-break (the fill gain's sigmoid, below the model level where `guard`;
+    0 where the look-ahead is off)."""
+    points: float = np.floor(100.0 / (1.0 + e[0, c]))
+    frac = 1.0 / (1.0 + e[1, c]) if use else 0.0
+    if guard:
+        frac = (levels - 1 - level + frac) / levels
+    return points + tie_weight * frac
+
+
+@njit(_sig("F1(I1, F2, b1, b1, I1, i8, f8)"), cache=True)
+def pod_scores(
+    nodes: IntArray, e: FloatArray, use: bool, guard: bool, level: IntArray, levels: int, tie_weight: float
+) -> FloatArray:
+    """fgd-scarcity's score of a pod that is not a one-GPU share, per node (`_score`)."""
+    out = np.empty(len(nodes), dtype=np.float64)
+    for i in range(len(nodes)):
+        out[i] = _score(e, i, use, guard, level[nodes[i]], levels, tie_weight)
+    return out
+
+
+@njit(_sig("Tuple((F1, I1))(I1, F2, b1, b1, I1, i8, F1, i8, F2, I2, B2)"), cache=True)
 def share_choice(
     nodes: IntArray,
-    points: FloatArray,
     e: FloatArray,
     use: bool,
     guard: bool,
@@ -595,11 +674,11 @@ def share_choice(
     milli_free: IntArray,
     fit: BoolArray,
 ) -> tuple[FloatArray, IntArray]:
-    """A one-GPU share's score per node and the GPU it takes: per GPU, FGD's points + tie_weight x the tie-break,
-    ordered by a key first (`mode` 1: `priced_order`'s packing of `key`, the points and the
-    tightness; 2: key x stride + score; 0: no key); the best fitting GPU, the lowest index on ties (the first GPU's
-    score where none fits). `consts` = (tie_weight, stride, points' step, tightness' step)."""
-    n, g = points.shape
+    """A one-GPU share's score per node and the GPU it takes: per GPU, fgd-scarcity's score (`_score`) ordered by a
+    key first (`mode` 1: `priced_order`'s packing of `key`, FGD's points and the tightness; 2: key x stride + score;
+    0: no key); the best fitting GPU, the lowest index on ties (the first GPU's score where none fits). `consts` =
+    (tie_weight, stride, points' step, tightness' step)."""
+    n, g = len(nodes), milli_free.shape[1]
     tie_weight, stride, step_points, step_tight = consts[0], consts[1], consts[2], consts[3]
     score = np.empty(n, dtype=np.float64)
     best = np.empty(n, dtype=np.int64)
@@ -607,7 +686,7 @@ def share_choice(
         node = nodes[i]
         top, at, first = -1.0, 0, 0.0
         for j in range(g):
-            per = points[i, j] + tie_weight * _tie(e, i * g + j, use, guard, level[node], levels)
+            per = _score(e, i * g + j, use, guard, level[node], levels, tie_weight)
             if mode == 1:
                 whole = np.floor(per)
                 tight = _FULL - min(max(milli_free[node, j], 0), _FULL)
@@ -621,18 +700,6 @@ def share_choice(
                 top, at, first = value, j, per
         score[i], best[i] = first, at
     return score, best
-
-
-@njit(_sig("I1(I1, I1, I1)"), cache=True)
-def stale(nodes: IntArray, seen: IntArray, version: IntArray) -> IntArray:
-    """Of `nodes`, those whose `version` moved since `seen` (in their order)."""
-    out = np.empty(len(nodes), dtype=np.int64)
-    k = 0
-    for i in range(len(nodes)):
-        if seen[nodes[i]] != version[nodes[i]]:
-            out[k] = nodes[i]
-            k += 1
-    return out[:k]
 
 
 @njit(_sig("Tuple((I1, I1))(I1, I1, b1[::1])"), cache=True)

@@ -41,12 +41,11 @@ from corral.placement.context import Context
 from corral.placement.native import kernels
 from corral.placement.scarcity import model_levels, scarcity_weights
 from corral.placement.scores.common import node_state_keys, shape_key
-from corral.placement.scores.fgd import FragmentationScored, fgd_score
+from corral.placement.scores.fgd import FragmentationScored
 from corral.placement.workload import compile_workload
 
 #: The tie-break stays below 1 so it can never lift a node past a higher FGD integer.
 TIE_WEIGHT = 0.999
-_NOTHING = np.zeros(0, dtype=np.float64)
 _NO_KEY = np.zeros((0, 0), dtype=np.float64)
 
 
@@ -80,73 +79,59 @@ class FgdScarcity(FragmentationScored):
         self._weights_of = (ctx, weights)
         return weights
 
-    def _parts(self, ctx: Context, nodes: IntArray) -> tuple[FloatArray, IntArray | npt.NDArray[np.int32]]:
-        """FGD's points and, per target type, the unfilled milli the pod removes (before - after), for `nodes`.
-
-        Shaped (nodes[, GPUs]) and (types, nodes[, GPUs]) (per GPU for a one-GPU share: one hypothetical state per
-        GPU it could take). Neither depends on the scarcity weights, so they are kept per request shape and
-        recomputed only for nodes that changed; the weights, which move in steps as the cluster fills, are applied
-        in `_compute` (before, every change of a weight recomputed the fill and fragmentation of every node).
-        """
-        s, r = ctx.snapshot, ctx.request
-        share = r.wants_gpu and r.gpu_count == 1 and not r.whole_gpus
-        key = ("scarcity-parts", shape_key(r), ctx.workload.key)
-        entry: tuple[IntArray, FloatArray, npt.NDArray[np.int32]] | None = s.memo.get(key)
-        if entry is None:
-            n, t = len(s), len(ctx.workload.types)
-            shape = (n, s.max_gpus) if share else (n,)
-            entry = (
-                np.full(n, -1, dtype=np.int64),
-                np.zeros(shape, dtype=np.float64),
-                np.zeros((t, *shape), dtype=np.int32),  # milli of one node: int32 halves the largest memo entries
-            )
-            s.memo[key] = entry
-        versions, points, drop = entry
-        stale = nodes[versions[nodes] != s.version[nodes]]
-        if len(stale):
-            fresh_points, fresh_drop = self._node_parts(ctx, stale, share)
-            points[stale], drop[:, stale] = fresh_points, fresh_drop
-            versions[stale] = s.version[stale]
-            if len(stale) == len(nodes):  # all of them (the usual case): the same values, without gathering them
-                return fresh_points, fresh_drop
-        return points[nodes], drop[:, nodes]
-
-    def _node_parts(self, ctx: Context, nodes: IntArray, share: bool) -> tuple[FloatArray, npt.NDArray[np.int32]]:
-        s, r = ctx.snapshot, ctx.request
-        w = compile_workload(s, ctx.workload)
-        idx = np.ascontiguousarray(nodes, dtype=np.int64)
-        if share:
-            delta, drop = kernels().share_parts(
-                idx, s.cpu_free, s.gpu_milli_free, s.gpu_present, w.access, w.table, w.prob, r.cpu_milli, r.gpu_milli
-            )
-        else:  # the after state is `fgd.node_after`'s (the GPUs FGD's scoring takes), worked out in the kernel
-            delta, drop = kernels().pod_parts(
-                idx, s.cpu_free, s.gpu_milli_free, np.ascontiguousarray(ctx.fit.gpu_fit), s.gpu_present, w.access,
-                w.table, w.prob, r.cpu_milli, r.gpu_milli, r.gpu_count if r.wants_gpu else 0,
-            )  # fmt: skip
-        return fgd_score(delta), drop
-
     def _compute(self, ctx: Context, nodes: IntArray, weights: FloatArray) -> tuple[FloatArray, IntArray]:
+        """Scores (and the GPU of a share) of `nodes` under `weights`, from per-node parts kept per request shape.
+
+        The parts are F(n) - F(n') and, per target type, the unfilled milli the pod removes (before - after): per
+        GPU for a one-GPU share (one hypothetical state per GPU it could take). Neither depends on the scarcity
+        weights, so they are kept per request shape and recomputed only for nodes that changed; the weights, which
+        move in steps as the cluster fills, are applied here (`kernels.share_exponents` / `pod_exponents` keep the
+        parts and weigh them, numpy takes the exp of FGD's and the gain's sigmoids, `kernels.share_choice` /
+        `pod_scores` finish the scores)."""
         s, r, wl = ctx.snapshot, ctx.request, ctx.workload
-        k = kernels()
-        pw = compile_workload(s, wl).prob * weights
+        k, w = kernels(), compile_workload(s, wl)
+        share = r.wants_gpu and r.gpu_count == 1 and not r.whole_gpus
+        seen, delta, drop = self._parts(ctx, share)
+        pw = w.prob * weights
         use = self.gpu_pods if r.wants_gpu else self.cpu_pods
-        points, drop = self._parts(ctx, nodes)
-        # C order, as the kernels take them (a gather from the parts cache may give another).
-        points, drop = np.ascontiguousarray(points), np.ascontiguousarray(drop, dtype=np.int32)
-        # The fill gain's sigmoid: its exponent compiled, the exp numpy's (`kernels`: no exp is compiled).
-        e = np.exp(k.gain_exponent(pw, drop.reshape(len(drop), -1))) if use else _NOTHING
         guard = use and self.model_guard and r.wants_gpu
         level, levels = model_levels(s, wl)
-        if r.wants_gpu and r.gpu_count == 1 and not r.whole_gpus:
+        fit = np.ascontiguousarray(ctx.fit.gpu_fit)
+        if share:
+            e = k.share_exponents(
+                nodes, seen, s.version, delta, drop, s.cpu_free, s.gpu_milli_free, s.gpu_present, w.access, w.table,
+                w.prob, r.cpu_milli, r.gpu_milli, pw, use,
+            )  # fmt: skip
+            np.exp(e, out=e)
             mode, key = self._share_key(ctx, nodes)
             got: tuple[FloatArray, IntArray] = k.share_choice(
-                nodes, points, e, use, guard, level, levels, self._consts, mode, key, s.gpu_milli_free,
-                np.ascontiguousarray(ctx.fit.gpu_fit),
-            )  # fmt: skip
+                nodes, e, use, guard, level, levels, self._consts, mode, key, s.gpu_milli_free, fit
+            )
             return got
-        scores: FloatArray = k.pod_scores(nodes, points, e, use, guard, level, levels, TIE_WEIGHT)
+        # The after state is `fgd.node_after`'s (the GPUs FGD's scoring takes), worked out in the kernel.
+        e = k.pod_exponents(
+            nodes, seen, s.version, delta, drop, s.cpu_free, s.gpu_milli_free, fit, s.gpu_present, w.access, w.table,
+            w.prob, r.cpu_milli, r.gpu_milli, r.gpu_count if r.wants_gpu else 0, pw, use,
+        )  # fmt: skip
+        np.exp(e, out=e)
+        scores: FloatArray = k.pod_scores(nodes, e, use, guard, level, levels, TIE_WEIGHT)
         return scores, np.full(len(nodes), -1, dtype=np.int64)
+
+    def _parts(self, ctx: Context, share: bool) -> tuple[IntArray, FloatArray, npt.NDArray[np.int32]]:
+        """This request shape's parts entry: per node the version its parts were computed at, F(n) - F(n') (nodes x
+        GPUs for a share, nodes x 1 otherwise) and the unfilled milli removed (types x that)."""
+        s = ctx.snapshot
+        key = ("scarcity-parts", shape_key(ctx.request), ctx.workload.key)
+        entry: tuple[IntArray, FloatArray, npt.NDArray[np.int32]] | None = s.memo.get(key)
+        if entry is None:
+            n, t, g = len(s), len(ctx.workload.types), s.max_gpus if share else 1
+            entry = (
+                np.full(n, -1, dtype=np.int64),
+                np.zeros((n, g), dtype=np.float64),
+                np.zeros((t, n, g), dtype=np.int32),  # milli of one node: int32 halves the largest memo entries
+            )
+            s.memo[key] = entry
+        return entry
 
     #: What `kernels.share_choice` packs with: the tie-break's weight, and for a subclass's key its stride and the
     #: steps of FGD's points and of the tightness (`priced_order`).
