@@ -731,3 +731,78 @@ def by_state(nodes: IntArray, sid: IntArray, score: FloatArray, aux: IntArray) -
         state = sid[nodes[i]]
         out_score[i], out_aux[i] = score[state], aux[state]
     return out_score, out_aux
+
+
+@njit(cache=True)
+def _row_hash(row: IntArray) -> int:
+    """FNV-1a over a state row's int64 values (as uint64)."""
+    h = np.uint64(14695981039346656037)
+    for v in row:
+        h = (h ^ np.uint64(v)) * np.uint64(1099511628211)
+    return int(h >> np.uint64(1))
+
+
+@njit(cache=True)
+def _find_or_add(row: IntArray, rows: IntArray, slots: IntArray, count: IntArray) -> int:
+    """The id of the state `row` in `rows` (its first `count[0]` ids), added as the next id if new; `slots` is the open
+    addressing table (id + 1, 0 empty; a power of two in size, more than twice `count`)."""
+    mask = len(slots) - 1
+    at = _row_hash(row) & mask
+    width = len(row)
+    while True:
+        sid = slots[at] - 1
+        if sid < 0:
+            sid = count[0]
+            rows[sid, :] = row
+            slots[at] = sid + 1
+            count[0] = sid + 1
+            return int(sid)
+        same = True
+        for c in range(width):
+            if rows[sid, c] != row[c]:
+                same = False
+                break
+        if same:
+            return int(sid)
+        at = (at + 1) & mask
+
+
+@njit(_sig("none(I1, I1, I2, I2, B2, I2, I1, I1, I1, I1, I1)"), cache=True)
+def assign_states(
+    nodes: IntArray,
+    cpu_free: IntArray,
+    milli_free: IntArray,
+    model: IntArray,
+    fit: BoolArray,
+    rows: IntArray,
+    slots: IntArray,
+    count: IntArray,
+    sid: IntArray,
+    seen: IntArray,
+    version: IntArray,
+) -> None:
+    """Each of `nodes` gets the id of its state (`sid[node]`, `seen[node]` = its version): free CPU, per-GPU free
+    milli and model, and the request's GPU fit, as one row (`common.node_state_keys`' values); equal rows, one id.
+    The caller leaves room in `rows` for every node given, and `slots` more than twice as large."""
+    g = milli_free.shape[1]
+    row = np.empty(1 + 3 * g, dtype=np.int64)
+    for i in range(len(nodes)):
+        node = nodes[i]
+        row[0] = cpu_free[node]
+        for j in range(g):
+            row[1 + j] = milli_free[node, j]
+            row[1 + g + j] = model[node, j]
+            row[1 + 2 * g + j] = 1 if fit[node, j] else 0
+        sid[node] = _find_or_add(row, rows, slots, count)
+        seen[node] = version[node]
+
+
+@njit(_sig("none(I2, i8, I1)"), cache=True)
+def rehash(rows: IntArray, count: int, slots: IntArray) -> None:
+    """`slots` (all empty, a power of two in size) filled with the first `count` ids of `rows`."""
+    mask = len(slots) - 1
+    for sid in range(count):
+        at = _row_hash(rows[sid]) & mask
+        while slots[at] != 0:
+            at = (at + 1) & mask
+        slots[at] = sid + 1

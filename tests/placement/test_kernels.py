@@ -206,3 +206,42 @@ def test_fgd_decides_alike_with_warm_and_emptied_caches_on_twin_nodes() -> None:
         assert got.allocation is not None and want.allocation is not None
         warm.allocate(got.allocation)
         cold.allocate(want.allocation)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    states=st.lists(
+        st.tuples(st.integers(-1, 3), st.lists(st.sampled_from([-1, 0, 500, 1000]), min_size=2, max_size=2)),
+        min_size=1,
+        max_size=200,
+    ),
+    cap=st.sampled_from([1, 4, 64]),
+)
+def test_state_ids_are_equal_exactly_for_equal_states_as_the_table_grows(
+    states: list[tuple[int, list[int]]], cap: int
+) -> None:
+    """`kernels.assign_states` against a dict of the same rows: a node in a state seen before gets that state's id,
+    a new state the next id, through growth of the table (`_StateScores.room_for` rehashes) from any start."""
+    from corral.placement.scores.fgd_scarcity import _StateScores
+
+    n, g = len(states), 2
+    cpu = np.array([c for c, _ in states], dtype=np.int64)
+    milli = np.array([m for _, m in states], dtype=np.int64)
+    model = np.zeros((n, g), dtype=np.int64)
+    fit = milli >= 500
+    e = _StateScores(
+        np.full(n, -1, dtype=np.int64), np.zeros(n, dtype=np.int64), np.zeros((cap, 1 + 3 * g), dtype=np.int64),
+        np.zeros(2 * cap if cap > 1 else 2, dtype=np.int64), np.zeros(1, dtype=np.int64),
+        np.zeros(cap), np.zeros(cap, dtype=np.int64), np.zeros(cap, dtype=np.bool_), None,
+    )  # fmt: skip
+    version = np.ones(n, dtype=np.int64)
+    want: dict[tuple[int, ...], int] = {}
+    for lo in range(0, n, 7):  # a few nodes per call, as decisions come
+        batch = np.arange(lo, min(n, lo + 7), dtype=np.int64)
+        e.room_for(len(batch))
+        kernels().assign_states(batch, cpu, milli, model, fit, e.rows, e.slots, e.count, e.sid, e.versions, version)
+        for i in batch.tolist():
+            row = (int(cpu[i]), *milli[i].tolist(), *model[i].tolist(), *fit[i].astype(int).tolist())
+            assert e.sid[i] == want.setdefault(row, len(want)), (i, row)
+    assert int(e.count[0]) == len(want)
+    assert e.versions.tolist() == version.tolist()

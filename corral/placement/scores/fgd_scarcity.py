@@ -40,7 +40,7 @@ from corral.model.arrays import BoolArray, FloatArray, IntArray
 from corral.placement.context import Context
 from corral.placement.native import kernels
 from corral.placement.scarcity import model_levels, scarcity_weights
-from corral.placement.scores.common import node_state_keys, shape_key
+from corral.placement.scores.common import shape_key
 from corral.placement.scores.fgd import FragmentationScored
 from corral.placement.workload import compile_workload
 
@@ -165,16 +165,40 @@ _STATES_PER_SHAPE = 1 << 14
 
 @dataclass
 class _StateScores:
-    """Per request shape: each node's state id (taken at its `version`), and per state id its score and aux under
-    `generation` (`valid` says which are computed)."""
+    """Per request shape: each node's state id (taken at its `version`), the states seen (one row each, found by an
+    open addressing table: `kernels.assign_states`), and per state id its score and aux under `generation` (`valid`
+    says which are computed)."""
 
     versions: IntArray
     sid: IntArray
-    ids: dict[bytes, int]
+    rows: IntArray  # ids x (1 + 3 x GPUs): free CPU, per-GPU free milli, model and fit
+    slots: IntArray  # the table: id + 1 per slot, 0 empty (a power of two, at least twice the rows)
+    count: IntArray  # [ids in use]
     score: FloatArray
     aux: IntArray
     valid: BoolArray
     generation: object
+
+    def room_for(self, more: int) -> None:
+        """Grow the rows (and the table and the per-id arrays with them) so that `more` new ids fit."""
+        need = int(self.count[0]) + more
+        if need <= len(self.rows):
+            return
+        cap = max(2 * len(self.rows), need)
+        rows = np.zeros((cap, self.rows.shape[1]), dtype=np.int64)
+        rows[: len(self.rows)] = self.rows
+        self.rows = rows
+        self.slots = np.zeros(1 << (2 * cap - 1).bit_length(), dtype=np.int64)
+        kernels().rehash(self.rows, int(self.count[0]), self.slots)
+        self.score = np.resize(self.score, cap)
+        self.aux = np.resize(self.aux, cap)
+        self.valid = np.concatenate([self.valid, np.zeros(cap - len(self.valid), dtype=np.bool_)])
+
+    def clear(self) -> None:
+        self.count[0] = 0
+        self.slots.fill(0)
+        self.versions.fill(-1)
+        self.valid[:] = False
 
 
 def state_scores(
@@ -186,12 +210,12 @@ def state_scores(
 ) -> tuple[FloatArray, IntArray]:
     """Scores (and the GPU of a share) of `nodes`, computed once per distinct node state and `generation`.
 
-    Valid because fgd-scarcity's and fgd-priced's scores are a function of the node's state (`common.node_state_keys`:
-    free CPU, per-GPU free milli and model, the request's GPU fit), the request's shape and the generation (the
-    scarcity weights). A node's state id is taken only when its `version` moved; when the weights move (often: a
-    step of any type's weight), no node is keyed again: the states in use are rescored, one node each, in one
-    vectorised call. (`common.cached_node_scores(by_state=True)`, which this replaces here, keyed every node again
-    in Python on each move of the weights: most of its time on the CPU-heavy lists.)
+    Valid because fgd-scarcity's and fgd-priced's scores are a function of the node's state (free CPU, per-GPU free
+    milli and model, the request's GPU fit: `common.node_state_keys`' values), the request's shape and the
+    generation (the scarcity weights). A node's state id is taken only when its `version` moved
+    (`kernels.assign_states`, an open addressing table over the states' rows: the bytes keys it replaced cost more
+    than the scores on lists with many request shapes); when the weights move (often: a step of any type's weight),
+    no node is keyed again: the states in use are rescored, one node each, in one call.
     """
     s = ctx.snapshot
     key = ("state-scores", policy, shape_key(ctx.request), ctx.workload.key)
@@ -201,7 +225,9 @@ def state_scores(
         e = _StateScores(
             np.full(n, -1, dtype=np.int64),
             np.zeros(n, dtype=np.int64),
-            {},
+            np.zeros((cap, 1 + 3 * s.max_gpus), dtype=np.int64),
+            np.zeros(2 * cap, dtype=np.int64),
+            np.zeros(1, dtype=np.int64),
             np.zeros(cap, dtype=np.float64),
             np.zeros(cap, dtype=np.int64),
             np.zeros(cap, dtype=np.bool_),
@@ -214,22 +240,16 @@ def state_scores(
     k = kernels()
     stale = k.stale(nodes, e.versions, s.version)
     if len(stale):
-        if len(e.ids) + len(stale) > _STATES_PER_SHAPE:  # start afresh: every node is keyed again when asked
-            e.ids.clear()
-            e.versions.fill(-1)
-            e.valid[:] = False
+        if int(e.count[0]) + len(stale) > _STATES_PER_SHAPE:  # start afresh: every node is keyed again when asked
+            e.clear()
             stale = nodes
-        ids = e.ids
-        # setdefault's default is evaluated first: a new state gets the next id.
-        sid = [ids.setdefault(state, len(ids)) for state in node_state_keys(ctx, stale)]
-        if len(ids) > len(e.valid):
-            cap = max(2 * len(e.valid), len(ids))
-            e.score = np.resize(e.score, cap)
-            e.aux = np.resize(e.aux, cap)
-            e.valid = np.concatenate([e.valid, np.zeros(cap - len(e.valid), dtype=np.bool_)])
+        if int(e.count[0]) + len(stale) > len(e.rows):
+            e.room_for(len(stale))
             s.memo[key] = e  # the memo counts the entry's bytes again
-        e.sid[stale] = sid
-        e.versions[stale] = s.version[stale]
+        k.assign_states(
+            stale, s.cpu_free, s.gpu_milli_free, s.gpu_model, np.ascontiguousarray(ctx.fit.gpu_fit), e.rows, e.slots,
+            e.count, e.sid, e.versions, s.version,
+        )  # fmt: skip
     # The states without a score under this generation, each computed once, on the first node found in it.
     want, reps = k.missing_states(nodes, e.sid, e.valid)
     if len(want):
