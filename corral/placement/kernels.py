@@ -704,21 +704,17 @@ def share_choice(
 
 @njit(_sig("Tuple((I1, I1))(I1, I1, b1[::1])"), cache=True)
 def missing_states(nodes: IntArray, sid: IntArray, valid: BoolArray) -> tuple[IntArray, IntArray]:
-    """The state ids of `nodes` (`sid` per node) not `valid`, each once, and for each the first node in that state."""
+    """The state ids of `nodes` (`sid` per node) not `valid`, each once, and for each the first node in that state;
+    each id returned is marked valid (the caller computes their scores next, and unmarks them if that fails)."""
     want = np.empty(len(nodes), dtype=np.int64)
     reps = np.empty(len(nodes), dtype=np.int64)
     k = 0
     for i in range(len(nodes)):
         state = sid[nodes[i]]
         if not valid[state]:
-            seen = False
-            for j in range(k):
-                if want[j] == state:
-                    seen = True
-                    break
-            if not seen:
-                want[k], reps[k] = state, nodes[i]
-                k += 1
+            valid[state] = True
+            want[k], reps[k] = state, nodes[i]
+            k += 1
     return want[:k], reps[:k]
 
 
@@ -806,3 +802,29 @@ def rehash(rows: IntArray, count: int, slots: IntArray) -> None:
         while slots[at] != 0:
             at = (at + 1) & mask
         slots[at] = sid + 1
+
+
+@njit(_sig("b1[::1](I1, I1, I2, I1, I1, I1, I1, I1)"), cache=True)
+def broken_hosts(
+    nodes: IntArray,
+    cpu_free: IntArray,
+    room: IntArray,
+    group: IntArray,
+    cpu: IntArray,
+    cpu_high: IntArray,
+    count: IntArray,
+    count_high: IntArray,
+) -> BoolArray:
+    """`reserve`'s pass over the nodes: per node, whether it hosts one pod of some type t at its reserve (free CPU >=
+    cpu[t], room in t's GPU group >= count[t]) that the request would break (free CPU < cpu_high[t] or room <
+    count_high[t])."""
+    out = np.zeros(len(nodes), dtype=np.bool_)
+    for i in range(len(nodes)):
+        node = nodes[i]
+        free = cpu_free[node]
+        for t in range(len(group)):
+            r = room[group[t], node]
+            if free >= cpu[t] and r >= count[t] and (free < cpu_high[t] or r < count_high[t]):
+                out[i] = True
+                break
+    return out

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import cast
 
 import numpy as np
 
@@ -41,7 +40,7 @@ from corral.model.resources import Request
 from corral.model.snapshot import ClusterSnapshot
 from corral.placement.native import kernels
 from corral.placement.scarce_hosts import scarce_hosts
-from corral.placement.scarcity import horizon
+from corral.placement.scarcity import horizon, horizons
 from corral.placement.workload import TargetType, TargetWorkload
 
 #: A pod with GPUs keeps off hosts of m while they number at most this times the pods of m to come (docstring).
@@ -118,7 +117,8 @@ def _request_gang(table: _Gang, request: Request) -> list[tuple[int, float]]:
 def gpu_runs_out_later(snapshot: ClusterSnapshot, workload: TargetWorkload) -> bool:
     """Whether free CPU runs out before free GPU milli (the CPU-aware horizon is the smaller): then the margin for
     pods with GPUs does not apply (module docstring)."""
-    return horizon(snapshot, workload, True) < horizon(snapshot, workload, False)
+    gpu, cpu = horizons(snapshot, workload)
+    return cpu < gpu
 
 
 @dataclass(frozen=True, eq=False)
@@ -132,26 +132,21 @@ class _Shape:
 
 @dataclass(frozen=True, eq=False)
 class _Pass:
-    """The thresholds of the pass over the nodes for a set of types at their reserve: a host of type t (cpu >= t.cpu
-    and room >= t.count) that the request breaks (cpu < t.cpu + its CPU or room < t.count + its GPUs). Python ints
-    for one type, types x 1 columns for several."""
+    """The thresholds of the pass over the nodes for a set of types at their reserve, per type: a host of type t
+    (cpu >= t.cpu and room >= t.count in t's GPU group) that the request breaks (cpu < t.cpu + its CPU or room <
+    t.count + its GPUs); `kernels.broken_hosts` makes the pass."""
 
-    group: int  # the types' one GPU group, or -1 where they span several (then `rows`)
-    rows: IntArray  # types: their groups
-    cpu: IntArray | int
-    cpu_high: IntArray | int
-    room: IntArray | int
-    room_high: IntArray | int
+    group: IntArray
+    cpu: IntArray
+    cpu_high: IntArray
+    count: IntArray
+    count_high: IntArray
 
 
 def _pass(table: _Gang, request: Request, active: tuple[int, ...]) -> _Pass:
-    rows = table.group[list(active)]
-    group = int(rows[0]) if (rows == rows[0]).all() else -1
-    cpu, room = table.cpu[list(active)][:, None], table.count[list(active)][:, None]
-    if len(active) == 1:
-        c, k = int(cpu[0, 0]), int(room[0, 0])
-        return _Pass(group, rows, c, c + request.cpu_milli, k, k + request.gpu_count)
-    return _Pass(group, rows, cpu, cpu + request.cpu_milli, room, room + request.gpu_count)
+    at = list(active)
+    cpu, count = table.cpu[at], table.count[at]
+    return _Pass(table.group[at], cpu, cpu + request.cpu_milli, count, count + request.gpu_count)
 
 
 def kept_hosts(
@@ -161,9 +156,11 @@ def kept_hosts(
     nodes: IntArray,
     cpu: bool = False,
     margin: float = 1.0,
+    h: float | None = None,
 ) -> BoolArray:
     """Of `nodes`, those the request should keep off (see the module docstring; `cpu`: H counts free CPU too;
-    `margin`: the reserve is ceil(margin x demand), GPU_POD_MARGIN for a pod with GPUs in fgd-priced)."""
+    `margin`: the reserve is ceil(margin x demand), GPU_POD_MARGIN for a pod with GPUs in fgd-priced; `h`: H, where
+    the caller has it)."""
     keep = np.zeros(len(nodes), dtype=np.bool_)
     table = _gang_table(snapshot, workload)
     # The types, their probabilities and floors depend only on the workload and the request's shape: kept per shape.
@@ -182,7 +179,7 @@ def kept_hosts(
             keep |= scarce.nodes[i, nodes] & ~_hosts(snapshot, table, i, nodes)
     # The reserve of each type from H and the counts alone: where no type is at its reserve no node is touched
     # (on openb `default` seed 42, 1,243 of 8,403 decisions; the others are at one or two types, rarely more).
-    mh = margin * horizon(snapshot, workload, cpu)  # margin x H x p, multiplied in the same order as ever
+    mh = margin * (horizon(snapshot, workload, cpu) if h is None else h)  # margin x H x p, in the same order as ever
     counts = table.counts.tolist()
     at_reserve: list[int] = []
     if shape.scarce:
@@ -203,11 +200,9 @@ def kept_hosts(
     p = shape.passes.get(active)
     if p is None:
         p = shape.passes[active] = _pass(table, request, active)
-    free = snapshot.cpu_free[nodes]
-    room = table.room[p.group][nodes] if p.group >= 0 else table.room[np.ix_(p.rows, nodes)]
-    broken = (free >= p.cpu) & (room >= p.room) & ((free < p.cpu_high) | (room < p.room_high))
-    if len(active) > 1:
-        broken = cast(BoolArray, broken.any(axis=0))
+    broken: BoolArray = kernels().broken_hosts(
+        nodes, snapshot.cpu_free, table.room, p.group, p.cpu, p.cpu_high, p.count, p.count_high
+    )
     return keep | broken if shape.scarce else broken
 
 

@@ -68,6 +68,11 @@ def horizon(snapshot: ClusterSnapshot, workload: TargetWorkload, cpu: bool = Fal
     take the free CPU (every target type, pods without GPUs included). Where pods without GPUs are many, CPU runs out
     long before GPU milli does, and the GPU-only horizon promises pods (multi-GPU ones among them) that never come.
     """
+    return horizons(snapshot, workload)[1 if cpu else 0]
+
+
+def horizons(snapshot: ClusterSnapshot, workload: TargetWorkload) -> tuple[float, float]:
+    """`horizon` without and with the free CPU, from one pass over the nodes (a decision of fgd-priced needs both)."""
     key = ("per-pod", workload.key)
     per_pod: tuple[float, float] | None = snapshot.memo.get(key)
     if per_pod is None:
@@ -77,10 +82,8 @@ def horizon(snapshot: ClusterSnapshot, workload: TargetWorkload, cpu: bool = Fal
     milli, cores = per_pod
     # gpu_free_total is each node's free milli over its GPUs (kept by allocate/release): no pass over every GPU.
     free, free_cpu = kernels().free_sums(snapshot.gpu_free_total, snapshot.cpu_free)
-    out = float(free) / milli if milli > 0 else 0.0
-    if cpu and cores > 0:
-        out = min(out, float(free_cpu) / cores)
-    return out
+    gpu = float(free) / milli if milli > 0 else 0.0
+    return gpu, min(gpu, float(free_cpu) / cores) if cores > 0 else gpu
 
 
 def scarcity_weights(snapshot: ClusterSnapshot, workload: TargetWorkload) -> FloatArray:

@@ -37,7 +37,8 @@ from corral.model.resources import MILLI_PER_GPU
 from corral.placement.context import Context
 from corral.placement.priced_order import POINTS, TIGHT
 from corral.placement.pricing import SharePrices, share_prices
-from corral.placement.reserve import GPU_POD_MARGIN, gpu_runs_out_later, kept_hosts
+from corral.placement.reserve import GPU_POD_MARGIN, kept_hosts
+from corral.placement.scarcity import horizons
 from corral.placement.scores.fgd_scarcity import _NO_KEY, TIE_WEIGHT, FgdScarcity
 
 #: fgd-scarcity's scores lie in [0, 101); one step of the keys above outweighs any of them.
@@ -62,9 +63,11 @@ class FgdPriced(FgdScarcity):
         scores = super().score(ctx, nodes)
         if self.reserve:
             margin = self.gpu_margin if ctx.request.wants_gpu else self.cpu_margin
-            if self.margin_gpu_bound and margin != 1.0 and gpu_runs_out_later(ctx.snapshot, ctx.workload):
+            h_gpu, h_cpu = horizons(ctx.snapshot, ctx.workload)
+            if self.margin_gpu_bound and margin != 1.0 and h_cpu < h_gpu:  # (`reserve.gpu_runs_out_later`)
                 margin = 1.0
-            kept = kept_hosts(ctx.snapshot, ctx.workload, ctx.request, nodes, self.cpu_horizon, margin)
+            h = h_cpu if self.cpu_horizon else h_gpu
+            kept = kept_hosts(ctx.snapshot, ctx.workload, ctx.request, nodes, self.cpu_horizon, margin, h)
             self._kept = int(np.count_nonzero(kept))
             if self._kept:
                 scores = np.where(kept, scores - KEPT_OFF, scores)
@@ -85,9 +88,7 @@ class FgdPriced(FgdScarcity):
             out.append(f"fgd-priced: {self._kept} nodes kept free for multi-GPU pods came last")
         return out
 
-    @property
-    def _consts(self) -> FloatArray:  # type: ignore[override]
-        return np.array([TIE_WEIGHT, STRIDE, POINTS, TIGHT])
+    _consts = np.array([TIE_WEIGHT, STRIDE, POINTS, TIGHT])  # (`FgdScarcity._consts`)
 
     def _share_key(self, ctx: Context, nodes: IntArray) -> tuple[int, FloatArray]:
         """Keys 1-2 per (node, GPU), packed before fgd-scarcity's score (mode 1: FGD's points, then the tightness,

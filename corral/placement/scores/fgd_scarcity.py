@@ -251,11 +251,12 @@ def state_scores(
             e.count, e.sid, e.versions, s.version,
         )  # fmt: skip
     # The states without a score under this generation, each computed once, on the first node found in it.
-    want, reps = k.missing_states(nodes, e.sid, e.valid)
+    want, reps = k.missing_states(nodes, e.sid, e.valid)  # (marked valid)
     if len(want):
-        sc, ax = compute(reps)
-        e.score[want] = sc
-        e.aux[want] = ax
-        e.valid[want] = True
+        try:
+            e.score[want], e.aux[want] = compute(reps)
+        except BaseException:
+            e.valid[want] = False
+            raise
     got: tuple[FloatArray, IntArray] = k.by_state(nodes, e.sid, e.score, e.aux)
     return got
