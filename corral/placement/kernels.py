@@ -395,6 +395,85 @@ def pod_parts(
     return delta, drop
 
 
+@njit(cache=True)
+def _share_node(
+    node: int,
+    cpu_free: IntArray,
+    milli_free: IntArray,
+    present: BoolArray,
+    access: BoolArray,
+    table: IntArray,
+    prob: FloatArray,
+    cpu_req: int,
+    milli_req: int,
+    delta: FloatArray,
+    drop: npt.NDArray[np.int32],
+    scratch: IntArray,
+    any_access: BoolArray,
+) -> None:
+    """`share_parts` of one node, into `delta` (GPUs) and `drop` (types x GPUs): each type's counts of the node as it
+    is are taken once and then updated for the one GPU the share takes, for F as in `share_fragmentation` and for the
+    fill as in `share_unfilled` (the same integers and floats as those, which the tests check). `scratch` (8 x
+    types, at least GPUs wide) and `any_access` (types) are working space."""
+    t, g = table.shape[0], milli_free.shape[1]
+    u = milli_free[node]
+    count, fit_sum, count2, fit_sum2 = scratch[0], scratch[1], scratch[2], scratch[3]
+    share_before, whole_before, unfilled_before, free = scratch[4], scratch[5], scratch[6], scratch[7]
+    total, idle = 0, 0
+    for j in range(g):
+        free[j] = max(u[j], 0)  # the fill's free milli (an absent GPU holds -1: 0 here)
+        idle += free[j]
+        if present[node, j] and u[j] > 0:
+            total += u[j]
+    c_now = max(cpu_free[node], 0)
+    for m in range(t):
+        seen, c, sm, need, div = False, 0, 0, table[m, MILLI], table[m, MILLI_DIV]
+        sb, wb = 0, 0
+        for j in range(g):
+            if access[m, node, j]:
+                seen = True
+                if u[j] >= need:
+                    c += 1
+                    if present[node, j] and u[j] > 0:
+                        sm += u[j]
+                sb += free[j] // div
+                if free[j] >= _FULL:
+                    wb += 1
+        any_access[m], count[m], fit_sum[m] = seen, c, sm
+        share_before[m], whole_before[m] = sb, wb
+        k = sb if table[m, SHARE] else wb // table[m, COUNT_DIV]
+        unfilled_before[m] = _slots_unfilled(table, m, c_now, k, idle)[1]
+    f_before = _f(table, prob, any_access, count, fit_sum, total, cpu_free[node])
+    total2, cpu2, c_after = total - milli_req, cpu_free[node] - cpu_req, max(cpu_free[node] - cpu_req, 0)
+    take = max(milli_req, 0)
+    for j in range(g):
+        uj, after_f = u[j], u[j] - milli_req
+        after = max(uj - take, 0)
+        idle_after = idle - free[j] + after
+        for m in range(t):
+            c, sm, need = count[m], fit_sum[m], table[m, MILLI]
+            k = share_before[m] if table[m, SHARE] else whole_before[m]
+            if access[m, node, j]:
+                if uj >= need:
+                    c -= 1
+                    sm -= uj
+                if after_f >= need:
+                    c += 1
+                    sm += after_f
+                if table[m, SHARE]:
+                    k += after // table[m, MILLI_DIV] - free[j] // table[m, MILLI_DIV]
+                else:
+                    if free[j] >= _FULL:
+                        k -= 1
+                    if milli_req <= 0 and after >= _FULL:
+                        k += 1
+            if not table[m, SHARE]:
+                k //= table[m, COUNT_DIV]
+            count2[m], fit_sum2[m] = c, sm
+            drop[m, j] = unfilled_before[m] - _slots_unfilled(table, m, c_after, k, idle_after)[1]
+        delta[j] = f_before - _f(table, prob, any_access, count2, fit_sum2, total2, cpu2)
+
+
 @njit(_sig("Tuple((F2, J3))(I1, I1, I2, B2, B3, I2, F1, i8, i8)"), cache=True)
 def share_parts(
     nodes: IntArray,
@@ -407,27 +486,17 @@ def share_parts(
     cpu_req: int,
     milli_req: int,
 ) -> tuple[FloatArray, npt.NDArray[np.int32]]:
-    """`node_parts` for a one-GPU share of `milli_req` milli and `cpu_req` CPU placed on each GPU column in turn:
+    """`pod_parts` for a one-GPU share of `milli_req` milli and `cpu_req` CPU placed on each GPU column in turn:
     F(n) - F(n') per (node, GPU) and the unfilled milli removed per (type, node, GPU)."""
     n, t, g = len(nodes), table.shape[0], milli_free.shape[1]
-    f_after = share_fragmentation(nodes, cpu_free, milli_free, present, access, table, prob, cpu_req, milli_req)
-    unfilled_after = share_unfilled(nodes, cpu_free, milli_free, access, table, cpu_req, milli_req)
     delta = np.empty((n, g), dtype=np.float64)
     drop = np.empty((t, n, g), dtype=np.int32)  # milli of one node: int32 halves the largest memo entries
-    any_access = np.zeros(t, dtype=np.bool_)
-    count = np.zeros(t, dtype=np.int64)
-    fit_sum = np.zeros(t, dtype=np.int64)
-    before = np.zeros(t, dtype=np.int64)
+    scratch, any_access = np.zeros((8, max(t, g)), dtype=np.int64), np.zeros(t, dtype=np.bool_)
     for i in range(n):
-        node = nodes[i]
-        total = _usable(node, milli_free[node], present, access, table, any_access, count, fit_sum)
-        f_before = _f(table, prob, any_access, count, fit_sum, total, cpu_free[node])
-        for j in range(g):
-            delta[i, j] = f_before - f_after[i, j]
-        _unfilled_into(node, cpu_free[node], milli_free[node], present, access, table, before)
-        for m in range(t):
-            for j in range(g):
-                drop[m, i, j] = before[m] - unfilled_after[m, i, j]
+        _share_node(
+            nodes[i], cpu_free, milli_free, present, access, table, prob, cpu_req, milli_req, delta[i], drop[:, i, :],
+            scratch, any_access,
+        )  # fmt: skip
     return delta, drop
 
 
@@ -593,14 +662,14 @@ def share_exponents(
 ) -> FloatArray:
     """A one-GPU share's parts per (node, GPU) kept in `delta` and `drop` (nodes x GPUs, types x nodes x GPUs),
     computed (`share_parts`) for the nodes whose `version` moved since `seen`; returns `_exponents` of `nodes`."""
-    fresh = stale(nodes, seen, version)
-    if len(fresh):
-        d, dr = share_parts(fresh, cpu_free, milli_free, present, access, table, prob, cpu_req, milli_req)
-        for a in range(len(fresh)):
-            node = fresh[a]
-            delta[node] = d[a]
-            drop[:, node, :] = dr[:, a, :]
-            seen[node] = version[node]
+    t, g = table.shape[0], milli_free.shape[1]
+    scratch, any_access = np.zeros((8, max(t, g)), dtype=np.int64), np.zeros(t, dtype=np.bool_)
+    for node in stale(nodes, seen, version):
+        _share_node(
+            node, cpu_free, milli_free, present, access, table, prob, cpu_req, milli_req, delta[node], drop[:, node, :],
+            scratch, any_access,
+        )  # fmt: skip
+        seen[node] = version[node]
     return _exponents(nodes, delta, drop, pw, use)
 
 
