@@ -41,12 +41,18 @@ def _sig(text: str) -> str:
     return text
 
 
+def _drops(text: str) -> list[str]:
+    """`_sig` for a kernel taking a parts cache's drops (D3): int16 (nodes of up to 32 GPUs) or int32."""
+    return [_sig(text.replace("D3", "H3")), _sig(text.replace("D3", "J3"))]
+
+
 _TYPES = {
     "I1": "int64[::1]",
     "I2": "int64[:, ::1]",
     "I3": "int64[:, :, ::1]",
     "J2": "int32[:, ::1]",
     "J3": "int32[:, :, ::1]",
+    "H3": "int16[:, :, ::1]",
     "B2": "boolean[:, ::1]",
     "B3": "boolean[:, :, ::1]",
     "F1": "float64[::1]",
@@ -642,7 +648,13 @@ def _exponents(
     return out
 
 
-@njit(_sig("F2(I1, I1, I1, F2, J3, I1, I2, B2, B3, I2, F1, i8, i8, F1, b1)"), cache=True)
+@njit(
+    [
+        _sig("F2(I1, I1, I1, F2, H3, I1, I2, B2, B3, I2, F1, i8, i8, F1, b1)"),
+        _sig("F2(I1, I1, I1, F2, J3, I1, I2, B2, B3, I2, F1, i8, i8, F1, b1)"),
+    ],
+    cache=True,
+)
 def share_exponents(
     nodes: IntArray,
     seen: IntArray,
@@ -673,7 +685,13 @@ def share_exponents(
     return _exponents(nodes, delta, drop, pw, use)
 
 
-@njit(_sig("F2(I1, I1, I1, F2, J3, I1, I2, B2, B2, B3, I2, F1, i8, i8, i8, F1, b1)"), cache=True)
+@njit(
+    [
+        _sig("F2(I1, I1, I1, F2, H3, I1, I2, B2, B2, B3, I2, F1, i8, i8, i8, F1, b1)"),
+        _sig("F2(I1, I1, I1, F2, J3, I1, I2, B2, B2, B3, I2, F1, i8, i8, i8, F1, b1)"),
+    ],
+    cache=True,
+)
 def pod_exponents(
     nodes: IntArray,
     seen: IntArray,
