@@ -133,6 +133,23 @@ def fragmentation(
     return out
 
 
+@njit(cache=True)
+def _twin(node: int, j: int, u: IntArray, present: BoolArray, access: BoolArray) -> int:
+    """An earlier GPU column of `node` that a share would leave in the same state as column j (the same free milli,
+    presence and allowed types: then every count the share changes changes alike), or -1. Nodes of one model hold
+    many GPUs in few states (8 idle GPUs: one state): their columns are computed once."""
+    for jj in range(j):
+        if u[jj] == u[j] and present[node, jj] == present[node, j]:
+            same = True
+            for m in range(access.shape[0]):
+                if access[m, node, jj] != access[m, node, j]:
+                    same = False
+                    break
+            if same:
+                return jj
+    return -1
+
+
 @njit(_sig("F2(I1, I1, I2, B2, B3, I2, F1, i8, i8)"), cache=True)
 def share_fragmentation(
     nodes: IntArray,
@@ -173,6 +190,10 @@ def share_fragmentation(
             any_access[m], count[m], fit_sum[m] = seen, c, s
         total2, cpu2 = total - milli_req, cpu_free[node] - cpu_req
         for j in range(g):
+            twin = _twin(node, j, milli_free[node], present, access)
+            if twin >= 0:
+                out[i, j] = out[i, twin]
+                continue
             u = milli_free[node, j]
             after = u - milli_req
             for m in range(t):
@@ -453,6 +474,12 @@ def _share_node(
     total2, cpu2, c_after = total - milli_req, cpu_free[node] - cpu_req, max(cpu_free[node] - cpu_req, 0)
     take = max(milli_req, 0)
     for j in range(g):
+        twin = _twin(node, j, u, present, access)
+        if twin >= 0:
+            delta[j] = delta[twin]
+            for m in range(t):
+                drop[m, j] = drop[m, twin]
+            continue
         uj, after_f = u[j], u[j] - milli_req
         after = max(uj - take, 0)
         idle_after = idle - free[j] + after
