@@ -18,6 +18,8 @@ probabilities.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import numpy.typing as npt
 from numba import njit
@@ -940,5 +942,55 @@ def broken_hosts(
             r = room[group[t], node]
             if free >= cpu[t] and r >= count[t] and (free < cpu_high[t] or r < count_high[t]):
                 out[i] = True
+                break
+    return out
+
+
+@njit(_sig("b1[::1](I1, I1, I2, I1, I1, F1, I1, b1, f8, I1, I1, I1, i8, i8)"), cache=True)
+def reserve_pass(
+    nodes: IntArray,
+    cpu_free: IntArray,
+    room: IntArray,
+    hosts: IntArray,
+    gang: IntArray,
+    probability: FloatArray,
+    floor: IntArray,
+    floors: bool,
+    mh: float,
+    group: IntArray,
+    cpu: IntArray,
+    count: IntArray,
+    cpu_req: int,
+    gpus_req: int,
+) -> BoolArray:
+    """`reserve.kept_hosts`' rule from its table: the gang types (`gang`, with the probability their reserve is made
+    of and their floor) at their reserve, count <= max(ceil(margin x H x p), floor) (`floors`; without floors the
+    same test as mh x p - 1e-9 > count - 1, exact in floats), and of `nodes` each host of one of them (free CPU >=
+    its CPU, room in its GPU group >= its GPUs) the request would break (less CPU or room left than that)."""
+    active = np.empty(len(gang), dtype=np.int64)
+    k = 0
+    for a in range(len(gang)):
+        i = gang[a]
+        have = hosts[i]
+        if have == 0:
+            continue
+        if floors:
+            at = have <= max(math.ceil(mh * probability[a] - 1e-9), floor[a])
+        else:
+            at = mh * probability[a] - 1e-9 > have - 1
+        if at:
+            active[k] = i
+            k += 1
+    out = np.zeros(len(nodes), dtype=np.bool_)
+    if k == 0:
+        return out
+    for n in range(len(nodes)):
+        node = nodes[n]
+        free = cpu_free[node]
+        for a in range(k):
+            t = active[a]
+            r = room[group[t], node]
+            if free >= cpu[t] and r >= count[t] and (free < cpu[t] + cpu_req or r < count[t] + gpus_req):
+                out[n] = True
                 break
     return out
