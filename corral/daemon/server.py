@@ -69,6 +69,8 @@ from corral.jobs.environment import RULE, admitted_environment, is_denied
 from corral.model.errors import CorralError, InvalidRequest
 from corral.model.resources import GpuBehavior, Node
 from corral.placement import PlacementConfig
+from corral.placement.native import kernels
+from corral.placement.registry import get_policy
 from corral.queue.config import QueueConfigError
 from corral.services.ports import ENV as PORTS_ENV
 from corral.services.ports import parse_range
@@ -428,7 +430,15 @@ def serve(
         except InvalidRequest as exc:
             raise ServeError(f"--service-ports: {exc.message}") from None
     node = build_node(simulate)
-    config = PlacementConfig(policy=policy, gpu_behavior=behavior)
+    try:
+        config = PlacementConfig(policy=policy, gpu_behavior=behavior)
+        compiled = getattr(get_policy(policy), "compiled", False)
+    except InvalidRequest as exc:
+        raise ServeError(f"--policy: {exc.message}") from None
+    if compiled:
+        # fgd and its descendants score through compiled kernels: loaded (compiled, on a fresh install) now, under
+        # the default umask, and not in the first decision (`placement.native`).
+        kernels()
     if queues_file is None and default_queues_path(state_dir).is_file():
         queues_file = default_queues_path(state_dir)
     try:

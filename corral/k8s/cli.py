@@ -76,6 +76,7 @@ def extender_cmd(
     from corral.k8s.extender import Extender, create_app
     from corral.k8s.state import ClusterState, Informer
     from corral.placement.learned import WorkloadLearner
+    from corral.placement.native import kernels
 
     try:
         target = load_workload(workload)
@@ -98,6 +99,10 @@ def extender_cmd(
     if health_host and health_port == port:
         # the app tells the two apart by the local port
         raise _fail("--health-port: must differ from --port")
+    # The compiled kernels (F, the fill, fgd-priced's look-ahead) are loaded now, not in the first filter request,
+    # which kube-scheduler would time out: a fresh install compiles them once (tens of seconds), later starts load
+    # them from numba's cache (`placement.native`).
+    kernels()
     if not informer.wait_synced(60):
         log.warning("nodes and pods not listed within 60 s; serving anyway, answers improve as the watch catches up")
     # Thousands of long-lived node and pod objects: keep them out of the collector's full scans (pauses of 10s of ms)

@@ -169,3 +169,14 @@ def test_folders_others_may_write_to_are_refused_for_the_socket_and_the_state(tm
             prepare_runtime_dir(theirs, state)
         with pytest.raises(ServeError, match="belongs to uid 4242, not to the daemon's user"):
             make_private(theirs)
+
+
+def test_serve_refuses_an_unknown_policy_before_touching_its_state_dir(tmp_path: Path) -> None:
+    """`--policy` is checked at start (where the kernels of a fragmentation-scored policy are loaded), with a clear
+    error naming it, and nothing is created."""
+    from corral.daemon.server import serve
+
+    state = tmp_path / "state"
+    with pytest.raises(ServeError, match=r"--policy: unknown policy 'nope'; use one of .*binpack"):
+        serve(state, tmp_path / "run" / "corral.sock", "1xA100-80GB", "nope")
+    assert not state.exists()

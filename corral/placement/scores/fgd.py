@@ -45,6 +45,8 @@ class FragmentationScored:
     """A policy whose cached node scores come with the GPU a one-GPU share would take (FGD and its descendants):
     `score` reads the scores, `choose_gpus` grants exactly the GPUs the score assumed."""
 
+    compiled = True  # scores through `placement.kernels` (a daemon loads them at start: `placement.native`)
+
     def _scores(self, ctx: Context, nodes: IntArray) -> tuple[FloatArray, IntArray]:
         raise NotImplementedError
 
