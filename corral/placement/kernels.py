@@ -371,6 +371,70 @@ def _unfilled_into(
         out[m] = _slots_unfilled(table, m, c, k, total)[1]
 
 
+@njit(cache=True)
+def _now(
+    node: int,
+    cpu_free: IntArray,
+    milli_free: IntArray,
+    present: BoolArray,
+    access: BoolArray,
+    table: IntArray,
+    prob: FloatArray,
+    any_access: BoolArray,
+    scratch: IntArray,
+    unfilled: IntArray,
+) -> float:
+    """F of `node` as it is, and its unfilled milli per type into `unfilled` (`scratch`: 2 x types working space)."""
+    total = _usable(node, milli_free[node], present, access, table, any_access, scratch[0], scratch[1])
+    _unfilled_into(node, cpu_free[node], milli_free[node], present, access, table, unfilled)
+    out: float = _f(table, prob, any_access, scratch[0], scratch[1], total, cpu_free[node])
+    return out
+
+
+@njit(cache=True)
+def _pod_after(
+    node: int,
+    cpu_free: IntArray,
+    milli_free: IntArray,
+    fit: BoolArray,
+    present: BoolArray,
+    access: BoolArray,
+    table: IntArray,
+    prob: FloatArray,
+    cpu_req: int,
+    milli_req: int,
+    count_req: int,
+    f_before: float,
+    before: IntArray,
+    any_access: BoolArray,
+    scratch: IntArray,
+    drop: npt.NDArray[np.int32],
+) -> float:
+    """`pod_parts` of one node from F and the unfilled milli of its state now: F(n) - F(n'), and per type the unfilled
+    milli removed into `drop` (`scratch`: 4 x max(types, GPUs) working space)."""
+    t, g = table.shape[0], milli_free.shape[1]
+    count, fit_sum, after, milli_after = scratch[0], scratch[1], scratch[2], scratch[3]
+    for j in range(g):
+        milli_after[j] = milli_free[node, j]
+    taken = 0  # a bit per GPU taken (at most 64 GPUs a node)
+    for _ in range(count_req):
+        best = -1
+        for j in range(g):
+            if fit[node, j] and not (taken >> j) & 1 and (best < 0 or milli_free[node, j] < milli_free[node, best]):
+                best = j
+        if best < 0:
+            break
+        taken |= 1 << best
+        milli_after[best] -= milli_req
+    cpu_after = cpu_free[node] - cpu_req
+    total = _usable(node, milli_after[:g], present, access, table, any_access, count, fit_sum)
+    delta = f_before - _f(table, prob, any_access, count, fit_sum, total, cpu_after)
+    _unfilled_into(node, cpu_after, milli_after[:g], present, access, table, after)
+    for m in range(t):
+        drop[m] = before[m] - after[m]
+    return delta
+
+
 @njit(_sig("Tuple((F1, J2))(I1, I1, I2, B2, B2, B3, I2, F1, i8, i8, i8)"), cache=True)
 def pod_parts(
     nodes: IntArray,
@@ -392,35 +456,14 @@ def pod_parts(
     delta = np.empty(n, dtype=np.float64)
     drop = np.empty((t, n), dtype=np.int32)
     any_access = np.zeros(t, dtype=np.bool_)
-    count = np.zeros(t, dtype=np.int64)
-    fit_sum = np.zeros(t, dtype=np.int64)
+    scratch = np.zeros((4, max(t, g)), dtype=np.int64)
     before = np.zeros(t, dtype=np.int64)
-    after = np.zeros(t, dtype=np.int64)
-    milli_after = np.zeros(g, dtype=np.int64)
-    taken = np.zeros(g, dtype=np.bool_)
     for i in range(n):
-        node = nodes[i]
-        for j in range(g):
-            milli_after[j] = milli_free[node, j]
-            taken[j] = False
-        for _ in range(count_req):
-            best = -1
-            for j in range(g):
-                if fit[node, j] and not taken[j] and (best < 0 or milli_free[node, j] < milli_free[node, best]):
-                    best = j
-            if best < 0:
-                break
-            taken[best] = True
-            milli_after[best] -= milli_req
-        cpu_after = cpu_free[node] - cpu_req
-        total = _usable(node, milli_free[node], present, access, table, any_access, count, fit_sum)
-        f_before = _f(table, prob, any_access, count, fit_sum, total, cpu_free[node])
-        total = _usable(node, milli_after, present, access, table, any_access, count, fit_sum)
-        delta[i] = f_before - _f(table, prob, any_access, count, fit_sum, total, cpu_after)
-        _unfilled_into(node, cpu_free[node], milli_free[node], present, access, table, before)
-        _unfilled_into(node, cpu_after, milli_after, present, access, table, after)
-        for m in range(t):
-            drop[m, i] = before[m] - after[m]
+        f_before = _now(nodes[i], cpu_free, milli_free, present, access, table, prob, any_access, scratch, before)
+        delta[i] = _pod_after(
+            nodes[i], cpu_free, milli_free, fit, present, access, table, prob, cpu_req, milli_req, count_req,
+            f_before, before, any_access, scratch, drop[:, i],
+        )  # fmt: skip
     return delta, drop
 
 
@@ -677,13 +720,7 @@ def _exponents(
     return out
 
 
-@njit(
-    [
-        _sig("F2(I1, I1, I1, F2, H3, I1, I2, B2, B3, I2, F1, i8, i8, F1, b1)"),
-        _sig("F2(I1, I1, I1, F2, J3, I1, I2, B2, B3, I2, F1, i8, i8, F1, b1)"),
-    ],
-    cache=True,
-)
+@njit(_drops("F2(I1, I1, I1, F2, D3, I1, I2, B2, B3, I2, F1, i8, i8, F1, b1)"), cache=True)
 def share_exponents(
     nodes: IntArray,
     seen: IntArray,
@@ -714,13 +751,7 @@ def share_exponents(
     return _exponents(nodes, delta, drop, pw, use)
 
 
-@njit(
-    [
-        _sig("F2(I1, I1, I1, F2, H3, I1, I2, B2, B2, B3, I2, F1, i8, i8, i8, F1, b1)"),
-        _sig("F2(I1, I1, I1, F2, J3, I1, I2, B2, B2, B3, I2, F1, i8, i8, i8, F1, b1)"),
-    ],
-    cache=True,
-)
+@njit(_drops("F2(I1, I1, I1, F2, D3, I1, I2, B2, B2, B3, I2, F1, i8, i8, i8, F1, b1, I1, F1, I2)"), cache=True)
 def pod_exponents(
     nodes: IntArray,
     seen: IntArray,
@@ -739,17 +770,27 @@ def pod_exponents(
     count_req: int,
     pw: FloatArray,
     use: bool,
+    now_seen: IntArray,
+    now_f: FloatArray,
+    now_unfilled: IntArray,
 ) -> FloatArray:
     """`share_exponents` for a pod that is not a one-GPU share (`pod_parts`; `delta` nodes x 1, `drop` types x nodes
-    x 1)."""
-    fresh = stale(nodes, seen, version)
-    if len(fresh):
-        d, dr = pod_parts(fresh, cpu_free, milli_free, fit, present, access, table, prob, cpu_req, milli_req, count_req)
-        for a in range(len(fresh)):
-            node = fresh[a]
-            delta[node, 0] = d[a]
-            drop[:, node, 0] = dr[:, a]
-            seen[node] = version[node]
+    x 1). F and the unfilled milli of each node as it is are kept apart (`now_*`, per node at `now_seen`), for every
+    request shape: a changed node's "before" is computed once, not once per shape that scores it."""
+    t, g = table.shape[0], milli_free.shape[1]
+    any_access = np.zeros(t, dtype=np.bool_)
+    scratch = np.zeros((4, max(t, g)), dtype=np.int64)
+    for node in stale(nodes, seen, version):
+        if now_seen[node] != version[node]:
+            now_f[node] = _now(
+                node, cpu_free, milli_free, present, access, table, prob, any_access, scratch, now_unfilled[:, node]
+            )
+            now_seen[node] = version[node]
+        delta[node, 0] = _pod_after(
+            node, cpu_free, milli_free, fit, present, access, table, prob, cpu_req, milli_req, count_req,
+            now_f[node], now_unfilled[:, node], any_access, scratch, drop[:, node, 0],
+        )  # fmt: skip
+        seen[node] = version[node]
     return _exponents(nodes, delta, drop, pw, use)
 
 

@@ -112,7 +112,7 @@ class FgdScarcity(FragmentationScored):
         # The after state is `fgd.node_after`'s (the GPUs FGD's scoring takes), worked out in the kernel.
         e = k.pod_exponents(
             nodes, seen, s.version, delta, drop, s.cpu_free, s.gpu_milli_free, fit, s.gpu_present, w.access, w.table,
-            w.prob, r.cpu_milli, r.gpu_milli, r.gpu_count if r.wants_gpu else 0, pw, use,
+            w.prob, r.cpu_milli, r.gpu_milli, r.gpu_count if r.wants_gpu else 0, pw, use, *_now(ctx),
         )  # fmt: skip
         np.exp(e, out=e)
         scores: FloatArray = k.pod_scores(nodes, e, use, guard, level, levels, TIE_WEIGHT)
@@ -162,6 +162,23 @@ class FgdScarcity(FragmentationScored):
         if len(nodes) > 1 and bool((nodes[1:] > nodes[:-1]).all()):  # sorted (the engine's feasible nodes are)
             self._scored = (ctx, nodes, scores, aux)
         return scores, aux
+
+
+def _now(ctx: Context) -> tuple[IntArray, FloatArray, IntArray]:
+    """Per node, F and the unfilled milli per type of its state now, at the version they were computed at (for every
+    request shape; `kernels.pod_exponents` keeps them)."""
+    s = ctx.snapshot
+    key = ("node-now", ctx.workload.key)
+    entry: tuple[IntArray, FloatArray, IntArray] | None = s.memo.get(key)
+    if entry is None:
+        n = len(s)
+        entry = (
+            np.full(n, -1, dtype=np.int64),
+            np.zeros(n, dtype=np.float64),
+            np.zeros((len(ctx.workload.types), n), dtype=np.int64),
+        )
+        s.memo[key] = entry
+    return entry
 
 
 #: Node states one shape's entry remembers before it starts afresh (bounds memory: about 250 bytes each).
