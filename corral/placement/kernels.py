@@ -706,6 +706,15 @@ def _exponents(
     `gain_fraction`'s before their exp, and as `(pw[:, None] * drop).sum(axis=0)`."""
     t = drop.shape[0]
     g = delta.shape[1]
+    # A type of weight 0 adds +-0.0: nothing to a sum but its sign when the sum is 0, which exp(-0/1000) = exp(0)
+    # does not see. Skipped (the first term stays, as numpy's sum starts from it): most weights are 0 until room
+    # for a type runs short, and gpuspec33p has 150 types.
+    weighted = np.empty(t, dtype=np.int64)
+    k = 0
+    for m in range(1, t):
+        if pw[m] != 0.0:
+            weighted[k] = m
+            k += 1
     out = np.zeros((2, len(nodes) * g), dtype=np.float64)
     for i in range(len(nodes)):
         node = nodes[i]
@@ -714,7 +723,8 @@ def _exponents(
             out[0, c] = -delta[node, j] / 1000.0
             if use:
                 gain = pw[0] * drop[0, node, j]
-                for m in range(1, t):
+                for a in range(k):
+                    m = weighted[a]
                     gain += pw[m] * drop[m, node, j]
                 out[1, c] = -min(max(gain, -50_000.0), 50_000.0) / 1000.0
     return out

@@ -122,11 +122,11 @@ def gpu_runs_out_later(snapshot: ClusterSnapshot, workload: TargetWorkload) -> b
 
 @dataclass(frozen=True, eq=False)
 class _Shape:
-    """Per request shape: its gang types (as `_request_gang`) and their floors, as Python scalars for the loop."""
+    """Per request shape: its gang types (as `_request_gang`) and their floors, as arrays for `kernels.reserve_pass`
+    (no Python lists of tuples: the memo counts an entry's bytes by walking it)."""
 
-    gang: list[tuple[int, float, int]]  # (type, probability, floor)
-    scarce: list[int]  # types of `gang` whose hosts are scarce (floor > 0)
-    types: IntArray  # `gang` as arrays, for `kernels.reserve_pass`
+    scarce: list[int]  # gang types whose hosts are scarce (floor > 0)
+    types: IntArray  # the gang types (`_request_gang`), with the probability their reserve is made of and floor
     probability: FloatArray
     floor: IntArray
 
@@ -152,14 +152,13 @@ def kept_hosts(
         floors = scarce_hosts(snapshot, workload, table.types).floors.tolist()
         gang = [(i, p, floors[i]) for i, p in _request_gang(table, request)]
         shape = _Shape(
-            gang,
             [i for i, _, f in gang if f],
             np.array([i for i, _, _ in gang], dtype=np.int64),
             np.array([p for _, p, _ in gang], dtype=np.float64),
             np.array([f for _, _, f in gang], dtype=np.int64),
         )
         snapshot.memo[key] = shape
-    if not shape.gang:
+    if not len(shape.types):
         return keep
     if shape.scarce:  # all kept, and left to drain (`placement.scarce_hosts`)
         scarce = scarce_hosts(snapshot, workload, table.types)
