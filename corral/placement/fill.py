@@ -61,7 +61,7 @@ def _fill(
     w = compile_workload(snapshot, workload)
     if cpu_free.ndim == 1:  # one state per node (every caller in the engine): the compiled loops
         got: tuple[IntArray, IntArray, IntArray, IntArray] = kernels().fill(
-            _ints(nodes), _ints(cpu_free), _ints(milli_free), snapshot.gpu_present, w.access, w.table
+            _ints(nodes), _ints(cpu_free), _ints(milli_free), snapshot.gpu_present, w.by_node, w.table
         )
         return got
     t = len(w.prob)
@@ -242,7 +242,7 @@ def share_unfilled(
     w = compile_workload(snapshot, workload)
     s = snapshot
     out: IntArray = kernels().share_unfilled(
-        _ints(nodes), s.cpu_free, s.gpu_milli_free, w.access, w.table, cpu_req, milli_req
+        _ints(nodes), s.cpu_free, s.gpu_milli_free, w.by_node, w.table, cpu_req, milli_req
     )
     return out
 

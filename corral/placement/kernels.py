@@ -12,8 +12,9 @@ the same float operations in the same order, compiled once by numba (cached on d
   round differently from the C library's.
 
 Every kernel takes the snapshot's whole per-node arrays and the indices of the nodes to compute, so the caller
-gathers nothing, and the workload as one int64 table (columns below, built by `workload.compile_workload`) and its
-probabilities.
+gathers nothing, and the workload as one int64 table (columns below, built by `workload.compile_workload`), its
+probabilities and `access`, which GPUs each type may use, node-major (nodes x types x GPUs: a node's types are one
+block of memory, where types x nodes x GPUs put each type of a node in its own cache line).
 """
 
 from __future__ import annotations
@@ -123,7 +124,7 @@ def fragmentation(
         for m in range(t):
             seen, c, s, need = False, 0, 0, table[m, MILLI]
             for j in range(g):
-                if access[m, node, j]:
+                if access[node, m, j]:
                     seen = True
                     u = milli[i, j]
                     if u >= need:
@@ -143,8 +144,8 @@ def _twin(node: int, j: int, u: IntArray, present: BoolArray, access: BoolArray)
     for jj in range(j):
         if u[jj] == u[j] and present[node, jj] == present[node, j]:
             same = True
-            for m in range(access.shape[0]):
-                if access[m, node, jj] != access[m, node, j]:
+            for m in range(access.shape[1]):
+                if access[node, m, jj] != access[node, m, j]:
                     same = False
                     break
             if same:
@@ -182,7 +183,7 @@ def share_fragmentation(
         for m in range(t):
             seen, c, s, need = False, 0, 0, table[m, MILLI]
             for j in range(g):
-                if access[m, node, j]:
+                if access[node, m, j]:
                     seen = True
                     u = milli_free[node, j]
                     if u >= need:
@@ -200,7 +201,7 @@ def share_fragmentation(
             after = u - milli_req
             for m in range(t):
                 c, s, need = count[m], fit_sum[m], table[m, MILLI]
-                if access[m, node, j]:
+                if access[node, m, j]:
                     if u >= need:
                         c -= 1
                         s -= u
@@ -252,11 +253,11 @@ def fill(
             k = 0
             if table[m, SHARE]:
                 for j in range(g):
-                    if access[m, node, j]:
+                    if access[node, m, j]:
                         k += free[j] // table[m, MILLI_DIV]
             else:
                 for j in range(g):
-                    if access[m, node, j] and free[j] >= _FULL:
+                    if access[node, m, j] and free[j] >= _FULL:
                         k += 1
                 k //= table[m, COUNT_DIV]
             gpu_slots[m, i] = k
@@ -291,7 +292,7 @@ def share_unfilled(
             div, share = table[m, MILLI_DIV], table[m, SHARE]
             share_before, whole_before = 0, 0
             for j in range(g):
-                if access[m, node, j]:
+                if access[node, m, j]:
                     share_before += free[j] // div
                     if free[j] >= _FULL:
                         whole_before += 1
@@ -299,11 +300,11 @@ def share_unfilled(
                 after = max(milli_free[node, j] - take, 0)
                 if share:
                     k = share_before
-                    if access[m, node, j]:
+                    if access[node, m, j]:
                         k += after // div - free[j] // div
                 else:
                     k = whole_before
-                    if access[m, node, j]:
+                    if access[node, m, j]:
                         if free[j] >= _FULL:
                             k -= 1
                         if milli_req <= 0 and after >= _FULL:
@@ -334,7 +335,7 @@ def _usable(
     for m in range(table.shape[0]):
         seen, c, s, need = False, 0, 0, table[m, MILLI]
         for j in range(g):
-            if access[m, node, j]:
+            if access[node, m, j]:
                 seen = True
                 u = milli[j]
                 if u >= need:
@@ -361,11 +362,11 @@ def _unfilled_into(
         k = 0
         if table[m, SHARE]:
             for j in range(g):
-                if access[m, node, j]:
+                if access[node, m, j]:
                     k += free[j] // table[m, MILLI_DIV]
         else:
             for j in range(g):
-                if access[m, node, j] and free[j] >= _FULL:
+                if access[node, m, j] and free[j] >= _FULL:
                     k += 1
             k //= table[m, COUNT_DIV]
         out[m] = _slots_unfilled(table, m, c, k, total)[1]
@@ -502,7 +503,7 @@ def _share_node(
         seen, c, sm, need, div = False, 0, 0, table[m, MILLI], table[m, MILLI_DIV]
         sb, wb = 0, 0
         for j in range(g):
-            if access[m, node, j]:
+            if access[node, m, j]:
                 seen = True
                 if u[j] >= need:
                     c += 1
@@ -531,7 +532,7 @@ def _share_node(
         for m in range(t):
             c, sm, need = count[m], fit_sum[m], table[m, MILLI]
             k = share_before[m] if table[m, SHARE] else whole_before[m]
-            if access[m, node, j]:
+            if access[node, m, j]:
                 if uj >= need:
                     c -= 1
                     sm -= uj
@@ -618,11 +619,11 @@ def refresh_slots(
             k = 0
             if table[m, SHARE]:
                 for j in range(g):
-                    if access[m, node, j]:
+                    if access[node, m, j]:
                         k += free[j] // table[m, MILLI_DIV]
             else:
                 for j in range(g):
-                    if access[m, node, j] and free[j] >= _FULL:
+                    if access[node, m, j] and free[j] >= _FULL:
                         k += 1
                 k //= table[m, COUNT_DIV]
             slots = min(_slots_unfilled(table, m, c, k, total)[0], cap)

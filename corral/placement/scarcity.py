@@ -55,7 +55,7 @@ def _slots(snapshot: ClusterSnapshot, workload: TargetWorkload) -> tuple[IntArra
     w, s = compile_workload(snapshot, workload), snapshot
     versions, per_node, totals = entry
     kernels().refresh_slots(
-        s.version, s.cpu_free, s.gpu_milli_free, s.gpu_present, w.access, w.table, versions, per_node, totals,
+        s.version, s.cpu_free, s.gpu_milli_free, s.gpu_present, w.by_node, w.table, versions, per_node, totals,
         _MANY // max(n, 1),
     )  # fmt: skip
     return entry

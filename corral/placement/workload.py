@@ -178,6 +178,7 @@ class _Compiled:
     count_div: IntArray  # max(count, 1)
     cpu_div: IntArray  # max(cpu, 1)
     table: IntArray  # types x `kernels.COLUMNS`: the columns above as the compiled kernels read them
+    by_node: BoolArray  # `access` as nodes x types x GPUs: the kernels read one node's types at a time (one block)
 
 
 def compile_workload(snapshot: ClusterSnapshot, workload: TargetWorkload) -> _Compiled:
@@ -220,6 +221,7 @@ def compile_workload(snapshot: ClusterSnapshot, workload: TargetWorkload) -> _Co
             count_div=np.maximum(count, 1),
             cpu_div=np.maximum(cpu, 1),
             table=table,
+            by_node=np.ascontiguousarray(access.transpose(1, 0, 2)),
         )
         snapshot.memo[key] = compiled
     return compiled
@@ -237,7 +239,7 @@ def node_fragmentation(
     c_all = snapshot.cpu_free[nodes] if cpu_free is None else cpu_free
     u_all = snapshot.gpu_milli_free[nodes] if milli_free is None else milli_free
     out: FloatArray = kernels().fragmentation(
-        _ints(nodes), _ints(c_all), _ints(u_all), snapshot.gpu_present, w.access, w.table, w.prob
+        _ints(nodes), _ints(c_all), _ints(u_all), snapshot.gpu_present, w.by_node, w.table, w.prob
     )
     return out
 
@@ -287,6 +289,6 @@ def share_fragmentation_after(
     w = compile_workload(snapshot, workload)
     s = snapshot
     out: FloatArray = kernels().share_fragmentation(
-        _ints(nodes), s.cpu_free, s.gpu_milli_free, s.gpu_present, w.access, w.table, w.prob, cpu_req, milli_req
+        _ints(nodes), s.cpu_free, s.gpu_milli_free, s.gpu_present, w.by_node, w.table, w.prob, cpu_req, milli_req
     )
     return out

@@ -133,7 +133,7 @@ def test_the_fused_parts_equal_their_pieces(data: st.DataObject) -> None:
     _, unfilled_now = type_fill(snap, workload, everything, snap.cpu_free, snap.gpu_milli_free)
     c, m = data.draw(st.integers(0, 20000), label="cpu"), data.draw(st.integers(1, 999), label="milli")
     delta, drop = k.share_parts(
-        everything, snap.cpu_free, snap.gpu_milli_free, snap.gpu_present, w.access, w.table, w.prob, c, m
+        everything, snap.cpu_free, snap.gpu_milli_free, snap.gpu_present, w.by_node, w.table, w.prob, c, m
     )
     f_after = share_fragmentation_after(snap, workload, everything, c, m)
     assert delta.tolist() == (f_now[:, None] - f_after).tolist()
@@ -142,7 +142,7 @@ def test_the_fused_parts_equal_their_pieces(data: st.DataObject) -> None:
     milli = data.draw(st.sampled_from([1000, 500, 300]), label="pod milli")
     fit = snap.gpu_present & (snap.gpu_milli_free >= milli)
     delta, drop = k.pod_parts(
-        everything, snap.cpu_free, snap.gpu_milli_free, fit, snap.gpu_present, w.access, w.table, w.prob, c, milli,
+        everything, snap.cpu_free, snap.gpu_milli_free, fit, snap.gpu_present, w.by_node, w.table, w.prob, c, milli,
         count,
     )  # fmt: skip
     state = snap.gpu_milli_free.copy()

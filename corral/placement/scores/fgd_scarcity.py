@@ -100,7 +100,7 @@ class FgdScarcity(FragmentationScored):
         fit = np.ascontiguousarray(ctx.fit.gpu_fit)
         if share:
             e = k.share_exponents(
-                nodes, seen, s.version, delta, drop, s.cpu_free, s.gpu_milli_free, s.gpu_present, w.access, w.table,
+                nodes, seen, s.version, delta, drop, s.cpu_free, s.gpu_milli_free, s.gpu_present, w.by_node, w.table,
                 w.prob, r.cpu_milli, r.gpu_milli, pw, use,
             )  # fmt: skip
             np.exp(e, out=e)
@@ -111,7 +111,7 @@ class FgdScarcity(FragmentationScored):
             return got
         # The after state is `fgd.node_after`'s (the GPUs FGD's scoring takes), worked out in the kernel.
         e = k.pod_exponents(
-            nodes, seen, s.version, delta, drop, s.cpu_free, s.gpu_milli_free, fit, s.gpu_present, w.access, w.table,
+            nodes, seen, s.version, delta, drop, s.cpu_free, s.gpu_milli_free, fit, s.gpu_present, w.by_node, w.table,
             w.prob, r.cpu_milli, r.gpu_milli, r.gpu_count if r.wants_gpu else 0, pw, use, *_now(ctx),
         )  # fmt: skip
         np.exp(e, out=e)
