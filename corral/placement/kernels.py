@@ -705,7 +705,7 @@ def _exponents(
     -clip(gain, -5e4, 5e4) / 1000, gain = sum_m pw_m drop_m added in type order, the exponent of fgd-scarcity's
     `gain_fraction` (0 without the look-ahead); numpy takes their exp. The same float operations as `fgd_score`'s and
     `gain_fraction`'s before their exp, and as `(pw[:, None] * drop).sum(axis=0)`."""
-    t = drop.shape[0]
+    t = drop.shape[1]
     g = delta.shape[1]
     # A type of weight 0 adds +-0.0: nothing to a sum but its sign when the sum is 0, which exp(-0/1000) = exp(0)
     # does not see. Skipped (the first term stays, as numpy's sum starts from it): most weights are 0 until room
@@ -723,10 +723,10 @@ def _exponents(
             c = i * g + j
             out[0, c] = -delta[node, j] / 1000.0
             if use:
-                gain = pw[0] * drop[0, node, j]
+                gain = pw[0] * drop[node, 0, j]
                 for a in range(k):
                     m = weighted[a]
-                    gain += pw[m] * drop[m, node, j]
+                    gain += pw[m] * drop[node, m, j]
                 out[1, c] = -min(max(gain, -50_000.0), 50_000.0) / 1000.0
     return out
 
@@ -749,13 +749,13 @@ def share_exponents(
     pw: FloatArray,
     use: bool,
 ) -> FloatArray:
-    """A one-GPU share's parts per (node, GPU) kept in `delta` and `drop` (nodes x GPUs, types x nodes x GPUs),
+    """A one-GPU share's parts per (node, GPU) kept in `delta` and `drop` (nodes x GPUs, nodes x types x GPUs),
     computed (`share_parts`) for the nodes whose `version` moved since `seen`; returns `_exponents` of `nodes`."""
     t, g = table.shape[0], milli_free.shape[1]
     scratch, any_access = np.zeros((8, max(t, g)), dtype=np.int64), np.zeros(t, dtype=np.bool_)
     for node in stale(nodes, seen, version):
         _share_node(
-            node, cpu_free, milli_free, present, access, table, prob, cpu_req, milli_req, delta[node], drop[:, node, :],
+            node, cpu_free, milli_free, present, access, table, prob, cpu_req, milli_req, delta[node], drop[node],
             scratch, any_access,
         )  # fmt: skip
         seen[node] = version[node]
@@ -785,7 +785,7 @@ def pod_exponents(
     now_f: FloatArray,
     now_unfilled: IntArray,
 ) -> FloatArray:
-    """`share_exponents` for a pod that is not a one-GPU share (`pod_parts`; `delta` nodes x 1, `drop` types x nodes
+    """`share_exponents` for a pod that is not a one-GPU share (`pod_parts`; `delta` nodes x 1, `drop` nodes x types
     x 1). F and the unfilled milli of each node as it is are kept apart (`now_*`, per node at `now_seen`), for every
     request shape: a changed node's "before" is computed once, not once per shape that scores it."""
     t, g = table.shape[0], milli_free.shape[1]
@@ -794,12 +794,12 @@ def pod_exponents(
     for node in stale(nodes, seen, version):
         if now_seen[node] != version[node]:
             now_f[node] = _now(
-                node, cpu_free, milli_free, present, access, table, prob, any_access, scratch, now_unfilled[:, node]
+                node, cpu_free, milli_free, present, access, table, prob, any_access, scratch, now_unfilled[node]
             )
             now_seen[node] = version[node]
         delta[node, 0] = _pod_after(
             node, cpu_free, milli_free, fit, present, access, table, prob, cpu_req, milli_req, count_req,
-            now_f[node], now_unfilled[:, node], any_access, scratch, drop[:, node, 0],
+            now_f[node], now_unfilled[node], any_access, scratch, drop[node, :, 0],
         )  # fmt: skip
         seen[node] = version[node]
     return _exponents(nodes, delta, drop, pw, use)

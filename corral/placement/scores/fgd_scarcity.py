@@ -120,7 +120,7 @@ class FgdScarcity(FragmentationScored):
 
     def _parts(self, ctx: Context, share: bool) -> tuple[IntArray, FloatArray, npt.NDArray[np.int16 | np.int32]]:
         """This request shape's parts entry: per node the version its parts were computed at, F(n) - F(n') (nodes x
-        GPUs for a share, nodes x 1 otherwise) and the unfilled milli removed (types x that)."""
+        GPUs for a share, nodes x 1 otherwise) and the unfilled milli removed (nodes x types x GPUs or 1)."""
         s = ctx.snapshot
         key = ("scarcity-parts", shape_key(ctx.request), ctx.workload.key)
         entry: tuple[IntArray, FloatArray, npt.NDArray[np.int16 | np.int32]] | None = s.memo.get(key)
@@ -133,7 +133,7 @@ class FgdScarcity(FragmentationScored):
             entry = (
                 np.full(n, -1, dtype=np.int64),
                 np.zeros((n, g), dtype=np.float64),
-                np.zeros((t, n, g), dtype=np.int16 if small else np.int32),
+                np.zeros((n, t, g), dtype=np.int16 if small else np.int32),  # node-major: one block per node
             )
             s.memo[key] = entry
         return entry
@@ -175,7 +175,7 @@ def _now(ctx: Context) -> tuple[IntArray, FloatArray, IntArray]:
         entry = (
             np.full(n, -1, dtype=np.int64),
             np.zeros(n, dtype=np.float64),
-            np.zeros((len(ctx.workload.types), n), dtype=np.int64),
+            np.zeros((n, len(ctx.workload.types)), dtype=np.int64),  # node-major, as the kernels read it
         )
         s.memo[key] = entry
     return entry
