@@ -99,6 +99,38 @@ def _f(
     return q1 + q2 + q4 + xl + xr + na
 
 
+@njit(cache=True)
+def _usable(
+    node: int,
+    milli: IntArray,
+    present: BoolArray,
+    access: BoolArray,
+    table: IntArray,
+    any_access: BoolArray,
+    count: IntArray,
+    fit_sum: IntArray,
+) -> int:
+    """Per type, into the arrays given: whether any GPU of `node` is of an allowed model, how many allowed GPUs fit
+    one of its pods' GPUs and their free milli, for per-GPU free milli `milli`; returns the node's free milli."""
+    g = len(milli)
+    total = 0
+    for j in range(g):
+        if present[node, j] and milli[j] > 0:
+            total += milli[j]
+    for m in range(table.shape[0]):
+        seen, c, s, need = False, 0, 0, table[m, MILLI]
+        for j in range(g):
+            if access[node, m, j]:
+                seen = True
+                u = milli[j]
+                if u >= need:
+                    c += 1
+                    if present[node, j] and u > 0:
+                        s += u
+        any_access[m], count[m], fit_sum[m] = seen, c, s
+    return total
+
+
 @njit(_sig("F1(I1, I1, I2, B2, B3, I2, F1)"), cache=True)
 def fragmentation(
     nodes: IntArray,
@@ -110,28 +142,13 @@ def fragmentation(
     prob: FloatArray,
 ) -> FloatArray:
     """F of `nodes` in the given states: free CPU `cpu[i]` and per-GPU free milli `milli[i]` for node `nodes[i]`."""
-    n, t, g = len(nodes), table.shape[0], milli.shape[1]
+    n, t = len(nodes), table.shape[0]
     out = np.empty(n, dtype=np.float64)
     any_access = np.zeros(t, dtype=np.bool_)
     count = np.zeros(t, dtype=np.int64)
     fit_sum = np.zeros(t, dtype=np.int64)
     for i in range(n):
-        node = nodes[i]
-        total = 0
-        for j in range(g):
-            if present[node, j] and milli[i, j] > 0:
-                total += milli[i, j]
-        for m in range(t):
-            seen, c, s, need = False, 0, 0, table[m, MILLI]
-            for j in range(g):
-                if access[node, m, j]:
-                    seen = True
-                    u = milli[i, j]
-                    if u >= need:
-                        c += 1
-                        if present[node, j] and u > 0:
-                            s += u
-            any_access[m], count[m], fit_sum[m] = seen, c, s
+        total = _usable(nodes[i], milli[i], present, access, table, any_access, count, fit_sum)
         out[i] = _f(table, prob, any_access, count, fit_sum, total, cpu[i])
     return out
 
@@ -176,21 +193,7 @@ def share_fragmentation(
     fit_sum2 = np.zeros(t, dtype=np.int64)
     for i in range(n):
         node = nodes[i]
-        total = 0
-        for j in range(g):
-            if present[node, j] and milli_free[node, j] > 0:
-                total += milli_free[node, j]
-        for m in range(t):
-            seen, c, s, need = False, 0, 0, table[m, MILLI]
-            for j in range(g):
-                if access[node, m, j]:
-                    seen = True
-                    u = milli_free[node, j]
-                    if u >= need:
-                        c += 1
-                        if present[node, j] and u > 0:
-                            s += u
-            any_access[m], count[m], fit_sum[m] = seen, c, s
+        total = _usable(node, milli_free[node], present, access, table, any_access, count, fit_sum)
         total2, cpu2 = total - milli_req, cpu_free[node] - cpu_req
         for j in range(g):
             twin = _twin(node, j, milli_free[node], present, access)
@@ -224,6 +227,60 @@ def _slots_unfilled(table: IntArray, m: int, cpu: int, gpu_slots: int, idle: int
     return slots, idle - min(slots * (table[m, COUNT] * table[m, MILLI]), idle)
 
 
+@njit(cache=True)
+def _gpu_slots(node: int, m: int, free: IntArray, access: BoolArray, table: IntArray) -> int:
+    """Type m's GPU slots on `node` with per-GPU free milli `free` (0 where absent): its shares that fit, summed over
+    its allowed GPUs, or its pods that fit in whole free allowed GPUs."""
+    k = 0
+    if table[m, SHARE]:
+        for j in range(len(free)):
+            if access[node, m, j]:
+                k += free[j] // table[m, MILLI_DIV]
+        return k
+    for j in range(len(free)):
+        if access[node, m, j] and free[j] >= _FULL:
+            k += 1
+    out: int = k // table[m, COUNT_DIV]
+    return out
+
+
+@njit(cache=True)
+def _fill_node(
+    node: int,
+    cpu: int,
+    milli: IntArray,
+    present: BoolArray,
+    access: BoolArray,
+    table: IntArray,
+    slots: IntArray,
+    unfilled: IntArray,
+    gpu_slots: IntArray,
+) -> int:
+    """`fill.type_fill` of one node state (free CPU `cpu`, per-GPU free milli `milli`): per type its slots, unfilled
+    milli and GPU slots into the arrays given; returns the node's idle milli."""
+    g = len(milli)
+    free = np.zeros(g, dtype=np.int64)
+    total = 0
+    for j in range(g):
+        free[j] = max(milli[j], 0) if present[node, j] else 0
+        total += free[j]
+    c = max(cpu, 0)
+    for m in range(table.shape[0]):
+        k = _gpu_slots(node, m, free, access, table)
+        gpu_slots[m] = k
+        slots[m], unfilled[m] = _slots_unfilled(table, m, c, k, total)
+    return total
+
+
+@njit(cache=True)
+def _unfilled_into(
+    node: int, cpu: int, milli: IntArray, present: BoolArray, access: BoolArray, table: IntArray, out: IntArray
+) -> None:
+    """`fill`'s unfilled milli per type of one node state, into `out`."""
+    t = table.shape[0]
+    _fill_node(node, cpu, milli, present, access, table, np.empty(t, np.int64), out, np.empty(t, np.int64))
+
+
 @njit(_sig("Tuple((I2, I2, I2, I1))(I1, I1, I2, B2, B3, I2)"), cache=True)
 def fill(
     nodes: IntArray,
@@ -235,33 +292,15 @@ def fill(
 ) -> tuple[IntArray, IntArray, IntArray, IntArray]:
     """`fill.type_fill` of `nodes` in the given states (free CPU `cpu[i]`, per-GPU free milli `milli[i]`): per type
     and node its slots, unfilled milli and GPU slots (types x nodes), and per node its idle milli."""
-    n, t, g = len(nodes), table.shape[0], milli.shape[1]
+    n, t = len(nodes), table.shape[0]
     slots = np.empty((t, n), dtype=np.int64)
     unfilled = np.empty((t, n), dtype=np.int64)
     gpu_slots = np.empty((t, n), dtype=np.int64)
     idle = np.empty(n, dtype=np.int64)
-    free = np.zeros(g, dtype=np.int64)
     for i in range(n):
-        node = nodes[i]
-        total = 0
-        for j in range(g):
-            free[j] = max(milli[i, j], 0) if present[node, j] else 0
-            total += free[j]
-        idle[i] = total
-        c = max(cpu[i], 0)
-        for m in range(t):
-            k = 0
-            if table[m, SHARE]:
-                for j in range(g):
-                    if access[node, m, j]:
-                        k += free[j] // table[m, MILLI_DIV]
-            else:
-                for j in range(g):
-                    if access[node, m, j] and free[j] >= _FULL:
-                        k += 1
-                k //= table[m, COUNT_DIV]
-            gpu_slots[m, i] = k
-            slots[m, i], unfilled[m, i] = _slots_unfilled(table, m, c, k, total)
+        idle[i] = _fill_node(
+            nodes[i], cpu[i], milli[i], present, access, table, slots[:, i], unfilled[:, i], gpu_slots[:, i]
+        )
     return slots, unfilled, gpu_slots, idle
 
 
@@ -312,64 +351,6 @@ def share_unfilled(
                     k //= table[m, COUNT_DIV]
                 out[m, i, j] = _slots_unfilled(table, m, c, k, idle - free[j] + after)[1]
     return out
-
-
-@njit(cache=True)
-def _usable(
-    node: int,
-    milli: IntArray,
-    present: BoolArray,
-    access: BoolArray,
-    table: IntArray,
-    any_access: BoolArray,
-    count: IntArray,
-    fit_sum: IntArray,
-) -> int:
-    """Per type, into the arrays given: whether any GPU of `node` is of an allowed model, how many allowed GPUs fit
-    one of its pods' GPUs and their free milli, for per-GPU free milli `milli`; returns the node's free milli."""
-    g = len(milli)
-    total = 0
-    for j in range(g):
-        if present[node, j] and milli[j] > 0:
-            total += milli[j]
-    for m in range(table.shape[0]):
-        seen, c, s, need = False, 0, 0, table[m, MILLI]
-        for j in range(g):
-            if access[node, m, j]:
-                seen = True
-                u = milli[j]
-                if u >= need:
-                    c += 1
-                    if present[node, j] and u > 0:
-                        s += u
-        any_access[m], count[m], fit_sum[m] = seen, c, s
-    return total
-
-
-@njit(cache=True)
-def _unfilled_into(
-    node: int, cpu: int, milli: IntArray, present: BoolArray, access: BoolArray, table: IntArray, out: IntArray
-) -> None:
-    """`fill`'s unfilled milli per type of one node state, into `out`."""
-    g = len(milli)
-    free = np.zeros(g, dtype=np.int64)
-    total = 0
-    for j in range(g):
-        free[j] = max(milli[j], 0) if present[node, j] else 0
-        total += free[j]
-    c = max(cpu, 0)
-    for m in range(table.shape[0]):
-        k = 0
-        if table[m, SHARE]:
-            for j in range(g):
-                if access[node, m, j]:
-                    k += free[j] // table[m, MILLI_DIV]
-        else:
-            for j in range(g):
-                if access[node, m, j] and free[j] >= _FULL:
-                    k += 1
-            k //= table[m, COUNT_DIV]
-        out[m] = _slots_unfilled(table, m, c, k, total)[1]
 
 
 @njit(cache=True)
@@ -605,30 +586,16 @@ def refresh_slots(
 ) -> None:
     """`scarcity.cluster_slots`' entry brought up to date in place: for every node whose `version` moved since
     `seen`, its slots per type (as `fill`, capped at `cap`) replace its old ones in `per_node` and in `totals`."""
-    t, g = table.shape[0], milli_free.shape[1]
-    free = np.zeros(g, dtype=np.int64)
+    t = table.shape[0]
+    slots, unfilled, gpu_slots = np.empty(t, np.int64), np.empty(t, np.int64), np.empty(t, np.int64)
     for node in range(len(version)):
         if seen[node] == version[node]:
             continue
-        total = 0
-        for j in range(g):
-            free[j] = max(milli_free[node, j], 0) if present[node, j] else 0
-            total += free[j]
-        c = max(cpu_free[node], 0)
+        _fill_node(node, cpu_free[node], milli_free[node], present, access, table, slots, unfilled, gpu_slots)
         for m in range(t):
-            k = 0
-            if table[m, SHARE]:
-                for j in range(g):
-                    if access[node, m, j]:
-                        k += free[j] // table[m, MILLI_DIV]
-            else:
-                for j in range(g):
-                    if access[node, m, j] and free[j] >= _FULL:
-                        k += 1
-                k //= table[m, COUNT_DIV]
-            slots = min(_slots_unfilled(table, m, c, k, total)[0], cap)
-            totals[m] += slots - per_node[m, node]
-            per_node[m, node] = slots
+            capped = min(slots[m], cap)
+            totals[m] += capped - per_node[m, node]
+            per_node[m, node] = capped
         seen[node] = version[node]
 
 
