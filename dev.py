@@ -75,6 +75,9 @@ def main(argv: list[str]) -> None:
     ensure_browser()
     sh(BIN / "ruff", "check", "corral", "tests", "benchmarks", "dev.py")
     sh(BIN / "mypy")
+    # The placement kernels compiled (about 20 s on a fresh checkout) or loaded from numba's cache once, here, not in
+    # whichever test's subprocess happens to import them first, under that test's timeouts.
+    sh(BIN / "python", "-c", "import corral.placement.kernels")
     sh(BIN / "python", "-m", "pytest", *argv[1:])
 
 

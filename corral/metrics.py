@@ -144,7 +144,8 @@ class DaemonCollector:
 
     def collect(self) -> Iterator[Metric]:
         from corral.jobs.model import JobState
-        from corral.placement.workload import DEFAULT_WORKLOAD, cluster_fragmentation
+        from corral.placement.reference import reference_fragmentation
+        from corral.placement.workload import DEFAULT_WORKLOAD
 
         d = self.daemon
         node = d.node
@@ -231,7 +232,10 @@ class DaemonCollector:
         # workload cannot use, in milli-GPU and as a share of all the machine's GPU compute.
         frag_milli = 0.0
         if node.gpus:
-            frag_milli = cluster_fragmentation(d.snapshot(holding), d.config.workload or DEFAULT_WORKLOAD)
+            # One machine's F in plain Python (`placement.reference`, the study's F in the same float order): the
+            # compiled kernels would cost the daemon numba's start and 50 MB for one gauge.
+            snapshot, workload = d.snapshot(holding), d.config.workload or DEFAULT_WORKLOAD
+            frag_milli = sum(reference_fragmentation(snapshot, workload, i) for i in range(len(snapshot)))
         frag = GaugeMetricFamily(
             "corral_gpu_fragmentation_milli", "Idle GPU compute the target workload cannot use (milli-GPU)"
         )

@@ -3,7 +3,8 @@
 Written from the documented definitions (the docstrings of `filters`, `filters.behaviour`, each `scores` module, and
 the FGD study's sections 3 and 4.3), one node at a time over `ClusterSnapshot.node_state`, with ordinary loops and
 no numpy. It is slow on purpose and exists so the property tests can check the vectorised engine against an
-independent reading of the same rules. Nothing in the engine imports it.
+independent reading of the same rules. Nothing in the engine imports it; `corral serve`'s /metrics takes its one
+machine's F from here (the engine's F is compiled, `placement.kernels`, which a daemon need not load for a gauge).
 
 Float results follow the formulas in their written order, so they come out bit-identical to any implementation that
 evaluates the same formula left to right (integers stay integers until a formula divides).
