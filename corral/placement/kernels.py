@@ -853,15 +853,19 @@ def missing_states(nodes: IntArray, sid: IntArray, valid: BoolArray) -> tuple[In
     return want[:k], reps[:k]
 
 
-@njit(_sig("Tuple((F1, I1))(I1, I1, F1, I1)"), cache=True)
-def by_state(nodes: IntArray, sid: IntArray, score: FloatArray, aux: IntArray) -> tuple[FloatArray, IntArray]:
-    """Each node's score and aux from its state's (`score[sid[node]]`, `aux[sid[node]]`)."""
+@njit(_sig("Tuple((F1, I1, b1))(I1, I1, F1, I1)"), cache=True)
+def by_state(nodes: IntArray, sid: IntArray, score: FloatArray, aux: IntArray) -> tuple[FloatArray, IntArray, bool]:
+    """Each node's score and aux from its state's (`score[sid[node]]`, `aux[sid[node]]`), and whether `nodes` rise
+    strictly (the engine's feasible nodes do: then the caller may search them)."""
     out_score = np.empty(len(nodes), dtype=np.float64)
     out_aux = np.empty(len(nodes), dtype=np.int64)
+    rising = True
     for i in range(len(nodes)):
         state = sid[nodes[i]]
         out_score[i], out_aux[i] = score[state], aux[state]
-    return out_score, out_aux
+        if i and nodes[i] <= nodes[i - 1]:
+            rising = False
+    return out_score, out_aux, rising
 
 
 @njit(cache=True)
@@ -1012,4 +1016,26 @@ def reserve_pass(
             if free >= cpu[t] and r >= count[t] and (free < cpu[t] + cpu_req or r < count[t] + gpus_req):
                 out[n] = True
                 break
+    return out
+
+
+@njit(_sig("F1(I1, I1, I2, B2, B3, I2, I1, I2, I1, i8, F1, f8, i8)"), cache=True)
+def scarcity(
+    version: IntArray,
+    cpu_free: IntArray,
+    milli_free: IntArray,
+    present: BoolArray,
+    access: BoolArray,
+    table: IntArray,
+    seen: IntArray,
+    per_node: IntArray,
+    totals: IntArray,
+    cap: int,
+    prob: FloatArray,
+    horizon: float,
+    steps: int,
+) -> FloatArray:
+    """`refresh_slots` and then `weights`, in one call (a decision of a pod with GPUs asks both)."""
+    refresh_slots(version, cpu_free, milli_free, present, access, table, seen, per_node, totals, cap)
+    out: FloatArray = weights(prob, totals, horizon, steps)
     return out

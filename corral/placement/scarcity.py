@@ -45,19 +45,24 @@ def cluster_slots(snapshot: ClusterSnapshot, workload: TargetWorkload) -> IntArr
 def _slots(snapshot: ClusterSnapshot, workload: TargetWorkload) -> tuple[IntArray, IntArray, IntArray]:
     """`cluster_slots`' entry (per node the version its slots were counted at, slots per type and node, and their
     sums per type), brought up to date."""
-    n = len(snapshot)
-    key = ("slots", workload.key)
-    entry: tuple[IntArray, IntArray, IntArray] | None = snapshot.memo.get(key)
-    if entry is None:
-        types = len(compile_workload(snapshot, workload).prob)
-        entry = (np.full(n, -1, dtype=np.int64), np.zeros((types, n), dtype=np.int64), np.zeros(types, dtype=np.int64))
-        snapshot.memo[key] = entry
     w, s = compile_workload(snapshot, workload), snapshot
+    entry = _slots_entry(snapshot, workload)
     versions, per_node, totals = entry
     kernels().refresh_slots(
         s.version, s.cpu_free, s.gpu_milli_free, s.gpu_present, w.by_node, w.table, versions, per_node, totals,
-        _MANY // max(n, 1),
+        _MANY // max(len(s), 1),
     )  # fmt: skip
+    return entry
+
+
+def _slots_entry(snapshot: ClusterSnapshot, workload: TargetWorkload) -> tuple[IntArray, IntArray, IntArray]:
+    """`_slots`' entry as it is (the caller refreshes it)."""
+    key = ("slots", workload.key)
+    entry: tuple[IntArray, IntArray, IntArray] | None = snapshot.memo.get(key)
+    if entry is None:
+        n, types = len(snapshot), len(compile_workload(snapshot, workload).prob)
+        entry = (np.full(n, -1, dtype=np.int64), np.zeros((types, n), dtype=np.int64), np.zeros(types, dtype=np.int64))
+        snapshot.memo[key] = entry
     return entry
 
 
@@ -86,12 +91,15 @@ def horizons(snapshot: ClusterSnapshot, workload: TargetWorkload) -> tuple[float
     return gpu, min(gpu, float(free_cpu) / cores) if cores > 0 else gpu
 
 
-def scarcity_weights(snapshot: ClusterSnapshot, workload: TargetWorkload) -> FloatArray:
-    """weight_m = min(1, p_m H / slots_m) in steps of 1/WEIGHT_STEPS (module docstring)."""
-    w = compile_workload(snapshot, workload)
-    out: FloatArray = kernels().weights(
-        w.prob, _slots(snapshot, workload)[2], horizon(snapshot, workload), WEIGHT_STEPS
-    )
+def scarcity_weights(snapshot: ClusterSnapshot, workload: TargetWorkload, h: float | None = None) -> FloatArray:
+    """weight_m = min(1, p_m H / slots_m) in steps of 1/WEIGHT_STEPS (module docstring); `h`: H, where the caller has
+    it."""
+    w, s = compile_workload(snapshot, workload), snapshot
+    versions, per_node, totals = _slots_entry(snapshot, workload)
+    out: FloatArray = kernels().scarcity(
+        s.version, s.cpu_free, s.gpu_milli_free, s.gpu_present, w.by_node, w.table, versions, per_node, totals,
+        _MANY // max(len(s), 1), w.prob, horizon(snapshot, workload) if h is None else h, WEIGHT_STEPS,
+    )  # fmt: skip
     return out
 
 

@@ -38,7 +38,6 @@ from corral.placement.context import Context
 from corral.placement.priced_order import POINTS, TIGHT
 from corral.placement.pricing import SharePrices, share_prices
 from corral.placement.reserve import GPU_POD_MARGIN, kept_hosts
-from corral.placement.scarcity import horizons
 from corral.placement.scores.fgd_scarcity import _NO_KEY, TIE_WEIGHT, FgdScarcity
 
 #: fgd-scarcity's scores lie in [0, 101); one step of the keys above outweighs any of them.
@@ -63,7 +62,7 @@ class FgdPriced(FgdScarcity):
         scores = super().score(ctx, nodes)
         if self.reserve:
             margin = self.gpu_margin if ctx.request.wants_gpu else self.cpu_margin
-            h_gpu, h_cpu = horizons(ctx.snapshot, ctx.workload)
+            h_gpu, h_cpu = self._horizons(ctx)
             if self.margin_gpu_bound and margin != 1.0 and h_cpu < h_gpu:  # (`reserve.gpu_runs_out_later`)
                 margin = 1.0
             h = h_cpu if self.cpu_horizon else h_gpu

@@ -40,7 +40,7 @@ from corral.model.arrays import BoolArray, FloatArray, IntArray
 from corral.model.resources import MILLI_PER_GPU
 from corral.placement.context import Context
 from corral.placement.native import kernels
-from corral.placement.scarcity import model_levels, scarcity_weights
+from corral.placement.scarcity import horizons, model_levels, scarcity_weights
 from corral.placement.scores.common import shape_key
 from corral.placement.scores.fgd import FragmentationScored
 from corral.placement.workload import compile_workload
@@ -67,6 +67,13 @@ class FgdScarcity(FragmentationScored):
     model_guard = True  # the model level comes first for GPU pods
 
     _weights_of: tuple[Context, FloatArray] | None = None  # the last decision's weights (an object per decision)
+    _horizons_of: tuple[Context, tuple[float, float]] | None = None  # and its horizons
+
+    def _horizons(self, ctx: Context) -> tuple[float, float]:
+        """`scarcity.horizons` of this decision (the weights and fgd-priced's reserve both ask), computed once."""
+        if self._horizons_of is None or self._horizons_of[0] is not ctx:
+            self._horizons_of = (ctx, horizons(ctx.snapshot, ctx.workload))
+        return self._horizons_of[1]
 
     def _weights(self, ctx: Context) -> FloatArray:
         # `score` and then `choose_gpus` ask within one decision, on the same unchanged snapshot: computed once.
@@ -74,7 +81,7 @@ class FgdScarcity(FragmentationScored):
             return self._weights_of[1]
         n_types = len(ctx.workload.types)
         if ctx.request.wants_gpu and self.gpu_pods and self.weighted:
-            weights = scarcity_weights(ctx.snapshot, ctx.workload)
+            weights = scarcity_weights(ctx.snapshot, ctx.workload, self._horizons(ctx)[0])
         else:
             weights = np.ones(n_types, dtype=np.float64)
         self._weights_of = (ctx, weights)
@@ -158,8 +165,10 @@ class FgdScarcity(FragmentationScored):
                 return last[2][at : at + 1], last[3][at : at + 1]
         weights = self._weights(ctx)
         generation = tuple(weights.tolist())
-        scores, aux = state_scores(ctx, self.name, nodes, lambda idx: self._compute(ctx, idx, weights), generation)
-        if len(nodes) > 1 and bool((nodes[1:] > nodes[:-1]).all()):  # sorted (the engine's feasible nodes are)
+        scores, aux, rising = state_scores(
+            ctx, self.name, nodes, lambda idx: self._compute(ctx, idx, weights), generation
+        )
+        if len(nodes) > 1 and rising:  # sorted (the engine's feasible nodes are)
             self._scored = (ctx, nodes, scores, aux)
         return scores, aux
 
@@ -229,8 +238,9 @@ def state_scores(
     nodes: IntArray,
     compute: Callable[[IntArray], tuple[FloatArray, IntArray]],
     generation: object,
-) -> tuple[FloatArray, IntArray]:
-    """Scores (and the GPU of a share) of `nodes`, computed once per distinct node state and `generation`.
+) -> tuple[FloatArray, IntArray, bool]:
+    """Scores (and the GPU of a share) of `nodes`, computed once per distinct node state and `generation`, and
+    whether `nodes` rise strictly.
 
     Valid because fgd-scarcity's and fgd-priced's scores are a function of the node's state (free CPU, per-GPU free
     milli and model, the request's GPU fit: `common.node_state_keys`' values), the request's shape and the
@@ -280,5 +290,5 @@ def state_scores(
         except BaseException:
             e.valid[want] = False
             raise
-    got: tuple[FloatArray, IntArray] = k.by_state(nodes, e.sid, e.score, e.aux)
+    got: tuple[FloatArray, IntArray, bool] = k.by_state(nodes, e.sid, e.score, e.aux)
     return got
