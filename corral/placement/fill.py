@@ -18,8 +18,6 @@ type at a time, in proportion to their probabilities. Its decrease when a pod la
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from corral.model.arrays import FloatArray, IntArray
@@ -91,98 +89,6 @@ def _slots_unfilled(
     usable = np.minimum(slots * (w.count * w.milli).reshape(t, *extra), idle)
     unfilled: IntArray = np.where(cpu_only, idle, idle - usable)
     return slots, unfilled
-
-
-#: Node states `current_fill` remembers per workload before it starts afresh (about 600 bytes each).
-_FILL_STATES = 1 << 15
-
-
-def current_fill(snapshot: ClusterSnapshot, workload: TargetWorkload, nodes: IntArray) -> tuple[IntArray, IntArray]:
-    """`type_fill` of the given nodes as they are now, kept per node and recomputed only where `version` moved.
-
-    fgd-scarcity needs it for every changed node before scoring it, and the cluster-wide slot count
-    (`scarcity.cluster_slots`) for every changed node once per decision: each node change computes it once. A
-    changed node whose state (free CPU, per-GPU free milli and model: all `type_fill` reads of a node) was seen
-    before takes the columns computed then: nodes of a kind pass through the same states (half of the changes on
-    the openb lists), and a lookup costs a fraction of `type_fill` on one node."""
-    e = _current(snapshot, workload, nodes)
-    return e.slots[:, nodes], e.unfilled[:, nodes]
-
-
-def cpu_pod_unfilled(snapshot: ClusterSnapshot, workload: TargetWorkload, nodes: IntArray, cpu_req: int) -> IntArray:
-    """unfilled_m of `nodes` once a pod without GPUs took `cpu_req` of their CPU (types x nodes).
-
-    The same integers as `type_fill` on (free CPU - cpu_req, per-GPU free milli): the GPU slots and idle milli do
-    not change, so they are taken from `current_fill`'s entry and only the CPU slots are counted again."""
-    w = compile_workload(snapshot, workload)
-    e = _current(snapshot, workload, nodes)
-    cpu_free = np.maximum(snapshot.cpu_free[nodes] - cpu_req, 0)[None]
-    return _slots_unfilled(w, (1,), cpu_free, e.gpu_slots[:, nodes], e.idle[nodes][None])[1]
-
-
-def _state_bytes(snapshot: ClusterSnapshot, nodes: IntArray, cpu: IntArray, milli: IntArray) -> list[bytes]:
-    """Per node, free CPU, per-GPU free milli and per-GPU model as int64 bytes (`current_fill`'s state key)."""
-    model = snapshot.gpu_model
-    if len(nodes) == 1 and cpu.dtype == milli.dtype == model.dtype == np.int64:
-        # The same bytes as the general case, without building an array first (one node: the usual case).
-        return [cpu.tobytes() + milli.tobytes() + model[int(nodes[0])].tobytes()]
-    rows = np.concatenate([cpu[:, None], milli, model[nodes]], axis=1).astype(np.int64, copy=False)
-    raw, width = rows.tobytes(), rows.shape[1] * 8
-    return [raw[i * width : (i + 1) * width] for i in range(len(nodes))]
-
-
-@dataclass
-class _Current:
-    """`current_fill`'s entry: per node the version its columns were computed at, the columns, and the columns per
-    node state seen (state bytes -> slots, unfilled, GPU slots, idle)."""
-
-    versions: IntArray
-    slots: IntArray  # types x nodes
-    unfilled: IntArray  # types x nodes
-    gpu_slots: IntArray  # types x nodes
-    idle: IntArray  # nodes
-    by_state: dict[bytes, tuple[IntArray, IntArray, IntArray, int]]
-
-
-def _current(snapshot: ClusterSnapshot, workload: TargetWorkload, nodes: IntArray) -> _Current:
-    key = ("fill", workload.key)
-    e: _Current | None = snapshot.memo.get(key)
-    if e is None:
-        n, t = len(snapshot), len(workload.types)
-        e = _Current(
-            np.full(n, -1, dtype=np.int64),
-            np.zeros((t, n), dtype=np.int64),
-            np.zeros((t, n), dtype=np.int64),
-            np.zeros((t, n), dtype=np.int64),
-            np.zeros(n, dtype=np.int64),
-            {},
-        )
-        snapshot.memo[key] = e
-    stale = nodes[e.versions[nodes] != snapshot.version[nodes]]
-    if len(stale):
-        by_state = e.by_state
-        cpu, milli = snapshot.cpu_free[stale], snapshot.gpu_milli_free[stale]
-        keys = _state_bytes(snapshot, stale, cpu, milli)
-        new = [i for i, k in enumerate(keys) if k not in by_state]
-        if len(by_state) + len(new) > _FILL_STATES:  # start afresh (the columns of every stale node computed)
-            by_state.clear()
-            new = list(range(len(stale)))
-        if new:
-            idx = np.asarray(new, dtype=np.int64)
-            got = _fill(snapshot, workload, stale[idx], cpu[idx], milli[idx])
-            for j, i in enumerate(new):
-                by_state[keys[i]] = (got[0][:, j], got[1][:, j], got[2][:, j], int(got[3][j]))
-        if len(stale) == 1:
-            i = int(stale[0])
-            e.slots[:, i], e.unfilled[:, i], e.gpu_slots[:, i], e.idle[i] = by_state[keys[0]]
-        else:
-            cols = [by_state[k] for k in keys]
-            e.slots[:, stale] = np.stack([c[0] for c in cols], axis=1)
-            e.unfilled[:, stale] = np.stack([c[1] for c in cols], axis=1)
-            e.gpu_slots[:, stale] = np.stack([c[2] for c in cols], axis=1)
-            e.idle[stale] = [c[3] for c in cols]
-        e.versions[stale] = snapshot.version[stale]
-    return e
 
 
 def _unfilled(

@@ -669,9 +669,9 @@ def _exponents(
     nodes: IntArray, delta: FloatArray, drop: npt.NDArray[np.int32], pw: FloatArray, use: bool
 ) -> FloatArray:
     """Per state (node, or node and GPU), from the cached parts: -delta / 1000, the exponent of FGD's sigmoid, and
-    -clip(gain, -5e4, 5e4) / 1000, gain = sum_m pw_m drop_m added in type order, the exponent of fgd-scarcity's
-    `gain_fraction` (0 without the look-ahead); numpy takes their exp. The same float operations as `fgd_score`'s and
-    `gain_fraction`'s before their exp, and as `(pw[:, None] * drop).sum(axis=0)`."""
+    -clip(gain, -5e4, 5e4) / 1000, gain = sum_m pw_m drop_m added in type order, the exponent of the fill gain's
+    sigmoid 1 / (1 + exp(...)) (0 without the look-ahead); numpy takes their exp. The same float operations as
+    `fgd_score`'s before its exp, and as the numpy gain fraction's before (`(pw[:, None] * drop).sum(axis=0)`)."""
     t = drop.shape[1]
     g = delta.shape[1]
     # A type of weight 0 adds +-0.0: nothing to a sum but its sign when the sum is 0, which exp(-0/1000) = exp(0)

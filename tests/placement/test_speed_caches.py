@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from corral.model.resources import Allocation, GpuBehavior
 from corral.model.snapshot import ClusterSnapshot
 from corral.placement import PlacementConfig, place
-from corral.placement.fill import current_fill, share_states, share_unfilled, type_fill
+from corral.placement.fill import share_states, share_unfilled, type_fill
 from corral.placement.reserve import kept_hosts
 from corral.placement.scarcity import cluster_slots
 from corral.placement.workload import (
@@ -76,9 +76,6 @@ def test_cached_decisions_equal_fresh_ones(data: st.DataObject, policy: str) -> 
         assert current_fragmentation(snap, workload, everything).tolist() == (
             node_fragmentation(snap, workload, everything).tolist()
         )
-        slots, unfilled = current_fill(snap, workload, everything)
-        want_slots, want_unfilled = type_fill(snap, workload, everything, snap.cpu_free, snap.gpu_milli_free)
-        assert slots.tolist() == want_slots.tolist() and unfilled.tolist() == want_unfilled.tolist()
         fresh.memo.clear()
         assert cluster_slots(snap, workload).tolist() == cluster_slots(fresh, workload).tolist()
         probe = draw_request(data, snap, "probe")

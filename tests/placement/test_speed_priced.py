@@ -11,7 +11,6 @@ from corral.model.arrays import FloatArray, IntArray
 from corral.model.resources import MILLI_PER_GPU, Allocation, GpuBehavior, GpuGrant
 from corral.placement import PlacementConfig, place
 from corral.placement.context import Context
-from corral.placement.fill import current_fill, type_fill
 from corral.placement.filters import evaluate
 from corral.placement.pricing import _knapsack, solve_prices
 from corral.placement.registry import get_policy
@@ -63,32 +62,6 @@ def test_share_prices_of_the_openb_sizes_are_unchanged() -> None:
     room, _ = numpy_knapsack(np.array(prices.sizes, dtype=np.int64), np.array(prices.value))
     assert prices.room.tobytes() == room.tobytes()
     assert prices.room[MILLI_PER_GPU] <= MILLI_PER_GPU + 1e-6  # no configuration is worth more than a GPU
-
-
-def test_the_fill_memo_keys_a_node_by_cpu_gpu_milli_and_gpu_model() -> None:
-    """Nodes a and b differ only in GPU model, a and c only in free CPU: the fill computed for a's state must not be
-    reused for b (a V100-only type fits none of b's T4s) nor for c (its CPU fits one pod fewer)."""
-    workload = TargetWorkload(
-        (TargetType(4000, 500, 1, frozenset({"V100"}), 0.5), TargetType(4000, 1000, 1, None, 0.5)),
-    )
-    snap = cluster(
-        node("a").cpu(16).gpus(4, model="V100"),
-        node("b").cpu(16).gpus(4, model="T4"),
-        node("c").cpu(16).gpus(4, model="V100"),
-    )
-    snap.allocate(Allocation("x", "c", 2, 4000, 0))
-    everything = np.arange(3, dtype=np.int64)
-    # a first, alone: its state enters the memo before b's and c's are looked up.
-    current_fill(snap, workload, everything[:1])
-    slots, unfilled = current_fill(snap, workload, everything)
-    want_slots, want_unfilled = type_fill(snap, workload, everything, snap.cpu_free, snap.gpu_milli_free)
-    assert slots.tolist() == want_slots.tolist()
-    assert unfilled.tolist() == want_unfilled.tolist()
-    assert slots[0].tolist() == [4, 0, 3]  # V100 shares: 8 by GPU, 4 (a) or 3 (c) by CPU; none on b's T4s
-    # After c returns to a's state, it takes a's columns again (and still equals the fresh ones).
-    snap.release("x")
-    slots, _ = current_fill(snap, workload, everything)
-    assert slots[:, 2].tolist() == slots[:, 0].tolist() == want_slots[:, 0].tolist()
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -50,13 +50,6 @@ TIE_WEIGHT = 0.999
 _NO_KEY = np.zeros((0, 0), dtype=np.float64)
 
 
-def gain_fraction(gain: FloatArray) -> FloatArray:
-    """Map a fill gain (milli-GPU, any sign) monotonically into (0, 1), on FGD's own 1000-milli scale."""
-    # minimum(maximum()) is np.clip's result without its Python-level wrapper (a decision calls this once or twice).
-    out: FloatArray = 1.0 / (1.0 + np.exp(-np.minimum(np.maximum(gain, -50_000.0), 50_000.0) / 1000.0))
-    return out
-
-
 class FgdScarcity(FragmentationScored):
     """The policy; the class attributes switch its parts off for the ablation in `benchmarks/beyond_fgd.py`."""
 
