@@ -50,9 +50,10 @@ PREFIX = "/ui"
 
 
 def is_open(method: str, path: str) -> bool:
-    """Paths a TCP client may ask without a token: the page and its assets (no data in them), login and logout."""
+    """Paths a TCP client may ask without a token: the page and its assets (no data in them), `/` (a redirect to
+    the page), login and logout."""
     if method in ("GET", "HEAD"):
-        return path in (PREFIX, PREFIX + "/") or path.startswith(PREFIX + "/static/")
+        return path in ("/", PREFIX, PREFIX + "/") or path.startswith(PREFIX + "/static/")
     return method == "POST" and path in (PREFIX + "/login", PREFIX + "/logout")
 
 
@@ -125,6 +126,11 @@ class Dashboard:
 
     def router(self) -> APIRouter:
         router = APIRouter(include_in_schema=False)
+
+        @router.get("/")
+        def home() -> Response:
+            # A browser pointed at the daemon's address lands on the page (307: the next version may serve more).
+            return RedirectResponse(PREFIX + "/", status_code=307)
 
         @router.get(PREFIX)
         def root() -> Response:

@@ -3,6 +3,7 @@ session and what it may do, the CSP, the reports folder and its edges, the GPU h
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -193,3 +194,61 @@ def test_logs_tail_answers_the_last_bytes_and_where_to_go_on(live: Live) -> None
         assert tail.headers["x-corral-next-offset"] == str(len(whole))
         assert client.get(f"/v1/jobs/{job}/logs", params={"tail": 10**9}).status_code == 422
         assert client.get(f"/v1/jobs/{job}/logs", params={"tail": 100000}).content == whole
+
+
+def test_the_daemons_address_leads_to_the_page(live: Live, anonymous: httpx.Client) -> None:
+    # Before: `/` answered a JSON 404 ("Not Found"); a browser pointed at the daemon now lands on the dashboard.
+    home = anonymous.get("/", follow_redirects=False)
+    assert home.status_code == 307 and home.headers["location"] == "/ui/"
+    page = anonymous.get("/", follow_redirects=True)
+    assert page.url.path == "/ui/" and page.status_code == 200
+    sock = live.local.env["CORRAL_SOCKET"]
+    with httpx.Client(transport=httpx.HTTPTransport(uds=sock), base_url="http://corral", timeout=30) as unix:
+        answer = unix.get("/", follow_redirects=False)
+        assert answer.status_code == 307 and answer.headers["location"] == "/ui/"
+
+
+def _cancel(client: httpx.Client, job: str, **headers: str) -> httpx.Response:
+    return client.post(f"/v1/jobs/{job}/cancel", headers=headers)
+
+
+def test_a_session_cancels_its_own_job_only_with_the_check_from_the_page(live: Live, anonymous: httpx.Client) -> None:
+    job = live.local.submit("--", "sleep", "300")
+    try:
+        assert login(anonymous, live.token).status_code == 200
+        origin = str(anonymous.base_url).rstrip("/")
+        check = anonymous.headers.pop("X-Corral-Session")
+        # a forged cancel: the cookie alone (a form on another site), a wrong check, the check from another origin
+        assert _cancel(anonymous, job).status_code == 401
+        assert _cancel(anonymous, job, **{"X-Corral-Session": check[::-1]}).status_code == 401
+        refused = _cancel(anonymous, job, **{"X-Corral-Session": check, "Origin": "http://evil.example"})
+        assert refused.status_code == 401
+        assert refused.json()["detail"]["message"] == "a bearer token is required over TCP (see `corral token create`)"
+        assert _cancel(anonymous, job, **{"X-Corral-Session": check, "Sec-Fetch-Site": "cross-site"}).status_code == 401
+        assert live.local.state(job) == "running"
+        # the page's own request: the cookie, the check, its own origin
+        done = _cancel(anonymous, job, **{"X-Corral-Session": check, "Origin": origin, "Sec-Fetch-Site": "same-origin"})
+        assert done.status_code == 200, done.text
+        assert done.json()["state"] in ("cancelled", "running")  # running: being stopped
+        wait_for("the cancel", lambda: live.local.state(job) == "cancelled")
+    finally:
+        live.local.run("cancel", job, ok=False)
+        anonymous.post("/ui/logout")
+
+
+def test_a_session_cannot_cancel_another_users_job(live: Live, anonymous: httpx.Client) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: a token for another user (nobody)")
+    job = live.local.submit("--", "sleep", "300")
+    try:
+        sock = live.local.env["CORRAL_SOCKET"]
+        with httpx.Client(transport=httpx.HTTPTransport(uds=sock), base_url="http://corral", timeout=30) as unix:
+            made = unix.post("/v1/tokens", json={"name": "other", "user": "nobody"})
+            assert made.status_code == 201, made.text
+        assert login(anonymous, made.json()["token"]).status_code == 200
+        refused = _cancel(anonymous, job, Origin=str(anonymous.base_url).rstrip("/"))
+        assert refused.status_code == 404 and refused.json()["detail"]["message"] == f"no job {job}"
+        assert live.local.state(job) == "running"
+    finally:
+        live.local.run("cancel", job, ok=False)
+        anonymous.post("/ui/logout")
