@@ -1,8 +1,9 @@
 """The live web dashboard of `corral serve`, at /ui/ (docs/dashboard.md).
 
-    browser --GET /ui/, /ui/static/*--> the page and its assets (from this package: no CDN, no build step)
-            --GET /v1/gpus, /v1/jobs, /v1/jobs/ID/explain, /v1/jobs/ID/logs, /v1/queues--> corral's own API,
-              as the viewer: it sees exactly what `corral ps/show/logs/explain` would show them
+    browser --GET /, /ui/, /ui/static/*--> the page and its assets (from this package: no CDN, no build step)
+            --GET /v1/gpus, /v1/jobs, /v1/jobs/ID/explain, /v1/jobs/ID/logs, /v1/queues, /v1/shares,
+              /v1/definitions, /marathon/v2/apps; POST /v1/jobs/ID/cancel--> the daemon's API, as the viewer: it
+              sees exactly what `corral ps/show/logs/explain/job list` (or a Marathon client) would show them
             --GET /ui/api/me, /ui/api/history, /ui/api/reports, /ui/reports/PATH--> what only the page needs
 
 Who the viewer is:
@@ -10,7 +11,8 @@ Who the viewer is:
                  and http://127.0.0.1:8470/ui/ shows the ssh user's view, with no token
     TCP          the page (open: it holds no data) asks for a token once and posts it to /ui/login, which sets an
                  HttpOnly, SameSite=Strict session cookie and hands the page a check it sends as X-Corral-Session
-                 (corral.dashboard.sessions); a session authorises reads only. A Bearer header works too.
+                 (corral.dashboard.sessions); a session authorises reads, and cancelling a job with the check
+                 (the page's Cancel button; nothing else is written). A Bearer header works too.
 
 A browser's request over the socket must name this machine in Host (foreign_browser_host: DNS rebinding).
 

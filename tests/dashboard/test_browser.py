@@ -193,9 +193,10 @@ def test_login_page_then_the_gpu_grid(site: Site) -> None:
     assert f"#{b.jobs[0]} · {HOSTILE_NAMES[1]} · {b.name} · 250m of the GPU, 10 GiB" in shared
     assert "granted 30 GiB of 80 GiB" in shared and "granted: 0.75 of the GPU (750m)" in shared
     # who holds which GPU: one row per share, with the GPU's index, UUID and model
+    assert "Who holds which GPU" in texts(site, "#view h3")
     holders = [r.split("\t") for r in texts(site, "#view table tbody tr")]
     assert site.driver.execute_script("return document.querySelector('#view table caption').innerText") == (
-        "Who holds which GPU (other users' jobs by number only)"
+        "One row per share: the GPU, the job holding it and its user (other users' jobs by number only)"
     )
     assert texts(site, "#view table thead th") == ["GPU", "UUID", "Model", "Job", "Name", "User", "Share", "Memory"]
     by_job = {r[3]: r for r in holders}
@@ -599,9 +600,9 @@ def test_marathon_apps_and_job_definitions_each_users_own(site: Site) -> None:
         return heading(site) == "Marathon apps (1)" and len(rows) == 1 and "\t1 of 1\t" in rows[0]
 
     until(site, "A's app, running", running, timeout=30)
-    (row,) = [r.split("\t") for r in texts(site, "#view tbody tr")]
-    assert row[:5] == ["/team/a-web", a.name, "1 of 1", "at its target", APP["cmd"]]
-    assert row[5] == "0 GPU, 0.1 CPU, 32 MiB"
+    (app_row,) = [r.split("\t") for r in texts(site, "#view tbody tr")]
+    assert app_row[:5] == ["/team/a-web", a.name, "1 of 1", "at its target", APP["cmd"]]
+    assert app_row[5] == "0 GPUs, 0.1 CPU, 32 MiB"
     assert texts(site, "#view thead th") == [
         "App", "User", "Running", "Deployment", "Command", "Each instance asks for", "Why instances wait"
     ]  # fmt: skip
@@ -616,12 +617,14 @@ def test_marathon_apps_and_job_definitions_each_users_own(site: Site) -> None:
     a.jobs.append(task[2][1:])  # the instance is a job of A's (cancelled at the end)
     key(site, "d")
     until(site, "A's definitions", lambda _: heading(site) == "Job definitions (1)")
-    (row,) = [r.split("\t") for r in texts(site, "#view tbody tr")]
-    assert row[:4] == ["a-nightly", "Metronome", a.name, "0 3 * * * (UTC)"] and row[6:8] == ["never ran", "0 / 0"]
+    (definition,) = [r.split("\t") for r in texts(site, "#view tbody tr")]
+    assert definition[:4] == ["a-nightly", "Metronome", a.name, "0 3 * * * (UTC)"]
+    assert definition[6:8] == ["never ran", "0 / 0"]
     driver.find_element(By.CSS_SELECTOR, '#view a[href="#definition/a-nightly"]').click()
     until(site, "the definition's page", lambda _: heading(site) == "Definition a-nightly")
     page = view_text(site)
     assert f"Description\n{METRONOME['description']}" in page and "Schedules enabled\ndaily: yes" in page
+    assert "Asks for\n0 GPUs, 0.1 CPU, 32 MiB" in page and "Next run\nin " in page
     assert "No runs yet." in page and "As Metronome shows it" in page
     spec = json.loads(driver.find_element(By.CSS_SELECTOR, "pre.spec").text)
     assert spec["id"] == "a-nightly" and spec["run"]["cmd"] == "echo nightly"

@@ -185,7 +185,7 @@ function holdersTable(gpus, names) {
       el("td", { text: h.user === null ? "another user" : h.user }),
       el("td", { class: "num", text: h.milli >= 1000 ? "whole GPU" : `${h.milli}m` }),
       el("td", { class: "num", text: mib(h.milli >= 1000 && !h.memory_mib ? g.memory_mib : h.memory_mib) })])));
-  return table("Who holds which GPU (other users' jobs by number only)",
+  return table("One row per share: the GPU, the job holding it and its user (other users' jobs by number only)",
     [["GPU", "num"], ["UUID"], ["Model"], ["Job"], ["Name"], ["User"], ["Share", "num"], ["Memory", "num"]], rows, "No GPUs.");
 }
 
@@ -400,6 +400,10 @@ function appLink(id) {
   return el("a", { href: `#app${id}` }, id);  // Marathon ids start with "/"
 }
 
+function gpuCount(n) {
+  return `${n || 0} GPU${n === 1 ? "" : "s"}`;
+}
+
 function ports(list) {
   return (list || []).map((p) => p.port ?? p).join(", ") || "-";
 }
@@ -412,7 +416,7 @@ async function viewApps() {
     el("td", { class: "num", text: `${a.tasksRunning} of ${a.instances}` }),
     el("td", { text: a.deployments.length ? "deploying" : "at its target" }),
     el("td", { class: "mono", text: a.cmd ?? (a.args ? shellQuote(a.args) : a.container?.docker?.image ?? "-") }),
-    el("td", { text: `${a.gpus || 0} GPU, ${a.cpus} CPU, ${mib(a.mem)}` }),
+    el("td", { text: `${gpuCount(a.gpus)}, ${a.cpus} CPU, ${mib(a.mem)}` }),
     el("td", { class: "reason", text: a.corral?.waiting || "-" })));
   return [el("h2", { tabindex: "-1", text: `Marathon apps (${apps.length})` }),
     table("Long-running services made through Marathon's API (read-only here: change them with a Marathon client)" +
@@ -444,7 +448,7 @@ async function viewApp(id) {
       field("Deployment", app.deployments.length ? "deploying (not yet at its target)" : "at its target"),
       field("Command", el("code", { text: app.cmd ?? (app.args ? shellQuote(app.args) : "-") })),
       field("Image", app.container?.docker?.image ?? "-"),
-      field("Each instance asks for", `${app.gpus || 0} GPU, ${app.cpus} CPU, ${mib(app.mem)}`),
+      field("Each instance asks for", `${gpuCount(app.gpus)}, ${app.cpus} CPU, ${mib(app.mem)}`),
       field("Ports", ports(app.portDefinitions)),
       field("Labels", labels.length ? labels.map(([k, v]) => `${k}=${v}`).join(", ") : "-"),
       field("Health checks", (app.healthChecks || []).length ? `${app.healthChecks.length}` : "none"),
@@ -499,7 +503,7 @@ async function viewDefinition(name) {
     el("dl", { class: "fields" },
       field("From", SOURCE[d.source] || d.source), field("User", d.user), field("Description", d.description || "-"),
       field("Command", el("code", { text: shellQuote(d.command) })), field("Image", d.image ?? "-"),
-      field("Asks for", `${d.gpus} GPU${d.gpus === 1 ? "" : "s"}, ${d.cpus} CPU, ${mib(d.memory_mib)}`),
+      field("Asks for", `${gpuCount(d.gpus)}, ${d.cpus} CPU, ${mib(d.memory_mib)}`),
       field("Schedule", schedulesText(d)), field("Next run", whenIso(d.next_run_at)),
       field("Schedules enabled", d.schedules.length ? d.schedules.map((r) => `${r.id}: ${yesNo(r.enabled)}`).join(", ") : "-"),
       field("Runs", `${d.active_runs} active; ${d.success_count} succeeded, ${d.failure_count} failed, ${d.missed_ticks} missed`),
