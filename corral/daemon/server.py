@@ -57,7 +57,7 @@ from corral.daemon.queues import Queues
 from corral.daemon.queues import default_path as default_queues_path
 from corral.daemon.reservation import DEFAULT_TIME_LIMIT_S
 from corral.daemon.tokens import TokenFileError, TokenStore
-from corral.dashboard import Dashboard, foreign_browser_host, is_open
+from corral.dashboard import Dashboard, cross_site_write, foreign_browser_host, is_open
 from corral.dashboard.sessions import Sessions
 from corral.executor.container import RUNTIMES
 from corral.executor.local import LocalExecutor
@@ -135,6 +135,11 @@ class _WithPeer:
             path = scope.get("path", "/")
             why = f"a browser reaches the socket as http://127.0.0.1:PORT or http://localhost:PORT, not {host[:80]!r}"
             await message_answer(403, path, "host", why)(scope, receive, send)
+            return
+        # another site's form or fetch through a forwarded port (corral.dashboard.cross_site_write)
+        forged = cross_site_write(scope.get("method", "GET"), scope.get("headers", ())) if host is None else None
+        if forged is not None and scope["type"] == "http":
+            await message_answer(403, scope.get("path", "/"), "origin", forged)(scope, receive, send)
             return
         scope = dict(scope)
         scope[PEER_KEY] = self.peer

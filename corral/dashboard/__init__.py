@@ -14,7 +14,8 @@ Who the viewer is:
                  (corral.dashboard.sessions); a session authorises reads, and cancelling a job with the check
                  (the page's Cancel button; nothing else is written). A Bearer header works too.
 
-A browser's request over the socket must name this machine in Host (foreign_browser_host: DNS rebinding).
+A browser's request over the socket must name this machine in Host (foreign_browser_host: DNS rebinding), and a
+browser's write over the socket must come from the page's own origin (cross_site_write: a forged form or fetch).
 
 Every UI answer carries a Content-Security-Policy that allows nothing but this origin (UI_CSP): no inline script,
 no third-party request. The page renders every user's and peer's text with textContent, never as markup.
@@ -37,7 +38,7 @@ from corral.daemon.core import Daemon
 from corral.daemon.tokens import TokenStore
 from corral.dashboard.history import History
 from corral.dashboard.reports import REPORT_CSP, find_report, list_reports
-from corral.dashboard.sessions import COOKIE, SESSION_TTL_S, Sessions, cookie_value
+from corral.dashboard.sessions import COOKIE, SAFE_METHODS, SESSION_TTL_S, Sessions, cookie_value, cross_origin
 
 UI_CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
@@ -77,6 +78,19 @@ def foreign_browser_host(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
     host = found.get(b"host", b"").decode("latin-1")
     name = urlsplit(f"//{host}").hostname or ""
     return None if name in LOCAL_HOSTS or name.endswith(".localhost") else host
+
+
+def cross_site_write(method: str, headers: Iterable[tuple[bytes, bytes]]) -> str | None:
+    """Why a browser's write over the socket is refused (it comes from a page of another origin), else None.
+
+    Over the socket a request needs no token, so without this any site the user visits could post a form or a
+    `text/plain` fetch through a forwarded port (`ssh -L 8470:SOCKET`) and act as them: cancel their jobs, or make a
+    Marathon app that runs a command of its choosing. Browsers name the page's origin in `Origin` and
+    `Sec-Fetch-Site`; corral's own clients send neither. Reads stay open (a link from elsewhere to /ui/ works; the
+    answer is not readable by the other site)."""
+    if method.upper() in SAFE_METHODS or not cross_origin(headers):
+        return None
+    return "a page of another site may not write through the socket (Origin or Sec-Fetch-Site says it is one)"
 
 
 def _headers(csp: str = UI_CSP, frame: str = "DENY") -> dict[str, str]:

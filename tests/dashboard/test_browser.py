@@ -491,6 +491,18 @@ def test_through_the_socket_no_login_is_asked(site: Site) -> None:
         assert not site.driver.find_element(By.ID, "login").is_displayed()
         assert not site.driver.find_element(By.ID, "logout").is_displayed()  # nothing to log out of
         until(site, "the users' table", lambda _: heading(site) == "Users")
+        # a page of another port (another site's, as far as the socket knows) posts a cancel through the forward
+        victim = site.people["a"].jobs[0]
+        forger = Forger(f"http://127.0.0.1:{port}/v1/jobs/{victim}/cancel")
+        forger.start()
+        try:
+            site.driver.get(forger.url)
+            until(
+                site, "the refusal", lambda _: "a page of another site may not write through the socket" in text(site)
+            )
+        finally:
+            forger.server.shutdown()
+        assert job_state(site, victim) == "running"
         site.network.read(site.driver)
         site.driver.get("about:blank")  # stop polling before the forwarder goes
 

@@ -252,3 +252,42 @@ def test_a_session_cannot_cancel_another_users_job(live: Live, anonymous: httpx.
     finally:
         live.local.run("cancel", job, ok=False)
         anonymous.post("/ui/logout")
+
+
+def test_over_the_socket_a_page_of_another_site_cannot_write(live: Live) -> None:
+    # Before: through a forwarded port (ssh -L 8470:SOCKET) any site the user visited could post a form that cancelled
+    # their job (200) or made a Marathon app running its own command (201): the socket needs no token.
+    job = live.local.submit("--", "sleep", "300")
+    sock = live.local.env["CORRAL_SOCKET"]
+    port = {"Host": "127.0.0.1:8470"}
+    try:
+        with httpx.Client(transport=httpx.HTTPTransport(uds=sock), base_url="http://corral", timeout=30) as unix:
+            for forged in (
+                {"Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate"},
+                {"Origin": "http://127.0.0.1:9999", "Sec-Fetch-Site": "same-site"},  # another port: the same site
+                {"Origin": "null"},  # a sandboxed frame or a file
+                {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "no-cors"},
+            ):
+                refused = unix.post(f"/v1/jobs/{job}/cancel", headers={**port, **forged})
+                assert refused.status_code == 403, (forged, refused.text)
+                assert refused.json()["detail"] == {
+                    "field": "origin",
+                    "message": "a page of another site may not write through the socket (Origin or Sec-Fetch-Site"
+                    " says it is one)",
+                }
+                app = b'{"id": "/forged", "cmd": "touch /tmp/forged", "cpus": 0.1, "mem": 32}'
+                made = unix.post(
+                    "/marathon/v2/apps", content=app, headers={**port, **forged, "Content-Type": "text/plain"}
+                )
+                assert made.status_code == 403, made.text
+            assert live.local.state(job) == "running"
+            # reads from elsewhere stay open (a link to the page); the page's own writes, and the CLI's, go through
+            link = {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate"}
+            assert unix.get("/ui/", headers={**port, **link}).status_code == 200
+            own = {"Origin": "http://127.0.0.1:8470", "Sec-Fetch-Site": "same-origin", "Sec-Fetch-Mode": "cors"}
+            done = unix.post(f"/v1/jobs/{job}/cancel", headers={**port, **own})
+            assert done.status_code == 200, done.text
+            wait_for("the cancel", lambda: live.local.state(job) == "cancelled")
+            assert unix.get("/marathon/v2/apps").json()["apps"] == []
+    finally:
+        live.local.run("cancel", job, ok=False)
