@@ -333,6 +333,7 @@ def test_jobs_and_a_live_log(site: Site) -> None:
     until(site, "more lines, live", lambda _: "".join(texts(site, "pre.log")).count(LOG_LINE) > seen)
     fields = view_text(site)
     assert "20 GiB each" in fields and "Environment\n0 variables" in fields and "Time limit\n600 s" in fields
+    assert "Preemptible\nyes" in fields  # a boolean in words
     assert site.driver.find_elements(By.CSS_SELECTOR, "pre.log img") == []
     shot(site, "job")
 
@@ -642,6 +643,111 @@ def test_marathon_apps_and_job_definitions_each_users_own(site: Site) -> None:
     assert spec["id"] == "a-nightly" and spec["run"]["cmd"] == "echo nightly"
     assert driver.execute_script("return document.querySelector('#view b, #view img, #view script')") is None
     shot(site, "definition")
+
+
+# Answers in the API's shapes for what this daemon does not show now (a deployment, health, a disabled schedule, a
+# free GPU), by path (the query left out); the page is given them in place of the daemon's own.
+FAKE_ANSWERS = """
+const answers = arguments[0];
+window.__realFetch = window.__realFetch || window.fetch;
+window.fetch = (path, init) => path.split("?")[0] in answers
+  ? Promise.resolve(new Response(JSON.stringify(answers[path.split("?")[0]]), {status: 200,
+      headers: {"Content-Type": "application/json"}}))
+  : window.__realFetch(path, init);
+"""
+FAKE_TASK: dict[str, Any] = {
+    "id": "web.instance-1", "appId": "/web", "host": "sim-0", "ports": [31000], "servicePorts": [],
+    "stagedAt": "2026-01-01T00:00:00.000Z", "startedAt": None, "version": "v", "state": "TASK_STAGING",
+    "healthCheckResults": [{"alive": True, "taskId": "web.instance-1"}, {"alive": False, "taskId": "x"}],
+    "corral": {"job": "41", "gpus": [{"index": 1, "model": "A100"}], "reason": ""},
+}  # fmt: skip
+FAKE_APP: dict[str, Any] = {
+    "id": "/web", "cmd": None, "args": ["serve", "--port", "$PORT0"], "instances": 2, "cpus": 1, "mem": 2048,
+    "gpus": 1, "tasksRunning": 0, "tasksHealthy": 0, "tasksUnhealthy": 0, "tasksStaged": 1,
+    "deployments": [{"id": "d1"}], "labels": {}, "portDefinitions": [{"port": 0, "protocol": "tcp"}],
+    "healthChecks": [{}, {}], "version": "2026-01-01T00:00:00.000Z", "tasks": [FAKE_TASK],
+    "corral": {"user": "someone", "waiting": "1 instance waits: insufficient GPU", "launchDelaySeconds": 0},
+}  # fmt: skip
+FAKE_DEFINITION: dict[str, Any] = {
+    "name": "child", "source": "chronos", "user": "someone", "description": "", "command": ["make"],
+    "image": "busybox", "cpus": 1, "memory_mib": 512, "gpus": 1,
+    "schedules": [{"id": "s", "kind": "iso8601", "expression": "R/2030-01-01T00:00:00Z/PT1H", "timezone": None,
+                   "enabled": False, "concurrency_policy": "allow", "starting_deadline_s": None, "next_run_at": None}],
+    "parents": ["parent"], "next_run_at": None, "active_runs": 0, "last_status": "FAILED",
+    "last_finished_at": None, "success_count": 2, "failure_count": 1, "missed_ticks": 3,
+    "created_at": "2026-01-01T00:00:00.000Z", "spec": {"name": "child"},
+    "runs": [{"id": "r1", "jobId": "child", "status": "FAILED", "createdAt": "2026-01-01T00:00:00.000Z",
+              "completedAt": None, "tasks": [{"id": "40", "status": "TASK_FAILED"}], "trigger": "dependency",
+              "reason": "exit code 2"}],
+}  # fmt: skip
+FAKE_GPU = {"index": 0, "uuid": "GPU-free", "model": "H100", "memory_mib": 81920, "granted_milli": 0, "held": [],
+            "used_memory_mib": None, "utilization_pct": None, "foreign_memory_mib": None}  # fmt: skip
+
+
+def test_every_state_of_apps_definitions_and_gpus_in_words(site: Site) -> None:
+    driver = site.driver
+    answers = {
+        "/marathon/v2/apps": {"apps": [FAKE_APP]},
+        "/marathon/v2/apps/web": {"app": FAKE_APP},
+        "/v1/definitions": [FAKE_DEFINITION],
+        "/v1/definitions/child": FAKE_DEFINITION,
+        "/v1/gpus": [FAKE_GPU],
+    }
+    driver.get(site.live.url + "/ui/#gpus")
+    until(site, "the grid", lambda _: heading(site).startswith("GPUs"))
+    driver.execute_script(FAKE_ANSWERS, answers)
+    try:
+        until(site, "a free GPU", lambda _: heading(site) == "GPUs (1)")
+        assert texts(site, "#view table tbody tr") == ["0\tGPU-free\tH100\tfree: no share granted"]
+        key(site, "a")
+        until(site, "the fake app", lambda _: heading(site) == "Marathon apps (1)")
+        (row,) = [r.split("\t") for r in texts(site, "#view tbody tr")]
+        assert row == ["/web", "someone", "0 of 2", "deploying", "serve --port '$PORT0'", "1 GPU, 1 CPU, 2 GiB",
+                       "1 instance waits: insufficient GPU"]  # fmt: skip
+        assert driver.execute_script("return document.querySelector('#view caption').innerText") == (
+            "Long-running services made through Marathon's API (read-only here: change them with a Marathon client)"
+        )
+        driver.find_element(By.CSS_SELECTOR, '#view a[href="#app/web"]').click()
+        until(site, "the fake app's page", lambda _: heading(site) == "App /web")
+        fields = texts(site, "#view dl.fields")[0].split("\n")
+        assert fields == [
+            "User", "someone", "Instances", "0 running of 2 (0 healthy, 0 unhealthy, 1 staged)",
+            "Deployment", "deploying (not yet at its target)", "Command", "serve --port '$PORT0'", "Image", "-",
+            "Each instance asks for", "1 GPU, 1 CPU, 2 GiB", "Ports", "0", "Labels", "-", "Health checks", "2",
+            "Why instances wait", "1 instance waits: insufficient GPU", "Version", "2026-01-01T00:00:00.000Z",
+        ]  # fmt: skip
+        (task,) = [r.split("\t") for r in texts(site, "#view tbody tr")]
+        assert task == ["web.instance-1", "staging", "#41", "GPU 1 (A100)", "31000", "-", "healthy: yes, healthy: no"]
+        key(site, "d")
+        until(site, "the fake definition", lambda _: heading(site) == "Job definitions (1)")
+        assert texts(site, "#view thead th") == ["Name", "From", "User", "Schedule", "Next run", "Active runs",
+                                                 "Last run", "Succeeded / failed", "Command"]  # fmt: skip
+        (row,) = [r.split("\t") for r in texts(site, "#view tbody tr")]
+        assert row == ["child", "Chronos", "someone", "R/2030-01-01T00:00:00Z/PT1H (disabled); after parent", "-",
+                       "0", "FAILED", "2 / 1", "make"]  # fmt: skip
+        assert driver.execute_script("return document.querySelector('#view caption').innerText") == (
+            "Named jobs made through Metronome's or Chronos' API or `corral job` (read-only here)"
+        )
+        driver.find_element(By.CSS_SELECTOR, '#view a[href="#definition/child"]').click()
+        until(site, "the fake definition's page", lambda _: heading(site) == "Definition child")
+        page = view_text(site)
+        assert (
+            "Schedules enabled\ns: no" in page
+            and "Image\nbusybox" in page
+            and "Asks for\n1 GPU, 1 CPU, 512 MiB" in page
+        )
+        assert "Runs\n0 active; 2 succeeded, 1 failed, 3 missed" in page and "As Chronos shows it" in page
+        (run,) = [r.split("\t") for r in texts(site, "#view tbody tr")]
+        assert run[:3] == ["r1", "FAILED", "dependency"] and run[4:] == ["-", "#40 TASK_FAILED", "exit code 2"]
+        answers["/marathon/v2/apps"] = {"apps": []}
+        answers["/v1/definitions"] = []
+        driver.execute_script(FAKE_ANSWERS, answers)
+        key(site, "d")
+        until(site, "no definitions", lambda _: "No job definitions." in view_text(site))
+        key(site, "a")
+        until(site, "no apps", lambda _: "No Marathon apps." in view_text(site))
+    finally:
+        driver.execute_script("if (window.__realFetch) window.fetch = window.__realFetch")
 
 
 class Forger(threading.Thread):
