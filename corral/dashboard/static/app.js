@@ -404,8 +404,9 @@ function gpuCount(n) {
   return `${n || 0} GPU${n === 1 ? "" : "s"}`;
 }
 
+// Marathon's port definitions (port 0: any free port, chosen at each launch) or a task's ports.
 function ports(list) {
-  return (list || []).map((p) => p.port ?? p).join(", ") || "-";
+  return (list || []).map((p) => (p.port ?? p) === 0 ? "any free port" : p.port ?? p).join(", ") || "-";
 }
 
 async function viewApps() {
