@@ -714,7 +714,8 @@ def test_every_state_of_apps_definitions_and_gpus_in_words(site: Site) -> None:
         assert fields == [
             "User", "someone", "Instances", "0 running of 2 (0 healthy, 0 unhealthy, 1 staged)",
             "Deployment", "deploying (not yet at its target)", "Command", "serve --port '$PORT0'", "Image", "-",
-            "Each instance asks for", "1 GPU, 1 CPU, 2 GiB", "Ports", "any free port", "Labels", "-", "Health checks", "2",
+            "Each instance asks for", "1 GPU, 1 CPU, 2 GiB", "Ports", "any free port", "Labels", "-",
+            "Health checks", "2",
             "Why instances wait", "1 instance waits: insufficient GPU", "Version", "2026-01-01T00:00:00.000Z",
         ]  # fmt: skip
         (task,) = [r.split("\t") for r in texts(site, "#view tbody tr")]
