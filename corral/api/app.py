@@ -297,12 +297,12 @@ def create_app(
             check_priority(body.priority, who)
         try:
             spec = spec_from(body, who)
+            check_admissible(spec)
+            spec = daemon.queues.admit(spec)  # the queue named (so a retry's spec compares equal), bounds checked
         except InvalidRequest:
             raise
-        except (ValueError, TypeError) as exc:  # a malformed value that no check above named
-            raise InvalidRequest("request", str(exc)) from exc
-        check_admissible(spec)
-        spec = daemon.queues.admit(spec)  # the queue named (so a retry's spec compares equal), bounds checked
+        except (ValueError, TypeError, ArithmeticError) as exc:  # a malformed value that no check above named
+            raise InvalidRequest("request", str(exc) or type(exc).__name__) from exc
         key = key_header if key_header is not None else body.idempotency_key
         # Admission needs no scheduler lock (the store is atomic; the daemon checks against an idle machine under a
         # lock of its own), so submissions are not held up by a scheduling round.

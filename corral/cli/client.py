@@ -321,7 +321,35 @@ def submit_cmd(
     """Submit a job; prints its id. The job runs in this directory with this environment.
 
     COMMAND and its arguments come after the options (after --, so that its own options stay its own)."""
-    body = {
+    body = submit_body(
+        command, gpus, gpu_fraction, gpu_memory, cpus, memory, gpu_model, priority, name, queue, retries, time_limit,
+        no_preempt, instances, gang,
+    )  # fmt: skip
+    # One key per submission: a retry after a lost answer gets the job the first attempt made, not a second one.
+    key = {"Idempotency-Key": str(uuid.uuid4())}
+    job = call(socket, "POST", "/v1/jobs", flag_errors, json=body, headers=key, retries=SUBMIT_RETRIES).json()
+    sys.stdout.write(f"{job['id']}\n")
+
+
+def submit_body(
+    command: tuple[str, ...],
+    gpus: int | None,
+    gpu_fraction: float | None,
+    gpu_memory: str | None,
+    cpus: str,
+    memory: str,
+    gpu_model: tuple[str, ...],
+    priority: int,
+    name: str,
+    queue: str | None,
+    retries: int,
+    time_limit: str | None,
+    no_preempt: bool,
+    instances: int,
+    gang: bool,
+) -> dict[str, Any]:
+    """The body of `POST /v1/jobs` for `corral submit`'s options (tests/api/test_first_day.py sends every mix)."""
+    return {
         "command": list(command),
         "gpus": gpus,
         "gpu_fraction": gpu_fraction,
@@ -341,10 +369,6 @@ def submit_cmd(
         "env": admitted_environment(os.environ),
         "cwd": os.getcwd(),
     }
-    # One key per submission: a retry after a lost answer gets the job the first attempt made, not a second one.
-    key = {"Idempotency-Key": str(uuid.uuid4())}
-    job = call(socket, "POST", "/v1/jobs", flag_errors, json=body, headers=key, retries=SUBMIT_RETRIES).json()
-    sys.stdout.write(f"{job['id']}\n")
 
 
 def since_time(value: str, now: float) -> float:
