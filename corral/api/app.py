@@ -9,7 +9,8 @@
     GET  /v1/jobs/{id}/explain         {"state": ..., "reason": ...}: why it waits, or how it ended; a queued job's
                                        position, the jobs holding what it waits for, its reservation and estimated
                                        start (docs/backfill.md)
-    GET  /v1/jobs/{id}/logs?offset=N   its output from byte N (text/plain); ?tail=N: its last N bytes
+    GET  /v1/jobs/{id}/logs?offset=N   its output from byte N (text/plain); ?tail=N: its last N bytes; a gang's
+         &instance=K                   instance K's (default 0; X-Corral-Instances: how many it has)
     GET  /v1/gpus                      each GPU: who holds which share, live use, memory of foreign processes
     GET  /metrics                      Prometheus text format (docs/metrics.md); per-job series for root only
     GET  /healthz, /readyz             alive; ready (store answers, a scheduling round ended recently): no caller needed
@@ -50,6 +51,7 @@ from corral.api.schemas import (
     CancelManyOut,
     ErrorOut,
     ExplainOut,
+    GpuOut,
     HolderOut,
     JobOut,
     ReservationOut,
@@ -58,7 +60,10 @@ from corral.api.schemas import (
     TokenOut,
 )
 from corral.daemon.core import Daemon
+from corral.daemon.gang import MAX_INSTANCES, instance_log
+from corral.daemon.preemption import PREEMPTING, Rules
 from corral.daemon.queues import Forbidden
+from corral.daemon.scheduler import clock_text
 from corral.daemon.tokens import TokenFileError, TokenNotFound, TokenStore
 from corral.daemon.waiting import queue_story, wait_story
 from corral.jobs.environment import admitted_environment
@@ -168,6 +173,87 @@ def preempted_story(job: Job) -> str:
         return ""
     times = "once" if p.count == 1 else f"{p.count} times"
     return clean(f"It was preempted {times} before; the last time: {p.reason}.")
+
+
+def _grant_text(g: GpuOut) -> str:
+    """One GPU a job holds: "GPU 0 (GPU-5d3c...)", a share with its compute and memory."""
+    text = f"GPU {g.index} ({g.uuid})" if g.uuid else f"GPU {g.index}"
+    if g.milli >= 1000:
+        return text
+    mib = g.memory_mib
+    memory = f"{mib // 1024} GiB" if mib % 1024 == 0 else f"{mib} MiB"
+    share = [f"{g.milli} milli of compute" if g.milli else "", f"{memory} of memory" if mib else ""]
+    return f"{text}: {' and '.join(p for p in share if p)}"
+
+
+def running_story(
+    job: Job, out: JobOut, waiting: Sequence[Job], rules: Rules, queue: str | None, now: float
+) -> RunningStory:
+    """What `explain` says of a starting or running job: its GPUs, its start, its time left, and who may preempt it
+    (the preemption planner's own rules, `Rules.why`, over the jobs waiting now)."""
+    said: list[str] = []
+    n = job.spec.instances
+    if not out.gpus:
+        said.append("It holds no GPU.")
+    elif n > 1 and len(out.gpus) % n == 0:
+        k = len(out.gpus) // n
+        each = "; ".join(
+            f"instance {i}: " + ", ".join(_grant_text(g) for g in out.gpus[i * k : (i + 1) * k]) for i in range(n)
+        )
+        said.append(f"It holds {each}.")
+    else:
+        said.append(f"It holds {', '.join(_grant_text(g) for g in out.gpus)}.")
+    started, limit = job.started_at, job.spec.time_limit_s
+    if started is not None:
+        said.append(f"Started at {clock_text(started)} ({_duration(now - started)} ago).")
+    ends = None if started is None or limit is None else started + limit
+    if ends is not None and limit is not None:
+        said.append(
+            f"Time left: {_duration(max(0.0, ends - now))} of its {_duration(limit)} limit (stopped at "
+            f"{clock_text(ends)})."
+        )
+    elif started is not None:
+        said.append("No time limit.")
+    by: list[str] = []
+    if job.reason.startswith(PREEMPTING):
+        can = True
+        said.append("It is being preempted (see the reason): it goes back to the queue when it has stopped.")
+    elif not job.spec.preemptible:
+        can = False
+        said.append("It cannot be preempted: it was submitted with --no-preempt.")
+    elif not rules.borrowing(job):
+        can = False
+        said.append(f"It cannot be preempted now: it runs within its queue {queue!r}'s guarantee.")
+    else:
+        can = True
+        by = [w.id for w in waiting if rules.why(w, job) is not None]
+        whom = f"a waiting job of a priority above its {job.spec.request.priority}"
+        if queue is not None:
+            whom += " or of a queue below its guarantee (it borrows above its own queue's)"
+        if by:
+            shown = ", ".join(by[:10]) + (f" and {len(by) - 10} more" if len(by) > 10 else "")
+            jobs = f"job{'s' if len(by) > 1 else ''} {shown}"
+            said.append(f"It may be preempted by {whom}: {jobs} may, if they do not fit otherwise.")
+        else:
+            said.append(f"It may be preempted by {whom}; no job waiting now may.")
+    return RunningStory(" ".join(said), ends, can, by)
+
+
+@dataclass(frozen=True)
+class RunningStory:
+    text: str
+    ends_at: float | None
+    preemptible_now: bool
+    preempted_by: list[str]
+
+
+def _duration(seconds: float) -> str:
+    """3725 -> "1h 2m", 45 -> "45s", 150 -> "2m 30s" (two units at most)."""
+    s = int(seconds)
+    d, h, m = s // 86400, s // 3600 % 24, s // 60 % 60
+    units = [(d, "d"), (h, "h"), (m, "m"), (s % 60, "s")]
+    first = next((i for i, (v, _) in enumerate(units) if v), 3)
+    return " ".join(f"{v}{u}" for v, u in units[first : first + 2] if v) or "0s"
 
 
 def parse_states(values: Sequence[str] | None) -> frozenset[JobState] | None:
@@ -389,6 +475,26 @@ def create_app(
         job = visible(job_id, who)
         was = JobOut.of(job).preempted
         before = preempted_story(job)
+        if job.state in (JobState.STARTING, JobState.RUNNING):
+            out = JobOut.of(job)
+            queues = daemon.queues
+            rules = daemon.preemption_rules or queues.preemption_rules()
+            queued = daemon.store.list([JobState.QUEUED])
+            queue_name = queues.queue_of(job) if queues.active else None
+            ran = running_story(job, out, queued, rules, queue_name, daemon.clock())
+            return ExplainOut(
+                state=job.state.value,
+                reason=clean(job.reason),
+                # being preempted: the reason says by whom; the record of it is this preemption, not one before
+                story=clean(ran.text if job.reason.startswith(PREEMPTING) else " ".join((ran.text, before)).strip()),
+                preempted=was,
+                gpus=out.gpus,
+                started_at=job.started_at,
+                time_limit_s=job.spec.time_limit_s,
+                ends_at=ran.ends_at,
+                preemptible_now=ran.preemptible_now,
+                may_be_preempted_by=ran.preempted_by,
+            )
         if job.state is not JobState.QUEUED:
             return ExplainOut(state=job.state.value, reason=clean(job.reason), story=before or None, preempted=was)
         holding = daemon.store.list([JobState.STARTING, JobState.RUNNING])
@@ -464,12 +570,20 @@ def create_app(
         who: Caller,
         offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
         tail: Annotated[int | None, Query(ge=0, le=MAX_LOG_CHUNK)] = None,
+        instance: Annotated[int, Query(ge=0, le=MAX_INSTANCES)] = 0,
     ) -> Response:
         """The log's bytes from `offset` (at most 4 MiB), or its last `tail` bytes (the dashboard's view of a long
         log); `X-Corral-Next-Offset` says where the next read starts and `X-Corral-Job-State` whether more can come (a
-        final state: no more output), for `corral logs -f`."""
+        final state: no more output), for `corral logs -f`. A gang's instances each have a log: `instance` (default
+        0) picks one, `X-Corral-Instances` says how many the job has (`corral logs` reads them all)."""
         job = visible(job_id, who)
+        count = job.spec.instances
+        if instance >= count:
+            last = "instance 0 only" if count == 1 else f"instances 0..{count - 1}"
+            raise InvalidRequest("instance", f"job {job_id} has {last}, not instance {instance}")
         path = daemon.log_path(job_id)
+        if instance:
+            path = instance_log(path, instance)
         try:
             with path.open("rb") as f:
                 if tail is not None:
@@ -481,7 +595,11 @@ def create_app(
         except OSError as exc:
             raise InvalidRequest("logs", f"cannot read the log of job {job_id}: {exc}") from exc
         # Raw bytes: a chunk may end inside a multi-byte character, which the next chunk completes.
-        headers = {"X-Corral-Next-Offset": str(offset + len(data)), "X-Corral-Job-State": job.state.value}
+        headers = {
+            "X-Corral-Next-Offset": str(offset + len(data)),
+            "X-Corral-Job-State": job.state.value,
+            "X-Corral-Instances": str(count),
+        }
         return Response(data, media_type="text/plain; charset=utf-8", headers=headers)
 
     # -------------------------------------------------------------------------------------------- tokens
