@@ -18,6 +18,7 @@ from corral.api.app import create_app
 from corral.cli.views import explain_text, held_text, short_reason, show_lines
 from corral.daemon.core import Daemon
 from corral.daemon.gang import GangExecutor, instance_log
+from corral.daemon.queues import Queues
 from corral.daemon.scheduler import clock_text
 from corral.executor.fake import FakeExecutor
 from corral.gpu.simulated import parse_simulated_inventory
@@ -37,14 +38,15 @@ class Clock:
 
 
 class Box:
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, queues_file: Path | None = None) -> None:
         self.clock = Clock()
         self.store = MemoryStore()
         self.fake = FakeExecutor()
         executor = GangExecutor(self.fake, lambda jid: j.spec.instances if (j := self.store.get(jid)) else 1)
         node = parse_simulated_inventory("4xH100-80GB")[0]
+        queues = Queues.open(queues_file, node) if queues_file is not None else None
         self.daemon = Daemon(
-            self.store, executor, node, PlacementConfig(), tmp_path, clock=self.clock, preempt_grace_s=1
+            self.store, executor, node, PlacementConfig(), tmp_path, clock=self.clock, preempt_grace_s=1, queues=queues
         )
         self.lock = threading.Lock()
         self.app = create_app(self.daemon, self.lock, lambda: None, clock=self.clock)
@@ -105,6 +107,28 @@ def test_explain_a_running_job_says_its_gpus_start_time_left_and_who_may_preempt
         f"It may be preempted by a waiting job of a priority above its 0: job {big} may, if they do not fit "
         "otherwise." in explain_text(whole, data)
     )
+
+
+def test_explain_with_queues_says_a_job_within_its_guarantee_cannot_be_preempted(tmp_path: Path) -> None:
+    queues = tmp_path / "queues.toml"
+    queues.write_text("[queues.dev]\nguarantee = { gpus = 1 }\n[queues.train]\nguarantee = { gpus = 1 }\n")
+    box = Box(tmp_path / "state", queues)
+    within = box.submit(gpus=1, queue="dev")
+    box.tick()
+    beyond = box.submit(gpus=2, queue="dev")  # dev borrows: this one holds more than dev's guarantee
+    box.tick()
+    box.tick()  # the rules read the last round's holdings
+    assert explain_text(within, box.explain(within))[-1] == (
+        "It cannot be preempted now: it runs within its queue 'dev''s guarantee."
+    )
+    said = explain_text(beyond, box.explain(beyond))[-1]
+    assert said == (
+        "It may be preempted by a waiting job of a priority above its 0 or of a queue below its guarantee (it "
+        "borrows above its own queue's); no job waiting now may."
+    )
+    reclaim = box.submit(gpus=2, queue="train")  # train is below its guarantee: it may reclaim from dev's borrower
+    data = box.explain(beyond)
+    assert data["may_be_preempted_by"] == [reclaim] and data["preemptible_now"] is True
 
 
 def test_explain_a_running_gang_says_each_instances_gpus(box: Box) -> None:
