@@ -83,6 +83,8 @@ MAX_LOG_CHUNK = 4 * 1024 * 1024
 #: `GET /v1/jobs` answers at most this many jobs unless told otherwise (`limit`), and never more than the maximum.
 DEFAULT_LIST_LIMIT = 1000
 MAX_LIST_LIMIT = 10000
+#: `explain` of a running job weighs at most this many waiting jobs as its possible preemptors.
+EXPLAIN_WAITING = 1000
 #: /readyz: the scheduling loop counts as running while a round has ended within this many seconds.
 READY_WITHIN_S = 30.0
 
@@ -479,7 +481,8 @@ def create_app(
             out = JobOut.of(job)
             queues = daemon.queues
             rules = daemon.preemption_rules or queues.preemption_rules()
-            queued = daemon.store.list([JobState.QUEUED])
+            # the waiting jobs to name (the oldest; a long queue's tail is not read for one job's explain)
+            queued = daemon.store.query(JobQuery(states=(JobState.QUEUED,), limit=EXPLAIN_WAITING))
             queue_name = queues.queue_of(job) if queues.active else None
             ran = running_story(job, out, queued, rules, queue_name, daemon.clock())
             return ExplainOut(
