@@ -241,6 +241,19 @@ def running_story(
     return RunningStory(" ".join(said), ends, can, by)
 
 
+def preemptable_story(job: Job, holding: Sequence[Job], rules: Rules) -> tuple[list[str], str]:
+    """The running jobs a waiting job may preempt (the planner's `Rules.why`), and a sentence on them ("" if none)."""
+    why = {"priority": "a lower priority", "guarantee": "borrowing above its queue's guarantee"}
+    found = [(h.id, w) for h in holding if (w := rules.why(job, h)) is not None]
+    if not found:
+        return [], ""
+    shown = ", ".join(f"{i} ({why.get(w, w)})" for i, w in found[:10])
+    more = f" and {len(found) - 10} more" if len(found) > 10 else ""
+    noun = "job" if len(found) == 1 else "jobs"
+    text = f"It may preempt {noun} {shown}{more}, once it is first in the queue and does not fit otherwise."
+    return [i for i, _ in found], text
+
+
 @dataclass(frozen=True)
 class RunningStory:
     text: str
@@ -511,10 +524,12 @@ def create_app(
         r = story.reservation
         gpus = [] if r is None else list(r.allocation.gpu_indices)
         reserved = None if r is None else ReservationOut(job=r.job_id, gpus=gpus, start=r.start)
+        victims, would = preemptable_story(job, holding, daemon.preemption_rules or queues.preemption_rules())
         return ExplainOut(
             state=job.state.value,
             reason=clean(job.reason),
-            story=clean(" ".join(t for t in (story.text, before) if t)) or None,
+            story=clean(" ".join(t for t in (story.text, would, before) if t)) or None,
+            may_preempt=victims,
             preempted=was,
             queue=clean(told.queue),
             queue_position=told.position,

@@ -204,6 +204,7 @@ class ExplainOut(BaseModel):
     ends_at: float | None = None
     preemptible_now: bool | None = None
     may_be_preempted_by: list[str] = []
+    may_preempt: list[str] = []  # a queued job: the running jobs the preemption rules let it stop (in `story` too)
 
 
 class TokenIn(BaseModel):

@@ -272,7 +272,7 @@ def explain_text(job_id: str, data: Mapping[str, Any]) -> list[str]:
 _SAID = frozenset({"state", "reason", "story", "position", "queued", "holders", "reservation", "estimated_start",
                    "default_time_limit_s", "preempted", "queue", "queue_position", "queue_queued", "ahead",
                    "limit", "gpus", "started_at", "time_limit_s", "ends_at", "preemptible_now",
-                   "may_be_preempted_by"})  # fmt: skip
+                   "may_be_preempted_by", "may_preempt"})  # fmt: skip
 _SENTENCE_END = re.compile(r"(?<=\.) +(?=[A-Z])")
 
 

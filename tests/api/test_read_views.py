@@ -103,6 +103,13 @@ def test_explain_a_running_job_says_its_gpus_start_time_left_and_who_may_preempt
     big = box.submit(peer=BOB, gpus=3, priority=5)  # no round yet: nothing is signalled, the view is read
     data = box.explain(whole)
     assert data["may_be_preempted_by"] == [big] and data["preemptible_now"] is True
+    # ... and the waiting job's explain says what it may preempt (not the --no-preempt share)
+    waits = box.explain(big, BOB)
+    assert waits["may_preempt"] == [whole]
+    assert (
+        f"It may preempt job {whole} (a lower priority), once it is first in the queue and does not fit otherwise."
+        in explain_text(big, waits)
+    )
     assert (
         f"It may be preempted by a waiting job of a priority above its 0: job {big} may, if they do not fit "
         "otherwise." in explain_text(whole, data)
