@@ -34,7 +34,7 @@ from corral.api.app import Caller, error
 from corral.daemon.core import Daemon
 from corral.daemon.tokens import TokenStore
 from corral.dashboard.history import History
-from corral.dashboard.reports import REPORT_CSP, find_report, list_reports
+from corral.dashboard.reports import REPORT_CSP, ReportsFolder
 from corral.dashboard.sessions import COOKIE, SESSION_TTL_S, Sessions, cookie_value
 
 UI_CSP = (
@@ -114,7 +114,8 @@ class Dashboard:
     def __init__(self, daemon: Daemon, tokens: TokenStore | None, reports: Path | None = None) -> None:
         self.daemon = daemon
         self.sessions = Sessions(tokens) if tokens is not None else None
-        self.reports = reports
+        # Opened now, held for the daemon's life: reports are read through this descriptor only (dashboard.reports).
+        self.reports = ReportsFolder(reports) if reports is not None else None
         self.history = History(daemon)
 
     def start(self) -> None:
@@ -122,6 +123,8 @@ class Dashboard:
 
     def close(self) -> None:
         self.history.stop()
+        if self.reports is not None:
+            self.reports.close()
 
     def router(self) -> APIRouter:
         router = APIRouter(include_in_schema=False)
@@ -201,7 +204,7 @@ class Dashboard:
             del who  # reports are what the administrator chose to show every user of the daemon
             if self.reports is None:
                 return error(404, "reports", "this daemon shows no reports (corral serve --reports DIR)")
-            found = list_reports(self.reports)
+            found = self.reports.list()
             return JSONResponse(
                 [{"path": r.path, "size": r.size, "modified": r.modified} for r in found], headers=_headers()
             )
@@ -211,11 +214,11 @@ class Dashboard:
             del who
             if self.reports is None:
                 return error(404, "reports", "this daemon shows no reports (corral serve --reports DIR)")
-            found = find_report(self.reports, path)
-            if found is None:
+            content = self.reports.read(path)
+            if content is None:
                 return error(404, "path", f"no report {path!r}")
             return Response(
-                found.read_bytes(),
+                content,
                 media_type="text/html; charset=utf-8",
                 headers=_headers(REPORT_CSP, frame="SAMEORIGIN"),
             )

@@ -3,7 +3,10 @@ session and what it may do, the CSP, the reports folder and its edges, the GPU h
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -193,3 +196,41 @@ def test_logs_tail_answers_the_last_bytes_and_where_to_go_on(live: Live) -> None
         assert tail.headers["x-corral-next-offset"] == str(len(whole))
         assert client.get(f"/v1/jobs/{job}/logs", params={"tail": 10**9}).status_code == 422
         assert client.get(f"/v1/jobs/{job}/logs", params={"tail": 100000}).content == whole
+
+
+def test_a_report_flipped_to_a_link_to_a_root_only_file_is_never_served(live: Live, reports: Path) -> None:
+    """Issue 23, finding 2, through the route: the old check-then-open served the link's target in some answers."""
+    secret = reports.parent / "shadow"
+    secret.write_text("root:$6$not-for-the-dashboard")
+    os.chown(secret, 0, 0)
+    secret.chmod(0o600)
+    flip = reports / "flip"
+    flip.mkdir()
+    (flip / "r.html").write_text("<h1>flipped report</h1>")
+    stop = threading.Event()
+
+    def flipper() -> None:
+        while not stop.is_set():
+            (flip / "l.tmp").symlink_to(secret)
+            os.replace(flip / "l.tmp", flip / "r.html")
+            (flip / "f.tmp").write_text("<h1>flipped report</h1>")
+            os.replace(flip / "f.tmp", flip / "r.html")
+
+    thread = threading.Thread(target=flipper)
+    thread.start()
+    statuses: dict[int, int] = {}
+    try:
+        with httpx.Client(
+            transport=httpx.HTTPTransport(uds=live.local.env["CORRAL_SOCKET"]), base_url="http://corral", timeout=30
+        ) as unix:
+            for _ in range(1000):
+                got = unix.get("/ui/reports/flip/r.html")
+                statuses[got.status_code] = statuses.get(got.status_code, 0) + 1
+                assert "not-for-the-dashboard" not in got.text
+                assert (got.status_code, got.text) == (200, "<h1>flipped report</h1>") or got.status_code == 404
+    finally:
+        stop.set()
+        thread.join()
+        shutil.rmtree(flip)
+        secret.unlink()
+    assert statuses.get(200, 0) > 0, statuses
