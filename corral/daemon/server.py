@@ -27,6 +27,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import fcntl
+import io
 import ipaddress
 import logging
 import os
@@ -92,7 +94,9 @@ SHUTDOWN_DEADLINE_S = 5.0
 #: The daemon's own files and folders: nobody else may read or enter them.
 PRIVATE_FILE, PRIVATE_DIR = 0o600, 0o700
 #: What corral keeps in the state directory (the database's files, tokens, the logs' folder).
-STATE_FILES = ("jobs.db", "jobs.db-wal", "jobs.db-shm", "jobs.db-journal", "tokens.json", "logs")
+STATE_FILES = ("jobs.db", "jobs.db-wal", "jobs.db-shm", "jobs.db-journal", "tokens.json", "logs", "daemon.lock")
+#: Held (flock, exclusive) by the one daemon of a state directory for its whole life; it holds that daemon's pid.
+LOCK_FILE = "daemon.lock"
 #: Paths any TCP client may ask without a token (probes): they tell nothing but that the daemon is up and ready.
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 #: The daemon's own log lines (job starts, ends, refusals, warnings) on stderr, after the "listening" line.
@@ -284,14 +288,8 @@ def bind_tcp(host: str, port: int) -> socket.socket:
 
 
 # ------------------------------------------------------------------------------------------------ files
-def make_private(state_dir: Path) -> None:
-    """Create the state directory (0700) or take back an existing one: the directory becomes the daemon user's alone
-    (0700), and so do the files an older corral kept in it (0600: jobs.db and its WAL, SHM and journal, tokens.json,
-    the logs; logs/ 0700; each log keeps its owner, the job's user).
-
-    An older corral left jobs.db and its WAL 0644 in a 0755 directory, with tokens and environments inside; this runs
-    on every start, so an upgrade closes that at once. Only corral's own entries change mode (a mistaken --state-dir
-    must not lose its files' modes), and a folder others may write to (/tmp) is refused rather than closed."""
+def _own_state_dir(state_dir: Path) -> None:
+    """Create the state directory (0700) if missing; refuse one that is not a folder of the daemon's user alone."""
     state_dir.mkdir(parents=True, mode=PRIVATE_DIR, exist_ok=True)
     st = os.stat(state_dir)  # the directory may be a link the administrator made (/var/lib/corral -> /data/corral)
     if not stat.S_ISDIR(st.st_mode):
@@ -306,6 +304,47 @@ def make_private(state_dir: Path) -> None:
             f"the state directory {state_dir} is a shared folder (mode {stat.S_IMODE(st.st_mode):o}): give corral serve"
             " a directory of its own (--state-dir)"
         )
+
+
+def hold_state_dir(state_dir: Path) -> io.FileIO:
+    """STATE_DIR/daemon.lock, open and locked (flock, exclusive) for as long as it stays open, with this
+    process's pid written in it. A second daemon on the same state directory (whatever its socket) would run the same
+    jobs from the same database twice: it is refused, before it creates or changes anything, with the first's pid.
+
+    The descriptor is close-on-exec, so no process the daemon starts (the zygote, whose supervisors outlive the
+    daemon; MPS; container runtimes) keeps the lock after the daemon ends, and a restart is never refused by a job."""
+    _own_state_dir(state_dir)
+    path = state_dir / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, PRIVATE_FILE)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        finally:
+            os.close(fd)
+        pid = f"pid {holder}" if holder.isdigit() else "its pid not yet written"
+        raise ServeError(
+            f"another corral serve ({pid}) is running on the state directory {state_dir} (it holds {path}): stop it "
+            "first, or give this one another --state-dir"
+        ) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return io.FileIO(fd, "r+")  # closed (the lock released) by close(), or when a failed start drops it
+
+
+def make_private(state_dir: Path) -> None:
+    """Create the state directory (0700) or take back an existing one: the directory becomes the daemon user's alone
+    (0700), and so do the files an older corral kept in it (0600: jobs.db and its WAL, SHM and journal, tokens.json,
+    the logs; logs/ 0700; each log keeps its owner, the job's user).
+
+    An older corral left jobs.db and its WAL 0644 in a 0755 directory, with tokens and environments inside; this runs
+    on every start, so an upgrade closes that at once. Only corral's own entries change mode (a mistaken --state-dir
+    must not lose its files' modes), and a folder others may write to (/tmp) is refused rather than closed."""
+    _own_state_dir(state_dir)
     os.chmod(state_dir, PRIVATE_DIR)
     logs = state_dir / "logs"
     entries = [state_dir / name for name in STATE_FILES]
@@ -447,6 +486,8 @@ def serve(
         raise ServeError(f"--queues: {exc}") from None
     if queues_file is None:  # none yet: a reload reads the default location once an administrator writes it
         queues.path = default_queues_path(state_dir)
+    # One daemon per state directory, for its whole life: a second is refused before it creates or changes anything.
+    state_lock = hold_state_dir(state_dir)
     # Everything the daemon creates from here on (SQLite's files, tokens, logs, folders) is its user's alone.
     os.umask(0o077)
     drop_client_credentials()
@@ -618,6 +659,7 @@ def serve(
             socket_path.unlink()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        state_lock.close()  # the last thing: nothing of this daemon touches the state directory after it
         finished.set()
 
 
