@@ -19,12 +19,16 @@ A root daemon's defaults are system locations (/var/lib/corral, /run/corral; see
 Shutdown: SIGTERM or SIGINT stops the server (requests in flight get SHUTDOWN_GRACE_S), the tick loop and the
 store; none of it waits for a tick that holds the lock. If cleaning up has not finished SHUTDOWN_DEADLINE_S after
 the signal, the process exits anyway: every acknowledged write is already durable in SQLite's WAL, and jobs outlive
-the daemon (a restart adopts them), so there is nothing left whose loss a faster exit would cause.
+the daemon (a restart adopts them), so there is nothing left whose loss a faster exit would cause. `corral serve`
+(exit_process) then ends the process at once, with the atexit reports, rather than have the interpreter join the
+worker threads still busy (a service's health check waits up to its timeoutSeconds, 20 s by default; a request's
+thread may wait for a stuck lock): that join was what kept a daemon 4-10 s after SIGTERM (issue 23, finding 15).
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import base64
 import contextlib
 import fcntl
@@ -88,9 +92,9 @@ AsgiApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 SHARING_MODES = ("mps", "time-slicing")
 #: Seconds requests in flight get to finish after SIGTERM (one waiting for a stuck tick's lock would wait forever).
-SHUTDOWN_GRACE_S = 2.0
+SHUTDOWN_GRACE_S = 1.0
 #: Seconds after SIGTERM at which the daemon exits even if cleaning up has not finished.
-SHUTDOWN_DEADLINE_S = 5.0
+SHUTDOWN_DEADLINE_S = 2.0
 #: The daemon's own files and folders: nobody else may read or enter them.
 PRIVATE_FILE, PRIVATE_DIR = 0o600, 0o700
 #: What corral keeps in the state directory (the database's files, tokens, the logs' folder).
@@ -439,6 +443,7 @@ def serve(
     reports: Path | None = None,
     preempt_grace_s: float = DEFAULT_GRACE_S,
     queues_file: Path | None = None,
+    exit_process: bool = False,
 ) -> None:
     """Run the daemon until SIGTERM or SIGINT.
 
@@ -453,6 +458,8 @@ def serve(
     `preempt_grace_s`: between the SIGTERM and the SIGKILL of a preempted job (docs/preemption.md).
     `queues_file`: queues, limits and fair share (docs/queues.md); None: STATE_DIR/queues.toml if it exists, else one
     queue without limits. SIGHUP (or POST /v1/queues/reload) reads it again; a bad file leaves the old in place.
+    `exit_process`: once stopped and cleaned up, end the process (status 0) instead of returning (see the module's
+    note on shutdown); `corral serve` sets it.
     """
     if reports is not None and not reports.is_dir():
         raise ServeError(f"--reports: {reports} is not a folder (give the folder `corral sim ... --out` wrote)")
@@ -661,6 +668,20 @@ def serve(
             signal.signal(sig, handler)
         state_lock.close()  # the last thing: nothing of this daemon touches the state directory after it
         finished.set()
+    if exit_process:
+        _exit_now()
+
+
+def _exit_now() -> None:
+    """End the process now, as a normal exit would but without joining the threads left (module's note): atexit
+    handlers (the lock's figures), logging and the standard streams flushed, then _exit(0)."""
+    try:
+        atexit._run_exitfuncs()
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(0)
 
 
 class _HeldLogs(logging.Handler):
