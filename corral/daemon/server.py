@@ -3,7 +3,8 @@
 SqliteStore(state_dir/jobs.db) + LocalExecutor + this machine (or a simulated one) -> Daemon
 a tick thread: daemon.tick() every tick_s, and at once after a submit or cancel
 uvicorn on the sockets (one server, one event loop):
-    Unix socket (mode 0666)  every connection carries its peer's (uid, gid, user) from SO_PEERCRED
+    Unix socket (mode 0666)  every connection carries its peer's (uid, gid, user) from SO_PEERCRED; every request's
+                             Host must name this machine (corral.api.hosts: DNS rebinding through a forward), or 421
     TCP (--listen, 127.0.0.1 unless a host is named)  every request must carry a token: "Authorization: Bearer <t>",
                              DC/OS's "Authorization: token=<t>", or Basic auth with the token as password; it then
                              acts as the token's user, or gets 401
@@ -52,6 +53,7 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from corral.api import hosts
 from corral.api.app import PEER_KEY, VIA_KEY, create_app
 from corral.api.limits import face_of, message_answer
 from corral.daemon.core import Daemon
@@ -63,7 +65,7 @@ from corral.daemon.queues import Queues
 from corral.daemon.queues import default_path as default_queues_path
 from corral.daemon.reservation import DEFAULT_TIME_LIMIT_S
 from corral.daemon.tokens import TokenFileError, TokenStore
-from corral.dashboard import Dashboard, foreign_browser_host, is_open
+from corral.dashboard import Dashboard, is_open
 from corral.dashboard.sessions import Sessions
 from corral.executor.container import RUNTIMES
 from corral.executor.local import LocalExecutor
@@ -138,11 +140,10 @@ class _WithPeer:
         self.peer = peer
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        host = foreign_browser_host(scope.get("headers", ())) if scope["type"] == "http" else None
-        if host is not None:  # a page elsewhere that rebound its name to a port forwarded to this socket
+        host = hosts.foreign_host(scope.get("headers", ())) if scope["type"] == "http" else None
+        if host is not None:  # e.g. a page elsewhere that rebound its name to a port forwarded to this socket
             path = scope.get("path", "/")
-            why = f"a browser reaches the socket as http://127.0.0.1:PORT or http://localhost:PORT, not {host[:80]!r}"
-            await message_answer(403, path, "host", why)(scope, receive, send)
+            await message_answer(hosts.STATUS, path, "host", hosts.refusal(host))(scope, receive, send)
             return
         scope = dict(scope)
         scope[PEER_KEY] = self.peer

@@ -12,7 +12,7 @@ Who the viewer is:
                  HttpOnly, SameSite=Strict session cookie and hands the page a check it sends as X-Corral-Session
                  (corral.dashboard.sessions); a session authorises reads only. A Bearer header works too.
 
-A browser's request over the socket must name this machine in Host (foreign_browser_host: DNS rebinding).
+Every request over the socket must name this machine in Host (corral.api.hosts: DNS rebinding through a forward).
 
 Every UI answer carries a Content-Security-Policy that allows nothing but this origin (UI_CSP): no inline script,
 no third-party request. The page renders every user's and peer's text with textContent, never as markup.
@@ -20,7 +20,6 @@ no third-party request. The page renders every user's and peer's text with textC
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -54,26 +53,6 @@ def is_open(method: str, path: str) -> bool:
     if method in ("GET", "HEAD"):
         return path in (PREFIX, PREFIX + "/") or path.startswith(PREFIX + "/static/")
     return method == "POST" and path in (PREFIX + "/login", PREFIX + "/logout")
-
-
-#: Host names a browser may use to reach the Unix socket through a forwarded port (and `corral`, the CLI's).
-LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "corral"})
-#: Headers every modern browser sends and corral's own clients do not.
-BROWSER_HEADERS = (b"sec-fetch-mode", b"sec-fetch-site", b"origin")
-
-
-def foreign_browser_host(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
-    """The Host of a browser's request over the socket that does not name this machine, else None.
-
-    Over the socket the caller needs no token (`ssh -L 8470:SOCKET` makes the forwarded port act as the ssh user).
-    A page on another site could rebind its own name to 127.0.0.1 and then read that port as its own origin; such a
-    request still names the other site in Host, so a browser's request must name the machine itself."""
-    found = dict((k.lower(), v) for k, v in headers)
-    if not any(h in found for h in BROWSER_HEADERS):
-        return None
-    host = found.get(b"host", b"").decode("latin-1")
-    name = urlsplit(f"//{host}").hostname or ""
-    return None if name in LOCAL_HOSTS or name.endswith(".localhost") else host
 
 
 def _headers(csp: str = UI_CSP, frame: str = "DENY") -> dict[str, str]:

@@ -144,12 +144,16 @@ def test_over_the_socket_the_caller_needs_no_login(live: Live) -> None:
         browser = {"Sec-Fetch-Site": "same-origin", "Sec-Fetch-Mode": "cors"}
         for host in ("127.0.0.1:8470", "localhost:8470", "[::1]:8470"):
             assert unix.get("/v1/jobs", headers={**browser, "Host": host}).status_code == 200, host
-        # a page elsewhere that rebound its name to 127.0.0.1 reads nothing through that port
-        for host in ("evil.example:8470", "127.0.0.1.evil.example", "corral.example"):
-            refused = unix.get("/v1/jobs", headers={**browser, "Host": host})
-            assert refused.status_code == 403 and refused.json()["detail"]["field"] == "host", host
-        # corral's own clients are not browsers: whatever they put in Host
-        assert unix.get("/v1/jobs", headers={"Host": "anything"}).status_code == 200
+        # a page elsewhere that rebound its name to 127.0.0.1 reads nothing through that port, whatever it sends
+        for host in ("evil.example:8470", "127.0.0.1.evil.example", "corral.example", "localhost.evil.example"):
+            for extra in (browser, {"Origin": f"http://{host}"}, {}):
+                refused = unix.get("/ui/api/me", headers={**extra, "Host": host})
+                assert refused.status_code == 421 and refused.json()["detail"] == {
+                    "field": "host",
+                    "message": f"Host {host!r} is not this machine: over the Unix socket, Host must be corral, "
+                    "localhost, 127.0.0.1 or [::1] (any port), or be left out; a browser reaches a forwarded socket "
+                    "as http://localhost:PORT or http://127.0.0.1:PORT",
+                }, (host, extra)
 
 
 def test_reports_are_the_folders_html_files_served_sandboxed(live: Live) -> None:
