@@ -293,9 +293,73 @@ def bind_tcp(host: str, port: int) -> socket.socket:
 
 
 # ------------------------------------------------------------------------------------------------ files
+#: Links followed on the way to a path before it is refused (the kernel's own limit).
+MAX_LINKS = 40
+
+
+def untrusted_step(path: Path, *, last: bool = False) -> str | None:
+    """What on the way to `path` a user other than root and the daemon's could change, None if nothing.
+
+    The daemon checks its folders once and then uses them by path (SQLite opens jobs.db by name; the socket is bound,
+    then made 0666, by name; the queues file is read again on every reload). That is safe only if nobody else can
+    swap a folder or a link on the way between the check and the use: every folder and link reached from / (links
+    followed as the kernel does) must belong to root or the daemon's user, and no folder may be writable by others
+    unless sticky (/tmp: others cannot replace what is not theirs). `last`: check the final entry too (a file);
+    otherwise only a link there is checked and followed, the folder itself is its caller's to judge. What does not
+    exist yet is the daemon's to create."""
+    trusted_uids, trusted_gids = {0, os.geteuid()}, {0, os.getegid()}
+    parts = list((Path.cwd() / path).parts[1:])  # not abspath(): `..` after a link is the link's target's parent
+    current, links = "/", 0
+    while parts:
+        name = parts.pop(0)
+        if name in ("", "."):
+            continue
+        if name == "..":
+            current = os.path.dirname(current)
+            continue
+        candidate = os.path.join(current, name)
+        try:
+            st = os.lstat(candidate)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            return f"{candidate} cannot be checked ({exc.strerror or exc})"
+        final = not any(p not in ("", ".") for p in parts)
+        if stat.S_ISLNK(st.st_mode):
+            if st.st_uid not in trusted_uids:
+                return f"the link {candidate} belongs to uid {st.st_uid}"
+            links += 1
+            if links > MAX_LINKS:
+                return f"{path} goes through more than {MAX_LINKS} links"
+            target = os.readlink(candidate)
+            parts = [*Path(target).parts[1 if os.path.isabs(target) else 0 :], *parts]
+            current = "/" if os.path.isabs(target) else current
+            continue
+        if not final or last:
+            if st.st_uid not in trusted_uids:
+                return f"{candidate} belongs to uid {st.st_uid}"
+            mode = stat.S_IMODE(st.st_mode)
+            shared = mode & stat.S_IWOTH or (mode & stat.S_IWGRP and st.st_gid not in trusted_gids)
+            if shared and not (stat.S_ISDIR(st.st_mode) and mode & stat.S_ISVTX):
+                return f"{candidate} is writable by other users (mode {mode:o})"
+        current = candidate
+    return None
+
+
+def refuse_untrusted(path: Path, what: str, *, last: bool = False) -> None:
+    step = untrusted_step(path, last=last)
+    if step is not None:
+        raise ServeError(
+            f"{what} {path} is reached through what another user could swap for their own: {step}; give a path "
+            "whose folders and links belong to root or the daemon's user"
+        )
+
+
 def _own_state_dir(state_dir: Path) -> None:
     """Create the state directory (0700) if missing; refuse one that is not a folder of the daemon's user alone."""
+    refuse_untrusted(state_dir, "the state directory")
     state_dir.mkdir(parents=True, mode=PRIVATE_DIR, exist_ok=True)
+    refuse_untrusted(state_dir, "the state directory")
     st = os.stat(state_dir)  # the directory may be a link the administrator made (/var/lib/corral -> /data/corral)
     if not stat.S_ISDIR(st.st_mode):
         raise ServeError(f"the state directory {state_dir} is not a directory")
@@ -379,6 +443,7 @@ def prepare_runtime_dir(runtime_dir: Path, state_dir: Path) -> None:
     another socket in its place: the folder must be theirs, and not writable by others unless sticky (/tmp)."""
     if runtime_dir.resolve() == state_dir.resolve():
         return
+    refuse_untrusted(runtime_dir, "the socket's folder")
     if not runtime_dir.is_dir():
         runtime_dir.mkdir(parents=True, mode=RUNTIME_DIR_MODE, exist_ok=True)
         os.chmod(runtime_dir, RUNTIME_DIR_MODE)  # mkdir's mode is cut by the umask (077)
@@ -488,6 +553,8 @@ def serve(
         kernels()
     if queues_file is None and default_queues_path(state_dir).is_file():
         queues_file = default_queues_path(state_dir)
+    if queues_file is not None:  # it says who may submit, and at what priority: nobody else may write it
+        refuse_untrusted(queues_file, "--queues: the queues file", last=True)
     try:
         queues = Queues.open(queues_file, node)
     except QueueConfigError as exc:
