@@ -38,7 +38,7 @@ def test_a_link_a_folder_or_an_open_folder_of_another_user_on_the_way_is_refused
     (tmp_path / "their-dir").mkdir()
     theirs(tmp_path / "their-dir")
     assert untrusted_step(tmp_path / "their-dir" / "run") == f"{tmp_path}/their-dir belongs to uid {OTHER}"
-    with pytest.raises(ServeError, match="the socket's folder .* belongs to uid 4242"):
+    with pytest.raises(ServeError, match=r"the socket's folder .* belongs to uid 4242"):
         prepare_runtime_dir(tmp_path / "their-dir" / "run", tmp_path / "state")
     assert not (tmp_path / "their-dir" / "run").exists()
 
