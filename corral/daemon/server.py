@@ -80,6 +80,7 @@ from corral.placement import PlacementConfig
 from corral.placement.native import kernels
 from corral.placement.registry import get_policy
 from corral.queue.config import QueueConfigError
+from corral.services import health
 from corral.services.ports import ENV as PORTS_ENV
 from corral.services.ports import parse_range
 from corral.store import SqliteStore
@@ -720,6 +721,7 @@ def serve(
         # Bounded: a tick stuck holding the lock must not keep the daemon alive (the tick thread is a daemon thread).
         ticker.join(timeout=SHUTDOWN_GRACE_S)
         dashboard.close()
+        health.stop_commands()  # their threads are not waited for (_exit_now): nothing else would end them
         executor.close()
         if sampler is not None:
             sampler.close()

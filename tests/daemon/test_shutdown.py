@@ -73,6 +73,14 @@ def test_sigterm_stops_a_daemon_whose_tick_never_returns(tmp_path: Path) -> None
             server.communicate()
 
 
+def running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
 def pids_in(path: Path) -> list[int]:
     return [int(line) for line in path.read_text().split()] if path.exists() else []
 
@@ -114,6 +122,8 @@ def test_sigterm_ends_a_daemon_promptly_while_a_health_check_runs_and_its_jobs_l
         assert len(stats) == 1 and json.loads(stats[0].removeprefix("corral serve: lock stats "))["holds"] > 0
         for pid in pids_in(job_pid) + pids_in(instances):
             os.kill(pid, 0)
+        # the health check's command is not left behind (nobody would end it at its timeout any more)
+        wait_for("the check's command to be killed", lambda: not running(pids_in(probe)[0]))
     finally:
         if server.poll() is None:
             server.kill()
