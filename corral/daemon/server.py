@@ -97,7 +97,7 @@ SHARING_MODES = ("mps", "time-slicing")
 #: Seconds requests in flight get to finish after SIGTERM (one waiting for a stuck tick's lock would wait forever).
 SHUTDOWN_GRACE_S = 1.0
 #: Seconds after SIGTERM at which the daemon exits even if cleaning up has not finished.
-SHUTDOWN_DEADLINE_S = 2.0
+SHUTDOWN_DEADLINE_S = 1.8  # under 2 s with the exit itself
 #: The daemon's own files and folders: nobody else may read or enter them.
 PRIVATE_FILE, PRIVATE_DIR = 0o600, 0o700
 #: What corral keeps in the state directory (the database's files, tokens, the logs' folder).
@@ -652,7 +652,7 @@ def serve(
             if finished.wait(SHUTDOWN_DEADLINE_S):
                 return
             # A tick (or a request) holds the lock and does not return: exit without it (see the module's note).
-            log.error("corral serve: shutdown did not finish in %.0f s; exiting now", SHUTDOWN_DEADLINE_S)
+            log.error("corral serve: shutdown did not finish in %.1f s; exiting now", SHUTDOWN_DEADLINE_S)
             with contextlib.suppress(OSError):
                 socket_path.unlink()
             os._exit(0)
