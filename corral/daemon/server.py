@@ -655,6 +655,7 @@ def serve(
             log.error("corral serve: shutdown did not finish in %.1f s; exiting now", SHUTDOWN_DEADLINE_S)
             with contextlib.suppress(OSError):
                 socket_path.unlink()
+            health.stop_commands()
             os._exit(0)
 
         threading.Thread(target=deadline, name="corral-shutdown-deadline", daemon=True).start()
