@@ -14,8 +14,8 @@ Who the viewer is:
                  (corral.dashboard.sessions); a session authorises reads, and cancelling a job with the check
                  (the page's Cancel button; nothing else is written). A Bearer header works too.
 
-A browser's request over the socket must name this machine in Host (foreign_browser_host: DNS rebinding), and a
-browser's write over the socket must come from the page's own origin (cross_site_write: a forged form or fetch).
+Every request over the socket must name this machine in Host (corral.api.hosts: DNS rebinding through a forward),
+and a browser's write over the socket must come from the page's own origin (cross_site_write: a forged form or fetch).
 
 Every UI answer carries a Content-Security-Policy that allows nothing but this origin (UI_CSP): no inline script,
 no third-party request. The page renders every user's and peer's text with textContent, never as markup.
@@ -37,7 +37,7 @@ from corral.api.app import Caller, error
 from corral.daemon.core import Daemon
 from corral.daemon.tokens import TokenStore
 from corral.dashboard.history import History
-from corral.dashboard.reports import REPORT_CSP, find_report, list_reports
+from corral.dashboard.reports import REPORT_CSP, ReportsFolder
 from corral.dashboard.sessions import COOKIE, SAFE_METHODS, SESSION_TTL_S, Sessions, cookie_value, cross_origin
 
 UI_CSP = (
@@ -58,26 +58,6 @@ def is_open(method: str, path: str) -> bool:
     if method in ("GET", "HEAD"):
         return path in ("/", PREFIX, PREFIX + "/") or path.startswith(PREFIX + "/static/")
     return method == "POST" and path in (PREFIX + "/login", PREFIX + "/logout")
-
-
-#: Host names a browser may use to reach the Unix socket through a forwarded port (and `corral`, the CLI's).
-LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "corral"})
-#: Headers every modern browser sends and corral's own clients do not.
-BROWSER_HEADERS = (b"sec-fetch-mode", b"sec-fetch-site", b"origin")
-
-
-def foreign_browser_host(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
-    """The Host of a browser's request over the socket that does not name this machine, else None.
-
-    Over the socket the caller needs no token (`ssh -L 8470:SOCKET` makes the forwarded port act as the ssh user).
-    A page on another site could rebind its own name to 127.0.0.1 and then read that port as its own origin; such a
-    request still names the other site in Host, so a browser's request must name the machine itself."""
-    found = dict((k.lower(), v) for k, v in headers)
-    if not any(h in found for h in BROWSER_HEADERS):
-        return None
-    host = found.get(b"host", b"").decode("latin-1")
-    name = urlsplit(f"//{host}").hostname or ""
-    return None if name in LOCAL_HOSTS or name.endswith(".localhost") else host
 
 
 def cross_site_write(method: str, headers: Iterable[tuple[bytes, bytes]]) -> str | None:
@@ -131,7 +111,8 @@ class Dashboard:
     def __init__(self, daemon: Daemon, tokens: TokenStore | None, reports: Path | None = None) -> None:
         self.daemon = daemon
         self.sessions = Sessions(tokens) if tokens is not None else None
-        self.reports = reports
+        # Opened now, held for the daemon's life: reports are read through this descriptor only (dashboard.reports).
+        self.reports = ReportsFolder(reports) if reports is not None else None
         self.history = History(daemon)
 
     def start(self) -> None:
@@ -139,6 +120,8 @@ class Dashboard:
 
     def close(self) -> None:
         self.history.stop()
+        if self.reports is not None:
+            self.reports.close()
 
     def router(self) -> APIRouter:
         router = APIRouter(include_in_schema=False)
@@ -223,7 +206,7 @@ class Dashboard:
             del who  # reports are what the administrator chose to show every user of the daemon
             if self.reports is None:
                 return error(404, "reports", "this daemon shows no reports (corral serve --reports DIR)")
-            found = list_reports(self.reports)
+            found = self.reports.list()
             return JSONResponse(
                 [{"path": r.path, "size": r.size, "modified": r.modified} for r in found], headers=_headers()
             )
@@ -233,11 +216,11 @@ class Dashboard:
             del who
             if self.reports is None:
                 return error(404, "reports", "this daemon shows no reports (corral serve --reports DIR)")
-            found = find_report(self.reports, path)
-            if found is None:
+            content = self.reports.read(path)
+            if content is None:
                 return error(404, "path", f"no report {path!r}")
             return Response(
-                found.read_bytes(),
+                content,
                 media_type="text/html; charset=utf-8",
                 headers=_headers(REPORT_CSP, frame="SAMEORIGIN"),
             )

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -142,12 +144,16 @@ def test_over_the_socket_the_caller_needs_no_login(live: Live) -> None:
         browser = {"Sec-Fetch-Site": "same-origin", "Sec-Fetch-Mode": "cors"}
         for host in ("127.0.0.1:8470", "localhost:8470", "[::1]:8470"):
             assert unix.get("/v1/jobs", headers={**browser, "Host": host}).status_code == 200, host
-        # a page elsewhere that rebound its name to 127.0.0.1 reads nothing through that port
-        for host in ("evil.example:8470", "127.0.0.1.evil.example", "corral.example"):
-            refused = unix.get("/v1/jobs", headers={**browser, "Host": host})
-            assert refused.status_code == 403 and refused.json()["detail"]["field"] == "host", host
-        # corral's own clients are not browsers: whatever they put in Host
-        assert unix.get("/v1/jobs", headers={"Host": "anything"}).status_code == 200
+        # a page elsewhere that rebound its name to 127.0.0.1 reads nothing through that port, whatever it sends
+        for host in ("evil.example:8470", "127.0.0.1.evil.example", "corral.example", "localhost.evil.example"):
+            for extra in (browser, {"Origin": f"http://{host}"}, {}):
+                refused = unix.get("/ui/api/me", headers={**extra, "Host": host})
+                assert refused.status_code == 421 and refused.json()["detail"] == {
+                    "field": "host",
+                    "message": f"Host {host!r} is not this machine: over the Unix socket, Host must be corral, "
+                    "localhost, 127.0.0.1 or [::1] (any port), or be left out; a browser reaches a forwarded socket "
+                    "as http://localhost:PORT or http://127.0.0.1:PORT",
+                }, (host, extra)
 
 
 def test_reports_are_the_folders_html_files_served_sandboxed(live: Live) -> None:
@@ -291,3 +297,39 @@ def test_over_the_socket_a_page_of_another_site_cannot_write(live: Live) -> None
             assert unix.get("/marathon/v2/apps").json()["apps"] == []
     finally:
         live.local.run("cancel", job, ok=False)
+def test_a_report_flipped_to_a_link_to_a_root_only_file_is_never_served(live: Live, reports: Path) -> None:
+    """Issue 23, finding 2, through the route: the old check-then-open served the link's target in some answers."""
+    secret = reports.parent / "shadow"
+    secret.write_text("root:$6$not-for-the-dashboard")
+    os.chown(secret, 0, 0)
+    secret.chmod(0o600)
+    flip = reports / "flip"
+    flip.mkdir()
+    (flip / "r.html").write_text("<h1>flipped report</h1>")
+    stop = threading.Event()
+
+    def flipper() -> None:
+        while not stop.is_set():
+            (flip / "l.tmp").symlink_to(secret)
+            os.replace(flip / "l.tmp", flip / "r.html")
+            (flip / "f.tmp").write_text("<h1>flipped report</h1>")
+            os.replace(flip / "f.tmp", flip / "r.html")
+
+    thread = threading.Thread(target=flipper)
+    thread.start()
+    statuses: dict[int, int] = {}
+    try:
+        with httpx.Client(
+            transport=httpx.HTTPTransport(uds=live.local.env["CORRAL_SOCKET"]), base_url="http://corral", timeout=30
+        ) as unix:
+            for _ in range(1000):
+                got = unix.get("/ui/reports/flip/r.html")
+                statuses[got.status_code] = statuses.get(got.status_code, 0) + 1
+                assert "not-for-the-dashboard" not in got.text
+                assert (got.status_code, got.text) == (200, "<h1>flipped report</h1>") or got.status_code == 404
+    finally:
+        stop.set()
+        thread.join()
+        shutil.rmtree(flip)
+        secret.unlink()
+    assert statuses.get(200, 0) > 0, statuses
