@@ -23,8 +23,9 @@
     [groups.interns]                 # per group across all queues
     limit = { gpus = 1 }
 
-Amounts: `gpus` (whole GPUs, i.e. devices a job touches), `gpu_milli` (1000 = one GPU), `gpu_memory` ("40GiB"),
-`cpus` (16, "500m"), `memory` ("64GiB"), as `corral submit`'s flags. Every error names the file, the key and the
+Amounts: `gpus` (GPUs, a share counted by its part: 0.5 + 0.3 + 1 = 1.8; fractions such as 1.5 are allowed),
+`gpu_milli` (1000 = one GPU), `gpu_memory` ("40GiB"), `cpus` (16, "500m"), `memory` ("64GiB"), as `corral submit`'s
+flags. A gang counts every instance: 3 instances of 1 GPU ask for 3 GPUs. Every error names the file, the key and the
 rule: unknown keys, negative, NaN or huge numbers, a guarantee above its limit. Guarantees that sum above the
 machine are refused when the machine is known (`validate_against_machine`): a guarantee that cannot be honoured is
 a promise the scheduler cannot keep.
@@ -45,14 +46,15 @@ from corral.model.units import parse_cpu_milli, parse_duration_seconds, parse_me
 
 #: The dimensions of a quota, in this order in every vector (`Amounts.vector`).
 DIMENSIONS = ("gpus", "gpu_milli", "gpu_memory", "cpus", "memory")
-#: How each dimension reads in a message (the unit of the vector's base value).
-NAMES = {"gpus": "GPUs", "gpu_milli": "GPU milli", "gpu_memory": "MiB of GPU memory", "cpus": "CPU milli",
+#: How each dimension reads in a message (the unit of the vector's base value). `gpus` is held in milli, as
+#: `gpu_milli`: a share counts by its part (issue 23: a 0.5 share is half a GPU of a `gpus` limit, not a whole one).
+NAMES = {"gpus": "GPU milli", "gpu_milli": "GPU milli", "gpu_memory": "MiB of GPU memory", "cpus": "CPU milli",
          "memory": "MiB of memory"}  # fmt: skip
 DEFAULT_HALF_LIFE_S = 7 * 86400.0
 DEFAULT_QUEUE = "default"
 MAX_WEIGHT = 1e6
 _MAX = {
-    "gpus": MAX_QUANTITY["gpu_count"] * 1024,
+    "gpus": MAX_QUANTITY["gpu_count"] * 1024 * MILLI_PER_GPU,
     "gpu_milli": MAX_QUANTITY["gpu_count"] * 1024 * MILLI_PER_GPU,
     "gpu_memory": MAX_QUANTITY["memory_mib"],
     "cpus": MAX_QUANTITY["cpu_milli"],
@@ -67,7 +69,8 @@ class QueueConfigError(CorralError):
 
 @dataclass(frozen=True)
 class Amounts:
-    """A quota: per dimension a bound in base units (whole GPUs, GPU milli, MiB, CPU milli, MiB), None = unbounded."""
+    """A quota: per dimension a bound in base units (GPU milli, GPU milli, MiB, CPU milli, MiB), None = unbounded.
+    `gpus` and `gpu_milli` are one measure (a share counts by its part) written two ways in the file."""
 
     gpus: int | None = None
     gpu_milli: int | None = None
@@ -86,8 +89,16 @@ class Amounts:
     def empty(self) -> bool:
         return all(x is None for x in self.values())
 
-    def as_dict(self) -> dict[str, int]:
-        return {k: v for k, v in zip(DIMENSIONS, self.values(), strict=True) if v is not None}
+    def as_dict(self) -> dict[str, int | float]:
+        """As the file writes it: `gpus` in GPUs (1.5), the rest in base units."""
+        return {k: vector_value(k, v) for k, v in zip(DIMENSIONS, self.values(), strict=True) if v is not None}
+
+
+def vector_value(dim: str, value: int) -> int | float:
+    """A base-unit value as the API shows it: `gpus` in GPUs (an int when whole: 2, else 1.8), the rest unchanged."""
+    if dim != "gpus":
+        return value
+    return value // MILLI_PER_GPU if value % MILLI_PER_GPU == 0 else round(value / MILLI_PER_GPU, 3)
 
 
 @dataclass(frozen=True)
@@ -189,9 +200,12 @@ class _Reader:
                 raise self.fail(k, f"must not be negative, got {raw!r}")
             try:
                 if dim == "gpus":
-                    if not isinstance(raw, int):
-                        raise InvalidRequest(dim, f"must be a whole number of GPUs, got {raw!r}")
-                    v = raw
+                    if not isinstance(raw, int | float):
+                        raise InvalidRequest(dim, f"must be a number of GPUs (1.5: one and a half), got {raw!r}")
+                    milli = raw * MILLI_PER_GPU
+                    if isinstance(raw, float) and (milli > _MAX[dim] or abs(milli - round(milli)) > 1e-6):
+                        raise InvalidRequest(dim, f"must be a number of GPUs in steps of 0.001, got {raw!r}")
+                    v = round(milli)
                 elif dim == "gpu_milli":
                     if not isinstance(raw, int):
                         raise InvalidRequest(dim, f"must be a whole number (1000 = one GPU), got {raw!r}")
@@ -203,7 +217,8 @@ class _Reader:
             except InvalidRequest as exc:
                 raise self.fail(k, exc.message) from None
             if v > _MAX[dim]:
-                raise self.fail(k, f"must be at most {_MAX[dim]}, got {raw!r}")
+                most = _MAX[dim] // MILLI_PER_GPU if dim == "gpus" else _MAX[dim]
+                raise self.fail(k, f"must be at most {most}, got {raw!r}")
             out[dim] = v
         return Amounts(**out)
 
@@ -227,7 +242,8 @@ class _Reader:
         limit = self.amounts(t.get("limit", {}), f"{key}.limit")
         for dim, g, lim in zip(DIMENSIONS, guarantee.values(), limit.values(), strict=True):
             if g is not None and lim is not None and g > lim:
-                raise self.fail(f"{key}.guarantee.{dim}", f"is {g}, above the queue's limit of {lim}")
+                shown = f"is {vector_value(dim, g)}, above the queue's limit of {vector_value(dim, lim)}"
+                raise self.fail(f"{key}.guarantee.{dim}", shown)
         return QueueSpec(
             name=name,
             weight=self.weight(t.get("weight", 1.0), f"{key}.weight"),
@@ -299,7 +315,8 @@ def validate_against_machine(config: QueuesConfig, capacity: Vector) -> None:
     for i, dim in enumerate(DIMENSIONS):
         total = sum(q.guarantee.vector()[i] for q in config.queues.values())
         if total > capacity[i]:
+            unit = "GPUs" if dim == "gpus" else NAMES[dim]
             raise QueueConfigError(
-                f"{config.source}: queues.*.guarantee.{dim}: the guarantees add up to {total} {NAMES[dim]}, more "
-                f"than the machine's {capacity[i]}"
+                f"{config.source}: queues.*.guarantee.{dim}: the guarantees add up to {vector_value(dim, total)} "
+                f"{unit}, more than the machine's {vector_value(dim, capacity[i])}"
             )

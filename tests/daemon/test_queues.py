@@ -308,7 +308,7 @@ def test_reload_takes_a_good_file_and_keeps_the_old_for_a_bad_one(tmp_path: Path
     assert r.json()["detail"]["message"] == (
         f"{w.path}: queues.train.limit.gpus: must not be negative, got -2; the old configuration stays"
     )
-    assert w.queues.config.queues["train"].limit.gpus == 1
+    assert w.queues.config.queues["train"].limit.gpus == 1000  # milli
     w.path.write_text("[queues.train]\nlimit = { gpus = 2 }\n[queues.new]\n")
     r = w.client(ROOT).post("/v1/queues/reload")
     assert r.status_code == 200 and r.json()["queues"] == ["default", "new", "train"]

@@ -48,13 +48,20 @@ def test_a_full_file_reads_into_base_units() -> None:
     assert c.admins == {"ann"} and c.admin_groups == {"ops"}
     train = c.queues["train"]
     assert train.weight == 3 and train.max_priority == 50 and train.submitters == ("ann", "@ml")
-    assert train.guarantee == Amounts(gpus=2, memory=65536)
-    assert train.limit == Amounts(gpus=4, gpu_milli=4000, gpu_memory=163840, cpus=16000, memory=262144)
-    assert train.borrow_limit == Amounts(gpus=1)
-    assert train.user("ann") is not None and train.user("ann").limit == Amounts(gpus=2)  # type: ignore[union-attr]
+    assert train.guarantee == Amounts(gpus=2000, memory=65536)  # GPUs in milli: a share counts by its part
+    assert train.limit == Amounts(gpus=4000, gpu_milli=4000, gpu_memory=163840, cpus=16000, memory=262144)
+    assert train.borrow_limit == Amounts(gpus=1000)
+    assert train.user("ann") is not None and train.user("ann").limit == Amounts(gpus=2000)  # type: ignore[union-attr]
     assert train.user("zed") is not None and train.user("zed").limit == Amounts(cpus=500)  # type: ignore[union-attr]
-    assert train.groups["ml"].limit == Amounts(gpus=3)
-    assert c.user("bob") is not None and c.groups["interns"].limit == Amounts(gpus=1)
+    assert train.groups["ml"].limit == Amounts(gpus=3000)
+    assert c.user("bob") is not None and c.groups["interns"].limit == Amounts(gpus=1000)
+    assert train.limit.as_dict()["gpus"] == 4  # shown as the file writes it
+
+
+def test_gpus_may_be_fractions_in_steps_of_a_thousandth() -> None:
+    c = parse_queues("[queues.a]\nlimit = { gpus = 1.5 }\nguarantee = { gpus = 0.25 }\n")
+    assert c.queues["a"].limit == Amounts(gpus=1500) and c.queues["a"].guarantee == Amounts(gpus=250)
+    assert c.queues["a"].limit.as_dict() == {"gpus": 1.5}
 
 
 def test_no_default_queue_listed_makes_one() -> None:
@@ -74,7 +81,8 @@ def test_the_example_file_is_valid() -> None:
         ("colour = 1\n", "q.toml: colour: unknown key"),
         ("[queues.a]\nlimit = { gpus = -1 }\n", "queues.a.limit.gpus: must not be negative, got -1"),
         ("[queues.a]\nlimit = { cpus = nan }\n", "queues.a.limit.cpus: must be finite"),
-        ("[queues.a]\nlimit = { gpus = 1.5 }\n", "queues.a.limit.gpus: must be a whole number of GPUs"),
+        ("[queues.a]\nlimit = { gpus = 1.0005 }\n", "queues.a.limit.gpus: must be a number of GPUs in steps of 0.001"),
+        ("[queues.a]\nlimit = { gpus = \"2\" }\n", "queues.a.limit.gpus: must be a number of GPUs (1.5: one"),
         ("[queues.a]\nlimit = { gpus = 99999999999 }\n", "queues.a.limit.gpus: must be at most"),
         ("[queues.a]\nlimit = { memory = \"lots\" }\n", "queues.a.limit.memory: not a memory amount"),
         ("[queues.a]\nlimit = { disks = 1 }\n", "queues.a.limit.disks: unknown key"),
@@ -100,11 +108,11 @@ def test_mistakes_name_the_file_the_key_and_the_rule(text: str, words: str) -> N
 
 def test_guarantees_above_the_machine_are_refused() -> None:
     c = parse_queues("[queues.a]\nguarantee = { gpus = 3 }\n[queues.b]\nguarantee = { gpus = 2 }\n", "q.toml")
-    validate_against_machine(c, (8, 8000, 0, 64000, 100000))
+    validate_against_machine(c, (8000, 8000, 0, 64000, 100000))
     with pytest.raises(
         QueueConfigError, match=r"guarantee\.gpus: the guarantees add up to 5 GPUs, more than the machine's 4"
     ):
-        validate_against_machine(c, (4, 4000, 0, 64000, 100000))
+        validate_against_machine(c, (4000, 4000, 0, 64000, 100000))
 
 
 def test_an_unreadable_file_is_named(tmp_path: Path) -> None:
