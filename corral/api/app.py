@@ -390,7 +390,9 @@ def create_app(
         was = JobOut.of(job).preempted
         before = preempted_story(job)
         if job.state is not JobState.QUEUED:
-            return ExplainOut(state=job.state.value, reason=clean(job.reason), story=before or None, preempted=was)
+            guard = daemon.queues.protection_story(job, daemon.clock())  # its minimum runtime, if still in it
+            said = " ".join(t for t in (guard, before) if t)
+            return ExplainOut(state=job.state.value, reason=clean(job.reason), story=said or None, preempted=was)
         holding = daemon.store.list([JobState.STARTING, JobState.RUNNING])
         queues = daemon.queues
         waiting = [i for i in daemon.queue_order if i not in queues.started]  # the last round's, less its starts

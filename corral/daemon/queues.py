@@ -31,12 +31,14 @@ from typing import Any
 
 import numpy as np
 
-from corral.daemon.preemption import Rules
+from corral.daemon.preemption import Rules, span_text
+from corral.daemon.scheduler import clock_text
 from corral.jobs.model import FINAL_STATES, Job, JobSpec
 from corral.model.errors import InvalidRequest
 from corral.model.resources import Node
 from corral.model.snapshot import ClusterSnapshot
 from corral.queue.config import (
+    DEFAULT_MIN_RUNTIME_S,
     DEFAULT_QUEUE,
     Amounts,
     QueueConfigError,
@@ -112,10 +114,15 @@ class RoundQueues:
 
 
 class Queues:
-    def __init__(self, node: Node, config: QueuesConfig | None = None, path: Path | None = None) -> None:
+    def __init__(
+        self, node: Node, config: QueuesConfig | None = None, path: Path | None = None,
+        min_runtime_s: float = DEFAULT_MIN_RUNTIME_S,
+    ) -> None:  # fmt: skip
+        """`min_runtime_s`: how long a job runs before it may be preempted, without a queues file (a file says its
+        own, `min_runtime`)."""
         self.node = node
         self.path = path
-        self.config = config if config is not None else QueuesConfig.single()
+        self.config = config if config is not None else QueuesConfig.single(min_runtime_s)
         #: Fair share and limits apply only with a file; without one the order stays priority, then age.
         self.active = config is not None
         self.capacity = amount(
@@ -282,7 +289,7 @@ class Queues:
                       being a victim is never borrowing
         Each rule reads the holdings of the round that calls it (`self.usage`), so a reload takes effect at once."""
         if not self.active:
-            return Rules()
+            return Rules(min_runtime=self.min_runtime_of)
 
         def is_borrowing(job: Job) -> bool:
             return borrowing(job.id, self.usage)
@@ -291,7 +298,25 @@ class Queues:
             spec = self.config.queues.get(self.queue_of(job))
             return spec is not None and below_guarantee(spec, self.usage)
 
-        return Rules(borrowing=is_borrowing, below_guarantee=is_below, may_borrow=self.within_guarantee)
+        return Rules(
+            borrowing=is_borrowing, below_guarantee=is_below, may_borrow=self.within_guarantee,
+            min_runtime=self.min_runtime_of,
+        )  # fmt: skip
+
+    def min_runtime_of(self, job: Job) -> float:
+        """How long `job` runs after it (re)started before it may be preempted: its queue's `min_runtime`."""
+        return self.config.min_runtime(self.queue_of(job))
+
+    def protection_story(self, job: Job, now: float) -> str:
+        """`explain`'s sentence on a running job's protection from preemption ("" for one past it, or never
+        preemptible)."""
+        if not job.spec.preemptible or job.started_at is None or not job.state.holds_resources:
+            return ""
+        m = self.min_runtime_of(job)
+        until = job.started_at + m
+        if until <= now:
+            return ""
+        return f"Protected from preemption until {clock_text(until)} (minimum runtime {span_text(m)})."
 
     def within_guarantee(self, job: Job) -> bool:
         """Whether `job` would start with its queue still within its guarantee, in each dimension the queue is

@@ -1,6 +1,7 @@
 """Queues from a TOML file: guarantees, limits, borrowing, weights and priority bounds, validated as a whole.
 
     half_life = "7d"                 # fair share: usage decays by half in this time (default 7d)
+    min_runtime = "5m"               # a job runs this long before it may be preempted (again); default 5m
     default_queue = "default"        # jobs that name no queue (default: "default"; created if not listed)
     admins = ["ann"]                 # may exceed priority bounds, submit anywhere, reload (root always may)
     admin_groups = ["ops"]
@@ -8,6 +9,7 @@
     [queues.train]
     weight = 2                       # fair share (default 1)
     max_priority = 50                # bound for users (default: none beyond the API's -100..100)
+    min_runtime = "10m"              # this queue's jobs: protected from preemption for their first 10 minutes
     submitters = ["ann", "@ml"]      # who may submit (a name, or @group); default: everyone
     guarantee = { gpus = 2 }         # deserved: kept for it while it has work (others borrow it only when idle)
     limit = { gpus = 4, memory = "256GiB" }       # at most this much at once
@@ -51,6 +53,13 @@ DIMENSIONS = ("gpus", "gpu_milli", "gpu_memory", "cpus", "memory")
 NAMES = {"gpus": "GPU milli", "gpu_milli": "GPU milli", "gpu_memory": "MiB of GPU memory", "cpus": "CPU milli",
          "memory": "MiB of memory"}  # fmt: skip
 DEFAULT_HALF_LIFE_S = 7 * 86400.0
+#: How long a job runs before it may be preempted (again), without a queues file or a `min_runtime` in it. Five
+#: minutes: preemption then costs a victim at most one restart per five minutes however often a higher-priority job
+#: is submitted and cancelled (issue 23: 7 preemptions in 60 s), and a high-priority job waits at most that long
+#: for a victim; Slurm's PreemptExemptTime and Kueue users set minutes for the same reason (a job's warm-up).
+DEFAULT_MIN_RUNTIME_S = 300.0
+#: The most a `min_runtime` may be: a day (longer would make preemption all but off; say preemptible = false then).
+MAX_MIN_RUNTIME_S = 86400.0
 DEFAULT_QUEUE = "default"
 MAX_WEIGHT = 1e6
 _MAX = {
@@ -119,6 +128,7 @@ class QueueSpec:
     borrow_limit: Amounts = Amounts()  # above the guarantee; unset: up to the limit
     max_priority: int | None = None
     submitters: tuple[str, ...] | None = None  # None: everyone; names, "@group" for a Unix group
+    min_runtime_s: float | None = None  # None: the file's `min_runtime` (QueuesConfig.min_runtime_s)
     users: Mapping[str, Principal] = field(default_factory=dict)
     groups: Mapping[str, Principal] = field(default_factory=dict)
 
@@ -136,14 +146,20 @@ class QueuesConfig:
     users: Mapping[str, Principal] = field(default_factory=dict)
     groups: Mapping[str, Principal] = field(default_factory=dict)
     source: str = ""  # the file it came from ("" = built in)
+    min_runtime_s: float = DEFAULT_MIN_RUNTIME_S  # for queues that set none
 
     @classmethod
-    def single(cls) -> QueuesConfig:
+    def single(cls, min_runtime_s: float = DEFAULT_MIN_RUNTIME_S) -> QueuesConfig:
         """No file: one queue without limits (corral's behaviour before queues)."""
-        return cls({DEFAULT_QUEUE: QueueSpec(DEFAULT_QUEUE)})
+        return cls({DEFAULT_QUEUE: QueueSpec(DEFAULT_QUEUE)}, min_runtime_s=min_runtime_s)
 
     def user(self, name: str) -> Principal | None:
         return self.users.get(name) or self.users.get("*")
+
+    def min_runtime(self, queue: str) -> float:
+        """How long a job of `queue` runs before it may be preempted (again)."""
+        spec = self.queues.get(queue)
+        return spec.min_runtime_s if spec is not None and spec.min_runtime_s is not None else self.min_runtime_s
 
 
 # ------------------------------------------------------------------------------------------------ parsing
@@ -179,6 +195,17 @@ class _Reader:
         if isinstance(value, bool) or not isinstance(value, int) or abs(value) > MAX_PRIORITY:
             raise self.fail(key, f"must be a whole number in -{MAX_PRIORITY}..{MAX_PRIORITY}, got {value!r}")
         return value
+
+    def duration(self, value: Any, key: str, example: str, least: float, most: float) -> float:
+        try:
+            if isinstance(value, bool) or not isinstance(value, str | int | float):
+                raise InvalidRequest(key, f"must be a duration such as {example!r}, got {value!r}")
+            seconds = parse_duration_seconds(str(value), key)
+        except InvalidRequest as exc:
+            raise self.fail(key, exc.message) from None
+        if not least <= seconds <= most:
+            raise self.fail(key, f"must be from {least:g} to {most:g} seconds, got {value!r}")
+        return seconds
 
     def names(self, value: Any, key: str) -> tuple[str, ...]:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
@@ -236,7 +263,8 @@ class _Reader:
 
     def queue(self, name: str, value: Any) -> QueueSpec:
         key = f"queues.{self.name(name, f'queues.{name}')}"
-        allowed = {"weight", "guarantee", "limit", "borrow_limit", "max_priority", "submitters", "users", "groups"}
+        allowed = {"weight", "guarantee", "limit", "borrow_limit", "max_priority", "submitters", "users", "groups",
+                   "min_runtime"}  # fmt: skip
         t = self.table(value, key, allowed)
         guarantee = self.amounts(t.get("guarantee", {}), f"{key}.guarantee")
         limit = self.amounts(t.get("limit", {}), f"{key}.limit")
@@ -252,6 +280,11 @@ class _Reader:
             borrow_limit=self.amounts(t.get("borrow_limit", {}), f"{key}.borrow_limit"),
             max_priority=self.priority(t["max_priority"], f"{key}.max_priority") if "max_priority" in t else None,
             submitters=self.names(t["submitters"], f"{key}.submitters") if "submitters" in t else None,
+            min_runtime_s=(
+                self.duration(t["min_runtime"], f"{key}.min_runtime", "5m", 0, MAX_MIN_RUNTIME_S)
+                if "min_runtime" in t
+                else None
+            ),
             users=self.principals(t.get("users", {}), f"{key}.users"),
             groups=self.principals(t.get("groups", {}), f"{key}.groups"),
         )
@@ -264,7 +297,7 @@ def parse_queues(text: str, source: str = "queues.toml") -> QueuesConfig:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise QueueConfigError(f"{source}: not valid TOML: {exc}") from None
-    allowed = {"half_life", "default_queue", "admins", "admin_groups", "queues", "users", "groups"}
+    allowed = {"half_life", "default_queue", "admins", "admin_groups", "queues", "users", "groups", "min_runtime"}
     top = r.table(data, "", allowed)
     half_life = DEFAULT_HALF_LIFE_S
     if "half_life" in top:
@@ -295,6 +328,11 @@ def parse_queues(text: str, source: str = "queues.toml") -> QueuesConfig:
         users=r.principals(top.get("users", {}), "users"),
         groups=r.principals(top.get("groups", {}), "groups"),
         source=source,
+        min_runtime_s=(
+            r.duration(top["min_runtime"], "min_runtime", "5m", 0, MAX_MIN_RUNTIME_S)
+            if "min_runtime" in top
+            else DEFAULT_MIN_RUNTIME_S
+        ),
     )
 
 

@@ -97,6 +97,9 @@ def test_the_example_file_is_valid() -> None:
         ("half_life = \"0s\"\n", "half_life: must be more than 0 seconds"),
         ("[queues.a]\nsubmitters = \"ann\"\n", "queues.a.submitters: must be a list of names"),
         ("[queues.a\n", "q.toml: not valid TOML"),
+        ("min_runtime = \"2d\"\n", "q.toml: min_runtime: must be from 0 to 86400 seconds, got '2d'"),
+        ("[queues.a]\nmin_runtime = \"soon\"\n", "queues.a.min_runtime: not a duration: 'soon'"),
+        ("[queues.a]\nmin_runtime = true\n", "queues.a.min_runtime: must be a duration such as '5m', got True"),
     ],
 )  # fmt: skip
 def test_mistakes_name_the_file_the_key_and_the_rule(text: str, words: str) -> None:
