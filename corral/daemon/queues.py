@@ -156,12 +156,21 @@ class Queues:
 
     def reload(self, store: Store, now: float) -> QueuesConfig:
         """Read the file again; the new configuration replaces the old only if it is valid (QueueConfigError)."""
+        return self.apply(self.read(), store, now)
+
+    def read(self) -> QueuesConfig:
+        """The file, read and validated (QueueConfigError), without changing anything: what `apply` takes. Needs no
+        lock (the machine does not change), so a large file is not read under the daemon's."""
         if self.path is None:
             raise QueueConfigError("no queues file: start corral serve with --queues FILE")
         if not self.active and not self.path.exists():
             raise QueueConfigError(f"no queues file at {self.path} (or start corral serve with --queues FILE)")
         config = load_queues(self.path)
         validate_against_machine(config, capacity_of(self.node))
+        return config
+
+    def apply(self, config: QueuesConfig, store: Store, now: float) -> QueuesConfig:
+        """Put a configuration from `read` in place (under the daemon's lock)."""
         half_life_changed = config.half_life_s != self.config.half_life_s
         self.config, self.active = config, True
         self._offers.clear()

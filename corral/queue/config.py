@@ -36,6 +36,7 @@ a promise the scheduler cannot keep.
 from __future__ import annotations
 
 import math
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -70,6 +71,21 @@ _MAX = {
     "memory": MAX_QUANTITY["memory_mib"],
 }
 Vector = tuple[int, int, int, int, int]
+
+# Bounds of a queues file (docs/queues.md "Bounds"), each far above any real file and checked before the file is
+# parsed, or before its parts are read: a hostile file is refused in milliseconds, never a RecursionError (issue 23:
+# 100,000 nested arrays answered 500) nor seconds under the daemon's lock (200,000 tables took over 15 s).
+#: The most bytes a queues file may have (read no further).
+MAX_FILE_BYTES = 1024 * 1024
+#: The deepest nesting: arrays and inline tables inside each other, and the parts of one dotted key or table name.
+MAX_DEPTH = 16
+#: The most tables ([headers] and { inline tables }) in one file.
+MAX_TABLES = 50_000
+#: The most queues in one file.
+MAX_QUEUES = 1_000
+#: The most user and group entries in one file, all queues and the file's top level together; also the most names in
+#: one list (submitters, admins, admin_groups).
+MAX_PRINCIPALS = 10_000
 
 
 class QueueConfigError(CorralError):
@@ -210,6 +226,8 @@ class _Reader:
     def names(self, value: Any, key: str) -> tuple[str, ...]:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise self.fail(key, "must be a list of names")
+        if len(value) > MAX_PRINCIPALS:
+            raise self.fail(key, f"{len(value)} names, more than the {MAX_PRINCIPALS} a list may have")
         for v in value:
             self.name(v.removeprefix("@"), key)  # "@ml": the Unix group ml
         return tuple(value)
@@ -290,13 +308,84 @@ class _Reader:
         )
 
 
+#: What the bounds' scan sees of TOML: strings and comments (skipped whole), brackets, dots and line ends.
+_SCAN = re.compile(r'"""(?:[^\\]|\\.)*?"""|\'\'\'.*?\'\'\'|"(?:[^"\\\n]|\\.)*"|\'[^\'\n]*\'|#[^\n]*|[\[\]{}.\n]', re.S)
+
+
+def check_bounds(text: str, source: str) -> None:
+    """Refuse a file past the size, depth or table bounds before TOML parses it (a scan of its brackets, dots and
+    line ends, strings and comments skipped), so a hostile file costs one linear pass."""
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_FILE_BYTES:
+        raise QueueConfigError(
+            f"{source}: the file is more than {MAX_FILE_BYTES} bytes (a queues file may have at most {MAX_FILE_BYTES})"
+        )
+    depth = dots = tables = 0
+    line = 1
+    at_line_start = True
+    for m in _SCAN.finditer(text):
+        tok = m.group()
+        c = tok[0]
+        if c == "\n":
+            line += 1
+            dots = 0
+            at_line_start = True
+            continue
+        if c in "[{":
+            if c == "{" or (at_line_start and depth == 0):  # an inline table, or a [table] / [[table]] header
+                tables += 1
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise QueueConfigError(
+                    f"{source}: line {line}: arrays and inline tables nested more than {MAX_DEPTH} deep (the most a "
+                    "queues file may nest)"
+                )
+        elif c in "]}":
+            depth = max(0, depth - 1)
+        elif c == ".":
+            dots += 1
+            if dots >= MAX_DEPTH:
+                raise QueueConfigError(
+                    f"{source}: line {line}: a dotted key of more than {MAX_DEPTH} parts (the most a queues file may "
+                    "nest)"
+                )
+        else:
+            line += tok.count("\n")  # a multi-line string, or a comment (none)
+        at_line_start = c == "[" and at_line_start and depth <= 2  # "[[": still the header's start
+    if tables > MAX_TABLES:
+        raise QueueConfigError(f"{source}: {tables} tables, more than the {MAX_TABLES} a queues file may have")
+
+
+def _check_counts(top: dict[str, Any], source: str) -> None:
+    """Refuse too many queues, users and groups before any of them is read."""
+    queues = top.get("queues")
+    if isinstance(queues, dict) and len(queues) > MAX_QUEUES:
+        raise QueueConfigError(f"{source}: queues: {len(queues)} queues, more than the {MAX_QUEUES} a file may have")
+    principals = 0
+    for where in [top, *(q for q in (queues.values() if isinstance(queues, dict) else ()) if isinstance(q, dict))]:
+        for key in ("users", "groups"):
+            found = where.get(key)
+            if isinstance(found, dict):
+                principals += len(found)
+    if principals > MAX_PRINCIPALS:
+        raise QueueConfigError(
+            f"{source}: users: {principals} user and group entries, more than the {MAX_PRINCIPALS} a file may have"
+        )
+
+
 def parse_queues(text: str, source: str = "queues.toml") -> QueuesConfig:
-    """The configuration in `text` (TOML); QueueConfigError names `source`, the key and the problem."""
+    """The configuration in `text` (TOML); QueueConfigError names `source`, the key and the problem (or the bound
+    the file passes: `check_bounds`)."""
     r = _Reader(source)
+    check_bounds(text, source)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise QueueConfigError(f"{source}: not valid TOML: {exc}") from None
+    except RecursionError:  # the scan bounds nesting; this is the last guard, never a 500
+        raise QueueConfigError(f"{source}: nested too deep (at most {MAX_DEPTH})") from None
+    if isinstance(data, dict):
+        _check_counts(data, source)
     allowed = {"half_life", "default_queue", "admins", "admin_groups", "queues", "users", "groups", "min_runtime"}
     top = r.table(data, "", allowed)
     half_life = DEFAULT_HALF_LIFE_S
@@ -338,9 +427,14 @@ def parse_queues(text: str, source: str = "queues.toml") -> QueuesConfig:
 
 def load_queues(path: Path) -> QueuesConfig:
     try:
-        data = path.read_bytes()
+        with path.open("rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)  # no further: a larger file is refused by its size
     except OSError as exc:
         raise QueueConfigError(f"{path}: cannot read the queues file: {exc.strerror or exc}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise QueueConfigError(
+            f"{path}: the file is more than {MAX_FILE_BYTES} bytes (a queues file may have at most {MAX_FILE_BYTES})"
+        )
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:

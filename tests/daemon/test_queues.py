@@ -454,6 +454,32 @@ def test_serve_reads_the_default_file_reloads_on_sighup_and_refuses_a_bad_one(tm
     assert done.returncode == 2
     file = state / "queues.toml"
     assert done.stderr.strip() == f"error: --queues: {file}: queues.train.weight: must be > 0 and at most 1e+06, got -1"
+    # a hostile one too, at once and naming the bound (issue 23)
+    (state / "queues.toml").write_text("a = " + "[" * 100_000 + "]" * 100_000 + "\n")
+    done = subprocess.run(serve, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        f"error: --queues: {file}: line 1: arrays and inline tables nested more than 16 deep (the most a queues file "
+        "may nest)"
+    )
+
+
+def test_a_hostile_file_on_reload_is_a_422_naming_the_bound_and_the_old_stays(tmp_path: Path) -> None:
+    """Issue 23: 100,000 nested arrays answered 500 (RecursionError); 200,000 tables took over 15 s to reload."""
+    w = World(tmp_path, "[queues.train]\nlimit = { gpus = 1 }\n")
+    root = w.client(ROOT)
+    for text, words in (
+        ("a = " + "[" * 100_000 + "]" * 100_000 + "\n", "line 1: arrays and inline tables nested more than 16 deep"),
+        ("".join(f"[queues.q{i}]\n" for i in range(200_000)), "the file is more than 1048576 bytes"),
+        ("".join(f"[queues.q{i}]\n" for i in range(1001)), "queues: 1001 queues, more than the 1000 a file may have"),
+    ):
+        w.path.write_text(text)
+        r = root.post("/v1/queues/reload")
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"]["field"] == "queues"
+        assert r.json()["detail"]["message"].startswith(f"{w.path}: {words}")
+        assert r.json()["detail"]["message"].endswith("; the old configuration stays")
+        assert set(w.queues.config.queues) == {"default", "train"}
 
 
 def test_a_daemon_started_without_a_file_takes_one_on_reload(tmp_path: Path) -> None:

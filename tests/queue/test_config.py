@@ -125,3 +125,49 @@ def test_an_unreadable_file_is_named(tmp_path: Path) -> None:
     bad.write_bytes(b"\xff\xfe")
     with pytest.raises(QueueConfigError, match="not UTF-8"):
         load_queues(bad)
+
+
+# ------------------------------------------------------------------------------------------------ bounds (issue 23)
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("a = " + "[" * 100_000 + "]" * 100_000 + "\n",
+         "q.toml: line 1: arrays and inline tables nested more than 16 deep (the most a queues file may nest)"),
+        ("a = " + "{b = " * 20 + "1" + "}" * 20 + "\n",
+         "q.toml: line 1: arrays and inline tables nested more than 16 deep"),
+        ("\n\na" + ".a" * 100_000 + " = 1\n",
+         "q.toml: line 3: a dotted key of more than 16 parts (the most a queues file may nest)"),
+        ("".join(f"[queues.q{i}]\n" for i in range(200_000)),
+         "q.toml: the file is more than 1048576 bytes (a queues file may have at most 1048576)"),
+        ("".join(f"[q.q{i}]\n" for i in range(50_001)),
+         "q.toml: 50001 tables, more than the 50000 a queues file may have"),
+        ("".join(f"[queues.q{i}]\n" for i in range(1001)),
+         "q.toml: queues: 1001 queues, more than the 1000 a file may have"),
+        ("[queues.a]\n" + "".join(f"[queues.a.users.u{i}]\n" for i in range(5000))
+         + "".join(f"[groups.g{i}]\n" for i in range(5001)),
+         "q.toml: users: 10001 user and group entries, more than the 10000 a file may have"),
+        ("admins = [" + '"a",' * 10_001 + "]\n", "q.toml: admins: 10001 names, more than the 10000 a list may have"),
+    ],
+    ids=["nested-arrays", "nested-tables", "dotted-key", "size", "tables", "queues", "users", "names"],
+)  # fmt: skip
+def test_a_hostile_file_is_refused_naming_the_bound(text: str, words: str) -> None:
+    with pytest.raises(QueueConfigError) as caught:
+        parse_queues(text, "q.toml")
+    assert str(caught.value) == words or str(caught.value).startswith(words)
+
+
+def test_strings_and_comments_do_not_count_against_the_bounds() -> None:
+    deep = "[" * 40
+    text = f'# {deep}\nadmins = ["{deep}x"]\n[queues.a]  # {deep}\nweight = 1.5\n'
+    with pytest.raises(QueueConfigError, match=r"admins: a name is 1-64 letters"):
+        parse_queues(text, "q.toml")  # read past the scan: the brackets were in a comment and a string
+    c = parse_queues(f"# {deep}\n[queues.a]\nweight = 1.5 # {'.' * 40}\n" + '[queues."b"]\n', "q.toml")
+    assert set(c.queues) == {"a", "b", "default"}
+
+
+def test_a_large_file_is_read_no_further_than_the_bound(tmp_path: Path) -> None:
+    big = tmp_path / "big.toml"
+    big.write_bytes(b"# " + b"x" * (8 * 1024 * 1024) + b"\n")
+    with pytest.raises(QueueConfigError) as caught:
+        load_queues(big)
+    assert str(caught.value) == f"{big}: the file is more than 1048576 bytes (a queues file may have at most 1048576)"
