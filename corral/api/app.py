@@ -56,6 +56,7 @@ from corral.api.schemas import (
     SubmitIn,
     TokenIn,
     TokenOut,
+    unknown_field,
 )
 from corral.daemon.core import Daemon
 from corral.daemon.queues import Forbidden
@@ -221,6 +222,12 @@ def create_app(
         first = errors[0]
         if first.get("type") == "json_invalid":  # InputLimits parses every body first; this is a fallback
             return message_answer(400, request.url.path, "body", f"the body is not valid JSON: {first.get('msg')}")
+        if face_of(request.url.path) in ("corral", "definitions"):  # corral's own bodies refuse unknown fields
+            route = request.scope.get("route")
+            body = getattr(getattr(getattr(route, "body_field", None), "field_info", None), "annotation", None)
+            unknown = unknown_field(errors, body)
+            if unknown is not None:
+                return message_answer(422, request.url.path, *unknown)
         loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "header")]
         field = ".".join(loc) or "request"
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
