@@ -114,8 +114,9 @@ def peer(request: Request) -> Peer:
 
 Caller = Annotated[Peer, Depends(peer)]
 
-#: The priorities a user other than root may give (root: any 32-bit priority). Higher runs first, so an unbounded
-#: priority let any user jump every queue; the range leaves users room to order their own work.
+#: The priorities a user other than root may give (root, and the queues file's admins, whom root named: any 32-bit
+#: priority; docs/queues.md "Priority bounds"). Higher runs first, so an unbounded priority let any user jump every
+#: queue; the range leaves users room to order their own work.
 USER_PRIORITY = (-100, 100)
 
 
@@ -123,7 +124,12 @@ def check_priority(priority: int, who: Peer) -> None:
     low, high = USER_PRIORITY
     if not who.root and not low <= priority <= high:
         raise HTTPException(
-            403, {"field": "priority", "message": f"must be in {low}..{high} (only root may go beyond), got {priority}"}
+            403,
+            {
+                "field": "priority",
+                "message": f"must be in {low}..{high} (only root or an admin of the queues file may go beyond), got "
+                f"{priority}",
+            },
         )
 
 

@@ -261,6 +261,17 @@ def test_priority_bounds_and_who_may_exceed_them(tmp_path: Path) -> None:
     assert w.client(ROOT).post("/v1/jobs", json={"command": ["x"], "priority": 11}).status_code == 201
     # the API's own bound for users (-100..100) does not hold an admin of the queues file either
     assert w.client(BOB).post("/v1/jobs", json={"command": ["x"], "priority": 500}).status_code == 201
+    r = w.client(ALICE).post("/v1/jobs", json={"command": ["x"], "priority": 101})
+    assert r.status_code == 403 and r.json()["detail"]["message"] == (
+        "must be in -100..100 (only root or an admin of the queues file may go beyond), got 101"
+    )
+    # and the README and docs say so, as the code does (issue 23: the README said root only)
+    root_dir = Path(__file__).resolve().parents[2]
+    readme = " ".join((root_dir / "README.md").read_text().split())
+    assert "priorities -100..100 for users (root and the queues file's admins may go beyond" in readme
+    queues_doc = " ".join((root_dir / "docs" / "queues.md").read_text().split())
+    assert "Root (uid 0) and the file's `admins` / `admin_groups` may exceed every bound: the file's and the API's" \
+        in queues_doc  # fmt: skip
 
 
 def test_a_queue_names_who_may_submit_and_an_unknown_queue_is_refused(tmp_path: Path) -> None:
