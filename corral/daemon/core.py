@@ -350,7 +350,10 @@ class Daemon:
         running = [j for j in holding if j.state is JobState.RUNNING and j.id not in self._exits]
         request = request_of(head, owner(head) if owner is not None else "")
         choice = preemption.choose(snapshot, head, request, running, self.config, now, rules)
-        if choice is None:
+        if choice is None:  # the victims it needs may be in their minimum runtime: its reason says until when
+            later = preemption.protected(snapshot, head, request, running, self.config, now, rules)
+            if later is not None:
+                plan.waiting[head.id] += f"; {later.text()}"
             return
         for victim in choice.victims:
             job = victim.job

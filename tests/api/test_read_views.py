@@ -44,7 +44,8 @@ class Box:
         self.fake = FakeExecutor()
         executor = GangExecutor(self.fake, lambda jid: j.spec.instances if (j := self.store.get(jid)) else 1)
         node = parse_simulated_inventory("4xH100-80GB")[0]
-        queues = Queues.open(queues_file, node) if queues_file is not None else None
+        # a minimum runtime of 0: these tests read who may preempt a job that has just started
+        queues = Queues.open(queues_file, node) if queues_file is not None else Queues(node, min_runtime_s=0)
         self.daemon = Daemon(
             self.store, executor, node, PlacementConfig(), tmp_path, clock=self.clock, preempt_grace_s=1, queues=queues
         )
@@ -118,7 +119,8 @@ def test_explain_a_running_job_says_its_gpus_start_time_left_and_who_may_preempt
 
 def test_explain_with_queues_says_a_job_within_its_guarantee_cannot_be_preempted(tmp_path: Path) -> None:
     queues = tmp_path / "queues.toml"
-    queues.write_text("[queues.dev]\nguarantee = { gpus = 1 }\n[queues.train]\nguarantee = { gpus = 1 }\n")
+    text = "min_runtime = 0\n[queues.dev]\nguarantee = { gpus = 1 }\n[queues.train]\nguarantee = { gpus = 1 }\n"
+    queues.write_text(text)
     box = Box(tmp_path / "state", queues)
     within = box.submit(gpus=1, queue="dev")
     box.tick()
