@@ -431,8 +431,7 @@ class LocalExecutor:
                 answer = late if "pid" in late else answer
             if "pid" not in answer:
                 os.close(answer_r)
-                if leaf is not None and isinstance(self.cgroups, Subtree) and _lock_free(prefix):
-                    self.cgroups.remove_leaf(leaf)
+                self._remove_leaf(leaf)  # (only if empty: the child that failed before its exec is reaped)
                 code = answer.get("errno")
                 message = f"job {spec.job_id}: {answer.get('message', 'its supervisor did not answer')}"
                 raise OSError(code, message) if isinstance(code, int) else OSError(errno.EIO, message)
