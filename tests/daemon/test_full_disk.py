@@ -46,7 +46,7 @@ def start(folder: Path) -> Daemon:
 
 def stop(d: Daemon) -> None:
     d.executor.close()  # type: ignore[attr-defined]
-    d.store.close()  # type: ignore[attr-defined]
+    d.store.close()
 
 
 def fill(folder: Path) -> None:
