@@ -544,8 +544,8 @@ def create_app(
         if since > READY_WITHIN_S:
             ago = "no round has ended yet" if math.isinf(since) else f"the last round ended {since:.0f} s ago"
             problems.append(f"the scheduling loop is not running: {ago}")
-        # how jobs are contained: a daemon without cgroups is still ready, and says so
-        contained = {} if daemon.containment is None else {"containment": daemon.containment}
+        # a daemon that cannot contain jobs in cgroups is still ready, and says so
+        contained = {} if daemon.contained or not daemon.containment else {"containment": daemon.containment}
         if problems:
             return SafeJSONResponse(status_code=503, content={"status": "not ready", "problems": problems, **contained})
         return JSONResponse({"status": "ready", **contained})

@@ -58,10 +58,10 @@ SLOT = RECORD_SIZE // 2
 
 def put(fd: int, slot: int, body: dict[str, Any], durable: bool) -> None:
     """Overwrite one slot of the record in place; `durable`: also survive a machine crash (fsync)."""
-    data = json.dumps(body, separators=(",", ":")).encode()
+    data = json.dumps(body).encode()
     if len(data) >= SLOT and "error" in body:  # only an error's message can be long: cut it
         body = dict(body, error={**body["error"], "message": str(body["error"].get("message"))[: SLOT // 2]})
-        data = json.dumps(body, separators=(",", ":")).encode()
+        data = json.dumps(body).encode()
     os.pwrite(fd, data.ljust(SLOT - 1) + b"\n", slot * SLOT)
     if durable:
         os.fsync(fd)
@@ -356,6 +356,11 @@ def main() -> None:
     except OSError:
         pass
     put(record_fd, 1, record, True)  # in the space reserved at the start: a full disk cannot refuse it
+    if leaf:  # empty now; the daemon removes it too (whichever comes first), and after a crash of this one
+        try:  # noqa: SIM105
+            os.rmdir(leaf)
+        except OSError:
+            pass
 
 
 def cancel_grace(prefix: str, default: float) -> float:

@@ -164,14 +164,14 @@ def test_no_cgroups_is_said_in_readyz_and_gpus(tmp_path: Path) -> None:
         ex.close()
 
 
-def test_a_contained_daemon_says_where_in_readyz_and_nothing_in_gpus(tmp_path: Path) -> None:
+def test_a_contained_daemon_adds_nothing_to_readyz_or_gpus(tmp_path: Path) -> None:
     node = parse_simulated_inventory("1xA100-80GB")[0]
     ex = FakeExecutor()
     d = Daemon(MemoryStore(), ex, node, CONFIG, tmp_path)
     d.tick()
     app = create_app(d, threading.Lock(), lambda: None, tokens=TokenStore(tmp_path / "tokens.json"))
     client = TestClient(AsPeer(app, ROOT, "unix"), raise_server_exceptions=False)
-    assert client.get("/readyz").json() == {"status": "ready"}  # an executor that says nothing of it
+    assert client.get("/readyz").json() == {"status": "ready"}  # contained: nothing to say
     assert "X-Corral-Containment" not in client.get("/v1/gpus").headers
 
 
