@@ -146,17 +146,21 @@ def empty_cgroup(leaf: str) -> None:
             last = time.monotonic()
 
 
-def oom_kills(leaf: str) -> int:
-    """How many processes of the cgroup the kernel's OOM killer took (memory.events oom_kill); 0 without memory."""
-    try:
-        with open(f"{leaf}/memory.events", "rb") as f:
-            for line in f:
-                key, _, value = line.partition(b" ")
-                if key == b"oom_kill":
-                    return int(value)
-    except (OSError, ValueError):
-        pass
-    return 0
+def oom_kills(folders: list[str]) -> int:
+    """How many processes of the job the kernel's OOM killer took: memory.events (v2) or memory.oom_control (v1)
+    `oom_kill` of its cgroups; 0 without a memory controller."""
+    kills = 0
+    for folder in folders:
+        for name in ("memory.events", "memory.oom_control"):
+            try:
+                with open(f"{folder}/{name}", "rb") as f:
+                    for line in f:
+                        key, _, value = line.partition(b" ")
+                        if key == b"oom_kill":
+                            kills += int(value)
+            except (OSError, ValueError):
+                pass
+    return kills
 
 
 def start_time(pid: int) -> int:
@@ -170,8 +174,9 @@ def child(spec: dict[str, Any], err_w: int) -> NoReturn:
     """In the forked child: become the job. Never returns."""
     try:
         leaf = spec.get("cgroup")
-        if leaf:  # before the job's first instruction: nothing of it ever runs outside its cgroup
-            with open(f"{leaf}/cgroup.procs", "w") as f:
+        for folder in ([leaf] if leaf else []) + list(spec.get("cgroup_v1") or ()):
+            # before the job's first instruction: nothing of it ever runs outside its cgroup (nor its v1 limits)
+            with open(f"{folder}/cgroup.procs", "w") as f:
                 f.write(str(os.getpid()))
         os.setsid()
         os.umask(0o022)  # a login's, not the daemon's 077 (which keeps the state directory private)
@@ -349,16 +354,17 @@ def main() -> None:
     record.update(
         ended_at=time.time(), exit_code=code, signal=sig, timed_out=timed_out, cancelled=cancelled, ended=True
     )
+    v1 = list(spec.get("cgroup_v1") or ())
     if leaf:
-        record["oom_kills"] = oom_kills(leaf)
+        record["oom_kills"] = oom_kills([leaf, *v1])
     try:  # noqa: SIM105 - the daemon, if it lives and listens, has the outcome now, whatever the state disk does
         os.write(pipe, (json.dumps(record) + "\n").encode())
     except OSError:
         pass
     put(record_fd, 1, record, True)  # in the space reserved at the start: a full disk cannot refuse it
-    if leaf:  # empty now; the daemon removes it too (whichever comes first), and after a crash of this one
+    for folder in [*v1, leaf] if leaf else ():  # empty now; the daemon removes them too (whichever comes first)
         try:  # noqa: SIM105
-            os.rmdir(leaf)
+            os.rmdir(folder)
         except OSError:
             pass
 

@@ -17,8 +17,10 @@ is released (issue 23).
                        it records the end and exits; a daemon finding a dead supervisor does the same
                        (`LocalExecutor`); empty leaves are removed
 
-Only cgroup v2 is used: on a hybrid machine the v1 controllers (memory, pids on their own mounts) are left alone,
-and the leaf still contains and kills the job; where the v2 controllers exist the limits are written.
+cgroup v2 contains and kills. Limits use the v2 controllers where they exist; on a hybrid machine, where memory and
+pids live on v1 mounts, a root daemon makes a leaf of the same name in each of those two v1 hierarchies
+(OWN_V1/corral-<hash>/job-<id>.<attempt>) with memory.limit_in_bytes and pids.max, which the job also joins first
+thing: so an OOM kill is told (memory.oom_control oom_kill) and a fork bomb is bounded there too.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ __all__ = [
     "NoCgroups",
     "Subtree",
     "empty_cgroup",
+    "find_v1_mounts",
     "find_v2_mount",
     "kill_cgroup",
     "own_cgroup",
@@ -50,6 +53,8 @@ __all__ = [
 DEFAULT_PIDS_MAX = 32768
 #: The controllers corral sets limits with, where the v2 hierarchy has them.
 WANTED = ("cpu", "memory", "pids")
+#: Those it takes from a v1 hierarchy where v2 lacks them (a hybrid machine).
+V1_WANTED = ("memory", "pids")
 #: cpu.max's period (microseconds): the kernel's default.
 CPU_PERIOD_US = 100_000
 LEAF_PREFIX = "job-"
@@ -83,14 +88,21 @@ class Subtree:
     path: Path
     controllers: frozenset[str]  # enabled for the leaves (those of WANTED the v2 hierarchy has here)
     delegated: bool  # the daemon's own cgroup, delegated to it (never removed)
+    #: v1 hierarchies used where v2 lacks the controller: (controller, the folder its leaves go in)
+    v1: tuple[tuple[str, Path], ...] = ()
 
     @property
     def notice(self) -> str:
-        limits = ", ".join(sorted(self.controllers)) or "none (no v2 controllers here)"
+        names = sorted(self.controllers) + [f"{name} (v1)" for name, _ in self.v1]
+        limits = ", ".join(names) or "none (no v2 controllers here)"
         return f"jobs contained in cgroup v2 leaves under {self.path}; limits: {limits}"
 
     def leaf(self, job_id: str, attempt: int) -> Path:
         return self.path / f"{LEAF_PREFIX}{job_id}.{attempt}"
+
+    def v1_leaves(self, leaf: Path) -> list[Path]:
+        """The v1 leaves that go with the v2 leaf `leaf` (same name), made by `make_leaf`."""
+        return [base / leaf.name for _, base in self.v1]
 
     def make_leaf(self, job_id: str, attempt: int, limits: Limits) -> Path:
         """A fresh, empty leaf with `limits` written where the controllers are there. OSError if it cannot be made
@@ -101,11 +113,16 @@ class Subtree:
         except FileExistsError:  # left by an attempt of a reused id (tests): it must be empty to be reused
             if populated(str(leaf)):
                 empty_cgroup(str(leaf))
-        for name, value in self.limit_files(limits).items():
+        writes = [(leaf / name, value) for name, value in self.limit_files(limits).items()]
+        for controller, base in self.v1:
+            folder = base / leaf.name
+            folder.mkdir(exist_ok=True)
+            writes += [(folder / name, value) for name, value in v1_limit_files(controller, limits, folder).items()]
+        for path, value in writes:
             try:
-                (leaf / name).write_text(value)
+                path.write_text(value)
             except OSError as exc:  # a limit the kernel refuses is logged; containment itself does not depend on it
-                log.warning("cgroup %s: cannot write %s = %s (%s)", leaf, name, value, exc)
+                log.warning("cgroup: cannot write %s = %s (%s)", path, value, exc)
         return leaf
 
     def limit_files(self, limits: Limits) -> dict[str, str]:
@@ -128,12 +145,13 @@ class Subtree:
             for sub in subdirs:
                 with contextlib.suppress(FileNotFoundError):
                     os.rmdir(os.path.join(folder, sub))
-        try:
-            leaf.rmdir()
-        except FileNotFoundError:
-            pass
-        except OSError:
-            return False
+        for gone in [*self.v1_leaves(leaf), leaf]:
+            try:
+                gone.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError:
+                return False
         return True
 
     def leaves(self) -> list[Path]:
@@ -144,9 +162,24 @@ class Subtree:
 
     def close(self) -> None:
         """Remove the subtree if nothing is left in it (never a delegated one: it is the daemon's own cgroup)."""
+        for _, base in self.v1:
+            with contextlib.suppress(OSError):
+                base.rmdir()
         if not self.delegated:
             with contextlib.suppress(OSError):
                 self.path.rmdir()
+
+
+def v1_limit_files(controller: str, limits: Limits, folder: Path) -> dict[str, str]:
+    """A v1 leaf's limit files (in writing order) for `limits`."""
+    files: dict[str, str] = {}
+    if controller == "memory" and limits.memory_mib > 0:
+        files["memory.limit_in_bytes"] = str(limits.memory_mib * 1024 * 1024)
+        if (folder / "memory.memsw.limit_in_bytes").exists():  # no swap beyond the request (after the limit: >=)
+            files["memory.memsw.limit_in_bytes"] = files["memory.limit_in_bytes"]
+    if controller == "pids" and limits.pids_max:
+        files["pids.max"] = str(limits.pids_max)
+    return files
 
 
 # ------------------------------------------------------------------------------------------------ discovery
@@ -165,6 +198,52 @@ def find_v2_mount(mountinfo: str) -> Path | None:
         if fstype == "cgroup2":
             return Path(_unescape(fields[4]))
     return None
+
+
+def find_v1_mounts(mountinfo: str) -> dict[str, Path]:
+    """The mount points of the v1 hierarchies of V1_WANTED's controllers in a /proc/self/mountinfo text."""
+    found: dict[str, Path] = {}
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if " - " not in line or len(fields) < 5:
+            continue
+        tail = line.split(" - ", 1)[1].split()
+        if len(tail) < 3 or tail[0] != "cgroup":
+            continue
+        for name in V1_WANTED:
+            if name in tail[2].split(","):
+                found.setdefault(name, Path(_unescape(fields[4])))
+    return found
+
+
+def own_v1(proc_cgroup: str) -> dict[str, str]:
+    """This process's v1 cgroup per controller of V1_WANTED, from a /proc/self/cgroup text."""
+    found: dict[str, str] = {}
+    for line in proc_cgroup.splitlines():
+        number, _, rest = line.partition(":")
+        names, _, path = rest.partition(":")
+        if number != "0":
+            for name in names.split(","):
+                if name in V1_WANTED:
+                    found[name] = path or "/"
+    return found
+
+
+def _v1_bases(mountinfo: str, proc_cgroup: str, name: str, missing: list[str]) -> tuple[tuple[str, Path], ...]:
+    """For each controller of `missing` (none in v2 here), a v1 folder for the leaves, where one can be made."""
+    mounts, own = find_v1_mounts(mountinfo), own_v1(proc_cgroup)
+    bases: list[tuple[str, Path]] = []
+    for controller in missing:
+        if controller not in mounts or controller not in own:
+            continue
+        base = mounts[controller] / own[controller].lstrip("/") / name
+        try:
+            base.mkdir(exist_ok=True)
+        except OSError as exc:
+            log.info("cgroup v1 %s: cannot create %s (%s)", controller, base, exc)
+            continue
+        bases.append((controller, base))
+    return tuple(bases)
 
 
 def own_cgroup(proc_cgroup: str) -> str | None:
@@ -245,8 +324,11 @@ def prepare(
     wanted = [c for c in WANTED if c in _read(path / "cgroup.controllers").split()]
     if own == "/":  # the root cgroup may hold processes and hand controllers down; any other may not (no-internal-
         wanted = [c for c in wanted if c in _enable(home, wanted)]  # processes rule), so its own setting stands
-    controllers = _enable(path, [c for c in wanted if c in _read(path / "cgroup.controllers").split()])
-    return Subtree(path, frozenset(controllers) & set(WANTED), delegated=False)
+    controllers = frozenset(_enable(path, [c for c in wanted if c in _read(path / "cgroup.controllers").split()]))
+    controllers &= set(WANTED)
+    missing = [c for c in V1_WANTED if c not in controllers]
+    v1 = _v1_bases(mountinfo, proc_cgroup, path.name, missing) if mountinfo is not None and missing else ()
+    return Subtree(path, controllers, delegated=False, v1=v1)
 
 
 _DENIED = (errno.EACCES, errno.EPERM, errno.EROFS)

@@ -403,6 +403,9 @@ class LocalExecutor:
                     "lock_fd": LOCK_FD,
                     "record_fd": RECORD_FD,
                     "cgroup": None if leaf is None else str(leaf),
+                    "cgroup_v1": []
+                    if leaf is None or not isinstance(self.cgroups, Subtree)
+                    else [str(v) for v in self.cgroups.v1_leaves(leaf)],
                 }
                 spec_r, spec_w = os.pipe()
                 answer_r, answer_w = os.pipe()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +26,9 @@ if isinstance(CGROUPS, Subtree):
 needs_cgroups = pytest.mark.skipif(
     not isinstance(CGROUPS, Subtree), reason=f"needs a writable cgroup v2 hierarchy: {CGROUPS.notice}"
 )
+LIMITS = set(CGROUPS.controllers) | {name for name, _ in CGROUPS.v1} if isinstance(CGROUPS, Subtree) else set()
+needs_memory = pytest.mark.skipif("memory" not in LIMITS, reason="needs a memory controller (v2, or v1 as root)")
+needs_pids = pytest.mark.skipif("pids" not in LIMITS, reason="needs a pids controller (v2, or v1 as root)")
 
 
 @pytest.fixture
@@ -132,6 +136,54 @@ def test_what_a_job_leaves_behind_when_it_exits_is_killed(ex: LocalExecutor, tmp
     left = read_pid(pidfile)
     leaf = leaf_of(ex, "j")
     assert end_with_nothing_left(ex, "j", leaf, [left]) == Exit("j", 3, None, False)
+
+
+# ------------------------------------------------------------------------------------------------ limits
+@needs_memory
+def test_a_job_over_its_memory_is_oom_killed_and_told(ex: LocalExecutor, tmp_path: Path) -> None:
+    hog = "data = b'x' * (512 * 2**20); print('survived')"
+    spec = make_spec(tmp_path, "j", sys.executable, "-c", hog, memory_mib=64)
+    ex.launch(spec)
+    leaf = leaf_of(ex, "j")
+    ended = end_with_nothing_left(ex, "j", leaf, [])
+    assert ended.oom_killed and ended.signal == signal.SIGKILL
+    assert "survived" not in spec.log_path.read_text()
+    ok = make_spec(tmp_path, "small", sys.executable, "-c", "data = b'x' * (8 * 2**20)", memory_mib=64)
+    ex.launch(ok)
+    assert end_with_nothing_left(ex, "small", leaf_of(ex, "small"), []) == Exit("small", 0, None, False)
+
+
+FORK_BOMB = """
+import os, time
+n = 0
+for _ in range(300):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        time.sleep(120)
+        os._exit(0)
+    n += 1
+print(n, flush=True)
+time.sleep(120)
+"""
+
+
+@needs_pids
+def test_pids_max_bounds_a_fork_bomb(tmp_path: Path) -> None:
+    ex = LocalExecutor(grace_s=0.2, run_dir=tmp_path / "run", pids_max=40)
+    try:
+        spec = make_spec(tmp_path, "bomb", sys.executable, "-c", FORK_BOMB)
+        ex.launch(spec)
+        assert wait_until(lambda: spec.log_path.read_text().strip().isdigit(), 30)
+        assert int(spec.log_path.read_text()) < 40  # the job's own process counts too
+        leaf = leaf_of(ex, "bomb")
+        pids = procs(leaf)
+        ex.cancel("bomb", grace_s=0)
+        end_with_nothing_left(ex, "bomb", leaf, pids)
+    finally:
+        ex.close()
 
 
 # ------------------------------------------------------------------------------------------------ a killed supervisor
