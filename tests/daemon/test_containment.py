@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import http.client
 import os
+import shutil
 import signal
+import subprocess
+import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
@@ -191,3 +196,64 @@ def test_corral_gpus_prints_the_notice(monkeypatch: pytest.MonkeyPatch) -> None:
         assert result.exit_code == 0, result.output
         lines = [line.strip() for line in result.output.splitlines()]
         assert (expected in lines) if expected else not any(line.startswith("note:") for line in lines)
+
+
+# ------------------------------------------------------------------------------------------------ a real daemon
+NOBODY = 65534
+
+
+def nobody_can_run_corral() -> bool:
+    """The checkout and the venv must be readable by `nobody` (not so in a private home directory)."""
+    if os.geteuid() != 0 or not Path("/usr/bin/setpriv").exists():
+        return False
+    probe = subprocess.run(
+        [*AS_NOBODY, sys.executable, "-c", "import corral.executor.cgroup"],
+        env={"PYTHONPATH": str(CHECKOUT), "PATH": PATH},
+        capture_output=True,
+        check=False,
+    )
+    return probe.returncode == 0
+
+
+CHECKOUT = Path(__file__).resolve().parents[2]
+AS_NOBODY = ["/usr/bin/setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+
+
+@pytest.mark.skipif(not nobody_can_run_corral(), reason="needs root, setpriv, and a checkout `nobody` can read")
+def test_an_unprivileged_daemon_says_no_cgroups_at_start_in_readyz_and_in_corral_gpus() -> None:
+    home = Path(tempfile.mkdtemp(prefix="corral-nobody-"))  # pytest's tmp_path is root's alone (0700)
+    os.chown(home, NOBODY, NOBODY)
+    sock = home / "s.sock"
+    env = {"PYTHONPATH": str(CHECKOUT), "PATH": PATH, "HOME": str(home)}
+    serve = [*AS_NOBODY, sys.executable, "-m", "corral.cli.main", "serve", "--simulate-gpus", "1xA100-80GB"]
+    daemon = subprocess.Popen(
+        [*serve, "--state-dir", str(home / "state"), "--socket", str(sock)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert daemon.stderr is not None
+        first = daemon.stderr.readline()
+        assert first.startswith("corral serve: listening on"), first
+        said = first.strip().rsplit("; ", 2)[-2:]
+        notice = "; ".join(said)
+        assert notice.startswith("no cgroups: falling back to process groups (cannot create ")
+        assert notice.endswith(": Permission denied; run the daemon as root, or under systemd with Delegate=yes)")
+        transport = httpx.HTTPTransport(uds=str(sock))
+        with httpx.Client(transport=transport, base_url="http://corral") as client:
+            wait_until(lambda: client.get("/readyz").status_code == 200, 20)
+            assert client.get("/readyz").json() == {"status": "ready", "containment": notice}
+        gpus = subprocess.run(
+            [*AS_NOBODY, sys.executable, "-m", "corral.cli.main", "gpus"],
+            env={**env, "CORRAL_SOCKET": str(sock)},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert gpus.stdout.splitlines()[-1] == f"note: {notice}"
+    finally:
+        daemon.terminate()
+        daemon.wait(timeout=15)
+        shutil.rmtree(home, ignore_errors=True)
