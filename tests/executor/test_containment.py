@@ -316,3 +316,25 @@ def test_v2_limits_are_written_where_the_controllers_are(tmp_path: Path) -> None
     assert sub.limit_files(Limits(0, 0, None)) == {}  # no request, no limit
     none = Subtree(sub.path, frozenset(), delegated=False)
     assert none.limit_files(Limits(1000, 1024, 100)) == {}  # no controller, nothing written
+
+
+def test_under_systemd_with_delegate_the_service_cgroup_is_used_and_the_daemon_moves_into_a_leaf(
+    tmp_path: Path,
+) -> None:
+    """Delegate=yes, against a cgroup-shaped folder: systemd marks the service's cgroup trusted.delegate=1."""
+    tree = tmp_path / "tree"
+    service = tree / "system.slice" / "corral.service"
+    service.mkdir(parents=True)
+    (service / "cgroup.procs").write_text("4242\n")
+    (service / "cgroup.controllers").write_text("cpu memory pids\n")
+    try:
+        os.setxattr(service, "trusted.delegate", b"1")
+    except OSError as exc:
+        pytest.skip(f"trusted xattrs need root and a filesystem that keeps them: {exc}")
+    sub = prepare(tmp_path / "run", mount=tree, proc_cgroup="0::/system.slice/corral.service\n")
+    assert isinstance(sub, Subtree) and sub.delegated and sub.path == service
+    assert (service / "daemon" / "cgroup.procs").read_text() == "4242"  # the daemon left the service's own cgroup
+    assert sub.controllers == {"cpu", "memory", "pids"}
+    assert sub.leaf("3", 1) == service / "job-3.1"
+    sub.close()
+    assert service.is_dir()  # the service's cgroup is never removed
