@@ -566,8 +566,11 @@ def create_app(
         )
 
     @app.get("/v1/gpus")
-    def gpus(who: Caller) -> list[dict[str, Any]]:
-        """Each GPU, who holds which share of it (other users' jobs by number only), and live use where known."""
+    def gpus(who: Caller, response: Response) -> list[dict[str, Any]]:
+        """Each GPU, who holds which share of it (other users' jobs by number only), and live use where known.
+        A daemon that cannot contain jobs in cgroups says so in the X-Corral-Containment header."""
+        if not daemon.contained and daemon.containment:
+            response.headers["X-Corral-Containment"] = daemon.containment
         holding = daemon.store.list([JobState.STARTING, JobState.RUNNING])
         rows = []
         for dev in daemon.node.gpus:
@@ -698,9 +701,11 @@ def create_app(
         if since > READY_WITHIN_S:
             ago = "no round has ended yet" if math.isinf(since) else f"the last round ended {since:.0f} s ago"
             problems.append(f"the scheduling loop is not running: {ago}")
+        # a daemon that cannot contain jobs in cgroups is still ready, and says so
+        contained = {} if daemon.contained or not daemon.containment else {"containment": daemon.containment}
         if problems:
-            return SafeJSONResponse(status_code=503, content={"status": "not ready", "problems": problems})
-        return JSONResponse({"status": "ready"})
+            return SafeJSONResponse(status_code=503, content={"status": "not ready", "problems": problems, **contained})
+        return JSONResponse({"status": "ready", **contained})
 
     for router in routers:  # the faces installed by corral.daemon.extensions
         app.include_router(router)
