@@ -31,7 +31,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 import pwd
+import stat
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -627,7 +629,12 @@ def create_app(
         if instance:
             path = instance_log(path, instance)
         try:
-            with path.open("rb") as f:
+            # Only the daemon writes in the logs folder; still never through a link, and only a regular file (a FIFO
+            # would block the read), checked on the open descriptor.
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            with os.fdopen(fd, "rb") as f:
+                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                    raise InvalidRequest("logs", f"the log of job {job_id} is not a regular file")
                 if tail is not None:
                     offset = max(0, f.seek(0, 2) - tail)
                 f.seek(offset)

@@ -7,6 +7,7 @@ the gang executor and a clock the test moves (so a minimum runtime before preemp
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -214,3 +215,26 @@ def test_logs_of_a_gangs_instances_by_query_parameter(box: Box, tmp_path: Path) 
     assert r.json()["detail"]["message"] == f"job {alone} has instance 0 only, not instance 1"
     assert c.get(f"/v1/jobs/{alone}/logs").headers["X-Corral-Instances"] == "1"
     assert box.client(BOB).get(f"/v1/jobs/{gang}/logs", params={"instance": 1}).status_code == 404
+
+
+def test_a_log_replaced_by_a_link_or_a_fifo_is_never_read_through(box: Box, tmp_path: Path) -> None:
+    # The daemon alone writes in its logs folder, but the log route still opens without following a link and reads
+    # only a regular file (a FIFO would hang the request's thread).
+    linked = box.submit()
+    piped = box.submit()
+    box.tick()
+    secret = tmp_path / "secret"
+    secret.write_text("not for the job's owner")
+    log = box.daemon.log_path(linked)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.unlink(missing_ok=True)
+    log.symlink_to(secret)
+    r = box.client().get(f"/v1/jobs/{linked}/logs")
+    assert r.status_code == 422 and "not for" not in r.text
+    assert r.json()["detail"]["field"] == "logs"
+    fifo = box.daemon.log_path(piped)
+    fifo.unlink(missing_ok=True)
+    os.mkfifo(fifo)
+    r = box.client().get(f"/v1/jobs/{piped}/logs")
+    assert r.status_code == 422
+    assert r.json()["detail"] == {"field": "logs", "message": f"the log of job {piped} is not a regular file"}
