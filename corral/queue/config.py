@@ -36,7 +36,9 @@ a promise the scheduler cannot keep.
 from __future__ import annotations
 
 import math
+import os
 import re
+import stat
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -427,7 +429,11 @@ def parse_queues(text: str, source: str = "queues.toml") -> QueuesConfig:
 
 def load_queues(path: Path) -> QueuesConfig:
     try:
-        with path.open("rb") as f:
+        # O_NONBLOCK and the check on the open descriptor: a FIFO or a device put there would block a reload (which
+        # may run under the daemon's lock) or never end; only a regular file is read.
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise QueueConfigError(f"{path}: not a regular file (a queues file is a TOML file)")
             data = f.read(MAX_FILE_BYTES + 1)  # no further: a larger file is refused by its size
     except OSError as exc:
         raise QueueConfigError(f"{path}: cannot read the queues file: {exc.strerror or exc}") from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -171,3 +172,13 @@ def test_a_large_file_is_read_no_further_than_the_bound(tmp_path: Path) -> None:
     with pytest.raises(QueueConfigError) as caught:
         load_queues(big)
     assert str(caught.value) == f"{big}: the file is more than 1048576 bytes (a queues file may have at most 1048576)"
+
+
+def test_a_fifo_or_a_folder_is_refused_without_blocking(tmp_path: Path) -> None:
+    # A FIFO at the queues file's path would have blocked a reload for ever (under the daemon's lock, on SIGHUP).
+    fifo = tmp_path / "queues.toml"
+    os.mkfifo(fifo)
+    with pytest.raises(QueueConfigError, match=r"not a regular file \(a queues file is a TOML file\)"):
+        load_queues(fifo)
+    with pytest.raises(QueueConfigError, match="cannot read the queues file: Is a directory"):
+        load_queues(tmp_path)
