@@ -61,6 +61,8 @@ from corral.store.base import JobQuery, Store, StoreError
 CANCELLING = "cancel requested"
 #: The reason of a job the watchdog is killing starts with this; its exit is then a failure with that reason.
 OVER_GRANT = "killed by corral: "
+#: The reason of a running job past its time limit, while its supervisor stops it (`Daemon._say_over_limit`).
+OVER_LIMIT = "ending: past its time limit"
 MAX_BACKOFF_S = 300.0
 #: Jobs launched per round (each: two durable writes under the daemon's lock, and a supervisor started without it);
 #: the pass stops placing once it has this many, and the rest of a burst waits for the next rounds, so 500
@@ -268,6 +270,7 @@ class Daemon:
             except Exception:  # one controller's fault must not stop scheduling
                 log.exception("controller %s failed", type(controller).__name__)
         holding = self.store.list([JobState.STARTING, JobState.RUNNING])
+        self._say_over_limit(holding, now)
         self._sample(holding, now)
         if self.watchdog != "off":
             self._watch_memory(holding)
@@ -343,6 +346,22 @@ class Daemon:
                     continue
                 self.store.update(job_id, reason=why)
                 log.warning("job %s: %s", job_id, why)
+
+    def _say_over_limit(self, holding: list[Job], now: float) -> None:
+        """Running jobs past their time limit: their supervisor is stopping them (SIGTERM, then the whole cgroup
+        killed after the grace period); until the cgroup is empty they hold their grant, and their reason says why."""
+        for i, job in enumerate(holding):
+            limit, started = job.spec.time_limit_s, job.started_at
+            if job.state is not JobState.RUNNING or limit is None or started is None or now < started + limit:
+                continue
+            if job.reason.startswith((OVER_LIMIT, CANCELLING, PREEMPTING, OVER_GRANT, "ending")):
+                continue
+            why = (
+                f"{OVER_LIMIT} ({preemption.span_text(limit)}): its processes are being stopped; its GPUs go to the "
+                "next job once none of them runs"
+            )
+            with contextlib.suppress(StoreError):  # a failing store: said in a later round
+                holding[i] = self.store.update(job.id, reason=why)
 
     # ---------------------------------------------------------------------------------------------- preemption
     def _preempt(

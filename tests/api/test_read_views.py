@@ -238,3 +238,23 @@ def test_a_log_replaced_by_a_link_or_a_fifo_is_never_read_through(box: Box, tmp_
     r = box.client().get(f"/v1/jobs/{piped}/logs")
     assert r.status_code == 422
     assert r.json()["detail"] == {"field": "logs", "message": f"the log of job {piped} is not a regular file"}
+
+
+def test_a_job_past_its_time_limit_is_shown_ending_until_it_has_stopped(box: Box) -> None:
+    # Issue 23, item 1: the grant is released only once nothing of the job runs; until then it says why it is held.
+    job = box.submit(gpus=1, time_limit="1m")
+    box.tick()
+    box.clock.t += 59
+    box.tick()
+    running = box.store.get(job)
+    assert running is not None and not running.reason.startswith("ending")
+    box.clock.t += 2
+    box.tick()
+    said = box.explain(job)
+    assert said["state"] == "running" and said["reason"] == (
+        "ending: past its time limit (1m): its processes are being stopped; its GPUs go to the next job once none of "
+        "them runs"
+    )
+    assert short_reason({"state": "running", "reason": said["reason"]}) == "ending: past its time limit (1m)"
+    assert short_reason({"state": "running", "reason": "cancel requested"}) == "cancel requested"
+    assert short_reason({"state": "running", "reason": "placed on GPU 0"}) == "-"
