@@ -48,6 +48,7 @@ from corral.executor.base import Executor, Exit, Found, Handle, LaunchSpec
 from corral.gpu.discovery import GpuDiscoveryError
 from corral.gpu.metrics import GpuSampler, GpuUse, ProcessInfo, attribute, read_process
 from corral.gpu.mps import MpsControl, MpsError
+from corral.jobs import dependency
 from corral.jobs.model import Job, JobSpec, JobState, Preempted
 from corral.metrics import DaemonMetrics
 from corral.model.errors import InvalidRequest
@@ -66,6 +67,8 @@ MAX_BACKOFF_S = 300.0
 #: submissions do not hold the lock for seconds (issue 12).
 STARTS_PER_ROUND = 4
 WATCHDOG_MODES = ("off", "warn", "kill")
+#: `explain` of a singleton job reads at most this many jobs of its user and name.
+MAX_SINGLETON_LOOK = 1000
 log = logging.getLogger("corral.daemon")
 
 
@@ -190,6 +193,8 @@ class Daemon:
         self._preempting: dict[str, tuple[str, float]] = {}
         #: Queues, limits and fair share (corral.daemon.queues); one queue without limits when no file is given.
         self.queues = queues if queues is not None else Queues(node)
+        #: Ended jobs that waiting jobs depend on: id -> (state, attempts), so a round reads each from the store once.
+        self._dependency_ended: dict[str, tuple[JobState, int]] = {}
 
     # ---------------------------------------------------------------------------------------------- requests
     def submit(self, spec: JobSpec, idempotency_key: str | None = None) -> Job:
@@ -204,6 +209,8 @@ class Daemon:
                 whole = gang.place_gang(self._empty, spec.request, spec.instances, self.config, 0)
             if not empty.placed and all(empty.unresolvable(i) for i in range(len(self._empty))):
                 raise InvalidRequest("request", f"can never run on this machine: {render(empty.explanation)}")
+            if spec.dependency:
+                self.check_dependency(spec)
             if spec.instances > 1:
                 if not getattr(self.executor, "runs_gangs", False):
                     raise InvalidRequest("instances", "this daemon's executor runs one process per job: no gangs")
@@ -214,6 +221,22 @@ class Daemon:
             self.metrics.refused.labels(exc.field).inc()
             raise
         return self.store.add(spec, self.clock(), idempotency_key=idempotency_key)
+
+    def check_dependency(self, spec: JobSpec) -> None:
+        """A job may depend on jobs that exist and that its submitter may see: their own, or anyone's for root (a
+        user learns nothing of another user's jobs, not even that an id is taken). Since they exist, they are older
+        than the job: no cycle can be made. singleton needs a name, the one it keeps to a job at a time."""
+        if any(d.kind is dependency.Kind.SINGLETON for d in spec.dependency) and not spec.name:
+            raise InvalidRequest(
+                dependency.FIELD, "singleton needs a name (--name): one job of that name and user runs at a time"
+            )
+        for job_id in dependency.job_ids(spec.dependency):
+            other = self.store.get(job_id)
+            if other is None or not (spec.uid == 0 or other.spec.uid == spec.uid):
+                raise InvalidRequest(
+                    dependency.FIELD,
+                    f"no job {job_id} that you can see (a job may depend on your own jobs; root's on anyone's)",
+                )
 
     def cancel(self, job_id: str, uid: int | None = None) -> Job:
         """Cancel a job. `uid` None = root (any job); otherwise only the submitter's own jobs."""
@@ -266,7 +289,9 @@ class Daemon:
         if self.watchdog != "off":
             self._watch_memory(holding)
         snapshot = self.snapshot(holding)
-        waiting = self.store.list([JobState.QUEUED])
+        queued = self.store.list([JobState.QUEUED])
+        # Jobs whose dependencies do not hold yet are not offered: neither scheduled nor counted in a queue's order.
+        waiting, blocked = self._dependencies(queued, holding)
         owner = self._share_owner if self.mps is not None else None
         ends = {j.id: expected_end(j.started_at, j.spec.time_limit_s, self.default_time_limit_s, now) for j in holding}
         # Victims of a preemption end by their kill deadline: the head's reservation then holds what they free for
@@ -295,7 +320,9 @@ class Daemon:
         self.reservation, self.queue_order = plan.reservation, plan.order
         self.metrics.round(self.config.policy, placed=len(plan.starts), unplaced=plan.unplaced)
         foreign = self.foreign_text()
-        self._store_reasons(waiting, plan.waiting, foreign, now)  # before any launch: the lock may be let go there
+        plan.waiting.update(blocked)
+        # before any launch: the lock may be let go there
+        self._store_reasons(queued if blocked else waiting, plan.waiting, foreign, now)
         busy = {u for j in holding for u in j.gpu_uuids}
         prepared: list[tuple[Job, LaunchSpec]] = []
         for start in plan.starts:
@@ -320,6 +347,96 @@ class Daemon:
         self._stop_idle_mps(busy)
         self.ticked_at = time.monotonic()
         return started
+
+    # ---------------------------------------------------------------------------------------------- dependencies
+    def _dependencies(self, queued: list[Job], holding: Sequence[Job]) -> tuple[list[Job], dict[str, str]]:
+        """(the queued jobs whose dependencies hold, {id: reason} of those that wait for theirs). A dependency that
+        can never be met cancels its job when it asked for that (--kill-on-invalid-dep), and its dependents see that
+        in this same pass: every job depends on older jobs only, and the queue is read oldest first.
+
+        Cost: one look-up per dependency per round (an ended job's state is read from the store once, then kept
+        while a waiting job still names it), and nothing for a queue without dependencies."""
+        if not any(j.spec.dependency for j in queued):
+            self._dependency_ended = {}
+            return queued, {}
+        known: dict[str, Job] = {j.id: j for j in holding}
+        known.update((j.id, j) for j in queued)
+        ended = self._dependency_ended
+        kept: dict[str, tuple[JobState, int]] = {}
+
+        def state_of(job_id: str) -> tuple[JobState, int] | None:
+            job = known.get(job_id)
+            if job is not None:
+                return job.state, job.attempts
+            found = kept.get(job_id) or ended.get(job_id)
+            if found is None:
+                got = self.store.get(job_id)
+                if got is None:
+                    return None
+                found = (got.state, got.attempts)
+            if found[0].final and job_id not in self._requeue:  # a failure whose retry is not stored yet: not ended
+                kept[job_id] = found
+            return found
+
+        singles: dict[tuple[int, str], Job] = {}  # (uid, name) -> the job ahead: a running one, else the oldest queued
+        if any(d.kind is dependency.Kind.SINGLETON for j in queued for d in j.spec.dependency):
+            for j in [*holding, *queued]:
+                singles.setdefault((j.spec.uid, j.spec.name), j)
+        ready: list[Job] = []
+        blocked: dict[str, str] = {}
+        for job in queued:
+            if not job.spec.dependency:
+                ready.append(job)
+                continue
+            ahead = singles.get((job.spec.uid, job.spec.name))
+            single = "" if ahead is None or ahead.id == job.id else (
+                f"job {ahead.id} (singleton: same user and name) is {ahead.state.value}"
+            )  # fmt: skip
+            v = dependency.verdict(job.spec.dependency, state_of, single)
+            if v.status is dependency.Status.READY:
+                ready.append(job)
+            elif v.status is dependency.Status.NEVER and job.spec.kill_on_invalid_dep:
+                done = self._cancel_invalid(job, v)
+                if done is not None:
+                    known[job.id] = done
+            else:
+                blocked[job.id] = dependency.waiting_reason(v)
+        self._dependency_ended = kept
+        return ready, blocked
+
+    def _cancel_invalid(self, job: Job, v: dependency.Verdict) -> Job | None:
+        """--kill-on-invalid-dep: a job whose dependency can never be met is cancelled (None: the store failed)."""
+        try:
+            done = self.store.transition(
+                job.id, JobState.CANCELLED, expect=[JobState.QUEUED], reason=dependency.cancelled_reason(v)
+            )
+        except (StoreError, InvalidRequest):
+            return None
+        log.info("job %s of %s cancelled: its dependency can never be met: %s", job.id, job.spec.user, v.text)
+        self.metrics.job_ended(JobState.CANCELLED, "cancelled")
+        self._tell_ended(done)
+        return done
+
+    def dependency_verdict(self, job: Job) -> dependency.Verdict:
+        """What `explain` says of a waiting job's dependencies now (a few look-ups; the round's reason says so too)."""
+
+        def state_of(job_id: str) -> tuple[JobState, int] | None:
+            other = self.store.get(job_id)
+            return None if other is None else (other.state, other.attempts)
+
+        single = ""
+        if any(d.kind is dependency.Kind.SINGLETON for d in job.spec.dependency):
+            same = self.store.query(
+                JobQuery(
+                    states=(JobState.QUEUED, JobState.STARTING, JobState.RUNNING), uid=job.spec.uid,
+                    name=job.spec.name, limit=MAX_SINGLETON_LOOK,
+                )
+            )  # fmt: skip
+            ahead = [o for o in same if o.id != job.id and (o.state.holds_resources or int(o.id) < int(job.id))]
+            if ahead:
+                first = min(ahead, key=lambda o: (not o.state.holds_resources, int(o.id)))
+                single = f"job {first.id} (singleton: same user and name) is {first.state.value}"
+        return dependency.verdict(job.spec.dependency, state_of, single)
 
     # ---------------------------------------------------------------------------------------------- preemption
     def _preempt(
