@@ -7,7 +7,7 @@ World: a daemon core with the fake executor)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from click.testing import CliRunner
@@ -22,7 +22,7 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any, Any]]:
     calls: list[tuple[str, Any, Any]] = []
 
     class Answer:
-        headers: dict[str, str] = {}
+        headers: ClassVar[dict[str, str]] = {}
 
         def json(self) -> Any:
             return [] if calls[-1][0] == "/v1/jobs" and calls[-1][2] is None else {"id": "1"}
@@ -150,4 +150,4 @@ def test_ps_u_as_root_lists_that_users_jobs_and_a_user_gets_a_403(world: World) 
     r = alice.get("/v1/jobs", params={"user": "bob"})
     assert r.status_code == 403
     assert r.json()["detail"] == {"field": "user", "message": "only root can see or cancel other users' jobs"}
-    assert client.flag_errors(r) == "--user: only root can see or cancel other users' jobs"  # type: ignore[arg-type]
+    assert client.flag_errors(r) == "--user: only root can see or cancel other users' jobs"
