@@ -30,6 +30,7 @@ def test_afterok_afternotok_and_kill_on_invalid_dep_with_real_jobs(tmp_path: Pat
         bad = corral.run("submit", "--dependency", "afterok:99999", "--", "true", ok=False)
         assert bad.returncode == 2
         assert bad.stderr == (
-            "error: --dependency: no job 99999 that you can see (a job may depend on your own jobs; root's on anyone's)\n"
+            "error: --dependency: no job 99999 that you can see (a job may depend on your own jobs; root's on "
+            "anyone's)\n"
         )
         corral.run("cancel", never)
