@@ -100,6 +100,18 @@ class CancelOutcome:
     not_found: list[str]  # no such job, or not the caller's
 
 
+@dataclass(frozen=True)
+class _DependencyMemo:
+    """A waiting job's dependency verdict, and what it was made of: its ids' (state, attempts) and its singleton's
+    words. Kept from round to round while the job waits, so the verdict is worked out again only when one changed."""
+
+    ids: tuple[str, ...]
+    singleton: bool
+    key: tuple[tuple[tuple[JobState, int] | None, ...], str]
+    verdict: dependency.Verdict
+    reason: str
+
+
 class Controller(Protocol):
     """Something that keeps jobs coming: schedules, job definitions' runs, services' instances.
 
@@ -195,6 +207,8 @@ class Daemon:
         self.queues = queues if queues is not None else Queues(node)
         #: Ended jobs that waiting jobs depend on: id -> (state, attempts), so a round reads each from the store once.
         self._dependency_ended: dict[str, tuple[JobState, int]] = {}
+        #: Each waiting dependent job's last verdict and what it read (corral.daemon.core._DependencyMemo).
+        self._dependency_memo: dict[str, _DependencyMemo] = {}
 
     # ---------------------------------------------------------------------------------------------- requests
     def submit(self, spec: JobSpec, idempotency_key: str | None = None) -> Job:
@@ -357,7 +371,7 @@ class Daemon:
         Cost: one look-up per dependency per round (an ended job's state is read from the store once, then kept
         while a waiting job still names it), and nothing for a queue without dependencies."""
         if not any(j.spec.dependency for j in queued):
-            self._dependency_ended = {}
+            self._dependency_ended, self._dependency_memo = {}, {}
             return queued, {}
         known: dict[str, Job] = {j.id: j for j in holding}
         known.update((j.id, j) for j in queued)
@@ -378,21 +392,38 @@ class Daemon:
                 kept[job_id] = found
             return found
 
-        singles: dict[tuple[int, str], Job] = {}  # (uid, name) -> the job ahead: a running one, else the oldest queued
-        if any(d.kind is dependency.Kind.SINGLETON for j in queued for d in j.spec.dependency):
-            for j in [*holding, *queued]:
-                singles.setdefault((j.spec.uid, j.spec.name), j)
+        memo, fresh = self._dependency_memo, {}
+        singles: dict[tuple[int, str], Job] | None = None  # (uid, name) -> the job ahead: running, else oldest queued
         ready: list[Job] = []
         blocked: dict[str, str] = {}
         for job in queued:
-            if not job.spec.dependency:
+            deps = job.spec.dependency
+            if not deps:
                 ready.append(job)
                 continue
-            ahead = singles.get((job.spec.uid, job.spec.name))
-            single = "" if ahead is None or ahead.id == job.id else (
-                f"job {ahead.id} (singleton: same user and name) is {ahead.state.value}"
-            )  # fmt: skip
-            v = dependency.verdict(job.spec.dependency, state_of, single)
+            entry = memo.get(job.id)
+            if entry is None:
+                ids = tuple(dependency.job_ids(deps))
+                single_too = any(d.kind is dependency.Kind.SINGLETON for d in deps)
+            else:
+                ids, single_too = entry.ids, entry.singleton
+            single = ""
+            if single_too:
+                if singles is None:
+                    singles = {}
+                    for j in [*holding, *queued]:
+                        singles.setdefault((j.spec.uid, j.spec.name), j)
+                ahead = singles.get((job.spec.uid, job.spec.name))
+                if ahead is not None and ahead.id != job.id:
+                    single = f"job {ahead.id} (singleton: same user and name) is {ahead.state.value}"
+            # What the verdict reads: it is worked out again only when that changed (a long queue of dependent jobs
+            # costs a look-up each per round, not a verdict and its words each).
+            key = (tuple(map(state_of, ids)), single)
+            if entry is None or entry.key != key:
+                v = dependency.verdict(deps, state_of, single)
+                entry = _DependencyMemo(ids, single_too, key, v, dependency.waiting_reason(v) if v.text else "")
+            fresh[job.id] = entry
+            v = entry.verdict
             if v.status is dependency.Status.READY:
                 ready.append(job)
             elif v.status is dependency.Status.NEVER and job.spec.kill_on_invalid_dep:
@@ -400,7 +431,8 @@ class Daemon:
                 if done is not None:
                     known[job.id] = done
             else:
-                blocked[job.id] = dependency.waiting_reason(v)
+                blocked[job.id] = entry.reason
+        self._dependency_memo = fresh
         self._dependency_ended = kept
         return ready, blocked
 
