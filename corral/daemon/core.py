@@ -102,12 +102,11 @@ class CancelOutcome:
 
 @dataclass(frozen=True)
 class _DependencyMemo:
-    """A waiting job's dependency verdict, and what it was made of: its ids' (state, attempts) and its singleton's
-    words. Kept from round to round while the job waits, so the verdict is worked out again only when one changed."""
+    """A waiting job's dependency verdict, kept from round to round while it waits: worked out again only when a job
+    it names changed (or, for a singleton, every round)."""
 
     ids: tuple[str, ...]
     singleton: bool
-    key: tuple[tuple[tuple[JobState, int] | None, ...], str]
     verdict: dependency.Verdict
     reason: str
 
@@ -207,8 +206,12 @@ class Daemon:
         self.queues = queues if queues is not None else Queues(node)
         #: Ended jobs that waiting jobs depend on: id -> (state, attempts), so a round reads each from the store once.
         self._dependency_ended: dict[str, tuple[JobState, int]] = {}
-        #: Each waiting dependent job's last verdict and what it read (corral.daemon.core._DependencyMemo).
+        #: Each waiting dependent job's last verdict; the jobs they name, as last seen (the Job, or its ended state),
+        #: and which waiting jobs name each; the reasons of those that wait. Kept from round to round.
         self._dependency_memo: dict[str, _DependencyMemo] = {}
+        self._dependency_seen: dict[str, object] = {}
+        self._dependency_by_ref: dict[str, list[str]] = {}
+        self._dependency_blocked: dict[str, str] = {}
 
     # ---------------------------------------------------------------------------------------------- requests
     def submit(self, spec: JobSpec, idempotency_key: str | None = None) -> Job:
@@ -368,10 +371,14 @@ class Daemon:
         can never be met cancels its job when it asked for that (--kill-on-invalid-dep), and its dependents see that
         in this same pass: every job depends on older jobs only, and the queue is read oldest first.
 
-        Cost: one look-up per dependency per round (an ended job's state is read from the store once, then kept
-        while a waiting job still names it), and nothing for a queue without dependencies."""
-        if not any(j.spec.dependency for j in queued):
-            self._dependency_ended, self._dependency_memo = {}, {}
+        Cost per round: a look-up per job named (an ended job's state is read from the store once, then kept while
+        a waiting job names it), a verdict only for the jobs whose named jobs changed (and singletons), and nothing
+        for a queue without dependencies. 5,000 waiting jobs, chained or all on one: about 3 ms a round, less than
+        5,000 waiting jobs without dependencies (docs/dependencies.md)."""
+        dependent = [j for j in queued if j.spec.dependency]
+        if not dependent:
+            self._dependency_ended, self._dependency_memo, self._dependency_seen = {}, {}, {}
+            self._dependency_by_ref, self._dependency_blocked = {}, {}
             return queued, {}
         known: dict[str, Job] = {j.id: j for j in holding}
         known.update((j.id, j) for j in queued)
@@ -392,23 +399,52 @@ class Daemon:
                 kept[job_id] = found
             return found
 
-        memo, fresh = self._dependency_memo, {}
+        memo, blocked, by_ref, seen = (
+            self._dependency_memo,
+            self._dependency_blocked,
+            self._dependency_by_ref,
+            self._dependency_seen,
+        )
+        dirty: set[str] = set()
+        if len(memo) != len(dependent) or any(j.id not in memo for j in dependent):  # jobs came or went
+            waiting_ids = {j.id for j in dependent}
+            for gone in [i for i in memo if i not in waiting_ids]:
+                del memo[gone]
+                blocked.pop(gone, None)
+            for j in dependent:
+                if j.id not in memo:
+                    dirty.add(j.id)
+                    deps = j.spec.dependency
+                    has_single = any(d.kind is dependency.Kind.SINGLETON for d in deps)
+                    memo[j.id] = _DependencyMemo(tuple(dependency.job_ids(deps)), has_single, dependency.READY, "")
+            by_ref = {}
+            for i, entry in memo.items():
+                for ref in entry.ids:
+                    by_ref.setdefault(ref, []).append(i)
+            seen = {ref: seen.get(ref) for ref in by_ref}
+            self._dependency_by_ref, self._dependency_seen = by_ref, seen
+        # A job named that waits or runs is seen as its Job (stored jobs are immutable: the same object, the same
+        # state; compared by identity), one that ended as its kept (state, attempts).
+        for ref in by_ref:
+            now_seen: object = known.get(ref) or state_of(ref)
+            was = seen[ref]
+            if now_seen is not was and now_seen != was:
+                seen[ref] = now_seen
+                dirty.update(by_ref[ref])
+        dirty.update(i for i, entry in memo.items() if entry.singleton)  # its words name the job ahead, read anew
         singles: dict[tuple[int, str], Job] | None = None  # (uid, name) -> the job ahead: running, else oldest queued
-        ready: list[Job] = []
-        blocked: dict[str, str] = {}
-        for job in queued:
-            deps = job.spec.dependency
-            if not deps:
-                ready.append(job)
+        # Oldest first: every job names older jobs only, so one cancelled here is seen by its dependents after it.
+        order = sorted(dirty, key=int)
+        k = 0
+        while k < len(order):
+            job_id = order[k]
+            k += 1
+            job = known.get(job_id)
+            if job is None or job.state is not JobState.QUEUED:
                 continue
-            entry = memo.get(job.id)
-            if entry is None:
-                ids = tuple(dependency.job_ids(deps))
-                single_too = any(d.kind is dependency.Kind.SINGLETON for d in deps)
-            else:
-                ids, single_too = entry.ids, entry.singleton
+            entry = memo[job_id]
             single = ""
-            if single_too:
+            if entry.singleton:
                 if singles is None:
                     singles = {}
                     for j in [*holding, *queued]:
@@ -416,24 +452,25 @@ class Daemon:
                 ahead = singles.get((job.spec.uid, job.spec.name))
                 if ahead is not None and ahead.id != job.id:
                     single = f"job {ahead.id} (singleton: same user and name) is {ahead.state.value}"
-            # What the verdict reads: it is worked out again only when that changed (a long queue of dependent jobs
-            # costs a look-up each per round, not a verdict and its words each).
-            key = (tuple(map(state_of, ids)), single)
-            if entry is None or entry.key != key:
-                v = dependency.verdict(deps, state_of, single)
-                entry = _DependencyMemo(ids, single_too, key, v, dependency.waiting_reason(v) if v.text else "")
-            fresh[job.id] = entry
-            v = entry.verdict
-            if v.status is dependency.Status.READY:
-                ready.append(job)
-            elif v.status is dependency.Status.NEVER and job.spec.kill_on_invalid_dep:
+            v = dependency.verdict(job.spec.dependency, state_of, single)
+            if v.status is dependency.Status.NEVER and job.spec.kill_on_invalid_dep:
                 done = self._cancel_invalid(job, v)
                 if done is not None:
-                    known[job.id] = done
+                    known[job_id] = done
+                    blocked.pop(job_id, None)
+                    del memo[job_id]
+                    later = [i for i in by_ref.get(job_id, ()) if i in memo and i not in dirty]
+                    dirty.update(later)
+                    order[k:] = sorted([*order[k:], *later], key=int)
+                    continue
+            reason = dependency.waiting_reason(v) if v.status is not dependency.Status.READY else ""
+            memo[job_id] = replace(entry, verdict=v, reason=reason)
+            if reason:
+                blocked[job_id] = reason
             else:
-                blocked[job.id] = entry.reason
-        self._dependency_memo = fresh
+                blocked.pop(job_id, None)
         self._dependency_ended = kept
+        ready = [j for j in queued if j.id not in blocked and known[j.id].state is JobState.QUEUED]
         return ready, blocked
 
     def _cancel_invalid(self, job: Job, v: dependency.Verdict) -> Job | None:
