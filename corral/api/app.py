@@ -69,6 +69,7 @@ from corral.daemon.queues import Forbidden
 from corral.daemon.scheduler import clock_text
 from corral.daemon.tokens import TokenFileError, TokenNotFound, TokenStore
 from corral.daemon.waiting import queue_story, wait_story
+from corral.jobs import dependency
 from corral.jobs.environment import admitted_environment
 from corral.jobs.model import Job, JobSpec, JobState, check_admissible, spec_to_json
 from corral.metrics import CONTENT_TYPE as METRICS_TYPE
@@ -158,7 +159,10 @@ def spec_from(body: SubmitIn, who: Peer) -> JobSpec:
         None,
         body.name,
     )
-    limit = parse_duration_seconds(body.time_limit, "time_limit") if body.time_limit is not None else None
+    # A bare number is minutes, as Slurm's --time reads it; 45m, 2h, 1:30:00 and 2-12 say their unit.
+    limit = (
+        parse_duration_seconds(body.time_limit, "time_limit", bare="minutes") if body.time_limit is not None else None
+    )
     return JobSpec(
         command=tuple(body.command),
         request=request,
@@ -174,6 +178,8 @@ def spec_from(body: SubmitIn, who: Peer) -> JobSpec:
         instances=body.instances,
         gang=body.gang,
         queue=body.queue or "",
+        dependency=dependency.parse(body.dependency) if body.dependency is not None else (),
+        kill_on_invalid_dep=body.kill_on_invalid_dep,
     )
 
 
@@ -284,16 +290,29 @@ def _duration(seconds: float) -> str:
     return " ".join(f"{v}{u}" for v, u in units[first : first + 2] if v) or "0s"
 
 
+def dependency_hint(v: dependency.Verdict) -> str:
+    """What `explain` adds for a dependency that can never be met."""
+    if v.status is not dependency.Status.NEVER:
+        return ""
+    return "It can never start: cancel it (a job submitted with --kill-on-invalid-dep is cancelled by the daemon)."
+
+
+#: Other words for a state: Slurm's (squeue's PENDING is corral's queued).
+STATE_ALIASES = {"pending": JobState.QUEUED.value}
+
+
 def parse_states(values: Sequence[str] | None) -> frozenset[JobState] | None:
     """`state` filters, each repeatable or comma-separated ("queued,running"); InvalidRequest names a bad one."""
     if values is None:
         return None
     names = [part.strip() for value in values for part in value.split(",") if part.strip()]
     try:
-        return frozenset(JobState(n.lower()) for n in names)
+        return frozenset(JobState(STATE_ALIASES.get(n.lower(), n.lower())) for n in names)
     except ValueError:
         valid = ", ".join(s.value for s in JobState)
-        raise InvalidRequest("state", f"must be one of {valid}; got {', '.join(names)}") from None
+        raise InvalidRequest(
+            "state", f"must be one of {valid} (or pending, Slurm's word for queued); got {', '.join(names)}"
+        ) from None
 
 
 def create_app(
@@ -536,6 +555,12 @@ def create_app(
             guard = daemon.queues.protection_story(job, daemon.clock())  # its minimum runtime, if still in it
             said = " ".join(t for t in (guard, before) if t)
             return ExplainOut(state=job.state.value, reason=clean(job.reason), story=said or None, preempted=was)
+        if job.spec.dependency:
+            v = daemon.dependency_verdict(job)
+            if v.status is not dependency.Status.READY:  # not offered to the scheduler yet: no place in any queue
+                said = " ".join(t for t in (f"It waits for its dependency ({dependency.text(job.spec.dependency)}): "
+                                            f"{v.text}.", dependency_hint(v), before) if t)  # fmt: skip
+                return ExplainOut(state=job.state.value, reason=clean(job.reason), story=clean(said), preempted=was)
         holding = daemon.store.list([JobState.STARTING, JobState.RUNNING])
         queues = daemon.queues
         waiting = [i for i in daemon.queue_order if i not in queues.started]  # the last round's, less its starts

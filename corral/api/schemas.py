@@ -11,6 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from corral.api.limits import clean
 from corral.daemon.tokens import MAX_NAME, Token
+from corral.jobs import dependency
+from corral.jobs.dependency import MAX_DEPENDENCY_TEXT
 from corral.jobs.model import Job
 from corral.model import limits
 from corral.model.resources import MAX_PRIORITY, MAX_QUANTITY
@@ -49,6 +51,11 @@ class SubmitIn(BaseModel):
     #: A gang: `instances` processes, each with its own grant of the request, all started or none (needs `gang`)
     instances: int = Field(default=1, ge=1, le=64)
     gang: bool = False
+    #: Jobs it waits for, in Slurm's words: "afterok:12:13,afterany:14,afternotok:15,after:16,singleton"
+    #: (docs/dependencies.md); only jobs the caller may see
+    dependency: str | None = Field(default=None, max_length=MAX_DEPENDENCY_TEXT)
+    #: A dependency that can never be met (afterok on a job that failed) cancels the job instead of leaving it waiting
+    kill_on_invalid_dep: bool = False
 
 
 class GpuOut(BaseModel):
@@ -103,6 +110,8 @@ class JobOut(BaseModel):
     preempted: PreemptedOut | None = None  # None: never preempted
     instances: int = 1  # a gang's processes (gpus lists every instance's grants, instance by instance)
     gang: bool = False
+    dependency: str = ""  # what it waits for ("afterok:12,singleton"; "" for none): docs/dependencies.md
+    kill_on_invalid_dep: bool = False
 
     @classmethod
     def of(cls, job: Job, *, log_path: str | None = None) -> JobOut:
@@ -144,6 +153,8 @@ class JobOut(BaseModel):
             preemptible=job.spec.preemptible,
             instances=job.spec.instances,
             gang=job.spec.gang,
+            dependency=dependency.text(job.spec.dependency),
+            kill_on_invalid_dep=job.spec.kill_on_invalid_dep,
             preempted=None if job.preempted is None else PreemptedOut(**dataclasses.asdict(job.preempted)),
         )
 

@@ -280,7 +280,8 @@ json_option = click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
 
 @click.command("submit", context_settings={"allow_interspersed_args": False})
 @click.argument("command", nargs=-1, required=True)
-@click.option("--gpus", type=int, default=None, help="Number of GPUs.")
+@click.option("--gpus", default=None, help="Number of whole GPUs (a share of one: --gpu-fraction).")
+@click.option("--gres", default=None, help="Slurm's spelling of GPUs: gpu:N, or gpu:MODEL:N (as --gpu-model MODEL).")
 @click.option("--gpu-fraction", type=float, default=None, help="Share of each GPU, e.g. 0.3.")
 @click.option("--gpu-memory", default=None, help="GPU memory per GPU for a share, e.g. 10GiB.")
 @click.option("--cpus", default="1", show_default=True, help="CPUs, e.g. 4 or 500m.")
@@ -290,19 +291,33 @@ json_option = click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
 @click.option("--name", default="", help="A name for the job.")
 @click.option("--queue", default=None, help="The queue (default: the daemon's default queue).")
 @click.option("--retries", type=int, default=0, show_default=True, help="Retries after a failure.")
-@click.option("--time-limit", default=None, help="Time limit, e.g. 90, 45m, 2h.")
+@click.option(
+    "--time-limit", "--time", "-t", "time_limit", default=None,
+    help="Time limit: 45m, 2h, 1h30m, or Slurm's MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (a bare number is "
+    "minutes).",
+)  # fmt: skip
 @click.option(
     "--no-preempt",
     is_flag=True,
     help="Never preempt this job for a higher-priority one (with queues: it starts only within its queue's "
     "guarantee). See docs/preemption.md.",
 )
+@click.option(
+    "--dependency", "-d", default=None,
+    help="Start only after other jobs of yours: afterok:ID[:ID...] (succeeded), afterany:ID (ended), afternotok:ID "
+    "(failed), after:ID (started), singleton (no other job of your name running); several joined with ','.",
+)  # fmt: skip
+@click.option(
+    "--kill-on-invalid-dep", is_flag=True,
+    help="Cancel the job if its dependency can never be met (default: it waits, and its reason says so).",
+)  # fmt: skip
 @click.option("--instances", type=int, default=1, show_default=True, help="Processes, each with this request.")
 @click.option("--gang", is_flag=True, help="Start all the instances or none; one failing stops the others.")
 @socket_option
 def submit_cmd(
     command: tuple[str, ...],
-    gpus: int | None,
+    gpus: str | None,
+    gres: str | None,
     gpu_fraction: float | None,
     gpu_memory: str | None,
     cpus: str,
@@ -314,6 +329,8 @@ def submit_cmd(
     retries: int,
     time_limit: str | None,
     no_preempt: bool,
+    dependency: str | None,
+    kill_on_invalid_dep: bool,
     instances: int,
     gang: bool,
     socket: Path | None,
@@ -323,7 +340,7 @@ def submit_cmd(
     COMMAND and its arguments come after the options (after --, so that its own options stay its own)."""
     body = submit_body(
         command, gpus, gpu_fraction, gpu_memory, cpus, memory, gpu_model, priority, name, queue, retries, time_limit,
-        no_preempt, instances, gang,
+        no_preempt, instances, gang, gres=gres, dependency=dependency, kill_on_invalid_dep=kill_on_invalid_dep,
     )  # fmt: skip
     # One key per submission: a retry after a lost answer gets the job the first attempt made, not a second one.
     key = {"Idempotency-Key": str(uuid.uuid4())}
@@ -331,9 +348,36 @@ def submit_cmd(
     sys.stdout.write(f"{job['id']}\n")
 
 
+def gpu_count(text: str | None) -> int | None:
+    """`--gpus`: a whole number of GPUs. 0.5 is a share, which --gpu-fraction asks for (a corral error, not click's)."""
+    if text is None:
+        return None
+    value = text.strip()
+    if value.isdigit():
+        return int(value)
+    try:
+        share = float(value)
+    except ValueError:
+        raise fail(f"--gpus: a whole number of GPUs, got {text!r}") from None
+    if 0 < share < 1:
+        raise fail(
+            f"--gpus: a whole number of GPUs, got {text!r}; for a share of one GPU use --gpu-fraction {value} "
+            "(with --gpu-memory for its memory)"
+        )
+    raise fail(f"--gpus: a whole number of GPUs, got {text!r}")
+
+
+def gres_gpus(text: str) -> tuple[int, str]:
+    """`--gres gpu:N` or `gpu:MODEL:N` (Slurm's generic resources; GPUs are the only kind here): (N, MODEL or "")."""
+    parts = text.strip().split(":")
+    if parts[0] != "gpu" or not 2 <= len(parts) <= 3 or not parts[-1].isdigit() or not all(parts):
+        raise fail(f"--gres: give gpu:N or gpu:MODEL:N (GPUs are the only generic resource here), got {text!r}")
+    return int(parts[-1]), parts[1] if len(parts) == 3 else ""
+
+
 def submit_body(
     command: tuple[str, ...],
-    gpus: int | None,
+    gpus: str | int | None,
     gpu_fraction: float | None,
     gpu_memory: str | None,
     cpus: str,
@@ -347,11 +391,21 @@ def submit_body(
     no_preempt: bool,
     instances: int,
     gang: bool,
+    gres: str | None = None,
+    dependency: str | None = None,
+    kill_on_invalid_dep: bool = False,
 ) -> dict[str, Any]:
-    """The body of `POST /v1/jobs` for `corral submit`'s options (tests/api/test_first_day.py sends every mix)."""
+    """The body of `POST /v1/jobs` for `corral submit`'s options (tests/api/test_first_day.py sends every mix).
+    Slurm's spellings become corral's here: `--gres gpu:MODEL:N` is --gpus N --gpu-model MODEL."""
+    count = gpu_count(str(gpus) if gpus is not None else None)
+    if gres is not None:
+        if gpus is not None:
+            raise fail("--gres: give the GPUs once: --gpus N or --gres gpu:N, not both")
+        count, model = gres_gpus(gres)
+        gpu_model = (*gpu_model, model) if model else gpu_model
     return {
         "command": list(command),
-        "gpus": gpus,
+        "gpus": count,
         "gpu_fraction": gpu_fraction,
         "gpu_memory": gpu_memory,
         "cpus": cpus,
@@ -365,6 +419,9 @@ def submit_body(
         "preemptible": not no_preempt,
         "instances": instances,
         "gang": gang,
+        # absent unless asked: an older daemon takes the request as before
+        **({"dependency": dependency} if dependency is not None else {}),
+        **({"kill_on_invalid_dep": True} if kill_on_invalid_dep else {}),
         # the rule of corral.jobs.environment: never corral's own variables (CORRAL_TOKEN), never the login's agents
         "env": admitted_environment(os.environ),
         "cwd": os.getcwd(),
@@ -400,9 +457,12 @@ RECENT_S = 3600.0
     help="Also jobs that ended more than an hour ago (hidden by default); root: every user's jobs too.",
 )  # fmt: skip
 @click.option(
-    "--state", multiple=True, help="Only jobs in this state (repeatable, or comma-separated: queued,running)."
+    "--state", multiple=True,
+    help="Only jobs in this state (repeatable, or comma-separated: queued,running; pending is queued).",
+)  # fmt: skip
+@click.option(
+    "--user", "-u", default=None, help="Root: this user's jobs (others: only your own name; other users' are refused)."
 )
-@click.option("--user", default=None, help="Root: this user's jobs.")
 @click.option("--name", default=None, help="Only jobs with this name.")
 @click.option("--since", default=None, help="Submitted since: 45m, 2h (ago) or a date (old finished jobs included).")
 @click.option(

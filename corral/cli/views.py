@@ -301,7 +301,8 @@ FLAGS = {
     "time_limit_s": "--time-limit", "priority": "--priority", "name": "--name", "retries": "--retries",
     "instances": "--instances", "gang": "--gang",
     "command": "COMMAND", "state": "--state", "user": "--user", "since": "--since", "limit": "--limit",
-    "after": "--after", "request": "", "queue": "--queue", "instance": "--instance",
+    "after": "--after", "request": "", "queue": "--queue", "instance": "--instance", "dependency": "--dependency",
+    "kill_on_invalid_dep": "--kill-on-invalid-dep",
 }  # fmt: skip
 
 
@@ -372,6 +373,9 @@ def show_lines(job: Mapping[str, Any], now: float | None = None) -> list[tuple[s
     if preempted:
         times = "once" if preempted.get("count") == 1 else f"{preempted.get('count')} times"
         lines.append(("preempted", f"{times}; the last: {preempted.get('reason', '')}"))
+    if job.get("dependency"):
+        kill = " (cancelled if it can never be met)" if job.get("kill_on_invalid_dep") else ""
+        lines.append(("dependency", f"{job['dependency']}{kill}"))
     if (job.get("instances") or 1) > 1:
         lines.append(("instances", f"{job['instances']}" + (" (a gang: all or none)" if job.get("gang") else "")))
     lines += [

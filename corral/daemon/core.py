@@ -49,6 +49,7 @@ from corral.executor.base import Executor, Exit, Found, Handle, LaunchSpec
 from corral.gpu.discovery import GpuDiscoveryError
 from corral.gpu.metrics import GpuSampler, GpuUse, ProcessInfo, attribute, read_process
 from corral.gpu.mps import MpsControl, MpsError
+from corral.jobs import dependency
 from corral.jobs.model import Job, JobSpec, JobState, Preempted
 from corral.metrics import DaemonMetrics
 from corral.model.errors import InvalidRequest
@@ -69,6 +70,8 @@ MAX_BACKOFF_S = 300.0
 #: submissions do not hold the lock for seconds (issue 12).
 STARTS_PER_ROUND = 4
 WATCHDOG_MODES = ("off", "warn", "kill")
+#: `explain` of a singleton job reads at most this many jobs of its user and name.
+MAX_SINGLETON_LOOK = 1000
 log = logging.getLogger("corral.daemon")
 
 
@@ -98,6 +101,17 @@ class CancelOutcome:
     cancelling: list[str]  # were starting or running: signalled, cancelled when they exit
     ended: list[str]  # had already ended (or started meanwhile): left alone
     not_found: list[str]  # no such job, or not the caller's
+
+
+@dataclass(frozen=True)
+class _DependencyMemo:
+    """A waiting job's dependency verdict, kept from round to round while it waits: worked out again only when a job
+    it names changed (or, for a singleton, every round)."""
+
+    ids: tuple[str, ...]
+    singleton: bool
+    verdict: dependency.Verdict
+    reason: str
 
 
 class Controller(Protocol):
@@ -198,6 +212,15 @@ class Daemon:
         #: False when the executor falls back to process groups (said at start, in /readyz and `corral gpus`).
         self.contained: bool = bool(getattr(executor, "contained", True))
 
+        #: Ended jobs that waiting jobs depend on: id -> (state, attempts), so a round reads each from the store once.
+        self._dependency_ended: dict[str, tuple[JobState, int]] = {}
+        #: Each waiting dependent job's last verdict; the jobs they name, as last seen (the Job, or its ended state),
+        #: and which waiting jobs name each; the reasons of those that wait. Kept from round to round.
+        self._dependency_memo: dict[str, _DependencyMemo] = {}
+        self._dependency_seen: dict[str, object] = {}
+        self._dependency_by_ref: dict[str, list[str]] = {}
+        self._dependency_blocked: dict[str, str] = {}
+
     # ---------------------------------------------------------------------------------------------- requests
     def submit(self, spec: JobSpec, idempotency_key: str | None = None) -> Job:
         """Validate against this machine and store durably; the returned job is acknowledged. `idempotency_key`:
@@ -211,6 +234,8 @@ class Daemon:
                 whole = gang.place_gang(self._empty, spec.request, spec.instances, self.config, 0)
             if not empty.placed and all(empty.unresolvable(i) for i in range(len(self._empty))):
                 raise InvalidRequest("request", f"can never run on this machine: {render(empty.explanation)}")
+            if spec.dependency:
+                self.check_dependency(spec)
             if spec.instances > 1:
                 if not getattr(self.executor, "runs_gangs", False):
                     raise InvalidRequest("instances", "this daemon's executor runs one process per job: no gangs")
@@ -221,6 +246,22 @@ class Daemon:
             self.metrics.refused.labels(exc.field).inc()
             raise
         return self.store.add(spec, self.clock(), idempotency_key=idempotency_key)
+
+    def check_dependency(self, spec: JobSpec) -> None:
+        """A job may depend on jobs that exist and that its submitter may see: their own, or anyone's for root (a
+        user learns nothing of another user's jobs, not even that an id is taken). Since they exist, they are older
+        than the job: no cycle can be made. singleton needs a name, the one it keeps to a job at a time."""
+        if any(d.kind is dependency.Kind.SINGLETON for d in spec.dependency) and not spec.name:
+            raise InvalidRequest(
+                dependency.FIELD, "singleton needs a name (--name): one job of that name and user runs at a time"
+            )
+        for job_id in dependency.job_ids(spec.dependency):
+            other = self.store.get(job_id)
+            if other is None or not (spec.uid == 0 or other.spec.uid == spec.uid):
+                raise InvalidRequest(
+                    dependency.FIELD,
+                    f"no job {job_id} that you can see (a job may depend on your own jobs; root's on anyone's)",
+                )
 
     def cancel(self, job_id: str, uid: int | None = None) -> Job:
         """Cancel a job. `uid` None = root (any job); otherwise only the submitter's own jobs."""
@@ -275,7 +316,9 @@ class Daemon:
         if self.watchdog != "off":
             self._watch_memory(holding)
         snapshot = self.snapshot(holding)
-        waiting = self.store.list([JobState.QUEUED])
+        queued = self.store.list([JobState.QUEUED])
+        # Jobs whose dependencies do not hold yet are not offered: neither scheduled nor counted in a queue's order.
+        waiting, blocked = self._dependencies(queued, holding)
         owner = self._share_owner if self.mps is not None else None
         ends = {j.id: expected_end(j.started_at, j.spec.time_limit_s, self.default_time_limit_s, now) for j in holding}
         # Victims of a preemption end by their kill deadline: the head's reservation then holds what they free for
@@ -304,7 +347,9 @@ class Daemon:
         self.reservation, self.queue_order = plan.reservation, plan.order
         self.metrics.round(self.config.policy, placed=len(plan.starts), unplaced=plan.unplaced)
         foreign = self.foreign_text()
-        self._store_reasons(waiting, plan.waiting, foreign, now)  # before any launch: the lock may be let go there
+        plan.waiting.update(blocked)
+        # before any launch: the lock may be let go there
+        self._store_reasons(queued if blocked else waiting, plan.waiting, foreign, now)
         busy = {u for j in holding for u in j.gpu_uuids}
         prepared: list[tuple[Job, LaunchSpec]] = []
         for start in plan.starts:
@@ -362,6 +407,148 @@ class Daemon:
             )
             with contextlib.suppress(StoreError):  # a failing store: said in a later round
                 holding[i] = self.store.update(job.id, reason=why)
+
+    # ---------------------------------------------------------------------------------------------- dependencies
+    def _dependencies(self, queued: list[Job], holding: Sequence[Job]) -> tuple[list[Job], dict[str, str]]:
+        """(the queued jobs whose dependencies hold, {id: reason} of those that wait for theirs). A dependency that
+        can never be met cancels its job when it asked for that (--kill-on-invalid-dep), and its dependents see that
+        in this same pass: every job depends on older jobs only, and the queue is read oldest first.
+
+        Cost per round: a look-up per job named (an ended job's state is read from the store once, then kept while
+        a waiting job names it), a verdict only for the jobs whose named jobs changed (and singletons), and nothing
+        for a queue without dependencies. 5,000 waiting jobs, chained or all on one: about 3 ms a round, less than
+        5,000 waiting jobs without dependencies (docs/dependencies.md)."""
+        dependent = [j for j in queued if j.spec.dependency]
+        if not dependent:
+            self._dependency_ended, self._dependency_memo, self._dependency_seen = {}, {}, {}
+            self._dependency_by_ref, self._dependency_blocked = {}, {}
+            return queued, {}
+        known: dict[str, Job] = {j.id: j for j in holding}
+        known.update((j.id, j) for j in queued)
+        ended = self._dependency_ended
+        kept: dict[str, tuple[JobState, int]] = {}
+
+        def state_of(job_id: str) -> tuple[JobState, int] | None:
+            job = known.get(job_id)
+            if job is not None:
+                return job.state, job.attempts
+            found = kept.get(job_id) or ended.get(job_id)
+            if found is None:
+                got = self.store.get(job_id)
+                if got is None:
+                    return None
+                found = (got.state, got.attempts)
+            if found[0].final and job_id not in self._requeue:  # a failure whose retry is not stored yet: not ended
+                kept[job_id] = found
+            return found
+
+        memo, blocked, by_ref, seen = (
+            self._dependency_memo,
+            self._dependency_blocked,
+            self._dependency_by_ref,
+            self._dependency_seen,
+        )
+        dirty: set[str] = set()
+        if len(memo) != len(dependent) or any(j.id not in memo for j in dependent):  # jobs came or went
+            waiting_ids = {j.id for j in dependent}
+            for gone in [i for i in memo if i not in waiting_ids]:
+                del memo[gone]
+                blocked.pop(gone, None)
+            for j in dependent:
+                if j.id not in memo:
+                    dirty.add(j.id)
+                    deps = j.spec.dependency
+                    has_single = any(d.kind is dependency.Kind.SINGLETON for d in deps)
+                    memo[j.id] = _DependencyMemo(tuple(dependency.job_ids(deps)), has_single, dependency.READY, "")
+            by_ref = {}
+            for i, entry in memo.items():
+                for ref in entry.ids:
+                    by_ref.setdefault(ref, []).append(i)
+            seen = {ref: seen.get(ref) for ref in by_ref}
+            self._dependency_by_ref, self._dependency_seen = by_ref, seen
+        # A job named that waits or runs is seen as its Job (stored jobs are immutable: the same object, the same
+        # state; compared by identity), one that ended as its kept (state, attempts).
+        for ref in by_ref:
+            now_seen: object = known.get(ref) or state_of(ref)
+            was = seen[ref]
+            if now_seen is not was and now_seen != was:
+                seen[ref] = now_seen
+                dirty.update(by_ref[ref])
+        dirty.update(i for i, entry in memo.items() if entry.singleton)  # its words name the job ahead, read anew
+        singles: dict[tuple[int, str], Job] | None = None  # (uid, name) -> the job ahead: running, else oldest queued
+        # Oldest first: every job names older jobs only, so one cancelled here is seen by its dependents after it.
+        order = sorted(dirty, key=int)
+        k = 0
+        while k < len(order):
+            job_id = order[k]
+            k += 1
+            job = known.get(job_id)
+            if job is None or job.state is not JobState.QUEUED:
+                continue
+            entry = memo[job_id]
+            single = ""
+            if entry.singleton:
+                if singles is None:
+                    singles = {}
+                    for j in [*holding, *queued]:
+                        singles.setdefault((j.spec.uid, j.spec.name), j)
+                ahead = singles.get((job.spec.uid, job.spec.name))
+                if ahead is not None and ahead.id != job.id:
+                    single = f"job {ahead.id} (singleton: same user and name) is {ahead.state.value}"
+            v = dependency.verdict(job.spec.dependency, state_of, single)
+            if v.status is dependency.Status.NEVER and job.spec.kill_on_invalid_dep:
+                done = self._cancel_invalid(job, v)
+                if done is not None:
+                    known[job_id] = done
+                    blocked.pop(job_id, None)
+                    del memo[job_id]
+                    later = [i for i in by_ref.get(job_id, ()) if i in memo and i not in dirty]
+                    dirty.update(later)
+                    order[k:] = sorted([*order[k:], *later], key=int)
+                    continue
+            reason = dependency.waiting_reason(v) if v.status is not dependency.Status.READY else ""
+            memo[job_id] = replace(entry, verdict=v, reason=reason)
+            if reason:
+                blocked[job_id] = reason
+            else:
+                blocked.pop(job_id, None)
+        self._dependency_ended = kept
+        ready = [j for j in queued if j.id not in blocked and known[j.id].state is JobState.QUEUED]
+        return ready, blocked
+
+    def _cancel_invalid(self, job: Job, v: dependency.Verdict) -> Job | None:
+        """--kill-on-invalid-dep: a job whose dependency can never be met is cancelled (None: the store failed)."""
+        try:
+            done = self.store.transition(
+                job.id, JobState.CANCELLED, expect=[JobState.QUEUED], reason=dependency.cancelled_reason(v)
+            )
+        except (StoreError, InvalidRequest):
+            return None
+        log.info("job %s of %s cancelled: its dependency can never be met: %s", job.id, job.spec.user, v.text)
+        self.metrics.job_ended(JobState.CANCELLED, "cancelled")
+        self._tell_ended(done)
+        return done
+
+    def dependency_verdict(self, job: Job) -> dependency.Verdict:
+        """What `explain` says of a waiting job's dependencies now (a few look-ups; the round's reason says so too)."""
+
+        def state_of(job_id: str) -> tuple[JobState, int] | None:
+            other = self.store.get(job_id)
+            return None if other is None else (other.state, other.attempts)
+
+        single = ""
+        if any(d.kind is dependency.Kind.SINGLETON for d in job.spec.dependency):
+            same = self.store.query(
+                JobQuery(
+                    states=(JobState.QUEUED, JobState.STARTING, JobState.RUNNING), uid=job.spec.uid,
+                    name=job.spec.name, limit=MAX_SINGLETON_LOOK,
+                )
+            )  # fmt: skip
+            ahead = [o for o in same if o.id != job.id and (o.state.holds_resources or int(o.id) < int(job.id))]
+            if ahead:
+                first = min(ahead, key=lambda o: (not o.state.holds_resources, int(o.id)))
+                single = f"job {first.id} (singleton: same user and name) is {first.state.value}"
+        return dependency.verdict(job.spec.dependency, state_of, single)
 
     # ---------------------------------------------------------------------------------------------- preemption
     def _preempt(

@@ -17,11 +17,14 @@ import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from corral.model import limits
 from corral.model.errors import InvalidRequest
 from corral.model.resources import Constraint, GpuBehavior, GpuGrant, Request
+
+if TYPE_CHECKING:
+    from corral.jobs.dependency import Dependency
 
 
 class JobState(StrEnum):
@@ -100,6 +103,10 @@ class JobSpec:
     #: together or none does (corral.daemon.scheduler), and only once all `gang_size` of them are queued.
     gang_group: str = ""
     gang_size: int = 0
+    #: Jobs it waits for, in Slurm's words (corral.jobs.dependency): afterok:3, singleton, ...; () for none.
+    dependency: tuple[Dependency, ...] = ()
+    #: A dependency that can never be met (afterok on a job that failed) cancels it, instead of leaving it waiting.
+    kill_on_invalid_dep: bool = False
 
     def __post_init__(self) -> None:
         if not self.command or not self.command[0]:
@@ -232,13 +239,26 @@ def spec_to_json(s: JobSpec) -> str:
             **({} if s.instances == 1 and not s.gang else {"instances": s.instances, "gang": s.gang}),
             **({"queue": s.queue} if s.queue else {}),  # absent when unset: specs stored before queues read the same
             **({"gang_group": s.gang_group, "gang_size": s.gang_size} if s.gang_group else {}),
+            **({"dependency": dependency_text(s.dependency)} if s.dependency else {}),
+            **({"kill_on_invalid_dep": True} if s.kill_on_invalid_dep else {}),
         },
         sort_keys=True,
     )
 
 
+def dependency_text(deps: tuple[Dependency, ...]) -> str:
+    from corral.jobs import dependency
+
+    return dependency.text(deps)
+
+
 def spec_from_json(text: str) -> JobSpec:
     d = json.loads(text)
+    deps: tuple[Dependency, ...] = ()
+    if d.get("dependency"):
+        from corral.jobs import dependency
+
+        deps = dependency.parse(str(d["dependency"]))
     return JobSpec(
         command=tuple(d["command"]),
         request=request_from_dict(d["request"]),
@@ -257,4 +277,6 @@ def spec_from_json(text: str) -> JobSpec:
         queue=d.get("queue", ""),
         gang_group=d.get("gang_group", ""),
         gang_size=int(d.get("gang_size", 0)),
+        dependency=deps,
+        kill_on_invalid_dep=bool(d.get("kill_on_invalid_dep", False)),
     )

@@ -76,19 +76,55 @@ def parse_cpu_milli(text: str | int | float, field: str = "cpus") -> int:
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd])")
 _DURATION_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+#: Slurm's --time spellings: D-HH, D-HH:MM, D-HH:MM:SS, and MM:SS, HH:MM:SS (a bare number is the caller's unit).
+_SLURM_DAYS = re.compile(r"(\d{1,5})-(\d{1,2})(?::(\d{1,2})(?::(\d{1,2}))?)?")
+_SLURM_CLOCK = re.compile(r"(\d{1,9}):(\d{1,2})(?::(\d{1,2}))?")
+DURATION_EXAMPLES = "90, 45m, 2h, 1h30m, 1:30:00, 2-12"
 
 
-def parse_duration_seconds(text: str, field: str = "time limit") -> float:
-    """'90' -> 90.0, '2h' -> 7200.0, '1h30m' -> 5400.0."""
+def _slurm_seconds(text: str, field: str, original: str) -> float | None:
+    """Slurm's colon and day forms in seconds; None when `text` is in neither. A part after the first must be a
+    clock's (minutes and seconds below 60, hours below 24 after a day count): "1:75:00" is a typo, not 2h15m."""
+    parts: tuple[tuple[int, int, str], ...]
+    if m := _SLURM_DAYS.fullmatch(text):
+        days, hours, minutes, seconds = (int(g) if g is not None else 0 for g in m.groups())
+        parts = ((hours, 24, "hours"), (minutes, 60, "minutes"), (seconds, 60, "seconds"))
+    elif m := _SLURM_CLOCK.fullmatch(text):
+        a, b, c = m.groups()
+        days = 0
+        if c is None:  # MM:SS
+            hours, minutes, seconds = 0, int(a), int(b)
+            parts = ((seconds, 60, "seconds"),)
+        else:  # HH:MM:SS
+            hours, minutes, seconds = int(a), int(b), int(c)
+            parts = ((minutes, 60, "minutes"), (seconds, 60, "seconds"))
+    else:
+        return None
+    for value, bound, name in parts:
+        if value >= bound:
+            raise InvalidRequest(field, f"not a duration: {original!r}: {name} must be below {bound} there")
+    return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
+
+
+def parse_duration_seconds(text: str, field: str = "time limit", *, bare: str = "seconds") -> float:
+    """'90' -> 90.0, '2h' -> 7200.0, '1h30m' -> 5400.0, and Slurm's --time forms: '1:30' (MM:SS) -> 90.0,
+    '1:30:00' (HH:MM:SS) -> 5400.0, '2-12' (D-HH) -> 216000.0, '2-12:30', '2-12:30:15'.
+
+    `bare`: the unit of a bare number: "seconds", or "minutes" for a job's time limit, as Slurm's --time reads it
+    ('90' -> 5400.0)."""
     stripped = text.strip()
     if len(stripped) > MAX_QUANTITY_TEXT:
-        raise InvalidRequest(field, f"not a duration: at most {MAX_QUANTITY_TEXT} characters (examples: 90, 2h)")
+        raise InvalidRequest(
+            field, f"not a duration: at most {MAX_QUANTITY_TEXT} characters (examples: {DURATION_EXAMPLES})"
+        )
     if re.fullmatch(r"\d+(?:\.\d+)?", stripped):
-        seconds = float(stripped)
+        seconds = float(stripped) * (60 if bare == "minutes" else 1)
+    elif (slurm := _slurm_seconds(stripped, field, text)) is not None:
+        seconds = slurm
     else:
         parts = _DURATION.findall(stripped)
         if not parts or "".join(n + u for n, u in parts) != stripped.replace(" ", ""):
-            raise InvalidRequest(field, f"not a duration: {text!r} (examples: 90, 45m, 2h, 1h30m)")
+            raise InvalidRequest(field, f"not a duration: {text!r} (examples: {DURATION_EXAMPLES})")
         seconds = sum(float(n) * _DURATION_SECONDS[u] for n, u in parts)
     if not seconds <= MAX_DURATION_S:
         raise InvalidRequest(field, f"must be at most {MAX_DURATION_S:.0f} seconds (ten years), got {text!r}")
