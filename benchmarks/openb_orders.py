@@ -233,7 +233,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.clusterdata is not None:
             text = subprocess.run(
                 ["git", f"--git-dir={args.clusterdata}", "show", f"HEAD:cluster-trace-gpu-v2023/csv/{csv_name}"],
-                check=True, capture_output=True, text=True,
+                check=True,
+                capture_output=True,
+                text=True,
             ).stdout
             (out / csv_name).write_text(text)
         elif not (out / csv_name).exists():

@@ -55,6 +55,7 @@ class FgdPriced(FgdScarcity):
     gpu_margin = GPU_POD_MARGIN  # reserve margin for pods with GPUs (`placement.reserve`; 1.0: none)
     cpu_margin = 1.0  # and for pods without GPUs
     margin_gpu_bound = True  # the margin only while free GPU milli runs out no later than free CPU
+    unweighted_cpu_bound = True  # no scarcity weights while free CPU runs out first (`FgdScarcity._cpu_bound`)
 
     _kept = 0  # nodes the last `score` kept for multi-GPU pods (a policy object serves one decision)
 
