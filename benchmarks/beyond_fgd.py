@@ -25,6 +25,11 @@ of issue 16):
     fgd-priced-margin-all     the margin for pods without GPUs too
     fgd-priced-margin2-tight-first   margin 2 for every pod, the tightest GPU first (a first try)
     fgd-priced-margin-always  the margin for pods with GPUs also while free CPU runs out first
+    fgd-priced-issue27        as issue 27 found it: fgd-scarcity's weights on the GPU pods' fill gain also while free
+                              CPU runs out first (the variants above all have issue 27's rule)
+
+`--hashes FILE` appends the sha256 (12 hex digits, as `benchmarks.replay_speed`) of every grant per run, to tell
+which lists a change moved.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
+import hashlib
 import os
 import platform
 import time
@@ -154,10 +160,17 @@ class _PricedMarginAlways(FgdPriced):
     margin_gpu_bound = False
 
 
+class _PricedWeightedCpuBound(FgdPriced):
+    """fgd-priced as issue 27 found it: the scarcity weights also while free CPU runs out before free GPU milli."""
+
+    name = "fgd-priced-issue27"
+    unweighted_cpu_bound = False
+
+
 ABLATIONS: tuple[type[FgdScarcity], ...] = (
     _FgdFill, _CpuPodsOnly, _NoModelLevel, _Unweighted, _PricedLoose, _PricedNoReserve, _PricedGpuHorizon,
     _PricedIssue16, _PricedTightFirst, _PricedNoMargin, _PricedMarginAll, _PricedMargin2TightFirst,
-    _PricedMarginAlways,
+    _PricedMarginAlways, _PricedWeightedCpuBound,
 )  # fmt: skip
 
 
@@ -183,18 +196,20 @@ def arrivals_for(
     return study_arrivals(nodes, pods, seed, 1.3), False
 
 
-def run_one(traces: Path, pod_list: str, policy: str, seed: int) -> tuple[float, float, bool, float]:
-    """(alloc@100, alloc@130, exact order used, seconds) of one offline replay."""
+def run_one(traces: Path, pod_list: str, policy: str, seed: int) -> tuple[float, float, bool, float, str]:
+    """(alloc@100, alloc@130, exact order used, seconds, sha256 of every grant: 12 hex digits, as
+    `benchmarks.replay_speed` prints it) of one offline replay."""
     nodes = load_nodes(traces / "openb_node_list_gpu_node.csv")
     pods = load_pods(traces / f"openb_pod_list_{pod_list}.csv")
     arrivals, exact = arrivals_for(traces, nodes, pods, pod_list, seed)
     config = PlacementConfig(policy=policy, gpu_behavior=GpuBehavior.UNRESTRICTED, workload=target_workload(pods))
     kernels()  # loaded once per process, before the clock starts (`placement.native`)
     start = time.perf_counter()
-    events, _ = replay(nodes, arrivals.requests, config, arrivals.ranks, seed)
+    events, snapshot = replay(nodes, arrivals.requests, config, arrivals.ranks, seed)
     wall = time.perf_counter() - start
     alloc, _ = events.curves()
-    return alloc[100], alloc[130], exact, wall
+    granted = [(k, a.node, tuple((g.index, g.milli) for g in a.gpus)) for k, a in snapshot.allocations.items()]
+    return alloc[100], alloc[130], exact, wall, hashlib.sha256(repr(granted).encode()).hexdigest()[:12]
 
 
 def main() -> None:
@@ -205,6 +220,7 @@ def main() -> None:
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--csv", type=Path, help="append one row per run here (and skip runs already in it)")
     ap.add_argument("--write", type=Path)
+    ap.add_argument("--hashes", type=Path, help="append pod_list,policy,seed,sha256 of every grant here")
     args = ap.parse_args()
     register_ablations()
     lists, policies, seeds = args.lists.split(","), args.policies.split(","), seeds_of(args.seeds)
@@ -220,8 +236,12 @@ def main() -> None:
             for seed in seeds:
                 if (pod_list, policy, seed) in done:
                     continue
-                row = run_one(args.traces, pod_list, policy, seed)
+                a100, a130, exact_order, seconds, digest = run_one(args.traces, pod_list, policy, seed)
+                row = (a100, a130, exact_order, seconds)
                 done[(pod_list, policy, seed)] = row
+                if args.hashes:
+                    with args.hashes.open("a") as fh:
+                        fh.write(f"{pod_list},{policy},{seed},{digest}\n")
                 print(pod_list, policy, seed, *row, flush=True)
                 if args.csv:
                     new = not args.csv.exists()

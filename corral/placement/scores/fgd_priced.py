@@ -8,6 +8,8 @@ multi-GPU pods are kept while they run out; fgd-scarcity decides the rest.
                 3. u_g, lowest first                            (the tightest GPU among equally good ones)
                 4. fgd-scarcity's look-ahead tie-break on that GPU
     any other pod, then: fgd-scarcity's score
+    (while free CPU runs out before free GPU milli, fgd-scarcity's GPU pods' fill gain counts every target type
+    fully, without its scarcity weights: `FgdScarcity.unweighted_cpu_bound`, issue 27)
 
 loss(u, m) is what a GPU with u milli free loses beyond the share's own worth when a share of m milli lands on it,
 priced with the dual prices of the LP that packs the workload's shares best. It is zero where the share continues a
@@ -55,6 +57,7 @@ class FgdPriced(FgdScarcity):
     gpu_margin = GPU_POD_MARGIN  # reserve margin for pods with GPUs (`placement.reserve`; 1.0: none)
     cpu_margin = 1.0  # and for pods without GPUs
     margin_gpu_bound = True  # the margin only while free GPU milli runs out no later than free CPU
+    unweighted_cpu_bound = True  # no scarcity weights while free CPU runs out first (`FgdScarcity._cpu_bound`)
 
     _kept = 0  # nodes the last `score` kept for multi-GPU pods (a policy object serves one decision)
 

@@ -58,6 +58,8 @@ class FgdScarcity(FragmentationScored):
     gpu_pods = True  # tie-break pods with GPUs (model level, then fill gain)
     weighted = True  # weight the GPU pods' fill gain by scarcity (False: every type counts fully)
     model_guard = True  # the model level comes first for GPU pods
+    #: every type counts fully (no scarcity weights) while free CPU runs out before free GPU milli (fgd-priced's)
+    unweighted_cpu_bound = False
 
     _weights_of: tuple[Context, FloatArray] | None = None  # the last decision's weights (an object per decision)
     _horizons_of: tuple[Context, tuple[float, float]] | None = None  # and its horizons
@@ -68,12 +70,20 @@ class FgdScarcity(FragmentationScored):
             self._horizons_of = (ctx, horizons(ctx.snapshot, ctx.workload))
         return self._horizons_of[1]
 
+    def _cpu_bound(self, ctx: Context) -> bool:
+        """Whether the scarcity weights are off for this decision: free CPU runs out before free GPU milli (the
+        CPU-aware horizon is the smaller) and the policy says so (`unweighted_cpu_bound`)."""
+        if not self.unweighted_cpu_bound:
+            return False
+        h_gpu, h_cpu = self._horizons(ctx)
+        return h_cpu < h_gpu
+
     def _weights(self, ctx: Context) -> FloatArray:
         # `score` and then `choose_gpus` ask within one decision, on the same unchanged snapshot: computed once.
         if self._weights_of is not None and self._weights_of[0] is ctx:
             return self._weights_of[1]
         n_types = len(ctx.workload.types)
-        if ctx.request.wants_gpu and self.gpu_pods and self.weighted:
+        if ctx.request.wants_gpu and self.gpu_pods and self.weighted and not self._cpu_bound(ctx):
             weights = scarcity_weights(ctx.snapshot, ctx.workload, self._horizons(ctx)[0])
         else:
             weights = np.ones(n_types, dtype=np.float64)
