@@ -29,6 +29,7 @@ from tests.daemon.realusers import (
     kill_processes_of,
     local_users,
     root_daemon,
+    user_argv,
     user_env,
     wait_for,
 )
@@ -159,7 +160,7 @@ def test_users_find_the_root_daemon_with_no_flags(system_runtime: tuple[Path, di
             home_sock = Path(users["c"].home) / ".local/state/corral/corral.sock"
             own_env = {k: v for k, v in env.items() if k != "CORRAL_RUNTIME_DIR"}
             personal = subprocess.Popen(
-                ["/usr/sbin/runuser", "-u", users["c"].name, "--", *CLI, "serve", "--simulate-gpus", "1xT4-16GB"],
+                user_argv(users["c"], [*CLI, "serve", "--simulate-gpus", "1xT4-16GB"]),
                 env=own_env, cwd="/tmp", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
             try:

@@ -41,10 +41,19 @@ def control_plane_script() -> Path | None:
 
 
 def free_base() -> int:
-    """A CP_PORT_BASE whose ports (+0..+2 etcd, +43 apiserver, +59 scheduler) are free now."""
+    """A CP_PORT_BASE whose ports (+0..+2 etcd, +43 apiserver, +59 scheduler) are free now: below the kernel's
+    ephemeral range (32768 and up), where no outgoing connection takes one meanwhile, and, under pytest-xdist, in a
+    slice of its own for each worker, so concurrent planes never race for a base."""
+    low, high = 20000, 32700
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw"):
+        count = max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")), 1)
+        span = (high - low) // count
+        low += int(worker[2:]) % count * span
+        high = low + span
     rng = random.Random()
     for _ in range(50):
-        base = rng.randrange(20000, 60000)
+        base = rng.randrange(low, high - 59)
         try:
             for off in (0, 1, 2, 43, 59):
                 with socket.socket() as s:
