@@ -24,9 +24,9 @@ BIN = VENV / "bin"
 DEFAULT_RUN = ["serve"] if shutil.which("nvidia-smi") else ["serve", "--simulate-gpus", "4xH100-80GB"]
 
 
-def sh(*cmd: str | Path) -> None:
+def sh(*cmd: str | Path, env: dict[str, str] | None = None) -> None:
     print("+", " ".join(str(c) for c in cmd), flush=True)
-    rc = subprocess.call([str(c) for c in cmd], cwd=ROOT)
+    rc = subprocess.call([str(c) for c in cmd], cwd=ROOT, env=env)
     if rc != 0:
         # pytest's "no tests ran" (5) is a failure too: every non-zero code stops here.
         sys.exit(rc)
@@ -78,7 +78,20 @@ def main(argv: list[str]) -> None:
     # The placement kernels compiled (about 20 s on a fresh checkout) or loaded from numba's cache once, here, not in
     # whichever test's subprocess happens to import them first, under that test's timeouts.
     sh(BIN / "python", "-c", "import corral.placement.kernels")
-    sh(BIN / "python", "-m", "pytest", *argv[1:])
+    # Bytecode is cached (in __pycache__, ignored by git) even where the environment says PYTHONDONTWRITEBYTECODE:
+    # without it every xdist worker compiles and assertion-rewrites each test module again (about 8 s of CPU per
+    # worker), and every daemon and CLI a test starts compiles corral again.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    sh(BIN / "python", "-m", "pytest", *xdist(argv[1:]), *argv[1:], env=env)
+
+
+def xdist(args: list[str]) -> list[str]:
+    """pytest-xdist's options unless the command line gives its own (`-n 0` runs in one process): a worker per core,
+    each module's tests on one worker in order, so that a module-scoped fixture (a live daemon, a control plane, a
+    browser) starts once (tests/conftest.py)."""
+    if any(a == "-n" or a.startswith(("-n", "--numprocesses", "--dist")) or a == "no:xdist" for a in args):
+        return []
+    return ["-n", "auto", "--dist", "loadscope"]
 
 
 if __name__ == "__main__":

@@ -1,16 +1,17 @@
 """Test-wide settings: in CI, hypothesis runs a fixed set of examples so a run is repeatable; no test leaves a
-process running in its tmp_path; under pytest-xdist (`python3 dev.py test` runs `-n auto --dist loadgroup`), the
-tests of a module that share a module-scoped fixture (a live daemon, a control plane, a browser) go to one worker, so
-that fixture starts once, not once per worker."""
+process running in its tmp_path.
+
+Under pytest-xdist (`python3 dev.py test` runs `-n auto --dist loadscope`) each module's tests run on one worker, in
+order: a module-scoped fixture (a live daemon, a control plane, a browser) starts once, and the tests of a module
+that build on each other's state (the browser's login, the Chronos client's jobs) keep doing so. (xdist's
+loadgroup cannot group them on pytest 9.2, whose node ids no longer take xdist's `@group` suffix.)"""
 
 from __future__ import annotations
 
 import contextlib
-import inspect
 import os
 import signal
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -22,37 +23,6 @@ os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
 settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
-
-TESTS = Path(__file__).resolve().parent
-
-
-def _shares_a_module_fixture(item: pytest.Item) -> bool:
-    """Whether `item` uses a fixture of module (or class, package) scope defined in this test tree: what the module's
-    other tests reuse rather than set up again."""
-    info = getattr(item, "_fixtureinfo", None)
-    if info is None:
-        return False
-    for defs in info.name2fixturedefs.values():
-        for fixturedef in defs:
-            if fixturedef.scope not in ("module", "class", "package"):
-                continue
-            try:
-                source = inspect.getsourcefile(fixturedef.func)
-            except TypeError:
-                continue
-            if source is not None and Path(source).resolve().is_relative_to(TESTS):
-                return True
-    return False
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under xdist's loadgroup, a test without a group goes wherever a worker is free; one that shares a module-scoped
-    fixture is grouped by its module, so the fixture is set up on one worker only."""
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None and _shares_a_module_fixture(item):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
 
 
 def _strays(where: str) -> list[int]:

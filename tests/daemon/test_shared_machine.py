@@ -74,7 +74,19 @@ def listening(path: Path) -> Iterator[None]:
         server.close()
 
 
-def test_the_cli_prefers_a_personal_daemon_then_the_shared_one(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+@pytest.fixture
+def short() -> Iterator[Path]:
+    """A temporary folder with a short path: a socket's path has room for 107 bytes, which pytest's tmp_path under
+    xdist (.../pytest-N/popen-gwK/test_name0/) and HOME/.local/state/corral/corral.sock together pass."""
+    path = Path(tempfile.mkdtemp(prefix="corral-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def test_the_cli_prefers_a_personal_daemon_then_the_shared_one(monkeypatch: pytest.MonkeyPatch, short: Path) -> None:
+    tmp_path = short
     monkeypatch.delenv("CORRAL_SOCKET", raising=False)
     monkeypatch.delenv("CORRAL_STATE_DIR", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
