@@ -9,7 +9,8 @@
     GET  /v1/jobs/{id}/explain         {"state": ..., "reason": ...}: why it waits, or how it ended; a queued job's
                                        position, the jobs holding what it waits for, its reservation and estimated
                                        start (docs/backfill.md)
-    GET  /v1/jobs/{id}/logs?offset=N   its output from byte N (text/plain); ?tail=N: its last N bytes
+    GET  /v1/jobs/{id}/logs?offset=N   its output from byte N (text/plain); ?tail=N: its last N bytes; a gang's
+         &instance=K                   instance K's (default 0; X-Corral-Instances: how many it has)
     GET  /v1/gpus                      each GPU: who holds which share, live use, memory of foreign processes
     GET  /metrics                      Prometheus text format (docs/metrics.md); per-job series for root only
     GET  /healthz, /readyz             alive; ready (store answers, a scheduling round ended recently): no caller needed
@@ -50,6 +51,7 @@ from corral.api.schemas import (
     CancelManyOut,
     ErrorOut,
     ExplainOut,
+    GpuOut,
     HolderOut,
     JobOut,
     ReservationOut,
@@ -58,7 +60,10 @@ from corral.api.schemas import (
     TokenOut,
 )
 from corral.daemon.core import Daemon
+from corral.daemon.gang import MAX_INSTANCES, instance_log
+from corral.daemon.preemption import PREEMPTING, Rules
 from corral.daemon.queues import Forbidden
+from corral.daemon.scheduler import clock_text
 from corral.daemon.tokens import TokenFileError, TokenNotFound, TokenStore
 from corral.daemon.waiting import queue_story, wait_story
 from corral.jobs.environment import admitted_environment
@@ -78,6 +83,8 @@ MAX_LOG_CHUNK = 4 * 1024 * 1024
 #: `GET /v1/jobs` answers at most this many jobs unless told otherwise (`limit`), and never more than the maximum.
 DEFAULT_LIST_LIMIT = 1000
 MAX_LIST_LIMIT = 10000
+#: `explain` of a running job weighs at most this many waiting jobs as its possible preemptors.
+EXPLAIN_WAITING = 1000
 #: /readyz: the scheduling loop counts as running while a round has ended within this many seconds.
 READY_WITHIN_S = 30.0
 
@@ -168,6 +175,100 @@ def preempted_story(job: Job) -> str:
         return ""
     times = "once" if p.count == 1 else f"{p.count} times"
     return clean(f"It was preempted {times} before; the last time: {p.reason}.")
+
+
+def _grant_text(g: GpuOut) -> str:
+    """One GPU a job holds: "GPU 0 (GPU-5d3c...)", a share with its compute and memory."""
+    text = f"GPU {g.index} ({g.uuid})" if g.uuid else f"GPU {g.index}"
+    if g.milli >= 1000:
+        return text
+    mib = g.memory_mib
+    memory = f"{mib // 1024} GiB" if mib % 1024 == 0 else f"{mib} MiB"
+    share = [f"{g.milli} milli of compute" if g.milli else "", f"{memory} of memory" if mib else ""]
+    return f"{text}: {' and '.join(p for p in share if p)}"
+
+
+def running_story(
+    job: Job, out: JobOut, waiting: Sequence[Job], rules: Rules, queue: str | None, now: float
+) -> RunningStory:
+    """What `explain` says of a starting or running job: its GPUs, its start, its time left, and who may preempt it
+    (the preemption planner's own rules, `Rules.why`, over the jobs waiting now)."""
+    said: list[str] = []
+    n = job.spec.instances
+    if not out.gpus:
+        said.append("It holds no GPU.")
+    elif n > 1 and len(out.gpus) % n == 0:
+        k = len(out.gpus) // n
+        each = "; ".join(
+            f"instance {i}: " + ", ".join(_grant_text(g) for g in out.gpus[i * k : (i + 1) * k]) for i in range(n)
+        )
+        said.append(f"It holds {each}.")
+    else:
+        said.append(f"It holds {', '.join(_grant_text(g) for g in out.gpus)}.")
+    started, limit = job.started_at, job.spec.time_limit_s
+    if started is not None:
+        said.append(f"Started at {clock_text(started)} ({_duration(now - started)} ago).")
+    ends = None if started is None or limit is None else started + limit
+    if ends is not None and limit is not None:
+        said.append(
+            f"Time left: {_duration(max(0.0, ends - now))} of its {_duration(limit)} limit (stopped at "
+            f"{clock_text(ends)})."
+        )
+    elif started is not None:
+        said.append("No time limit.")
+    by: list[str] = []
+    if job.reason.startswith(PREEMPTING):
+        can = True
+        said.append("It is being preempted (see the reason): it goes back to the queue when it has stopped.")
+    elif not job.spec.preemptible:
+        can = False
+        said.append("It cannot be preempted: it was submitted with --no-preempt.")
+    elif not rules.borrowing(job):
+        can = False
+        said.append(f"It cannot be preempted now: it runs within its queue {queue!r}'s guarantee.")
+    else:
+        can = True
+        by = [w.id for w in waiting if rules.why(w, job) is not None]
+        whom = f"a waiting job of a priority above its {job.spec.request.priority}"
+        if queue is not None:
+            whom += " or of a queue below its guarantee (it borrows above its own queue's)"
+        if by:
+            shown = ", ".join(by[:10]) + (f" and {len(by) - 10} more" if len(by) > 10 else "")
+            jobs = f"job{'s' if len(by) > 1 else ''} {shown}"
+            said.append(f"It may be preempted by {whom}: {jobs} may, if they do not fit otherwise.")
+        else:
+            said.append(f"It may be preempted by {whom}; no job waiting now may.")
+    return RunningStory(" ".join(said), ends, can, by)
+
+
+def preemptable_story(job: Job, holding: Sequence[Job], rules: Rules) -> tuple[list[str], str]:
+    """The running jobs a waiting job may preempt (the planner's `Rules.why`), and a sentence on them ("" if none)."""
+    why = {"priority": "a lower priority", "guarantee": "borrowing above its queue's guarantee"}
+    found = [(h.id, w) for h in holding if (w := rules.why(job, h)) is not None]
+    if not found:
+        return [], ""
+    shown = ", ".join(f"{i} ({why.get(w, w)})" for i, w in found[:10])
+    more = f" and {len(found) - 10} more" if len(found) > 10 else ""
+    noun = "job" if len(found) == 1 else "jobs"
+    text = f"It may preempt {noun} {shown}{more}, once it is first in the queue and does not fit otherwise."
+    return [i for i, _ in found], text
+
+
+@dataclass(frozen=True)
+class RunningStory:
+    text: str
+    ends_at: float | None
+    preemptible_now: bool
+    preempted_by: list[str]
+
+
+def _duration(seconds: float) -> str:
+    """3725 -> "1h 2m", 45 -> "45s", 150 -> "2m 30s" (two units at most)."""
+    s = int(seconds)
+    d, h, m = s // 86400, s // 3600 % 24, s // 60 % 60
+    units = [(d, "d"), (h, "h"), (m, "m"), (s % 60, "s")]
+    first = next((i for i, (v, _) in enumerate(units) if v), 3)
+    return " ".join(f"{v}{u}" for v, u in units[first : first + 2] if v) or "0s"
 
 
 def parse_states(values: Sequence[str] | None) -> frozenset[JobState] | None:
@@ -297,12 +398,12 @@ def create_app(
             check_priority(body.priority, who)
         try:
             spec = spec_from(body, who)
+            check_admissible(spec)
+            spec = daemon.queues.admit(spec)  # the queue named (so a retry's spec compares equal), bounds checked
         except InvalidRequest:
             raise
-        except (ValueError, TypeError) as exc:  # a malformed value that no check above named
-            raise InvalidRequest("request", str(exc)) from exc
-        check_admissible(spec)
-        spec = daemon.queues.admit(spec)  # the queue named (so a retry's spec compares equal), bounds checked
+        except (ValueError, TypeError, ArithmeticError) as exc:  # a malformed value that no check above named
+            raise InvalidRequest("request", str(exc) or type(exc).__name__) from exc
         key = key_header if key_header is not None else body.idempotency_key
         # Admission needs no scheduler lock (the store is atomic; the daemon checks against an idle machine under a
         # lock of its own), so submissions are not held up by a scheduling round.
@@ -389,6 +490,27 @@ def create_app(
         job = visible(job_id, who)
         was = JobOut.of(job).preempted
         before = preempted_story(job)
+        if job.state in (JobState.STARTING, JobState.RUNNING):
+            out = JobOut.of(job)
+            queues = daemon.queues
+            rules = daemon.preemption_rules or queues.preemption_rules()
+            # the waiting jobs to name (the oldest; a long queue's tail is not read for one job's explain)
+            queued = daemon.store.query(JobQuery(states=(JobState.QUEUED,), limit=EXPLAIN_WAITING))
+            queue_name = queues.queue_of(job) if queues.active else None
+            ran = running_story(job, out, queued, rules, queue_name, daemon.clock())
+            return ExplainOut(
+                state=job.state.value,
+                reason=clean(job.reason),
+                # being preempted: the reason says by whom; the record of it is this preemption, not one before
+                story=clean(ran.text if job.reason.startswith(PREEMPTING) else " ".join((ran.text, before)).strip()),
+                preempted=was,
+                gpus=out.gpus,
+                started_at=job.started_at,
+                time_limit_s=job.spec.time_limit_s,
+                ends_at=ran.ends_at,
+                preemptible_now=ran.preemptible_now,
+                may_be_preempted_by=ran.preempted_by,
+            )
         if job.state is not JobState.QUEUED:
             return ExplainOut(state=job.state.value, reason=clean(job.reason), story=before or None, preempted=was)
         holding = daemon.store.list([JobState.STARTING, JobState.RUNNING])
@@ -402,10 +524,12 @@ def create_app(
         r = story.reservation
         gpus = [] if r is None else list(r.allocation.gpu_indices)
         reserved = None if r is None else ReservationOut(job=r.job_id, gpus=gpus, start=r.start)
+        victims, would = preemptable_story(job, holding, daemon.preemption_rules or queues.preemption_rules())
         return ExplainOut(
             state=job.state.value,
             reason=clean(job.reason),
-            story=clean(" ".join(t for t in (story.text, before) if t)) or None,
+            story=clean(" ".join(t for t in (story.text, would, before) if t)) or None,
+            may_preempt=victims,
             preempted=was,
             queue=clean(told.queue),
             queue_position=told.position,
@@ -464,12 +588,20 @@ def create_app(
         who: Caller,
         offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
         tail: Annotated[int | None, Query(ge=0, le=MAX_LOG_CHUNK)] = None,
+        instance: Annotated[int, Query(ge=0, le=MAX_INSTANCES)] = 0,
     ) -> Response:
         """The log's bytes from `offset` (at most 4 MiB), or its last `tail` bytes (the dashboard's view of a long
         log); `X-Corral-Next-Offset` says where the next read starts and `X-Corral-Job-State` whether more can come (a
-        final state: no more output), for `corral logs -f`."""
+        final state: no more output), for `corral logs -f`. A gang's instances each have a log: `instance` (default
+        0) picks one, `X-Corral-Instances` says how many the job has (`corral logs` reads them all)."""
         job = visible(job_id, who)
+        count = job.spec.instances
+        if instance >= count:
+            last = "instance 0 only" if count == 1 else f"instances 0..{count - 1}"
+            raise InvalidRequest("instance", f"job {job_id} has {last}, not instance {instance}")
         path = daemon.log_path(job_id)
+        if instance:
+            path = instance_log(path, instance)
         try:
             with path.open("rb") as f:
                 if tail is not None:
@@ -481,7 +613,11 @@ def create_app(
         except OSError as exc:
             raise InvalidRequest("logs", f"cannot read the log of job {job_id}: {exc}") from exc
         # Raw bytes: a chunk may end inside a multi-byte character, which the next chunk completes.
-        headers = {"X-Corral-Next-Offset": str(offset + len(data)), "X-Corral-Job-State": job.state.value}
+        headers = {
+            "X-Corral-Next-Offset": str(offset + len(data)),
+            "X-Corral-Job-State": job.state.value,
+            "X-Corral-Instances": str(count),
+        }
         return Response(data, media_type="text/plain; charset=utf-8", headers=headers)
 
     # -------------------------------------------------------------------------------------------- tokens

@@ -196,6 +196,15 @@ class ExplainOut(BaseModel):
     queue_queued: int | None = None
     ahead: int | None = None
     limit: str | None = None
+    # A starting or running job (in `story` too): its GPUs, when it started, when its time limit stops it, and who may
+    # preempt it: the waiting jobs the preemption rules let stop it now, or why none may ("cannot be preempted: ...").
+    gpus: list[GpuOut] = []
+    started_at: float | None = None
+    time_limit_s: float | None = None
+    ends_at: float | None = None
+    preemptible_now: bool | None = None
+    may_be_preempted_by: list[str] = []
+    may_preempt: list[str] = []  # a queued job: the running jobs the preemption rules let it stop (in `story` too)
 
 
 class TokenIn(BaseModel):

@@ -321,7 +321,35 @@ def submit_cmd(
     """Submit a job; prints its id. The job runs in this directory with this environment.
 
     COMMAND and its arguments come after the options (after --, so that its own options stay its own)."""
-    body = {
+    body = submit_body(
+        command, gpus, gpu_fraction, gpu_memory, cpus, memory, gpu_model, priority, name, queue, retries, time_limit,
+        no_preempt, instances, gang,
+    )  # fmt: skip
+    # One key per submission: a retry after a lost answer gets the job the first attempt made, not a second one.
+    key = {"Idempotency-Key": str(uuid.uuid4())}
+    job = call(socket, "POST", "/v1/jobs", flag_errors, json=body, headers=key, retries=SUBMIT_RETRIES).json()
+    sys.stdout.write(f"{job['id']}\n")
+
+
+def submit_body(
+    command: tuple[str, ...],
+    gpus: int | None,
+    gpu_fraction: float | None,
+    gpu_memory: str | None,
+    cpus: str,
+    memory: str,
+    gpu_model: tuple[str, ...],
+    priority: int,
+    name: str,
+    queue: str | None,
+    retries: int,
+    time_limit: str | None,
+    no_preempt: bool,
+    instances: int,
+    gang: bool,
+) -> dict[str, Any]:
+    """The body of `POST /v1/jobs` for `corral submit`'s options (tests/api/test_first_day.py sends every mix)."""
+    return {
         "command": list(command),
         "gpus": gpus,
         "gpu_fraction": gpu_fraction,
@@ -341,10 +369,6 @@ def submit_cmd(
         "env": admitted_environment(os.environ),
         "cwd": os.getcwd(),
     }
-    # One key per submission: a retry after a lost answer gets the job the first attempt made, not a second one.
-    key = {"Idempotency-Key": str(uuid.uuid4())}
-    job = call(socket, "POST", "/v1/jobs", flag_errors, json=body, headers=key, retries=SUBMIT_RETRIES).json()
-    sys.stdout.write(f"{job['id']}\n")
 
 
 def since_time(value: str, now: float) -> float:
@@ -438,7 +462,7 @@ def ps_cmd(
             ago(j["submitted_at"], now),
             ago(j["finished_at"], now) if j["state"] in FINAL_STATES else "-",
             command_text(j["command"]),
-            short_reason(j),
+            short_reason(j, now),
         )
     out.print(view)
 
@@ -461,42 +485,103 @@ def show_cmd(job_id: str, as_json: bool, socket: Path | None) -> None:
 @click.argument("job_id")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing output until the job ends.")
 @click.option(
+    "--instance", type=click.IntRange(min=0), default=None,
+    help="A gang's instance K only (default: every instance, each line prefixed [K]).",
+)  # fmt: skip
+@click.option(
     "--json", "as_json", is_flag=True,
-    help='Print {"job", "state", "offset", "next_offset", "text"} (a line per chunk).',
+    help='Print {"job", "state", "offset", "next_offset", "text"} (a line per chunk; a gang\'s with "instance").',
 )  # fmt: skip
 @click.option(
     "--interval", type=click.FloatRange(min=0.05), default=0.5, show_default=True,
     help="Seconds between polls with --follow.",
 )  # fmt: skip
 @socket_option
-def logs_cmd(job_id: str, follow: bool, as_json: bool, interval: float, socket: Path | None) -> None:
+def logs_cmd(
+    job_id: str, follow: bool, instance: int | None, as_json: bool, interval: float, socket: Path | None
+) -> None:
     """A job's output so far; with -f, until the job ends (Ctrl-C stops following, not the job)."""
-    offset = 0
     try:
-        while True:
-            r = call(socket, "GET", f"/v1/jobs/{job_id}/logs", params={"offset": offset})
-            start, offset = offset, int(r.headers.get("X-Corral-Next-Offset", offset + len(r.content)))
-            state = r.headers.get("X-Corral-Job-State", "")
-            if as_json:
-                if r.content or not follow:
-                    line = {"job": job_id, "state": state, "offset": start, "next_offset": offset}
-                    sys.stdout.write(json.dumps({**line, "text": r.content.decode("utf-8", "replace")}) + "\n")
-            else:
-                sys.stdout.buffer.write(r.content)
-            sys.stdout.flush()
-            if r.content and follow:
-                continue  # more may be waiting already (a chunk is at most 4 MiB)
-            if not follow:
-                return
-            if state in FINAL_STATES:
-                # what the job's process gave, like a shell (or `corral wait`): a script can follow and check
-                status = job_exit_status(call(socket, "GET", f"/v1/jobs/{job_id}").json())
-                if status:
-                    raise SystemExit(status)
-                return
-            time.sleep(interval)
+        _logs(job_id, follow, instance, as_json, interval, socket)
     except KeyboardInterrupt:
         raise SystemExit(130) from None
+
+
+class _InstanceLog:
+    """One log being read: where the next read starts, and (prefixed) the start of a line not yet complete."""
+
+    def __init__(self, instance: int | None) -> None:
+        self.instance = instance
+        self.offset = 0
+        self.partial = b""
+
+
+def _logs(job_id: str, follow: bool, instance: int | None, as_json: bool, interval: float, socket: Path | None) -> None:
+    """Read the job's log (or each instance's of a gang, prefixed) until its end; with `follow` until the job ends.
+
+    The first answer says how many instances the job has (X-Corral-Instances): a gang's logs are then all read, one
+    after the other on each poll, each line prefixed with its instance ("[1] ..."); --instance K reads one, as is."""
+    logs = [_InstanceLog(instance)]
+    prefixed = False
+    while True:
+        got = False
+        state = ""
+        k = 0
+        while k < len(logs):  # a gang's other instances join the list on the first pass, and are read in it
+            log = logs[k]
+            k += 1
+            params = {"offset": log.offset} | ({"instance": log.instance} if log.instance is not None else {})
+            r = call(socket, "GET", f"/v1/jobs/{job_id}/logs", flag_errors, params=params)
+            start, log.offset = log.offset, int(r.headers.get("X-Corral-Next-Offset", log.offset + len(r.content)))
+            state = r.headers.get("X-Corral-Job-State", "")
+            if instance is None and not prefixed and int(r.headers.get("X-Corral-Instances") or 1) > 1:
+                prefixed = True  # a gang: instance 0's log came first; the others' follow on this same pass
+                log.instance = 0
+                logs += [_InstanceLog(k) for k in range(1, int(r.headers["X-Corral-Instances"]))]
+            got = got or bool(r.content)
+            if as_json:
+                if r.content or not follow:
+                    line: dict[str, object] = {
+                        "job": job_id,
+                        "state": state,
+                        "offset": start,
+                        "next_offset": log.offset,
+                    }
+                    if prefixed or instance is not None:
+                        line["instance"] = log.instance
+                    sys.stdout.write(json.dumps({**line, "text": r.content.decode("utf-8", "replace")}) + "\n")
+            elif prefixed:
+                _write_prefixed(log, r.content)
+                if not follow:  # instance by instance: this one to its end, then the next
+                    if r.content:
+                        k -= 1
+                    elif log.partial:
+                        _write_prefixed(log, b"\n")
+            else:
+                sys.stdout.buffer.write(r.content)
+        sys.stdout.flush()
+        if got and (follow or prefixed):
+            continue  # more may be waiting already (a chunk is at most 4 MiB)
+        if not follow or state in FINAL_STATES:
+            for log in logs:  # a last line without its newline
+                if log.partial:
+                    _write_prefixed(log, b"\n")
+            sys.stdout.flush()
+            if not follow:
+                return
+            # what the job's process gave, like a shell (or `corral wait`): a script can follow and check
+            status = job_exit_status(call(socket, "GET", f"/v1/jobs/{job_id}").json())
+            if status:
+                raise SystemExit(status)
+            return
+        time.sleep(interval)
+
+
+def _write_prefixed(log: _InstanceLog, data: bytes) -> None:
+    """Write the complete lines of `data` (after what came before of its line), each as "[K] line"."""
+    *lines, log.partial = (log.partial + data).split(b"\n")
+    for line in lines:
+        sys.stdout.buffer.write(f"[{log.instance}] ".encode() + line + b"\n")
 
 
 @click.command("wait")

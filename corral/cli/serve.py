@@ -119,7 +119,7 @@ def serve_cmd(
             state, sock, simulate_gpus, policy, watchdog=gpu_memory_watchdog, sharing=sharing, listen=listen,
             gpu_behavior=gpu_behavior_old or gpu_behavior, service_ports=service_ports,
             container_runtime=container_runtime, default_time_limit_s=default_time_limit_s, reports=reports,
-            preempt_grace_s=preempt_grace_s, queues_file=queues,
+            preempt_grace_s=preempt_grace_s, queues_file=queues, exit_process=True,
         )  # fmt: skip
     except (ServeError, InvalidRequest, StoreError, OSError) as exc:
         raise fail(str(exc)) from None

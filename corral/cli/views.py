@@ -4,6 +4,7 @@ Pure functions of the answer (and of the time now), so each is tested without a 
 standard library, nothing of the engine (tests/cli/test_startup.py).
 
     gpus_text       [{index 0, milli 1000}, {index 1, ...}]  ->  "0,1"      a share: "0:300m/10GiB"
+    held_text       the same  ->  "0 (GPU-5d3c...), 1 (GPU-...)"   a share: "0 (GPU-...): 300m of compute, 10GiB"
     ago             1795727531.4 (now + 7200)                  ->  "2h ago"   ("in 2h" for a time ahead)
     machine_words   "0/1 nodes fit: 1 insufficient GPU (need 1 whole GPU)"
                     ->  "does not fit on this machine: insufficient GPU (need 1 whole GPU)"
@@ -43,6 +44,28 @@ def gpus_text(job: Mapping[str, Any]) -> str:
         share = "/".join(p for p in (f"{milli}m" if milli else "", mem_text(memory) if memory else "") if p)
         parts.append(f"{g['index']}:{share or '0m'}")
     return ",".join(parts) or "-"
+
+
+def held_text(job: Mapping[str, Any]) -> str:
+    """`show`'s GPUs held: each GPU's index and UUID, and a share's compute and memory; a gang's instance by instance.
+
+    "0 (GPU-5d3c...)", "1 (GPU-...): 300m of compute, 10GiB", "instance 0: 0 (...); instance 1: 1 (...)"; "-"."""
+    grants = list(job.get("gpus") or ())
+    if not grants:
+        return "-"
+    parts = []
+    for g in grants:
+        milli, memory = int(g.get("milli", 1000)), int(g.get("memory_mib", 0))
+        text = f"{g['index']} ({g['uuid']})" if g.get("uuid") else str(g["index"])
+        if milli < 1000:
+            share = [f"{milli}m of compute" if milli else "", mem_text(memory) if memory else ""]
+            text += ": " + ", ".join(p for p in share if p)
+        parts.append(text)
+    n = int(job.get("instances") or 1)
+    if n > 1 and len(parts) % n == 0:
+        k = len(parts) // n
+        return "; ".join(f"instance {i}: " + ", ".join(parts[i * k : (i + 1) * k]) for i in range(n))
+    return ", ".join(parts)
 
 
 def duration_text(seconds: float) -> str:
@@ -170,13 +193,44 @@ def machine_words(reason: str, *, short: bool = False) -> str:
     return prefix + _scores(_named(reason, form=2 if short else 1))
 
 
-def short_reason(job: Mapping[str, Any]) -> str:
-    """A table's REASON: why a queued job waits, how an ended one ended; one line, cut to REASON_CELLS characters.
-    A running job's note on where it was placed is for `show` and `explain`."""
+_PREEMPTED_BY = re.compile(r"preempted by (job \S+)")
+BEING_PREEMPTED = "being preempted: "
+
+
+def preempted_text(job: Mapping[str, Any], now: float) -> str:
+    """A waiting job's preemption, for a table: "preempted by job 5 (3m ago)", "preempted 2x, last by job 5 (...)"."""
+    p = job.get("preempted")
+    if not isinstance(p, Mapping):
+        return ""
+    m = _PREEMPTED_BY.search(str(p.get("reason", "")))
+    count = int(p.get("count") or 1)
+    by = f" by {m[1]}" if m else ""
+    head = "preempted" + by if count == 1 else f"preempted {count}x, last{by or ' time'}"
+    at = p.get("at")
+    return head + (f" ({ago(at, now)})" if isinstance(at, int | float) else "")
+
+
+def short_reason(job: Mapping[str, Any], now: float | None = None) -> str:
+    """A table's REASON: why a queued job waits (after its preemption, if it was preempted: by whom, when), how an
+    ended one ended; one line, cut to REASON_CELLS characters. A running job's note on where it was placed is for
+    `show` and `explain`; one being preempted says so."""
+    reason = str(job.get("reason") or "")
     if job.get("state") in ("running", "starting"):
-        return "-"
-    # a queued job's state already says it waits: the table keeps the words on why
-    text = machine_words(str(job.get("reason") or ""), short=True).strip().removeprefix(NOT_NOW)
+        if not reason.startswith(BEING_PREEMPTED):
+            return "-"
+        m = _PREEMPTED_BY.search(reason)
+        text = "being preempted" + (f" by {m[1]}" if m else "")
+    else:
+        # a queued job's state already says it waits: the table keeps the words on why
+        text = machine_words(reason, short=True).strip().removeprefix(NOT_NOW)
+        if job.get("state") == "queued" and (before := preempted_text(job, time.time() if now is None else now)):
+            if text.startswith("preempted by"):  # just stopped: its reason tells the preemption until the next round
+                text = "queued again"
+            return f"{before}; {_cell(text) if text else 'waits for its turn'}"  # the cell's width for the why
+    return _cell(text)
+
+
+def _cell(text: str) -> str:
     if not text:
         return "-"
     first = text.splitlines()[0]
@@ -217,7 +271,8 @@ def explain_text(job_id: str, data: Mapping[str, Any]) -> list[str]:
 #: Parts of an explain answer the lines above already say (the rest, a newer daemon's, are printed one a line).
 _SAID = frozenset({"state", "reason", "story", "position", "queued", "holders", "reservation", "estimated_start",
                    "default_time_limit_s", "preempted", "queue", "queue_position", "queue_queued", "ahead",
-                   "limit"})  # fmt: skip
+                   "limit", "gpus", "started_at", "time_limit_s", "ends_at", "preemptible_now",
+                   "may_be_preempted_by", "may_preempt"})  # fmt: skip
 _SENTENCE_END = re.compile(r"(?<=\.) +(?=[A-Z])")
 
 
@@ -244,7 +299,7 @@ FLAGS = {
     "time_limit_s": "--time-limit", "priority": "--priority", "name": "--name", "retries": "--retries",
     "instances": "--instances", "gang": "--gang",
     "command": "COMMAND", "state": "--state", "user": "--user", "since": "--since", "limit": "--limit",
-    "after": "--after", "request": "", "queue": "--queue",
+    "after": "--after", "request": "", "queue": "--queue", "instance": "--instance",
 }  # fmt: skip
 
 
@@ -284,7 +339,7 @@ def show_lines(job: Mapping[str, Any], now: float | None = None) -> list[tuple[s
     lines += [
         ("exit code", "-" if exit_code is None else str(exit_code)),
         ("attempts", str(job.get("attempts", 0)) + (f" (retries allowed: {req['retries']})" if req else "")),
-        ("gpus held", gpus_text(job)),
+        ("gpus held", held_text(job)),
     ]
     if req:
         gpu_ask = "-"

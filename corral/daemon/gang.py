@@ -32,7 +32,7 @@ import numpy as np
 
 from corral.executor.base import Executor, Exit, Found, Handle, LaunchSpec, Reattached
 from corral.jobs.model import Job
-from corral.model.resources import Allocation, GpuGrant, Request, affinity_tag
+from corral.model.resources import MILLI_PER_GPU, Allocation, GpuGrant, Request, affinity_tag
 from corral.model.snapshot import ClusterSnapshot
 from corral.placement import Decision, PlacementConfig, place, render
 from corral.placement.explain import Explanation
@@ -101,13 +101,8 @@ def place_gang(
         # The instances of a gang never share a GPU with each other (each is a worker of its own): what is left of
         # a GPU an instance got a share of is held on the copy, so the next instance goes elsewhere. This also keeps
         # one grant per GPU in the job's allocation, which is what a snapshot holds.
-        i_node = decision.allocation.node_index
-        for g in decision.allocation.gpus:
-            rest_milli = int(trial.gpu_milli_free[i_node, g.index])
-            rest_mib = int(trial.gpu_mem_free[i_node, g.index])
-            if rest_milli or rest_mib:
-                block = GpuGrant(g.index, rest_milli, rest_mib)
-                trial.allocate(Allocation(f"{one.id}:rest{g.index}", decision.allocation.node, i_node, 0, 0, (block,)))
+        if i + 1 < instances:  # the last instance has no one after it to keep off its GPUs
+            _hold_rest(trial, decision.allocation, one.id)
         node = node or decision.allocation
         grants.extend(decision.allocation.gpus)
     assert node is not None and decision is not None
@@ -122,6 +117,21 @@ def place_gang(
         node.share_owner,
     )
     return GangDecision(combined, instances, instances, decision)
+
+
+def _hold_rest(trial: ClusterSnapshot, alloc: Allocation, rid: str) -> None:
+    """Hold on `trial` what is left of each GPU `alloc` got a share of. A share by memory alone leaves the GPU's
+    compute whole (1000 milli): one grant of 1000 milli would claim a whole GPU, which the snapshot refuses for a GPU
+    partly held, so the rest is held as 999 milli with the memory plus 1 milli."""
+    for g in alloc.gpus:
+        rest_milli = int(trial.gpu_milli_free[alloc.node_index, g.index])
+        rest_mib = int(trial.gpu_mem_free[alloc.node_index, g.index])
+        blocks = [(rest_milli, rest_mib)] if rest_milli < MILLI_PER_GPU else [(rest_milli - 1, rest_mib), (1, 0)]
+        for k, (milli, mib) in enumerate(blocks):
+            if milli or mib:
+                block = GpuGrant(g.index, milli, mib)
+                held_id = f"{rid}:rest{g.index}" + (f".{k}" if k else "")
+                trial.allocate(Allocation(held_id, alloc.node, alloc.node_index, 0, 0, (block,)))
 
 
 def merged(alloc: Allocation) -> Allocation:

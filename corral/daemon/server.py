@@ -3,7 +3,8 @@
 SqliteStore(state_dir/jobs.db) + LocalExecutor + this machine (or a simulated one) -> Daemon
 a tick thread: daemon.tick() every tick_s, and at once after a submit or cancel
 uvicorn on the sockets (one server, one event loop):
-    Unix socket (mode 0666)  every connection carries its peer's (uid, gid, user) from SO_PEERCRED
+    Unix socket (mode 0666)  every connection carries its peer's (uid, gid, user) from SO_PEERCRED; every request's
+                             Host must name this machine (corral.api.hosts: DNS rebinding through a forward), or 421
     TCP (--listen, 127.0.0.1 unless a host is named)  every request must carry a token: "Authorization: Bearer <t>",
                              DC/OS's "Authorization: token=<t>", or Basic auth with the token as password; it then
                              acts as the token's user, or gets 401
@@ -19,14 +20,20 @@ A root daemon's defaults are system locations (/var/lib/corral, /run/corral; see
 Shutdown: SIGTERM or SIGINT stops the server (requests in flight get SHUTDOWN_GRACE_S), the tick loop and the
 store; none of it waits for a tick that holds the lock. If cleaning up has not finished SHUTDOWN_DEADLINE_S after
 the signal, the process exits anyway: every acknowledged write is already durable in SQLite's WAL, and jobs outlive
-the daemon (a restart adopts them), so there is nothing left whose loss a faster exit would cause.
+the daemon (a restart adopts them), so there is nothing left whose loss a faster exit would cause. `corral serve`
+(exit_process) then ends the process at once, with the atexit reports, rather than have the interpreter join the
+worker threads still busy (a service's health check waits up to its timeoutSeconds, 20 s by default; a request's
+thread may wait for a stuck lock): that join was what kept a daemon 4-10 s after SIGTERM (issue 23, finding 15).
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import base64
 import contextlib
+import fcntl
+import io
 import ipaddress
 import logging
 import os
@@ -46,6 +53,7 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from corral.api import hosts
 from corral.api.app import PEER_KEY, VIA_KEY, create_app
 from corral.api.limits import face_of, message_answer
 from corral.daemon.core import Daemon
@@ -57,7 +65,7 @@ from corral.daemon.queues import Queues
 from corral.daemon.queues import default_path as default_queues_path
 from corral.daemon.reservation import DEFAULT_TIME_LIMIT_S
 from corral.daemon.tokens import TokenFileError, TokenStore
-from corral.dashboard import Dashboard, foreign_browser_host, is_open
+from corral.dashboard import Dashboard, cross_site_write, is_open
 from corral.dashboard.sessions import Sessions
 from corral.executor.container import RUNTIMES
 from corral.executor.local import LocalExecutor
@@ -72,6 +80,7 @@ from corral.placement import PlacementConfig
 from corral.placement.native import kernels
 from corral.placement.registry import get_policy
 from corral.queue.config import QueueConfigError
+from corral.services import health
 from corral.services.ports import ENV as PORTS_ENV
 from corral.services.ports import parse_range
 from corral.store import SqliteStore
@@ -86,13 +95,15 @@ AsgiApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 SHARING_MODES = ("mps", "time-slicing")
 #: Seconds requests in flight get to finish after SIGTERM (one waiting for a stuck tick's lock would wait forever).
-SHUTDOWN_GRACE_S = 2.0
+SHUTDOWN_GRACE_S = 1.0
 #: Seconds after SIGTERM at which the daemon exits even if cleaning up has not finished.
-SHUTDOWN_DEADLINE_S = 5.0
+SHUTDOWN_DEADLINE_S = 1.8  # under 2 s with the exit itself
 #: The daemon's own files and folders: nobody else may read or enter them.
 PRIVATE_FILE, PRIVATE_DIR = 0o600, 0o700
 #: What corral keeps in the state directory (the database's files, tokens, the logs' folder).
-STATE_FILES = ("jobs.db", "jobs.db-wal", "jobs.db-shm", "jobs.db-journal", "tokens.json", "logs")
+STATE_FILES = ("jobs.db", "jobs.db-wal", "jobs.db-shm", "jobs.db-journal", "tokens.json", "logs", "daemon.lock")
+#: Held (flock, exclusive) by the one daemon of a state directory for its whole life; it holds that daemon's pid.
+LOCK_FILE = "daemon.lock"
 #: Paths any TCP client may ask without a token (probes): they tell nothing but that the daemon is up and ready.
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 #: The daemon's own log lines (job starts, ends, refusals, warnings) on stderr, after the "listening" line.
@@ -130,11 +141,15 @@ class _WithPeer:
         self.peer = peer
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        host = foreign_browser_host(scope.get("headers", ())) if scope["type"] == "http" else None
-        if host is not None:  # a page elsewhere that rebound its name to a port forwarded to this socket
+        host = hosts.foreign_host(scope.get("headers", ())) if scope["type"] == "http" else None
+        if host is not None:  # e.g. a page elsewhere that rebound its name to a port forwarded to this socket
             path = scope.get("path", "/")
-            why = f"a browser reaches the socket as http://127.0.0.1:PORT or http://localhost:PORT, not {host[:80]!r}"
-            await message_answer(403, path, "host", why)(scope, receive, send)
+            await message_answer(hosts.STATUS, path, "host", hosts.refusal(host))(scope, receive, send)
+            return
+        # another site's form or fetch through a forwarded port (corral.dashboard.cross_site_write)
+        forged = cross_site_write(scope.get("method", "GET"), scope.get("headers", ())) if host is None else None
+        if forged is not None and scope["type"] == "http":
+            await message_answer(403, scope.get("path", "/"), "origin", forged)(scope, receive, send)
             return
         scope = dict(scope)
         scope[PEER_KEY] = self.peer
@@ -284,15 +299,73 @@ def bind_tcp(host: str, port: int) -> socket.socket:
 
 
 # ------------------------------------------------------------------------------------------------ files
-def make_private(state_dir: Path) -> None:
-    """Create the state directory (0700) or take back an existing one: the directory becomes the daemon user's alone
-    (0700), and so do the files an older corral kept in it (0600: jobs.db and its WAL, SHM and journal, tokens.json,
-    the logs; logs/ 0700; each log keeps its owner, the job's user).
+#: Links followed on the way to a path before it is refused (the kernel's own limit).
+MAX_LINKS = 40
 
-    An older corral left jobs.db and its WAL 0644 in a 0755 directory, with tokens and environments inside; this runs
-    on every start, so an upgrade closes that at once. Only corral's own entries change mode (a mistaken --state-dir
-    must not lose its files' modes), and a folder others may write to (/tmp) is refused rather than closed."""
+
+def untrusted_step(path: Path, *, last: bool = False) -> str | None:
+    """What on the way to `path` a user other than root and the daemon's could change, None if nothing.
+
+    The daemon checks its folders once and then uses them by path (SQLite opens jobs.db by name; the socket is bound,
+    then made 0666, by name; the queues file is read again on every reload). That is safe only if nobody else can
+    swap a folder or a link on the way between the check and the use: every folder and link reached from / (links
+    followed as the kernel does) must belong to root or the daemon's user, and no folder may be writable by others
+    unless sticky (/tmp: others cannot replace what is not theirs). `last`: check the final entry too (a file);
+    otherwise only a link there is checked and followed, the folder itself is its caller's to judge. What does not
+    exist yet is the daemon's to create."""
+    trusted_uids, trusted_gids = {0, os.geteuid()}, {0, os.getegid()}
+    parts = list((Path.cwd() / path).parts[1:])  # not abspath(): `..` after a link is the link's target's parent
+    current, links = "/", 0
+    while parts:
+        name = parts.pop(0)
+        if name in ("", "."):
+            continue
+        if name == "..":
+            current = os.path.dirname(current)
+            continue
+        candidate = os.path.join(current, name)
+        try:
+            st = os.lstat(candidate)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            return f"{candidate} cannot be checked ({exc.strerror or exc})"
+        final = not any(p not in ("", ".") for p in parts)
+        if stat.S_ISLNK(st.st_mode):
+            if st.st_uid not in trusted_uids:
+                return f"the link {candidate} belongs to uid {st.st_uid}"
+            links += 1
+            if links > MAX_LINKS:
+                return f"{path} goes through more than {MAX_LINKS} links"
+            target = os.readlink(candidate)
+            parts = [*Path(target).parts[1 if os.path.isabs(target) else 0 :], *parts]
+            current = "/" if os.path.isabs(target) else current
+            continue
+        if not final or last:
+            if st.st_uid not in trusted_uids:
+                return f"{candidate} belongs to uid {st.st_uid}"
+            mode = stat.S_IMODE(st.st_mode)
+            shared = mode & stat.S_IWOTH or (mode & stat.S_IWGRP and st.st_gid not in trusted_gids)
+            if shared and not (stat.S_ISDIR(st.st_mode) and mode & stat.S_ISVTX):
+                return f"{candidate} is writable by other users (mode {mode:o})"
+        current = candidate
+    return None
+
+
+def refuse_untrusted(path: Path, what: str, *, last: bool = False) -> None:
+    step = untrusted_step(path, last=last)
+    if step is not None:
+        raise ServeError(
+            f"{what} {path} is reached through what another user could swap for their own: {step}; give a path "
+            "whose folders and links belong to root or the daemon's user"
+        )
+
+
+def _own_state_dir(state_dir: Path) -> None:
+    """Create the state directory (0700) if missing; refuse one that is not a folder of the daemon's user alone."""
+    refuse_untrusted(state_dir, "the state directory")
     state_dir.mkdir(parents=True, mode=PRIVATE_DIR, exist_ok=True)
+    refuse_untrusted(state_dir, "the state directory")
     st = os.stat(state_dir)  # the directory may be a link the administrator made (/var/lib/corral -> /data/corral)
     if not stat.S_ISDIR(st.st_mode):
         raise ServeError(f"the state directory {state_dir} is not a directory")
@@ -306,6 +379,47 @@ def make_private(state_dir: Path) -> None:
             f"the state directory {state_dir} is a shared folder (mode {stat.S_IMODE(st.st_mode):o}): give corral serve"
             " a directory of its own (--state-dir)"
         )
+
+
+def hold_state_dir(state_dir: Path) -> io.FileIO:
+    """STATE_DIR/daemon.lock, open and locked (flock, exclusive) for as long as it stays open, with this
+    process's pid written in it. A second daemon on the same state directory (whatever its socket) would run the same
+    jobs from the same database twice: it is refused, before it creates or changes anything, with the first's pid.
+
+    The descriptor is close-on-exec, so no process the daemon starts (the zygote, whose supervisors outlive the
+    daemon; MPS; container runtimes) keeps the lock after the daemon ends, and a restart is never refused by a job."""
+    _own_state_dir(state_dir)
+    path = state_dir / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, PRIVATE_FILE)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        finally:
+            os.close(fd)
+        pid = f"pid {holder}" if holder.isdigit() else "its pid not yet written"
+        raise ServeError(
+            f"another corral serve ({pid}) is running on the state directory {state_dir} (it holds {path}): stop it "
+            "first, or give this one another --state-dir"
+        ) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return io.FileIO(fd, "r+")  # closed (the lock released) by close(), or when a failed start drops it
+
+
+def make_private(state_dir: Path) -> None:
+    """Create the state directory (0700) or take back an existing one: the directory becomes the daemon user's alone
+    (0700), and so do the files an older corral kept in it (0600: jobs.db and its WAL, SHM and journal, tokens.json,
+    the logs; logs/ 0700; each log keeps its owner, the job's user).
+
+    An older corral left jobs.db and its WAL 0644 in a 0755 directory, with tokens and environments inside; this runs
+    on every start, so an upgrade closes that at once. Only corral's own entries change mode (a mistaken --state-dir
+    must not lose its files' modes), and a folder others may write to (/tmp) is refused rather than closed."""
+    _own_state_dir(state_dir)
     os.chmod(state_dir, PRIVATE_DIR)
     logs = state_dir / "logs"
     entries = [state_dir / name for name in STATE_FILES]
@@ -335,6 +449,7 @@ def prepare_runtime_dir(runtime_dir: Path, state_dir: Path) -> None:
     another socket in its place: the folder must be theirs, and not writable by others unless sticky (/tmp)."""
     if runtime_dir.resolve() == state_dir.resolve():
         return
+    refuse_untrusted(runtime_dir, "the socket's folder")
     if not runtime_dir.is_dir():
         runtime_dir.mkdir(parents=True, mode=RUNTIME_DIR_MODE, exist_ok=True)
         os.chmod(runtime_dir, RUNTIME_DIR_MODE)  # mkdir's mode is cut by the umask (077)
@@ -400,6 +515,7 @@ def serve(
     reports: Path | None = None,
     preempt_grace_s: float = DEFAULT_GRACE_S,
     queues_file: Path | None = None,
+    exit_process: bool = False,
 ) -> None:
     """Run the daemon until SIGTERM or SIGINT.
 
@@ -414,6 +530,8 @@ def serve(
     `preempt_grace_s`: between the SIGTERM and the SIGKILL of a preempted job (docs/preemption.md).
     `queues_file`: queues, limits and fair share (docs/queues.md); None: STATE_DIR/queues.toml if it exists, else one
     queue without limits. SIGHUP (or POST /v1/queues/reload) reads it again; a bad file leaves the old in place.
+    `exit_process`: once stopped and cleaned up, end the process (status 0) instead of returning (see the module's
+    note on shutdown); `corral serve` sets it.
     """
     if reports is not None and not reports.is_dir():
         raise ServeError(f"--reports: {reports} is not a folder (give the folder `corral sim ... --out` wrote)")
@@ -441,12 +559,16 @@ def serve(
         kernels()
     if queues_file is None and default_queues_path(state_dir).is_file():
         queues_file = default_queues_path(state_dir)
+    if queues_file is not None:  # it says who may submit, and at what priority: nobody else may write it
+        refuse_untrusted(queues_file, "--queues: the queues file", last=True)
     try:
         queues = Queues.open(queues_file, node)
     except QueueConfigError as exc:
         raise ServeError(f"--queues: {exc}") from None
     if queues_file is None:  # none yet: a reload reads the default location once an administrator writes it
         queues.path = default_queues_path(state_dir)
+    # One daemon per state directory, for its whole life: a second is refused before it creates or changes anything.
+    state_lock = hold_state_dir(state_dir)
     # Everything the daemon creates from here on (SQLite's files, tokens, logs, folders) is its user's alone.
     os.umask(0o077)
     drop_client_credentials()
@@ -535,9 +657,10 @@ def serve(
             if finished.wait(SHUTDOWN_DEADLINE_S):
                 return
             # A tick (or a request) holds the lock and does not return: exit without it (see the module's note).
-            log.error("corral serve: shutdown did not finish in %.0f s; exiting now", SHUTDOWN_DEADLINE_S)
+            log.error("corral serve: shutdown did not finish in %.1f s; exiting now", SHUTDOWN_DEADLINE_S)
             with contextlib.suppress(OSError):
                 socket_path.unlink()
+            health.stop_commands()
             os._exit(0)
 
         threading.Thread(target=deadline, name="corral-shutdown-deadline", daemon=True).start()
@@ -604,6 +727,7 @@ def serve(
         # Bounded: a tick stuck holding the lock must not keep the daemon alive (the tick thread is a daemon thread).
         ticker.join(timeout=SHUTDOWN_GRACE_S)
         dashboard.close()
+        health.stop_commands()  # their threads are not waited for (_exit_now): nothing else would end them
         executor.close()
         if sampler is not None:
             sampler.close()
@@ -618,7 +742,22 @@ def serve(
             socket_path.unlink()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        state_lock.close()  # the last thing: nothing of this daemon touches the state directory after it
         finished.set()
+    if exit_process:
+        _exit_now()
+
+
+def _exit_now() -> None:
+    """End the process now, as a normal exit would but without joining the threads left (module's note): atexit
+    handlers (the lock's figures), logging and the standard streams flushed, then _exit(0)."""
+    try:
+        atexit._run_exitfuncs()
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(0)
 
 
 class _HeldLogs(logging.Handler):

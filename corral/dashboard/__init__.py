@@ -1,8 +1,9 @@
 """The live web dashboard of `corral serve`, at /ui/ (docs/dashboard.md).
 
-    browser --GET /ui/, /ui/static/*--> the page and its assets (from this package: no CDN, no build step)
-            --GET /v1/gpus, /v1/jobs, /v1/jobs/ID/explain, /v1/jobs/ID/logs, /v1/queues--> corral's own API,
-              as the viewer: it sees exactly what `corral ps/show/logs/explain` would show them
+    browser --GET /, /ui/, /ui/static/*--> the page and its assets (from this package: no CDN, no build step)
+            --GET /v1/gpus, /v1/jobs, /v1/jobs/ID/explain, /v1/jobs/ID/logs, /v1/queues, /v1/shares,
+              /v1/definitions, /marathon/v2/apps; POST /v1/jobs/ID/cancel--> the daemon's API, as the viewer: it
+              sees exactly what `corral ps/show/logs/explain/job list` (or a Marathon client) would show them
             --GET /ui/api/me, /ui/api/history, /ui/api/reports, /ui/reports/PATH--> what only the page needs
 
 Who the viewer is:
@@ -10,9 +11,11 @@ Who the viewer is:
                  and http://127.0.0.1:8470/ui/ shows the ssh user's view, with no token
     TCP          the page (open: it holds no data) asks for a token once and posts it to /ui/login, which sets an
                  HttpOnly, SameSite=Strict session cookie and hands the page a check it sends as X-Corral-Session
-                 (corral.dashboard.sessions); a session authorises reads only. A Bearer header works too.
+                 (corral.dashboard.sessions); a session authorises reads, and cancelling a job with the check
+                 (the page's Cancel button; nothing else is written). A Bearer header works too.
 
-A browser's request over the socket must name this machine in Host (foreign_browser_host: DNS rebinding).
+Every request over the socket must name this machine in Host (corral.api.hosts: DNS rebinding through a forward),
+and a browser's write over the socket must come from the page's own origin (cross_site_write: a forged form or fetch).
 
 Every UI answer carries a Content-Security-Policy that allows nothing but this origin (UI_CSP): no inline script,
 no third-party request. The page renders every user's and peer's text with textContent, never as markup.
@@ -34,8 +37,8 @@ from corral.api.app import Caller, error
 from corral.daemon.core import Daemon
 from corral.daemon.tokens import TokenStore
 from corral.dashboard.history import History
-from corral.dashboard.reports import REPORT_CSP, find_report, list_reports
-from corral.dashboard.sessions import COOKIE, SESSION_TTL_S, Sessions, cookie_value
+from corral.dashboard.reports import REPORT_CSP, ReportsFolder
+from corral.dashboard.sessions import COOKIE, SAFE_METHODS, SESSION_TTL_S, Sessions, cookie_value, cross_origin
 
 UI_CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
@@ -50,30 +53,24 @@ PREFIX = "/ui"
 
 
 def is_open(method: str, path: str) -> bool:
-    """Paths a TCP client may ask without a token: the page and its assets (no data in them), login and logout."""
+    """Paths a TCP client may ask without a token: the page and its assets (no data in them), `/` (a redirect to
+    the page), login and logout."""
     if method in ("GET", "HEAD"):
-        return path in (PREFIX, PREFIX + "/") or path.startswith(PREFIX + "/static/")
+        return path in ("/", PREFIX, PREFIX + "/") or path.startswith(PREFIX + "/static/")
     return method == "POST" and path in (PREFIX + "/login", PREFIX + "/logout")
 
 
-#: Host names a browser may use to reach the Unix socket through a forwarded port (and `corral`, the CLI's).
-LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "corral"})
-#: Headers every modern browser sends and corral's own clients do not.
-BROWSER_HEADERS = (b"sec-fetch-mode", b"sec-fetch-site", b"origin")
+def cross_site_write(method: str, headers: Iterable[tuple[bytes, bytes]]) -> str | None:
+    """Why a browser's write over the socket is refused (it comes from a page of another origin), else None.
 
-
-def foreign_browser_host(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
-    """The Host of a browser's request over the socket that does not name this machine, else None.
-
-    Over the socket the caller needs no token (`ssh -L 8470:SOCKET` makes the forwarded port act as the ssh user).
-    A page on another site could rebind its own name to 127.0.0.1 and then read that port as its own origin; such a
-    request still names the other site in Host, so a browser's request must name the machine itself."""
-    found = dict((k.lower(), v) for k, v in headers)
-    if not any(h in found for h in BROWSER_HEADERS):
+    Over the socket a request needs no token, so without this any site the user visits could post a form or a
+    `text/plain` fetch through a forwarded port (`ssh -L 8470:SOCKET`) and act as them: cancel their jobs, or make a
+    Marathon app that runs a command of its choosing. Browsers name the page's origin in `Origin` and
+    `Sec-Fetch-Site`; corral's own clients send neither. Reads stay open (a link from elsewhere to /ui/ works; the
+    answer is not readable by the other site)."""
+    if method.upper() in SAFE_METHODS or not cross_origin(headers):
         return None
-    host = found.get(b"host", b"").decode("latin-1")
-    name = urlsplit(f"//{host}").hostname or ""
-    return None if name in LOCAL_HOSTS or name.endswith(".localhost") else host
+    return "a page of another site may not write through the socket (Origin or Sec-Fetch-Site says it is one)"
 
 
 def _headers(csp: str = UI_CSP, frame: str = "DENY") -> dict[str, str]:
@@ -114,7 +111,8 @@ class Dashboard:
     def __init__(self, daemon: Daemon, tokens: TokenStore | None, reports: Path | None = None) -> None:
         self.daemon = daemon
         self.sessions = Sessions(tokens) if tokens is not None else None
-        self.reports = reports
+        # Opened now, held for the daemon's life: reports are read through this descriptor only (dashboard.reports).
+        self.reports = ReportsFolder(reports) if reports is not None else None
         self.history = History(daemon)
 
     def start(self) -> None:
@@ -122,9 +120,16 @@ class Dashboard:
 
     def close(self) -> None:
         self.history.stop()
+        if self.reports is not None:
+            self.reports.close()
 
     def router(self) -> APIRouter:
         router = APIRouter(include_in_schema=False)
+
+        @router.get("/")
+        def home() -> Response:
+            # A browser pointed at the daemon's address lands on the page (307: the next version may serve more).
+            return RedirectResponse(PREFIX + "/", status_code=307)
 
         @router.get(PREFIX)
         def root() -> Response:
@@ -201,7 +206,7 @@ class Dashboard:
             del who  # reports are what the administrator chose to show every user of the daemon
             if self.reports is None:
                 return error(404, "reports", "this daemon shows no reports (corral serve --reports DIR)")
-            found = list_reports(self.reports)
+            found = self.reports.list()
             return JSONResponse(
                 [{"path": r.path, "size": r.size, "modified": r.modified} for r in found], headers=_headers()
             )
@@ -211,11 +216,11 @@ class Dashboard:
             del who
             if self.reports is None:
                 return error(404, "reports", "this daemon shows no reports (corral serve --reports DIR)")
-            found = find_report(self.reports, path)
-            if found is None:
+            content = self.reports.read(path)
+            if content is None:
                 return error(404, "path", f"no report {path!r}")
             return Response(
-                found.read_bytes(),
+                content,
                 media_type="text/html; charset=utf-8",
                 headers=_headers(REPORT_CSP, frame="SAMEORIGIN"),
             )

@@ -6,8 +6,12 @@
         -> Set-Cookie: corral_ui=<id>; HttpOnly; SameSite=Strict; Path=/; Max-Age=43200, and {"check": <check>}
            in the answer, which the page keeps in its origin's localStorage
     GET  with that cookie and "X-Corral-Session: <check>"  -> the token's (uid, gid, user), while the token exists
-                                       and the session has not expired; only GET and HEAD (the dashboard only reads,
-                                       so a session never authorises a write: no forged request can cancel a job)
+                                       and the session has not expired
+    POST /v1/jobs/ID/cancel with the cookie, the check, and no foreign Origin   -> the same: the one write a session
+                                       may make (SESSION_WRITES; the API's rule applies: a user cancels only their own
+                                       jobs). A forged request from another site cannot send the check (it is in this
+                                       origin's storage, and a custom header from elsewhere needs a CORS preflight
+                                       that the daemon never grants), so it is answered 401. Nothing else is written.
     GET  /ui/reports/PATH with the cookie alone  (an <iframe> cannot send a header; reports hold no one's jobs)
 
 Why two halves: a browser sends a cookie to every port of a host (cookies ignore ports, and so does SameSite), so
@@ -18,12 +22,14 @@ worthless once the daemon restarts, the session expires, or the token is revoked
 
 from __future__ import annotations
 
+import re
 import secrets
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from corral.daemon.tokens import Token, TokenStore, digest
 
@@ -36,6 +42,18 @@ SESSION_TTL_S = 12 * 3600
 #: Sessions kept at once; the oldest goes first (a valid token is needed to make one, so this only bounds memory).
 MAX_SESSIONS = 1000
 SAFE_METHODS = frozenset({"GET", "HEAD"})
+#: The writes a session may make (method, path), each only with the check header and from the page's own origin:
+#: cancelling one job (the page's cancel button).
+SESSION_WRITES = (("POST", re.compile(r"/v1/jobs/[^/]+/cancel")),)
+
+
+def cross_origin(headers: Iterable[tuple[bytes, bytes]]) -> bool:
+    """Whether a browser says the request comes from a page of another origin (Origin or Sec-Fetch-Site)."""
+    found = {k.lower(): v.decode("latin-1") for k, v in headers}
+    origin = found.get(b"origin")
+    if origin is not None and urlsplit(origin).netloc != found.get(b"host", ""):
+        return True
+    return found.get(b"sec-fetch-site", "same-origin") not in ("same-origin", "none")
 
 
 @dataclass(frozen=True)
@@ -110,14 +128,18 @@ class Sessions:
     def peer_of_request(
         self, method: str, path: str, headers: Iterable[tuple[bytes, bytes]]
     ) -> tuple[int, int, str] | None:
-        """The caller a request's session names, for reading requests only (see the module's note)."""
-        if method.upper() not in SAFE_METHODS:
-            return None
+        """The caller a request's session names: for reads, and for SESSION_WRITES with the check from the page's
+        own origin (see the module's note)."""
         headers = list(headers)
+        write = method.upper() not in SAFE_METHODS
+        if write and not any(m == method.upper() and p.fullmatch(path) for m, p in SESSION_WRITES):
+            return None
         session_id = cookie_value(headers)
         if not session_id:
             return None
         check = next((v.decode("latin-1") for k, v in headers if k.lower() == CHECK_HEADER), None)
+        if write and (check is None or cross_origin(headers)):
+            return None
         if check is None:
             if not path.startswith(COOKIE_ONLY_PREFIX):
                 return None

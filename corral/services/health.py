@@ -72,6 +72,21 @@ def run_probe(p: Probe) -> Result:
         return Result(p, False, f"{type(exc).__name__}: {exc}")
 
 
+#: Command checks running now: the daemon kills them as it stops (it does not wait for their worker threads).
+_running: set[subprocess.Popen[bytes]] = set()
+_running_lock = threading.Lock()
+
+
+def stop_commands() -> None:
+    """Kill every command check still running, with its process group (the daemon is stopping: no one will read the
+    result, and nothing else would end a hung check at its timeout)."""
+    with _running_lock:
+        running = list(_running)
+    for proc in running:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
 def _command(p: Probe) -> Result:
     as_other = p.uid is not None and p.uid != os.geteuid() and os.geteuid() == 0
     proc = subprocess.Popen(
@@ -85,6 +100,8 @@ def _command(p: Probe) -> Result:
         group=p.gid if as_other else None,
         cwd="/",
     )
+    with _running_lock:
+        _running.add(proc)
     try:
         code = proc.wait(timeout=p.timeout_s)
     except subprocess.TimeoutExpired:
@@ -92,6 +109,9 @@ def _command(p: Probe) -> Result:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         return Result(p, False, f"command did not finish within {p.timeout_s:g} s")
+    finally:
+        with _running_lock:
+            _running.discard(proc)
     return Result(p, code == 0, f"command exited with {code}")
 
 

@@ -260,19 +260,20 @@ PATHS: list[str] = [
     "/marathon/nope",
 ]
 
-#: Bytes written straight to the daemon's socket (a request no client library would send).
+#: Bytes written straight to the daemon's socket (a request no client library would send). They name the CLI's Host,
+#: so that each reaches what it is meant to try rather than the socket's Host rule (corral.api.hosts).
 RAW_REQUESTS: list[bytes] = [
-    b"GET /v1/jobs HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (100 * 1024) + b"\r\n\r\n",
-    b"GET /v1/jobs HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(5000)) + b"\r\n",
-    b"GET /v1/jobs/\xff\xfe HTTP/1.1\r\nHost: x\r\n\r\n",
-    b"GET /v1/jobs/\x00 HTTP/1.1\r\nHost: x\r\n\r\n",
-    b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999\r\n\r\n",
-    b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
-    b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b"GET /v1/jobs HTTP/1.1\r\nHost: corral\r\nX-Big: " + b"a" * (100 * 1024) + b"\r\n\r\n",
+    b"GET /v1/jobs HTTP/1.1\r\nHost: corral\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(5000)) + b"\r\n",
+    b"GET /v1/jobs/\xff\xfe HTTP/1.1\r\nHost: corral\r\n\r\n",
+    b"GET /v1/jobs/\x00 HTTP/1.1\r\nHost: corral\r\n\r\n",
+    b"POST /v1/jobs HTTP/1.1\r\nHost: corral\r\nContent-Length: 99999999999999999999\r\n\r\n",
+    b"POST /v1/jobs HTTP/1.1\r\nHost: corral\r\nContent-Length: -5\r\n\r\n",
+    b"POST /v1/jobs HTTP/1.1\r\nHost: corral\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
     + b"100000\r\n"
     + b"[" * 0x100000
     + b"\r\n0\r\n\r\n",
-    b"BREW /v1/jobs HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"BREW /v1/jobs HTTP/1.1\r\nHost: corral\r\n\r\n",
     b"GET / HTTP/9.9\r\n\r\n",
     b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",  # a TLS ClientHello on the plain socket
     b"\r\n\r\n\r\n",

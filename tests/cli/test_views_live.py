@@ -68,7 +68,9 @@ def test_ps_show_explain_and_errors(daemon: tuple[Corral, Path]) -> None:
 
     running = corral.run("explain", cpu).stdout
     assert running.startswith(f"job {cpu} is running") and ": -" not in running
-    assert corral.run("explain", share).stdout == f"job {share} is running\n"
+    said = corral.run("explain", share).stdout.splitlines()
+    assert said[0] == f"job {share} is running" and said[1].startswith(f"It holds GPU {gpu_of_share} (")
+    assert said[1].endswith("): 300 milli of compute and 10 GiB of memory.") and said[3] == "No time limit."
     said = corral.run("explain", waits).stdout.splitlines()
     assert said[0] == f"job {waits} is waiting: does not fit on this machine now: insufficient GPU (need 2 whole GPUs)"
     # then the queue's story, a sentence a line: its place, who holds the GPUs until when, and its reservation

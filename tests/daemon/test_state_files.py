@@ -100,6 +100,7 @@ def test_a_daemon_takes_back_an_older_corrals_state_directory(daemon_on: Path) -
         ".": 0o700, "logs": 0o700, "logs/1.log": 0o600, "tokens.json": 0o600,
         "jobs.db": 0o600, "jobs.db-wal": 0o600, "jobs.db-shm": 0o600, "notes.sh": 0o755,
         "run": 0o700,  # the supervisors' records (corral.executor)
+        "daemon.lock": 0o600,  # held by the running daemon (one per state directory)
     }  # fmt: skip
     # the token is gone from the database, its WAL and its SHM while the daemon runs ...
     for path in state.glob("jobs.db*"):

@@ -3,7 +3,10 @@ session and what it may do, the CSP, the reports folder and its edges, the GPU h
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -141,12 +144,16 @@ def test_over_the_socket_the_caller_needs_no_login(live: Live) -> None:
         browser = {"Sec-Fetch-Site": "same-origin", "Sec-Fetch-Mode": "cors"}
         for host in ("127.0.0.1:8470", "localhost:8470", "[::1]:8470"):
             assert unix.get("/v1/jobs", headers={**browser, "Host": host}).status_code == 200, host
-        # a page elsewhere that rebound its name to 127.0.0.1 reads nothing through that port
-        for host in ("evil.example:8470", "127.0.0.1.evil.example", "corral.example"):
-            refused = unix.get("/v1/jobs", headers={**browser, "Host": host})
-            assert refused.status_code == 403 and refused.json()["detail"]["field"] == "host", host
-        # corral's own clients are not browsers: whatever they put in Host
-        assert unix.get("/v1/jobs", headers={"Host": "anything"}).status_code == 200
+        # a page elsewhere that rebound its name to 127.0.0.1 reads nothing through that port, whatever it sends
+        for host in ("evil.example:8470", "127.0.0.1.evil.example", "corral.example", "localhost.evil.example"):
+            for extra in (browser, {"Origin": f"http://{host}"}, {}):
+                refused = unix.get("/ui/api/me", headers={**extra, "Host": host})
+                assert refused.status_code == 421 and refused.json()["detail"] == {
+                    "field": "host",
+                    "message": f"Host {host!r} is not this machine: over the Unix socket, Host must be corral, "
+                    "localhost, 127.0.0.1 or [::1] (any port), or be left out; a browser reaches a forwarded socket "
+                    "as http://localhost:PORT or http://127.0.0.1:PORT",
+                }, (host, extra)
 
 
 def test_reports_are_the_folders_html_files_served_sandboxed(live: Live) -> None:
@@ -193,3 +200,136 @@ def test_logs_tail_answers_the_last_bytes_and_where_to_go_on(live: Live) -> None
         assert tail.headers["x-corral-next-offset"] == str(len(whole))
         assert client.get(f"/v1/jobs/{job}/logs", params={"tail": 10**9}).status_code == 422
         assert client.get(f"/v1/jobs/{job}/logs", params={"tail": 100000}).content == whole
+
+
+def test_the_daemons_address_leads_to_the_page(live: Live, anonymous: httpx.Client) -> None:
+    # Before: `/` answered a JSON 404 ("Not Found"); a browser pointed at the daemon now lands on the dashboard.
+    home = anonymous.get("/", follow_redirects=False)
+    assert home.status_code == 307 and home.headers["location"] == "/ui/"
+    page = anonymous.get("/", follow_redirects=True)
+    assert page.url.path == "/ui/" and page.status_code == 200
+    sock = live.local.env["CORRAL_SOCKET"]
+    with httpx.Client(transport=httpx.HTTPTransport(uds=sock), base_url="http://corral", timeout=30) as unix:
+        answer = unix.get("/", follow_redirects=False)
+        assert answer.status_code == 307 and answer.headers["location"] == "/ui/"
+
+
+def _cancel(client: httpx.Client, job: str, **headers: str) -> httpx.Response:
+    return client.post(f"/v1/jobs/{job}/cancel", headers=headers)
+
+
+def test_a_session_cancels_its_own_job_only_with_the_check_from_the_page(live: Live, anonymous: httpx.Client) -> None:
+    job = live.local.submit("--", "sleep", "300")
+    try:
+        assert login(anonymous, live.token).status_code == 200
+        origin = str(anonymous.base_url).rstrip("/")
+        check = anonymous.headers.pop("X-Corral-Session")
+        # a forged cancel: the cookie alone (a form on another site), a wrong check, the check from another origin
+        assert _cancel(anonymous, job).status_code == 401
+        assert _cancel(anonymous, job, **{"X-Corral-Session": check[::-1]}).status_code == 401
+        refused = _cancel(anonymous, job, **{"X-Corral-Session": check, "Origin": "http://evil.example"})
+        assert refused.status_code == 401
+        assert refused.json()["detail"]["message"] == "a bearer token is required over TCP (see `corral token create`)"
+        assert _cancel(anonymous, job, **{"X-Corral-Session": check, "Sec-Fetch-Site": "cross-site"}).status_code == 401
+        assert live.local.state(job) == "running"
+        # the page's own request: the cookie, the check, its own origin
+        done = _cancel(anonymous, job, **{"X-Corral-Session": check, "Origin": origin, "Sec-Fetch-Site": "same-origin"})
+        assert done.status_code == 200, done.text
+        assert done.json()["state"] in ("cancelled", "running")  # running: being stopped
+        wait_for("the cancel", lambda: live.local.state(job) == "cancelled")
+    finally:
+        live.local.run("cancel", job, ok=False)
+        anonymous.post("/ui/logout")
+
+
+def test_a_session_cannot_cancel_another_users_job(live: Live, anonymous: httpx.Client) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: a token for another user (nobody)")
+    job = live.local.submit("--", "sleep", "300")
+    try:
+        sock = live.local.env["CORRAL_SOCKET"]
+        with httpx.Client(transport=httpx.HTTPTransport(uds=sock), base_url="http://corral", timeout=30) as unix:
+            made = unix.post("/v1/tokens", json={"name": "other", "user": "nobody"})
+            assert made.status_code == 201, made.text
+        assert login(anonymous, made.json()["token"]).status_code == 200
+        refused = _cancel(anonymous, job, Origin=str(anonymous.base_url).rstrip("/"))
+        assert refused.status_code == 404 and refused.json()["detail"]["message"] == f"no job {job}"
+        assert live.local.state(job) == "running"
+    finally:
+        live.local.run("cancel", job, ok=False)
+        anonymous.post("/ui/logout")
+
+
+def test_over_the_socket_a_page_of_another_site_cannot_write(live: Live) -> None:
+    # Before: through a forwarded port (ssh -L 8470:SOCKET) any site the user visited could post a form that cancelled
+    # their job (200) or made a Marathon app running its own command (201): the socket needs no token.
+    job = live.local.submit("--", "sleep", "300")
+    sock = live.local.env["CORRAL_SOCKET"]
+    port = {"Host": "127.0.0.1:8470"}
+    try:
+        with httpx.Client(transport=httpx.HTTPTransport(uds=sock), base_url="http://corral", timeout=30) as unix:
+            for forged in (
+                {"Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate"},
+                {"Origin": "http://127.0.0.1:9999", "Sec-Fetch-Site": "same-site"},  # another port: the same site
+                {"Origin": "null"},  # a sandboxed frame or a file
+                {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "no-cors"},
+            ):
+                refused = unix.post(f"/v1/jobs/{job}/cancel", headers={**port, **forged})
+                assert refused.status_code == 403, (forged, refused.text)
+                assert refused.json()["detail"] == {
+                    "field": "origin",
+                    "message": "a page of another site may not write through the socket (Origin or Sec-Fetch-Site"
+                    " says it is one)",
+                }
+                app = b'{"id": "/forged", "cmd": "touch /tmp/forged", "cpus": 0.1, "mem": 32}'
+                made = unix.post(
+                    "/marathon/v2/apps", content=app, headers={**port, **forged, "Content-Type": "text/plain"}
+                )
+                assert made.status_code == 403, made.text
+            assert live.local.state(job) == "running"
+            # reads from elsewhere stay open (a link to the page); the page's own writes, and the CLI's, go through
+            link = {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate"}
+            assert unix.get("/ui/", headers={**port, **link}).status_code == 200
+            own = {"Origin": "http://127.0.0.1:8470", "Sec-Fetch-Site": "same-origin", "Sec-Fetch-Mode": "cors"}
+            done = unix.post(f"/v1/jobs/{job}/cancel", headers={**port, **own})
+            assert done.status_code == 200, done.text
+            wait_for("the cancel", lambda: live.local.state(job) == "cancelled")
+            assert unix.get("/marathon/v2/apps").json()["apps"] == []
+    finally:
+        live.local.run("cancel", job, ok=False)
+def test_a_report_flipped_to_a_link_to_a_root_only_file_is_never_served(live: Live, reports: Path) -> None:
+    """Issue 23, finding 2, through the route: the old check-then-open served the link's target in some answers."""
+    secret = reports.parent / "shadow"
+    secret.write_text("root:$6$not-for-the-dashboard")
+    os.chown(secret, 0, 0)
+    secret.chmod(0o600)
+    flip = reports / "flip"
+    flip.mkdir()
+    (flip / "r.html").write_text("<h1>flipped report</h1>")
+    stop = threading.Event()
+
+    def flipper() -> None:
+        while not stop.is_set():
+            (flip / "l.tmp").symlink_to(secret)
+            os.replace(flip / "l.tmp", flip / "r.html")
+            (flip / "f.tmp").write_text("<h1>flipped report</h1>")
+            os.replace(flip / "f.tmp", flip / "r.html")
+
+    thread = threading.Thread(target=flipper)
+    thread.start()
+    statuses: dict[int, int] = {}
+    try:
+        with httpx.Client(
+            transport=httpx.HTTPTransport(uds=live.local.env["CORRAL_SOCKET"]), base_url="http://corral", timeout=30
+        ) as unix:
+            for _ in range(1000):
+                got = unix.get("/ui/reports/flip/r.html")
+                statuses[got.status_code] = statuses.get(got.status_code, 0) + 1
+                assert "not-for-the-dashboard" not in got.text
+                assert (got.status_code, got.text) == (200, "<h1>flipped report</h1>") or got.status_code == 404
+    finally:
+        stop.set()
+        thread.join()
+        shutil.rmtree(flip)
+        secret.unlink()
+    assert statuses.get(200, 0) > 0, statuses

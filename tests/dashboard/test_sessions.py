@@ -77,3 +77,28 @@ def test_cookie_value() -> None:
     assert cookie_value([(b"Cookie", b"a=1; corral_ui=abc ; b=2")]) == "abc"
     assert cookie_value([(b"cookie", b"corral_uix=1")]) is None
     assert cookie_value([(b"accept", b"corral_ui=1")]) is None
+
+
+def test_the_one_write_a_session_makes_is_a_cancel_with_the_check_from_its_own_origin(tokens: TokenStore) -> None:
+    _, secret = tokens.create("web", 1001, 1001, "alice", 0)
+    sessions = Sessions(tokens)
+    made = sessions.login(secret)
+    assert made is not None
+    session_id, check, _ = made
+    alice = (1001, 1001, "alice")
+    page = [(b"host", b"127.0.0.1:8470"), (b"origin", b"http://127.0.0.1:8470"), (b"sec-fetch-site", b"same-origin")]
+    assert sessions.peer_of_request("POST", "/v1/jobs/7/cancel", headers(session_id, check) + page) == alice
+    assert sessions.peer_of_request("POST", "/v1/jobs/7/cancel", headers(session_id, check)) == alice  # not a browser
+    # without the check (a forged form or fetch from elsewhere can send the cookie, never the check), or a wrong one
+    assert sessions.peer_of_request("POST", "/v1/jobs/7/cancel", headers(session_id, None) + page) is None
+    assert sessions.peer_of_request("POST", "/v1/jobs/7/cancel", headers(session_id, check + "x") + page) is None
+    # from another origin, even with the check
+    for foreign in ([(b"host", b"127.0.0.1:8470"), (b"origin", b"http://127.0.0.1:9999")],
+                    [(b"host", b"127.0.0.1:8470"), (b"sec-fetch-site", b"same-site")],
+                    [(b"host", b"127.0.0.1:8470"), (b"origin", b"null")]):  # fmt: skip
+        assert sessions.peer_of_request("POST", "/v1/jobs/7/cancel", headers(session_id, check) + foreign) is None
+    # no other write: not the bulk cancel, not a submit, not another method on the same path
+    others = (("POST", "/v1/jobs/cancel"), ("POST", "/v1/jobs"), ("DELETE", "/v1/jobs/7/cancel"),
+              ("POST", "/v1/jobs/7/cancel/x"), ("POST", "/marathon/v2/apps"), ("POST", "/v1/tokens"))  # fmt: skip
+    for method, path in others:
+        assert sessions.peer_of_request(method, path, headers(session_id, check) + page) is None, (method, path)

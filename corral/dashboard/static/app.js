@@ -41,6 +41,27 @@ function mib(value) {
   return value >= 1024 ? `${(value / 1024).toFixed(value % 1024 ? 1 : 0)} GiB` : `${value} MiB`;
 }
 
+// Booleans in words, everywhere (never `true`/`false`).
+function yesNo(value) {
+  return value ? "yes" : "no";
+}
+
+// Decayed usage (resource-seconds, corral.queue.fairshare) in hours: GPU-hours, CPU-hours, GiB-hours.
+const USAGE = {
+  gpu_milli: (v) => `${hours(v / 1000)} GPU-hours`, gpu_memory_mib: (v) => `${hours(v / 1024)} GiB-hours of GPU memory`,
+  cpu_milli: (v) => `${hours(v / 1000)} CPU-hours`, memory_mib: (v) => `${hours(v / 1024)} GiB-hours of memory`,
+};
+
+function hours(seconds) {
+  const h = seconds / 3600;
+  return h === 0 ? "0" : h < 0.01 ? "< 0.01" : h < 100 ? h.toFixed(2) : h.toFixed(0);
+}
+
+function usageText(usage) {
+  const parts = Object.entries(usage || {}).filter(([k, v]) => USAGE[k] && v > 0).map(([k, v]) => USAGE[k](v));
+  return parts.length ? parts.join(", ") : "none";
+}
+
 function gpusText(milli) {
   const whole = milli / 1000;
   return Number.isInteger(whole) ? String(whole) : whole.toFixed(2).replace(/0+$/, "");
@@ -59,6 +80,12 @@ function when(epoch) {
 // A command as a POSIX shell would need it quoted (what `corral show` prints).
 function shellQuote(args) {
   return args.map((a) => (a !== "" && /^[A-Za-z0-9_@%+=:,./-]+$/.test(a) ? a : `'${a.replaceAll("'", "'\"'\"'")}'`)).join(" ");
+}
+
+// An ISO 8601 instant as the peers' APIs give it, shown as `when` shows epoch seconds.
+function whenIso(text) {
+  const ms = text ? Date.parse(text) : NaN;
+  return Number.isNaN(ms) ? el("span", { class: "muted", text: text || "-" }) : when(ms / 1000);
 }
 
 function stateBadge(name) {
@@ -96,7 +123,7 @@ async function get(path, kind = "json") {
   if (answer.status === 401) throw new Unauthorised("log in");
   if (!answer.ok) {
     let message = `${answer.status}`;
-    try { const body = await answer.json(); message = body.detail?.message || message; } catch { /* not JSON */ }
+    try { const body = await answer.json(); message = body.detail?.message || body.message || message; } catch { /* not JSON */ }
     const problem = new Error(message);
     problem.status = answer.status;
     throw problem;
@@ -104,13 +131,69 @@ async function get(path, kind = "json") {
   return kind === "json" ? answer.json() : answer;
 }
 
+// The one write the page makes: cancelling one of the viewer's own jobs (POST /v1/jobs/ID/cancel). Over TCP the
+// session's check goes with it (corral.dashboard.sessions: without it, or from another origin, the daemon answers 401).
+async function cancelJob(id) {
+  if (!window.confirm(`Cancel job ${id}? Its processes are stopped.`)) return;
+  const headers = { Accept: "application/json" };
+  const check = localStorage.getItem(CHECK_KEY);
+  if (check) headers["X-Corral-Session"] = check;
+  const answer = await fetch(`/v1/jobs/${encodeURIComponent(id)}/cancel`, { method: "POST", credentials: "same-origin", headers });
+  let message = `${answer.status}`;
+  try { const body = await answer.json(); message = body.detail?.message || message; } catch { /* not JSON */ }
+  notice(answer.ok ? `Job ${id}: cancel requested.` : `Could not cancel job ${id}: ${message}`, !answer.ok);
+  render(false);
+}
+
+// What the page's last action did; stays until the view changes.
+function notice(text, bad) {
+  $("notice").textContent = text;
+  $("notice").className = bad ? "notice problem" : "notice";
+  $("notice").hidden = !text;
+}
+
+// A cancel button on the viewer's own jobs that have not ended (root's button too: only on root's own).
+function cancelButton(job) {
+  if (FINAL.has(job.state) || !state.me || job.user !== state.me.user) return null;
+  return el("button", { type: "button", class: "cancel", "aria-label": `Cancel job ${job.id}`, onclick: () => cancelJob(job.id) }, "Cancel");
+}
+
 async function optional(path) {
   try { return await get(path); } catch (e) { if (e.status === 404) return null; throw e; }
 }
 
 // ------------------------------------------------------------------ views
+// A holder of a GPU share in words: the job, its name (the caller's own jobs, or root's view), its user.
+function holder(h, names) {
+  const name = names.get(String(h.job));
+  return [h.user === null ? el("span", { text: `#${h.job}` }) : jobLink(h.job),
+    ...(name ? [" · ", el("span", { class: "job-name", text: name })] : []), " · ",
+    h.user === null ? el("span", { class: "muted", text: "another user" }) : el("span", { text: h.user })];
+}
+
+function shareText(h, gpu) {
+  return h.milli >= 1000 ? `whole GPU, ${mib(gpu.memory_mib)}` : `${h.milli}m of the GPU, ${mib(h.memory_mib)}`;
+}
+
+// Who holds which GPU, one row per share (a free GPU: one row saying so).
+function holdersTable(gpus, names) {
+  const rows = gpus.flatMap((g) => (g.held.length ? g.held : [null]).map((h) => el("tr", {},
+    el("td", { class: "num", text: g.index }), el("td", { class: "mono", text: g.uuid }), el("td", { text: g.model }),
+    h === null ? el("td", { colspan: 5, class: "muted", text: "free: no share granted" }) : [
+      el("td", {}, h.user === null ? `#${h.job}` : jobLink(h.job)),
+      el("td", { text: names.get(String(h.job)) || (h.user === null ? "(not shown)" : "-") }),
+      el("td", { text: h.user === null ? "another user" : h.user }),
+      el("td", { class: "num", text: h.milli >= 1000 ? "whole GPU" : `${h.milli}m` }),
+      el("td", { class: "num", text: mib(h.milli >= 1000 && !h.memory_mib ? g.memory_mib : h.memory_mib) })])));
+  return table("One row per share: the GPU, the job holding it and its user (other users' jobs by number only)",
+    [["GPU", "num"], ["UUID"], ["Model"], ["Job"], ["Name"], ["User"], ["Share", "num"], ["Memory", "num"]], rows, "No GPUs.");
+}
+
 async function viewGpus() {
-  const [gpus, history] = await Promise.all([get("/v1/gpus"), get("/ui/api/history")]);
+  const [gpus, history, mine] = await Promise.all([get("/v1/gpus"), get("/ui/api/history"),
+    get("/v1/jobs?all=true&state=starting,running&limit=10000")]);
+  // Job names come from the jobs the caller may see (their own; root: all): /v1/gpus names no job.
+  const names = new Map(mine.filter((j) => j.name).map((j) => [String(j.id), j.name]));
   const samples = new Map(history.gpus.map((g) => [g.index, g.samples]));
   const cards = gpus.map((g) => {
     const granted = g.held.reduce((sum, h) => sum + (h.memory_mib || (h.milli >= 1000 ? g.memory_mib : 0)), 0);
@@ -120,9 +203,7 @@ async function viewGpus() {
     memBar.firstChild.style.width = `${Math.min(100, (100 * granted) / g.memory_mib)}%`;
     const shares = g.held.length
       ? el("ul", { class: "shares", "aria-label": `shares of GPU ${g.index}` }, g.held.map((h) => el("li", {},
-          h.user === null ? el("span", { text: `#${h.job}` }) : jobLink(h.job), " · ",
-          h.user === null ? el("span", { class: "muted", text: "another user" }) : el("span", { text: h.user }),
-          " · ", h.milli >= 1000 ? "whole GPU" : `${h.milli}m of the GPU, ${mib(h.memory_mib)}`)))
+          holder(h, names), " · ", shareText(h, g))))
       : el("p", { class: "label", text: "free: no share granted" });
     return el("article", { class: "card", "aria-labelledby": `gpu-${g.index}` },
       el("h3", { id: `gpu-${g.index}` }, `GPU ${g.index} · ${g.model}`),
@@ -133,7 +214,8 @@ async function viewGpus() {
       sparkline(g, samples.get(g.index) || []),
       shares);
   });
-  return [el("h2", { tabindex: "-1", text: `GPUs (${gpus.length})` }), el("div", { class: "grid" }, cards)];
+  return [el("h2", { tabindex: "-1", text: `GPUs (${gpus.length})` }), el("div", { class: "grid" }, cards),
+    el("h3", { text: "Who holds which GPU" }), holdersTable(gpus, names)];
 }
 
 function sparkline(gpu, samples) {
@@ -191,6 +273,8 @@ const AMOUNT = {
 
 function amounts(value) {
   if (value === null || value === undefined) return "-";
+  if (typeof value === "boolean") return yesNo(value);
+  if (Array.isArray(value)) return value.length ? value.map((v) => amounts(v)).join(", ") : "none";
   if (typeof value !== "object") return typeof value === "number" && !Number.isInteger(value) ? value.toFixed(3) : String(value);
   const parts = Object.entries(value).filter(([, v]) => v !== null && v !== 0)
     .map(([k, v]) => (AMOUNT[k] && typeof v === "number" ? AMOUNT[k](Math.round(v)) : `${k} ${amounts(v)}`));
@@ -200,11 +284,14 @@ function amounts(value) {
 function queuesTable(body) {
   // GET /v1/queues: {"default_queue", "fair_share", "queues": [{"name", "weight", "in_use", "limit", ...}]}
   const list = Array.isArray(body) ? body : body.queues || [];
-  const known = ["name", "weight", "max_priority", "running", "pending", "in_use", "guarantee", "limit", "borrow_limit", "borrowing", "below_guarantee"];
+  const known = ["name", "weight", "max_priority", "running", "pending", "in_use", "guarantee", "limit", "borrow_limit", "borrowing", "borrowing_jobs", "below_guarantee"];
   const extra = [...new Set(list.flatMap((q) => Object.keys(q)))].filter((k) => !known.includes(k) && k !== "default" && k !== "missing");
   const columns = [...known.filter((k) => list.some((q) => k in q)), ...extra];
-  const rows = list.map((q) => el("tr", {}, columns.map((k) => el("td", { class: typeof q[k] === "number" ? "num" : null },
-    k === "name" ? `${q.name}${q.default ? " (default)" : ""}${q.missing ? " (removed: jobs still wait in it)" : ""}` : amounts(q[k])))));
+  // borrowing_jobs: the ids of the running jobs above the guarantee (a list: each one a link, none when empty)
+  const cell = (q, k) => k === "name" ? `${q.name}${q.default ? " (default)" : ""}${q.missing ? " (removed: jobs still wait in it)" : ""}` :
+    k === "borrowing_jobs" && Array.isArray(q[k]) ? (q[k].length ? q[k].flatMap((id, i) => [i ? ", " : null, jobLink(id)]) : "none") :
+    amounts(q[k]);
+  const rows = list.map((q) => el("tr", {}, columns.map((k) => el("td", { class: typeof q[k] === "number" ? "num" : null }, cell(q, k)))));
   return table(`Queues${body.fair_share === false ? " (fair share off)" : ""}`, columns.map((k) => [k.replaceAll("_", " ")]), rows, "No queues are defined.");
 }
 
@@ -213,10 +300,10 @@ function sharesTable(body) {
   const rows = (body.accounts || []).map((a) => el("tr", {},
     el("td", { text: a.queue }), el("td", { text: a.user === null ? "(the queue)" : a.user }),
     ["weight", "norm_shares", "dominant_share", "effective_usage", "fairshare_factor"].map((k) => el("td", { class: "num", text: amounts(a[k]) })),
-    el("td", { text: amounts(a.usage) })));
+    el("td", { text: usageText(a.usage) })));
   return table("Fair share: each queue, and each user in it (usage decays with a half-life" +
     (body.half_life_s ? ` of ${(body.half_life_s / 86400).toFixed(1)} days)` : ")"),
-    [["Queue"], ["User"], ["Weight", "num"], ["Normalised shares", "num"], ["Dominant share", "num"], ["Effective usage", "num"], ["Fair-share factor", "num"], ["Usage"]],
+    [["Queue"], ["User"], ["Weight", "num"], ["Normalised shares", "num"], ["Dominant share", "num"], ["Effective usage", "num"], ["Fair-share factor", "num"], ["Usage (decayed, in hours)"]],
     rows, "No usage recorded yet.");
 }
 
@@ -259,10 +346,10 @@ async function viewJobs() {
   const rows = jobs.map((j) => el("tr", {},
     el("td", {}, jobLink(j.id)), el("td", {}, stateBadge(j.state)), el("td", { text: j.user }), el("td", { text: j.name || "" }),
     el("td", { class: "mono", text: shellQuote(j.command) }), el("td", { text: j.gpus.map(grantText).join(", ") || "-" }),
-    el("td", {}, when(j.submitted_at)), el("td", { class: "num", text: j.exit_code ?? "-" })));
+    el("td", {}, when(j.submitted_at)), el("td", { class: "num", text: j.exit_code ?? "-" }), el("td", {}, cancelButton(j))));
   return [el("h2", { tabindex: "-1", text: `Jobs (newest ${jobs.length})` }),
     table("Your jobs, newest first" + (state.me?.root ? " (root: everyone's)" : ""),
-      [["Job"], ["State"], ["User"], ["Name"], ["Command"], ["GPUs"], ["Submitted"], ["Exit", "num"]], rows, "No jobs yet.")];
+      [["Job"], ["State"], ["User"], ["Name"], ["Command"], ["GPUs"], ["Submitted"], ["Exit", "num"], ["Action"]], rows, "No jobs yet.")];
 }
 
 async function viewJob(id) {
@@ -286,7 +373,7 @@ async function viewJob(id) {
   const live = !FINAL.has(job.state);
   return [
     el("h2", { tabindex: "-1" }, `Job ${job.id} `, stateBadge(job.state)),
-    el("p", {}, el("a", { href: "#jobs" }, "← all jobs")),
+    el("p", { class: "actions" }, el("a", { href: "#jobs" }, "← all jobs"), " ", cancelButton(job)),
     el("dl", { class: "fields" },
       field("Name", job.name || "-"), field("User", job.user), field("Command", el("code", { text: shellQuote(job.command) })),
       field("Why", el("span", { class: "reason", text: [explain.reason, explain.story].filter(Boolean).join("\n") || "-" })),
@@ -298,9 +385,134 @@ async function viewJob(id) {
       field("Time limit", r.time_limit_s ? `${r.time_limit_s} s` : "none"), field("Working directory", el("code", { text: r.cwd || "/" })),
       field("Environment", `${r.env_count ?? 0} variables (values are not shown)`),
       field("Submitted", when(job.submitted_at)), field("Started", when(job.started_at)), field("Finished", when(job.finished_at)),
-      field("Exit code", job.exit_code ?? "-"), field("Attempts", job.attempts), field("Log file", el("code", { text: job.log_path || "-" }))),
+      field("Exit code", job.exit_code ?? "-"), field("Attempts", job.attempts),
+      field("Preemptible", yesNo(job.preemptible)), field("Log file", el("code", { text: job.log_path || "-" }))),
     el("h3", {}, live ? "Log (live: the last lines, following)" : "Log (the job has ended)"),
     pre,
+  ];
+}
+
+// ------------------------------------------------------------------ Marathon apps and job definitions (read-only)
+// What the API lets the viewer see, as the API shows it: their own apps and definitions (root: everyone's).
+const APPS = "/marathon/v2/apps";
+
+function appLink(id) {
+  return el("a", { href: `#app${id}` }, id);  // Marathon ids start with "/"
+}
+
+function gpuCount(n) {
+  return `${n || 0} GPU${n === 1 ? "" : "s"}`;
+}
+
+// Marathon's port definitions (port 0: any free port, chosen at each launch) or a task's ports.
+function ports(list) {
+  return (list || []).map((p) => (p.port ?? p) === 0 ? "any free port" : p.port ?? p).join(", ") || "-";
+}
+
+async function viewApps() {
+  const { apps } = await get(`${APPS}?embed=apps.tasks&corral=true`);
+  apps.sort((a, b) => a.id.localeCompare(b.id));
+  const rows = apps.map((a) => el("tr", {},
+    el("td", {}, appLink(a.id)), el("td", { text: a.corral?.user ?? "-" }),
+    el("td", { class: "num", text: `${a.tasksRunning} of ${a.instances}` }),
+    el("td", { text: a.deployments.length ? "deploying" : "at its target" }),
+    el("td", { class: "mono", text: a.cmd ?? (a.args ? shellQuote(a.args) : a.container?.docker?.image ?? "-") }),
+    el("td", { text: `${gpuCount(a.gpus)}, ${a.cpus} CPU, ${mib(a.mem)}` }),
+    el("td", { class: "reason", text: a.corral?.waiting || "-" })));
+  return [el("h2", { tabindex: "-1", text: `Marathon apps (${apps.length})` }),
+    table("Long-running services made through Marathon's API (read-only here: change them with a Marathon client)" +
+      (state.me?.root ? " (root: everyone's)" : ""),
+      [["App"], ["User"], ["Running", "num"], ["Deployment"], ["Command"], ["Each instance asks for"], ["Why instances wait"]],
+      rows, "No Marathon apps.")];
+}
+
+async function viewApp(id) {
+  let app;
+  try { ({ app } = await get(`${APPS}${id.split("/").map(encodeURIComponent).join("/")}?corral=true`)); } catch (e) {
+    if (e.status === 404) return [el("h2", { tabindex: "-1", text: `App ${id}` }), el("p", { text: `No app ${id} that you may see.` })];
+    throw e;
+  }
+  const field = (name, value) => [el("dt", { text: name }), el("dd", {}, value)];
+  const labels = Object.entries(app.labels || {});
+  const tasks = (app.tasks || []).map((t) => el("tr", {},
+    el("td", { class: "mono", text: t.id }), el("td", { text: t.state.replace(/^TASK_/, "").toLowerCase() }),
+    el("td", {}, t.corral?.job ? jobLink(t.corral.job) : "-"),
+    el("td", { text: (t.corral?.gpus || []).map((g) => `GPU ${g.index} (${g.model})`).join(", ") || "-" }),
+    el("td", { text: ports(t.ports) }), el("td", {}, whenIso(t.startedAt)),
+    el("td", { text: t.healthCheckResults.length ? t.healthCheckResults.map((h) => `healthy: ${yesNo(h.alive)}`).join(", ") : "no health checks" })));
+  return [
+    el("h2", { tabindex: "-1", text: `App ${app.id}` }),
+    el("p", {}, el("a", { href: "#apps" }, "← all apps")),
+    el("dl", { class: "fields" },
+      field("User", app.corral?.user ?? "-"), field("Instances", `${app.tasksRunning} running of ${app.instances}` +
+        ` (${app.tasksHealthy} healthy, ${app.tasksUnhealthy} unhealthy, ${app.tasksStaged} staged)`),
+      field("Deployment", app.deployments.length ? "deploying (not yet at its target)" : "at its target"),
+      field("Command", el("code", { text: app.cmd ?? (app.args ? shellQuote(app.args) : "-") })),
+      field("Image", app.container?.docker?.image ?? "-"),
+      field("Each instance asks for", `${gpuCount(app.gpus)}, ${app.cpus} CPU, ${mib(app.mem)}`),
+      field("Ports", ports(app.portDefinitions)),
+      field("Labels", labels.length ? labels.map(([k, v]) => `${k}=${v}`).join(", ") : "-"),
+      field("Health checks", (app.healthChecks || []).length ? `${app.healthChecks.length}` : "none"),
+      field("Why instances wait", el("span", { class: "reason", text: app.corral?.waiting || "-" })),
+      field("Version", app.version)),
+    el("h3", { text: "Instances" }),
+    table(`Instances of ${app.id}`, [["Task"], ["State"], ["Job"], ["GPUs"], ["Ports"], ["Started"], ["Health"]], tasks, "No instances."),
+  ];
+}
+
+function definitionLink(name) {
+  return el("a", { href: `#definition/${encodeURIComponent(name)}` }, name);
+}
+
+const SOURCE = { metronome: "Metronome", chronos: "Chronos" };
+
+function schedulesText(d) {
+  const rules = d.schedules.map((r) => `${r.expression}${r.timezone ? ` (${r.timezone})` : ""}${r.enabled ? "" : " (disabled)"}`);
+  if (d.parents.length) rules.push(`after ${d.parents.join(", ")}`);
+  return rules.join("; ") || "on demand";
+}
+
+async function viewDefinitions() {
+  const defs = await get("/v1/definitions");
+  const rows = defs.map((d) => el("tr", {},
+    el("td", {}, definitionLink(d.name)), el("td", { text: SOURCE[d.source] || d.source }), el("td", { text: d.user }),
+    el("td", { text: schedulesText(d) }), el("td", {}, whenIso(d.next_run_at)),
+    el("td", { class: "num", text: d.active_runs }), el("td", { text: d.last_status ?? "never ran" }),
+    el("td", { class: "num", text: `${d.success_count} / ${d.failure_count}` }),
+    el("td", { class: "mono", text: shellQuote(d.command) })));
+  return [el("h2", { tabindex: "-1", text: `Job definitions (${defs.length})` }),
+    table("Named jobs made through Metronome's or Chronos' API or `corral job` (read-only here)" + (state.me?.root ? " (root: everyone's)" : ""),
+      [["Name"], ["From"], ["User"], ["Schedule"], ["Next run"], ["Active runs", "num"], ["Last run"], ["Succeeded / failed", "num"], ["Command"]],
+      rows, "No job definitions.")];
+}
+
+async function viewDefinition(name) {
+  let d;
+  try { d = await get(`/v1/definitions/${encodeURIComponent(name)}`); } catch (e) {
+    if (e.status === 404) return [el("h2", { tabindex: "-1", text: `Definition ${name}` }), el("p", { text: `No job definition ${name} that you may see.` })];
+    throw e;
+  }
+  const field = (label, value) => [el("dt", { text: label }), el("dd", {}, value)];
+  const runs = [...d.runs].reverse().map((r) => el("tr", {},
+    el("td", { class: "mono", text: r.id }), el("td", { text: r.status }), el("td", { text: r.trigger ?? "-" }),
+    el("td", {}, whenIso(r.createdAt)), el("td", {}, whenIso(r.completedAt)),
+    el("td", {}, r.tasks.length ? r.tasks.flatMap((t, i) => [i ? ", " : null, jobLink(t.id), ` ${t.status}`]) : "-"),
+    el("td", { class: "reason", text: r.reason || "-" })));
+  return [
+    el("h2", { tabindex: "-1", text: `Definition ${d.name}` }),
+    el("p", {}, el("a", { href: "#definitions" }, "← all definitions")),
+    el("dl", { class: "fields" },
+      field("From", SOURCE[d.source] || d.source), field("User", d.user), field("Description", d.description || "-"),
+      field("Command", el("code", { text: shellQuote(d.command) })), field("Image", d.image ?? "-"),
+      field("Asks for", `${gpuCount(d.gpus)}, ${d.cpus} CPU, ${mib(d.memory_mib)}`),
+      field("Schedule", schedulesText(d)), field("Next run", whenIso(d.next_run_at)),
+      field("Schedules enabled", d.schedules.length ? d.schedules.map((r) => `${r.id}: ${yesNo(r.enabled)}`).join(", ") : "-"),
+      field("Runs", `${d.active_runs} active; ${d.success_count} succeeded, ${d.failure_count} failed, ${d.missed_ticks} missed`),
+      field("Created", whenIso(d.created_at))),
+    el("h3", { text: "Runs (newest first)" }),
+    table(`Runs of ${d.name}`, [["Run"], ["Status"], ["Trigger"], ["Created"], ["Completed"], ["Jobs"], ["Reason"]], runs, "No runs yet."),
+    el("h3", { text: `As ${SOURCE[d.source] || d.source} shows it` }),
+    el("pre", { class: "spec", tabindex: "0", "aria-label": `definition of ${d.name}` }, JSON.stringify(d.spec, null, 2)),
   ];
 }
 
@@ -325,7 +537,9 @@ async function viewReports() {
 function route() {
   const hash = decodeURIComponent(location.hash.replace(/^#/, "")) || "gpus";
   if (hash.startsWith("job/")) return { view: "job", job: hash.slice(4) };
-  return { view: ["gpus", "queue", "users", "jobs", "reports"].includes(hash) ? hash : "gpus", job: null };
+  if (hash.startsWith("app/")) return { view: "app", job: hash.slice(3) };
+  if (hash.startsWith("definition/")) return { view: "definition", job: hash.slice(11) };
+  return { view: ["gpus", "queue", "users", "jobs", "apps", "definitions", "reports"].includes(hash) ? hash : "gpus", job: null };
 }
 
 async function render(focus) {
@@ -336,12 +550,15 @@ async function render(focus) {
   const changed = state.view !== null && (view !== state.view || job !== state.job);
   state.view = view; state.job = job;
   if (view !== "job") state.log = null;
+  if (state.view !== null && (view !== state.view || job !== state.job)) notice("");
   for (const a of document.querySelectorAll("nav a[data-view]")) {
-    if (a.dataset.view === view || (view === "job" && a.dataset.view === "jobs")) a.setAttribute("aria-current", "page");
+    const parent = { job: "jobs", app: "apps", definition: "definitions" }[view];
+    if (a.dataset.view === view || a.dataset.view === parent) a.setAttribute("aria-current", "page");
     else a.removeAttribute("aria-current");
   }
   try {
-    const make = { gpus: viewGpus, queue: viewQueue, users: viewUsers, jobs: viewJobs, job: () => viewJob(job), reports: viewReports }[view];
+    const make = { gpus: viewGpus, queue: viewQueue, users: viewUsers, jobs: viewJobs, job: () => viewJob(job),
+      apps: viewApps, app: () => viewApp(job), definitions: viewDefinitions, definition: () => viewDefinition(job), reports: viewReports }[view];
     const parts = await make();
     const target = $("view");
     // Keep the keyboard where it was across a live update: remember the focused link or button by its text.
@@ -361,7 +578,7 @@ async function render(focus) {
     }
     $("problem").hidden = true;
     $("status").textContent = `Updated ${new Date().toLocaleTimeString()}${state.paused ? " (updates paused)" : ", every 2 s"}`;
-    document.title = `corral: ${view === "job" ? `job ${job}` : view}`;
+    document.title = `corral: ${job !== null ? `${view} ${job}` : view}`;
   } catch (e) {
     if (e instanceof Unauthorised) { showLogin(); return; }
     $("problem").textContent = `Could not update: ${e.message}`;
@@ -441,7 +658,7 @@ document.addEventListener("DOMContentLoaded", () => {
   document.addEventListener("keydown", (event) => {
     if (event.ctrlKey || event.metaKey || event.altKey || state.me === null) return;
     if (event.target.closest && event.target.closest("input, textarea, select")) return;
-    const views = { g: "gpus", q: "queue", u: "users", j: "jobs", r: "reports" };
+    const views = { g: "gpus", q: "queue", u: "users", j: "jobs", a: "apps", d: "definitions", r: "reports" };
     if (views[event.key]) { location.hash = views[event.key]; event.preventDefault(); }
     else if (event.key === "p") { togglePause(); event.preventDefault(); }
   });
