@@ -71,7 +71,9 @@ def plane_down(script: Path, where: Path, env: dict[str, str]) -> None:
     kube-apiserver's takes seconds of a test worker's time."""
     for pidfile in (where / "run").glob("*.pid"):
         with contextlib.suppress(ValueError, OSError):
-            os.kill(int(pidfile.read_text()), signal.SIGKILL)
+            pid = int(pidfile.read_text())
+            if str(where).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():  # still the plane's, not a reuse
+                os.kill(pid, signal.SIGKILL)
     subprocess.run([str(script), "down", str(where)], env=env, capture_output=True, timeout=60)
 
 
