@@ -31,7 +31,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 import pwd
+import stat
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -58,6 +60,7 @@ from corral.api.schemas import (
     SubmitIn,
     TokenIn,
     TokenOut,
+    unknown_field,
 )
 from corral.daemon.core import Daemon
 from corral.daemon.gang import MAX_INSTANCES, instance_log
@@ -120,8 +123,9 @@ def peer(request: Request) -> Peer:
 
 Caller = Annotated[Peer, Depends(peer)]
 
-#: The priorities a user other than root may give (root: any 32-bit priority). Higher runs first, so an unbounded
-#: priority let any user jump every queue; the range leaves users room to order their own work.
+#: The priorities a user other than root may give (root, and the queues file's admins, whom root named: any 32-bit
+#: priority; docs/queues.md "Priority bounds"). Higher runs first, so an unbounded priority let any user jump every
+#: queue; the range leaves users room to order their own work.
 USER_PRIORITY = (-100, 100)
 
 
@@ -129,7 +133,12 @@ def check_priority(priority: int, who: Peer) -> None:
     low, high = USER_PRIORITY
     if not who.root and not low <= priority <= high:
         raise HTTPException(
-            403, {"field": "priority", "message": f"must be in {low}..{high} (only root may go beyond), got {priority}"}
+            403,
+            {
+                "field": "priority",
+                "message": f"must be in {low}..{high} (only root or an admin of the queues file may go beyond), got "
+                f"{priority}",
+            },
         )
 
 
@@ -189,10 +198,11 @@ def _grant_text(g: GpuOut) -> str:
 
 
 def running_story(
-    job: Job, out: JobOut, waiting: Sequence[Job], rules: Rules, queue: str | None, now: float
+    job: Job, out: JobOut, waiting: Sequence[Job], rules: Rules, queue: str | None, now: float, protected: str = ""
 ) -> RunningStory:
     """What `explain` says of a starting or running job: its GPUs, its start, its time left, and who may preempt it
-    (the preemption planner's own rules, `Rules.why`, over the jobs waiting now)."""
+    (the preemption planner's own rules, `Rules.why`, over the jobs waiting now). `protected`: the sentence on its
+    minimum runtime while it is still in it (`Queues.protection_story`): until then nobody may."""
     said: list[str] = []
     n = job.spec.instances
     if not out.gpus:
@@ -232,7 +242,10 @@ def running_story(
         whom = f"a waiting job of a priority above its {job.spec.request.priority}"
         if queue is not None:
             whom += " or of a queue below its guarantee (it borrows above its own queue's)"
-        if by:
+        if protected:
+            can, by = False, []
+            said.append(f"It may be preempted by {whom}, but not yet. {protected}")
+        elif by:
             shown = ", ".join(by[:10]) + (f" and {len(by) - 10} more" if len(by) > 10 else "")
             jobs = f"job{'s' if len(by) > 1 else ''} {shown}"
             said.append(f"It may be preempted by {whom}: {jobs} may, if they do not fit otherwise.")
@@ -322,6 +335,12 @@ def create_app(
         first = errors[0]
         if first.get("type") == "json_invalid":  # InputLimits parses every body first; this is a fallback
             return message_answer(400, request.url.path, "body", f"the body is not valid JSON: {first.get('msg')}")
+        if face_of(request.url.path) in ("corral", "definitions"):  # corral's own bodies refuse unknown fields
+            route = request.scope.get("route")
+            body = getattr(getattr(getattr(route, "body_field", None), "field_info", None), "annotation", None)
+            unknown = unknown_field(errors, body)
+            if unknown is not None:
+                return message_answer(422, request.url.path, *unknown)
         loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "header")]
         field = ".".join(loc) or "request"
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
@@ -497,12 +516,14 @@ def create_app(
             # the waiting jobs to name (the oldest; a long queue's tail is not read for one job's explain)
             queued = daemon.store.query(JobQuery(states=(JobState.QUEUED,), limit=EXPLAIN_WAITING))
             queue_name = queues.queue_of(job) if queues.active else None
-            ran = running_story(job, out, queued, rules, queue_name, daemon.clock())
+            guard = queues.protection_story(job, daemon.clock())  # its minimum runtime, if still in it
+            ran = running_story(job, out, queued, rules, queue_name, daemon.clock(), guard)
+            preempting = job.reason.startswith(PREEMPTING)
             return ExplainOut(
                 state=job.state.value,
                 reason=clean(job.reason),
                 # being preempted: the reason says by whom; the record of it is this preemption, not one before
-                story=clean(ran.text if job.reason.startswith(PREEMPTING) else " ".join((ran.text, before)).strip()),
+                story=clean(" ".join(t for t in (ran.text, "" if preempting else before) if t)),
                 preempted=was,
                 gpus=out.gpus,
                 started_at=job.started_at,
@@ -512,7 +533,9 @@ def create_app(
                 may_be_preempted_by=ran.preempted_by,
             )
         if job.state is not JobState.QUEUED:
-            return ExplainOut(state=job.state.value, reason=clean(job.reason), story=before or None, preempted=was)
+            guard = daemon.queues.protection_story(job, daemon.clock())  # its minimum runtime, if still in it
+            said = " ".join(t for t in (guard, before) if t)
+            return ExplainOut(state=job.state.value, reason=clean(job.reason), story=said or None, preempted=was)
         holding = daemon.store.list([JobState.STARTING, JobState.RUNNING])
         queues = daemon.queues
         waiting = [i for i in daemon.queue_order if i not in queues.started]  # the last round's, less its starts
@@ -545,8 +568,11 @@ def create_app(
         )
 
     @app.get("/v1/gpus")
-    def gpus(who: Caller) -> list[dict[str, Any]]:
-        """Each GPU, who holds which share of it (other users' jobs by number only), and live use where known."""
+    def gpus(who: Caller, response: Response) -> list[dict[str, Any]]:
+        """Each GPU, who holds which share of it (other users' jobs by number only), and live use where known.
+        A daemon that cannot contain jobs in cgroups says so in the X-Corral-Containment header."""
+        if not daemon.contained and daemon.containment:
+            response.headers["X-Corral-Containment"] = daemon.containment
         holding = daemon.store.list([JobState.STARTING, JobState.RUNNING])
         rows = []
         for dev in daemon.node.gpus:
@@ -603,7 +629,12 @@ def create_app(
         if instance:
             path = instance_log(path, instance)
         try:
-            with path.open("rb") as f:
+            # Only the daemon writes in the logs folder; still never through a link, and only a regular file (a FIFO
+            # would block the read), checked on the open descriptor.
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            with os.fdopen(fd, "rb") as f:
+                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                    raise InvalidRequest("logs", f"the log of job {job_id} is not a regular file")
                 if tail is not None:
                     offset = max(0, f.seek(0, 2) - tail)
                 f.seek(offset)
@@ -677,9 +708,11 @@ def create_app(
         if since > READY_WITHIN_S:
             ago = "no round has ended yet" if math.isinf(since) else f"the last round ended {since:.0f} s ago"
             problems.append(f"the scheduling loop is not running: {ago}")
+        # a daemon that cannot contain jobs in cgroups is still ready, and says so
+        contained = {} if daemon.contained or not daemon.containment else {"containment": daemon.containment}
         if problems:
-            return SafeJSONResponse(status_code=503, content={"status": "not ready", "problems": problems})
-        return JSONResponse({"status": "ready"})
+            return SafeJSONResponse(status_code=503, content={"status": "not ready", "problems": problems, **contained})
+        return JSONResponse({"status": "ready", **contained})
 
     for router in routers:  # the faces installed by corral.daemon.extensions
         app.include_router(router)

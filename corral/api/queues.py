@@ -74,11 +74,12 @@ def queues_router(daemon: Daemon, lock: threading.Lock, wake: Callable[[], None]
     def reload(who: Caller) -> dict[str, Any]:
         if not daemon.queues.is_admin(who.user, who.uid, who.gid):
             raise HTTPException(403, {"field": "queues", "message": "only root or an admin may reload the queues"})
+        try:
+            config = daemon.queues.read()  # outside the lock: reading and checking a file takes no daemon state
+        except QueueConfigError as exc:
+            raise InvalidRequest("queues", f"{exc}; the old configuration stays") from None
         with lock:
-            try:
-                config = daemon.queues.reload(daemon.store, daemon.clock())
-            except QueueConfigError as exc:
-                raise InvalidRequest("queues", f"{exc}; the old configuration stays") from None
+            daemon.queues.apply(config, daemon.store, daemon.clock())
         wake()
         return {"reloaded": True, "source": config.source, "queues": sorted(config.queues)}
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -18,9 +21,10 @@ IDEMPOTENCY_KEY = r"^[\x21-\x7e]{1,128}$"
 
 
 class SubmitIn(BaseModel):
-    """A job to run. Resource fields read like the CLI flags of `corral submit`. Bounds: docs/limits.md."""
+    """A job to run. Resource fields read like the CLI flags of `corral submit`. Bounds: docs/limits.md. A field it
+    does not know is refused (422, `unknown_field`): `"time_limit_s": 4` once gave a job no time limit at all."""
 
-    model_config = ConfigDict(allow_inf_nan=False)
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
 
     command: list[str] = Field(min_length=1, max_length=limits.MAX_ARGS)
     gpus: int | None = Field(default=None, ge=0, le=MAX_QUANTITY["gpu_count"])
@@ -147,6 +151,8 @@ class JobOut(BaseModel):
 class CancelManyIn(BaseModel):
     """Which jobs to cancel: `ids`, or those in `state` and/or with `name` (all given must hold)."""
 
+    model_config = ConfigDict(extra="forbid")
+
     ids: list[str] | None = Field(default=None, max_length=100_000)
     state: str | list[str] | None = None  # queued, running, ... (a list, or comma-separated)
     name: str | None = None
@@ -208,6 +214,8 @@ class ExplainOut(BaseModel):
 
 
 class TokenIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     name: str = Field(min_length=1, max_length=MAX_NAME)
     user: str | None = Field(default=None, min_length=1, max_length=256)  # root only: a token for another user
 
@@ -233,3 +241,20 @@ class ErrorOut(BaseModel):
     """Every error: which field (or part of the request) was wrong, and the rule it broke."""
 
     detail: ErrorDetail
+
+
+def unknown_field(errors: Sequence[Mapping[str, Any]], model: Any) -> tuple[str, str] | None:
+    """For a corral body with fields it does not know (pydantic's `extra_forbidden`): the first one's name and the
+    message, with the nearest known field when one is close ("unknown field (did you mean 'time_limit'?) ...");
+    None for other errors. `model`: the route's body model, whose fields are listed."""
+    names = [str(e["loc"][-1]) for e in errors if e.get("type") == "extra_forbidden" and e.get("loc")]
+    if not names:
+        return None
+    fields = list(model.model_fields) if isinstance(model, type) and issubclass(model, BaseModel) else []
+    close = difflib.get_close_matches(names[0], fields, n=1, cutoff=0.6)
+    text = "unknown field" + (f" (did you mean {close[0]!r}?)" if close else "")
+    if len(names) > 1:
+        text += f"; also unknown: {', '.join(names[1:6])}" + (" ..." if len(names) > 6 else "")
+    if fields:
+        text += f"; the fields are: {', '.join(fields)}"
+    return names[0], text

@@ -678,7 +678,8 @@ def explain_cmd(job_id: str, as_json: bool, socket: Path | None) -> None:
 @socket_option
 def gpus_cmd(as_json: bool, socket: Path | None) -> None:
     """Each GPU: who holds which share, and live use where the daemon can measure it."""
-    rows = call(socket, "GET", "/v1/gpus").json()
+    answer = call(socket, "GET", "/v1/gpus")
+    rows = answer.json()
     if as_json:
         dump(rows)
         return
@@ -694,6 +695,9 @@ def gpus_cmd(as_json: bool, socket: Path | None) -> None:
             known(r["used_memory_mib"]), known(r["foreign_memory_mib"]), known(r["utilization_pct"]),
         )  # fmt: skip
     out.print(view)
+    notice = answer.headers.get("X-Corral-Containment")
+    if notice:  # a job's processes may outlive it there: its user should know
+        say(out, f"note: {notice}")
 
 
 @click.group("token", no_args_is_help=True)

@@ -216,6 +216,8 @@ def short_reason(job: Mapping[str, Any], now: float | None = None) -> str:
     `show` and `explain`; one being preempted says so."""
     reason = str(job.get("reason") or "")
     if job.get("state") in ("running", "starting"):
+        if reason.startswith(("ending", "cancel requested")):  # being stopped: held until nothing of it runs
+            return _cell(reason.split(": its ")[0] if reason.startswith("ending: past") else reason)
         if not reason.startswith(BEING_PREEMPTED):
             return "-"
         m = _PREEMPTED_BY.search(reason)

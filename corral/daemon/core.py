@@ -1,7 +1,8 @@
 """The daemon's core: events in (submit, cancel, process exits, clock), decisions out (launch, kill, state changes).
 
     submit(spec)  -> validate against the machine -> store.add (durable) -> acknowledged
-    tick(now)     -> executor.poll(): exits, kept in memory until stored -> SUCCEEDED / FAILED / CANCELLED / LOST,
+    tick(now)     -> executor.poll(): exits (each reported once the job's cgroup is empty), kept in memory until
+                     stored -> SUCCEEDED / FAILED / CANCELLED / LOST,
                      or QUEUED again after a back-off; a store that fails keeps them for the next round
                   -> snapshot = the machine minus what STARTING/RUNNING jobs hold
                   -> scheduler.schedule(waiting jobs) -> for each start: QUEUED -> STARTING (grant stored first),
@@ -60,6 +61,8 @@ from corral.store.base import JobQuery, Store, StoreError
 CANCELLING = "cancel requested"
 #: The reason of a job the watchdog is killing starts with this; its exit is then a failure with that reason.
 OVER_GRANT = "killed by corral: "
+#: The reason of a running job past its time limit, while its supervisor stops it (`Daemon._say_over_limit`).
+OVER_LIMIT = "ending: past its time limit"
 MAX_BACKOFF_S = 300.0
 #: Jobs launched per round (each: two durable writes under the daemon's lock, and a supervisor started without it);
 #: the pass stops placing once it has this many, and the rest of a burst waits for the next rounds, so 500
@@ -190,6 +193,10 @@ class Daemon:
         self._preempting: dict[str, tuple[str, float]] = {}
         #: Queues, limits and fair share (corral.daemon.queues); one queue without limits when no file is given.
         self.queues = queues if queues is not None else Queues(node)
+        #: How jobs are contained, in words (the executor's cgroups, or its "no cgroups: ..." notice; None: not said).
+        self.containment: str | None = getattr(executor, "containment", None)
+        #: False when the executor falls back to process groups (said at start, in /readyz and `corral gpus`).
+        self.contained: bool = bool(getattr(executor, "contained", True))
 
     # ---------------------------------------------------------------------------------------------- requests
     def submit(self, spec: JobSpec, idempotency_key: str | None = None) -> Job:
@@ -256,12 +263,14 @@ class Daemon:
         for ended in self.executor.poll():
             self._exits[ended.job_id] = ended
         self._flush(now)
+        self._say_ending()
         for controller in self.controllers:
             try:
                 controller.tick(self, now)
             except Exception:  # one controller's fault must not stop scheduling
                 log.exception("controller %s failed", type(controller).__name__)
         holding = self.store.list([JobState.STARTING, JobState.RUNNING])
+        self._say_over_limit(holding, now)
         self._sample(holding, now)
         if self.watchdog != "off":
             self._watch_memory(holding)
@@ -321,6 +330,39 @@ class Daemon:
         self.ticked_at = time.monotonic()
         return started
 
+    def _say_ending(self) -> None:
+        """Jobs the executor holds although their supervisor is gone (their cgroup still has processes, being
+        killed): their reason says so until the exit comes, and their grant stays theirs until then. A reason that
+        already says the job is ending (a cancel, a preemption, the watchdog's kill) is left as it is."""
+        ending = getattr(self.executor, "ending", None)
+        if ending is None:
+            return
+        with contextlib.suppress(StoreError):  # a failing store: said in a later round
+            for job_id, why in ending().items():
+                job = self.store.get(job_id)
+                if job is None or not job.state.holds_resources or job.reason == why:
+                    continue
+                if job.reason.startswith((CANCELLING, PREEMPTING, OVER_GRANT)):
+                    continue
+                self.store.update(job_id, reason=why)
+                log.warning("job %s: %s", job_id, why)
+
+    def _say_over_limit(self, holding: list[Job], now: float) -> None:
+        """Running jobs past their time limit: their supervisor is stopping them (SIGTERM, then the whole cgroup
+        killed after the grace period); until the cgroup is empty they hold their grant, and their reason says why."""
+        for i, job in enumerate(holding):
+            limit, started = job.spec.time_limit_s, job.started_at
+            if job.state is not JobState.RUNNING or limit is None or started is None or now < started + limit:
+                continue
+            if job.reason.startswith((OVER_LIMIT, CANCELLING, PREEMPTING, OVER_GRANT, "ending")):
+                continue
+            why = (
+                f"{OVER_LIMIT} ({preemption.span_text(limit)}): its processes are being stopped; its GPUs go to the "
+                "next job once none of them runs"
+            )
+            with contextlib.suppress(StoreError):  # a failing store: said in a later round
+                holding[i] = self.store.update(job.id, reason=why)
+
     # ---------------------------------------------------------------------------------------------- preemption
     def _preempt(
         self,
@@ -350,7 +392,10 @@ class Daemon:
         running = [j for j in holding if j.state is JobState.RUNNING and j.id not in self._exits]
         request = request_of(head, owner(head) if owner is not None else "")
         choice = preemption.choose(snapshot, head, request, running, self.config, now, rules)
-        if choice is None:
+        if choice is None:  # the victims it needs may be in their minimum runtime: its reason says until when
+            later = preemption.protected(snapshot, head, request, running, self.config, now, rules)
+            if later is not None:
+                plan.waiting[head.id] += f"; {later.text()}"
             return
         for victim in choice.victims:
             job = victim.job
@@ -555,6 +600,8 @@ class Daemon:
             time_limit_s=job.spec.time_limit_s,
             mps_pipe_dir=pipe,
             attempt=job.attempts,
+            cpu_milli=r.cpu_milli,  # per process (a gang's instance each): its cgroup's cpu.max, memory.max
+            memory_mib=r.memory_mib,
         )
         return job, spec
 
@@ -641,6 +688,13 @@ class Daemon:
             self._ended(job, JobState.CANCELLED, when, ended.exit_code, "cancelled")
         elif ended.exit_code == 0 and ended.signal is None and not ended.timed_out:
             self._ended(job, JobState.SUCCEEDED, when, 0, "exit code 0")
+        elif ended.oom_killed:
+            how = f"killed by signal {ended.signal}" if ended.signal is not None else f"exit code {ended.exit_code}"
+            why = (
+                f"out of memory: the kernel killed a process of the job at its memory limit "
+                f"({job.spec.request.memory_mib} MiB, the request's memory); {how}"
+            )
+            self._ended(job, JobState.FAILED, when, ended.exit_code, why)
         elif ended.unknown:
             why = "lost: the job's supervisor ended without recording its exit (exit code unknown)"
             self._ended(job, JobState.LOST, when, None, why)

@@ -287,6 +287,23 @@ class GangExecutor:
     def adopt(self, job_id: str, pid: int, start_time: int, time_limit_s: float | None = None) -> bool:
         return self.inner.adopt(job_id, pid, start_time, time_limit_s)
 
+    @property
+    def containment(self) -> str | None:
+        return getattr(self.inner, "containment", None)
+
+    @property
+    def contained(self) -> bool:
+        return bool(getattr(self.inner, "contained", True))
+
+    def ending(self) -> dict[str, str]:
+        """The inner executor's held-while-ending jobs, an instance's under its job's id (see LocalExecutor)."""
+        inner = getattr(self.inner, "ending", None)
+        found: dict[str, str] = {}
+        for member_id_, why in (inner() if inner is not None else {}).items():
+            member = split_member(member_id_)
+            found[member_id_ if member is None else member[0]] = why
+        return found
+
     def running(self) -> set[str]:
         inner = self.inner.running()
         with self._lock:

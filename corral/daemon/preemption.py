@@ -3,7 +3,11 @@
     the preemptor = the first job in queue order that waits (due, not unresolvable), once no preemption is pending
     candidates    = running jobs that are preemptible, not already being stopped, that `Rules.borrowing` says hold
                     more than their queue's guarantee, and that the preemptor outranks (`Rules.outranks`: a strictly
-                    higher priority class) or may reclaim from (`Rules.below_guarantee`: its queue is below its own)
+                    higher priority class) or may reclaim from (`Rules.below_guarantee`: its queue is below its own),
+                    and that have run their minimum runtime since they (re)started (`Rules.min_runtime`, per queue,
+                    5 minutes by default): a victim loses at most one run per minimum runtime, however often
+                    higher-priority jobs come and go; one still protected is named in the preemptor's reason with the
+                    time it may be preempted (`protected`)
     all of them released on a copy of the snapshot, and the preemptor still does not fit  -> no preemption at all
     otherwise, for k = 1, 2, ...: every k candidates released on a copy, place(preemptor) on it; the first k with a
                     fit wins, and among its sets the one losing the least run time (GPU-seconds, then seconds)
@@ -22,6 +26,7 @@ priority may preempt preemptible jobs of lower priority, and that is all.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
@@ -55,6 +60,18 @@ def _never(_: Job) -> bool:
     return False
 
 
+def _no_min_runtime(_: Job) -> float:
+    return 0.0
+
+
+def span_text(seconds: float) -> str:
+    """A minimum runtime as a person writes it: 300 -> "5m", 90 -> "1m30s", 3600 -> "1h", 0 -> "0s"."""
+    s = round(seconds)
+    parts = [f"{s // 3600}h" if s >= 3600 else "", f"{s % 3600 // 60}m" if s % 3600 >= 60 else "",
+             f"{s % 60}s" if s % 60 or not s else ""]  # fmt: skip
+    return "".join(parts)
+
+
 def higher_priority(preemptor: Job, victim: Job) -> bool:
     """The priority-class rule: a strictly higher `priority` (equal priorities never preempt each other)."""
     return preemptor.spec.request.priority > victim.spec.request.priority
@@ -68,12 +85,21 @@ class Rules:
     `below_guarantee(preemptor)`: its queue holds less than its guarantee (it may reclaim from any borrower).
     `outranks(preemptor, victim)`: a higher priority class.
     `may_borrow(job)`: a non-preemptible job may start now (without queues: always; with them: only within its
-    queue's guarantee, the price of not being preemptible)."""
+    queue's guarantee, the price of not being preemptible).
+    `min_runtime(victim)`: seconds it runs after it (re)started before it may be preempted (the daemon's: its queue's,
+    `corral.daemon.queues.Queues.preemption_rules`; here none)."""
 
     borrowing: JobRule = _always
     below_guarantee: JobRule = _never
     outranks: Callable[[Job, Job], bool] = higher_priority
     may_borrow: JobRule = _always
+    min_runtime: Callable[[Job], float] = _no_min_runtime
+
+    def protected_until(self, victim: Job) -> float:
+        """Until when `victim` may not be preempted: its (re)start plus its minimum runtime (-inf: not protected)."""
+        if victim.started_at is None:
+            return -math.inf
+        return victim.started_at + self.min_runtime(victim)
 
     @property
     def borrows_freely(self) -> bool:
@@ -99,6 +125,7 @@ class Victim:
     why: str  # "priority" | "guarantee"
     seconds: float  # run time lost: now - started_at
     gpu_seconds: float  # the same, times the GPUs it holds (shares as fractions)
+    min_runtime_s: float = 0.0  # what it had to run first (Rules.min_runtime), said in its words
 
 
 @dataclass(frozen=True)
@@ -135,12 +162,7 @@ def choose(
     be placed on `snapshot`; None when no eligible set does (then nothing is preempted). `snapshot` is not changed;
     each allocation in it is named by its job's id, as the daemon builds it."""
     rules = rules or Rules()
-    victims: list[Victim] = []
-    for job in running:
-        why = rules.why(preemptor, job)
-        if why is not None and job.id in snapshot.allocations:
-            gpu_s, s = cost(job, now)
-            victims.append(Victim(job, why, s, gpu_s))
+    victims = [v for v in candidates(snapshot, preemptor, running, now, rules) if rules.protected_until(v.job) <= now]
     if not victims:
         return None
     # Cheapest first: the search tries sets in this order, so within one size the first fits tend to be cheap.
@@ -189,6 +211,71 @@ def choose(
     return Choice(preemptor, best[1], best[2], calls, said)
 
 
+def candidates(
+    snapshot: ClusterSnapshot, preemptor: Job, running: Sequence[Job], now: float, rules: Rules
+) -> list[Victim]:
+    """The running jobs `preemptor` may preempt by the rules, protected by their minimum runtime or not."""
+    out: list[Victim] = []
+    for job in running:
+        why = rules.why(preemptor, job)
+        if why is not None and job.id in snapshot.allocations:
+            gpu_s, s = cost(job, now)
+            out.append(Victim(job, why, s, gpu_s, rules.min_runtime(job)))
+    return out
+
+
+@dataclass(frozen=True)
+class Protected:
+    """Preemption would help, but not before `at`: the victims it would need are still in their minimum runtime."""
+
+    at: float
+    job_ids: tuple[str, ...]
+    min_runtime_s: float
+
+    def text(self) -> str:
+        """Words for the preemptor's reason (a fixed time: the same every round until something changes)."""
+        ids = ", ".join(self.job_ids)
+        return (
+            f"it may preempt job{'s' if len(self.job_ids) > 1 else ''} {ids} from {clock_text(self.at)}, when "
+            f"{'they have' if len(self.job_ids) > 1 else 'it has'} run the minimum runtime of "
+            f"{span_text(self.min_runtime_s)} (docs/preemption.md)"
+        )
+
+
+def protected(
+    snapshot: ClusterSnapshot,
+    preemptor: Job,
+    request: Request,
+    running: Sequence[Job],
+    config: PlacementConfig,
+    now: float,
+    rules: Rules,
+) -> Protected | None:
+    """When `choose` found nothing: the earliest time preemption would let `request` fit, counting the candidates
+    still in their minimum runtime as they come out of it (None: it would not help even then)."""
+    found = candidates(snapshot, preemptor, running, now, rules)
+    waiting = sorted(
+        (v for v in found if rules.protected_until(v.job) > now), key=lambda v: rules.protected_until(v.job)
+    )
+    if not waiting:
+        return None
+    free = [v for v in found if rules.protected_until(v.job) <= now]
+    for k in range(1, len(waiting) + 1):
+        left = snapshot.copy()
+        for v in free + waiting[:k]:
+            left.release(v.job.id)
+        rng = np.random.default_rng(0)  # as `choose`: planning keeps the daemon's draws
+        if preemptor.spec.instances > 1:
+            grant = place_gang(left, request, preemptor.spec.instances, config, rng).allocation
+        else:
+            grant = place(left, request, config, rng).allocation
+        if grant is not None:
+            chosen = waiting[:k]
+            at = rules.protected_until(chosen[-1].job)
+            return Protected(at, tuple(v.job.id for v in chosen), max(v.min_runtime_s for v in chosen))
+    return None
+
+
 def words(preemptor: Job, victim: Victim, now: float) -> str:
     """The reason a victim keeps: by whom, when, and why it was allowed."""
     p = preemptor.spec
@@ -198,4 +285,9 @@ def words(preemptor: Job, victim: Victim, now: float) -> str:
         else "its queue was below its guarantee, and this job borrowed above its own queue's"
     )
     who = f"job {preemptor.id} (user {p.user}, priority {p.request.priority})"
-    return f"preempted by {who} at {clock_text(now)}: {rule}"
+    ran = (
+        f" (it had run {span_text(victim.seconds)}, past its minimum runtime of {span_text(victim.min_runtime_s)})"
+        if victim.min_runtime_s > 0
+        else ""
+    )
+    return f"preempted by {who} at {clock_text(now)}: {rule}{ran}"

@@ -31,12 +31,14 @@ from typing import Any
 
 import numpy as np
 
-from corral.daemon.preemption import Rules
+from corral.daemon.preemption import Rules, span_text
+from corral.daemon.scheduler import clock_text
 from corral.jobs.model import FINAL_STATES, Job, JobSpec
 from corral.model.errors import InvalidRequest
 from corral.model.resources import Node
 from corral.model.snapshot import ClusterSnapshot
 from corral.queue.config import (
+    DEFAULT_MIN_RUNTIME_S,
     DEFAULT_QUEUE,
     Amounts,
     QueueConfigError,
@@ -60,7 +62,9 @@ from corral.queue.quota import (
     ZERO,
     Gate,
     Usage,
+    add,
     amount_text,
+    ask_text,
     below_guarantee,
     borrowing,
     demand,
@@ -105,13 +109,20 @@ class RoundQueues:
     order: Callable[[list[Any]], list[Any]]
     gate: Callable[[Any], str | None]
     took: Callable[[Any], None]
+    #: A gang group's members checked together (their whole ask), before any of them is placed.
+    gate_group: Callable[[list[Any]], str | None]
 
 
 class Queues:
-    def __init__(self, node: Node, config: QueuesConfig | None = None, path: Path | None = None) -> None:
+    def __init__(
+        self, node: Node, config: QueuesConfig | None = None, path: Path | None = None,
+        min_runtime_s: float = DEFAULT_MIN_RUNTIME_S,
+    ) -> None:  # fmt: skip
+        """`min_runtime_s`: how long a job runs before it may be preempted, without a queues file (a file says its
+        own, `min_runtime`)."""
         self.node = node
         self.path = path
-        self.config = config if config is not None else QueuesConfig.single()
+        self.config = config if config is not None else QueuesConfig.single(min_runtime_s)
         #: Fair share and limits apply only with a file; without one the order stays priority, then age.
         self.active = config is not None
         self.capacity = amount(
@@ -145,12 +156,21 @@ class Queues:
 
     def reload(self, store: Store, now: float) -> QueuesConfig:
         """Read the file again; the new configuration replaces the old only if it is valid (QueueConfigError)."""
+        return self.apply(self.read(), store, now)
+
+    def read(self) -> QueuesConfig:
+        """The file, read and validated (QueueConfigError), without changing anything: what `apply` takes. Needs no
+        lock (the machine does not change), so a large file is not read under the daemon's."""
         if self.path is None:
             raise QueueConfigError("no queues file: start corral serve with --queues FILE")
         if not self.active and not self.path.exists():
             raise QueueConfigError(f"no queues file at {self.path} (or start corral serve with --queues FILE)")
         config = load_queues(self.path)
         validate_against_machine(config, capacity_of(self.node))
+        return config
+
+    def apply(self, config: QueuesConfig, store: Store, now: float) -> QueuesConfig:
+        """Put a configuration from `read` in place (under the daemon's lock)."""
         half_life_changed = config.half_life_s != self.config.half_life_s
         self.config, self.active = config, True
         self._offers.clear()
@@ -239,7 +259,7 @@ class Queues:
                         "priority",
                         f"{priority} is above the bound of {whose}, {bound} (only root or an admin may exceed it)",
                     )
-        want = demand(spec.request, self._whole_mem)
+        want, n = self._whole_demand(spec), self._instances(spec)
         for cap, whose in (
             (queue.limit, f"queue {name!r}'s limit"),
             (p.limit if (p := queue.user(spec.user)) is not None else None, f"user {spec.user}'s limit in {name!r}"),
@@ -249,7 +269,7 @@ class Queues:
             if i is not None and cap is not None:
                 raise InvalidRequest(
                     "queue",
-                    f"the job asks for {amount_text(i, want[i])}, more than {whose} of "
+                    f"the job asks for {ask_text(i, want[i], n)}, more than {whose} of "
                     f"{amount_text(i, cap.vector()[i])}: it could never start",
                 )
         if not spec.preemptible and self.active:
@@ -261,7 +281,8 @@ class Queues:
                 raise InvalidRequest(
                     "preemptible",
                     f"a job that may not be preempted starts only within its queue's guarantee, and queue {name!r} "
-                    f"{has} of what it asks ({amount_text(i, total[i])}): it could never start (docs/preemption.md)",
+                    f"{has} of what it asks ({ask_text(i, total[i], self._instances(spec))}): it could never start "
+                    "(docs/preemption.md)",
                 )
         return spec if spec.queue == name else replace(spec, queue=name)
 
@@ -277,7 +298,7 @@ class Queues:
                       being a victim is never borrowing
         Each rule reads the holdings of the round that calls it (`self.usage`), so a reload takes effect at once."""
         if not self.active:
-            return Rules()
+            return Rules(min_runtime=self.min_runtime_of)
 
         def is_borrowing(job: Job) -> bool:
             return borrowing(job.id, self.usage)
@@ -286,7 +307,25 @@ class Queues:
             spec = self.config.queues.get(self.queue_of(job))
             return spec is not None and below_guarantee(spec, self.usage)
 
-        return Rules(borrowing=is_borrowing, below_guarantee=is_below, may_borrow=self.within_guarantee)
+        return Rules(
+            borrowing=is_borrowing, below_guarantee=is_below, may_borrow=self.within_guarantee,
+            min_runtime=self.min_runtime_of,
+        )  # fmt: skip
+
+    def min_runtime_of(self, job: Job) -> float:
+        """How long `job` runs after it (re)started before it may be preempted: its queue's `min_runtime`."""
+        return self.config.min_runtime(self.queue_of(job))
+
+    def protection_story(self, job: Job, now: float) -> str:
+        """`explain`'s sentence on a running job's protection from preemption ("" for one past it, or never
+        preemptible)."""
+        if not job.spec.preemptible or job.started_at is None or not job.state.holds_resources:
+            return ""
+        m = self.min_runtime_of(job)
+        until = job.started_at + m
+        if until <= now:
+            return ""
+        return f"Protected from preemption until {clock_text(until)} (minimum runtime {span_text(m)})."
 
     def within_guarantee(self, job: Job) -> bool:
         """Whether `job` would start with its queue still within its guarantee, in each dimension the queue is
@@ -297,19 +336,27 @@ class Queues:
             return False
         return over_guarantee(self.usage.queue.get(q, ZERO), self._whole_demand(job.spec), spec.guarantee) is None
 
+    @staticmethod
+    def _instances(spec: JobSpec) -> int:
+        """How many of its request a job asks for with its gang: a gang's instances, or a gang group's members (a
+        Marathon app's instances labelled corral.gang are one job each, and start together)."""
+        if spec.gang_group:
+            return max(1, spec.gang_size)
+        return spec.instances if spec.gang else 1
+
     def _whole_demand(self, spec: JobSpec) -> Vector:
-        """What a job asks for in all: a gang's N instances count N times."""
-        want = demand(spec.request, self._whole_mem)
-        n = spec.instances if spec.gang else 1
-        return (want[0] * n, want[1] * n, want[2] * n, want[3] * n, want[4] * n)
+        """What a job asks for in all: a gang's N instances (a gang group's N members) count N times."""
+        return demand(spec.request, self._whole_mem, self._instances(spec))
 
     # ---------------------------------------------------------------------------------------------- usage
     def held_vector(self, job: Job) -> np.ndarray:
+        """What a job holds for fair share: GPUs by their part (milli), every instance of a gang."""
+        n = job.spec.instances
         return amount(
             sum(g.milli for g in job.gpus),
             sum(g.memory_mib or (self._gpu_mem.get(g.index, 0) if g.milli >= 1000 else 0) for g in job.gpus),
-            job.spec.request.cpu_milli,
-            job.spec.request.memory_mib,
+            job.spec.request.cpu_milli * n,
+            job.spec.request.memory_mib * n,
         )
 
     def charge(self, job: Job) -> None:
@@ -442,9 +489,9 @@ class Queues:
                 why = verdicts[key]
             else:
                 want = demands.get(e.shape)
-                if want is None:
-                    want = demands[e.shape] = demand(e.job.spec.request, whole_mem)
-                why = gate.check(*key, want)
+                if want is None:  # the shape's instances are part of it (scheduler.ShapeCache)
+                    want = demands[e.shape] = demand(e.job.spec.request, whole_mem, e.job.spec.instances)
+                why = gate.check(*key, want, e.job.spec.instances)
             if why is not None:
                 limited[e.job.id] = why
             return why
@@ -452,9 +499,33 @@ class Queues:
         def took(e: Any) -> None:
             job = e.job
             started.add(job.id)
-            gate.took(queue_of_id[job.id], job.spec.user, job.spec.gid, demand(job.spec.request, whole_mem))
+            gate.took(
+                queue_of_id[job.id], job.spec.user, job.spec.gid,
+                demand(job.spec.request, whole_mem, job.spec.instances),
+            )  # fmt: skip
 
-        return RoundQueues(order, check, took)
+        def check_group(members: list[Any]) -> str | None:
+            """A gang group's members as one ask: the sum of theirs against every limit (issue 23: three 1-GPU
+            members of a queue limited to 2 GPUs never start, though each alone would fit)."""
+            first = members[0].job
+            total = ZERO
+            for m in members:
+                total = add(total, demand(m.job.spec.request, whole_mem, m.job.spec.instances))
+            q = queue_of_id[first.id]
+            spec = config.queues.get(q)
+            why: str | None
+            if not first.spec.preemptible and (
+                spec is None or over_guarantee(self.usage.queue.get(q, ZERO), total, spec.guarantee) is not None
+            ):
+                why = NOT_PREEMPTIBLE
+            else:
+                why = gate.check_group(q, first.spec.user, first.spec.gid, total, len(members))
+            if why is not None:
+                for m in members:
+                    limited[m.job.id] = why
+            return why
+
+        return RoundQueues(order, check, took, check_group)
 
     # ---------------------------------------------------------------------------------------------- views
     def queues_view(self) -> list[dict[str, object]]:
@@ -499,7 +570,7 @@ def _row(r: Any, queue: str, user: str | None) -> dict[str, Any]:
 
 def capacity_of(node: Node) -> Vector:
     mem = sum(g.memory_mib for g in node.gpus)
-    return (len(node.gpus), 1000 * len(node.gpus), mem, node.cpu_milli, node.memory_mib)
+    return (1000 * len(node.gpus), 1000 * len(node.gpus), mem, node.cpu_milli, node.memory_mib)
 
 
 def user_name(uid: int) -> str:

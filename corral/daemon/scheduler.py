@@ -145,12 +145,10 @@ def _place_group(
     if len(members) < size:
         return [], f"gang: {len(members)} of {size} instances queued; they start together once all are", 0
     if queues is not None:
-        # Each member is checked alone against the limits (a group of N may go over one by up to N-1 members'
-        # worth: the gate learns of starts only as they are taken, and taking is not undone).
-        for m in members:
-            held_back = queues.gate(m)
-            if held_back is not None:
-                return [], f"gang: instance job {m.job.id} is held back: {held_back}", 0
+        # The members together against every limit: their whole ask, not one member's (issue 23).
+        held_back = queues.gate_group(list(members))
+        if held_back is not None:
+            return [], f"gang: {held_back}", 0
     trial = (booking.view() if booking is not None else snapshot).copy()
     beside = f" beside the reservation of job {booking.reservation.job_id}" if booking is not None else ""
     starts: list[Start] = []

@@ -712,6 +712,8 @@ def serve(
         if not is_loopback(tcp_at[0]):
             label += "; WARNING: TCP is not loopback-only and carries tokens in clear text: put TLS in front of it"
     label += f"; work without GPUs: {behavior.value}"
+    if daemon.containment:  # jobs in cgroup leaves, or "no cgroups: falling back to process groups (why)"
+        label += f"; {daemon.containment}"
     sys.stderr.write(f"corral serve: listening on {where}; state in {state_dir}; policy {policy}; {label}\n")
     sys.stderr.flush()
     _log_to_stderr(held)

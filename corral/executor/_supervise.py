@@ -2,20 +2,31 @@
 
 Forked by the daemon's zygote (`python -I -S _supervise.py --zygote`, see `zygote`), in its own session, with:
     stdin    the launch spec as JSON (never argv: /proc/PID/cmdline is world-readable, the env holds secrets)
-    stdout   a pipe on which it answers once: {"pid", "start_time"} when the job runs, or {"errno", "message"}
+    stdout   a pipe on which it answers: {"pid", "start_time"} when the job runs, or {"errno", "message"}; kept open,
+             and the end record is written there too when the job is over (the daemon, while alive, hears of the
+             outcome without reading the state disk)
     LOCK_FD  an open file description on PREFIX.lock, locked (flock LOCK_EX) by the daemon *before* the spawn and
              held here for the supervisor's whole life: a daemon probing it with LOCK_NB knows, without any PID, whether
              the supervisor still lives (a PID may be reused; a lock dies with its holder)
     LOG_FD   the job's log, opened by the daemon with its checks (O_NOFOLLOW, link count, owner)
+    RECORD_FD PREFIX.json, created by the daemon at its full size (RECORD_SIZE bytes of blanks): the record is only
+             ever overwritten in place, so a full state disk cannot take the exit code (issue 23)
 
     nobody reads the answer pipe any more (the daemon gave up on the launch, or died): exit, the job never runs
-    fork -> child: setsid (the job's own process group), stdin /dev/null, stdout+stderr -> log, signals reset,
+    fork -> child: joins the attempt's cgroup leaf (spec "cgroup", when the daemon made one) before anything else,
+                   setsid (the job's own process group), stdin /dev/null, stdout+stderr -> log, signals reset,
                    drop to the job's groups/gid/uid, enter cwd *as the user*, exec
-    PREFIX.json  <- {"started": ...}            (write, rename: the daemon may need the pid before the answer)
-    wait: the child's exit, the time limit, SIGUSR1 (cancel: SIGTERM to the group, SIGKILL after the grace read from
-          PREFIX.cancel), SIGUSR2 (cancel: SIGKILL now), SIGTERM/SIGINT/SIGHUP (forwarded to the group, not a cancel)
-    exit: SIGKILL what is left of the group while the zombie still pins the PID, reap, then
-    PREFIX.json  <- {"ended": exit code / signal, timed out, cancelled, end time}   (write, fsync, rename, fsync dir)
+    PREFIX.json slot 0 <- {"started": ...}     (pwrite in place: the daemon may need the pid before the answer)
+    wait: the child's exit, the time limit, SIGUSR1 (cancel: SIGTERM to every process of the job, SIGKILL after the
+          grace read from PREFIX.cancel), SIGUSR2 (cancel: SIGKILL now), SIGTERM/SIGINT/SIGHUP (forwarded, not a
+          cancel)
+    exit: the child has exited (its zombie still pins the PID): kill the whole cgroup (cgroup.kill; a setsid'd or
+          double-forked grandchild dies too) and wait until it is empty (cgroup.events "populated 0"), else SIGKILL
+          the process group; reap, then
+    PREFIX.json slot 1 <- {"ended": exit code / signal, timed out, cancelled, OOM kills, end time}  (pwrite, fsync)
+                 and the same line on the answer pipe
+    Only then does it exit, which frees the lock: so the daemon, which releases a job's GPUs when the lock is free,
+    never hands them on while a process of the job still runs.
 
 Only the standard library, and nothing imported that is not needed: it starts once per job.
 """
@@ -39,23 +50,117 @@ CANCEL, KILL_NOW = signal.SIGUSR1, signal.SIGUSR2
 WATCHED = {signal.SIGCHLD, CANCEL, KILL_NOW, *FORWARDED}
 
 
-def write_json(path: str, body: dict[str, Any], durable: bool) -> None:
-    """Replace `path` atomically; `durable`: also survive a machine crash (fsync the file and the directory)."""
-    tmp = f"{path}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        os.write(fd, json.dumps(body).encode())
-        if durable:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.rename(tmp, path)
+#: The attempt's record file: two fixed slots of blanks-padded JSON, written in place (pwrite), never resized. Slot 0
+#: holds the start (pids), slot 1 the end: a torn end write (a machine crash) leaves the start readable.
+RECORD_SIZE = 4096
+SLOT = RECORD_SIZE // 2
+
+
+def put(fd: int, slot: int, body: dict[str, Any], durable: bool) -> None:
+    """Overwrite one slot of the record in place; `durable`: also survive a machine crash (fsync)."""
+    data = json.dumps(body).encode()
+    if len(data) >= SLOT and "error" in body:  # only an error's message can be long: cut it
+        body = dict(body, error={**body["error"], "message": str(body["error"].get("message"))[: SLOT // 2]})
+        data = json.dumps(body).encode()
+    os.pwrite(fd, data.ljust(SLOT - 1) + b"\n", slot * SLOT)
     if durable:
-        dfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        os.fsync(fd)
+
+
+def fsync_dir(path: str) -> None:
+    dfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+# ------------------------------------------------------------------------------------------------ cgroups
+# Shared with the daemon (corral.executor.cgroup imports them): the supervisor cannot import corral (-I -S).
+def populated(leaf: str) -> bool:
+    """True while a process is in the cgroup `leaf` or below (cgroup.events); False once it is empty or gone."""
+    try:
+        with open(f"{leaf}/cgroup.events", "rb") as f:
+            return b"populated 1" in f.read()
+    except FileNotFoundError:
+        return False
+
+
+def cgroup_pids(leaf: str) -> list[int]:
+    """The processes of `leaf` and of any cgroup below it."""
+    pids: list[int] = []
+    for folder, _, _ in os.walk(leaf):
         try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+            with open(f"{folder}/cgroup.procs", "rb") as f:
+                pids.extend(int(p) for p in f.read().split())
+        except FileNotFoundError:
+            continue
+    return pids
+
+
+def signal_cgroup(leaf: str, sig: int) -> None:
+    """`sig` to every process of the cgroup (a SIGTERM reaches setsid'd children too, not only the job's group)."""
+    for pid in cgroup_pids(leaf):
+        try:  # noqa: SIM105 - contextlib is one more import at every start
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def kill_cgroup(leaf: str) -> None:
+    """SIGKILL every process of the cgroup at once (cgroup.kill, Linux 5.14); where it is missing, freeze the cgroup
+    (no fork can race the kill), SIGKILL each process, thaw."""
+    try:
+        with open(f"{leaf}/cgroup.kill", "w") as f:
+            f.write("1")
+        return
+    except FileNotFoundError:
+        if not os.path.isdir(leaf):
+            return
+    frozen = False
+    try:
+        with open(f"{leaf}/cgroup.freeze", "w") as f:
+            f.write("1")
+        frozen = True
+    except OSError:
+        pass
+    signal_cgroup(leaf, signal.SIGKILL)
+    if frozen:
+        try:
+            with open(f"{leaf}/cgroup.freeze", "w") as f:
+                f.write("0")
+        except OSError:
+            pass
+
+
+def empty_cgroup(leaf: str) -> None:
+    """Kill the cgroup and return once it is empty (cgroup.events "populated 0"). A process stuck in the kernel (D
+    state) keeps it populated: the kill is repeated every second and the wait goes on, with the job's grant held."""
+    kill_cgroup(leaf)
+    pause, last = 0.001, time.monotonic()
+    while populated(leaf):
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+        if time.monotonic() - last >= 1.0:
+            kill_cgroup(leaf)
+            last = time.monotonic()
+
+
+def oom_kills(folders: list[str]) -> int:
+    """How many processes of the job the kernel's OOM killer took: memory.events (v2) or memory.oom_control (v1)
+    `oom_kill` of its cgroups; 0 without a memory controller."""
+    kills = 0
+    for folder in folders:
+        for name in ("memory.events", "memory.oom_control"):
+            try:
+                with open(f"{folder}/{name}", "rb") as f:
+                    for line in f:
+                        key, _, value = line.partition(b" ")
+                        if key == b"oom_kill":
+                            kills += int(value)
+            except (OSError, ValueError):
+                pass
+    return kills
 
 
 def start_time(pid: int) -> int:
@@ -68,6 +173,11 @@ def start_time(pid: int) -> int:
 def child(spec: dict[str, Any], err_w: int) -> NoReturn:
     """In the forked child: become the job. Never returns."""
     try:
+        leaf = spec.get("cgroup")
+        for folder in ([leaf] if leaf else []) + list(spec.get("cgroup_v1") or ()):
+            # before the job's first instruction: nothing of it ever runs outside its cgroup (nor its v1 limits)
+            with open(f"{folder}/cgroup.procs", "w") as f:
+                f.write(str(os.getpid()))
         os.setsid()
         os.umask(0o022)  # a login's, not the daemon's 077 (which keeps the state directory private)
         signal.pthread_sigmask(signal.SIG_SETMASK, set())
@@ -121,6 +231,15 @@ def killpg(pgid: int, sig: signal.Signals) -> None:
         pass
 
 
+def terminate(pid: int, leaf: str | None, sig: signal.Signals) -> None:
+    """`sig` to the whole job: its process group and, with a cgroup, every process in it (SIGKILL: cgroup.kill)."""
+    killpg(pid, sig)
+    if leaf and sig == signal.SIGKILL:
+        kill_cgroup(leaf)
+    elif leaf:
+        signal_cgroup(leaf, sig)
+
+
 def read_all(fd: int) -> bytes:
     chunks = []
     while chunk := os.read(fd, 1 << 20):
@@ -130,10 +249,10 @@ def read_all(fd: int) -> bytes:
 
 def main() -> None:
     spec = json.loads(read_all(0))
-    prefix, log_fd, lock_fd = spec["prefix"], spec["log_fd"], spec["lock_fd"]
-    os.set_inheritable(lock_fd, False)  # the job must not hold the supervisor's lock
-    os.set_inheritable(log_fd, False)
-    answer = os.fdopen(1, "w")
+    prefix, log_fd, lock_fd, record_fd = spec["prefix"], spec["log_fd"], spec["lock_fd"], spec["record_fd"]
+    leaf = spec.get("cgroup") or None
+    for fd in (lock_fd, log_fd, record_fd):  # the job must not hold the supervisor's lock, nor its record
+        os.set_inheritable(fd, False)
     probe = select.poll()
     probe.register(1, select.POLLOUT)
     if any(events & select.POLLERR for _, events in probe.poll(0)):
@@ -149,12 +268,13 @@ def main() -> None:
     while chunk := os.read(err_r, 65536):
         chunks.append(chunk)
     os.close(err_r)
-    if chunks:  # the job could not start: nothing ran
+    if chunks:  # the job could not start: nothing ran (what it may have forked before exec is in its cgroup)
         os.waitpid(pid, 0)
+        if leaf:
+            empty_cgroup(leaf)
         failed = json.loads(b"".join(chunks))
-        write_json(f"{prefix}.json", {"job_id": spec["job_id"], "attempt": spec["attempt"], "error": failed}, True)
-        answer.write(json.dumps(failed) + "\n")
-        answer.close()
+        put(record_fd, 1, {"job_id": spec["job_id"], "attempt": spec["attempt"], "error": failed}, True)
+        os.write(1, (json.dumps(failed) + "\n").encode())
         return
     me = {"pid": os.getpid(), "start_time": start_time(os.getpid())}
     record = {
@@ -165,16 +285,21 @@ def main() -> None:
         "start_time": start_time(pid),  # the child is not reaped before the end: its /proc entry is there
         "started_at": time.time(),
     }
-    write_json(f"{prefix}.json", record, False)  # a daemon crash, not a machine crash, is what this must survive
-    try:
-        answer.write(json.dumps({"pid": pid, "start_time": record["start_time"], "supervisor": me}) + "\n")
-        answer.close()
+    put(record_fd, 0, record, False)  # a daemon crash, not a machine crash, is what this must survive
+    try:  # noqa: SIM105
+        os.write(1, (json.dumps({"pid": pid, "start_time": record["start_time"], "supervisor": me}) + "\n").encode())
     except OSError:
         pass  # the daemon died meanwhile: the record says it all
+    pipe = os.dup(1)  # the outcome goes there too (not inheritable: the job was forked already anyway)
     null = os.open("/dev/null", os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
     os.close(null)
+    try:  # the reserved record and its name, durable now, after the answer: off the launch's path
+        os.fsync(record_fd)
+        fsync_dir(prefix)
+    except OSError:
+        pass
 
     grace = float(spec["grace_s"])
     limit = spec["time_limit_s"]
@@ -190,11 +315,11 @@ def main() -> None:
         now = time.monotonic()
         if deadline is not None and now >= deadline:
             deadline, timed_out = None, True
-            killpg(pid, signal.SIGTERM)
+            terminate(pid, leaf, signal.SIGTERM)
             kill_at = now + grace if kill_at is None else min(kill_at, now + grace)
         if kill_at is not None and now >= kill_at:
             kill_at = None
-            killpg(pid, signal.SIGKILL)
+            terminate(pid, leaf, signal.SIGKILL)
         due = [t for t in (deadline, kill_at) if t is not None]
         info = signal.sigtimedwait(WATCHED, max(0.0, min(due) - now) if due else 3600.0)
         if info is None or info.si_signo == signal.SIGCHLD:
@@ -203,14 +328,16 @@ def main() -> None:
         if info.si_signo in (CANCEL, KILL_NOW):
             cancelled = True
             wait = 0.0 if info.si_signo == KILL_NOW else cancel_grace(prefix, grace)
-        killpg(pid, signal.SIGTERM)
+        terminate(pid, leaf, signal.SIGTERM)
         if wait <= 0:
-            killpg(pid, signal.SIGKILL)
+            terminate(pid, leaf, signal.SIGKILL)
         else:
             now = time.monotonic()
             kill_at = now + wait if kill_at is None else min(kill_at, now + wait)
-    # The zombie still pins the PID and the group id: kill what is left of the group (a backgrounded grandchild
-    # holding a GPU), then reap.
+    # The job's main process has exited; its zombie still pins the PID and the group id. Whatever it left behind (a
+    # setsid'd or double-forked grandchild holding a GPU) is killed, and the end waits until the cgroup is empty.
+    if leaf:
+        empty_cgroup(leaf)
     killpg(pid, signal.SIGKILL)
     while True:
         try:
@@ -227,7 +354,19 @@ def main() -> None:
     record.update(
         ended_at=time.time(), exit_code=code, signal=sig, timed_out=timed_out, cancelled=cancelled, ended=True
     )
-    write_json(f"{prefix}.json", record, True)
+    v1 = list(spec.get("cgroup_v1") or ())
+    if leaf:
+        record["oom_kills"] = oom_kills([leaf, *v1])
+    try:  # noqa: SIM105 - the daemon, if it lives and listens, has the outcome now, whatever the state disk does
+        os.write(pipe, (json.dumps(record) + "\n").encode())
+    except OSError:
+        pass
+    put(record_fd, 1, record, True)  # in the space reserved at the start: a full disk cannot refuse it
+    for folder in [*v1, leaf] if leaf else ():  # empty now; the daemon removes them too (whichever comes first)
+        try:  # noqa: SIM105
+            os.rmdir(folder)
+        except OSError:
+            pass
 
 
 def cancel_grace(prefix: str, default: float) -> float:
@@ -238,32 +377,33 @@ def cancel_grace(prefix: str, default: float) -> float:
         return default
 
 
-#: In a supervisor started by the zygote: where the four descriptors of a request are placed (see `zygote`).
-SPEC_FD, ANSWER_FD, LOCK_FD, LOG_FD = 0, 1, 3, 4
+#: In a supervisor started by the zygote: where the five descriptors of a request are placed (see `zygote`).
+SPEC_FD, ANSWER_FD, LOCK_FD, LOG_FD, RECORD_FD = 0, 1, 3, 4, 5
+FDS = (SPEC_FD, ANSWER_FD, LOCK_FD, LOG_FD, RECORD_FD)
 
 
 def zygote() -> None:
     """`--zygote`: one per daemon, started once. Python's start costs ~20 ms of CPU; a fork of this small process
     costs ~1 ms, so each launch forks a supervisor from here instead of starting an interpreter.
 
-    Requests arrive on fd 0 (a Unix socket to the daemon): one byte with four descriptors attached (SCM_RIGHTS):
-    the spec pipe's read end, the answer pipe's write end, the attempt's locked lock file, the log. The child
-    double-forks (so the supervisor is nobody's child but init's, and outlives this zygote and the daemon), starts a
-    session, puts the descriptors at SPEC_FD, ANSWER_FD, LOCK_FD, LOG_FD and runs `main`. EOF: the daemon is gone."""
+    Requests arrive on fd 0 (a Unix socket to the daemon): one byte with five descriptors attached (SCM_RIGHTS):
+    the spec pipe's read end, the answer pipe's write end, the attempt's locked lock file, the log, the record. The
+    child double-forks (so the supervisor is nobody's child but init's, and outlives this zygote and the daemon),
+    starts a session, puts the descriptors at FDS and runs `main`. EOF: the daemon is gone."""
     import fcntl
     import socket
 
     ctl = socket.socket(fileno=0)
     while True:
         try:
-            msg, fds, _, _ = socket.recv_fds(ctl, 1, 4)
+            msg, fds, _, _ = socket.recv_fds(ctl, 1, len(FDS))
         except InterruptedError:
             continue
         except OSError:
             return
         if not msg:
             return
-        if len(fds) != 4:
+        if len(fds) != len(FDS):
             for fd in fds:
                 os.close(fd)
             continue
@@ -278,7 +418,7 @@ def zygote() -> None:
                 high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 64) for fd in fds]
                 for fd in fds:
                     os.close(fd)
-                for fd, target in zip(high, (SPEC_FD, ANSWER_FD, LOCK_FD, LOG_FD), strict=True):
+                for fd, target in zip(high, FDS, strict=True):
                     os.dup2(fd, target)
                     os.close(fd)
                 main()

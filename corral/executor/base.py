@@ -4,7 +4,7 @@
     ------                          --------
     launch(LaunchSpec)      ----->  process started       -> Handle(job_id, pid, start_time)
     poll()                  ----->  ended since last poll -> [Exit, ...]   (each exit handed over exactly once)
-    cancel(job_id)          ----->  SIGTERM to the job's process group, SIGKILL after the grace period
+    cancel(job_id)          ----->  SIGTERM to the job's processes, SIGKILL after the grace period (its cgroup)
     forget(job_id, attempt) ----->  the daemon has stored that attempt's outcome: its durable record may go
     reattach(id, attempt)   ----->  after a daemon restart: what became of an attempt the previous daemon started
                                     -> ALIVE (watched from now on) | ENDED (its real Exit) | NEVER_STARTED | GONE
@@ -12,9 +12,11 @@
     adopt(id, pid, start)   ----->  a process started before supervisors existed (exit status unknown)
 
 Outcomes outlive the daemon (`local`): each attempt runs under a supervisor process (`_supervise.py`) that holds
-the job's process group, enforces the time limit, forwards cancels and writes the exit durably where a restarted
-daemon reads it. An exit handed over by `poll` is the daemon's to keep (in memory) until it is stored; the record
-stays on disk until `forget`, so a daemon that dies in between finds it again through `reattach`.
+the job's cgroup (`cgroup`; its process group where no cgroup can be made), enforces the time limit, forwards
+cancels and writes the exit durably where a restarted daemon reads it. An exit is reported only once nothing of the
+job runs any more (its cgroup is empty), so the daemon never hands its GPUs on while a process of it lives.
+An exit handed over by `poll` is the daemon's to keep (in memory) until it is stored; the record stays on disk
+until `forget`, so a daemon that dies in between finds it again through `reattach`.
 
 A bare process is identified across restarts by its PID *and* the process start time (/proc/<pid>/stat field 22): a
 PID alone may have been reused by an unrelated process by the time the daemon comes back.
@@ -54,6 +56,9 @@ class LaunchSpec:
     #: One process of a gang (corral.daemon.gang): `job_id` is then "<job>_<instance>"; its environment says both.
     instance: int = 0
     instances: int = 1
+    #: The request's CPU (milli) and memory (MiB) per process: its cgroup's cpu.max and memory.max where enforced.
+    cpu_milli: int = 0
+    memory_mib: int = 0
 
     def __post_init__(self) -> None:
         if not self.job_id:
@@ -66,6 +71,8 @@ class LaunchSpec:
             raise ValueError(f"job {self.job_id}: gpu_milli must be in 0..1000, got {self.gpu_milli}")
         if self.gpu_memory_mib < 0:
             raise ValueError(f"job {self.job_id}: gpu_memory_mib must be >= 0, got {self.gpu_memory_mib}")
+        if self.cpu_milli < 0 or self.memory_mib < 0:
+            raise ValueError(f"job {self.job_id}: cpu_milli and memory_mib must be >= 0")
         if self.attempt < 1:
             raise ValueError(f"job {self.job_id}: attempt must be >= 1, got {self.attempt}")
         if self.time_limit_s is not None and not self.time_limit_s > 0:
@@ -91,7 +98,8 @@ class Exit:
     """How a job process ended. A signal death has `exit_code` None and the signal number in `signal`; both are
     None when the ending could not be observed (a process adopted without a supervisor, or a supervisor that died
     without writing its record). `cancelled`: it ended after a cancel reached it. `ended_at`: when it ended
-    (epoch seconds; None if unknown), which may be long before the daemon hears of it."""
+    (epoch seconds; None if unknown), which may be long before the daemon hears of it. `oom_killed`: the kernel's
+    out-of-memory killer took a process of its cgroup (its memory.max, the request's memory)."""
 
     job_id: str
     exit_code: int | None
@@ -99,6 +107,7 @@ class Exit:
     timed_out: bool
     cancelled: bool = False
     ended_at: float | None = field(default=None, compare=False)
+    oom_killed: bool = False
 
     @property
     def unknown(self) -> bool:

@@ -144,11 +144,13 @@ class FakeExecutor:
         timed_out: bool = False,
         cancelled: bool = False,
         ended_at: float | None = None,
+        oom_killed: bool = False,
     ) -> Exit:
         """End a running job: its supervisor records the exit, and the next poll reports it if this executor watches
         the job (otherwise a restarted daemon finds it with `reattach`). KeyError for a job that does not run."""
         with self._lock:
-            ended = Exit(job_id, exit_code, None if signal is None else int(signal), timed_out, cancelled, ended_at)
+            sig = None if signal is None else int(signal)
+            ended = Exit(job_id, exit_code, sig, timed_out, cancelled, ended_at, oom_killed=oom_killed)
             handle = self._jobs.pop(job_id, None)
             if handle is not None:
                 record = self.records.get((job_id, self._attempts.pop(job_id, 0)))

@@ -53,8 +53,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from corral.executor._supervise import LOCK_FD, LOG_FD
+from corral.executor._supervise import LOCK_FD, LOG_FD, RECORD_FD, RECORD_SIZE, SLOT
 from corral.executor.base import Exit, Found, Handle, LaunchSpec, Reattached, readopt
+from corral.executor.cgroup import DEFAULT_PIDS_MAX, Limits, NoCgroups, Subtree, kill_cgroup, populated, prepare
 
 #: The supervisor: run by path with `-I -S` (no site-packages, no venv imports), so it starts in a few milliseconds.
 SUPERVISOR = Path(__file__).with_name("_supervise.py")
@@ -194,13 +195,47 @@ def _write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def parse_record(data: bytes) -> dict[str, Any] | None:
+    """A supervisor's record: RECORD_SIZE bytes, two blank-padded slots (start, end; the end slot is the whole record),
+    or, left by an older corral, one JSON object."""
+    bodies: list[Any] = []
+    parts = [data[:SLOT], data[SLOT:]] if len(data) == RECORD_SIZE else [data]
+    for part in parts:
+        text = part.strip(b" \n\0")
+        if not text:
+            continue
+        try:
+            bodies.append(json.loads(text))
+        except ValueError:
+            continue  # a torn write (a machine crash in the middle of it): the other slot may still say something
+    merged: dict[str, Any] = {}
+    for body in bodies:
+        if isinstance(body, dict):
+            merged.update(body)
+    return merged or None
+
+
 def _read_record(prefix: Path) -> dict[str, Any] | None:
     try:
-        with open(f"{prefix}.json", encoding="utf-8") as f:
-            body = json.load(f)
-    except (OSError, ValueError):
+        with open(f"{prefix}.json", "rb") as f:
+            return parse_record(f.read(1 << 16))
+    except OSError:
         return None
-    return body if isinstance(body, dict) else None
+
+
+def _reserve_record(prefix: Path) -> int:
+    """PREFIX.json at its full size, before the job exists: its end is later written in this space (issue 23)."""
+    fd = os.open(f"{prefix}.json", os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, b" " * (SLOT - 1) + b"\n" + b" " * (SLOT - 1) + b"\n")
+    except OSError as exc:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(f"{prefix}.json")
+        if exc.errno == errno.ENOSPC:
+            raise OSError(exc.errno, "the state disk is full: no room to reserve the job's end record") from None
+        raise
+    return fd
 
 
 def _lock_free(prefix: Path) -> bool:
@@ -229,7 +264,15 @@ def _exit_of(job_id: str, record: dict[str, Any] | None) -> Exit:
         bool(record.get("timed_out")),
         bool(record.get("cancelled")),
         record.get("ended_at"),
+        oom_killed=int(record.get("oom_kills") or 0) > 0,
     )
+
+
+#: Why a job whose supervisor is gone is still held: its cgroup has processes (shown as the job's reason).
+ORPHANED = (
+    "ending: its supervisor is gone without recording the exit; its cgroup is being killed and its grant is "
+    "released once the cgroup is empty"
+)
 
 
 # ------------------------------------------------------------------------------------------------ executor
@@ -244,6 +287,10 @@ class _Supervised:
     start_time: int
     supervisor_pid: int  # never our child (double-forked by the zygote): signalled only after its start time matches
     supervisor_start: int | None
+    leaf: Path | None = None  # its cgroup (None: process groups only)
+    pipe: int | None = None  # the supervisor's answer pipe, on which it also writes its end (None after a restart)
+    heard: bytes = b""  # what came on the pipe so far
+    ending: str | None = None  # its supervisor is gone and its cgroup still has processes: why it is held
 
 
 @dataclass
@@ -263,9 +310,18 @@ class LocalExecutor:
     """Jobs as local processes under supervisors, one session and process group each. Thread-safe.
 
     `run_dir`: where the supervisors keep their records (the daemon's STATE/run, private to it); by default a fresh
-    private temporary folder (outcomes then do not outlive this executor's process)."""
+    private temporary folder (outcomes then do not outlive this executor's process).
+    `cgroups`: the subtree the jobs' cgroup leaves go in, or why there is none (`NoCgroups`: process groups only);
+    by default found and made for `run_dir` (`corral.executor.cgroup.prepare`). `pids_max`: each leaf's pids.max
+    where the pids controller is there."""
 
-    def __init__(self, grace_s: float = 10.0, run_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        grace_s: float = 10.0,
+        run_dir: Path | None = None,
+        cgroups: Subtree | NoCgroups | None = None,
+        pids_max: int | None = DEFAULT_PIDS_MAX,
+    ) -> None:
         if grace_s < 0:
             raise ValueError(f"grace_s must be >= 0, got {grace_s}")
         self.grace_s = grace_s  # between the SIGTERM and the SIGKILL of a job over its time limit or cancelled
@@ -281,6 +337,24 @@ class LocalExecutor:
         self._closed = False
         self._zygote: subprocess.Popen[bytes] | None = None  # forks the supervisors (see _supervise.zygote)
         self._ctl: socket.socket | None = None
+        self.cgroups = prepare(run_dir) if cgroups is None else cgroups
+        self.pids_max = pids_max
+
+    @property
+    def containment(self) -> str:
+        """How jobs are contained, in words: their cgroup subtree, or the "no cgroups" notice."""
+        return self.cgroups.notice
+
+    @property
+    def contained(self) -> bool:
+        """True when each job runs in a cgroup leaf of its own (False: process groups, which a setsid escapes)."""
+        return isinstance(self.cgroups, Subtree)
+
+    def ending(self) -> dict[str, str]:
+        """Jobs that have ended but are still held, by id, and why (their supervisor is gone and their cgroup still
+        has processes): their exit comes through `poll` once the cgroup is empty."""
+        with self._lock:
+            return {j: t.ending for j, t in self._jobs.items() if isinstance(t, _Supervised) and t.ending}
 
     def _prefix(self, job_id: str, attempt: int) -> Path:
         if not _SAFE_ID.fullmatch(job_id):
@@ -296,18 +370,23 @@ class LocalExecutor:
                 raise RuntimeError("the executor is closed")
             if spec.job_id in self._jobs:
                 raise ValueError(f"job {spec.job_id} is already running (pid {self._jobs[spec.job_id].pid})")
-            for leftover in (".json", ".cancel"):  # an attempt never launched twice, but a test may reuse an id
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(f"{prefix}{leftover}")
             lock_fd = os.open(f"{prefix}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-            log_fd = -1
+            log_fd = record_fd = -1
             pipes: list[int] = []
+            leaf: Path | None = None
             try:
                 try:
                     fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
                     raise ValueError(f"job {spec.job_id} attempt {spec.attempt} already has a supervisor") from None
+                for leftover in (".json", ".cancel"):  # an attempt never launched twice, but a test may reuse an id
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(f"{prefix}{leftover}")
+                record_fd = _reserve_record(prefix)
                 log_fd = _open_log(spec.log_path, identity)
+                if isinstance(self.cgroups, Subtree):
+                    limits = Limits(spec.cpu_milli, spec.memory_mib, self.pids_max)
+                    leaf = self.cgroups.make_leaf(spec.job_id, spec.attempt, limits)
                 body = {
                     "job_id": spec.job_id,
                     "attempt": spec.attempt,
@@ -322,38 +401,50 @@ class LocalExecutor:
                     "prefix": str(prefix),
                     "log_fd": LOG_FD,
                     "lock_fd": LOCK_FD,
+                    "record_fd": RECORD_FD,
+                    "cgroup": None if leaf is None else str(leaf),
+                    "cgroup_v1": []
+                    if leaf is None or not isinstance(self.cgroups, Subtree)
+                    else [str(v) for v in self.cgroups.v1_leaves(leaf)],
                 }
                 spec_r, spec_w = os.pipe()
                 answer_r, answer_w = os.pipe()
                 pipes = [spec_w, answer_r]
                 try:
-                    self._send([spec_r, answer_w, lock_fd, log_fd])
+                    self._send([spec_r, answer_w, lock_fd, log_fd, record_fd])
                 finally:
                     os.close(spec_r)
                     os.close(answer_w)
             except BaseException:
                 for fd in pipes:
                     os.close(fd)
+                if leaf is not None and isinstance(self.cgroups, Subtree):
+                    self.cgroups.remove_leaf(leaf)
                 raise
             finally:
-                # The supervisor holds its own copies of both (the lock lives on in the shared open file description).
+                # The supervisor holds its own copies (the lock lives on in the shared open file description).
                 os.close(lock_fd)
-                if log_fd >= 0:
-                    os.close(log_fd)
-            answer = self._answer(spec_w, answer_r, json.dumps(body).encode())
+                for fd in (log_fd, record_fd):
+                    if fd >= 0:
+                        os.close(fd)
+            answer, heard = self._answer(spec_w, answer_r, json.dumps(body).encode())
             if not answer and not _lock_free(prefix):
                 # No answer in time, but a supervisor lives: if its record has a pid, it runs the job (a slow start).
                 late = _read_record(prefix) or {}
                 answer = late if "pid" in late else answer
             if "pid" not in answer:
+                os.close(answer_r)
+                self._remove_leaf(leaf)  # (only if empty: the child that failed before its exec is reaped)
                 code = answer.get("errno")
                 message = f"job {spec.job_id}: {answer.get('message', 'its supervisor did not answer')}"
                 raise OSError(code, message) if isinstance(code, int) else OSError(errno.EIO, message)
             pid, start = int(answer["pid"]), int(answer["start_time"])
             sup = answer.get("supervisor") or {}
+            os.set_blocking(answer_r, False)
             self._jobs[spec.job_id] = _Supervised(
-                spec.job_id, spec.attempt, prefix, pid, start, int(sup.get("pid", 0)), sup.get("start_time")
-            )
+                spec.job_id, spec.attempt, prefix, pid, start, int(sup.get("pid", 0)), sup.get("start_time"),
+                leaf=leaf, pipe=answer_r, heard=heard,
+            )  # fmt: skip
             return Handle(spec.job_id, pid, start)
 
     def _send(self, fds: list[int]) -> None:
@@ -399,8 +490,9 @@ class LocalExecutor:
             self._zygote = None
 
     @staticmethod
-    def _answer(spec_w: int, answer_r: int, body: bytes) -> dict[str, Any]:
-        """Send the spec, read the one-line answer (bounded in time)."""
+    def _answer(spec_w: int, answer_r: int, body: bytes) -> tuple[dict[str, Any], bytes]:
+        """Send the spec, read the one-line answer (bounded in time), and whatever came after it. The pipe stays
+        open: the supervisor writes the job's end on it too."""
         try:
             with open(spec_w, "wb") as pipe:  # closes spec_w
                 pipe.write(body)
@@ -408,22 +500,20 @@ class LocalExecutor:
             pass
         line = b""
         deadline = time.monotonic() + ANSWER_TIMEOUT_S
+        while b"\n" not in line:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([answer_r], [], [], left)[0]:
+                break
+            chunk = os.read(answer_r, 4096)
+            if not chunk:
+                break
+            line += chunk
+        first, _, rest = line.partition(b"\n")
         try:
-            while not line.endswith(b"\n"):
-                left = deadline - time.monotonic()
-                if left <= 0 or not select.select([answer_r], [], [], left)[0]:
-                    break
-                chunk = os.read(answer_r, 4096)
-                if not chunk:
-                    break
-                line += chunk
-        finally:
-            os.close(answer_r)
-        try:
-            answer = json.loads(line)
+            answer = json.loads(first)
         except ValueError:
-            return {}
-        return answer if isinstance(answer, dict) else {}
+            return {}, rest
+        return (answer if isinstance(answer, dict) else {}), rest
 
     def poll(self) -> list[Exit]:
         exits: list[Exit] = []
@@ -476,7 +566,9 @@ class LocalExecutor:
                 return Reattached(Found.ALIVE, Handle(job_id, known.pid, known.start_time))
             alive = not _lock_free(prefix)
             record = _read_record(prefix)
-            if record is not None and record.get("ended"):
+            leaf = self._leaf(job_id, attempt)
+            if record is not None and record.get("ended") and (leaf is None or not populated(str(leaf))):
+                self._remove_leaf(leaf)
                 return Reattached(Found.ENDED, exit=_exit_of(job_id, record))
             if record is not None and "error" in record:  # it could not start: nothing ran
                 return Reattached(Found.NEVER_STARTED)
@@ -493,26 +585,53 @@ class LocalExecutor:
                     if record is not None and record.get("ended"):
                         return Reattached(Found.ENDED, exit=_exit_of(job_id, record))
                     return Reattached(Found.ALIVE)  # pragma: no cover - a supervisor stuck before its fork
-                sup = record.get("supervisor") or {}
-                watched = _Supervised(
-                    job_id,
-                    attempt,
-                    prefix,
-                    int(record["pid"]),
-                    int(record["start_time"]),
-                    int(sup.get("pid", 0)),
-                    sup.get("start_time"),
-                )
-                self._jobs[job_id] = watched
+                watched = self._watch_record(job_id, attempt, prefix, record, leaf)
+                return Reattached(Found.ALIVE, Handle(job_id, watched.pid, watched.start_time))
+            if record is not None and leaf is not None and populated(str(leaf)):
+                # Its supervisor is gone (killed), its processes are not: the job is held until its cgroup is empty,
+                # then reported with its exit unknown (or as recorded), like a job whose supervisor dies under us.
+                kill_cgroup(str(leaf))
+                watched = self._watch_record(job_id, attempt, prefix, record, leaf)
+                watched.ending = ORPHANED
                 return Reattached(Found.ALIVE, Handle(job_id, watched.pid, watched.start_time))
             if record is None:
+                self._remove_leaf(leaf)
                 return Reattached(Found.NEVER_STARTED)
             # Started, and its supervisor is gone without a word: kill what may be left, so a retry runs alone.
             pid, start = int(record.get("pid", 0)), record.get("start_time")
             st = read_proc_stat(pid)
             if st is not None and st.start_time == start and st.pgrp == pid:
                 self._killpg(pid, signal.SIGKILL)
+            self._remove_leaf(leaf)
             return Reattached(Found.GONE)
+
+    def _watch_record(
+        self, job_id: str, attempt: int, prefix: Path, record: dict[str, Any], leaf: Path | None
+    ) -> _Supervised:
+        sup = record.get("supervisor") or {}
+        watched = _Supervised(
+            job_id,
+            attempt,
+            prefix,
+            int(record.get("pid", 0)),
+            int(record.get("start_time", 0)),
+            int(sup.get("pid", 0)),
+            sup.get("start_time"),
+            leaf=leaf,
+        )
+        self._jobs[job_id] = watched
+        return watched
+
+    def _leaf(self, job_id: str, attempt: int) -> Path | None:
+        """The attempt's cgroup leaf, if it has one (it exists)."""
+        if not isinstance(self.cgroups, Subtree):
+            return None
+        leaf = self.cgroups.leaf(job_id, attempt)
+        return leaf if leaf.is_dir() else None
+
+    def _remove_leaf(self, leaf: Path | None) -> None:
+        if leaf is not None and isinstance(self.cgroups, Subtree):
+            self.cgroups.remove_leaf(leaf)
 
     def forget(self, job_id: str, attempt: int) -> None:
         prefix = self._prefix(job_id, attempt)
@@ -523,6 +642,10 @@ class LocalExecutor:
             done = _read_record(prefix) or {}
             # An ended record is final (its supervisor only exits after writing it), so it may go before that exit.
             if done.get("ended") or "error" in done or _lock_free(prefix):
+                leaf = self._leaf(job_id, attempt)
+                if leaf is not None and populated(str(leaf)):
+                    return  # never: its exit is reported only once the cgroup is empty; kept to be safe
+                self._remove_leaf(leaf)
                 for suffix in (".json", ".cancel", ".json.tmp", ".cancel.tmp", ".lock"):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(f"{prefix}{suffix}")
@@ -536,6 +659,20 @@ class LocalExecutor:
                 names.add((job_id, int(number)))
         for job_id, attempt in sorted(names - keep):
             self.forget(job_id, attempt)
+        if not isinstance(self.cgroups, Subtree):
+            return
+        with self._lock:
+            watched = {(t.job_id, t.attempt) for t in self._jobs.values() if isinstance(t, _Supervised)}
+        for leaf in self.cgroups.leaves():  # a leaf left without any record: empty it unless a supervisor holds it
+            job_id, _, number = leaf.name.removeprefix("job-").rpartition(".")
+            key = (job_id, int(number)) if number.isdigit() else None
+            if key in keep or key in watched or key in names:
+                continue
+            if key is not None and _SAFE_ID.fullmatch(key[0]) and not _lock_free(self.run_dir / f"{key[0]}.{key[1]}"):
+                continue
+            if populated(str(leaf)):
+                kill_cgroup(str(leaf))
+            self.cgroups.remove_leaf(leaf)
 
     def running(self) -> set[str]:
         with self._lock:
@@ -558,8 +695,14 @@ class LocalExecutor:
             watcher.join()
         with self._lock:
             self._stop_zygote()
+            for t in self._jobs.values():  # a supervisor writing to a closed pipe goes on (EPIPE is ignored)
+                if isinstance(t, _Supervised) and t.pipe is not None:
+                    os.close(t.pipe)
+                    t.pipe = None
         if self._own_dir and not self.running():
             shutil.rmtree(self.run_dir, ignore_errors=True)
+        if isinstance(self.cgroups, Subtree):
+            self.cgroups.close()  # only once empty: the leaves of jobs that outlive this daemon keep it
 
     # -------------------------------------------------------------------------------------------- internals
     # Everything below runs with self._lock held.
@@ -587,7 +730,36 @@ class LocalExecutor:
             return None if self._alive(t) else Exit(t.job_id, None, None, t.timed_out)
         if self._supervisor_alive(t):
             return None
-        return _exit_of(t.job_id, _read_record(t.prefix))
+        if t.leaf is not None and populated(str(t.leaf)):
+            # Its supervisor is gone, yet processes of the job run (a kill -9 of the supervisor): they are killed,
+            # and the job keeps its grant until its cgroup is empty.
+            kill_cgroup(str(t.leaf))
+            t.ending = ORPHANED
+            return None
+        record = _read_record(t.prefix)
+        told = self._told(t)
+        if told is not None and not (record or {}).get("ended"):
+            record = told  # the state disk did not keep it; the pipe did
+        self._remove_leaf(t.leaf)
+        return _exit_of(t.job_id, record)
+
+    @staticmethod
+    def _told(t: _Supervised) -> dict[str, Any] | None:
+        """The end record the supervisor wrote on its pipe, if any; the pipe is closed."""
+        if t.pipe is None:
+            return None
+        data = t.heard
+        with contextlib.suppress(OSError):
+            while chunk := os.read(t.pipe, 65536):
+                data += chunk
+        os.close(t.pipe)
+        t.pipe = None
+        for line in reversed(data.split(b"\n")):
+            with contextlib.suppress(ValueError):
+                body = json.loads(line)
+                if isinstance(body, dict) and body.get("ended"):
+                    return body
+        return None
 
     def _signal(self, t: _Tracked, sig: signal.Signals) -> None:
         # Not our child: make sure the PID still names the adopted process.

@@ -1,6 +1,7 @@
 """Queues from a TOML file: guarantees, limits, borrowing, weights and priority bounds, validated as a whole.
 
     half_life = "7d"                 # fair share: usage decays by half in this time (default 7d)
+    min_runtime = "5m"               # a job runs this long before it may be preempted (again); default 5m
     default_queue = "default"        # jobs that name no queue (default: "default"; created if not listed)
     admins = ["ann"]                 # may exceed priority bounds, submit anywhere, reload (root always may)
     admin_groups = ["ops"]
@@ -8,6 +9,7 @@
     [queues.train]
     weight = 2                       # fair share (default 1)
     max_priority = 50                # bound for users (default: none beyond the API's -100..100)
+    min_runtime = "10m"              # this queue's jobs: protected from preemption for their first 10 minutes
     submitters = ["ann", "@ml"]      # who may submit (a name, or @group); default: everyone
     guarantee = { gpus = 2 }         # deserved: kept for it while it has work (others borrow it only when idle)
     limit = { gpus = 4, memory = "256GiB" }       # at most this much at once
@@ -23,8 +25,9 @@
     [groups.interns]                 # per group across all queues
     limit = { gpus = 1 }
 
-Amounts: `gpus` (whole GPUs, i.e. devices a job touches), `gpu_milli` (1000 = one GPU), `gpu_memory` ("40GiB"),
-`cpus` (16, "500m"), `memory` ("64GiB"), as `corral submit`'s flags. Every error names the file, the key and the
+Amounts: `gpus` (GPUs, a share counted by its part: 0.5 + 0.3 + 1 = 1.8; fractions such as 1.5 are allowed),
+`gpu_milli` (1000 = one GPU), `gpu_memory` ("40GiB"), `cpus` (16, "500m"), `memory` ("64GiB"), as `corral submit`'s
+flags. A gang counts every instance: 3 instances of 1 GPU ask for 3 GPUs. Every error names the file, the key and the
 rule: unknown keys, negative, NaN or huge numbers, a guarantee above its limit. Guarantees that sum above the
 machine are refused when the machine is known (`validate_against_machine`): a guarantee that cannot be honoured is
 a promise the scheduler cannot keep.
@@ -33,6 +36,9 @@ a promise the scheduler cannot keep.
 from __future__ import annotations
 
 import math
+import os
+import re
+import stat
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -45,20 +51,43 @@ from corral.model.units import parse_cpu_milli, parse_duration_seconds, parse_me
 
 #: The dimensions of a quota, in this order in every vector (`Amounts.vector`).
 DIMENSIONS = ("gpus", "gpu_milli", "gpu_memory", "cpus", "memory")
-#: How each dimension reads in a message (the unit of the vector's base value).
-NAMES = {"gpus": "GPUs", "gpu_milli": "GPU milli", "gpu_memory": "MiB of GPU memory", "cpus": "CPU milli",
+#: How each dimension reads in a message (the unit of the vector's base value). `gpus` is held in milli, as
+#: `gpu_milli`: a share counts by its part (issue 23: a 0.5 share is half a GPU of a `gpus` limit, not a whole one).
+NAMES = {"gpus": "GPU milli", "gpu_milli": "GPU milli", "gpu_memory": "MiB of GPU memory", "cpus": "CPU milli",
          "memory": "MiB of memory"}  # fmt: skip
 DEFAULT_HALF_LIFE_S = 7 * 86400.0
+#: How long a job runs before it may be preempted (again), without a queues file or a `min_runtime` in it. Five
+#: minutes: preemption then costs a victim at most one restart per five minutes however often a higher-priority job
+#: is submitted and cancelled (issue 23: 7 preemptions in 60 s), and a high-priority job waits at most that long
+#: for a victim; Slurm's PreemptExemptTime and Kueue users set minutes for the same reason (a job's warm-up).
+DEFAULT_MIN_RUNTIME_S = 300.0
+#: The most a `min_runtime` may be: a day (longer would make preemption all but off; say preemptible = false then).
+MAX_MIN_RUNTIME_S = 86400.0
 DEFAULT_QUEUE = "default"
 MAX_WEIGHT = 1e6
 _MAX = {
-    "gpus": MAX_QUANTITY["gpu_count"] * 1024,
+    "gpus": MAX_QUANTITY["gpu_count"] * 1024 * MILLI_PER_GPU,
     "gpu_milli": MAX_QUANTITY["gpu_count"] * 1024 * MILLI_PER_GPU,
     "gpu_memory": MAX_QUANTITY["memory_mib"],
     "cpus": MAX_QUANTITY["cpu_milli"],
     "memory": MAX_QUANTITY["memory_mib"],
 }
 Vector = tuple[int, int, int, int, int]
+
+# Bounds of a queues file (docs/queues.md "Bounds"), each far above any real file and checked before the file is
+# parsed, or before its parts are read: a hostile file is refused in milliseconds, never a RecursionError (issue 23:
+# 100,000 nested arrays answered 500) nor seconds under the daemon's lock (200,000 tables took over 15 s).
+#: The most bytes a queues file may have (read no further).
+MAX_FILE_BYTES = 1024 * 1024
+#: The deepest nesting: arrays and inline tables inside each other, and the parts of one dotted key or table name.
+MAX_DEPTH = 16
+#: The most tables ([headers] and { inline tables }) in one file.
+MAX_TABLES = 50_000
+#: The most queues in one file.
+MAX_QUEUES = 1_000
+#: The most user and group entries in one file, all queues and the file's top level together; also the most names in
+#: one list (submitters, admins, admin_groups).
+MAX_PRINCIPALS = 10_000
 
 
 class QueueConfigError(CorralError):
@@ -67,7 +96,8 @@ class QueueConfigError(CorralError):
 
 @dataclass(frozen=True)
 class Amounts:
-    """A quota: per dimension a bound in base units (whole GPUs, GPU milli, MiB, CPU milli, MiB), None = unbounded."""
+    """A quota: per dimension a bound in base units (GPU milli, GPU milli, MiB, CPU milli, MiB), None = unbounded.
+    `gpus` and `gpu_milli` are one measure (a share counts by its part) written two ways in the file."""
 
     gpus: int | None = None
     gpu_milli: int | None = None
@@ -86,8 +116,16 @@ class Amounts:
     def empty(self) -> bool:
         return all(x is None for x in self.values())
 
-    def as_dict(self) -> dict[str, int]:
-        return {k: v for k, v in zip(DIMENSIONS, self.values(), strict=True) if v is not None}
+    def as_dict(self) -> dict[str, int | float]:
+        """As the file writes it: `gpus` in GPUs (1.5), the rest in base units."""
+        return {k: vector_value(k, v) for k, v in zip(DIMENSIONS, self.values(), strict=True) if v is not None}
+
+
+def vector_value(dim: str, value: int) -> int | float:
+    """A base-unit value as the API shows it: `gpus` in GPUs (an int when whole: 2, else 1.8), the rest unchanged."""
+    if dim != "gpus":
+        return value
+    return value // MILLI_PER_GPU if value % MILLI_PER_GPU == 0 else round(value / MILLI_PER_GPU, 3)
 
 
 @dataclass(frozen=True)
@@ -108,6 +146,7 @@ class QueueSpec:
     borrow_limit: Amounts = Amounts()  # above the guarantee; unset: up to the limit
     max_priority: int | None = None
     submitters: tuple[str, ...] | None = None  # None: everyone; names, "@group" for a Unix group
+    min_runtime_s: float | None = None  # None: the file's `min_runtime` (QueuesConfig.min_runtime_s)
     users: Mapping[str, Principal] = field(default_factory=dict)
     groups: Mapping[str, Principal] = field(default_factory=dict)
 
@@ -125,14 +164,20 @@ class QueuesConfig:
     users: Mapping[str, Principal] = field(default_factory=dict)
     groups: Mapping[str, Principal] = field(default_factory=dict)
     source: str = ""  # the file it came from ("" = built in)
+    min_runtime_s: float = DEFAULT_MIN_RUNTIME_S  # for queues that set none
 
     @classmethod
-    def single(cls) -> QueuesConfig:
+    def single(cls, min_runtime_s: float = DEFAULT_MIN_RUNTIME_S) -> QueuesConfig:
         """No file: one queue without limits (corral's behaviour before queues)."""
-        return cls({DEFAULT_QUEUE: QueueSpec(DEFAULT_QUEUE)})
+        return cls({DEFAULT_QUEUE: QueueSpec(DEFAULT_QUEUE)}, min_runtime_s=min_runtime_s)
 
     def user(self, name: str) -> Principal | None:
         return self.users.get(name) or self.users.get("*")
+
+    def min_runtime(self, queue: str) -> float:
+        """How long a job of `queue` runs before it may be preempted (again)."""
+        spec = self.queues.get(queue)
+        return spec.min_runtime_s if spec is not None and spec.min_runtime_s is not None else self.min_runtime_s
 
 
 # ------------------------------------------------------------------------------------------------ parsing
@@ -169,9 +214,22 @@ class _Reader:
             raise self.fail(key, f"must be a whole number in -{MAX_PRIORITY}..{MAX_PRIORITY}, got {value!r}")
         return value
 
+    def duration(self, value: Any, key: str, example: str, least: float, most: float) -> float:
+        try:
+            if isinstance(value, bool) or not isinstance(value, str | int | float):
+                raise InvalidRequest(key, f"must be a duration such as {example!r}, got {value!r}")
+            seconds = parse_duration_seconds(str(value), key)
+        except InvalidRequest as exc:
+            raise self.fail(key, exc.message) from None
+        if not least <= seconds <= most:
+            raise self.fail(key, f"must be from {least:g} to {most:g} seconds, got {value!r}")
+        return seconds
+
     def names(self, value: Any, key: str) -> tuple[str, ...]:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise self.fail(key, "must be a list of names")
+        if len(value) > MAX_PRINCIPALS:
+            raise self.fail(key, f"{len(value)} names, more than the {MAX_PRINCIPALS} a list may have")
         for v in value:
             self.name(v.removeprefix("@"), key)  # "@ml": the Unix group ml
         return tuple(value)
@@ -189,9 +247,12 @@ class _Reader:
                 raise self.fail(k, f"must not be negative, got {raw!r}")
             try:
                 if dim == "gpus":
-                    if not isinstance(raw, int):
-                        raise InvalidRequest(dim, f"must be a whole number of GPUs, got {raw!r}")
-                    v = raw
+                    if not isinstance(raw, int | float):
+                        raise InvalidRequest(dim, f"must be a number of GPUs (1.5: one and a half), got {raw!r}")
+                    milli = raw * MILLI_PER_GPU
+                    if isinstance(raw, float) and (milli > _MAX[dim] or abs(milli - round(milli)) > 1e-6):
+                        raise InvalidRequest(dim, f"must be a number of GPUs in steps of 0.001, got {raw!r}")
+                    v = round(milli)
                 elif dim == "gpu_milli":
                     if not isinstance(raw, int):
                         raise InvalidRequest(dim, f"must be a whole number (1000 = one GPU), got {raw!r}")
@@ -203,7 +264,8 @@ class _Reader:
             except InvalidRequest as exc:
                 raise self.fail(k, exc.message) from None
             if v > _MAX[dim]:
-                raise self.fail(k, f"must be at most {_MAX[dim]}, got {raw!r}")
+                most = _MAX[dim] // MILLI_PER_GPU if dim == "gpus" else _MAX[dim]
+                raise self.fail(k, f"must be at most {most}, got {raw!r}")
             out[dim] = v
         return Amounts(**out)
 
@@ -221,13 +283,15 @@ class _Reader:
 
     def queue(self, name: str, value: Any) -> QueueSpec:
         key = f"queues.{self.name(name, f'queues.{name}')}"
-        allowed = {"weight", "guarantee", "limit", "borrow_limit", "max_priority", "submitters", "users", "groups"}
+        allowed = {"weight", "guarantee", "limit", "borrow_limit", "max_priority", "submitters", "users", "groups",
+                   "min_runtime"}  # fmt: skip
         t = self.table(value, key, allowed)
         guarantee = self.amounts(t.get("guarantee", {}), f"{key}.guarantee")
         limit = self.amounts(t.get("limit", {}), f"{key}.limit")
         for dim, g, lim in zip(DIMENSIONS, guarantee.values(), limit.values(), strict=True):
             if g is not None and lim is not None and g > lim:
-                raise self.fail(f"{key}.guarantee.{dim}", f"is {g}, above the queue's limit of {lim}")
+                shown = f"is {vector_value(dim, g)}, above the queue's limit of {vector_value(dim, lim)}"
+                raise self.fail(f"{key}.guarantee.{dim}", shown)
         return QueueSpec(
             name=name,
             weight=self.weight(t.get("weight", 1.0), f"{key}.weight"),
@@ -236,19 +300,95 @@ class _Reader:
             borrow_limit=self.amounts(t.get("borrow_limit", {}), f"{key}.borrow_limit"),
             max_priority=self.priority(t["max_priority"], f"{key}.max_priority") if "max_priority" in t else None,
             submitters=self.names(t["submitters"], f"{key}.submitters") if "submitters" in t else None,
+            min_runtime_s=(
+                self.duration(t["min_runtime"], f"{key}.min_runtime", "5m", 0, MAX_MIN_RUNTIME_S)
+                if "min_runtime" in t
+                else None
+            ),
             users=self.principals(t.get("users", {}), f"{key}.users"),
             groups=self.principals(t.get("groups", {}), f"{key}.groups"),
         )
 
 
+#: What the bounds' scan sees of TOML: strings and comments (skipped whole), brackets, dots and line ends.
+_SCAN = re.compile(r'"""(?:[^\\]|\\.)*?"""|\'\'\'.*?\'\'\'|"(?:[^"\\\n]|\\.)*"|\'[^\'\n]*\'|#[^\n]*|[\[\]{}.\n]', re.S)
+
+
+def check_bounds(text: str, source: str) -> None:
+    """Refuse a file past the size, depth or table bounds before TOML parses it (a scan of its brackets, dots and
+    line ends, strings and comments skipped), so a hostile file costs one linear pass."""
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_FILE_BYTES:
+        raise QueueConfigError(
+            f"{source}: the file is more than {MAX_FILE_BYTES} bytes (a queues file may have at most {MAX_FILE_BYTES})"
+        )
+    depth = dots = tables = 0
+    line = 1
+    at_line_start = True
+    for m in _SCAN.finditer(text):
+        tok = m.group()
+        c = tok[0]
+        if c == "\n":
+            line += 1
+            dots = 0
+            at_line_start = True
+            continue
+        if c in "[{":
+            if c == "{" or (at_line_start and depth == 0):  # an inline table, or a [table] / [[table]] header
+                tables += 1
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise QueueConfigError(
+                    f"{source}: line {line}: arrays and inline tables nested more than {MAX_DEPTH} deep (the most a "
+                    "queues file may nest)"
+                )
+        elif c in "]}":
+            depth = max(0, depth - 1)
+        elif c == ".":
+            dots += 1
+            if dots >= MAX_DEPTH:
+                raise QueueConfigError(
+                    f"{source}: line {line}: a dotted key of more than {MAX_DEPTH} parts (the most a queues file may "
+                    "nest)"
+                )
+        else:
+            line += tok.count("\n")  # a multi-line string, or a comment (none)
+        at_line_start = c == "[" and at_line_start and depth <= 2  # "[[": still the header's start
+    if tables > MAX_TABLES:
+        raise QueueConfigError(f"{source}: {tables} tables, more than the {MAX_TABLES} a queues file may have")
+
+
+def _check_counts(top: dict[str, Any], source: str) -> None:
+    """Refuse too many queues, users and groups before any of them is read."""
+    queues = top.get("queues")
+    if isinstance(queues, dict) and len(queues) > MAX_QUEUES:
+        raise QueueConfigError(f"{source}: queues: {len(queues)} queues, more than the {MAX_QUEUES} a file may have")
+    principals = 0
+    for where in [top, *(q for q in (queues.values() if isinstance(queues, dict) else ()) if isinstance(q, dict))]:
+        for key in ("users", "groups"):
+            found = where.get(key)
+            if isinstance(found, dict):
+                principals += len(found)
+    if principals > MAX_PRINCIPALS:
+        raise QueueConfigError(
+            f"{source}: users: {principals} user and group entries, more than the {MAX_PRINCIPALS} a file may have"
+        )
+
+
 def parse_queues(text: str, source: str = "queues.toml") -> QueuesConfig:
-    """The configuration in `text` (TOML); QueueConfigError names `source`, the key and the problem."""
+    """The configuration in `text` (TOML); QueueConfigError names `source`, the key and the problem (or the bound
+    the file passes: `check_bounds`)."""
     r = _Reader(source)
+    check_bounds(text, source)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise QueueConfigError(f"{source}: not valid TOML: {exc}") from None
-    allowed = {"half_life", "default_queue", "admins", "admin_groups", "queues", "users", "groups"}
+    except RecursionError:  # the scan bounds nesting; this is the last guard, never a 500
+        raise QueueConfigError(f"{source}: nested too deep (at most {MAX_DEPTH})") from None
+    if isinstance(data, dict):
+        _check_counts(data, source)
+    allowed = {"half_life", "default_queue", "admins", "admin_groups", "queues", "users", "groups", "min_runtime"}
     top = r.table(data, "", allowed)
     half_life = DEFAULT_HALF_LIFE_S
     if "half_life" in top:
@@ -279,14 +419,28 @@ def parse_queues(text: str, source: str = "queues.toml") -> QueuesConfig:
         users=r.principals(top.get("users", {}), "users"),
         groups=r.principals(top.get("groups", {}), "groups"),
         source=source,
+        min_runtime_s=(
+            r.duration(top["min_runtime"], "min_runtime", "5m", 0, MAX_MIN_RUNTIME_S)
+            if "min_runtime" in top
+            else DEFAULT_MIN_RUNTIME_S
+        ),
     )
 
 
 def load_queues(path: Path) -> QueuesConfig:
     try:
-        data = path.read_bytes()
+        # O_NONBLOCK and the check on the open descriptor: a FIFO or a device put there would block a reload (which
+        # may run under the daemon's lock) or never end; only a regular file is read.
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise QueueConfigError(f"{path}: not a regular file (a queues file is a TOML file)")
+            data = f.read(MAX_FILE_BYTES + 1)  # no further: a larger file is refused by its size
     except OSError as exc:
         raise QueueConfigError(f"{path}: cannot read the queues file: {exc.strerror or exc}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise QueueConfigError(
+            f"{path}: the file is more than {MAX_FILE_BYTES} bytes (a queues file may have at most {MAX_FILE_BYTES})"
+        )
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -299,7 +453,8 @@ def validate_against_machine(config: QueuesConfig, capacity: Vector) -> None:
     for i, dim in enumerate(DIMENSIONS):
         total = sum(q.guarantee.vector()[i] for q in config.queues.values())
         if total > capacity[i]:
+            unit = "GPUs" if dim == "gpus" else NAMES[dim]
             raise QueueConfigError(
-                f"{config.source}: queues.*.guarantee.{dim}: the guarantees add up to {total} {NAMES[dim]}, more "
-                f"than the machine's {capacity[i]}"
+                f"{config.source}: queues.*.guarantee.{dim}: the guarantees add up to {vector_value(dim, total)} "
+                f"{unit}, more than the machine's {vector_value(dim, capacity[i])}"
             )

@@ -1,7 +1,9 @@
 """Quotas: what each queue, user and group holds, the limits a waiting job must respect, and who is borrowing.
 
-    demand(job)   = (GPUs, GPU milli, GPU memory MiB, CPU milli, memory MiB) it asks for; a whole GPU counts the
-                    largest GPU's memory of the machine (its real GPU is not known before it is placed)
+    demand(job)   = (GPUs, GPU milli, GPU memory MiB, CPU milli, memory MiB) it asks for, every instance of a gang
+                    counted; a whole GPU counts the largest GPU's memory of the machine (its real GPU is not known
+                    before it is placed). GPUs count by their part, in milli: a 0.5 share is half a GPU (the `gpus`
+                    dimension and `gpu_milli` are one measure; the file may write either)
     held(job)     = the same, from what a running job was granted
 
 A waiting job may start (`Gate.check`, before it is placed) only if, with its demand added:
@@ -27,29 +29,35 @@ from dataclasses import dataclass, field
 from corral.jobs.model import Job
 from corral.model.resources import MILLI_PER_GPU, Request
 from corral.model.snapshot import ClusterSnapshot
-from corral.queue.config import DIMENSIONS, Amounts, QueuesConfig, QueueSpec, Vector
+from corral.queue.config import DIMENSIONS, Amounts, QueuesConfig, QueueSpec, Vector, vector_value
 
 ZERO: Vector = (0, 0, 0, 0, 0)
 #: A user's Unix groups by name: (user, primary gid) -> names.
 GroupsOf = Callable[[str, int], tuple[str, ...]]
 
 
-def demand(request: Request, whole_gpu_memory_mib: int) -> Vector:
+def demand(request: Request, whole_gpu_memory_mib: int, instances: int = 1) -> Vector:
+    """What a job asks for in all: `instances` copies of `request` (a gang counts every instance). GPUs count by
+    their part (milli), so a 0.5 share is half a GPU of a `gpus` limit."""
     gmem = whole_gpu_memory_mib if request.whole_gpus else request.gpu_memory_mib
+    milli = request.gpu_count * request.gpu_milli * instances
     return (
-        request.gpu_count,
-        request.gpu_count * request.gpu_milli,
-        request.gpu_count * gmem,
-        request.cpu_milli,
-        request.memory_mib,
+        milli,
+        milli,
+        request.gpu_count * gmem * instances,
+        request.cpu_milli * instances,
+        request.memory_mib * instances,
     )
 
 
 def held(job: Job, gpu_memory_of: Callable[[int], int]) -> Vector:
-    """What a running job holds (a whole-GPU grant without a memory figure holds all of that GPU's memory)."""
+    """What a running job holds (a whole-GPU grant without a memory figure holds all of that GPU's memory); a gang's
+    grants are every instance's, and its CPU and memory its request's times its instances."""
     r = job.spec.request
+    n = job.spec.instances
     gmem = sum(g.memory_mib or (gpu_memory_of(g.index) if g.milli >= MILLI_PER_GPU else 0) for g in job.gpus)
-    return (len(job.gpus), sum(g.milli for g in job.gpus), gmem, r.cpu_milli, r.memory_mib)
+    milli = sum(g.milli for g in job.gpus)
+    return (milli, milli, gmem, r.cpu_milli * n, r.memory_mib * n)
 
 
 def add(a: Vector, b: Vector) -> Vector:
@@ -57,11 +65,12 @@ def add(a: Vector, b: Vector) -> Vector:
 
 
 def free_of(snapshot: ClusterSnapshot) -> Vector:
-    """What is free on the machine now, as a quota vector (GPUs: those with nothing granted)."""
+    """What is free on the machine now, as a quota vector (GPUs by their free part, in milli)."""
     present = snapshot.gpu_present
+    milli = int(snapshot.gpu_milli_free[present].sum())
     return (
-        int(snapshot.gpu_full_free.sum()),
-        int(snapshot.gpu_milli_free[present].sum()),
+        milli,
+        milli,
         int(snapshot.gpu_mem_free[present].sum()),
         int(snapshot.cpu_free.sum()),
         int(snapshot.mem_free.sum()),
@@ -70,14 +79,21 @@ def free_of(snapshot: ClusterSnapshot) -> Vector:
 
 def amount_text(i: int, value: int) -> str:
     dim = DIMENSIONS[i]
-    if dim == "gpus":
-        return f"{value} GPU{'s' if value != 1 else ''}"
+    if dim == "gpus":  # milli: "1 GPU", "1.8 GPUs", "0.5 GPUs"
+        return f"{value / MILLI_PER_GPU:g} GPU{'s' if value != MILLI_PER_GPU else ''}"
     if dim == "gpu_milli":
         return f"{value / MILLI_PER_GPU:g} GPUs of compute ({value} milli)"
     if dim in ("gpu_memory", "memory"):
         what = "GPU memory" if dim == "gpu_memory" else "memory"
         return f"{value / 1024:g} GiB of {what}" if value % 1024 == 0 else f"{value} MiB of {what}"
     return f"{value / 1000:g} CPUs"
+
+
+def ask_text(i: int, total: int, instances: int = 1) -> str:
+    """What a job asks for in dimension `i`: "1 GPU", or a gang's whole ask, "3 instances x 1 GPU = 3 GPUs"."""
+    if instances <= 1:
+        return amount_text(i, total)
+    return f"{instances} instances x {amount_text(i, total // instances)} = {amount_text(i, total)}"
 
 
 def over(used: Vector, want: Vector, bound: Amounts) -> int | None:
@@ -189,8 +205,9 @@ class Gate:
         self._lendable[queue] = made
         return made
 
-    def check(self, queue: str, user: str, gid: int, shape: int, want: Vector) -> str | None:
-        """Why a job of `user` in `queue` asking `want` (of request shape `shape`) may not start now, or None.
+    def check(self, queue: str, user: str, gid: int, shape: int, want: Vector, instances: int = 1) -> str | None:
+        """Why a job of `user` in `queue` asking `want` in all (of request shape `shape`; `instances` of a gang, each
+        asking `want / instances`) may not start now, or None.
 
         Two caches, both cleared by a start: the queue's verdict per shape, and the user's and groups' per user and
         shape; only what differs is computed, and words are made only for a job that is held back."""
@@ -202,9 +219,9 @@ class Gate:
         if qkey in verdicts:
             verdict = verdicts[qkey]
         else:
-            verdict = verdicts[qkey] = self._check_queue(queue, want)
+            verdict = verdicts[qkey] = self._check_queue(queue, want, instances)
         if verdict is None:
-            verdict = self._check_principals(queue, user, gid, want)
+            verdict = self._check_principals(queue, user, gid, want, instances)
         verdicts[key] = verdict
         return verdict
 
@@ -217,7 +234,11 @@ class Gate:
             self._tops[spec.name] = found
         return found
 
-    def _check_queue(self, queue: str, want: Vector) -> str | None:
+    def check_group(self, queue: str, user: str, gid: int, want: Vector, instances: int) -> str | None:
+        """As `check`, for a gang group's members together (`want`: all of them), without the per-shape caches."""
+        return self._check_queue(queue, want, instances) or self._check_principals(queue, user, gid, want, instances)
+
+    def _check_queue(self, queue: str, want: Vector, instances: int = 1) -> str | None:
         spec = self.config.queues.get(queue)
         if spec is None:
             return (
@@ -227,7 +248,7 @@ class Gate:
         used = self.usage.queue.get(queue, ZERO)
         i = over(used, want, spec.limit)
         if i is not None:
-            return self._words(f"queue '{queue}'", spec.limit, used, want, i)
+            return self._words(f"queue '{queue}'", spec.limit, used, want, i, instances)
         g = spec.guarantee.vector()
         if not spec.borrow_limit.empty:
             top = self._top(spec)
@@ -236,7 +257,7 @@ class Gate:
                 return (
                     f"borrowing: queue '{queue}' may hold at most {amount_text(i, top.vector()[i])} (its guarantee "
                     f"plus its borrow limit); {amount_text(i, used[i])} in use, the job asks for "
-                    f"{amount_text(i, want[i])}"
+                    f"{ask_text(i, want[i], instances)}"
                 )
         excess = [max(0, used[k] + want[k] - g[k]) - max(0, used[k] - g[k]) for k in range(5)]
         if any(excess):
@@ -250,7 +271,7 @@ class Gate:
                     )
         return None
 
-    def _check_principals(self, queue: str, user: str, gid: int, want: Vector) -> str | None:
+    def _check_principals(self, queue: str, user: str, gid: int, want: Vector, instances: int = 1) -> str | None:
         spec = self.config.queues[queue]
         usage = self.usage
         p = spec.user(user)
@@ -258,7 +279,7 @@ class Gate:
             held_now = usage.queue_user.get((queue, user), ZERO)
             i = over(held_now, want, p.limit)
             if i is not None:
-                return self._words(f"user {user}'s limit in queue '{queue}'", p.limit, held_now, want, i)
+                return self._words(f"user {user}'s limit in queue '{queue}'", p.limit, held_now, want, i, instances)
         groups = self.groups_of(user, gid) if (spec.groups or self.config.groups) else ()
         for grp in groups:
             g = spec.groups.get(grp)
@@ -266,26 +287,26 @@ class Gate:
                 held_now = usage.queue_group.get((queue, grp), ZERO)
                 i = over(held_now, want, g.limit)
                 if i is not None:
-                    return self._words(f"group {grp}'s limit in queue '{queue}'", g.limit, held_now, want, i)
+                    return self._words(f"group {grp}'s limit in queue '{queue}'", g.limit, held_now, want, i, instances)
         p = self.config.user(user)
         if p is not None:
             held_now = usage.user.get(user, ZERO)
             i = over(held_now, want, p.limit)
             if i is not None:
-                return self._words(f"user {user}'s limit", p.limit, held_now, want, i)
+                return self._words(f"user {user}'s limit", p.limit, held_now, want, i, instances)
         for grp in groups:
             g = self.config.groups.get(grp)
             if g is not None:
                 held_now = usage.group.get(grp, ZERO)
                 i = over(held_now, want, g.limit)
                 if i is not None:
-                    return self._words(f"group {grp}'s limit", g.limit, held_now, want, i)
+                    return self._words(f"group {grp}'s limit", g.limit, held_now, want, i, instances)
         return None
 
     @staticmethod
-    def _words(what: str, bound: Amounts, used: Vector, want: Vector, i: int) -> str:
+    def _words(what: str, bound: Amounts, used: Vector, want: Vector, i: int, instances: int = 1) -> str:
         limit = amount_text(i, bound.vector()[i])
-        held_now = f"{amount_text(i, used[i])} in use, the job asks for {amount_text(i, want[i])}"
+        held_now = f"{amount_text(i, used[i])} in use, the job asks for {ask_text(i, want[i], instances)}"
         if what.startswith("queue"):
             return f"{what} is at its limit of {limit} ({held_now})"
         return f"{what} of {limit} is reached ({held_now})"
@@ -303,6 +324,11 @@ def _id_order(job_id: str) -> tuple[int, str]:
     return (int(job_id) if job_id.isdigit() else 0, job_id)
 
 
+def shown(v: Vector) -> dict[str, int | float]:
+    """A vector as `GET /v1/queues` shows it: `gpus` in GPUs (1.8), the rest in base units."""
+    return {dim: vector_value(dim, x) for dim, x in zip(DIMENSIONS, v, strict=True)}
+
+
 def queue_rows(config: QueuesConfig, usage: Usage, pending: Mapping[str, int]) -> list[dict[str, object]]:
     """Each queue as `GET /v1/queues` shows it (see docs/queues.md)."""
     rows: list[dict[str, object]] = []
@@ -317,8 +343,8 @@ def queue_rows(config: QueuesConfig, usage: Usage, pending: Mapping[str, int]) -
                 "guarantee": spec.guarantee.as_dict(),
                 "limit": spec.limit.as_dict(),
                 "borrow_limit": spec.borrow_limit.as_dict(),
-                "in_use": dict(zip(DIMENSIONS, used, strict=True)),
-                "borrowing": dict(zip(DIMENSIONS, usage.borrowed.get(name, ZERO), strict=True)),
+                "in_use": shown(used),
+                "borrowing": shown(usage.borrowed.get(name, ZERO)),
                 # the running jobs that are its excess (ids only): what preemption may reclaim
                 "borrowing_jobs": sorted((j for j, q in usage.queue_of_borrower.items() if q == name), key=_id_order),
                 "below_guarantee": below_guarantee(spec, usage),

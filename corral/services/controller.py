@@ -253,6 +253,13 @@ def prepare(raw: Any, daemon: Daemon, who: Owner) -> tuple[mr.MarathonApp, Servi
                 why = f"a gang of {model.instances} can never start on this machine, even idle: only {n} fit"
                 raise ObjectNotValid([ErrorDetail("/instances", (f"{why}; {render(one.explanation)}",))])
             empty.allocate(one.allocation)
+        # Its queue's and user's limits count the whole gang (issue 23): one that could never start is refused now.
+        whole = JobSpec(("true",), request, runs_as.user, runs_as.uid, runs_as.gid, gang_group="?",
+                        gang_size=model.instances)  # fmt: skip
+        try:
+            daemon.queues.admit(whole)
+        except InvalidRequest as exc:
+            raise ObjectNotValid([ErrorDetail("/instances", (exc.message,))]) from None
     doc_app = {k: v for k, v in raw.items() if k not in READ_ONLY}
     doc_app["id"] = canonical(model.id)
     return model, service, doc_app, runs_as

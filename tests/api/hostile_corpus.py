@@ -278,3 +278,17 @@ RAW_REQUESTS: list[bytes] = [
     b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",  # a TLS ClientHello on the plain socket
     b"\r\n\r\n\r\n",
 ]
+
+#: Hostile queues files (issue 23): written to the daemon's queues file, then `POST /v1/queues/reload` as root; each
+#: must be a 4xx naming the bound, fast, with the old configuration kept.
+QUEUE_FILES: list[str] = [
+    "a = " + "[" * 100_000 + "]" * 100_000 + "\n",  # was a 500 (RecursionError)
+    "a = " + "{b = " * 5_000 + "1" + "}" * 5_000 + "\n",
+    "a" + ".a" * 100_000 + " = 1\n",
+    "".join(f"[queues.q{i}]\n" for i in range(200_000)),  # took over 15 s
+    "[queues.a]\n" + "".join(f"[queues.a.users.u{i}]\n" for i in range(20_000)),
+    "".join(f"[q{i}]\n" for i in range(60_000)),
+    "admins = [" + '"a",' * 20_000 + "]\n",
+    '"\\ud800" = 1\n',
+    "\x00 = 1\n",
+]

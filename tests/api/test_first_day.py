@@ -220,7 +220,7 @@ def test_the_example_still_shows_what_it_demonstrates() -> None:
     assert train.limit.gpus > train.guarantee.gpus and train.borrow_limit.gpus
     assert train.submitters and c.admins and train.max_priority is not None
     assert dev.users["bob"].limit.gpu_milli and dev.users["bob"].weight != 1
-    assert c.groups["interns"].limit.gpus == 1
+    assert c.groups["interns"].limit.gpus == 1000  # one GPU, counted in milli (shares count by their part)
 
 
 #: The README's `corral submit` examples (the synopsis with its [brackets] aside): options, --, a command.

@@ -329,3 +329,26 @@ def test_hostile_paths_methods_and_raw_requests(daemon: tuple[Path, Path], capsy
     assert not tally.server_errors, "\n".join(tally.server_errors[:20])
     assert not tally.wrong_shape, "\n".join(tally.wrong_shape[:20])
     assert not tally.garbage, "\n".join(tally.garbage[:20])
+
+
+def test_hostile_queues_files_are_refused_naming_the_bound(
+    daemon: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    sock, state = daemon
+    tally = Tally()
+    driver = Driver(sock, state, tally)
+    path = state / "queues.toml"  # the daemon's default location (started without --queues)
+    try:
+        for text in corpus.QUEUE_FILES:
+            path.write_text(text, encoding="utf-8", errors="surrogatepass")
+            r = driver.send("POST", "/v1/queues/reload")
+            assert 400 <= r.status_code < 500, r.text[:300]
+            assert r.json()["detail"]["field"] == "queues"
+            assert r.json()["detail"]["message"].endswith("; the old configuration stays")
+    finally:
+        path.unlink(missing_ok=True)
+    alive = driver.alive()
+    with capsys.disabled():
+        print(f"\n[queues files] {tally.line()}; {'still serving' if alive else 'NOT SERVING'}")
+    assert alive and not tally.server_errors and not tally.wrong_shape, tally.server_errors + tally.wrong_shape
+    assert not driver.client.get("/v1/queues").json()["fair_share"]  # none of them took

@@ -7,6 +7,7 @@ the gang executor and a clock the test moves (so a minimum runtime before preemp
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,8 @@ class Box:
         self.fake = FakeExecutor()
         executor = GangExecutor(self.fake, lambda jid: j.spec.instances if (j := self.store.get(jid)) else 1)
         node = parse_simulated_inventory("4xH100-80GB")[0]
-        queues = Queues.open(queues_file, node) if queues_file is not None else None
+        # a minimum runtime of 0: these tests read who may preempt a job that has just started
+        queues = Queues.open(queues_file, node) if queues_file is not None else Queues(node, min_runtime_s=0)
         self.daemon = Daemon(
             self.store, executor, node, PlacementConfig(), tmp_path, clock=self.clock, preempt_grace_s=1, queues=queues
         )
@@ -118,7 +120,8 @@ def test_explain_a_running_job_says_its_gpus_start_time_left_and_who_may_preempt
 
 def test_explain_with_queues_says_a_job_within_its_guarantee_cannot_be_preempted(tmp_path: Path) -> None:
     queues = tmp_path / "queues.toml"
-    queues.write_text("[queues.dev]\nguarantee = { gpus = 1 }\n[queues.train]\nguarantee = { gpus = 1 }\n")
+    text = "min_runtime = 0\n[queues.dev]\nguarantee = { gpus = 1 }\n[queues.train]\nguarantee = { gpus = 1 }\n"
+    queues.write_text(text)
     box = Box(tmp_path / "state", queues)
     within = box.submit(gpus=1, queue="dev")
     box.tick()
@@ -212,3 +215,46 @@ def test_logs_of_a_gangs_instances_by_query_parameter(box: Box, tmp_path: Path) 
     assert r.json()["detail"]["message"] == f"job {alone} has instance 0 only, not instance 1"
     assert c.get(f"/v1/jobs/{alone}/logs").headers["X-Corral-Instances"] == "1"
     assert box.client(BOB).get(f"/v1/jobs/{gang}/logs", params={"instance": 1}).status_code == 404
+
+
+def test_a_log_replaced_by_a_link_or_a_fifo_is_never_read_through(box: Box, tmp_path: Path) -> None:
+    # The daemon alone writes in its logs folder, but the log route still opens without following a link and reads
+    # only a regular file (a FIFO would hang the request's thread).
+    linked = box.submit()
+    piped = box.submit()
+    box.tick()
+    secret = tmp_path / "secret"
+    secret.write_text("not for the job's owner")
+    log = box.daemon.log_path(linked)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.unlink(missing_ok=True)
+    log.symlink_to(secret)
+    r = box.client().get(f"/v1/jobs/{linked}/logs")
+    assert r.status_code == 422 and "not for" not in r.text
+    assert r.json()["detail"]["field"] == "logs"
+    fifo = box.daemon.log_path(piped)
+    fifo.unlink(missing_ok=True)
+    os.mkfifo(fifo)
+    r = box.client().get(f"/v1/jobs/{piped}/logs")
+    assert r.status_code == 422
+    assert r.json()["detail"] == {"field": "logs", "message": f"the log of job {piped} is not a regular file"}
+
+
+def test_a_job_past_its_time_limit_is_shown_ending_until_it_has_stopped(box: Box) -> None:
+    # Issue 23, item 1: the grant is released only once nothing of the job runs; until then it says why it is held.
+    job = box.submit(gpus=1, time_limit="1m")
+    box.tick()
+    box.clock.t += 59
+    box.tick()
+    running = box.store.get(job)
+    assert running is not None and not running.reason.startswith("ending")
+    box.clock.t += 2
+    box.tick()
+    said = box.explain(job)
+    assert said["state"] == "running" and said["reason"] == (
+        "ending: past its time limit (1m): its processes are being stopped; its GPUs go to the next job once none of "
+        "them runs"
+    )
+    assert short_reason({"state": "running", "reason": said["reason"]}) == "ending: past its time limit (1m)"
+    assert short_reason({"state": "running", "reason": "cancel requested"}) == "cancel requested"
+    assert short_reason({"state": "running", "reason": "placed on GPU 0"}) == "-"

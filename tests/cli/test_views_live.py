@@ -71,6 +71,7 @@ def test_ps_show_explain_and_errors(daemon: tuple[Corral, Path]) -> None:
     said = corral.run("explain", share).stdout.splitlines()
     assert said[0] == f"job {share} is running" and said[1].startswith(f"It holds GPU {gpu_of_share} (")
     assert said[1].endswith("): 300 milli of compute and 10 GiB of memory.") and said[3] == "No time limit."
+    assert any(line.startswith("Protected from preemption until ") for line in said)  # its minimum runtime
     said = corral.run("explain", waits).stdout.splitlines()
     assert said[0] == f"job {waits} is waiting: does not fit on this machine now: insufficient GPU (need 2 whole GPUs)"
     # then the queue's story, a sentence a line: its place, who holds the GPUs until when, and its reservation

@@ -16,6 +16,7 @@ from corral.api.app import create_app
 from corral.cli.views import show_lines
 from corral.daemon.core import Daemon
 from corral.daemon.gang import GangExecutor, place_gang
+from corral.daemon.queues import Queues
 from corral.executor.fake import FakeExecutor
 from corral.executor.local import LocalExecutor
 from corral.gpu.simulated import parse_simulated_inventory
@@ -209,7 +210,7 @@ def test_a_gang_is_preempted_as_one_and_queued_again(tmp_path: Path) -> None:
     fake = FakeExecutor()  # a cancel ends the process at once
     ex = GangExecutor(fake, lambda jid: j.spec.instances if (j := store.get(jid)) is not None else 1)
     box4 = parse_simulated_inventory("4xA100-80GB")[0]
-    d = Daemon(store, ex, box4, CONFIG, tmp_path, preempt_grace_s=5)
+    d = Daemon(store, ex, box4, CONFIG, tmp_path, preempt_grace_s=5, queues=Queues(box4, min_runtime_s=0))
     two_by_two = Request(cpu_milli=100, memory_mib=64, gpu_count=2, gpu_milli=1000)
     gang = d.submit(JobSpec(("x",), two_by_two, "me", 0, 0, instances=2, gang=True))
     assert d.tick() == [gang.id]

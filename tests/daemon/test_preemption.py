@@ -25,6 +25,7 @@ from corral.cli.main import app as corral_cli
 from corral.cli.views import explain_text, show_lines
 from corral.daemon.core import Daemon
 from corral.daemon.preemption import PREEMPTING, Rules, choose
+from corral.daemon.queues import Queues
 from corral.daemon.scheduler import clock_text, request_of, schedule
 from corral.executor.fake import FakeExecutor
 from corral.executor.local import LocalExecutor
@@ -146,8 +147,13 @@ class Clock:
 
 
 def fake_daemon(
-    tmp_path: Path, store: object = None, ex: FakeExecutor | None = None, clock: Clock | None = None
+    tmp_path: Path,
+    store: object = None,
+    ex: FakeExecutor | None = None,
+    clock: Clock | None = None,
+    min_runtime_s: float = 0,
 ) -> Daemon:
+    """A daemon over a fake executor (no minimum runtime unless asked: these tests are about the choice)."""
     box2 = parse_simulated_inventory("2xA100-80GB")[0]
     return Daemon(
         store or MemoryStore(),  # type: ignore[arg-type]
@@ -157,6 +163,7 @@ def fake_daemon(
         tmp_path,
         clock=clock or Clock(),
         preempt_grace_s=30,
+        queues=Queues(box2, min_runtime_s=min_runtime_s),
     )
 
 
@@ -294,7 +301,7 @@ def wait_for(what: Callable[[], bool], d: Daemon, timeout: float = 20.0) -> None
 def test_real_processes_sigterm_trapped_sigkill_after_the_grace(tmp_path: Path) -> None:
     box2 = parse_simulated_inventory("2xA100-80GB")[0]
     ex = LocalExecutor(run_dir=tmp_path / "run")
-    d = Daemon(MemoryStore(), ex, box2, CONFIG, tmp_path, preempt_grace_s=1.0)
+    d = Daemon(MemoryStore(), ex, box2, CONFIG, tmp_path, preempt_grace_s=1.0, queues=Queues(box2, min_runtime_s=0))
     me, gid = os.getuid(), os.getgid()
 
     def job(script: str, priority: int = 0) -> JobSpec:
@@ -342,7 +349,8 @@ def test_explain_and_show_say_why_a_running_job_was_preempted_and_no_preempt_is_
     clock = Clock()
     box2 = parse_simulated_inventory("2xA100-80GB")[0]
     ex = FakeExecutor()  # a cancel ends the job at once, as a SIGTERM the job obeys
-    d = Daemon(MemoryStore(), ex, box2, CONFIG, tmp_path, clock=clock, preempt_grace_s=5)
+    d = Daemon(MemoryStore(), ex, box2, CONFIG, tmp_path, clock=clock, preempt_grace_s=5,
+               queues=Queues(box2, min_runtime_s=0))  # fmt: skip
     app = create_app(d, threading.Lock(), lambda: None, clock=clock)
     alice, bob = (TestClient(AsPeer(app, p, "unix")) for p in (ALICE, BOB))
     low = alice.post("/v1/jobs", json={"command": ["x"], "gpus": 2}).json()["id"]
@@ -428,7 +436,7 @@ def test_kill9_of_a_real_daemon_in_the_grace_the_supervisor_finishes_and_the_job
 
     store = SqliteStore(tmp_path / "jobs.db")
     ex = LocalExecutor(run_dir=tmp_path / "run")
-    d = Daemon(store, ex, box2, CONFIG, tmp_path, preempt_grace_s=1.5)
+    d = Daemon(store, ex, box2, CONFIG, tmp_path, preempt_grace_s=1.5, queues=Queues(box2, min_runtime_s=0))
     low = d.submit(job(f"echo run >> {runs}; trap '' TERM; while :; do sleep 0.05; done"))
     wait_for(lambda: runs.exists(), d)
     high = d.submit(job("sleep 0.2", priority=5))
@@ -440,7 +448,7 @@ def test_kill9_of_a_real_daemon_in_the_grace_the_supervisor_finishes_and_the_job
     store.close()
     store2 = SqliteStore(tmp_path / "jobs.db")
     ex2 = LocalExecutor(run_dir=tmp_path / "run")
-    d2 = Daemon(store2, ex2, box2, CONFIG, tmp_path, preempt_grace_s=1.5)
+    d2 = Daemon(store2, ex2, box2, CONFIG, tmp_path, preempt_grace_s=1.5, queues=Queues(box2, min_runtime_s=0))
     d2.recover()
     wait_for(lambda: d2.store.get(high.id).state is JobState.SUCCEEDED, d2)  # type: ignore[union-attr]
     wait_for(lambda: d2.store.get(low.id).state is JobState.RUNNING, d2)  # type: ignore[union-attr]
@@ -528,3 +536,89 @@ def test_the_choice_is_safe_and_minimal(held: list[tuple[int, int, bool, int]], 
     left.allocate(choice.allocation)  # the preemptor's grant fits on exactly what the victims free (no over-commit)
     fewer = any(fits_without(c) for k in range(len(chosen)) for c in combinations(eligible, k))
     assert not fewer  # no smaller set of eligible jobs would do
+
+
+# ------------------------------------------------------------------------------------------------ minimum runtime
+def test_a_submit_and_cancel_loop_preempts_a_victim_at_most_once_per_minimum_runtime(tmp_path: Path) -> None:
+    """Issue 23: without a queues file, a user looping "submit a priority-5 job, wait until it runs, cancel it" had
+    another user's job preempted 7 times in 60 s. With the default minimum runtime (5 minutes) a victim is preempted
+    at most once per 5 minutes of its run, and the preemptor's reason says from when."""
+    clock = Clock()
+    ex = FakeExecutor()  # a cancel ends the job at once: a victim that obeys SIGTERM
+    box2 = parse_simulated_inventory("2xA100-80GB")[0]
+    d = Daemon(MemoryStore(), ex, box2, CONFIG, tmp_path, clock=clock, preempt_grace_s=30)  # no queues file
+    victim = d.submit(replace(spec(gpus=2), user="bob", uid=1001, gid=1001))
+    assert d.tick() == [victim.id]
+    preempted_at: list[float] = []
+    starts: list[float] = [clock.t]
+    mine: str | None = None
+    told: set[str] = set()
+    for _ in range(12 * 20):  # 20 minutes, every 5 s
+        clock.t += 5
+        if mine is None:
+            mine = d.submit(spec(gpus=1, priority=5)).id
+        d.tick()
+        job = d.store.get(mine)
+        assert job is not None
+        if job.state is JobState.QUEUED and "minimum runtime" in job.reason:
+            told.add(job.reason.split("; ", 1)[1])
+        if job.state is JobState.RUNNING:
+            d.cancel(mine)
+            d.tick()
+            mine = None
+        v = d.store.get(victim.id)
+        assert v is not None
+        if v.preempted is not None and len(preempted_at) < v.preempted.count:
+            preempted_at.append(v.preempted.at)
+        if v.state is JobState.RUNNING and v.started_at is not None and v.started_at != starts[-1]:
+            starts.append(v.started_at)
+    assert 2 <= len(preempted_at) <= 4, preempted_at  # before: about one every 10 s
+    for start, stop in zip(starts, preempted_at, strict=False):
+        assert stop - start >= 300  # each run lasted its minimum runtime
+    first = clock_text(NOW + 300)
+    assert (
+        f"it may preempt job {victim.id} from {first}, when it has run the minimum runtime of 5m "
+        "(docs/preemption.md)" in told
+    )
+    v = d.store.get(victim.id)
+    assert v is not None and v.preempted is not None
+    assert "(it had run 5m, past its minimum runtime of 5m)" in v.preempted.reason
+
+
+def test_explain_says_until_when_a_running_job_is_protected(tmp_path: Path) -> None:
+    clock = Clock()
+    box2 = parse_simulated_inventory("2xA100-80GB")[0]
+    d = Daemon(MemoryStore(), FakeExecutor(), box2, CONFIG, tmp_path, clock=clock)
+    app = create_app(d, threading.Lock(), lambda: None, clock=clock)
+    alice = TestClient(AsPeer(app, ALICE, "unix"))
+    job = alice.post("/v1/jobs", json={"command": ["x"], "gpus": 1}).json()["id"]
+    d.tick()
+    clock.t += 60
+    said = alice.get(f"/v1/jobs/{job}/explain").json()
+    guard = f"Protected from preemption until {clock_text(NOW + 300)} (minimum runtime 5m)."
+    assert said["preemptible_now"] is False
+    lines = explain_text(job, said)
+    assert lines[-2:] == ["It may be preempted by a waiting job of a priority above its 0, but not yet.", guard]
+    clock.t += 240
+    past = alice.get(f"/v1/jobs/{job}/explain").json()  # past it: preemptible as any job
+    assert "Protected" not in past["story"] and past["preemptible_now"] is True
+    firm = alice.post("/v1/jobs", json={"command": ["x"], "gpus": 1, "preemptible": False}).json()["id"]
+    d.tick()
+    firm_said = alice.get(f"/v1/jobs/{firm}/explain").json()  # never preempted: nothing to protect
+    assert "Protected" not in firm_said["story"] and "--no-preempt" in firm_said["story"]
+
+
+def test_the_minimum_runtime_is_per_queue_with_a_default_for_the_file(tmp_path: Path) -> None:
+    text = 'min_runtime = "2m"\n[queues.long]\nmin_runtime = "1h"\n[queues.free]\nmin_runtime = 0\n[queues.plain]\n'
+    path = tmp_path / "queues.toml"
+    path.write_text(text)
+    box2 = parse_simulated_inventory("2xA100-80GB")[0]
+    q = Queues.open(path, box2)
+    runtimes = {
+        name: q.min_runtime_of(Job("1", spec(queue=name), JobState.RUNNING, submitted_at=0)) for name in q.config.queues
+    }
+    assert runtimes == {"long": 3600, "free": 0, "plain": 120, "default": 120}
+    assert Queues(box2).min_runtime_of(Job("1", spec(), JobState.RUNNING, submitted_at=0)) == 300  # no file: 5 minutes
+    rules = q.preemption_rules()
+    long_job = Job("1", spec(queue="long"), JobState.RUNNING, submitted_at=0, started_at=NOW)
+    assert rules.protected_until(long_job) == NOW + 3600

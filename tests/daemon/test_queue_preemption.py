@@ -14,6 +14,7 @@ from corral.model.resources import Request
 from tests.daemon.test_queues import USERS, World
 
 GUARANTEED = """
+min_runtime = "0s"  # these tests are about who may reclaim what (the minimum runtime: test_preemption.py)
 [queues.a]
 guarantee = { gpus = 2 }
 [queues.b]

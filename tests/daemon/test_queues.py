@@ -261,6 +261,17 @@ def test_priority_bounds_and_who_may_exceed_them(tmp_path: Path) -> None:
     assert w.client(ROOT).post("/v1/jobs", json={"command": ["x"], "priority": 11}).status_code == 201
     # the API's own bound for users (-100..100) does not hold an admin of the queues file either
     assert w.client(BOB).post("/v1/jobs", json={"command": ["x"], "priority": 500}).status_code == 201
+    r = w.client(ALICE).post("/v1/jobs", json={"command": ["x"], "priority": 101})
+    assert r.status_code == 403 and r.json()["detail"]["message"] == (
+        "must be in -100..100 (only root or an admin of the queues file may go beyond), got 101"
+    )
+    # and the README and docs say so, as the code does (issue 23: the README said root only)
+    root_dir = Path(__file__).resolve().parents[2]
+    readme = " ".join((root_dir / "README.md").read_text().split())
+    assert "priorities -100..100 for users (root and the queues file's admins may go beyond" in readme
+    queues_doc = " ".join((root_dir / "docs" / "queues.md").read_text().split())
+    assert "Root (uid 0) and the file's `admins` / `admin_groups` may exceed every bound: the file's and the API's" \
+        in queues_doc  # fmt: skip
 
 
 def test_a_queue_names_who_may_submit_and_an_unknown_queue_is_refused(tmp_path: Path) -> None:
@@ -308,7 +319,7 @@ def test_reload_takes_a_good_file_and_keeps_the_old_for_a_bad_one(tmp_path: Path
     assert r.json()["detail"]["message"] == (
         f"{w.path}: queues.train.limit.gpus: must not be negative, got -2; the old configuration stays"
     )
-    assert w.queues.config.queues["train"].limit.gpus == 1
+    assert w.queues.config.queues["train"].limit.gpus == 1000  # milli
     w.path.write_text("[queues.train]\nlimit = { gpus = 2 }\n[queues.new]\n")
     r = w.client(ROOT).post("/v1/queues/reload")
     assert r.status_code == 200 and r.json()["queues"] == ["default", "new", "train"]
@@ -454,6 +465,32 @@ def test_serve_reads_the_default_file_reloads_on_sighup_and_refuses_a_bad_one(tm
     assert done.returncode == 2
     file = state / "queues.toml"
     assert done.stderr.strip() == f"error: --queues: {file}: queues.train.weight: must be > 0 and at most 1e+06, got -1"
+    # a hostile one too, at once and naming the bound (issue 23)
+    (state / "queues.toml").write_text("a = " + "[" * 100_000 + "]" * 100_000 + "\n")
+    done = subprocess.run(serve, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        f"error: --queues: {file}: line 1: arrays and inline tables nested more than 16 deep (the most a queues file "
+        "may nest)"
+    )
+
+
+def test_a_hostile_file_on_reload_is_a_422_naming_the_bound_and_the_old_stays(tmp_path: Path) -> None:
+    """Issue 23: 100,000 nested arrays answered 500 (RecursionError); 200,000 tables took over 15 s to reload."""
+    w = World(tmp_path, "[queues.train]\nlimit = { gpus = 1 }\n")
+    root = w.client(ROOT)
+    for text, words in (
+        ("a = " + "[" * 100_000 + "]" * 100_000 + "\n", "line 1: arrays and inline tables nested more than 16 deep"),
+        ("".join(f"[queues.q{i}]\n" for i in range(200_000)), "the file is more than 1048576 bytes"),
+        ("".join(f"[queues.q{i}]\n" for i in range(1001)), "queues: 1001 queues, more than the 1000 a file may have"),
+    ):
+        w.path.write_text(text)
+        r = root.post("/v1/queues/reload")
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"]["field"] == "queues"
+        assert r.json()["detail"]["message"].startswith(f"{w.path}: {words}")
+        assert r.json()["detail"]["message"].endswith("; the old configuration stays")
+        assert set(w.queues.config.queues) == {"default", "train"}
 
 
 def test_a_daemon_started_without_a_file_takes_one_on_reload(tmp_path: Path) -> None:

@@ -859,6 +859,95 @@ def test_a_user_cancels_their_own_job_from_the_page(site: Site) -> None:
     finally:
         driver.execute_script("if (window.__realFetch) window.fetch = window.__realFetch")
     assert job_state(site, running) == "running"
+    # a notice belongs to the view it was given on
+    driver.get(f"{site.live.url}/ui/#jobs")
+    until(site, "the notice gone with its view", lambda d: not d.find_element(By.ID, "notice").is_displayed())
+
+
+#: What each instance of the gang prints: its own number (and markup, which must stay text).
+GANG_SAYS = "from instance {} <b>bold</b>"
+
+
+def log_text(site: Site) -> str:
+    return "".join(texts(site, "pre.log"))
+
+
+def field_value(page: str, name: str) -> str:
+    """The value of a job page's field `name` in the view's text (a name line, then its value's line)."""
+    lines = page.split("\n")
+    return lines[lines.index(name) + 1]
+
+
+def test_a_gangs_instances_and_each_ones_log(site: Site) -> None:
+    a, b = site.people["a"], site.people["b"]
+    driver = site.driver
+    # room for a gang of two half GPUs (one GPU each: instances never share one): A's whole GPU and B's queued job
+    # that wants both go
+    for job in (a.jobs[0], b.jobs[1]):
+        site.live.local.run("cancel", job, ok=False)
+    command = ["sh", "-c", 'while :; do echo "from instance $CORRAL_INSTANCE <b>bold</b>"; sleep 0.3; done']
+    gang = submit(site.live, a.token, command=command, instances=2, gang=True, gpu_fraction=0.5, gpu_memory="20GiB",
+                  time_limit="10m", name="a gang")  # fmt: skip
+    a.jobs.append(gang)
+    as_person(site, a)
+    driver.get(f"{site.live.url}/ui/#job/{gang}")
+    until(site, "the gang running", lambda _: job_state(site, gang) == "running", timeout=60)
+    with site.live.http() as client:
+        grants = client.get(f"/v1/jobs/{gang}").json()["gpus"]
+    assert len(grants) == 2 and grants[0]["index"] != grants[1]["index"]
+    each = [f"GPU {g['index']}: 500m, 20 GiB" for g in grants]
+    until(site, "its instances", lambda _: "Instances (2)" in texts(site, "#view h3"))
+
+    def rows() -> list[list[str]]:
+        return [r.split("\t") for r in texts(site, "#view table tbody tr")]
+
+    until(site, "instance 0's grant", lambda _: rows() and rows()[0][1] == each[0])
+    assert rows() == [["instance 0", each[0], "shown below"], ["instance 1", each[1], "-"]]
+    assert texts(site, "#view thead th") == ["Instance", "GPUs", "Log"]
+    page = view_text(site)
+    assert "Asked for\n2 instances, each 1 GPU of 500m, 20 GiB, 1 CPU, 1 GiB" in page
+    assert field_value(page, "Log file of instance 0").endswith(f"/{gang}.log")
+    # instance 0's log (the job's own, as for any job): its lines only
+    said = [GANG_SAYS.format(k) for k in (0, 1)]
+    until(site, "instance 0's lines", lambda _: log_text(site).count(said[0]) >= 2)
+    assert said[1] not in log_text(site)
+    assert "Log of instance 0 (live: the last lines, following)" in texts(site, "#view h3")
+    # instance 1, chosen from the table: its log from its start, the link in the address, the keyboard on the link
+    driver.find_element(By.CSS_SELECTOR, f'#view a[href="#job/{gang}/instance/1"]').click()
+    until(site, "instance 1's lines", lambda _: log_text(site).count(said[1]) >= 2)
+    assert said[0] not in log_text(site)
+    assert driver.execute_script("return location.hash") == f"#job/{gang}/instance/1"
+    assert rows() == [["instance 0", each[0], "-"], ["instance 1", each[1], "shown below"]]
+    assert "Log of instance 1 (live: the last lines, following)" in texts(site, "#view h3")
+    assert field_value(view_text(site), "Log file of instance 1").endswith(f"/{gang}.1.log")  # where instance 1 writes
+    assert driver.switch_to.active_element.get_attribute("aria-label") == f"instance 1 of job {gang} (its log is shown)"
+    seen = log_text(site).count(said[1])
+    until(site, "more of instance 1's lines, live", lambda _: log_text(site).count(said[1]) > seen)
+    assert said[0] not in log_text(site)
+    assert driver.find_elements(By.CSS_SELECTOR, "pre.log b") == []  # the output is text
+    driver.execute_script("document.querySelector('#view table').scrollIntoView()")  # the instances and the log
+    shot(site, "gang")
+    # back: instance 0 again (each view is a link)
+    driver.back()
+    until(site, "instance 0 again", lambda _: said[0] in log_text(site) and said[1] not in log_text(site))
+    assert rows()[0][2] == "shown below"
+    # a link to an instance the job does not have says so
+    driver.get(f"{site.live.url}/ui/#job/{gang}/instance/5")
+    until(
+        site, "the missing instance", lambda _: f"Job {gang} has instances 0 to 1, not instance 5." in view_text(site)
+    )
+    assert driver.find_elements(By.CSS_SELECTOR, "pre.log") == []
+    # a job of one process: its page as before, no instances
+    single = a.jobs[0]
+    driver.get(f"{site.live.url}/ui/#job/{single}")
+    until(
+        site,
+        "a one-process job's page",
+        lambda _: heading(site).startswith(f"Job {single}") and "Log file\n" in view_text(site),
+    )
+    assert "Instances (" not in view_text(site) and "instance" not in " ".join(texts(site, "#view h3"))
+    driver.get(f"{site.live.url}/ui/#job/{single}/instance/1")
+    until(site, "no instance 1", lambda _: f"Job {single} has instance 0 only, not instance 1." in view_text(site))
 
 
 def test_no_request_left_localhost_and_no_hostile_text_ran(site: Site) -> None:

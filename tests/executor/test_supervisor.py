@@ -3,7 +3,6 @@ the same run folder) finds of the first one's jobs, and what the supervisor keep
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import stat
@@ -13,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from corral.executor import Exit, Found, LocalExecutor
-from corral.executor.local import _Supervised
+from corral.executor.local import _Supervised, parse_record
 from tests.executor.specs import PATH, make_spec
 from tests.executor.test_local import env_of, gone, wait_exit, wait_until
 
@@ -47,7 +46,7 @@ def second(run_dir: Path) -> Iterator[LocalExecutor]:
 
 def record(run_dir: Path, job_id: str, attempt: int = 1) -> dict[str, object]:
     path = run_dir / f"{job_id}.{attempt}.json"
-    return json.loads(path.read_text()) if path.exists() else {}
+    return (parse_record(path.read_bytes()) or {}) if path.exists() else {}
 
 
 def supervisor_pid(ex: LocalExecutor, job_id: str) -> int:

@@ -8,7 +8,7 @@ const LOG_KEEP = 256 * 1024;     // characters of log kept in the page while fol
 const EXPLAIN_MOST = 50;         // queued jobs explained per update (the oldest first)
 const FINAL = new Set(["succeeded", "failed", "cancelled", "lost"]);
 
-const state = { me: null, paused: false, timer: null, view: null, job: null, report: null, log: null, busy: false, again: false };
+const state = { me: null, paused: false, timer: null, view: null, job: null, instance: 0, report: null, log: null, busy: false, again: false };
 
 // ------------------------------------------------------------------ building the page safely
 function el(tag, attrs, ...children) {
@@ -277,7 +277,8 @@ function amounts(value) {
   if (Array.isArray(value)) return value.length ? value.map((v) => amounts(v)).join(", ") : "none";
   if (typeof value !== "object") return typeof value === "number" && !Number.isInteger(value) ? value.toFixed(3) : String(value);
   const parts = Object.entries(value).filter(([, v]) => v !== null && v !== 0)
-    .map(([k, v]) => (AMOUNT[k] && typeof v === "number" ? AMOUNT[k](Math.round(v)) : `${k} ${amounts(v)}`));
+    // gpus may be a fraction (a share counts by its part: 1.8 GPUs); the other amounts are whole base units
+    .map(([k, v]) => (AMOUNT[k] && typeof v === "number" ? AMOUNT[k](k === "gpus" ? v : Math.round(v)) : `${k} ${amounts(v)}`));
   return parts.length ? parts.join(", ") : "none";
 }
 
@@ -352,25 +353,56 @@ async function viewJobs() {
       [["Job"], ["State"], ["User"], ["Name"], ["Command"], ["GPUs"], ["Submitted"], ["Exit", "num"], ["Action"]], rows, "No jobs yet.")];
 }
 
-async function viewJob(id) {
+// Where instance K of a gang writes its log (corral.daemon.gang.instance_log): "7.log" is instance 0's, "7.2.log" 2's.
+function instanceLogPath(path, k) {
+  if (!path || k === 0) return path;
+  const slash = path.lastIndexOf("/") + 1, dot = path.lastIndexOf(".");
+  return dot > slash ? `${path.slice(0, dot)}.${k}${path.slice(dot)}` : `${path}.${k}`;
+}
+
+// A gang's instances, one row each: its number (a link that shows its log below), its GPUs and whether it is shown.
+// The job's `gpus` lists every instance's grants, instance by instance (k each).
+function instancesTable(job, shown) {
+  const n = job.instances, k = job.gpus.length % n === 0 ? job.gpus.length / n : null;
+  const rows = [];
+  for (let i = 0; i < n; i++) {
+    const grants = k === null ? null : job.gpus.slice(i * k, (i + 1) * k);
+    const here = i === shown;
+    rows.push(el("tr", { class: here ? "selected" : null },
+      el("th", { scope: "row" }, el("a", { href: `#job/${encodeURIComponent(job.id)}/instance/${i}`, "aria-current": here ? "true" : null,
+        "aria-label": `instance ${i} of job ${job.id}${here ? " (its log is shown)" : ""}` }, `instance ${i}`)),
+      el("td", { text: grants === null ? "(not known per instance)" : grants.map(grantText).join(", ") || "-" }),
+      el("td", { text: here ? "shown below" : "-" })));
+  }
+  return table(`A gang: ${n} processes started together, each with its own grant and its own log (choose one to see it)`,
+    [["Instance"], ["GPUs"], ["Log"]], rows, "");
+}
+
+async function viewJob(id, instance = 0) {
   let job;
   try { job = await get(`/v1/jobs/${encodeURIComponent(id)}`); } catch (e) {
     if (e.status === 404) return [el("h2", { tabindex: "-1", text: `Job ${id}` }), el("p", { text: `No job ${id} that you may see.` })];
     throw e;
   }
   const explain = await get(`/v1/jobs/${encodeURIComponent(id)}/explain`);
-  if (state.log?.id !== job.id) state.log = { id: job.id, text: "", next: null, decoder: new TextDecoder() };
+  const n = job.instances || 1, gang = n > 1;
+  const exists = instance < n;
+  if (state.log?.id !== job.id || state.log.instance !== instance) state.log = { id: job.id, instance, text: "", next: null, decoder: new TextDecoder() };
   const log = state.log;
-  const answer = log.next === null ? await get(`/v1/jobs/${encodeURIComponent(id)}/logs?tail=${LOG_TAIL}`, "raw")
-    : await get(`/v1/jobs/${encodeURIComponent(id)}/logs?offset=${log.next}`, "raw");
-  const fresh = log.decoder.decode(new Uint8Array(await answer.arrayBuffer()), { stream: true });
-  if (log.next === null && Number(answer.headers.get("X-Corral-Next-Offset")) > LOG_TAIL) log.text = `[… earlier output not shown: the last ${LOG_TAIL / 1024} KiB follow]\n`;
-  log.text = (log.text + fresh).slice(-LOG_KEEP);
-  log.next = Number(answer.headers.get("X-Corral-Next-Offset"));
+  if (exists) {
+    const base = `/v1/jobs/${encodeURIComponent(id)}/logs?` + (gang ? `instance=${instance}&` : "");
+    const answer = await get(base + (log.next === null ? `tail=${LOG_TAIL}` : `offset=${log.next}`), "raw");
+    const fresh = log.decoder.decode(new Uint8Array(await answer.arrayBuffer()), { stream: true });
+    if (log.next === null && Number(answer.headers.get("X-Corral-Next-Offset")) > LOG_TAIL) log.text = `[… earlier output not shown: the last ${LOG_TAIL / 1024} KiB follow]\n`;
+    log.text = (log.text + fresh).slice(-LOG_KEEP);
+    log.next = Number(answer.headers.get("X-Corral-Next-Offset"));
+  }
   const r = job.request || {};
   const field = (name, value) => [el("dt", { text: name }), el("dd", {}, value)];
-  const pre = el("pre", { class: "log", tabindex: "0", "aria-label": `log of job ${job.id}` }, log.text || "(no output yet)");
+  const whose = gang ? `instance ${instance} of job ${job.id}` : `job ${job.id}`;
+  const pre = el("pre", { class: "log", tabindex: "0", "aria-label": `log of ${whose}` }, log.text || "(no output yet)");
   const live = !FINAL.has(job.state);
+  const which = gang ? ` of instance ${instance}` : "";
   return [
     el("h2", { tabindex: "-1" }, `Job ${job.id} `, stateBadge(job.state)),
     el("p", { class: "actions" }, el("a", { href: "#jobs" }, "← all jobs"), " ", cancelButton(job)),
@@ -380,15 +412,19 @@ async function viewJob(id) {
       field("Position", explain.position ? `${explain.position} of ${explain.queued}` : "-"),
       field("Estimated start", explain.estimated_start ? when(explain.estimated_start) : "-"),
       field("GPUs", job.gpus.map(grantText).join(", ") || "-"),
-      field("Asked for", `${r.gpu_count || 0} GPU${r.gpu_count === 1 ? "" : "s"}` + (r.gpu_count && r.gpu_milli < 1000 ? ` of ${r.gpu_milli}m, ${mib(r.gpu_memory_mib)} each` : "") +
+      field("Asked for", (gang ? `${n} instances, each ` : "") + `${r.gpu_count || 0} GPU${r.gpu_count === 1 ? "" : "s"}` + (r.gpu_count && r.gpu_milli < 1000 ? ` of ${r.gpu_milli}m, ${mib(r.gpu_memory_mib)}${gang && r.gpu_count === 1 ? "" : " each"}` : "") +
         `, ${(r.cpu_milli || 0) / 1000} CPU, ${mib(r.memory_mib || 0)}` + (r.gpu_models ? `, models ${r.gpu_models.join(", ")}` : "")),
       field("Time limit", r.time_limit_s ? `${r.time_limit_s} s` : "none"), field("Working directory", el("code", { text: r.cwd || "/" })),
       field("Environment", `${r.env_count ?? 0} variables (values are not shown)`),
       field("Submitted", when(job.submitted_at)), field("Started", when(job.started_at)), field("Finished", when(job.finished_at)),
       field("Exit code", job.exit_code ?? "-"), field("Attempts", job.attempts),
-      field("Preemptible", yesNo(job.preemptible)), field("Log file", el("code", { text: job.log_path || "-" }))),
-    el("h3", {}, live ? "Log (live: the last lines, following)" : "Log (the job has ended)"),
-    pre,
+      field("Preemptible", yesNo(job.preemptible)),
+      field(gang ? `Log file${which}` : "Log file", el("code", { text: (exists && instanceLogPath(job.log_path, instance)) || "-" }))),
+    gang && el("h3", { text: `Instances (${n})` }),
+    gang && instancesTable(job, instance),
+    exists ? el("h3", {}, (live ? "Log (live: the last lines, following)" : "Log (the job has ended)").replace("Log", `Log${which}`))
+      : el("p", { class: "problem", role: "alert", text: `Job ${job.id} has ${n === 1 ? "instance 0 only" : `instances 0 to ${n - 1}`}, not instance ${instance}.` }),
+    exists && pre,
   ];
 }
 
@@ -536,6 +572,9 @@ async function viewReports() {
 // ------------------------------------------------------------------ routing and updates
 function route() {
   const hash = decodeURIComponent(location.hash.replace(/^#/, "")) || "gpus";
+  // A gang's instance K: #job/ID/instance/K (instance 0 when not given: the job's own log, as before).
+  const gang = /^job\/([^/]+)\/instance\/(\d+)$/.exec(hash);
+  if (gang) return { view: "job", job: gang[1], instance: Number(gang[2]) };
   if (hash.startsWith("job/")) return { view: "job", job: hash.slice(4) };
   if (hash.startsWith("app/")) return { view: "app", job: hash.slice(3) };
   if (hash.startsWith("definition/")) return { view: "definition", job: hash.slice(11) };
@@ -545,30 +584,32 @@ function route() {
 async function render(focus) {
   if (state.busy) { state.again = true; return; }
   state.busy = true;
-  const { view, job } = route();
+  const { view, job, instance = 0 } = route();
   // The page's first view leaves the keyboard at the top (skip link, then the views); a view chosen later takes it.
   const changed = state.view !== null && (view !== state.view || job !== state.job);
-  state.view = view; state.job = job;
+  // Another instance of the same gang: its log from the end, and the keyboard stays on the instance links.
+  const switched = !changed && view === "job" && instance !== state.instance;
+  state.view = view; state.job = job; state.instance = instance;
   if (view !== "job") state.log = null;
-  if (state.view !== null && (view !== state.view || job !== state.job)) notice("");
+  if (changed) notice("");  // (compared before state.view changed: a notice belongs to the view it was given on)
   for (const a of document.querySelectorAll("nav a[data-view]")) {
     const parent = { job: "jobs", app: "apps", definition: "definitions" }[view];
     if (a.dataset.view === view || a.dataset.view === parent) a.setAttribute("aria-current", "page");
     else a.removeAttribute("aria-current");
   }
   try {
-    const make = { gpus: viewGpus, queue: viewQueue, users: viewUsers, jobs: viewJobs, job: () => viewJob(job),
+    const make = { gpus: viewGpus, queue: viewQueue, users: viewUsers, jobs: viewJobs, job: () => viewJob(job, instance),
       apps: viewApps, app: () => viewApp(job), definitions: viewDefinitions, definition: () => viewDefinition(job), reports: viewReports }[view];
     const parts = await make();
     const target = $("view");
     // Keep the keyboard where it was across a live update: remember the focused link or button by its text.
-    const active = document.activeElement && target.contains(document.activeElement) && !changed && !focus
+    const active = document.activeElement && target.contains(document.activeElement) && !changed && (!focus || switched)
       ? [document.activeElement.tagName, document.activeElement.textContent] : null;
     const logBox = target.querySelector("pre.log");
     const atBottom = logBox ? logBox.scrollTop + logBox.clientHeight >= logBox.scrollHeight - 4 : true;
     target.replaceChildren(...parts);
     const newLog = target.querySelector("pre.log");
-    if (newLog && (changed || atBottom)) newLog.scrollTop = newLog.scrollHeight;
+    if (newLog && (changed || switched || atBottom)) newLog.scrollTop = newLog.scrollHeight;
     if (active) {
       const again = [...target.querySelectorAll(active[0])].find((n) => n.textContent === active[1]);
       if (again) again.focus();
@@ -578,7 +619,7 @@ async function render(focus) {
     }
     $("problem").hidden = true;
     $("status").textContent = `Updated ${new Date().toLocaleTimeString()}${state.paused ? " (updates paused)" : ", every 2 s"}`;
-    document.title = `corral: ${job !== null ? `${view} ${job}` : view}`;
+    document.title = `corral: ${job !== null ? `${view} ${job}` : view}${instance ? ` instance ${instance}` : ""}`;
   } catch (e) {
     if (e instanceof Unauthorised) { showLogin(); return; }
     $("problem").textContent = `Could not update: ${e.message}`;
