@@ -1,7 +1,7 @@
 """Test-wide settings: in CI, hypothesis runs a fixed set of examples so a run is repeatable; no test leaves a
 process running in its tmp_path.
 
-Under pytest-xdist (`python3 dev.py test` runs `-n auto --dist loadscope`) each module's tests run on one worker, in
+Under pytest-xdist (`python3 dev.py test` runs `--dist loadscope`) each module's tests run on one worker, in
 order: a module-scoped fixture (a live daemon, a control plane, a browser) starts once, and the tests of a module
 that build on each other's state (the browser's login, the Chronos client's jobs) keep doing so. (xdist's
 loadgroup cannot group them on pytest 9.2, whose node ids no longer take xdist's `@group` suffix.)"""
