@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import venv
 from pathlib import Path
 
@@ -24,12 +25,31 @@ BIN = VENV / "bin"
 DEFAULT_RUN = ["serve"] if shutil.which("nvidia-smi") else ["serve", "--simulate-gpus", "4xH100-80GB"]
 
 
-def sh(*cmd: str | Path) -> None:
+def sh(*cmd: str | Path, env: dict[str, str] | None = None) -> None:
     print("+", " ".join(str(c) for c in cmd), flush=True)
-    rc = subprocess.call([str(c) for c in cmd], cwd=ROOT)
+    rc = subprocess.call([str(c) for c in cmd], cwd=ROOT, env=env)
     if rc != 0:
         # pytest's "no tests ran" (5) is a failure too: every non-zero code stops here.
         sys.exit(rc)
+
+
+def together(*cmds: list[str | Path]) -> None:
+    """Run `cmds` at once; print each one's output in turn; stop on the first that failed, as `sh` does."""
+    running = []
+    for cmd in cmds:
+        out = tempfile.TemporaryFile()  # noqa: SIM115 - closed below, once read
+        running.append((cmd, out, subprocess.Popen([str(c) for c in cmd], cwd=ROOT, stdout=out, stderr=out)))
+    failed = 0
+    for cmd, out, proc in running:
+        rc = proc.wait()
+        print("+", " ".join(str(c) for c in cmd), flush=True)
+        out.seek(0)
+        sys.stdout.buffer.write(out.read())
+        sys.stdout.flush()
+        out.close()
+        failed = failed or rc
+    if failed:
+        sys.exit(failed)
 
 
 def ensure_venv(extra: str) -> None:
@@ -73,12 +93,30 @@ def main(argv: list[str]) -> None:
         os.execv(str(BIN / "corral"), [str(BIN / "corral"), *args])
     ensure_venv("dev")
     ensure_browser()
-    sh(BIN / "ruff", "check", "corral", "tests", "benchmarks", "dev.py")
-    sh(BIN / "mypy")
-    # The placement kernels compiled (about 20 s on a fresh checkout) or loaded from numba's cache once, here, not in
-    # whichever test's subprocess happens to import them first, under that test's timeouts.
-    sh(BIN / "python", "-c", "import corral.placement.kernels")
-    sh(BIN / "python", "-m", "pytest", *argv[1:])
+    # ruff, mypy and the placement kernels side by side (each uses one core). The kernels are compiled (about 20 s on
+    # a fresh checkout) or loaded from numba's cache once, here, not in whichever test's subprocess happens to import
+    # them first, under that test's timeouts.
+    together(
+        [BIN / "ruff", "check", "corral", "tests", "benchmarks", "dev.py"],
+        [BIN / "mypy"],
+        [BIN / "python", "-c", "import corral.placement.kernels"],
+    )
+    # Bytecode is cached (in __pycache__, ignored by git) even where the environment says PYTHONDONTWRITEBYTECODE:
+    # without it every xdist worker compiles and assertion-rewrites each test module again (about 8 s of CPU per
+    # worker), and every daemon and CLI a test starts compiles corral again.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    sh(BIN / "python", "-m", "pytest", *xdist(argv[1:]), *argv[1:], env=env)
+
+
+def xdist(args: list[str]) -> list[str]:
+    """pytest-xdist's options unless the command line gives its own (`-n 0` runs in one process): two workers per
+    core, at most 8 (most tests wait on a daemon, a job or a browser: on 2 cores, 4 workers ran the suite in 228 s,
+    2 in 308 s), each module's tests on one worker in order, so that a module-scoped fixture (a live daemon, a
+    control plane, a browser) starts once (tests/conftest.py)."""
+    if any(a == "-n" or a.startswith(("-n", "--numprocesses", "--dist")) or a == "no:xdist" for a in args):
+        return []
+    workers = min(2 * len(os.sched_getaffinity(0)), 8)
+    return ["-n", str(workers), "--dist", "loadscope"]
 
 
 if __name__ == "__main__":

@@ -1,11 +1,17 @@
 """Test-wide settings: in CI, hypothesis runs a fixed set of examples so a run is repeatable; no test leaves a
-process running in its tmp_path."""
+process running in its tmp_path.
+
+Under pytest-xdist (`python3 dev.py test` runs `--dist loadscope`) each module's tests run on one worker, in
+order: a module-scoped fixture (a live daemon, a control plane, a browser) starts once, and the tests of a module
+that build on each other's state (the browser's login, the Chronos client's jobs) keep doing so. (xdist's
+loadgroup cannot group them on pytest 9.2, whose node ids no longer take xdist's `@group` suffix.)"""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import signal
+from collections import Counter
 from collections.abc import Iterator
 
 import pytest
@@ -18,6 +24,28 @@ os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
 settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
+
+
+def unique_node_ids(items: list[pytest.Item]) -> list[str]:
+    """Give each item a node id of its own where pytest gave several the same (schemathesis' per-operation tests on
+    pytest 9.2, whose node id leaves out their `[GET /v1/jobs]`); returns the ids still shared. pytest-xdist runs tests
+    by node id: of tests that share one, it would run only the first and count the rest as never collected."""
+    counts = Counter(item.nodeid for item in items)
+    for item in items:
+        if counts[item.nodeid] > 1 and item.parent is not None and "[" in item.name and "[" not in item.nodeid:
+            try:
+                from _pytest.nodeid import NodeId  # pytest 9.2's structured id (nodeid is str(item._id))
+            except ImportError:
+                break
+            item._id = NodeId.parse(f"{item.parent.nodeid}::{item.name}")
+    return sorted(nodeid for nodeid, n in Counter(item.nodeid for item in items).items() if n > 1)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the ids
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    shared = unique_node_ids(items)
+    if shared and hasattr(config, "workerinput"):  # an xdist worker: these would silently not run
+        raise pytest.UsageError(f"tests that share a node id, which pytest-xdist cannot run: {shared[:5]}")
 
 
 def _strays(where: str) -> list[int]:

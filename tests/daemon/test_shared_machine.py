@@ -29,6 +29,7 @@ from tests.daemon.realusers import (
     kill_processes_of,
     local_users,
     root_daemon,
+    user_argv,
     user_env,
     wait_for,
 )
@@ -73,7 +74,19 @@ def listening(path: Path) -> Iterator[None]:
         server.close()
 
 
-def test_the_cli_prefers_a_personal_daemon_then_the_shared_one(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+@pytest.fixture
+def short() -> Iterator[Path]:
+    """A temporary folder with a short path: a socket's path has room for 107 bytes, which pytest's tmp_path under
+    xdist (.../pytest-N/popen-gwK/test_name0/) and HOME/.local/state/corral/corral.sock together pass."""
+    path = Path(tempfile.mkdtemp(prefix="corral-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def test_the_cli_prefers_a_personal_daemon_then_the_shared_one(monkeypatch: pytest.MonkeyPatch, short: Path) -> None:
+    tmp_path = short
     monkeypatch.delenv("CORRAL_SOCKET", raising=False)
     monkeypatch.delenv("CORRAL_STATE_DIR", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
@@ -159,7 +172,7 @@ def test_users_find_the_root_daemon_with_no_flags(system_runtime: tuple[Path, di
             home_sock = Path(users["c"].home) / ".local/state/corral/corral.sock"
             own_env = {k: v for k, v in env.items() if k != "CORRAL_RUNTIME_DIR"}
             personal = subprocess.Popen(
-                ["/usr/sbin/runuser", "-u", users["c"].name, "--", *CLI, "serve", "--simulate-gpus", "1xT4-16GB"],
+                user_argv(users["c"], [*CLI, "serve", "--simulate-gpus", "1xT4-16GB"]),
                 env=own_env, cwd="/tmp", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
             try:

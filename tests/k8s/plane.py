@@ -20,7 +20,7 @@ from corral.k8s.convert import ANN_NODE_GPUS, LABEL_GPU_COUNT, LABEL_GPU_MODEL, 
 from corral.k8s.deviceplugin import IDS_PER_GPU
 from corral.model.resources import GpuDevice
 from tests.k8s.chart import documents, plain_manifests
-from tests.k8s.test_control_plane import control_plane_script, free_base
+from tests.k8s.test_control_plane import control_plane_script, free_base, plane_down
 
 SCHEDULER = "corral-scheduler"
 
@@ -55,7 +55,7 @@ class Plane:
         self._run("stop-scheduler", str(self.where))
 
     def down(self) -> None:
-        subprocess.run([str(self.script), "down", str(self.where)], env=self.env, capture_output=True, timeout=60)
+        plane_down(self.script, self.where, self.env)
 
     def scheduler_attempts(self) -> float:
         """kube-scheduler's scheduling attempts so far, every result (scheduler_schedule_attempts_total from its

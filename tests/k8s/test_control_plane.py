@@ -9,9 +9,11 @@ of control-plane.sh when ../shared is not beside the checkout).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -41,10 +43,19 @@ def control_plane_script() -> Path | None:
 
 
 def free_base() -> int:
-    """A CP_PORT_BASE whose ports (+0..+2 etcd, +43 apiserver, +59 scheduler) are free now."""
+    """A CP_PORT_BASE whose ports (+0..+2 etcd, +43 apiserver, +59 scheduler) are free now: below the kernel's
+    ephemeral range (32768 and up), where no outgoing connection takes one meanwhile, and, under pytest-xdist, in a
+    slice of its own for each worker, so concurrent planes never race for a base."""
+    low, high = 20000, 32700
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw"):
+        count = max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")), 1)
+        span = (high - low) // count
+        low += int(worker[2:]) % count * span
+        high = low + span
     rng = random.Random()
     for _ in range(50):
-        base = rng.randrange(20000, 60000)
+        base = rng.randrange(low, high - 59)
         try:
             for off in (0, 1, 2, 43, 59):
                 with socket.socket() as s:
@@ -53,6 +64,17 @@ def free_base() -> int:
             continue
         return base
     raise RuntimeError("no free port range for the control plane")
+
+
+def plane_down(script: Path, where: Path, env: dict[str, str]) -> None:
+    """`control-plane.sh down`, after a SIGKILL to what it started: a throwaway plane needs no graceful stop, and
+    kube-apiserver's takes seconds of a test worker's time."""
+    for pidfile in (where / "run").glob("*.pid"):
+        with contextlib.suppress(ValueError, OSError):
+            pid = int(pidfile.read_text())
+            if str(where).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():  # still the plane's, not a reuse
+                os.kill(pid, signal.SIGKILL)
+    subprocess.run([str(script), "down", str(where)], env=env, capture_output=True, timeout=60)
 
 
 class RealBackend:
@@ -134,7 +156,7 @@ def kubeconfig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             api.core.create_node(node)
         yield config
     finally:
-        subprocess.run([str(script), "down", str(where)], env=env, capture_output=True, timeout=60)
+        plane_down(script, where, env)
 
 
 def test_a_bindings_annotations_land_with_it_and_a_second_binding_is_409(kubeconfig: str) -> None:
