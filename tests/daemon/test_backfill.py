@@ -263,7 +263,8 @@ def test_explain_tells_position_holders_reservation_and_estimated_start(tmp_path
     # a job that is not waiting says how it stands, without queue fields
     ended = alice.get(f"/v1/jobs/{held_a}/explain").json()
     assert ended["state"] == "running" and ended["position"] is None and ended["holders"] == []
-    assert ended["story"].startswith("Protected from preemption until ")  # its minimum runtime (docs/preemption.md)
+    assert ended["story"].startswith("It holds GPU ")  # its GPUs, start, time left and who may preempt it
+    assert "but not yet. Protected from preemption until " in ended["story"]  # its minimum runtime
 
 
 # ------------------------------------------------------------------------------------------------ the serve flag

@@ -277,7 +277,7 @@ function amounts(value) {
   if (Array.isArray(value)) return value.length ? value.map((v) => amounts(v)).join(", ") : "none";
   if (typeof value !== "object") return typeof value === "number" && !Number.isInteger(value) ? value.toFixed(3) : String(value);
   const parts = Object.entries(value).filter(([, v]) => v !== null && v !== 0)
-    // gpus may be a fraction (a share counts by its part: 1.8 GPUs); the other amounts are whole base units
+    // gpus may be a fraction (shares count by their part: 1.8 GPUs); the other amounts are whole base units
     .map(([k, v]) => (AMOUNT[k] && typeof v === "number" ? AMOUNT[k](k === "gpus" ? v : Math.round(v)) : `${k} ${amounts(v)}`));
   return parts.length ? parts.join(", ") : "none";
 }
