@@ -77,3 +77,40 @@ def _no_strays(request: pytest.FixtureRequest) -> Iterator[None]:
     for pid in _strays(where):
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
+
+
+# ------------------------------------------------------------------------------------------------ cgroups left behind
+def _corral_cgroups() -> set[str]:
+    """The `corral-*` subtrees beside this process's own cgroup v2 (corral.executor.cgroup makes one per daemon's
+    state directory, as root without delegation)."""
+    from corral.executor.cgroup import find_v2_mount, own_cgroup
+
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8") as f:
+            mount = find_v2_mount(f.read())
+        with open("/proc/self/cgroup", encoding="utf-8") as f:
+            own = own_cgroup(f.read())
+        if mount is None or own is None:
+            return set()
+        home = mount / own.lstrip("/")
+        return {str(p) for p in home.iterdir() if p.name.startswith("corral-") and p.is_dir()}
+    except OSError:
+        return set()
+
+
+_CGROUPS_BEFORE: set[str] = set()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not hasattr(session.config, "workerinput"):  # the run's own process, not an xdist worker
+        _CGROUPS_BEFORE.update(_corral_cgroups())
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Daemons the tests killed with -9 (on purpose) never remove their subtree: once every worker has finished, the
+    empty ones this run made go (rmdir refuses a cgroup that still has a leaf or a process)."""
+    if hasattr(session.config, "workerinput"):
+        return
+    for path in sorted(_corral_cgroups() - _CGROUPS_BEFORE):
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
