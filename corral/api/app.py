@@ -449,7 +449,9 @@ def create_app(
         try:
             job = daemon.submit(spec, idempotency_key=key)
         except KeyInUse as exc:
-            if spec_to_json(exc.job.spec) != spec_to_json(spec):
+            # a hold since (and its history) is no part of the request: a retry of a held job's submission is the same
+            was = dataclasses.replace(exc.job.spec, held_by="", history=())
+            if spec_to_json(was) != spec_to_json(spec):
                 return error(
                     409,
                     "idempotency_key",

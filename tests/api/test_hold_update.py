@@ -181,3 +181,13 @@ def test_a_hold_and_its_history_survive_reopening_the_store(tmp_path: Path) -> N
     assert got is not None and got.spec == held
     assert spec_from_json(spec_to_json(held)) == held
     again.close()
+
+
+def test_a_retried_submission_of_a_held_job_answers_the_same_job(box: Box) -> None:
+    body = {"command": ["true"], "idempotency_key": "k-1"}
+    first = box.client().post("/v1/jobs", json=body)
+    assert first.status_code == 201
+    job = first.json()["id"]
+    assert post(box, f"/v1/jobs/{job}/hold").status_code == 200
+    again = box.client().post("/v1/jobs", json=body)
+    assert again.status_code == 200 and again.json()["id"] == job and again.json()["held_by"] == "alice"
