@@ -60,6 +60,7 @@ from corral.api.schemas import (
     SubmitIn,
     TokenIn,
     TokenOut,
+    UpdateIn,
     unknown_field,
 )
 from corral.daemon.core import Daemon
@@ -448,7 +449,9 @@ def create_app(
         try:
             job = daemon.submit(spec, idempotency_key=key)
         except KeyInUse as exc:
-            if spec_to_json(exc.job.spec) != spec_to_json(spec):
+            # a hold since (and its history) is no part of the request: a retry of a held job's submission is the same
+            was = dataclasses.replace(exc.job.spec, held_by="", history=())
+            if spec_to_json(was) != spec_to_json(spec):
                 return error(
                     409,
                     "idempotency_key",
@@ -520,6 +523,55 @@ def create_app(
         visible(job_id, who)
         with lock:
             job = daemon.cancel(job_id, None if who.root else who.uid)
+        wake()
+        return JobOut.of(job)
+
+    def acting(job_id: str, who: Peer) -> int | None:
+        """The uid whose jobs the caller may change (None: anyone's, for root and the queues file's admins)."""
+        admin = who.root or daemon.queues.is_admin(who.user, who.uid, who.gid)
+        if not admin:
+            visible(job_id, who)
+        return None if admin else who.uid
+
+    @app.post("/v1/jobs/{job_id}/hold", response_model=JobOut)
+    def hold(job_id: str, who: Caller) -> JobOut:
+        """Hold a waiting job: it is not started until released (docs/hold-update.md)."""
+        uid = acting(job_id, who)
+        with lock:
+            job = daemon.hold(job_id, who.user, uid)
+        return JobOut.of(job)
+
+    @app.post("/v1/jobs/{job_id}/release", response_model=JobOut)
+    def release(job_id: str, who: Caller) -> JobOut:
+        """Release a held job; a hold by root or an admin is released only by root or an admin."""
+        uid = acting(job_id, who)
+        with lock:
+            job = daemon.release(job_id, who.user, uid)
+        wake()
+        return JobOut.of(job)
+
+    @app.patch("/v1/jobs/{job_id}", response_model=JobOut)
+    def update(job_id: str, body: UpdateIn, who: Caller) -> JobOut:
+        """Change a waiting job's priority, time limit, queue, GPUs or name, checked as a submission is
+        (docs/hold-update.md). Users within their bounds; root and the queues file's admins beyond them."""
+        uid = acting(job_id, who)
+        changes: dict[str, object] = {}
+        if body.priority is not None:
+            if uid is not None:
+                check_priority(body.priority, who)
+            changes["priority"] = body.priority
+        if body.time_limit is not None:
+            changes["time_limit_s"] = parse_duration_seconds(body.time_limit, "time_limit", bare="minutes")
+        if body.queue is not None:
+            changes["queue"] = body.queue
+        if body.gpus is not None:
+            changes["gpus"] = body.gpus
+        if body.name is not None:
+            changes["name"] = body.name
+        if not changes:
+            raise InvalidRequest("request", "say what to change: priority, time_limit, queue, gpus or name")
+        with lock:
+            job = daemon.update(job_id, changes, who.user, uid)
         wake()
         return JobOut.of(job)
 

@@ -88,6 +88,30 @@ class PreemptedOut(BaseModel):
     reason: str  # "preempted by job N (user U, priority P) at T: ...; it stopped (...)"
 
 
+class ChangeOut(BaseModel):
+    """One change to a waiting job after submission (hold, release, update): docs/hold-update.md."""
+
+    at: float
+    by: str
+    field: str
+    old: str
+    new: str
+
+
+class UpdateIn(BaseModel):
+    """Changes to a waiting job (PATCH /v1/jobs/ID); only the fields given change. A field it does not know is
+    refused (422): a dependency cannot be added after submission."""
+
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
+
+    #: users: USER_PRIORITY and their queue's bounds; root and admins: up to MAX_PRIORITY
+    priority: int | None = Field(default=None, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
+    time_limit: str | None = Field(default=None, max_length=MAX_QUANTITY_TEXT)
+    queue: str | None = Field(default=None, max_length=64)
+    gpus: int | None = Field(default=None, ge=0, le=MAX_QUANTITY["gpu_count"])
+    name: str | None = Field(default=None, max_length=limits.MAX_NAME)
+
+
 class JobOut(BaseModel):
     id: str
     name: str
@@ -112,6 +136,8 @@ class JobOut(BaseModel):
     gang: bool = False
     dependency: str = ""  # what it waits for ("afterok:12,singleton"; "" for none): docs/dependencies.md
     kill_on_invalid_dep: bool = False
+    held_by: str = ""  # "" when not held (corral hold / release)
+    history: list[ChangeOut] = Field(default_factory=list)  # changes after submission, oldest first
 
     @classmethod
     def of(cls, job: Job, *, log_path: str | None = None) -> JobOut:
@@ -156,6 +182,11 @@ class JobOut(BaseModel):
             dependency=dependency.text(job.spec.dependency),
             kill_on_invalid_dep=job.spec.kill_on_invalid_dep,
             preempted=None if job.preempted is None else PreemptedOut(**dataclasses.asdict(job.preempted)),
+            held_by=clean(job.spec.held_by),
+            history=[
+                ChangeOut(at=c.at, by=clean(c.by), field=c.field, old=clean(c.old), new=clean(c.new))
+                for c in job.spec.history
+            ],
         )
 
 

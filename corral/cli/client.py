@@ -6,6 +6,7 @@ corral ps [-a] [--state S] [--user U] [--name N] [--since 2h] [--limit N] [--new
                                                  your jobs (root with --all: everyone's), 1000 at most per page
 corral cancel ID... | --state queued | --name N  cancel one job, several, or all of yours that match
 corral show ID | logs [-f] ID | explain ID | gpus
+corral hold ID | release ID | update ID [--priority P] [--time-limit T] [--queue Q] [--gpus N] [--name N]
 corral wait ID [--timeout S]                     until the job ends; exits with its status (so does logs -f)
 corral token create NAME | list | revoke ID      bearer tokens for TCP (over the Unix socket)
 
@@ -38,6 +39,7 @@ from corral.cli.transport import AnswerLost, Endpoint, NotConnected, Response, r
 from corral.cli.views import (
     FLAGS,
     ago,
+    change_text,
     command_text,
     explain_text,
     flag_error,
@@ -717,6 +719,51 @@ def cancel_cmd(
     )
     if done["not_found"]:
         raise fail(f"no job {', '.join(done['not_found'])}")
+
+
+@click.command("hold")
+@click.argument("job_id")
+@socket_option
+def hold_cmd(job_id: str, socket: Path | None) -> None:
+    """Hold a waiting job: it is not started until `corral release ID`."""
+    job = call(socket, "POST", f"/v1/jobs/{job_id}/hold").json()
+    say(out, f"job {job['id']}: held by {job['held_by']} (corral release {job['id']})")
+
+
+@click.command("release")
+@click.argument("job_id")
+@socket_option
+def release_cmd(job_id: str, socket: Path | None) -> None:
+    """Release a held job: it waits for its turn again."""
+    job = call(socket, "POST", f"/v1/jobs/{job_id}/release").json()
+    say(out, f"job {job['id']}: released, {job['state']}")
+
+
+@click.command("update")
+@click.argument("job_id")
+@click.option("--priority", type=int, default=None, help="New priority (users: within their bounds).")
+@click.option("--time-limit", "--time", "-t", "time_limit", default=None, help="New time limit, as submit takes it.")
+@click.option("--queue", default=None, help="Move it to this queue.")
+@click.option("--gpus", type=click.IntRange(min=0), default=None, help="New number of GPUs.")
+@click.option("--name", default=None, help="New name.")
+@socket_option
+def update_cmd(
+    job_id: str,
+    priority: int | None,
+    time_limit: str | None,
+    queue: str | None,
+    gpus: int | None,
+    name: str | None,
+    socket: Path | None,
+) -> None:
+    """Change a waiting job; each change is in its history (`corral show ID`)."""
+    body = {"priority": priority, "time_limit": time_limit, "queue": queue, "gpus": gpus, "name": name}
+    body = {k: v for k, v in body.items() if v is not None}
+    if not body:
+        raise fail("say what to change: --priority, --time-limit, --queue, --gpus or --name")
+    job = call(socket, "PATCH", f"/v1/jobs/{job_id}", flag_errors, json=body).json()
+    changes = [change_text(c) for c in job.get("history") or ()]
+    say(out, f"job {job['id']}: ", changes[-1] if changes else "unchanged")
 
 
 @click.command("explain")

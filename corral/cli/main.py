@@ -61,6 +61,11 @@ COMMANDS: dict[str, Lazy] = {
         "running one gets SIGTERM).",
     ),
     "explain": Lazy("corral.cli.client", "explain_cmd", "Why a job waits, or how it ended."),
+    "hold": Lazy("corral.cli.client", "hold_cmd", "Hold a waiting job: it is not started until `corral release ID`."),
+    "release": Lazy("corral.cli.client", "release_cmd", "Release a held job: it waits for its turn again."),
+    "update": Lazy(
+        "corral.cli.client", "update_cmd", "Change a waiting job; each change is in its history (`corral show ID`)."
+    ),
     "wait": Lazy("corral.cli.client", "wait_cmd", "Wait for a job to end; exit with its exit status."),
     "gpus": Lazy(
         "corral.cli.client", "gpus_cmd", "Each GPU: who holds which share, and live use where the daemon can "

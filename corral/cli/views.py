@@ -384,4 +384,20 @@ def show_lines(job: Mapping[str, Any], now: float | None = None) -> list[tuple[s
         ("log", job.get("log_path") or "-"),
         ("origin", job.get("origin") or "-"),
     ]
+    if job.get("held_by"):
+        lines.append(("held", f"by {job['held_by']} (corral release {job.get('id', '')})"))
+    for k, change in enumerate(job.get("history") or ()):
+        lines.append(("history" if k == 0 else "", change_text(change)))
     return lines
+
+
+def change_text(change: Mapping[str, Any]) -> str:
+    """One entry of a job's history: "2026-11-28 12:50:00 priority 0 -> 5 by alice", "... held by root"."""
+    at, by, name = iso(float(change.get("at", 0))), str(change.get("by", "")), str(change.get("field", ""))
+    old, new = str(change.get("old", "")), str(change.get("new", ""))
+    if name == "held":
+        return f"{at} {'held' if new == 'yes' else 'released'} by {by}"
+    if name == "time_limit_s":
+        name = "time limit"
+        old, new = (exact_duration(float(v)) if v else "none" for v in (old, new))
+    return f"{at} {name}: {old or '-'} -> {new or '-'} by {by}"

@@ -42,7 +42,7 @@ import numpy as np
 
 from corral.daemon import gang, preemption
 from corral.daemon.preemption import PREEMPTING, Rules
-from corral.daemon.queues import NOT_PREEMPTIBLE, Queues
+from corral.daemon.queues import NOT_PREEMPTIBLE, Forbidden, Queues
 from corral.daemon.reservation import DEFAULT_TIME_LIMIT_S, Reservation, expected_end
 from corral.daemon.scheduler import Plan, ShapeCache, request_of, schedule
 from corral.executor.base import Executor, Exit, Found, Handle, LaunchSpec
@@ -50,16 +50,18 @@ from corral.gpu.discovery import GpuDiscoveryError
 from corral.gpu.metrics import GpuSampler, GpuUse, ProcessInfo, attribute, read_process
 from corral.gpu.mps import MpsControl, MpsError
 from corral.jobs import dependency
-from corral.jobs.model import Job, JobSpec, JobState, Preempted
+from corral.jobs.model import Change, Job, JobSpec, JobState, Preempted, check_admissible
 from corral.metrics import DaemonMetrics
 from corral.model.errors import InvalidRequest
-from corral.model.resources import Allocation, GpuGrant, Node, Request, affinity_tag
+from corral.model.resources import MILLI_PER_GPU, Allocation, GpuGrant, Node, Request, affinity_tag
 from corral.model.snapshot import ClusterSnapshot
 from corral.placement import PlacementConfig, place, render
 from corral.placement.engine import validate_against
-from corral.store.base import JobQuery, Store, StoreError
+from corral.store.base import JobNotFound, JobQuery, Store, StoreError
 
 CANCELLING = "cancel requested"
+#: A held job's reason: "held by USER (corral release ID)".
+HELD = "held by "
 #: The reason of a job the watchdog is killing starts with this; its exit is then a failure with that reason.
 OVER_GRANT = "killed by corral: "
 #: The reason of a running job past its time limit, while its supervisor stops it (`Daemon._say_over_limit`).
@@ -86,6 +88,22 @@ def _gpus_text(job: Job) -> str:
 
 def _ids_text(ids: Sequence[str], most: int = 10) -> str:
     return ", ".join(ids[:most]) + (f" and {len(ids) - most} more" if len(ids) > most else "")
+
+
+def with_gpus(request: Request, count: int) -> Request:
+    """`request` for `count` GPUs: whole GPUs for a job that had none, a share stays a share; 0 drops the GPUs."""
+    if count == 0:
+        return replace(request, gpu_count=0, gpu_milli=0, gpu_memory_mib=0)
+    return replace(request, gpu_count=count, gpu_milli=request.gpu_milli if request.gpu_count else MILLI_PER_GPU)
+
+
+def text(value: object) -> str:
+    """A field's value as a job's history records it ("" for none)."""
+    if value is None:
+        return ""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
 
 
 def backoff_s(attempts: int) -> float:
@@ -225,8 +243,14 @@ class Daemon:
     def submit(self, spec: JobSpec, idempotency_key: str | None = None) -> Job:
         """Validate against this machine and store durably; the returned job is acknowledged. `idempotency_key`:
         see `Store.add` (KeyInUse carries the job stored earlier under the key)."""
+        spec = self.admit(spec)
+        return self.store.add(spec, self.clock(), idempotency_key=idempotency_key)
+
+    def admit(self, spec: JobSpec, *, admin: bool = False, dependencies: bool = True) -> JobSpec:
+        """`spec` checked against this machine and its queue (named), as submit and update check it. `admin`: the
+        caller is root or an admin (a queue's bounds and submitters do not apply); `dependencies`: check them too."""
         try:
-            spec = self.queues.admit(spec)  # its queue named, and allowed (priority bound, who may submit)
+            spec = self.queues.admit(spec, admin=admin)  # its queue named, and allowed (priority bound, who may submit)
             with self._admit_lock:
                 validate_against(self._empty, spec.request)
                 # Refuse what this machine can never run, even when idle: it would wait for ever.
@@ -234,7 +258,7 @@ class Daemon:
                 whole = gang.place_gang(self._empty, spec.request, spec.instances, self.config, 0)
             if not empty.placed and all(empty.unresolvable(i) for i in range(len(self._empty))):
                 raise InvalidRequest("request", f"can never run on this machine: {render(empty.explanation)}")
-            if spec.dependency:
+            if spec.dependency and dependencies:
                 self.check_dependency(spec)
             if spec.instances > 1:
                 if not getattr(self.executor, "runs_gangs", False):
@@ -245,7 +269,79 @@ class Daemon:
             log.info("refused a job of %s (uid %d): %s: %s", spec.user, spec.uid, exc.field, exc.message)
             self.metrics.refused.labels(exc.field).inc()
             raise
-        return self.store.add(spec, self.clock(), idempotency_key=idempotency_key)
+        return spec
+
+    # ---------------------------------------------------------------------------------------------- hold, update
+    def _waiting(self, job_id: str, uid: int | None, what: str) -> Job:
+        job = self.store.get(job_id)
+        if job is None or (uid is not None and job.spec.uid != uid):
+            raise JobNotFound(job_id)
+        if job.state is not JobState.QUEUED:
+            raise InvalidRequest("state", f"job {job_id} is {job.state.value}: only a waiting job can be {what}")
+        return job
+
+    def _respec(self, job: Job, spec: JobSpec, **fields: object) -> Job:
+        """Store a waiting job's changed spec; its cached dependency verdict is worked out again next round."""
+        done = self.store.update(job.id, expect_version=job.version, spec=spec, **fields)
+        self._dependency_memo.pop(job.id, None)
+        return done
+
+    def hold(self, job_id: str, by: str, uid: int | None = None) -> Job:
+        """Hold a waiting job: it is not offered to the scheduler until released. `uid` None: root or an admin (any
+        job); otherwise the owner's own. Holding a held job changes nothing."""
+        job = self._waiting(job_id, uid, "held")
+        if job.spec.held_by:
+            return job
+        change = Change(self.clock(), by, "held", "no", "yes")
+        spec = replace(job.spec, held_by=by, history=(*job.spec.history, change))
+        return self._respec(job, spec, reason=f"{HELD}{by} (corral release {job.id})")
+
+    def release(self, job_id: str, by: str, uid: int | None = None) -> Job:
+        """Release a held job. A hold by root or an admin (anyone but the owner) is released only by root or an
+        admin. Releasing a job that is not held changes nothing."""
+        job = self._waiting(job_id, uid, "released")
+        if not job.spec.held_by:
+            return job
+        if uid is not None and job.spec.held_by != job.spec.user:
+            raise Forbidden("job", f"job {job_id} was held by {job.spec.held_by}: only root or an admin may release it")
+        change = Change(self.clock(), by, "held", "yes", "no")
+        spec = replace(job.spec, held_by="", history=(*job.spec.history, change))
+        return self._respec(job, spec, **({"reason": ""} if job.reason.startswith(HELD) else {}))
+
+    def update(self, job_id: str, changes: Mapping[str, object], by: str, uid: int | None = None) -> Job:
+        """Change a waiting job: `changes` maps priority, time_limit_s, queue, gpus and name to their new values. The
+        changed job is checked as a submission is (`admit`; its dependencies are unchanged). `uid` None: root or an
+        admin, beyond the owner's bounds."""
+        job = self._waiting(job_id, uid, "updated")
+        spec, request = job.spec, job.spec.request
+        new: dict[str, object] = {}
+        if "priority" in changes:
+            request = replace(request, priority=int(changes["priority"]))  # type: ignore[call-overload]
+        if "gpus" in changes:
+            request = with_gpus(request, int(changes["gpus"]))  # type: ignore[call-overload]
+        if request != spec.request:
+            new["request"] = request
+        for name in ("time_limit_s", "queue", "name"):
+            if name in changes:
+                new[name] = changes[name]
+        changed = replace(spec, **new)  # type: ignore[arg-type]
+        check_admissible(changed)
+        updated = self.admit(changed, admin=uid is None, dependencies=False)
+        now = self.clock()
+        history = [
+            Change(now, by, name, text(getattr(spec, name)), text(getattr(updated, name)))
+            for name in ("name", "queue", "time_limit_s")
+            if getattr(spec, name) != getattr(updated, name)
+        ]
+        for name, old_value, new_value in (
+            ("priority", spec.request.priority, updated.request.priority),
+            ("gpus", spec.request.gpu_count, updated.request.gpu_count),
+        ):
+            if old_value != new_value:
+                history.append(Change(now, by, name, str(old_value), str(new_value)))
+        if not history:
+            return job
+        return self._respec(job, replace(updated, history=(*spec.history, *history)))
 
     def check_dependency(self, spec: JobSpec) -> None:
         """A job may depend on jobs that exist and that its submitter may see: their own, or anyone's for root (a
@@ -319,6 +415,11 @@ class Daemon:
         queued = self.store.list([JobState.QUEUED])
         # Jobs whose dependencies do not hold yet are not offered: neither scheduled nor counted in a queue's order.
         waiting, blocked = self._dependencies(queued, holding)
+        if any(j.spec.held_by for j in queued):  # held: not offered, whatever its dependencies say
+            for j in queued:
+                if j.spec.held_by:
+                    blocked[j.id] = f"{HELD}{j.spec.held_by} (corral release {j.id})"
+            waiting = [j for j in waiting if not j.spec.held_by]
         owner = self._share_owner if self.mps is not None else None
         ends = {j.id: expected_end(j.started_at, j.spec.time_limit_s, self.default_time_limit_s, now) for j in holding}
         # Victims of a preemption end by their kill deadline: the head's reservation then holds what they free for

@@ -75,6 +75,24 @@ MAX_GANG_GROUP = 1000
 
 
 @dataclass(frozen=True)
+class Change:
+    """One change to a waiting job after submission: when, by whom, which field, from what to what (as text)."""
+
+    at: float
+    by: str
+    field: str
+    old: str
+    new: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"at": self.at, "by": self.by, "field": self.field, "old": self.old, "new": self.new}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Change:
+        return cls(float(d["at"]), str(d["by"]), str(d["field"]), str(d["old"]), str(d["new"]))
+
+
+@dataclass(frozen=True)
 class JobSpec:
     """What was submitted. Validated by `Request` for resources; the rest here."""
 
@@ -107,6 +125,10 @@ class JobSpec:
     dependency: tuple[Dependency, ...] = ()
     #: A dependency that can never be met (afterok on a job that failed) cancels it, instead of leaving it waiting.
     kill_on_invalid_dep: bool = False
+    #: Held (`corral hold`): the user who held it, "" when not held. A held job is not offered to the scheduler.
+    held_by: str = ""
+    #: Changes made after submission (hold, release, update), oldest first: `show` lists them (docs/hold-update.md).
+    history: tuple[Change, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.command or not self.command[0]:
@@ -241,6 +263,8 @@ def spec_to_json(s: JobSpec) -> str:
             **({"gang_group": s.gang_group, "gang_size": s.gang_size} if s.gang_group else {}),
             **({"dependency": dependency_text(s.dependency)} if s.dependency else {}),
             **({"kill_on_invalid_dep": True} if s.kill_on_invalid_dep else {}),
+            **({"held_by": s.held_by} if s.held_by else {}),
+            **({"history": [c.to_dict() for c in s.history]} if s.history else {}),
         },
         sort_keys=True,
     )
@@ -279,4 +303,6 @@ def spec_from_json(text: str) -> JobSpec:
         gang_size=int(d.get("gang_size", 0)),
         dependency=deps,
         kill_on_invalid_dep=bool(d.get("kill_on_invalid_dep", False)),
+        held_by=str(d.get("held_by", "")),  # absent in jobs stored before hold existed, or never held
+        history=tuple(Change.from_dict(c) for c in d.get("history", ())),
     )

@@ -236,9 +236,11 @@ FIELD_TYPES: Mapping[str, tuple[tuple[type, ...], bool]] = {
     "gpu_uuids": ((tuple, builtins.list), False),
     "reason": ((str,), False),
     "preempted": ((Preempted,), True),
+    # a waiting job's hold and updates (corral.daemon.core.Daemon.hold/update; the user and uid never change)
+    "spec": ((JobSpec,), False),
 }
 #: Fields no write may set: `state` only through `transition(to=...)`, the rest never change after `add`.
-FIXED_FIELDS = frozenset({"id", "spec", "version", "submitted_at", "state"})
+FIXED_FIELDS = frozenset({"id", "version", "submitted_at", "state"})
 
 _unknown = {f.name for f in dataclasses.fields(Job)} ^ (set(FIELD_TYPES) | FIXED_FIELDS)
 if _unknown:  # pragma: no cover - catches a Job field added without teaching the stores about it

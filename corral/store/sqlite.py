@@ -611,6 +611,8 @@ def _encode(name: str, value: Any) -> Any:
         return json.dumps(list(value))
     if name == "preempted":
         return None if value is None else value.to_json()
+    if name == "spec":
+        return spec_to_json(value)
     return value
 
 

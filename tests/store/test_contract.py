@@ -540,6 +540,15 @@ def test_unknown_job(store: Store) -> None:
     assert str(JobNotFound("99")) == "job: no job 99"
 
 
+def test_a_write_may_set_the_whole_spec(store: Store) -> None:
+    """A waiting job's hold and update (corral.daemon.core.Daemon.hold/update) store its changed spec."""
+    job = store.add(simple_spec(), now=0)
+    renamed = dataclasses.replace(job.spec, name="renamed")
+    assert store.update(job.id, spec=renamed).spec == renamed
+    got = store.get(job.id)
+    assert got is not None and got.spec == renamed and got.version == job.version + 1
+
+
 def test_fields_a_write_cannot_set(store: Store) -> None:
     job = store.add(simple_spec(), now=0)
     with pytest.raises(ValueError, match="unknown job field 'colour'"):
@@ -548,10 +557,12 @@ def test_fields_a_write_cannot_set(store: Store) -> None:
         store.transition(job.id, S, exitcode=0)
     with pytest.raises(ValueError, match="only through transition"):
         store.update(job.id, state=R)
-    for fixed in ("id", "spec", "version", "submitted_at"):
+    for fixed in ("id", "version", "submitted_at"):
         with pytest.raises(ValueError, match=f"{fixed}' is set by the store"):
             fields: dict[str, Any] = {fixed: "7"}
             store.update(job.id, **fields)
+    with pytest.raises(TypeError, match="'spec' cannot be '7'"):
+        store.update(job.id, spec="7")
     with pytest.raises(TypeError, match="'pid' cannot be 'x'"):
         store.update(job.id, pid="x")
     with pytest.raises(TypeError, match="'attempts' cannot be None"):
