@@ -1,7 +1,7 @@
 """The HTTP API of `corral serve`.
 
     POST /v1/jobs                      submit (201, the job)
-    GET  /v1/jobs[?all=true]           the caller's jobs (root with all=true: everyone's), oldest first, 1000 at most;
+    GET  /v1/jobs                      the caller's jobs (root: everyone's), oldest first, 1000 at most a page;
          &state=&user=&name=&since=&limit=&order=newest&after=ID   filters and paging (X-Corral-Next-After)
     POST /v1/jobs/cancel               bulk cancel: {"ids": [...]} | {"state": "queued"} | {"name": "..."}
     GET  /v1/jobs/{id}                 one job
@@ -479,11 +479,12 @@ def create_app(
         limit: Annotated[int, Query(ge=0, le=MAX_LIST_LIMIT)] = DEFAULT_LIST_LIMIT,
         order: Literal["oldest", "newest"] = "oldest",
     ) -> Response:
-        """The caller's jobs (root: `all=true` everyone's, `user=NAME` one user's), oldest first (`order=newest`:
-        newest first), at most `limit` (default 1000). Filters: `state` (repeatable or comma-separated), `name`,
-        `since` (submitted at or after, seconds since the epoch), `ended_after` (jobs not ended, or ended at or after
-        that time). A full page carries `X-Corral-Next-After`: pass it as `after` for the next page."""
-        user_name, uid = scope(who, everyone, user)
+        """The caller's jobs (root: everyone's, as squeue shows an admin; `user=NAME` one user's), oldest first
+        (`order=newest`: newest first), at most `limit` (default 1000). Filters: `state` (repeatable or
+        comma-separated), `name`, `since` (submitted at or after, seconds since the epoch), `ended_after` (jobs not
+        ended, or ended at or after that time). A full page carries `X-Corral-Next-After`: pass it as `after` for the
+        next page. (`all=true` is kept for older clients: root sees everyone's without it.)"""
+        user_name, uid = scope(who, everyone or who.root, user)  # a listing: root's default is everyone's
         for field, value in (("since", since), ("ended_after", ended_after)):
             if value is not None and not math.isfinite(value):
                 raise InvalidRequest(field, f"must be a finite number of seconds since the epoch, got {value}")
