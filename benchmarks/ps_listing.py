@@ -71,6 +71,7 @@ def main() -> None:
                 ("ps", [*CLI, "ps"]),
                 ("ps --json", [*CLI, "ps", "--json"]),
                 ("ps --limit 1000", [*CLI, "ps", "--limit", "1000"]),
+                ("ps --limit 10000", [*CLI, "ps", "--limit", "10000"]),
             ):
                 med, lo, hi, size = timed(argv, env, args.runs)
                 print(f"{label:18} median {med:.3f} s ({lo:.3f}-{hi:.3f}), {size / 1e6:.2f} MB out")

@@ -60,6 +60,7 @@ from corral.api.schemas import (
     SubmitIn,
     TokenIn,
     TokenOut,
+    job_row,
     unknown_field,
 )
 from corral.daemon.core import Daemon
@@ -494,7 +495,7 @@ def create_app(
         )  # fmt: skip
         jobs = daemon.store.query(query)  # a read of the store: no need to wait for a scheduling round
         headers = {"X-Corral-Next-After": jobs[-1].id} if jobs and len(jobs) == limit else {}
-        body = orjson.dumps([JobOut.of(j).model_dump() for j in jobs])
+        body = orjson.dumps([job_row(j) for j in jobs])  # JobOut's fields, without a model a row
         return Response(body, media_type="application/json", headers=headers)
 
     @app.post("/v1/jobs/cancel", response_model=CancelManyOut)
