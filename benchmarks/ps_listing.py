@@ -55,7 +55,7 @@ def main() -> None:
                     raise SystemExit("the daemon did not start")
                 time.sleep(0.05)
             endpoint = Endpoint.unix(str(sock))
-            request(endpoint, "POST", "/v1/jobs", json={"command": ["sleep", "3600"], "gpus": 4})
+            hog = request(endpoint, "POST", "/v1/jobs", json={"command": ["sleep", "3600"], "gpus": 4}).json()["id"]
 
             def submit(i: int) -> None:
                 answer = request(endpoint, "POST", "/v1/jobs", json={"command": ["true"], "gpus": 4, "name": f"w{i}"})
@@ -82,6 +82,7 @@ def main() -> None:
                 took.append(time.perf_counter() - t0)
             print(f"{'API page (10000)':18} median {statistics.median(took):.3f} s, {len(answer.content) / 1e6:.2f} MB")
             print(f"load after: {os.getloadavg()[0]:.1f}")
+            request(endpoint, "POST", f"/v1/jobs/{hog}/cancel")  # a daemon that stops leaves its jobs running
         finally:
             server.terminate()
             server.wait(timeout=30)
