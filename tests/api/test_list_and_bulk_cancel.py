@@ -11,6 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from corral.api.schemas import JobOut, job_row
+from corral.cli import client
 from corral.daemon.core import Daemon
 from corral.executor.fake import FakeExecutor
 from corral.gpu.simulated import parse_simulated_inventory
@@ -172,3 +173,19 @@ def test_a_listings_rows_are_jobouts_fields_exactly(world: World) -> None:
         assert [type(v) for v in row.values()] == [type(v) for v in model.values()]
     listed = alice.get("/v1/jobs").json()
     assert listed == [JobOut.of(j).model_dump(mode="json") for j in jobs[:-1] if j.spec.user == "alice"]
+
+
+def test_a_listing_gives_only_the_fields_asked_for(world: World) -> None:
+    alice, _, _ = fill(world)
+    rows = alice.get("/v1/jobs", params={"fields": "state, id", "limit": 2}).json()
+    assert rows == [{"id": "1", "state": "running"}, {"id": "2", "state": "running"}]  # JobOut's order
+    full = alice.get("/v1/jobs", params={"limit": 1}).json()[0]
+    table = alice.get("/v1/jobs", params={"fields": client.PS_FIELDS, "limit": 1}).json()[0]
+    assert table == {k: full[k] for k in client.PS_FIELDS.split(",")}
+    bad = alice.get("/v1/jobs", params={"fields": "id,colour,size"})
+    assert bad.status_code == 422
+    assert bad.json()["detail"]["field"] == "fields"
+    assert bad.json()["detail"]["message"].startswith("unknown field 'colour', 'size'; a job's fields: id, name, user,")
+    empty = alice.get("/v1/jobs", params={"fields": ","})
+    assert empty.status_code == 422
+    assert empty.json()["detail"]["message"].startswith("name at least one of a job's fields: id, name,")
