@@ -2,7 +2,7 @@
 
     POST /v1/jobs                      submit (201, the job)
     GET  /v1/jobs                      the caller's jobs (root: everyone's), oldest first, 1000 at most a page;
-         &state=&user=&name=&since=&limit=&order=newest&after=ID   filters and paging (X-Corral-Next-After)
+         &state=&user=&name=&since=&limit=&order=newest&after=ID&fields=   filters, paging (X-Corral-Next-After)
     POST /v1/jobs/cancel               bulk cancel: {"ids": [...]} | {"state": "queued"} | {"name": "..."}
     GET  /v1/jobs/{id}                 one job
     POST /v1/jobs/{id}/cancel          cancel it
