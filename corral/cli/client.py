@@ -482,7 +482,7 @@ def list_pages(
 @click.command("ps")
 @click.option(
     "--all", "-a", "everyone", is_flag=True,
-    help="Also jobs that ended more than an hour ago (hidden by default); root: every user's jobs too.",
+    help="Also jobs that ended more than an hour ago (hidden by default).",
 )  # fmt: skip
 @click.option(
     "--state", multiple=True,
