@@ -462,15 +462,13 @@ def list_pages(
 ) -> tuple[list[dict[str, Any]], str | None]:
     """Every job the daemon lists for `params` (at most `limit`), page after page from `after`; and, when `limit` cut
     the list, the id to page on from (None: nothing left out)."""
-    import orjson  # about 1 ms, and only for a listing
-
     jobs: list[dict[str, Any]] = []
     while True:
         # With a limit, one job more than it shows: whether any was left out (a full page alone does not say).
         want = PS_PAGE if limit is None else min(PS_PAGE, limit + 1 - len(jobs))
         page_params = [*params, ("limit", want)] + ([("after", after)] if after is not None else [])
         response = call(socket, "GET", "/v1/jobs", flag_errors, params=page_params)
-        jobs.extend(orjson.loads(response.content))  # 3 MB for 5,000 jobs: about 3x faster than json
+        jobs.extend(response.json())
         if limit is not None and len(jobs) > limit:
             del jobs[limit:]
             return jobs, jobs[-1]["id"]

@@ -5,6 +5,7 @@ everyone's jobs, a user only their own (issue 26, item 7). The CLI's requests go
 from __future__ import annotations
 
 import json
+from http.client import HTTPMessage
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from corral.cli import client, render
+from corral.cli.transport import Response
 from tests.api.test_api import ALICE, BOB, ROOT, World, submit
 
 Peer = tuple[int, int, str]
@@ -99,3 +101,12 @@ def test_a_tables_fast_path_lines_up_as_the_cut_one() -> None:
     assert piped == ["ID   NAME     STATE", "1    名前     queued", "22   a\\x1bb   running"]
     assert view.lines(color=False, cells=200) == piped
     assert view.lines(color=False, cells=12) == ["ID   NAME", "1    名前", "22   a\\x1bb"]
+
+
+def test_an_answer_with_a_lone_surrogates_escape_still_decodes() -> None:
+    """Answers are decoded by orjson, which refuses `\\ud800`; the daemon sends that escape for text an older corral
+    stored (SafeJSONResponse), so such an answer goes to json instead, and bad JSON is still a ValueError."""
+    assert Response(200, HTTPMessage(), b'[{"name": "\\ud800x"}]').json() == [{"name": "\ud800x"}]
+    assert Response(200, HTTPMessage(), b'{"id": "1"}').json() == {"id": "1"}
+    with pytest.raises(ValueError):
+        Response(502, HTTPMessage(), b"<html>bad gateway</html>").json()
