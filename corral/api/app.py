@@ -1,8 +1,8 @@
 """The HTTP API of `corral serve`.
 
     POST /v1/jobs                      submit (201, the job)
-    GET  /v1/jobs[?all=true]           the caller's jobs (root with all=true: everyone's), oldest first, 1000 at most;
-         &state=&user=&name=&since=&limit=&order=newest&after=ID   filters and paging (X-Corral-Next-After)
+    GET  /v1/jobs                      the caller's jobs (root: everyone's), oldest first, 1000 at most a page;
+         &state=&user=&name=&since=&limit=&order=newest&after=ID&fields=   filters, paging (X-Corral-Next-After)
     POST /v1/jobs/cancel               bulk cancel: {"ids": [...]} | {"state": "queued"} | {"name": "..."}
     GET  /v1/jobs/{id}                 one job
     POST /v1/jobs/{id}/cancel          cancel it
@@ -61,6 +61,7 @@ from corral.api.schemas import (
     TokenIn,
     TokenOut,
     UpdateIn,
+    job_row,
     unknown_field,
 )
 from corral.daemon.core import Daemon
@@ -302,6 +303,22 @@ def dependency_hint(v: dependency.Verdict) -> str:
 STATE_ALIASES = {"pending": JobState.QUEUED.value}
 
 
+def list_fields(text: str | None) -> list[str] | None:
+    """`GET /v1/jobs`'s `fields` ("id,state,reason"): JobOut's field names, in JobOut's order; None: all of them."""
+    if text is None:
+        return None
+    asked = {f.strip() for f in text.split(",") if f.strip()}
+    unknown = sorted(asked - JobOut.model_fields.keys())
+    if unknown or not asked:
+        raise InvalidRequest(
+            "fields",
+            f"unknown field {', '.join(map(repr, unknown))}; a job's fields: {', '.join(JobOut.model_fields)}"
+            if unknown
+            else f"name at least one of a job's fields: {', '.join(JobOut.model_fields)}",
+        )
+    return [f for f in JobOut.model_fields if f in asked]
+
+
 def parse_states(values: Sequence[str] | None) -> frozenset[JobState] | None:
     """`state` filters, each repeatable or comma-separated ("queued,running"); InvalidRequest names a bad one."""
     if values is None:
@@ -481,12 +498,16 @@ def create_app(
         after: str | None = None,
         limit: Annotated[int, Query(ge=0, le=MAX_LIST_LIMIT)] = DEFAULT_LIST_LIMIT,
         order: Literal["oldest", "newest"] = "oldest",
+        fields: str | None = None,
     ) -> Response:
-        """The caller's jobs (root: `all=true` everyone's, `user=NAME` one user's), oldest first (`order=newest`:
-        newest first), at most `limit` (default 1000). Filters: `state` (repeatable or comma-separated), `name`,
-        `since` (submitted at or after, seconds since the epoch), `ended_after` (jobs not ended, or ended at or after
-        that time). A full page carries `X-Corral-Next-After`: pass it as `after` for the next page."""
-        user_name, uid = scope(who, everyone, user)
+        """The caller's jobs (root: everyone's, as squeue shows an admin; `user=NAME` one user's), oldest first
+        (`order=newest`: newest first), at most `limit` (default 1000). Filters: `state` (repeatable or
+        comma-separated), `name`, `since` (submitted at or after, seconds since the epoch), `ended_after` (jobs not
+        ended, or ended at or after that time). A full page carries `X-Corral-Next-After`: pass it as `after` for the
+        next page. (`all=true` is kept for older clients: root sees everyone's without it.) `fields=id,state,...`:
+        only those of each job's fields (a table's few: `corral ps` asks for ten, under half the bytes)."""
+        user_name, uid = scope(who, everyone or who.root, user)  # a listing: root's default is everyone's
+        wanted = list_fields(fields)
         for field, value in (("since", since), ("ended_after", ended_after)):
             if value is not None and not math.isfinite(value):
                 raise InvalidRequest(field, f"must be a finite number of seconds since the epoch, got {value}")
@@ -496,7 +517,10 @@ def create_app(
         )  # fmt: skip
         jobs = daemon.store.query(query)  # a read of the store: no need to wait for a scheduling round
         headers = {"X-Corral-Next-After": jobs[-1].id} if jobs and len(jobs) == limit else {}
-        body = orjson.dumps([JobOut.of(j).model_dump() for j in jobs])
+        rows = [job_row(j) for j in jobs]  # JobOut's fields, without a model a row
+        if wanted is not None:
+            rows = [{k: r[k] for k in wanted} for r in rows]
+        body = orjson.dumps(rows)
         return Response(body, media_type="application/json", headers=headers)
 
     @app.post("/v1/jobs/cancel", response_model=CancelManyOut)

@@ -3,7 +3,7 @@
 corral serve --simulate-gpus 2xA100-80GB          run the daemon (corral.cli.serve; socket: see serve_locations)
 corral submit --gpus 1 -- python train.py        prints the job id
 corral ps [-a] [--state S] [--user U] [--name N] [--since 2h] [--limit N] [--newest] [--after ID] [--json]
-                                                 your jobs (root with --all: everyone's), 1000 at most per page
+                                                 your jobs (root: everyone's), all of them (--limit: at most N)
 corral cancel ID... | --state queued | --name N  cancel one job, several, or all of yours that match
 corral show ID | logs [-f] ID | explain ID | gpus
 corral hold ID | release ID | update ID [--priority P] [--time-limit T] [--queue Q] [--gpus N] [--name N]
@@ -453,10 +453,36 @@ def since_time(value: str, now: float) -> float:
 RECENT_S = 3600.0
 
 
+#: `corral ps` asks the daemon for this many jobs a request (its most), and for as many pages as it takes.
+PS_PAGE = 10000
+#: What `corral ps`'s table shows of a job (its --json: every field).
+PS_FIELDS = "id,name,user,state,command,submitted_at,finished_at,gpus,reason,preempted"
+
+
+def list_pages(
+    socket: Path | None, params: list[tuple[str, str | int | float]], limit: int | None, after: str | None
+) -> tuple[list[dict[str, Any]], str | None]:
+    """Every job the daemon lists for `params` (at most `limit`), page after page from `after`; and, when `limit` cut
+    the list, the id to page on from (None: nothing left out)."""
+    jobs: list[dict[str, Any]] = []
+    while True:
+        # With a limit, one job more than it shows: whether any was left out (a full page alone does not say).
+        want = PS_PAGE if limit is None else min(PS_PAGE, limit + 1 - len(jobs))
+        page_params = [*params, ("limit", want)] + ([("after", after)] if after is not None else [])
+        response = call(socket, "GET", "/v1/jobs", flag_errors, params=page_params)
+        jobs.extend(response.json())
+        if limit is not None and len(jobs) > limit:
+            del jobs[limit:]
+            return jobs, jobs[-1]["id"]
+        after = response.headers.get("X-Corral-Next-After")
+        if not after:
+            return jobs, None
+
+
 @click.command("ps")
 @click.option(
     "--all", "-a", "everyone", is_flag=True,
-    help="Also jobs that ended more than an hour ago (hidden by default); root: every user's jobs too.",
+    help="Also jobs that ended more than an hour ago (hidden by default).",
 )  # fmt: skip
 @click.option(
     "--state", multiple=True,
@@ -468,8 +494,8 @@ RECENT_S = 3600.0
 @click.option("--name", default=None, help="Only jobs with this name.")
 @click.option("--since", default=None, help="Submitted since: 45m, 2h (ago) or a date (old finished jobs included).")
 @click.option(
-    "--limit", type=click.IntRange(min=1), default=1000, show_default=True,
-    help="At most this many (the daemon allows 10000).",
+    "--limit", type=click.IntRange(min=1), default=None,
+    help="At most this many (default: every job that matches).",
 )  # fmt: skip
 @click.option("--newest", is_flag=True, help="Newest first (default: oldest first).")
 @click.option("--after", default=None, help="The page after this job id (see the hint).")
@@ -481,34 +507,35 @@ def ps_cmd(
     user: str | None,
     name: str | None,
     since: str | None,
-    limit: int,
+    limit: int | None,
     newest: bool,
     after: str | None,
     as_json: bool,
     socket: Path | None,
 ) -> None:
-    """List your jobs (root with --all: everyone's), oldest first, 1000 at most: page on with --after.
+    """List your jobs (root: everyone's, as squeue does for an admin), oldest first, every one that matches.
 
-    Jobs that ended more than an hour ago are left out unless --all, --state or --since asks for them. Times are
-    relative here (3m ago) and ISO 8601 with --json."""
+    Jobs that ended more than an hour ago are left out unless --all, --state or --since asks for them. --limit N
+    shows at most N (and says how to page on with --after). Times are relative here (3m ago) and ISO 8601 with
+    --json."""
     now = time.time()
-    params: list[tuple[str, str | int | float]] = [("limit", limit)] + [("state", s) for s in state]
+    params: list[tuple[str, str | int | float]] = [("state", s) for s in state]
     if everyone:
         params.append(("all", "true"))
     elif not state and since is None:
         params.append(("ended_after", now - RECENT_S))
-    for key, value in (("user", user), ("name", name), ("after", after)):
+    for key, value in (("user", user), ("name", name)):
         if value is not None:
             params.append((key, value))
     if since is not None:
         params.append(("since", since_time(since, now)))
     if newest:
         params.append(("order", "newest"))
-    response = call(socket, "GET", "/v1/jobs", flag_errors, params=params)
-    jobs = response.json()
-    more = response.headers.get("X-Corral-Next-After")
+    if not as_json:  # the table's fields only: under half the bytes to send, decode and read
+        params.append(("fields", PS_FIELDS))
+    jobs, more = list_pages(socket, params, limit, after)
     if more:  # on stderr, so that --json output stays one JSON document
-        say(err, "more jobs: corral ps ... --after ", more)
+        say(err, f"more jobs not shown (--limit {limit}): the next ones with --after {more}, or a larger --limit")
     if as_json:
         dump(iso_times(jobs))
         return

@@ -48,8 +48,8 @@ COMMANDS: dict[str, Lazy] = {
         "environment.",
     ),
     "ps": Lazy(
-        "corral.cli.client", "ps_cmd", "List your jobs (root with --all: everyone's), oldest first, 1000 at most: "
-        "page on with --after.",
+        "corral.cli.client", "ps_cmd", "List your jobs (root: everyone's, as squeue does for an admin), oldest first, "
+        "every one that matches.",
     ),
     "show": Lazy("corral.cli.client", "show_cmd", "One job in full."),
     "logs": Lazy(

@@ -105,8 +105,15 @@ class Response:
         return self.content.decode("utf-8", "replace")
 
     def json(self) -> Any:
-        """The body as JSON (ValueError when it is not)."""
-        return json_module.loads(self.content)
+        """The body as JSON (ValueError when it is not). Decoded by orjson: a page of 5,000 jobs (3 MB) about 3x
+        faster than json; imported here, on first use (about 1 ms). What orjson refuses and json takes (the escape of
+        a lone surrogate, `\\ud800`, which the daemon sends for text an older corral stored) goes to json."""
+        import orjson
+
+        try:
+            return orjson.loads(self.content)
+        except orjson.JSONDecodeError:
+            return json_module.loads(self.content)
 
 
 def target(prefix: str, url: str, params: Any = None) -> str:

@@ -16,6 +16,7 @@ the sentence is about one node the CLI says it the way one says it of one machin
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 import time
@@ -224,12 +225,18 @@ def short_reason(job: Mapping[str, Any], now: float | None = None) -> str:
         text = "being preempted" + (f" by {m[1]}" if m else "")
     else:
         # a queued job's state already says it waits: the table keeps the words on why
-        text = machine_words(reason, short=True).strip().removeprefix(NOT_NOW)
+        text = _short_words(reason)
         if job.get("state") == "queued" and (before := preempted_text(job, time.time() if now is None else now)):
             if text.startswith("preempted by"):  # just stopped: its reason tells the preemption until the next round
                 text = "queued again"
             return f"{before}; {_cell(text) if text else 'waits for its turn'}"  # the cell's width for the why
     return _cell(text)
+
+
+@functools.lru_cache(maxsize=256)
+def _short_words(reason: str) -> str:
+    """A waiting or ended job's reason in a table's words: remembered, as the jobs of a long queue mostly share one."""
+    return machine_words(reason, short=True).strip().removeprefix(NOT_NOW)
 
 
 def _cell(text: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -9,10 +10,12 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from corral.api.schemas import JobOut, job_row
+from corral.cli import client
 from corral.daemon.core import Daemon
 from corral.executor.fake import FakeExecutor
 from corral.gpu.simulated import parse_simulated_inventory
-from corral.jobs.model import JobSpec, JobState
+from corral.jobs.model import JobSpec, JobState, Preempted
 from corral.model.resources import Request
 from corral.placement import PlacementConfig
 from corral.store import JobQuery, SqliteStore
@@ -55,7 +58,8 @@ def test_list_filters_by_state_name_since_and_user(world: World) -> None:
     assert other.status_code == 403
     assert other.json() == {"detail": {"field": "user", "message": "only root can see or cancel other users' jobs"}}
     assert ids(bob.get("/v1/jobs", params={"all": "true"})) == ["8", "9", "10"]  # all=true is root's only
-    assert ids(root.get("/v1/jobs")) == []
+    assert ids(root.get("/v1/jobs")) == [str(i) for i in range(1, 11)]  # root sees everyone's, as squeue does
+    assert ids(root.get("/v1/jobs", params={"name": "a", "state": "queued"})) == ["3", "5", "7", "8", "9", "10"]
     assert ids(root.get("/v1/jobs", params={"user": "bob", "order": "newest"})) == ["10", "9", "8"]
     assert ids(root.get("/v1/jobs", params={"all": "true", "name": "a", "state": "queued"})) == [
         "3", "5", "7", "8", "9", "10",
@@ -150,3 +154,38 @@ def test_bulk_cancel_of_thousands_is_one_commit(tmp_path: Path) -> None:
     finally:
         raw.close()
     assert counts == {JobState.CANCELLED.value: 1499, JobState.QUEUED.value: 1500, JobState.RUNNING.value: 1}
+
+
+def test_a_listings_rows_are_jobouts_fields_exactly(world: World) -> None:
+    """The list route builds its rows without pydantic (job_row, for speed): the same keys, values and types as
+    JobOut, for jobs queued, running on GPUs, ended, preempted, with a dependency, models, a time limit, odd text."""
+    alice, _, _ = fill(world)
+    submit(alice, gpus=1, gpu_model=["A100"], time_limit="90", name="é", dependency="afterok:1")
+    alice.post("/v1/jobs/3/cancel")
+    world.tick()
+    jobs = world.daemon.store.query(JobQuery())
+    odd = dataclasses.replace(jobs[0].spec, name="\udc80odd")  # a lone surrogate, stored by an older corral
+    jobs.append(dataclasses.replace(jobs[0], spec=odd, preempted=Preempted(2, 5.0, "by job 9"), gpu_uuids=("GPU-a",)))
+    assert {j.state for j in jobs} >= {JobState.RUNNING, JobState.QUEUED, JobState.CANCELLED}
+    for job in jobs:
+        row, model = job_row(job), JobOut.of(job).model_dump()
+        assert row == model and list(row) == list(model)
+        assert [type(v) for v in row.values()] == [type(v) for v in model.values()]
+    listed = alice.get("/v1/jobs").json()
+    assert listed == [JobOut.of(j).model_dump(mode="json") for j in jobs[:-1] if j.spec.user == "alice"]
+
+
+def test_a_listing_gives_only_the_fields_asked_for(world: World) -> None:
+    alice, _, _ = fill(world)
+    rows = alice.get("/v1/jobs", params={"fields": "state, id", "limit": 2}).json()
+    assert rows == [{"id": "1", "state": "running"}, {"id": "2", "state": "running"}]  # JobOut's order
+    full = alice.get("/v1/jobs", params={"limit": 1}).json()[0]
+    table = alice.get("/v1/jobs", params={"fields": client.PS_FIELDS, "limit": 1}).json()[0]
+    assert table == {k: full[k] for k in client.PS_FIELDS.split(",")}
+    bad = alice.get("/v1/jobs", params={"fields": "id,colour,size"})
+    assert bad.status_code == 422
+    assert bad.json()["detail"]["field"] == "fields"
+    assert bad.json()["detail"]["message"].startswith("unknown field 'colour', 'size'; a job's fields: id, name, user,")
+    empty = alice.get("/v1/jobs", params={"fields": ","})
+    assert empty.status_code == 422
+    assert empty.json()["detail"]["message"].startswith("name at least one of a job's fields: id, name,")

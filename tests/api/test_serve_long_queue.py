@@ -33,7 +33,11 @@ def test_ps_filters_and_pages_and_cancel_takes_many(corral: Corral) -> None:
     assert ids(corral, "--since", "10m", "--newest", "--limit", "2") == small[:-3:-1]
     page = corral.run("ps", "--json", "--limit", "3")
     assert [j["id"] for j in json.loads(page.stdout)] == [hog, *big[:2]]
-    assert page.stderr.strip() == f"more jobs: corral ps ... --after {big[1]}"
+    assert (
+        page.stderr.strip()
+        == f"more jobs not shown (--limit 3): the next ones with --after {big[1]}, or a larger --limit"
+    )
+    assert corral.run("ps", "--json", "--limit", "10").stderr == ""  # all 10 fit: nothing left out, nothing said
     assert ids(corral, "--limit", "3", "--after", big[1]) == [big[2], big[3], small[0]]
     done = corral.run("cancel", "--state", "queued", "--name", "s0")
     assert done.stdout.strip() == "cancelled 3, cancelling 0 (running: SIGTERM sent), already ended 0"

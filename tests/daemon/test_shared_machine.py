@@ -159,6 +159,8 @@ def test_users_find_the_root_daemon_with_no_flags(system_runtime: tuple[Path, di
 
             wait_for("the jobs", lambda: {j["state"] for j in everyone().values()} == {"succeeded"})
             assert {i: j["user"] for i, j in everyone().items()} == {jobs[r]: users[r].name for r in ("a", "b")}
+            as_root = subprocess.run([*CLI, "ps", "--json"], env=env, capture_output=True, text=True, timeout=60)
+            assert {j["id"] for j in json.loads(as_root.stdout)} == set(jobs.values())  # root's ps: everyone's
             for role in ("a", "b", "c"):  # each sees their own job only (c: none)
                 done = as_user(users[role], [*CLI, "ps", "--json"], env=env)
                 assert done.returncode == 0, done.stderr
