@@ -242,6 +242,11 @@ def job_row(job: Job) -> dict[str, Any]:
         "gang": spec.gang,
         "dependency": dependency.text(spec.dependency),
         "kill_on_invalid_dep": spec.kill_on_invalid_dep,
+        "held_by": clean(spec.held_by),
+        "history": [
+            {"at": float(c.at), "by": clean(c.by), "field": c.field, "old": clean(c.old), "new": clean(c.new)}
+            for c in spec.history
+        ],
     }
 
 

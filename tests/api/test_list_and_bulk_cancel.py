@@ -163,7 +163,12 @@ def test_a_listings_rows_are_jobouts_fields_exactly(world: World) -> None:
     submit(alice, gpus=1, gpu_model=["A100"], time_limit="90", name="é", dependency="afterok:1")
     alice.post("/v1/jobs/3/cancel")
     world.tick()
+    stored = world.daemon.store.query(JobQuery())
+    waiting = [j.id for j in stored if j.state is JobState.QUEUED and j.spec.user == "alice"]
+    assert alice.post(f"/v1/jobs/{waiting[0]}/hold").status_code == 200  # held, with a history
+    assert alice.patch(f"/v1/jobs/{waiting[0]}", json={"priority": 3}).status_code == 200
     jobs = world.daemon.store.query(JobQuery())
+    assert any(j.spec.held_by and j.spec.history for j in jobs)
     odd = dataclasses.replace(jobs[0].spec, name="\udc80odd")  # a lone surrogate, stored by an older corral
     jobs.append(dataclasses.replace(jobs[0], spec=odd, preempted=Preempted(2, 5.0, "by job 9"), gpu_uuids=("GPU-a",)))
     assert {j.state for j in jobs} >= {JobState.RUNNING, JobState.QUEUED, JobState.CANCELLED}
