@@ -627,10 +627,8 @@ def create_app(
                 preemptible_now=ran.preemptible_now,
                 may_be_preempted_by=ran.preempted_by,
             )
-        if job.state is not JobState.QUEUED:
-            guard = daemon.queues.protection_story(job, daemon.clock())  # its minimum runtime, if still in it
-            said = " ".join(t for t in (guard, before) if t)
-            return ExplainOut(state=job.state.value, reason=clean(job.reason), story=said or None, preempted=was)
+        if job.state is not JobState.QUEUED:  # it has ended: no minimum runtime to tell of
+            return ExplainOut(state=job.state.value, reason=clean(job.reason), story=before or None, preempted=was)
         if job.spec.dependency:
             v = daemon.dependency_verdict(job)
             if v.status is not dependency.Status.READY:  # not offered to the scheduler yet: no place in any queue

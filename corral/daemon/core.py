@@ -106,6 +106,11 @@ def text(value: object) -> str:
     return str(value)
 
 
+def held_reason(job: Job) -> str:
+    """A held job's reason, as `hold` stores it and every round says it."""
+    return f"{HELD}{job.spec.held_by} (corral release {job.id})"
+
+
 def backoff_s(attempts: int) -> float:
     """Retry delay after the n-th failed attempt: 1, 2, 4, ... seconds, at most 5 minutes."""
     return float(min(MAX_BACKOFF_S, 2.0 ** max(0, attempts - 1)))
@@ -294,7 +299,7 @@ class Daemon:
             return job
         change = Change(self.clock(), by, "held", "no", "yes")
         spec = replace(job.spec, held_by=by, history=(*job.spec.history, change))
-        return self._respec(job, spec, reason=f"{HELD}{by} (corral release {job.id})")
+        return self._respec(job, spec, reason=held_reason(replace(job, spec=spec)))
 
     def release(self, job_id: str, by: str, uid: int | None = None) -> Job:
         """Release a held job. A hold by root or an admin (anyone but the owner) is released only by root or an
@@ -415,11 +420,10 @@ class Daemon:
         queued = self.store.list([JobState.QUEUED])
         # Jobs whose dependencies do not hold yet are not offered: neither scheduled nor counted in a queue's order.
         waiting, blocked = self._dependencies(queued, holding)
-        if any(j.spec.held_by for j in queued):  # held: not offered, whatever its dependencies say
-            for j in queued:
-                if j.spec.held_by:
-                    blocked[j.id] = f"{HELD}{j.spec.held_by} (corral release {j.id})"
-            waiting = [j for j in waiting if not j.spec.held_by]
+        on_hold = {j.id: held_reason(j) for j in queued if j.spec.held_by}
+        if on_hold:  # held: not offered, whatever its dependencies say
+            blocked.update(on_hold)
+            waiting = [j for j in waiting if j.id not in on_hold]
         owner = self._share_owner if self.mps is not None else None
         ends = {j.id: expected_end(j.started_at, j.spec.time_limit_s, self.default_time_limit_s, now) for j in holding}
         # Victims of a preemption end by their kill deadline: the head's reservation then holds what they free for
@@ -500,7 +504,7 @@ class Daemon:
             limit, started = job.spec.time_limit_s, job.started_at
             if job.state is not JobState.RUNNING or limit is None or started is None or now < started + limit:
                 continue
-            if job.reason.startswith((OVER_LIMIT, CANCELLING, PREEMPTING, OVER_GRANT, "ending")):
+            if job.reason.startswith(("ending", CANCELLING, PREEMPTING, OVER_GRANT)):  # OVER_LIMIT is an "ending" too
                 continue
             why = (
                 f"{OVER_LIMIT} ({preemption.span_text(limit)}): its processes are being stopped; its GPUs go to the "
