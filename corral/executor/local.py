@@ -418,8 +418,7 @@ class LocalExecutor:
             except BaseException:
                 for fd in pipes:
                     os.close(fd)
-                if leaf is not None and isinstance(self.cgroups, Subtree):
-                    self.cgroups.remove_leaf(leaf)
+                self._remove_leaf(leaf)
                 raise
             finally:
                 # The supervisor holds its own copies (the lock lives on in the shared open file description).
