@@ -8,6 +8,12 @@
                                                   the table when opened)
     idempotency(uid, key, job_id, created_at)   -- Idempotency-Key -> job, written in the job's own transaction
                                                   (schema 3; older files gain the table when opened)
+    acct(ended_at, job_id, uid, user, queue, name, state, exit_code, submitted_at, started_at, elapsed, gpu_milli,
+         gpu_ids, cpu_milli, gpu_util, gpu_mem_peak, gpu_samples, simulated)
+                                                -- one row per job that ended (corral.store.acct), written with the
+                                                  job's end; clustered by (ended_at, job_id), so a window of time is
+                                                  one range of the table (added within schema 3: a file that lacks
+                                                  it gains it, filled from its ended jobs, when opened)
 
 Why these settings:
 - WAL journal + `synchronous=FULL`: a commit is fsynced to the WAL before `add`/`transition`/`update` return, so an
@@ -26,6 +32,10 @@ Why these settings:
 - Indexes on state, user, submission time and, as expressions over the spec, uid and name: `query` (the API's
   filtered, paged lists) reads only the rows of one page, whatever the table holds (20,000 queued jobs: a page of 100
   in about 3 ms through the API). They are created when a file is opened, so older files gain them too.
+- Accounting reads `acct` alone, never a job's JSON: its rows are narrow and kept in end-time order (WITHOUT
+  ROWID), with indexes by uid, user and state, each then by end time. A month of history (1,000,000 ended jobs)
+  answers a user's or a state's window in milliseconds and sums a whole month per user and queue in well under a
+  second (benchmarks/acct_history.py, BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -49,7 +59,9 @@ from corral.jobs.model import (
     spec_from_json,
     spec_to_json,
 )
+from corral.jobs.usage import Usage
 from corral.model.resources import GpuGrant
+from corral.store.acct import AcctQuery, AcctRecord, SummaryRow, record_of
 from corral.store.base import (
     IDEMPOTENCY_TTL_S,
     JobNotFound,
@@ -121,6 +133,72 @@ CREATE TABLE IF NOT EXISTS idempotency (
     PRIMARY KEY (uid, key)
 );
 CREATE INDEX IF NOT EXISTS idempotency_created ON idempotency (created_at);
+CREATE TABLE IF NOT EXISTS acct (
+    ended_at     REAL    NOT NULL,
+    job_id       INTEGER NOT NULL,
+    uid          INTEGER NOT NULL,
+    user         TEXT    NOT NULL,
+    queue        TEXT    NOT NULL,
+    name         TEXT    NOT NULL,
+    state        TEXT    NOT NULL,
+    exit_code    INTEGER,
+    submitted_at REAL    NOT NULL,
+    started_at   REAL,
+    elapsed      REAL    NOT NULL,
+    gpu_milli    INTEGER NOT NULL,
+    gpu_ids      TEXT    NOT NULL,
+    cpu_milli    INTEGER NOT NULL,
+    gpu_util     REAL,
+    gpu_mem_peak INTEGER,
+    gpu_samples  INTEGER NOT NULL,
+    simulated    INTEGER NOT NULL,
+    PRIMARY KEY (ended_at, job_id)
+) WITHOUT ROWID;
+CREATE UNIQUE INDEX IF NOT EXISTS acct_job ON acct (job_id);
+CREATE INDEX IF NOT EXISTS acct_uid ON acct (uid, ended_at);
+CREATE INDEX IF NOT EXISTS acct_user ON acct (user, ended_at);
+CREATE INDEX IF NOT EXISTS acct_state ON acct (state, ended_at);
+"""
+
+_ACCT_COLUMNS = (
+    "ended_at",
+    "job_id",
+    "uid",
+    "user",
+    "queue",
+    "name",
+    "state",
+    "exit_code",
+    "submitted_at",
+    "started_at",
+    "elapsed",
+    "gpu_milli",
+    "gpu_ids",
+    "cpu_milli",
+    "gpu_util",
+    "gpu_mem_peak",
+    "gpu_samples",
+    "simulated",
+)
+_ACCT_PUT = f"INSERT OR REPLACE INTO acct ({', '.join(_ACCT_COLUMNS)}) VALUES ({', '.join('?' * len(_ACCT_COLUMNS))})"
+_FINAL_VALUES = sorted(s.value for s in FINAL_STATES)
+_FINAL_SQL = ", ".join(f"'{v}'" for v in _FINAL_VALUES)  # the states' own words, never a caller's
+#: A file written before accounting existed: a record for each job that ended (the JSON read in SQL, so a store of
+#: a million jobs gains its records in seconds, once). Its GPU use was never measured: no figures.
+_ACCT_BACKFILL = f"""
+INSERT OR REPLACE INTO acct ({', '.join(_ACCT_COLUMNS)})
+SELECT COALESCE(finished_at, submitted_at), id, json_extract(spec, '$.uid'), user,
+       COALESCE(json_extract(spec, '$.queue'), ''), COALESCE(json_extract(spec, '$.name'), ''), state, exit_code,
+       submitted_at, started_at,
+       CASE WHEN started_at IS NULL THEN 0.0 ELSE MAX(0.0, COALESCE(finished_at, submitted_at) - started_at) END,
+       CASE WHEN gpus = '[]'
+            THEN json_extract(spec, '$.request.gpu_count') * json_extract(spec, '$.request.gpu_milli')
+                 * COALESCE(json_extract(spec, '$.instances'), 1)
+            ELSE (SELECT COALESCE(SUM(json_extract(value, '$[1]')), 0) FROM json_each(jobs.gpus)) END,
+       (SELECT json_group_array(json_extract(value, '$[0]')) FROM json_each(jobs.gpus)),
+       json_extract(spec, '$.request.cpu_milli') * COALESCE(json_extract(spec, '$.instances'), 1),
+       NULL, NULL, 0, 0
+FROM jobs WHERE state IN ({_FINAL_SQL}) AND json_valid(spec) AND json_valid(gpus)
 """
 
 _COLUMNS = (
@@ -140,6 +218,7 @@ _COLUMNS = (
     "reason",
     "version",
     "preempted",
+    "usage",
 )
 _SELECT = f"SELECT {', '.join(_COLUMNS)} FROM jobs"
 
@@ -328,6 +407,7 @@ class SqliteStore:
                 f"UPDATE jobs SET {assignments}, version = ? WHERE id = ?",
                 [(*columns.values(), new.version, int(new.id)) for new in out],
             )
+            self._account(out, left=to is JobState.QUEUED)
             for new in out:  # the memory copy changes with the rows; `_write` drops it if the commit fails
                 if new.state in ACTIVE:
                     self._active[int(new.id)] = new
@@ -355,6 +435,70 @@ class SqliteStore:
                 self._store(new, fields)
                 out.append(new)
         return out
+
+    def acct(self, query: AcctQuery) -> builtins.list[AcctRecord]:
+        where, params = _acct_where(query)
+        if where is None:
+            return []
+        sql = f"SELECT {', '.join(_ACCT_COLUMNS)} FROM acct{where} ORDER BY ended_at, job_id"
+        if query.limit is not None:
+            sql += " LIMIT ?"
+            params.append(query.limit)
+        with self._read("reading the accounts"):
+            rows = self._conn.execute(sql, params).fetchall()
+        return [_acct_record(row) for row in rows]
+
+    def acct_summary(self, query: AcctQuery) -> builtins.list[SummaryRow]:
+        where, params = _acct_where(AcctQuery(query.since, query.until, query.uid, query.user, query.states, query.queue))
+        if where is None:
+            return []
+        sql = (
+            "SELECT user, queue, COUNT(*), SUM(elapsed), SUM(elapsed * gpu_milli), SUM(elapsed * cpu_milli),"
+            " SUM(CASE WHEN gpu_util IS NOT NULL THEN elapsed * gpu_milli * gpu_util END),"
+            " SUM(CASE WHEN gpu_util IS NOT NULL THEN elapsed * gpu_milli END), MAX(simulated)"
+            f" FROM acct{where} GROUP BY user, queue ORDER BY user, queue"
+        )
+        with self._read("summing the accounts"):
+            rows = self._conn.execute(sql, params).fetchall()
+        return [
+            SummaryRow(
+                user=str(user),
+                queue=str(queue),
+                jobs=int(count),
+                elapsed_s=float(elapsed),
+                gpu_hours=float(gpu_ms) / 1000 / 3600,
+                cpu_hours=float(cpu_ms) / 1000 / 3600,
+                gpu_util_pct=float(util) / float(weight) if util is not None and weight else None,
+                simulated=bool(simulated),
+            )
+            for user, queue, count, elapsed, gpu_ms, cpu_ms, util, weight, simulated in rows
+        ]
+
+    def prune_ended(self, before: float, limit: int) -> int:
+        if limit <= 0:
+            return 0
+        with self._write("pruning ended jobs"):
+            ids = [
+                int(row[0])
+                for row in self._conn.execute(
+                    "SELECT job_id FROM acct WHERE ended_at < ? ORDER BY ended_at, job_id LIMIT ?",
+                    (float(before), limit),
+                )
+            ]
+            if ids:
+                marks = ", ".join("?" * len(ids))
+                self._conn.execute(f"DELETE FROM jobs WHERE id IN ({marks}) AND state IN ({_FINAL_SQL})", ids)
+                self._conn.execute(f"DELETE FROM acct WHERE job_id IN ({marks})", ids)
+                self._conn.execute(f"DELETE FROM idempotency WHERE job_id IN ({marks})", ids)
+        return len(ids)
+
+    def _account(self, jobs: Sequence[Job], *, left: bool) -> None:
+        """Inside `_write`: the accounting records of jobs just written (`left`: they left a final state, a retry)."""
+        ended = [job for job in jobs if job.state in FINAL_STATES]
+        if ended:
+            self._conn.executemany(_ACCT_PUT, [_acct_row(record_of(job)) for job in ended])
+        if left:
+            self._conn.executemany("DELETE FROM acct WHERE job_id = ?", [(int(job.id),) for job in jobs])
 
     def put_doc(self, kind: str, key: str, body: Mapping[str, Any], *, expect_version: int | None = None) -> int:
         text = check_doc(kind, key, body)
@@ -487,8 +631,13 @@ class SqliteStore:
                 conn.execute(statement)
         # A column added within schema 3 (preemption records, NULL for every older job): added where missing, and
         # ignored by an older corral (it names the columns it reads), so the file stays readable by both.
-        if "preempted" not in {r[1] for r in conn.execute("PRAGMA table_info(jobs)")}:
+        columns = {r[1] for r in conn.execute("PRAGMA table_info(jobs)")}
+        if "preempted" not in columns:
             conn.execute("ALTER TABLE jobs ADD COLUMN preempted TEXT")
+        if "usage" not in columns:  # likewise for the GPU use of a job's end (corral acct)
+            conn.execute("ALTER TABLE jobs ADD COLUMN usage TEXT")
+        if "jobs" in tables and "acct" not in tables:  # a file from before accounting: its ended jobs' records
+            conn.execute(_ACCT_BACKFILL)
         row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         if row is None:
             conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
@@ -554,6 +703,7 @@ class SqliteStore:
         values["version"] = job.version
         assignments = ", ".join(f"{name} = ?" for name in values)  # names come from check_fields, never the caller
         self._conn.execute(f"UPDATE jobs SET {assignments} WHERE id = ?", (*values.values(), int(job.id)))
+        self._account([job], left="state" in columns and job.state is JobState.QUEUED)
         # The memory copy changes with the row; if the transaction rolls back, `_write` drops the copy.
         if job.state in ACTIVE:
             self._active[int(job.id)] = job
@@ -592,6 +742,7 @@ class SqliteStore:
                 reason=str(d["reason"]),
                 version=int(d["version"]),
                 preempted=None if d["preempted"] is None else Preempted.from_json(d["preempted"]),
+                usage=None if d["usage"] is None else Usage.from_json(d["usage"]),
             )
         except (ValueError, TypeError, KeyError) as exc:  # InvalidRequest is a ValueError
             raise StoreError(f"job store {self.path}: job {d['id']} cannot be read ({exc})") from exc
@@ -609,11 +760,58 @@ def _encode(name: str, value: Any) -> Any:
         return json.dumps([[g.index, g.milli, g.memory_mib] for g in value])
     if name == "gpu_uuids":
         return json.dumps(list(value))
-    if name == "preempted":
+    if name in ("preempted", "usage"):
         return None if value is None else value.to_json()
     if name == "spec":
         return spec_to_json(value)
     return value
+
+
+def _acct_row(r: AcctRecord) -> tuple[Any, ...]:
+    return (
+        r.ended_at, int(r.id), r.uid, r.user, r.queue, r.name, r.state, r.exit_code, r.submitted_at, r.started_at,
+        r.elapsed_s, r.gpu_milli, json.dumps(list(r.gpu_ids)), r.cpu_milli, r.gpu_util_pct, r.gpu_mem_peak_mib,
+        r.gpu_samples, int(r.simulated),
+    )  # fmt: skip
+
+
+def _acct_record(row: Sequence[Any]) -> AcctRecord:
+    (ended, job_id, uid, user, queue, name, state, code, submitted, started, elapsed, gpu_milli, gpu_ids, cpu_milli,
+     util, mem, samples, simulated) = row  # fmt: skip
+    return AcctRecord(
+        id=str(job_id), name=str(name), user=str(user), uid=int(uid), queue=str(queue), state=str(state),
+        exit_code=code, submitted_at=float(submitted), started_at=_optional_float(started), ended_at=float(ended),
+        elapsed_s=float(elapsed), gpu_milli=int(gpu_milli), gpu_ids=tuple(int(i) for i in json.loads(gpu_ids)),
+        cpu_milli=int(cpu_milli), gpu_util_pct=_optional_float(util), gpu_mem_peak_mib=mem, gpu_samples=int(samples),
+        simulated=bool(simulated),
+    )  # fmt: skip
+
+
+def _acct_where(query: AcctQuery) -> tuple[str | None, builtins.list[Any]]:
+    """The WHERE clause of an accounting query and its parameters; (None, []) when nothing can match. Each filter
+    is a range of one of acct's indexes (the table itself for a window of time alone)."""
+    where: builtins.list[str] = []
+    params: builtins.list[Any] = []
+    if query.states is not None:
+        values = sorted(s.value for s in query.states)
+        if not values:
+            return None, []
+        where.append(f"state IN ({', '.join('?' * len(values))})")
+        params.extend(values)
+    for column, value in (("uid", query.uid), ("user", query.user), ("queue", query.queue)):
+        if value is not None:
+            where.append(f"{column} = ?")
+            params.append(value)
+    if query.since is not None:
+        where.append("ended_at >= ?")
+        params.append(float(query.since))
+    if query.until is not None:
+        where.append("ended_at < ?")
+        params.append(float(query.until))
+    if query.after is not None:
+        where.append("(ended_at, job_id) > (?, ?)")
+        params.extend([float(query.after[0]), int(query.after[1])])
+    return (f" WHERE {' AND '.join(where)}" if where else ""), params
 
 
 def _optional_float(value: Any) -> float | None:
