@@ -23,9 +23,7 @@ from dataclasses import dataclass
 
 from corral.jobs.model import FINAL_STATES, Job, JobState
 from corral.model.errors import InvalidRequest
-
-#: The latest time a query may name: the end of year 9999 (what ISO 8601 dates can say), in seconds since the epoch.
-MAX_TIME = 253402300799.0
+from corral.model.times import MAX_TIME
 
 
 @dataclass(frozen=True)
@@ -121,10 +119,8 @@ def record_of(job: Job) -> AcctRecord:
     spec, request = job.spec, job.spec.request
     ended = job.finished_at if job.finished_at is not None else job.submitted_at
     elapsed = 0.0 if job.started_at is None else max(0.0, ended - job.started_at)
-    if job.gpus:
-        gpu_milli = sum(g.milli for g in job.gpus)
-    else:
-        gpu_milli = request.gpu_count * request.gpu_milli * spec.instances
+    asked = request.gpu_count * request.gpu_milli * spec.instances
+    gpu_milli = sum(g.milli for g in job.gpus) if job.gpus else asked
     usage = job.usage
     return AcctRecord(
         id=job.id,
@@ -187,7 +183,9 @@ def parse_cursor(text: str) -> tuple[float, int]:
         if not math.isfinite(value[0]) or value[1] < 0:
             raise ValueError
     except ValueError:
-        raise InvalidRequest("after", f"not a page cursor: {text[:64]!r} (pass X-Corral-Next-After as it came)") from None
+        raise InvalidRequest(
+            "after", f"not a page cursor: {text[:64]!r} (pass X-Corral-Next-After as it came)"
+        ) from None
     return value
 
 

@@ -24,9 +24,9 @@ from typing import Any, Protocol, cast, runtime_checkable
 
 from corral.jobs.model import FINAL_STATES, TRANSITIONS, InvalidTransition, Job, JobSpec, JobState, Preempted
 from corral.jobs.usage import Usage
-from corral.store.acct import AcctQuery, AcctRecord, SummaryRow
 from corral.model.errors import CorralError, InvalidRequest
 from corral.model.resources import GpuGrant
+from corral.store.acct import AcctQuery, AcctRecord, SummaryRow
 
 
 class JobNotFound(InvalidRequest):

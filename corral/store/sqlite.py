@@ -41,6 +41,7 @@ Why these settings:
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import json
 import sqlite3
 import threading
@@ -186,7 +187,7 @@ _FINAL_SQL = ", ".join(f"'{v}'" for v in _FINAL_VALUES)  # the states' own words
 #: A file written before accounting existed: a record for each job that ended (the JSON read in SQL, so a store of
 #: a million jobs gains its records in seconds, once). Its GPU use was never measured: no figures.
 _ACCT_BACKFILL = f"""
-INSERT OR REPLACE INTO acct ({', '.join(_ACCT_COLUMNS)})
+INSERT OR REPLACE INTO acct ({", ".join(_ACCT_COLUMNS)})
 SELECT COALESCE(finished_at, submitted_at), id, json_extract(spec, '$.uid'), user,
        COALESCE(json_extract(spec, '$.queue'), ''), COALESCE(json_extract(spec, '$.name'), ''), state, exit_code,
        submitted_at, started_at,
@@ -449,7 +450,7 @@ class SqliteStore:
         return [_acct_record(row) for row in rows]
 
     def acct_summary(self, query: AcctQuery) -> builtins.list[SummaryRow]:
-        where, params = _acct_where(AcctQuery(query.since, query.until, query.uid, query.user, query.states, query.queue))
+        where, params = _acct_where(dataclasses.replace(query, after=None, limit=None))
         if where is None:
             return []
         sql = (
