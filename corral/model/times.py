@@ -53,7 +53,7 @@ def parse_time(text: str, now: float, field: str = "time") -> float:
                 raise InvalidRequest(field, f"not a time: {text!r} (examples: {TIME_EXAMPLES})") from None
     if not 0 <= value <= MAX_TIME:
         raise InvalidRequest(
-            field, f"{text!r} is {'before 1970' if value < 0 else 'after 9999'}: give a time in between"
+            field, f"{text!r} is {'before 1970' if value < 0 else 'after 9999'}: give a time from 1970 to 9999"
         )
     return value
 
