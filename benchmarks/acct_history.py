@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -165,7 +166,7 @@ def main() -> None:
             ("the month, first page (root)", AcctQuery(since=now - 31 * 86400, limit=10000)),
             ("root: one user by name, the week", AcctQuery(since=week, user=user)),
         ):
-            stats = timed(lambda q=query: store.acct(q), args.runs)
+            stats = timed(partial(store.acct, query), args.runs)
             record(name, stats, f"{len(stats[3])} rows")
         stats = timed(lambda: store.acct_summary(AcctQuery(since=now - 31 * 86400)), args.runs)
         record("summary of the month, every user and queue", stats, f"{len(stats[3])} rows of {args.jobs} jobs")
@@ -192,8 +193,9 @@ def main() -> None:
                     ("CLI: acct -s failed -S now-1d", ["acct", "-s", "failed", "-S", "now-1d"]),
                     ("CLI: acct --summary -S now-30d", ["acct", "--summary", "-S", "now-30d"]),
                 ):
-                    run = lambda a=argv: subprocess.run([*CLI, *a], env=env, capture_output=True, check=True)  # noqa: E731
-                    stats = timed(run, args.runs)
+                    stats = timed(
+                        partial(subprocess.run, [*CLI, *argv], env=env, capture_output=True, check=True), args.runs
+                    )
                     lines = stats[3].stdout.count(b"\n")
                     record(name, stats, f"{lines} lines")
             finally:

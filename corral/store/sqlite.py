@@ -43,6 +43,7 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import json
+import math
 import sqlite3
 import threading
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
@@ -89,6 +90,9 @@ BUSY_TIMEOUT_S = 10.0
 #: spec is damaged is still written and read (as a StoreError naming the job) instead of failing every write.
 _UID = "(CASE WHEN json_valid(spec) THEN json_extract(spec, '$.uid') END)"
 _NAME = "(CASE WHEN json_valid(spec) THEN json_extract(spec, '$.name') END)"
+
+#: The hour a record ended in (hours since the epoch), the key of `acct_hours`: the summary reads whole hours there.
+_HOUR = "CAST({row}.ended_at / 3600 AS INTEGER)"
 
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS meta (
@@ -159,6 +163,46 @@ CREATE UNIQUE INDEX IF NOT EXISTS acct_job ON acct (job_id);
 CREATE INDEX IF NOT EXISTS acct_uid ON acct (uid, ended_at);
 CREATE INDEX IF NOT EXISTS acct_user ON acct (user, ended_at);
 CREATE INDEX IF NOT EXISTS acct_state ON acct (state, ended_at);
+CREATE TABLE IF NOT EXISTS acct_hours (
+    hour        INTEGER NOT NULL,
+    user        TEXT    NOT NULL,
+    queue       TEXT    NOT NULL,
+    state       TEXT    NOT NULL,
+    uid         INTEGER NOT NULL,
+    jobs        INTEGER NOT NULL,
+    elapsed     REAL    NOT NULL,
+    gpu_ms      REAL    NOT NULL,
+    cpu_ms      REAL    NOT NULL,
+    util_ms     REAL    NOT NULL,
+    util_weight REAL    NOT NULL,
+    simulated   INTEGER NOT NULL,
+    PRIMARY KEY (hour, user, queue, state, uid)
+) WITHOUT ROWID;
+CREATE TRIGGER IF NOT EXISTS acct_added AFTER INSERT ON acct BEGIN
+    INSERT INTO acct_hours (hour, user, queue, state, uid, jobs, elapsed, gpu_ms, cpu_ms, util_ms, util_weight,
+                            simulated)
+    VALUES ({_HOUR.format(row="NEW")}, NEW.user, NEW.queue, NEW.state, NEW.uid, 1, NEW.elapsed,
+            NEW.elapsed * NEW.gpu_milli, NEW.elapsed * NEW.cpu_milli,
+            COALESCE(NEW.elapsed * NEW.gpu_milli * NEW.gpu_util, 0.0),
+            CASE WHEN NEW.gpu_util IS NULL THEN 0.0 ELSE NEW.elapsed * NEW.gpu_milli END, NEW.simulated)
+    ON CONFLICT (hour, user, queue, state, uid) DO UPDATE SET
+        jobs = jobs + 1, elapsed = elapsed + excluded.elapsed, gpu_ms = gpu_ms + excluded.gpu_ms,
+        cpu_ms = cpu_ms + excluded.cpu_ms, util_ms = util_ms + excluded.util_ms,
+        util_weight = util_weight + excluded.util_weight, simulated = simulated + excluded.simulated;
+END;
+CREATE TRIGGER IF NOT EXISTS acct_removed AFTER DELETE ON acct BEGIN
+    UPDATE acct_hours SET
+        jobs = jobs - 1, elapsed = elapsed - OLD.elapsed, gpu_ms = gpu_ms - OLD.elapsed * OLD.gpu_milli,
+        cpu_ms = cpu_ms - OLD.elapsed * OLD.cpu_milli,
+        util_ms = util_ms - COALESCE(OLD.elapsed * OLD.gpu_milli * OLD.gpu_util, 0.0),
+        util_weight = util_weight - CASE WHEN OLD.gpu_util IS NULL THEN 0.0 ELSE OLD.elapsed * OLD.gpu_milli END,
+        simulated = simulated - OLD.simulated
+    WHERE hour = {_HOUR.format(row="OLD")} AND user = OLD.user AND queue = OLD.queue AND state = OLD.state
+      AND uid = OLD.uid;
+    DELETE FROM acct_hours
+    WHERE hour = {_HOUR.format(row="OLD")} AND user = OLD.user AND queue = OLD.queue AND state = OLD.state
+      AND uid = OLD.uid AND jobs <= 0;
+END;
 """
 
 _ACCT_COLUMNS = (
@@ -181,13 +225,21 @@ _ACCT_COLUMNS = (
     "gpu_samples",
     "simulated",
 )
-_ACCT_PUT = f"INSERT OR REPLACE INTO acct ({', '.join(_ACCT_COLUMNS)}) VALUES ({', '.join('?' * len(_ACCT_COLUMNS))})"
+_ACCT_PUT = f"INSERT INTO acct ({', '.join(_ACCT_COLUMNS)}) VALUES ({', '.join('?' * len(_ACCT_COLUMNS))})"
 _FINAL_VALUES = sorted(s.value for s in FINAL_STATES)
 _FINAL_SQL = ", ".join(f"'{v}'" for v in _FINAL_VALUES)  # the states' own words, never a caller's
+#: `acct_hours` from the records (a file whose records were written before the hours' sums existed).
+_HOURS_REBUILD = f"""
+INSERT INTO acct_hours (hour, user, queue, state, uid, jobs, elapsed, gpu_ms, cpu_ms, util_ms, util_weight, simulated)
+SELECT {_HOUR.format(row="acct")}, user, queue, state, uid, COUNT(*), SUM(elapsed), SUM(elapsed * gpu_milli),
+       SUM(elapsed * cpu_milli), COALESCE(SUM(elapsed * gpu_milli * gpu_util), 0.0),
+       COALESCE(SUM(CASE WHEN gpu_util IS NULL THEN NULL ELSE elapsed * gpu_milli END), 0.0), SUM(simulated)
+FROM acct GROUP BY 1, 2, 3, 4, 5
+"""
 #: A file written before accounting existed: a record for each job that ended (the JSON read in SQL, so a store of
 #: a million jobs gains its records in seconds, once). Its GPU use was never measured: no figures.
 _ACCT_BACKFILL = f"""
-INSERT OR REPLACE INTO acct ({", ".join(_ACCT_COLUMNS)})
+INSERT INTO acct ({", ".join(_ACCT_COLUMNS)})
 SELECT COALESCE(finished_at, submitted_at), id, json_extract(spec, '$.uid'), user,
        COALESCE(json_extract(spec, '$.queue'), ''), COALESCE(json_extract(spec, '$.name'), ''), state, exit_code,
        submitted_at, started_at,
@@ -450,14 +502,48 @@ class SqliteStore:
         return [_acct_record(row) for row in rows]
 
     def acct_summary(self, query: AcctQuery) -> builtins.list[SummaryRow]:
-        where, params = _acct_where(dataclasses.replace(query, after=None, limit=None))
-        if where is None:
-            return []
+        # The whole hours of the window come from acct_hours (a row per hour, user, queue, state and uid: a month of
+        # a million jobs is about 100,000 rows), the part-hours at its ends from acct itself. Which hour a record
+        # is in is the one expression both use, so none is counted twice or missed.
+        query = dataclasses.replace(query, after=None, limit=None)
+        first = None if query.since is None else math.ceil(query.since / 3600)  # the first whole hour
+        last = None if query.until is None else math.floor(query.until / 3600)  # the end of the last whole one
+        parts: builtins.list[str] = []
+        params: builtins.list[Any] = []
+        records = (
+            "SELECT user, queue, 1 AS jobs, elapsed, elapsed * gpu_milli AS gpu_ms, elapsed * cpu_milli AS cpu_ms,"
+            " COALESCE(elapsed * gpu_milli * gpu_util, 0.0) AS util_ms,"
+            " CASE WHEN gpu_util IS NULL THEN 0.0 ELSE elapsed * gpu_milli END AS util_weight, simulated FROM acct"
+        )
+        if first is not None and last is not None and first >= last:  # no whole hour: the records alone
+            where, values = _acct_where(query)
+            if where is None:
+                return []
+            parts.append(records + where)
+            params += values
+        else:
+            hours, values = _acct_where(dataclasses.replace(query, since=None, until=None), hours=(first, last))
+            if hours is None:
+                return []
+            parts.append(
+                "SELECT user, queue, jobs, elapsed, gpu_ms, cpu_ms, util_ms, util_weight, simulated FROM acct_hours"
+                + hours
+            )
+            params += values
+            hour = _HOUR.format(row="acct")
+            if first is not None:  # since .. the first whole hour
+                edge = dataclasses.replace(query, until=first * 3600.0 + 3600)
+                where, values = _acct_where(edge)
+                parts.append(f"{records}{where} AND {hour} < ?")
+                params += [*values, first]
+            if last is not None:  # the end of the last whole hour .. until
+                edge = dataclasses.replace(query, since=last * 3600.0 - 3600)
+                where, values = _acct_where(edge)
+                parts.append(f"{records}{where} AND {hour} >= ?")
+                params += [*values, last]
         sql = (
-            "SELECT user, queue, COUNT(*), SUM(elapsed), SUM(elapsed * gpu_milli), SUM(elapsed * cpu_milli),"
-            " SUM(CASE WHEN gpu_util IS NOT NULL THEN elapsed * gpu_milli * gpu_util END),"
-            " SUM(CASE WHEN gpu_util IS NOT NULL THEN elapsed * gpu_milli END), MAX(simulated)"
-            f" FROM acct{where} GROUP BY user, queue ORDER BY user, queue"
+            "SELECT user, queue, SUM(jobs), SUM(elapsed), SUM(gpu_ms), SUM(cpu_ms), SUM(util_ms), SUM(util_weight),"
+            f" SUM(simulated) FROM ({' UNION ALL '.join(parts)}) GROUP BY user, queue ORDER BY user, queue"
         )
         with self._read("summing the accounts"):
             rows = self._conn.execute(sql, params).fetchall()
@@ -469,7 +555,7 @@ class SqliteStore:
                 elapsed_s=float(elapsed),
                 gpu_hours=float(gpu_ms) / 1000 / 3600,
                 cpu_hours=float(cpu_ms) / 1000 / 3600,
-                gpu_util_pct=float(util) / float(weight) if util is not None and weight else None,
+                gpu_util_pct=float(util) / float(weight) if weight and weight > 0 else None,
                 simulated=bool(simulated),
             )
             for user, queue, count, elapsed, gpu_ms, cpu_ms, util, weight, simulated in rows
@@ -496,10 +582,11 @@ class SqliteStore:
     def _account(self, jobs: Sequence[Job], *, left: bool) -> None:
         """Inside `_write`: the accounting records of jobs just written (`left`: they left a final state, a retry)."""
         ended = [job for job in jobs if job.state in FINAL_STATES]
+        gone = jobs if left else ended  # a record written again replaces the old: deleted, so the hours' sums follow
+        if gone:
+            self._conn.executemany("DELETE FROM acct WHERE job_id = ?", [(int(job.id),) for job in gone])
         if ended:
             self._conn.executemany(_ACCT_PUT, [_acct_row(record_of(job)) for job in ended])
-        if left:
-            self._conn.executemany("DELETE FROM acct WHERE job_id = ?", [(int(job.id),) for job in jobs])
 
     def put_doc(self, kind: str, key: str, body: Mapping[str, Any], *, expect_version: int | None = None) -> int:
         text = check_doc(kind, key, body)
@@ -627,9 +714,8 @@ class SqliteStore:
                 f" (it has tables {', '.join(sorted(tables))}); choose another file"
             )
         # executescript() would COMMIT first; run the statements one by one inside our transaction instead.
-        for statement in _SCHEMA.split(";"):
-            if statement.strip():
-                conn.execute(statement)
+        for statement in _statements(_SCHEMA):
+            conn.execute(statement)
         # A column added within schema 3 (preemption records, NULL for every older job): added where missing, and
         # ignored by an older corral (it names the columns it reads), so the file stays readable by both.
         columns = {r[1] for r in conn.execute("PRAGMA table_info(jobs)")}
@@ -638,7 +724,9 @@ class SqliteStore:
         if "usage" not in columns:  # likewise for the GPU use of a job's end (corral acct)
             conn.execute("ALTER TABLE jobs ADD COLUMN usage TEXT")
         if "jobs" in tables and "acct" not in tables:  # a file from before accounting: its ended jobs' records
-            conn.execute(_ACCT_BACKFILL)
+            conn.execute(_ACCT_BACKFILL)  # (the trigger sums them by the hour as they go in)
+        elif "acct" in tables and "acct_hours" not in tables:  # records from before the hours' sums: sum them now
+            conn.execute(_HOURS_REBUILD)
         row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         if row is None:
             conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
@@ -768,6 +856,18 @@ def _encode(name: str, value: Any) -> Any:
     return value
 
 
+def _statements(script: str) -> builtins.list[str]:
+    """The statements of an SQL script, each whole (a trigger's body holds semicolons of its own)."""
+    out, part = [], ""
+    for piece in script.split(";"):
+        part += piece + ";"
+        if sqlite3.complete_statement(part):
+            if part.strip(" \n;"):
+                out.append(part)
+            part = ""
+    return out
+
+
 def _acct_row(r: AcctRecord) -> tuple[Any, ...]:
     return (
         r.ended_at, int(r.id), r.uid, r.user, r.queue, r.name, r.state, r.exit_code, r.submitted_at, r.started_at,
@@ -777,20 +877,22 @@ def _acct_row(r: AcctRecord) -> tuple[Any, ...]:
 
 
 def _acct_record(row: Sequence[Any]) -> AcctRecord:
-    (ended, job_id, uid, user, queue, name, state, code, submitted, started, elapsed, gpu_milli, gpu_ids, cpu_milli,
-     util, mem, samples, simulated) = row  # fmt: skip
+    # Positional, and JSON parsed only for a job that held GPUs: a page is up to 10,000 of these.
+    ended, job_id, uid, user, queue, name, state, code, submitted, started, elapsed, gpu_milli, ids, *rest = row
+    cpu_milli, util, mem, samples, simulated = rest
+    gpu_ids = () if ids == "[]" else tuple(int(i) for i in json.loads(ids))
     return AcctRecord(
-        id=str(job_id), name=str(name), user=str(user), uid=int(uid), queue=str(queue), state=str(state),
-        exit_code=code, submitted_at=float(submitted), started_at=_optional_float(started), ended_at=float(ended),
-        elapsed_s=float(elapsed), gpu_milli=int(gpu_milli), gpu_ids=tuple(int(i) for i in json.loads(gpu_ids)),
-        cpu_milli=int(cpu_milli), gpu_util_pct=_optional_float(util), gpu_mem_peak_mib=mem, gpu_samples=int(samples),
-        simulated=bool(simulated),
+        str(job_id), name, user, uid, queue, state, code, submitted, started, ended, elapsed, gpu_milli, gpu_ids,
+        cpu_milli, util, mem, samples, bool(simulated),
     )  # fmt: skip
 
 
-def _acct_where(query: AcctQuery) -> tuple[str | None, builtins.list[Any]]:
+def _acct_where(
+    query: AcctQuery, hours: tuple[int | None, int | None] | None = None
+) -> tuple[str | None, builtins.list[Any]]:
     """The WHERE clause of an accounting query and its parameters; (None, []) when nothing can match. Each filter
-    is a range of one of acct's indexes (the table itself for a window of time alone)."""
+    is a range of one of acct's indexes (the table itself for a window of time alone). `hours`: for acct_hours,
+    whole hours from the first to before the last (None: unbounded) instead of the query's times."""
     where: builtins.list[str] = []
     params: builtins.list[Any] = []
     if query.states is not None:
@@ -809,6 +911,11 @@ def _acct_where(query: AcctQuery) -> tuple[str | None, builtins.list[Any]]:
     if query.until is not None:
         where.append("ended_at < ?")
         params.append(float(query.until))
+    if hours is not None:
+        for bound, op in zip(hours, (">=", "<"), strict=True):
+            if bound is not None:
+                where.append(f"hour {op} ?")
+                params.append(bound)
     if query.after is not None:
         where.append("(ended_at, job_id) > (?, ?)")
         params.extend([float(query.after[0]), int(query.after[1])])

@@ -187,3 +187,42 @@ def test_cursor_and_window_errors_name_the_field() -> None:
         check_window(None, 1e300)
     assert info.value.field == "until" and info.value.message.startswith("must be a time between 1970 and 9999")
     check_window(None, None)
+
+
+def test_sqlite_summary_of_any_window_agrees_with_the_records(tmp_path: Path) -> None:
+    """SQLite sums whole hours from its hourly table and the part-hours at the ends from the records: for windows
+    that start and end anywhere (on an hour, within one, open), after retries and pruning, the sums are the
+    records' own."""
+    import random
+
+    rng = random.Random(7)
+    store = SqliteStore(tmp_path / "jobs.db")
+    hour = 3600.0
+    ids = []
+    for _ in range(120):
+        end = rng.choice([rng.uniform(0, 10 * hour), rng.randrange(11) * hour])  # some exactly on an hour
+        who = rng.choice([("alice", 1000), ("bob", 1001)])
+        use = Usage(3, rng.uniform(0, 100), 10) if rng.random() < 0.7 else None
+        state = rng.choice([OK, FAILED])
+        ids.append(run(store, spec(*who, queue=rng.choice(["a", "b"])), end - rng.uniform(0, hour), end, state, use))
+    for job_id in ids[:10]:  # retried: out of the sums until they end again
+        job = store.get(job_id)
+        assert job is not None
+        if job.state is FAILED:
+            store.transition(job_id, Q, gpus=())
+    store.prune_ended(before=hour, limit=5)
+    bounds = [None, 0.0, hour, 2.5 * hour, 3 * hour, 7 * hour + 1, 10 * hour, 11 * hour]
+    for _ in range(60):
+        since, until = rng.choice(bounds), rng.choice(bounds)
+        if rng.random() < 0.5:
+            since = rng.uniform(0, 11 * hour)
+        if since is not None and until is not None and since >= until:
+            continue
+        for query in (AcctQuery(since, until), AcctQuery(since, until, uid=1001), AcctQuery(since, until, states={OK})):
+            got, want = store.acct_summary(query), summarize(store.acct(query))
+            assert [(r.user, r.queue, r.jobs) for r in got] == [(r.user, r.queue, r.jobs) for r in want], query
+            for g, w in zip(got, want, strict=True):
+                assert (g.elapsed_s, g.gpu_hours, g.cpu_hours) == pytest.approx((w.elapsed_s, w.gpu_hours, w.cpu_hours))
+                assert (g.gpu_util_pct is None) == (w.gpu_util_pct is None)
+                assert g.gpu_util_pct == pytest.approx(w.gpu_util_pct)
+    store.close()
