@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -894,6 +894,7 @@ class Daemon:
             attempt=job.attempts,
             cpu_milli=r.cpu_milli,  # per process (a gang's instance each): its cgroup's cpu.max, memory.max
             memory_mib=r.memory_mib,
+            **_script_fields(job),
         )
         return job, spec
 
@@ -1148,3 +1149,16 @@ class Daemon:
         signalled_ids = {j.id for j in running}
         ended = [j.id for j in found if j.id not in gone and j.id not in signalled_ids]
         return CancelOutcome([j.id for j in cancelled], [j.id for j in running], ended, missing)
+
+
+def _script_fields(job: Job) -> dict[str, Any]:
+    """A launch's batch-script fields (corral.jobs.batch): the stored text, --output and --error as files."""
+    s = job.spec
+    if s.script is None and not s.output and not s.error:
+        return {}
+    from corral.jobs.batch import launch_path
+
+    def path(pattern: str) -> str | None:
+        return launch_path(pattern, job=job.id, user=s.user, name=s.name, cwd=s.cwd) if pattern else None
+
+    return {"script": None if s.script is None else s.script.text, "output": path(s.output), "error": path(s.error)}
