@@ -192,6 +192,23 @@ def spec_from(body: SubmitIn, who: Peer) -> JobSpec:
     )
 
 
+def check_outputs(spec: JobSpec) -> None:
+    """Refuse an --output / --error the job's user could not write, where that is known at submission
+    (corral.executor.outputs; the launch checks again, as the user)."""
+    if not (spec.output or spec.error):
+        return
+    from corral.executor.outputs import reach_problem
+
+    try:
+        groups = frozenset(os.getgrouplist(spec.user, spec.gid))
+    except (KeyError, OSError):
+        groups = frozenset({spec.gid})
+    for field, pattern in (("output", spec.output), ("error", spec.error)):
+        problem = reach_problem(pattern, spec.cwd, spec.uid, groups) if pattern else None
+        if problem is not None:
+            raise InvalidRequest(field, problem)
+
+
 def preempted_story(job: Job) -> str:
     """A sentence on a job's preemptions (explain tells why a running job was stopped before), "" if none."""
     p = job.preempted
@@ -462,6 +479,7 @@ def create_app(
         try:
             spec = spec_from(body, who)
             check_admissible(spec)
+            check_outputs(spec)
             spec = daemon.queues.admit(spec)  # the queue named (so a retry's spec compares equal), bounds checked
         except InvalidRequest:
             raise

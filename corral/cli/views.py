@@ -309,7 +309,7 @@ FLAGS = {
     "instances": "--instances", "gang": "--gang",
     "command": "COMMAND", "state": "--state", "user": "--user", "since": "--since", "limit": "--limit",
     "after": "--after", "request": "", "queue": "--queue", "instance": "--instance", "dependency": "--dependency",
-    "kill_on_invalid_dep": "--kill-on-invalid-dep",
+    "kill_on_invalid_dep": "--kill-on-invalid-dep", "output": "--output", "error": "--error", "script": "script",
 }  # fmt: skip
 
 

@@ -280,9 +280,20 @@ def open_output(path: str, label: str, uid: int, append: bool) -> int:
             flags |= os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
         else:
             flags |= os.O_APPEND  # only /dev/null passes below: nothing is truncated first
+        try:  # what is there now, for a clear refusal (the open below checks again: it may change meanwhile)
+            kind = os.stat(last, dir_fd=dfd, follow_symlinks=False).st_mode & 0o170000
+        except FileNotFoundError:
+            kind = 0o100000
+        if kind == 0o120000:
+            raise OSError(errno.ELOOP, f"{label} {path}: is a symbolic link; corral opens output files only "
+                                       "without following one (O_NOFOLLOW)")  # fmt: skip
+        if kind not in (0o100000, 0o020000):
+            raise OSError(errno.EACCES, f"{label} {path}: is not a regular file")
         try:
             fd = os.open(last, flags, 0o600, dir_fd=dfd)
         except OSError as exc:
+            if exc.errno == errno.ENXIO:  # a FIFO put there since, without a reader
+                raise OSError(errno.EACCES, f"{label} {path}: is not a regular file") from None
             if exc.errno == errno.ELOOP:
                 raise OSError(exc.errno, f"{label} {path}: is a symbolic link; corral opens output files only "
                                          "without following one (O_NOFOLLOW)") from None  # fmt: skip

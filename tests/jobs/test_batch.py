@@ -81,7 +81,9 @@ def test_a_script_too_large_binary_or_not_utf8_is_refused_naming_the_line(tmp_pa
     path = write(tmp_path, b"#!/bin/sh\r\n#SBATCH -t 5\r\ntrue\r\n")
     with pytest.raises(ScriptError) as exc:
         read_script(path)
-    assert str(exc.value) == f"{path} line 1: a DOS line break (\\r\\n): save the script with Unix line breaks (dos2unix)"
+    assert (
+        str(exc.value) == f"{path} line 1: a DOS line break (\\r\\n): save the script with Unix line breaks (dos2unix)"
+    )
     path = write(tmp_path, "#SBATCH -t 5\ntrue\n")
     with pytest.raises(ScriptError) as exc:
         read_script(path)
