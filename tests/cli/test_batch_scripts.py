@@ -139,6 +139,9 @@ def test_a_script_runs_its_stored_text_on_retry_writes_its_output_and_says_what_
     (work / "job.sh").write_text(SCRIPT)
     with serving(tmp_path / "corral.sock", tmp_path / "state") as (corral, _):
         sock = tmp_path / "corral.sock"
+        # A job that runs throughout keeps the daemon's cgroup subtree non-empty: another pytest session on this
+        # machine that ends meanwhile removes the empty corral-* subtrees made during it (tests/conftest.py).
+        keeper = corral.submit("--cpus", "100m", "--memory", "16MiB", "--", "sleep", "600")
         done = run(sock, work, "submit", "job.sh", "a b", "c")
         assert done.returncode == 0, done.stderr
         job = done.stdout.strip()
@@ -183,7 +186,14 @@ def test_a_script_runs_its_stored_text_on_retry_writes_its_output_and_says_what_
         assert ended(corral, apart.stdout.strip()) == "succeeded"
         assert (work / f"p-{apart.stdout.strip()}.out").read_text() == "o\n"
         assert (work / f"p-{apart.stdout.strip()}.err").read_text() == "e\n"
+        # a folder missing at submission may be made before the start; still missing then, the job fails naming it
+        late = run(sock, work, "submit", "-o", "missing/o-%j", "--", "true").stdout.strip()
+        assert ended(corral, late) == (
+            f"failed: could not start: [Errno 2] job {late}: --output {work}/missing/o-{late}: {work}/missing: No such "
+            "file or directory"
+        )
         bad_pattern = run(sock, work, "submit", "-o", "x-%q", "--", "true")
         assert bad_pattern.stderr == (
             "error: --output: %q is no pattern corral knows: %j %A %a %u %x, and %% for a % sign\n"
         )
+        corral.run("cancel", keeper)
