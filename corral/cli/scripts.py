@@ -10,6 +10,7 @@ Imported only when the command names a file, so `corral submit -- true` loads no
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -136,6 +137,8 @@ def submission(ctx: click.Context, command: tuple[str, ...]) -> Submission | Non
     corral = corral_settings(ctx.command, found, name)
     ordered = sorted([*sbatch, *corral], key=lambda s: s.directive.line)  # stable: a line's own order kept
     params, origins = merge(ctx, ordered)
+    if not params.get("name"):  # as sbatch: a batch job's name is its script's file name unless one is given
+        params["name"] = os.path.basename(name)
     script = Script(text, dialect_of(found), name, tuple(command[1:]))
     return Submission(params, script, sbatch_warning(name, ignored) if ignored else None, origins)
 

@@ -271,7 +271,9 @@ def sbatch_settings(found: list[Directive], name: str) -> tuple[list[Setting], l
             if not d.words[i].startswith("-"):
                 raise ScriptError(f"{where}: {d.words[i]!r} is not an option")
             option, value, i = _split_option(d.words, i)
-            written = option if value is None else f"{option}={value}"
+            written = (
+                option if value is None else f"{option}={value}" if option.startswith("--") else f"{option} {value}"
+            )
             param = SBATCH.get(option)
             if param is None:
                 ignored.append(f"{written} (line {d.line})")

@@ -49,6 +49,7 @@ def test_the_command_line_wins_over_directives_and_a_later_directive_over_an_ear
     corral_only = submit_of(tmp_path, "#!/bin/sh\n#CORRAL --gpus 1 --output o-%j\ntrue\n")
     assert corral_only.script.dialect == "corral" and corral_only.params["output"] == "o-%j"
     assert corral_only.warning is None
+    assert corral_only.params["name"] == "job.sh"  # as sbatch: the script's file name, unless a name is given
 
 
 @pytest.mark.parametrize(

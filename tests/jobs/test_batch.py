@@ -103,6 +103,11 @@ def test_directives_are_read_as_sbatch_reads_them() -> None:
     assert str(exc.value) == 'job.sh line 2 (#SBATCH -J "unclosed): No closing quotation'
 
 
+def test_an_ignored_short_option_is_named_as_written() -> None:
+    _, ignored = sbatch_settings(directives("#!/bin/sh\n#SBATCH -N 2 -A lab\n", "j.sh"), "j.sh")
+    assert ignored == ["-N 2 (line 2)", "-A lab (line 2)"]
+
+
 def test_sbatch_directives_become_corral_options_and_the_rest_one_warning() -> None:
     settings, ignored = sbatch_settings(directives(SBATCH, "job.sh"), "job.sh")
     assert [(s.param, s.value, s.directive.line) for s in settings] == [
