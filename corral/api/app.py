@@ -781,6 +781,10 @@ def create_app(
             "X-Corral-Job-State": job.state.value,
             "X-Corral-Instances": str(count),
         }
+        redirected = [name for name, to in (("stdout", job.spec.output), ("stderr", job.spec.error or job.spec.output))
+                      if to]  # fmt: skip
+        if redirected:  # --output / --error: that output is in the user's file, not in this log
+            headers["X-Corral-Redirected"] = ",".join(redirected)
         return Response(data, media_type="text/plain; charset=utf-8", headers=headers)
 
     # -------------------------------------------------------------------------------------------- tokens

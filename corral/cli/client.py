@@ -669,6 +669,7 @@ def _logs(job_id: str, follow: bool, instance: int | None, as_json: bool, interv
     after the other on each poll, each line prefixed with its instance ("[1] ..."); --instance K reads one, as is."""
     logs = [_InstanceLog(instance)]
     prefixed = False
+    noted = False  # the note that --output / --error took the job's output elsewhere, said once
     while True:
         got = False
         state = ""
@@ -685,6 +686,11 @@ def _logs(job_id: str, follow: bool, instance: int | None, as_json: bool, interv
                 log.instance = 0
                 logs += [_InstanceLog(k) for k in range(1, int(r.headers["X-Corral-Instances"]))]
             got = got or bool(r.content)
+            if not noted and not as_json and (redirected := r.headers.get("X-Corral-Redirected")):
+                noted = True
+                streams = " and ".join(redirected.split(","))
+                say(err, f"note: job {job_id} writes its {streams} to the file of its --output/--error, not to this "
+                         f"log (corral show {job_id} names it)")  # fmt: skip
             if as_json:
                 if r.content or not follow:
                     line: dict[str, object] = {

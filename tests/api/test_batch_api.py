@@ -63,7 +63,12 @@ def test_a_script_is_stored_with_its_job_and_launched_from_its_text(world: World
     slurm = {k: v for k, v in launched.env.items() if k.startswith("SLURM_")}
     assert slurm == {"SLURM_JOB_ID": job["id"], "SLURM_JOBID": job["id"], "SLURM_JOB_NAME": "n",
                      "SLURM_SUBMIT_DIR": str(tmp_path), "SLURM_JOB_USER": "alice"}  # fmt: skip
+    logs = world.client(ALICE).get(f"/v1/jobs/{job['id']}/logs")
+    assert logs.headers["X-Corral-Redirected"] == "stdout,stderr"
+    err_only = submit(world.client(ALICE), command=["true"], error="e-%j", cwd=str(tmp_path))
+    assert world.client(ALICE).get(f"/v1/jobs/{err_only['id']}/logs").headers["X-Corral-Redirected"] == "stderr"
     plain = submit(world.client(ALICE), command=["true"])
+    assert "X-Corral-Redirected" not in world.client(ALICE).get(f"/v1/jobs/{plain['id']}/logs").headers
     assert plain["script"] is None and plain["output"] == ""
     missing = world.client(ALICE).get(f"/v1/jobs/{plain['id']}/script")
     assert missing.status_code == 404

@@ -187,6 +187,11 @@ def test_a_script_runs_its_stored_text_on_retry_writes_its_output_and_says_what_
         assert ended(corral, apart.stdout.strip()) == "succeeded"
         assert (work / f"p-{apart.stdout.strip()}.out").read_text() == "o\n"
         assert (work / f"p-{apart.stdout.strip()}.err").read_text() == "e\n"
+        logs = run(sock, work, "logs", apart.stdout.strip())
+        assert (logs.stdout, logs.stderr) == ("", (
+            f"note: job {apart.stdout.strip()} writes its stdout and stderr to the file of its --output/--error, not "
+            f"to this log (corral show {apart.stdout.strip()} names it)\n"
+        ))  # fmt: skip
         # a folder missing at submission may be made before the start; still missing then, the job fails naming it
         late = run(sock, work, "submit", "-o", "missing/o-%j", "--", "true").stdout.strip()
         assert ended(corral, late) == (
