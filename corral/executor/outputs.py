@@ -93,6 +93,8 @@ def reach_problem(pattern: str, cwd: str, uid: int, groups: frozenset[int]) -> s
         st_here = os.stat(here)
     except OSError:
         return None
+    if not _may(st_here, here, uid, groups, SEARCH):  # before anything in it is looked at: nothing of it is told
+        return f"{shown}: the job's user may not enter {here}"
     last_st: os.stat_result | None = None
     if not has_pattern(last):
         with contextlib.suppress(OSError):

@@ -139,6 +139,9 @@ def test_an_output_out_of_reach_at_submission_is_refused(world: World, here: Pat
         assert post(world, output=pattern, cwd=str(mine)).status_code == 201, pattern
     hidden = tmp_path / "hidden"
     hidden.mkdir(mode=0o700)
+    (hidden / "link").symlink_to("/etc/passwd")
+    answer = post(world, output=f"{hidden}/link", cwd=str(mine))  # what is in it is not told: only that it is closed
+    assert answer.json()["detail"]["message"] == f"{hidden}/link: the job's user may not enter {hidden}"
     answer = post(world, error=f"{hidden}/sub/e", cwd=str(mine))
     assert answer.json()["detail"] == {"field": "error", "message": f"{hidden}/sub/e: the job's user may not enter "
                                                                      f"{hidden}"}  # fmt: skip
