@@ -203,3 +203,19 @@ def test_a_script_runs_its_stored_text_on_retry_writes_its_output_and_says_what_
             "error: --output: %q is no pattern corral knows: %j %A %a %u %x, and %% for a % sign\n"
         )
         corral.run("cancel", keeper)
+
+
+def test_submitting_a_script_loads_nothing_heavy(tmp_path: Path) -> None:
+    """`corral submit job.sh` with no daemon there: reads the script and its directives, then one error line."""
+    from tests.cli.test_startup import heavy, loaded_after
+
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\n#SBATCH -t 5 --nodes=1\n#CORRAL --gpus 1\ntrue\n")
+    modules = loaded_after(
+        "from corral.cli.main import app\napp(prog_name='corral')",
+        "submit",
+        str(script),
+        env={"CORRAL_SOCKET": str(tmp_path / "x")},
+    )
+    assert "corral.cli.scripts" in modules and "corral.jobs.batch" in modules
+    assert heavy(modules) == [] and "typer" not in modules
