@@ -5,6 +5,7 @@
          &state=&user=&name=&since=&limit=&order=newest&after=ID&fields=   filters, paging (X-Corral-Next-After)
     POST /v1/jobs/cancel               bulk cancel: {"ids": [...]} | {"state": "queued"} | {"name": "..."}
     GET  /v1/jobs/{id}                 one job
+    GET  /v1/jobs/{id}/script          a batch job's script as stored (text/plain; docs/batch-scripts.md)
     POST /v1/jobs/{id}/cancel          cancel it
     GET  /v1/jobs/{id}/explain         {"state": ..., "reason": ...}: why it waits, or how it ended; a queued job's
                                        position, the jobs holding what it waits for, its reservation and estimated
@@ -73,6 +74,7 @@ from corral.daemon.scheduler import clock_text
 from corral.daemon.tokens import TokenFileError, TokenNotFound, TokenStore
 from corral.daemon.waiting import queue_story, wait_story
 from corral.jobs import dependency
+from corral.jobs.batch import Script
 from corral.jobs.environment import admitted_environment
 from corral.jobs.model import Job, JobSpec, JobState, check_admissible, spec_to_json
 from corral.metrics import CONTENT_TYPE as METRICS_TYPE
@@ -183,7 +185,29 @@ def spec_from(body: SubmitIn, who: Peer) -> JobSpec:
         queue=body.queue or "",
         dependency=dependency.parse(body.dependency) if body.dependency is not None else (),
         kill_on_invalid_dep=body.kill_on_invalid_dep,
+        script=None
+        if body.script is None
+        else Script(body.script.text, body.script.dialect, body.command[0], tuple(body.command[1:])),
+        output=body.output or "",
+        error=body.error or "",
     )
+
+
+def check_outputs(spec: JobSpec) -> None:
+    """Refuse an --output / --error the job's user could not write, where that is known at submission
+    (corral.executor.outputs; the launch checks again, as the user)."""
+    if not (spec.output or spec.error):
+        return
+    from corral.executor.outputs import reach_problem
+
+    try:
+        groups = frozenset(os.getgrouplist(spec.user, spec.gid))
+    except (KeyError, OSError):
+        groups = frozenset({spec.gid})
+    for field, pattern in (("output", spec.output), ("error", spec.error)):
+        problem = reach_problem(pattern, spec.cwd, spec.uid, groups) if pattern else None
+        if problem is not None:
+            raise InvalidRequest(field, problem)
 
 
 def preempted_story(job: Job) -> str:
@@ -456,6 +480,7 @@ def create_app(
         try:
             spec = spec_from(body, who)
             check_admissible(spec)
+            check_outputs(spec)
             spec = daemon.queues.admit(spec)  # the queue named (so a retry's spec compares equal), bounds checked
         except InvalidRequest:
             raise
@@ -542,6 +567,14 @@ def create_app(
     def show(job_id: str, who: Caller) -> JobOut:
         job = visible(job_id, who)
         return JobOut.of(job, log_path=str(daemon.log_path(job.id)))
+
+    @app.get("/v1/jobs/{job_id}/script", response_class=Response)
+    def script(job_id: str, who: Caller) -> Response:
+        """A batch job's script, the text stored at submission (what every attempt runs): text/plain."""
+        job = visible(job_id, who)
+        if job.spec.script is None:
+            return error(404, "script", f"job {job.id} is no batch script: it runs {job.spec.command[0]!r} as it is")
+        return Response(job.spec.script.text.encode("utf-8", "surrogatepass"), media_type="text/plain; charset=utf-8")
 
     @app.post("/v1/jobs/{job_id}/cancel", response_model=JobOut)
     def cancel(job_id: str, who: Caller) -> JobOut:
@@ -749,6 +782,10 @@ def create_app(
             "X-Corral-Job-State": job.state.value,
             "X-Corral-Instances": str(count),
         }
+        redirected = [name for name, to in (("stdout", job.spec.output), ("stderr", job.spec.error or job.spec.output))
+                      if to]  # fmt: skip
+        if redirected:  # --output / --error: that output is in the user's file, not in this log
+            headers["X-Corral-Redirected"] = ",".join(redirected)
         return Response(data, media_type="text/plain; charset=utf-8", headers=headers)
 
     # -------------------------------------------------------------------------------------------- tokens

@@ -5,13 +5,14 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from corral.api.limits import clean
 from corral.daemon.tokens import MAX_NAME, Token
 from corral.jobs import dependency
+from corral.jobs.batch import MAX_PATTERN, MAX_SCRIPT_BYTES
 from corral.jobs.dependency import MAX_DEPENDENCY_TEXT
 from corral.jobs.model import Job
 from corral.model import limits
@@ -20,6 +21,26 @@ from corral.model.units import MAX_QUANTITY_TEXT
 
 #: An Idempotency-Key (header or field): printable ASCII, as the IETF draft's examples (a UUID fits).
 IDEMPOTENCY_KEY = r"^[\x21-\x7e]{1,128}$"
+
+
+class ScriptIn(BaseModel):
+    """A batch script (docs/batch-scripts.md): its text, stored with the job and run from a private copy; the job's
+    `command` is the script's name and arguments. `dialect`: "sbatch" when it had #SBATCH directives (arrays then
+    also get Slurm's SLURM_ARRAY_* variables), else "corral"."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str = Field(min_length=2, max_length=MAX_SCRIPT_BYTES)  # characters here; UTF-8 bytes at admission
+    dialect: Literal["corral", "sbatch"] = "corral"
+
+
+class ScriptOut(BaseModel):
+    """A job's batch script without its text (GET /v1/jobs/ID/script has the text)."""
+
+    name: str
+    dialect: str
+    args: list[str]
+    bytes: int
 
 
 class SubmitIn(BaseModel):
@@ -56,6 +77,12 @@ class SubmitIn(BaseModel):
     dependency: str | None = Field(default=None, max_length=MAX_DEPENDENCY_TEXT)
     #: A dependency that can never be met (afterok on a job that failed) cancels the job instead of leaving it waiting
     kill_on_invalid_dep: bool = False
+    #: A batch script: its text and dialect (the command is its name and arguments)
+    script: ScriptIn | None = None
+    #: Files for the job's output and stderr (patterns %j %A %a %u %x %%; relative to cwd), opened as the job's user;
+    #: none: corral's own log. Output alone takes stderr too, as sbatch's --output does.
+    output: str | None = Field(default=None, min_length=1, max_length=MAX_PATTERN)
+    error: str | None = Field(default=None, min_length=1, max_length=MAX_PATTERN)
 
 
 class GpuOut(BaseModel):
@@ -138,6 +165,9 @@ class JobOut(BaseModel):
     kill_on_invalid_dep: bool = False
     held_by: str = ""  # "" when not held (corral hold / release)
     history: list[ChangeOut] = Field(default_factory=list)  # changes after submission, oldest first
+    script: ScriptOut | None = None  # a batch script's name, dialect, arguments and size (None: a plain command)
+    output: str = ""  # --output / --error as submitted (patterns unexpanded); "": corral's log
+    error: str = ""
 
     @classmethod
     def of(cls, job: Job, *, log_path: str | None = None) -> JobOut:
@@ -187,7 +217,17 @@ class JobOut(BaseModel):
                 ChangeOut(at=c.at, by=clean(c.by), field=c.field, old=clean(c.old), new=clean(c.new))
                 for c in job.spec.history
             ],
+            script=None if job.spec.script is None else ScriptOut(**script_row(job)),
+            output=clean(job.spec.output),
+            error=clean(job.spec.error),
         )
+
+
+def script_row(job: Job) -> dict[str, Any]:
+    s = job.spec.script
+    assert s is not None
+    size = len(s.text.encode("utf-8", "surrogatepass"))
+    return {"name": clean(s.name), "dialect": s.dialect, "args": [clean(a) for a in s.args], "bytes": size}
 
 
 def _float(value: float | None) -> float | None:
@@ -247,6 +287,9 @@ def job_row(job: Job) -> dict[str, Any]:
             {"at": float(c.at), "by": clean(c.by), "field": c.field, "old": clean(c.old), "new": clean(c.new)}
             for c in spec.history
         ],
+        "script": None if spec.script is None else script_row(job),
+        "output": clean(spec.output),
+        "error": clean(spec.error),
     }
 
 

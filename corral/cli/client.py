@@ -315,6 +315,12 @@ json_option = click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
 )  # fmt: skip
 @click.option("--instances", type=int, default=1, show_default=True, help="Processes, each with this request.")
 @click.option("--gang", is_flag=True, help="Start all the instances or none; one failing stops the others.")
+@click.option(
+    "--output", "-o", default=None,
+    help="Write the job's output to this file (patterns: %j job id, %A %a array job and task, %u user, %x name, %% "
+    "a %; relative to this directory), opened as you; stderr too unless --error. Default: corral's log (corral logs).",
+)  # fmt: skip
+@click.option("--error", "-e", default=None, help="Write the job's stderr to this file (patterns as --output).")
 @socket_option
 def submit_cmd(
     command: tuple[str, ...],
@@ -335,19 +341,62 @@ def submit_cmd(
     kill_on_invalid_dep: bool,
     instances: int,
     gang: bool,
+    output: str | None,
+    error: str | None,
     socket: Path | None,
 ) -> None:
     """Submit a job; prints its id. The job runs in this directory with this environment.
 
-    COMMAND and its arguments come after the options (after --, so that its own options stay its own)."""
+    COMMAND and its arguments come after the options (after --, so that its own options stay its own). A batch
+    script as COMMAND (its first lines #CORRAL or #SBATCH directives) is read now and stored with the job; the
+    options given here win over its directives (docs/batch-scripts.md)."""
+    describe: Callable[[Response], str] = flag_errors
+    extra: dict[str, Any] = {}
+    if os.path.isfile(command[0]):  # maybe a batch script: corral.cli.scripts reads its directives
+        from corral.cli.scripts import submission
+        from corral.jobs.batch import ScriptError
+
+        try:
+            batch = submission(click.get_current_context(), command)
+        except ScriptError as exc:
+            raise fail(str(exc)) from None
+        if batch is not None:
+            if batch.warning is not None:
+                say(err, f"warning: {batch.warning}")
+            p = batch.params
+            gpus, gres, gpu_fraction, gpu_memory = p["gpus"], p["gres"], p["gpu_fraction"], p["gpu_memory"]
+            cpus, memory, gpu_model, priority, name = p["cpus"], p["memory"], p["gpu_model"], p["priority"], p["name"]
+            queue, retries, time_limit, no_preempt = p["queue"], p["retries"], p["time_limit"], p["no_preempt"]
+            dependency, kill_on_invalid_dep = p["dependency"], p["kill_on_invalid_dep"]
+            instances, gang, output, error = p["instances"], p["gang"], p["output"], p["error"]
+            extra["script"] = {"text": batch.script.text, "dialect": batch.script.dialect}
+            describe = _directive_errors(batch.origins, command[0])
     body = submit_body(
         command, gpus, gpu_fraction, gpu_memory, cpus, memory, gpu_model, priority, name, queue, retries, time_limit,
         no_preempt, instances, gang, gres=gres, dependency=dependency, kill_on_invalid_dep=kill_on_invalid_dep,
-    )  # fmt: skip
+        output=output, error=error,
+    ) | extra  # fmt: skip
     # One key per submission: a retry after a lost answer gets the job the first attempt made, not a second one.
     key = {"Idempotency-Key": str(uuid.uuid4())}
-    job = call(socket, "POST", "/v1/jobs", flag_errors, json=body, headers=key, retries=SUBMIT_RETRIES).json()
+    job = call(socket, "POST", "/v1/jobs", describe, json=body, headers=key, retries=SUBMIT_RETRIES).json()
     sys.stdout.write(f"{job['id']}\n")
+
+
+def _directive_errors(origins: Mapping[str, Any], script: str) -> Callable[[Response], str]:
+    """`flag_errors`, but an error on a field that a directive of `script` gave names that directive's line."""
+    from corral.cli.scripts import directive_error
+
+    def describe(response: Response) -> str:
+        text = flag_errors(response)
+        try:
+            detail = response.json().get("detail")
+        except (ValueError, AttributeError):
+            return text
+        if isinstance(detail, dict) and "field" in detail:
+            return directive_error(str(detail["field"]), text, origins, script) or text
+        return text
+
+    return describe
 
 
 def gpu_count(text: str | None) -> int | None:
@@ -396,6 +445,8 @@ def submit_body(
     gres: str | None = None,
     dependency: str | None = None,
     kill_on_invalid_dep: bool = False,
+    output: str | None = None,
+    error: str | None = None,
 ) -> dict[str, Any]:
     """The body of `POST /v1/jobs` for `corral submit`'s options (tests/api/test_first_day.py sends every mix).
     Slurm's spellings become corral's here: `--gres gpu:MODEL:N` is --gpus N --gpu-model MODEL."""
@@ -424,6 +475,8 @@ def submit_body(
         # absent unless asked: an older daemon takes the request as before
         **({"dependency": dependency} if dependency is not None else {}),
         **({"kill_on_invalid_dep": True} if kill_on_invalid_dep else {}),
+        **({"output": output} if output is not None else {}),
+        **({"error": error} if error is not None else {}),
         # the rule of corral.jobs.environment: never corral's own variables (CORRAL_TOKEN), never the login's agents
         "env": admitted_environment(os.environ),
         "cwd": os.getcwd(),
@@ -558,10 +611,14 @@ def ps_cmd(
 
 @click.command("show")
 @click.argument("job_id")
+@click.option("--script", "script", is_flag=True, help="Print a batch job's script, as stored with the job.")
 @json_option
 @socket_option
-def show_cmd(job_id: str, as_json: bool, socket: Path | None) -> None:
+def show_cmd(job_id: str, script: bool, as_json: bool, socket: Path | None) -> None:
     """One job in full."""
+    if script:
+        sys.stdout.buffer.write(call(socket, "GET", f"/v1/jobs/{job_id}/script").content)
+        return
     job = call(socket, "GET", f"/v1/jobs/{job_id}").json()
     if as_json:
         dump(iso_times(job))
@@ -612,6 +669,7 @@ def _logs(job_id: str, follow: bool, instance: int | None, as_json: bool, interv
     after the other on each poll, each line prefixed with its instance ("[1] ..."); --instance K reads one, as is."""
     logs = [_InstanceLog(instance)]
     prefixed = False
+    noted = False  # the note that --output / --error took the job's output elsewhere, said once
     while True:
         got = False
         state = ""
@@ -628,6 +686,11 @@ def _logs(job_id: str, follow: bool, instance: int | None, as_json: bool, interv
                 log.instance = 0
                 logs += [_InstanceLog(k) for k in range(1, int(r.headers["X-Corral-Instances"]))]
             got = got or bool(r.content)
+            if not noted and not as_json and (redirected := r.headers.get("X-Corral-Redirected")):
+                noted = True
+                streams = " and ".join(redirected.split(","))
+                say(err, f"note: job {job_id} writes its {streams} to the file of its --output/--error, not to this "
+                         f"log (corral show {job_id} names it)")  # fmt: skip
             if as_json:
                 if r.content or not follow:
                     line: dict[str, object] = {

@@ -309,7 +309,7 @@ FLAGS = {
     "instances": "--instances", "gang": "--gang",
     "command": "COMMAND", "state": "--state", "user": "--user", "since": "--since", "limit": "--limit",
     "after": "--after", "request": "", "queue": "--queue", "instance": "--instance", "dependency": "--dependency",
-    "kill_on_invalid_dep": "--kill-on-invalid-dep",
+    "kill_on_invalid_dep": "--kill-on-invalid-dep", "output": "--output", "error": "--error", "script": "script",
 }  # fmt: skip
 
 
@@ -391,6 +391,18 @@ def show_lines(job: Mapping[str, Any], now: float | None = None) -> list[tuple[s
         ("log", job.get("log_path") or "-"),
         ("origin", job.get("origin") or "-"),
     ]
+    script = job.get("script")
+    if script:  # a batch script (docs/batch-scripts.md): its stored text is what each attempt runs
+        lines.append(
+            (
+                "script",
+                f"{script.get('name', '')} ({script.get('dialect', '')} directives; "
+                f"{script.get('bytes', 0)} bytes stored: corral show --script {job.get('id', '')})",
+            )
+        )
+    for label in ("output", "error"):
+        if job.get(label):
+            lines.append((label, str(job[label])))
     if job.get("held_by"):
         lines.append(("held", f"by {job['held_by']} (corral release {job.get('id', '')})"))
     for k, change in enumerate(job.get("history") or ()):

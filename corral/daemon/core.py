@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -882,10 +882,11 @@ class Daemon:
             except MpsError as exc:
                 self._ended(job, JobState.FAILED, now, exit_code=None, reason=f"could not start: {exc}")
                 return None
+        script = _script_fields(job)
         spec = LaunchSpec(
             job_id=job_id,
             command=job.spec.command,
-            env=job.spec.env,
+            env=script.pop("env", job.spec.env),
             cwd=job.spec.cwd,
             uid=job.spec.uid,
             gid=job.spec.gid,
@@ -898,6 +899,7 @@ class Daemon:
             attempt=job.attempts,
             cpu_milli=r.cpu_milli,  # per process (a gang's instance each): its cgroup's cpu.max, memory.max
             memory_mib=r.memory_mib,
+            **script,
         )
         return job, spec
 
@@ -1154,3 +1156,30 @@ class Daemon:
         signalled_ids = {j.id for j in running}
         ended = [j.id for j in found if j.id not in gone and j.id not in signalled_ids]
         return CancelOutcome([j.id for j in cancelled], [j.id for j in running], ended, missing)
+
+
+def _script_fields(job: Job) -> dict[str, Any]:
+    """A launch's batch-script fields (corral.jobs.batch): the stored text, --output and --error as files."""
+    s = job.spec
+    if s.script is None and not s.output and not s.error:
+        return {}
+    from corral.jobs.batch import launch_path
+
+    def path(pattern: str) -> str | None:
+        return launch_path(pattern, job=job.id, user=s.user, name=s.name, cwd=s.cwd) if pattern else None
+
+    fields: dict[str, Any] = {
+        "script": None if s.script is None else s.script.text, "output": path(s.output), "error": path(s.error),
+    }  # fmt: skip
+    if s.script is not None and s.script.dialect == "sbatch":  # what an sbatch script reads of its job (Slurm's)
+        fields["env"] = {**s.env, **slurm_environment(job)}
+    return fields
+
+
+def slurm_environment(job: Job) -> dict[str, str]:
+    """Slurm's names for a job from an #SBATCH script, so that such scripts run unchanged (docs/batch-scripts.md);
+    the submitter's own SLURM_* of these names (a submission from inside a Slurm job) are replaced."""
+    return {
+        "SLURM_JOB_ID": job.id, "SLURM_JOBID": job.id, "SLURM_JOB_NAME": job.spec.name,
+        "SLURM_SUBMIT_DIR": job.spec.cwd, "SLURM_JOB_USER": job.spec.user,
+    }  # fmt: skip

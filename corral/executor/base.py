@@ -59,6 +59,11 @@ class LaunchSpec:
     #: The request's CPU (milli) and memory (MiB) per process: its cgroup's cpu.max and memory.max where enforced.
     cpu_milli: int = 0
     memory_mib: int = 0
+    #: A batch script's text (corral.jobs.batch): run from a private copy through its #! line, `command` its argv.
+    script: str | None = None
+    #: --output / --error, expanded and absolute: opened as the job's user (truncated on attempt 1, appended to after).
+    output: str | None = None
+    error: str | None = None
 
     def __post_init__(self) -> None:
         if not self.job_id:
@@ -77,6 +82,9 @@ class LaunchSpec:
             raise ValueError(f"job {self.job_id}: attempt must be >= 1, got {self.attempt}")
         if self.time_limit_s is not None and not self.time_limit_s > 0:
             raise ValueError(f"job {self.job_id}: time_limit_s must be > 0 seconds, got {self.time_limit_s}")
+        for label, path in (("output", self.output), ("error", self.error)):
+            if path is not None and not path.startswith("/"):
+                raise ValueError(f"job {self.job_id}: {label} must be an absolute path, got {path!r}")
 
     @property
     def is_share(self) -> bool:

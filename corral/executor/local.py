@@ -402,6 +402,10 @@ class LocalExecutor:
                     "log_fd": LOG_FD,
                     "lock_fd": LOCK_FD,
                     "record_fd": RECORD_FD,
+                    "script": spec.script,
+                    "outputs": None
+                    if spec.output is None and spec.error is None
+                    else {"output": spec.output, "error": spec.error, "append": spec.attempt > 1},
                     "cgroup": None if leaf is None else str(leaf),
                     "cgroup_v1": []
                     if leaf is None or not isinstance(self.cgroups, Subtree)

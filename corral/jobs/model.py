@@ -25,6 +25,7 @@ from corral.model.errors import InvalidRequest
 from corral.model.resources import Constraint, GpuBehavior, GpuGrant, Request
 
 if TYPE_CHECKING:
+    from corral.jobs.batch import Script
     from corral.jobs.dependency import Dependency
 
 
@@ -130,6 +131,12 @@ class JobSpec:
     held_by: str = ""
     #: Changes made after submission (hold, release, update), oldest first: `show` lists them (docs/hold-update.md).
     history: tuple[Change, ...] = ()
+    #: A batch script (corral.jobs.batch): its text, stored here so that a retry or a requeue runs the same text
+    #: whatever became of the file; `command` is its name and arguments. None: an ordinary command.
+    script: Script | None = None
+    #: --output / --error patterns (%j %A %a %u %x %%), "" for corral's own log; opened as the job's user at launch.
+    output: str = ""
+    error: str = ""
 
     def __post_init__(self) -> None:
         if not self.command or not self.command[0]:
@@ -160,6 +167,10 @@ def admission_problems(spec: JobSpec) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     out += [(limits.joined("command", sub), why) for sub, why in limits.command_problems(spec.command)]
     out += [(limits.joined("env", sub), why) for sub, why in limits.env_problems(spec.env)]
+    if spec.script is not None or spec.output or spec.error:
+        from corral.jobs import batch
+
+        out += batch.admission_problems(spec.script, spec.output, spec.error, spec.instances)
     for name, problem in (
         ("name", limits.name_problem(spec.name)),
         ("cwd", limits.cwd_problem(spec.cwd)),
@@ -267,6 +278,9 @@ def spec_to_json(s: JobSpec) -> str:
             **({"kill_on_invalid_dep": True} if s.kill_on_invalid_dep else {}),
             **({"held_by": s.held_by} if s.held_by else {}),
             **({"history": [c.to_dict() for c in s.history]} if s.history else {}),
+            **({"script": s.script.to_dict()} if s.script is not None else {}),
+            **({"output": s.output} if s.output else {}),
+            **({"error": s.error} if s.error else {}),
         },
         sort_keys=True,
     )
@@ -285,6 +299,11 @@ def spec_from_json(text: str) -> JobSpec:
         from corral.jobs import dependency
 
         deps = dependency.parse(str(d["dependency"]))
+    script: Script | None = None
+    if d.get("script"):
+        from corral.jobs.batch import Script
+
+        script = Script.from_dict(d["script"])
     return JobSpec(
         command=tuple(d["command"]),
         request=request_from_dict(d["request"]),
@@ -307,4 +326,7 @@ def spec_from_json(text: str) -> JobSpec:
         kill_on_invalid_dep=bool(d.get("kill_on_invalid_dep", False)),
         held_by=str(d.get("held_by", "")),  # absent in jobs stored before hold existed, or never held
         history=tuple(Change.from_dict(c) for c in d.get("history", ())),
+        script=script,  # absent for an ordinary command, and in every job stored before batch scripts
+        output=str(d.get("output", "")),
+        error=str(d.get("error", "")),
     )
