@@ -25,6 +25,7 @@ from corral.k8s.client import JsonObj, KubeApi, KubeApiError
 from corral.k8s.convert import (
     Assignment,
     allocation_of,
+    gpu_memory_by_model,
     node_from_k8s,
     node_utilization,
     parse_assignment,
@@ -67,6 +68,8 @@ class ClusterState:
         self.utilization: dict[str, list[float | None]] = {}
         self.pods: dict[str, PodRecord] = {}
         self.snapshot: ClusterSnapshot | None = None
+        #: GPU model -> the largest memory of a GPU of it here (pod_request's gpu_memory: HAMi's percentages)
+        self.gpu_memory: dict[str, int] = {}
         #: Bumped on every change that can alter a decision (cached decisions compare it).
         self.generation = 0
         #: Problems seen in the cluster's own objects (a damaged annotation, a pod the snapshot refused):
@@ -81,6 +84,7 @@ class ClusterState:
 
     # ------------------------------------------------------------------ nodes
     def _rebuild(self) -> None:
+        self.gpu_memory = gpu_memory_by_model(self.nodes.values())
         if not self.nodes:
             self.snapshot = None
             self.generation += 1
@@ -178,7 +182,7 @@ class ClusterState:
             self._problem(f"pod {pod_name(obj)}: assignment names {assignment.node} but the pod runs on {node}")
             assignment = None
         try:
-            request = pod_request(obj, min_cpu_milli=0).request
+            request = pod_request(obj, min_cpu_milli=0, gpu_memory=self.gpu_memory).request
         except InvalidRequest as exc:
             self._problem(f"pod {pod_name(obj)} on {node}: {exc}")
             return "gone", None
