@@ -516,8 +516,14 @@ def pod_request(pod: Any, *, min_cpu_milli: int = 1, gpu_memory: Mapping[str, in
     return ask
 
 
+def _type_matches(wanted: str, model: str) -> bool:
+    """HAMi's test (the GPU's type contains the word, case aside), and for corral's short model names ("A100", from
+    NVML's "NVIDIA A100-SXM4-80GB") also the model being one of the word's parts ("NVIDIA-A100-SXM4-80GB")."""
+    return wanted in model.upper() or model.upper() in re.split(r"[^A-Z0-9]+", wanted)
+
+
 def _hami_types(annotation: str, value: str, known: Mapping[str, int] | None) -> frozenset[str]:
-    """HAMi's GPU types (a comma list, each matching any model whose name contains it, case aside) -> models."""
+    """HAMi's GPU types (a comma list; each matches the models _type_matches says) -> the models they allow."""
     wanted = [t.strip().upper() for t in value.split(",") if t.strip()]
     where = f"metadata.annotations[{annotation}]"
     if not wanted:
@@ -525,11 +531,11 @@ def _hami_types(annotation: str, value: str, known: Mapping[str, int] | None) ->
     if annotation == ANN_HAMI_USE_TYPE:
         if known is None:
             return frozenset(t.strip() for t in value.split(",") if t.strip())
-        hits = frozenset(m for m in known if any(t in m.upper() for t in wanted))
+        hits = frozenset(m for m in known if any(_type_matches(t, m) for t in wanted))
         return hits or frozenset(t.strip() for t in value.split(",") if t.strip())
     if known is None:
         raise InvalidRequest(where, "excluding GPU types needs the cluster's GPUs, and none are known here")
-    left = frozenset(m for m in known if not any(t in m.upper() for t in wanted))
+    left = frozenset(m for m in known if not any(_type_matches(t, m) for t in wanted))
     if not left:
         raise InvalidRequest(where, f"excludes every GPU model here ({', '.join(sorted(known)) or 'none'})")
     return left
@@ -790,9 +796,10 @@ def assignment_annotations(assignment: Assignment, style: str | None) -> dict[st
             out[ANN_ELASTIC_CONTAINER + name] = ",".join(str(s.index) for s in slots)
     if style == "keti":
         out[ANN_KETI_UUID] = ",".join(s.uuid for s in assignment.slots)
-    if style == "hami":
-        # HAMi's record of what a pod holds (per GPU "UUID,NVIDIA,MiB,cores:", containers ";"-separated): HAMi's
-        # own scheduler, still running beside corral while pods move over, counts these GPUs as taken
+    if style in ("hami", "nvidia"):
+        # HAMi's record of what a pod of nvidia.com/gpu holds (per GPU "UUID,NVIDIA,MiB,cores:", containers
+        # ";"-separated): HAMi's own scheduler, still running beside corral while pods move over, counts these GPUs
+        # as taken
         out[ANN_HAMI_ALLOCATED] = "".join(
             "".join(f"{s.uuid},NVIDIA,{s.memory_mib},{s.milli * 100 // MILLI_PER_GPU}:" for s in slots) + ";"
             for slots in assignment.containers.values()

@@ -251,7 +251,7 @@ def test_pods_of_one_shape_are_read_once_and_any_difference_is_read_again(monkey
 
 # ---------------------------------------------------------------------------------------------------- HAMi's style
 #: The cluster's GPUs as ClusterState.gpu_memory gives them (model -> the largest memory of one, MiB).
-CLUSTER = {"NVIDIA A100-SXM4-80GB": 81920, "Tesla T4": 15360}
+CLUSTER = {"A100": 81920, "T4": 15360, "A10": 24576}
 HAMI = "spec.containers[0].resources"
 
 
@@ -292,11 +292,16 @@ def test_hami_gpu_types_match_part_of_the_model_name_and_policies_map_to_corrals
         limits = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1024"}
         return pod_request(pod(limits, annotations=annotations), gpu_memory=known).request
 
-    assert ask({"nvidia.com/use-gputype": "A100,H100"}).gpu_models == {"NVIDIA A100-SXM4-80GB"}
-    assert ask({"nvidia.com/nouse-gputype": "a100"}).gpu_models == {"Tesla T4"}
+    # HAMi matches a part of the GPU's type; corral's models are NVML's short names, which also match as a part of
+    # HAMi's long type names
+    assert ask({"nvidia.com/use-gputype": "A100,H100"}).gpu_models == {"A100"}
+    assert ask({"nvidia.com/use-gputype": "A10"}).gpu_models == {"A100", "A10"}  # as HAMi: "A10" is in "A100"
+    assert ask({"nvidia.com/use-gputype": "NVIDIA-A100-SXM4-80GB"}).gpu_models == {"A100"}
+    assert ask({"nvidia.com/use-gputype": "Tesla T4"}).gpu_models == {"T4"}
+    assert ask({"nvidia.com/nouse-gputype": "a100"}).gpu_models == {"T4", "A10"}
     # narrowed by corral's own annotation; a type no GPU here has stays as written (the engine names it)
-    both = {"nvidia.com/use-gputype": "T4,A100", "corral.dev/gpu-model": "Tesla T4"}
-    assert ask(both).gpu_models == {"Tesla T4"}
+    both = {"nvidia.com/use-gputype": "T4,A100", "corral.dev/gpu-model": "T4"}
+    assert ask(both).gpu_models == {"T4"}
     assert ask({"nvidia.com/use-gputype": "MI300"}).gpu_models == {"MI300"}
     assert ask({"nvidia.com/use-gputype": "A100"}, known=None).gpu_models == {"A100"}
     assert ask({"hami.io/node-scheduler-policy": "spread"}).policy == "spread"
@@ -326,7 +331,7 @@ def test_hami_gpu_types_match_part_of_the_model_name_and_policies_map_to_corrals
         ({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "200000"}, {}, f"{HAMI}[nvidia.com/gpumem]",
          "200000 MiB is more than any GPU here has (the largest: 81920 MiB)"),
         ({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "20000"}, {"nvidia.com/use-gputype": "T4"},
-         f"{HAMI}[nvidia.com/gpumem]", "20000 MiB is more than any GPU here has (the largest of Tesla T4: 15360 MiB)"),
+         f"{HAMI}[nvidia.com/gpumem]", "20000 MiB is more than any GPU here has (the largest of T4: 15360 MiB)"),
         ({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1e30"}, {}, f"{HAMI}.limits[nvidia.com/gpumem]", "too large"),
         ({"nvidia.com/gpu": "0", "nvidia.com/gpumem": "1000"}, {}, f"{HAMI}[nvidia.com/gpu]",
          "is 0 but nvidia.com/gpumem asks for a GPU share"),
@@ -334,9 +339,8 @@ def test_hami_gpu_types_match_part_of_the_model_name_and_policies_map_to_corrals
          "mixes GPU resource styles (corral.dev/gpu-milli, nvidia.com/gpumem)"),
         ({"nvidia.com/gpu": "1"}, {"nvidia.com/use-gpuuuid": "GPU-1"}, "metadata.annotations[nvidia.com/use-gpuuuid]",
          "corral does not choose GPUs by UUID"),
-        ({"nvidia.com/gpu": "1"}, {"nvidia.com/nouse-gputype": "A100,T4"},
-         "metadata.annotations[nvidia.com/nouse-gputype]",
-         "excludes every GPU model here (NVIDIA A100-SXM4-80GB, Tesla T4)"),
+        ({"nvidia.com/gpu": "1"}, {"nvidia.com/nouse-gputype": "A10,T4"},
+         "metadata.annotations[nvidia.com/nouse-gputype]", "excludes every GPU model here (A10, A100, T4)"),
         ({"nvidia.com/gpu": "1"}, {"nvidia.com/use-gputype": " , "}, "metadata.annotations[nvidia.com/use-gputype]",
          "names no GPU type"),
         ({"nvidia.com/gpu": "1"}, {"hami.io/gpu-scheduler-policy": "mutex"},
@@ -385,8 +389,11 @@ def test_hami_assignment_annotations_carry_hamis_record() -> None:
     out = convert.assignment_annotations(convert.Assignment("n1", {"main": slots}), "hami")
     assert out["hami.io/vgpu-devices-allocated"] == "GPU-a,NVIDIA,10240,30:GPU-c,NVIDIA,10240,30:;"
     assert parse_assignment(out) == convert.Assignment("n1", {"main": slots})
+    whole = (convert.GpuSlot(1, "GPU-b", 1000, 81920),)
+    out = convert.assignment_annotations(convert.Assignment("n1", {"main": whole}), "nvidia")
+    assert out["hami.io/vgpu-devices-allocated"] == "GPU-b,NVIDIA,81920,100:;"  # nvidia.com/gpu alone: HAMi's too
     assert "hami.io/vgpu-devices-allocated" not in convert.assignment_annotations(
-        convert.Assignment("n1", {"main": slots}), "nvidia"
+        convert.Assignment("n1", {"main": whole}), "corral"
     )
 
 

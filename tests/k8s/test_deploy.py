@@ -124,6 +124,7 @@ def test_the_standalone_mode_runs_corrals_scheduler_with_the_agreed_flags_and_rb
         ("", "nodes"): {"get", "list", "watch"},
         ("", "pods"): {"get", "list", "watch"},
         ("", "pods/binding"): {"create"},
+        ("", "bindings"): {"create"},  # corral's client posts namespaces/NS/bindings (test_e2e_manifests proves it)
         ("", "pods/status"): {"patch"},
         ("", "events"): {"create", "patch"},
         ("events.k8s.io", "events"): {"create", "patch"},
