@@ -85,6 +85,7 @@ def test_scheduler_configuration_has_the_extender_stanza() -> None:
         ("elastic-share", (1, 300, 4096)),
         ("nvidia", (1, 1000, 0)),
         ("keti-mps", (1, 0, 8192)),
+        ("hami-vgpu", (1, 300, 8192)),
     ],
 )
 def test_sample_pods_convert(sample: str, gpus: tuple[int, int, int]) -> None:
