@@ -34,7 +34,7 @@ import math
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -289,7 +289,7 @@ class _Gpus:
         return "" if self.models is None else f" of {', '.join(sorted(self.models))}"
 
 
-def gpu_memory_by_model(nodes: Any) -> dict[str, int]:
+def gpu_memory_by_model(nodes: Iterable[Node]) -> dict[str, int]:
     """The cluster's GPU models and the largest memory of a GPU of each (MiB): what `pod_request` needs to read
     HAMi's percentages of GPU memory and its GPU type annotations (`nodes`: corral Nodes)."""
     out: dict[str, int] = {}

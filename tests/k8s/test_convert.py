@@ -404,6 +404,7 @@ def test_hami_pods_are_placed_and_bound_by_the_extender() -> None:
     from tests.k8s.conftest import small
 
     c = small()
+    assert c.state.gpu_memory == {"A100": 81920, "T4": 16384}  # what the extender passes to pod_request
     limits = {"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "50", "nvidia.com/gpucores": "50"}
     names = ["gpu-a", "gpu-b", "gpu-t4", "cpu-1"]
     bound = []
@@ -421,6 +422,8 @@ def test_hami_pods_are_placed_and_bound_by_the_extender() -> None:
         bind = {"PodName": m["name"], "PodNamespace": "default", "PodUID": m["uid"], "Node": "gpu-t4"}
         assert c.extender.bind(bind) == {"Error": ""}
         bound.append(c.api.pods[("default", m["name"])]["metadata"]["annotations"])
+    c.sync()  # the books read again from the API server (a restart): the same shares, the T4 full
+    assert c.state.snapshot is not None and int(c.state.snapshot.gpu_mem_free[c.state.snapshot.index["gpu-t4"], 0]) == 0
     slots = [parse_assignment(a).containers["main"] for a in bound]  # type: ignore[union-attr]
     assert [(s.uuid, s.milli, s.memory_mib) for [s] in slots] == [("GPU-gpu-t4-0", 500, 8192)] * 2
     assert bound[0]["hami.io/vgpu-devices-allocated"] == "GPU-gpu-t4-0,NVIDIA,8192,50:;"

@@ -114,6 +114,8 @@ def test_the_standalone_mode_runs_corrals_scheduler_with_the_agreed_flags_and_rb
                      "--qps": "50", "--burst": "100", "--batch-window-ms": "5", "--bind-workers": "16",
                      "--listen": "0.0.0.0:9444"}  # fmt: skip
     assert [(p["name"], p["containerPort"]) for p in c["ports"]] == [("http", 9444)]
+    assert deploy["spec"]["template"]["metadata"]["annotations"] == {
+        "prometheus.io/scrape": "true", "prometheus.io/port": "9444", "prometheus.io/path": "/metrics"}  # fmt: skip
     assert (c["readinessProbe"]["httpGet"], c["livenessProbe"]["httpGet"]) == (
         {"path": "/readyz", "port": "http"}, {"path": "/healthz", "port": "http"})  # fmt: skip
     svc = docs[("Service", "corral-scheduler")]
