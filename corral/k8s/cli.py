@@ -13,6 +13,7 @@ import logging
 import signal
 import socket
 import threading
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -172,21 +173,28 @@ def scheduler_cmd(
             server = serve(scheduler, *address)
         except OSError as exc:
             raise _fail(f"--listen: cannot listen on {listen}: {exc}") from None
-    # The compiled kernels (fgd, the fill) load while the books are listed, not at the first pod.
-    from corral.placement.native import kernels
+    # What the policy needs (numba's kernels for fgd, scipy for fgd-priced's prices: seconds) loads while the books
+    # are listed, not under the books' lock at the first batch.
+    from corral.k8s.scheduler.core import warm_up
 
-    warm = threading.Thread(target=kernels, name="corral-kernels", daemon=True)
+    warm = threading.Thread(target=warm_up, args=(config,), name="corral-warm-up", daemon=True)
     warm.start()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
+        t0 = time.monotonic()
         scheduler.informer.prime()
+        listed = time.monotonic()
         warm.join()
+        # Thousands of long-lived node and pod objects: keep them out of the collector's full scans
         gc.collect()
         gc.freeze()
         scheduler.informer.start()
         scheduler.start_loop()
-        log.info("scheduling pods of %r with policy %s", scheduler_name, policy)
+        state = scheduler.state
+        log.info("books rebuilt from %d nodes and %d bound pods in %.2f s (engine ready %.2f s later); scheduling "
+                 "pods of %r with policy %s", len(state.nodes), len(state.pods), listed - t0, time.monotonic() - listed,
+                 scheduler_name, policy)  # fmt: skip
         stop.wait()
     except KeyboardInterrupt:
         pass

@@ -190,7 +190,7 @@ class ClusterState:
             return False
         return True
 
-    def _view(self, obj: JsonObj) -> tuple[str, PodRecord | None]:
+    def _view(self, obj: JsonObj, known: PodRecord | None = None) -> tuple[str, PodRecord | None]:
         spec = obj.get("spec") or {}
         status = obj.get("status") or {}
         meta = obj.get("metadata") or {}
@@ -211,6 +211,10 @@ class ClusterState:
         if assignment is not None and assignment.node != node:
             self._problem(f"pod {pod_name(obj)}: assignment names {assignment.node} but the pod runs on {node}")
             assignment = None
+        if known is not None and known.node == node and known.assignment == assignment:
+            # The same grant seen again (the watch event of corral's own Binding, a status update): what a bound pod
+            # asks for does not change, so it is not read again (the pod's full read is most of an event's cost).
+            return "bound", PodRecord(known.key, known.name, known.node, known.request, assignment)
         try:
             request = pod_request(obj, min_cpu_milli=0).request
         except InvalidRequest as exc:
@@ -220,8 +224,8 @@ class ClusterState:
 
     def upsert_pod(self, obj: JsonObj) -> None:
         """Follow one view of a pod (a watch event, or the pod read back after a bind)."""
-        view, rec = self._view(obj)
         key = pod_key(obj)
+        view, rec = self._view(obj, self.pods.get(key))
         with self.lock:
             self._names[pod_name(obj)] = key
             old = self.pods.get(key)

@@ -143,6 +143,24 @@ def pending_of(obj: JsonObj) -> Pending:
     return Pending(key, name, ask)
 
 
+def warm_up(config: PlacementConfig) -> None:
+    """Load what the policy needs (numba's kernels, scipy for fgd-priced's prices) by placing two pods on a small
+    snapshot of its own: nothing else is touched, and the first real batch finds it all loaded."""
+    from corral.model.resources import GpuDevice, Node, Request
+    from corral.model.snapshot import ClusterSnapshot
+    from corral.placement import place
+
+    gpus = tuple(GpuDevice(j, "warm-up", 81920, f"warm-up-{j}") for j in range(8))
+    s = ClusterSnapshot([Node("gpu", 64000, 262144, gpus, {}), Node("cpu", 64000, 262144, (), {})])
+    try:
+        for r in (Request(cpu_milli=100, memory_mib=128, gpu_count=1, gpu_milli=1000, id="a"),
+                  Request(cpu_milli=100, memory_mib=128, gpu_count=1, gpu_milli=500, id="b"),
+                  Request(cpu_milli=100, memory_mib=128, id="c")):  # fmt: skip
+            place(s, r, config)
+    except Exception:  # a warm-up only: the first batch meets the same fault, and reports it
+        log.exception("warming up the engine failed")
+
+
 class Scheduler:
     """Schedules the pods whose spec.schedulerName is `name`. start() lists, rebuilds the books and starts the loop;
     close() stops it. Everything it writes goes through `limiter`."""
