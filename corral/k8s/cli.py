@@ -163,6 +163,7 @@ def scheduler_cmd(
     try:
         address = split_listen(listen)
         config = PlacementConfig(policy=policy, gpu_behavior=GpuBehavior.parse(behavior, "--behavior"))
+        Scheduler.check(qps, burst, batch_window_ms / 1000, bind_workers)
         scheduler = Scheduler(RealKubeApi(kubeconfig), config, scheduler_name, qps, burst, batch_window_ms / 1000,
                               bind_workers)  # fmt: skip
     except (InvalidRequest, CorralError) as exc:

@@ -76,7 +76,7 @@ class TokenBucket:
 
     def __init__(self, qps: float, burst: int) -> None:
         if qps <= 0:
-            raise InvalidRequest("--qps", f"must be > 0, got {qps}")
+            raise InvalidRequest("--qps", f"must be > 0, got {qps:g}")
         if burst < 1:
             raise InvalidRequest("--burst", f"must be >= 1, got {burst}")
         self.qps = float(qps)
@@ -176,10 +176,7 @@ class Scheduler:
         bind_workers: int = 16,
         metrics: SchedulerMetrics | None = None,
     ) -> None:
-        if bind_workers < 1:
-            raise InvalidRequest("--bind-workers", f"must be >= 1, got {bind_workers}")
-        if batch_window < 0:
-            raise InvalidRequest("--batch-window-ms", f"must be >= 0, got {batch_window * 1000:g}")
+        self.check(qps, burst, batch_window, bind_workers)
         self.api = api
         self.config = config
         self.name = name
@@ -206,6 +203,15 @@ class Scheduler:
         self._host = socket.gethostname()
         #: The last outcome per pod name, for /explain of a pod that left the queues ("bound to N").
         self._outcomes: OrderedDict[str, str] = OrderedDict()
+
+    @staticmethod
+    def check(qps: float, burst: int, batch_window: float, bind_workers: int) -> None:
+        """Refuse settings that cannot work, naming the flag (before anything connects)."""
+        TokenBucket(qps, burst)
+        if bind_workers < 1:
+            raise InvalidRequest("--bind-workers", f"must be >= 1, got {bind_workers}")
+        if batch_window < 0:
+            raise InvalidRequest("--batch-window-ms", f"must be >= 0, got {batch_window * 1000:g}")
 
     # ------------------------------------------------------------------ life
     def start(self) -> None:
