@@ -155,16 +155,16 @@ def scheduler_cmd(
     listen: Annotated[str, typer.Option(help=LISTEN_HELP)] = "0.0.0.0:9444",
 ) -> None:
     """Schedule pods (spec.schedulerName) yourself: corral's engine places them in batches and binds them."""
-    from corral.k8s.client import RealKubeApi
     from corral.k8s.scheduler.core import Scheduler
     from corral.k8s.scheduler.http import serve
+    from corral.k8s.scheduler.wire import connect
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         address = split_listen(listen)
         config = PlacementConfig(policy=policy, gpu_behavior=GpuBehavior.parse(behavior, "--behavior"))
         Scheduler.check(qps, burst, batch_window_ms / 1000, bind_workers)
-        scheduler = Scheduler(RealKubeApi(kubeconfig), config, scheduler_name, qps, burst, batch_window_ms / 1000,
+        scheduler = Scheduler(connect(kubeconfig), config, scheduler_name, qps, burst, batch_window_ms / 1000,
                               bind_workers)  # fmt: skip
     except (InvalidRequest, CorralError) as exc:
         raise _fail(str(exc)) from None
@@ -213,14 +213,15 @@ def explain_cmd(
     kubeconfig: Annotated[str | None, typer.Option(help="Kubeconfig (default: in-cluster, else ~/.kube).")] = None,
 ) -> None:
     """Why a pod waits: its PodScheduled condition and its scheduling events."""
-    from corral.k8s.client import KubeApiError, RealKubeApi
+    from corral.k8s.client import KubeApiError
+    from corral.k8s.scheduler.wire import connect
 
     namespace, _, name = pod.rpartition("/")
     namespace = namespace or "default"
     if not name or "/" in namespace:
         raise _fail(f"expected NAMESPACE/POD, got {pod!r}")
     try:
-        api = RealKubeApi(kubeconfig)
+        api = connect(kubeconfig)
         obj = api.get_pod(namespace, name)
         events = api.list_events(namespace, f"involvedObject.name={name}")
     except KubeApiError as exc:

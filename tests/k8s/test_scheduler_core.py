@@ -409,6 +409,6 @@ def test_the_commands_refuse_bad_arguments_naming_them() -> None:
         out = runner.invoke(app, ["scheduler", flag, value, "--kubeconfig", "/nonexistent", "--listen", ""])
         assert out.exit_code == 2 and f"error: {flag}: {words}" in out.output, out.output
     out = runner.invoke(app, ["scheduler", "--kubeconfig", "/nonexistent", "--listen", ""])
-    assert out.exit_code == 2 and "error: cannot configure the Kubernetes client: " in out.output
+    assert out.exit_code == 2 and "error: cannot read the kubeconfig /nonexistent: FileNotFoundError: " in out.output
     assert split_listen("[::1]:9444") == ("::1", 9444) and split_listen(":9444") == ("0.0.0.0", 9444)
     assert split_listen("") is None
