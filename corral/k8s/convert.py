@@ -466,6 +466,13 @@ _shapes: OrderedDict[bytes, PodAsk] = OrderedDict()
 _shapes_lock = threading.Lock()
 
 
+#: Annotations bind writes (per pod, never read by pod_request): left out of a pod's shape.
+_WRITTEN = frozenset(
+    {ANN_ASSIGNMENT, ANN_ELASTIC_ASSUMED, ANN_KETI_UUID, ANN_HAMI_ALLOCATED,
+     "kubectl.kubernetes.io/last-applied-configuration"}
+)  # fmt: skip
+
+
 def _shape(pod: Any, min_cpu_milli: int, gpu_memory: Mapping[str, int] | None) -> bytes | None:
     """Everything of a pod that pod_request reads, but its name and UID, as one key (None: not a well-formed pod;
     that one is read in full, and refused with the field named)."""
@@ -474,8 +481,13 @@ def _shape(pod: Any, min_cpu_milli: int, gpu_memory: Mapping[str, int] | None) -
         containers, init = spec["containers"], spec.get("initContainers") or []
         if not isinstance(containers, list) or not isinstance(init, list):
             return None
+        annotations = meta.get("annotations")
+        if annotations and _WRITTEN & annotations.keys():
+            # corral's own assignment (and its peers' copies) differ per pod and pod_request reads none of them:
+            # without this every bound pod is a shape of its own, read in full at each watch event
+            annotations = {k: v for k, v in annotations.items() if k not in _WRITTEN}
         return orjson.dumps(
-            [min_cpu_milli, meta.get("annotations"), [[c.get("name"), c.get("resources")] for c in containers],
+            [min_cpu_milli, annotations, [[c.get("name"), c.get("resources")] for c in containers],
              [[c.get("name"), c.get("resources")] for c in init], spec.get("overhead"), spec.get("priority", 0),
              None if gpu_memory is None else sorted(gpu_memory.items()), bool(spec.get("nodeName"))],
             option=orjson.OPT_SORT_KEYS,

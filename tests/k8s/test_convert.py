@@ -430,3 +430,52 @@ def test_hami_pods_are_placed_and_bound_by_the_extender() -> None:
     big = pod_object("big", [{"name": "main", "resources": {"limits": {"nvidia.com/gpumem": "100000"}}}])
     with pytest.raises(InvalidRequest, match=r"100000 MiB is more than any GPU here has \(the largest: 81920 MiB\)"):
         c.extender.filter({"Pod": big, "NodeNames": names})  # over HTTP: a 400 whose Error is this message
+
+
+def test_hami_pods_are_placed_and_bound_by_the_standalone_scheduler() -> None:
+    """`corral k8s scheduler`'s loop on the fake API server: the percentage is of the GPUs the scheduler's books know
+    (ClusterState.gpu_memory), the Binding carries corral's assignment and HAMi's record, and a hostile HAMi pod
+    waits with the message naming its field while the others are bound."""
+    import time
+
+    from corral.k8s.fake import FakeKubeApi
+    from corral.k8s.scheduler.core import Scheduler
+    from corral.placement import PlacementConfig
+    from tests.k8s.conftest import gpu_node
+
+    api = FakeKubeApi()
+    api.put_node(gpu_node("a100", 2))
+    api.put_node(gpu_node("t4", 1, model="T4", memory_mib=16384))
+
+    def hami(name: str, limits: dict[str, str], annotations: dict[str, str] | None = None) -> dict[str, Any]:
+        p = pod_object(name, [{"name": "main", "resources": {"limits": limits}}], annotations=annotations or {})
+        p["spec"]["schedulerName"] = "corral"
+        return p
+
+    quarter = {"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "25", "nvidia.com/gpucores": "25"}
+    api.put_pod(hami("on-t4", quarter, {"nvidia.com/use-gputype": "Tesla-T4"}))
+    api.put_pod(hami("on-a100", {**quarter, "nvidia.com/gpu": "2"}, {"nvidia.com/nouse-gputype": "T4"}))
+    api.put_pod(hami("hostile", {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "250"}))
+    s = Scheduler(api, PlacementConfig(policy="binpack"), batch_window=0.001)
+    s.start()
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not all(
+            api.pods[("default", n)]["spec"].get("nodeName") for n in ("on-t4", "on-a100")
+        ):
+            time.sleep(0.01)
+        got = {n: api.pods[("default", n)] for n in ("on-t4", "on-a100", "hostile")}
+        assert [got[n]["spec"].get("nodeName") for n in got] == ["t4", "a100", None]
+        t4 = parse_assignment(got["on-t4"]["metadata"]["annotations"])
+        a100 = parse_assignment(got["on-a100"]["metadata"]["annotations"])
+        assert t4 is not None and a100 is not None
+        assert [(x.milli, x.memory_mib) for x in t4.slots] == [(250, 4096)]
+        assert [(x.milli, x.memory_mib) for x in a100.slots] == [(250, 20480)] * 2
+        assert got["on-t4"]["metadata"]["annotations"]["hami.io/vgpu-devices-allocated"] == "GPU-t4-0,NVIDIA,4096,25:;"
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and "hostile" not in str(api.pods[("default", "hostile")].get("status")):
+            time.sleep(0.01)
+        [condition] = api.pods[("default", "hostile")]["status"]["conditions"]
+        assert "nvidia.com/gpucores]: must be 0..100 (percent of a GPU's compute), got '250'" in condition["message"]
+    finally:
+        s.close()
