@@ -161,3 +161,21 @@ def test_the_device_plugin_advertises_what_the_chart_says(tmp_path: Any) -> None
     assert cmd[cmd.index("--gpu-split") + 1] == "10"
     default = chart_values()["devicePlugin"]["resources"].split(",")
     assert set(default) <= set(IDS_PER_GPU) and "nvidia.com/gpu" not in default  # NVIDIA's plugin may own it
+
+
+@pytest.mark.parametrize(("name", "kind"), [("corral-standalone.yaml", "Deployment"), ("corral.yaml", "DaemonSet")])
+def test_the_commands_the_chart_runs_are_the_clis(name: str, kind: str, tmp_path: Any) -> None:
+    """Every flag the chart passes `corral k8s scheduler` and `corral k8s device-plugin` is one they take: run with a
+    kubeconfig that is not there, they get as far as reading it."""
+    from typer.testing import CliRunner
+
+    from corral.cli.main import app
+
+    [d] = [d for d in documents((ROOT / name).read_text()) if d["kind"] == kind]
+    [c] = [c for c in d["spec"]["template"]["spec"]["containers"] if c["command"][0] == "corral"]
+    extra = ["--node-name", "n1", "--simulate-gpus", "1xA100-80GB"] if kind == "DaemonSet" else []
+    missing = str(tmp_path / "kubeconfig")
+    r = CliRunner().invoke(app, [*c["command"][1:], *extra, "--kubeconfig", missing])
+    assert r.exit_code == 2 and "kube" in r.output and "No such option" not in r.output, r.output
+    assert ("cannot read the kubeconfig" if kind == "Deployment" else "cannot configure the Kubernetes client") in (
+        r.output)  # fmt: skip
