@@ -10,7 +10,9 @@
   duplicated field is an error, not a warning), and the standalone mode's ServiceAccount can do what `corral k8s
   scheduler` does (bind with annotations, set the PodScheduled condition, write Events) and no more;
 - the extender (its own process, behind the plane's kube-scheduler with the chart's configuration) binds pods that
-  ask in HAMi's style, with the GPUs and memory HAMi's resources mean.
+  ask in HAMi's style, with the GPUs and memory HAMi's resources mean; so does `corral k8s scheduler` run with the
+  chart's standalone flags and a token of the chart's ServiceAccount (its RBAC is enough: binds, conditions,
+  events), and a hostile HAMi pod gets its reason in its PodScheduled condition.
 
 Skipped where the control plane's script or its tools are absent.
 """
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client, dynamic, utils
 
 from corral.k8s.client import RealKubeApi
@@ -31,6 +34,7 @@ from corral.k8s.convert import ANN_ASSIGNMENT, parse_assignment
 from tests.k8s.chart import DEPLOY, PLAIN, documents, plain_manifests, render_chart
 from tests.k8s.extender_proc import ExtenderProcess
 from tests.k8s.plane import Plane, chart_scheduler_config, gpu_node, pod, write_config
+from tests.k8s.scheduler_proc import SchedulerProcess
 
 MODES = ("extender", "standalone")
 
@@ -236,41 +240,99 @@ HAMI_PODS = {
 }  # fmt: skip
 
 
-def test_the_extender_binds_hami_style_pods(plane: Plane, tmp_path: Path) -> None:
-    """HAMi's resources and annotations through the real kube-scheduler (the chart's configuration: it ignores
-    HAMi's gpumem/gpucores counts, as HAMi's chart does) and the extender; the node advertises nvidia.com/gpu 10 per
-    GPU as the device plugin does with --gpu-split 10."""
-    core = RealKubeApi(kubeconfig=plane.kubeconfig).core
+def hami_node(core: client.CoreV1Api) -> None:
+    """4 A100s; nvidia.com/gpu 10 per GPU, as the device plugin advertises it with --gpu-split 10."""
     node = gpu_node("hami-node", 4, model="A100", memory_mib=81920)
     for key in ("capacity", "allocatable"):
         node["status"][key]["nvidia.com/gpu"] = "40"
     core.create_node(node)
+
+
+def bound_as_hami_means(core: client.CoreV1Api, log: str) -> None:
+    """Wait for HAMI_PODS to be bound, and check each one's GPUs and shares."""
+    deadline = time.monotonic() + 60
+    bound: dict[str, Any] = {}
+    while len(bound) < len(HAMI_PODS) and time.monotonic() < deadline:
+        bound = {p.metadata.name: p for p in core.list_namespaced_pod("default").items
+                 if p.metadata.name in HAMI_PODS and p.spec.node_name}  # fmt: skip
+        time.sleep(0.2)
+    assert set(bound) == set(HAMI_PODS), log
+    used: list[str] = []
+    for name, (_, _, share, count) in HAMI_PODS.items():
+        annotations = bound[name].metadata.annotations
+        a = parse_assignment(annotations)
+        assert a is not None and a.node == "hami-node"
+        slots = a.containers["main"]
+        assert [(s.milli, s.memory_mib) for s in slots] == [share] * count, name
+        assert annotations["hami.io/vgpu-devices-allocated"].count(",NVIDIA,") == count
+        used += [s.uuid for s in slots if s.milli == 1000]
+    assert len(used) == len(set(used))  # a whole GPU is nobody else's
+
+
+def test_the_extender_binds_hami_style_pods(plane: Plane, tmp_path: Path) -> None:
+    """HAMi's resources and annotations through the real kube-scheduler (the chart's configuration: it ignores
+    HAMi's gpumem/gpucores counts, as HAMi's chart does) and the extender."""
+    core = RealKubeApi(kubeconfig=plane.kubeconfig).core
+    hami_node(core)
     extender = ExtenderProcess(plane.kubeconfig, tmp_path / "extender.log")
     extender.start()
     try:
         plane.scheduler(write_config(tmp_path / "scheduler.yaml", chart_scheduler_config(extender.url)))
         for name, (limits, annotations, _, _) in HAMI_PODS.items():
             core.create_namespaced_pod("default", pod(name, limits, annotations))
-        deadline = time.monotonic() + 60
-        bound: dict[str, Any] = {}
-        while len(bound) < len(HAMI_PODS) and time.monotonic() < deadline:
-            bound = {p.metadata.name: p for p in core.list_namespaced_pod("default").items
-                     if p.metadata.name in HAMI_PODS and p.spec.node_name}  # fmt: skip
-            time.sleep(0.2)
-        assert set(bound) == set(HAMI_PODS), plane.scheduler_log()[-3000:]
-        used: list[str] = []
-        for name, (_, _, share, count) in HAMI_PODS.items():
-            annotations = bound[name].metadata.annotations
-            a = parse_assignment(annotations)
-            assert a is not None and a.node == "hami-node"
-            slots = a.containers["main"]
-            assert [(s.milli, s.memory_mib) for s in slots] == [share] * count, name
-            assert annotations["hami.io/vgpu-devices-allocated"].count(",NVIDIA,") == count
-            used += [s.uuid for s in slots if s.milli == 1000]
-        assert len(used) == len(set(used))  # a whole GPU is nobody else's
+        bound_as_hami_means(core, plane.scheduler_log()[-3000:])
     finally:
         plane.stop_scheduler()
         extender.stop()
         for name in HAMI_PODS:
             core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
         core.delete_node("hami-node")
+
+
+def test_the_standalone_scheduler_with_the_charts_flags_and_rbac_binds_hami_style_pods(
+    plane: Plane, admin: client.ApiClient, tmp_path: Path
+) -> None:
+    """`corral k8s scheduler` with the flags the chart's standalone Deployment passes, authenticated as the chart's
+    ServiceAccount (a TokenRequest token, so exactly the chart's ClusterRole): HAMi pods are bound, a hostile one
+    (gpucores 250) gets its reason in its PodScheduled condition and a FailedScheduling event, nothing forbidden."""
+    ns = "corral-run"
+    docs = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
+            *documents(render_chart(namespace=ns, overrides=PLAIN["corral-standalone.yaml"]))]  # fmt: skip
+    create_all(admin, docs)
+    core = client.CoreV1Api(admin)
+    hami_node(core)
+    [deploy] = [d for d in docs if d["kind"] == "Deployment"]
+    cmd = deploy["spec"]["template"]["spec"]["containers"][0]["command"]
+    flags = cmd[3:]
+    del flags[flags.index("--listen") : flags.index("--listen") + 2]  # the test listens on a free loopback port
+    token = core.create_namespaced_service_account_token("corral-scheduler", ns, client.AuthenticationV1TokenRequest(
+        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=600))).status.token  # fmt: skip
+    kubeconfig = yaml.safe_load(Path(plane.kubeconfig).read_text())
+    kubeconfig["users"][0]["user"] = {"token": token}
+    sa_kubeconfig = tmp_path / "kubeconfig"
+    sa_kubeconfig.write_text(yaml.safe_dump(kubeconfig))
+    scheduler = SchedulerProcess(str(sa_kubeconfig), tmp_path / "scheduler.log", *flags)
+    scheduler.start()
+    hostile = pod("hami-hostile", {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "250"})
+    try:
+        for name, (limits, annotations, _, _) in HAMI_PODS.items():
+            core.create_namespaced_pod("default", pod(name, limits, annotations))
+        core.create_namespaced_pod("default", hostile)
+        bound_as_hami_means(core, scheduler.log.read_text()[-3000:])
+        deadline = time.monotonic() + 30
+        reason = ""
+        while not reason and time.monotonic() < deadline:
+            conditions = core.read_namespaced_pod("hami-hostile", "default").status.conditions or []
+            reason = next((c.message for c in conditions if c.type == "PodScheduled" and c.status == "False"), "")
+            time.sleep(0.2)
+        assert "nvidia.com/gpucores]: must be 0..100 (percent of a GPU's compute), got '250'" in reason
+        events = core.list_namespaced_event("default", field_selector="involvedObject.name=hami-hostile").items
+        assert events and {e.reason for e in events} == {"FailedScheduling"} and "gpucores" in events[0].message
+        log = scheduler.log.read_text()
+        assert "forbidden" not in log.lower() and " 403" not in log, log[-3000:]
+    finally:
+        scheduler.stop()
+        for name in [*HAMI_PODS, "hami-hostile"]:
+            core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+        core.delete_node("hami-node")
+        delete_all(admin, docs)
