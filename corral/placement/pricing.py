@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
-from scipy.optimize import linprog
 
 from corral.model.arrays import FloatArray, IntArray
 from corral.model.resources import MILLI_PER_GPU
@@ -131,6 +130,10 @@ def solve_prices(sizes: list[int], probabilities: list[float]) -> SharePrices:
     for _ in range(_MAX_ROUNDS):
         a = np.array(columns, dtype=np.float64).T
         waste = MILLI_PER_GPU - s.astype(np.float64) @ a
+        # imported here: scipy.optimize is 1.3 s of importing corral.placement on a loaded machine, and only
+        # fgd-priced's prices (once per workload) need it; `corral k8s scheduler`'s start-up is measured
+        from scipy.optimize import linprog
+
         res = linprog(waste, A_eq=a, b_eq=p, bounds=(0, None), method="highs")
         if res.status != 0:  # cannot happen for a feasible, bounded LP; keep the last good prices
             break
