@@ -412,3 +412,22 @@ def test_the_commands_refuse_bad_arguments_naming_them() -> None:
     assert out.exit_code == 2 and "error: cannot read the kubeconfig /nonexistent: FileNotFoundError: " in out.output
     assert split_listen("[::1]:9444") == ("::1", 9444) and split_listen(":9444") == ("0.0.0.0", 9444)
     assert split_listen("") is None
+
+
+def test_bound_pods_of_one_shape_are_read_once_whatever_their_assignment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from corral.k8s import convert
+
+    full: list[str] = []
+    real = convert._pod_request
+
+    def counted(pod: Any, min_cpu_milli: int) -> convert.PodAsk:
+        full.append(pod["metadata"]["name"])
+        return real(pod, min_cpu_milli)
+
+    monkeypatch.setattr(convert, "_pod_request", counted)
+    for j in range(3):
+        a = Assignment("n1", {"main": (GpuSlot(j, f"GPU-n1-{j}", 1000, 81920),)})
+        p = gpu_pod(f"shape-{j}", 1, node="n1", annotations=assignment_annotations(a, "nvidia"))
+        ask = convert.pod_request(p, min_cpu_milli=0)
+        assert ask.request.id == f"uid-default-shape-{j}" and ask.request.gpu_count == 1
+    assert full == ["shape-0"]
