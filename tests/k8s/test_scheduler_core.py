@@ -7,6 +7,7 @@ rate-limited events, /explain, /metrics), the books at a restart and with other 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -425,6 +426,7 @@ def test_bound_pods_of_one_shape_are_read_once_whatever_their_assignment(monkeyp
         return real(pod, min_cpu_milli)
 
     monkeypatch.setattr(convert, "_pod_request", counted)
+    monkeypatch.setattr(convert, "_shapes", OrderedDict())  # shapes earlier tests left
     for j in range(3):
         a = Assignment("n1", {"main": (GpuSlot(j, f"GPU-n1-{j}", 1000, 81920),)})
         p = gpu_pod(f"shape-{j}", 1, node="n1", annotations=assignment_annotations(a, "nvidia"))
