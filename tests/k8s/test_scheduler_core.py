@@ -433,3 +433,35 @@ def test_bound_pods_of_one_shape_are_read_once_whatever_their_assignment(monkeyp
         ask = convert.pod_request(p, min_cpu_milli=0)
         assert ask.request.id == f"uid-default-shape-{j}" and ask.request.gpu_count == 1
     assert full == ["shape-0"]
+
+
+def test_a_node_whose_gpu_inventory_lies_is_left_out_with_an_event(
+    api: FakeKubeApi, run: Callable[..., Scheduler]
+) -> None:
+    liar: dict[str, Any] = gpu_node("liar", 8)
+    liar["status"]["allocatable"]["nvidia.com/gpu"] = "2"  # the annotation says 8
+    api.put_node(liar)
+    broken: dict[str, Any] = gpu_node("broken", 2)
+    broken["metadata"]["annotations"]["corral.dev/gpus"] = '[{"index": "zero"}]'
+    api.put_node(broken)
+    s = run()
+    api.put_pod(gpu_pod("eight", 8))
+    api.put_pod(gpu_pod("one", 1))
+    wait_for("the small pod", lambda: node_of(api, "one") in ("n1", "n2"))
+    wait_for("the node events", lambda: len([e for _, e in api.events if e["involvedObject"]["kind"] == "Node"]) == 2)
+    told = {e["involvedObject"]["name"]: e for _, e in api.events if e["involvedObject"]["kind"] == "Node"}
+    assert told["liar"]["message"] == (
+        "node liar: its corral.dev/gpus annotation lists 8 GPUs but its allocatable nvidia.com/gpu is 2; corral places "
+        "nothing there until they agree"
+    )
+    assert told["broken"]["message"].startswith(
+        "node broken: metadata.annotations[corral.dev/gpus]: each GPU needs index, model, memory_mib"
+    )
+    assert {e["reason"] for e in told.values()} == {"CorralIgnoresNode"}
+    wait_for("the big pod's reason", lambda: s.explain("default/eight")["state"] == "pending")
+    api.put_node(liar)  # the same lie again: no second event
+    time.sleep(0.2)
+    assert len([e for _, e in api.events if e["involvedObject"]["kind"] == "Node"]) == 2
+    liar["status"]["allocatable"]["nvidia.com/gpu"] = "8"  # now they agree
+    api.put_node(liar)
+    wait_for("the big pod", lambda: node_of(api, "eight") == "liar", 2)

@@ -41,7 +41,7 @@ from corral.k8s.scheduler.batch import INVALID, Bind, Pending, Wait, place_batch
 from corral.k8s.scheduler.metrics import SchedulerMetrics
 from corral.k8s.state import ClusterState, Informer, PodRecord
 from corral.model.errors import InvalidRequest
-from corral.model.resources import Constraint, ConstraintOp
+from corral.model.resources import Constraint, ConstraintOp, Node
 from corral.placement import PlacementConfig
 
 log = logging.getLogger("corral.k8s.scheduler")
@@ -161,6 +161,33 @@ def warm_up(config: PlacementConfig) -> None:
         log.exception("warming up the engine failed")
 
 
+#: Node capacities that count a node's GPUs (a device plugin's), checked against its inventory annotation.
+GPU_COUNT_RESOURCES = ("corral.dev/gpu", "nvidia.com/gpu")
+
+
+def gpu_inventory_check(obj: JsonObj, node: Node) -> str:
+    """Why a node's GPU inventory (the device plugin's annotation) cannot be believed, "" when it can: it lists more
+    GPUs than the node's own capacity of a whole-GPU resource says it has. Placing by the annotation would send pods
+    to GPUs that kubelet does not have; the node is left out until the two agree."""
+    from corral.k8s.convert import ANN_NODE_GPUS, whole_number
+
+    status = obj.get("status") or {}
+    capacity = status.get("allocatable") or status.get("capacity") or {}
+    if not node.gpus or not isinstance(capacity, Mapping):
+        return ""
+    for res in GPU_COUNT_RESOURCES:
+        if res not in capacity:
+            continue
+        try:
+            have = whole_number(capacity[res], f"status.allocatable[{res}]")
+        except InvalidRequest as exc:
+            return f"node {node.name}: {exc}"
+        if have < len(node.gpus):
+            return (f"node {node.name}: its {ANN_NODE_GPUS} annotation lists {len(node.gpus)} GPUs but its "
+                    f"allocatable {res} is {have}; corral places nothing there until they agree")  # fmt: skip
+    return ""
+
+
 class Scheduler:
     """Schedules the pods whose spec.schedulerName is `name`. start() lists, rebuilds the books and starts the loop;
     close() stops it. Everything it writes goes through `limiter`."""
@@ -183,7 +210,7 @@ class Scheduler:
         self.batch_window = batch_window
         self.limiter = TokenBucket(qps, burst)
         self.metrics = metrics or SchedulerMetrics()
-        self.state = ClusterState()
+        self.state = ClusterState(node_check=gpu_inventory_check)
         self.informer = Informer(api, self.state, observer=self)
         self.stop = threading.Event()
         self.ready = threading.Event()
@@ -196,6 +223,7 @@ class Scheduler:
         self._retry = False
         self._seq = itertools.count()
         self._node_seen: dict[str, Any] = {}
+        self._node_told: dict[str, str] = {}  # the reason each ignored node was last told of (one event each)
         self._pool = ThreadPoolExecutor(max_workers=bind_workers, thread_name_prefix="corral-bind")
         self._writes: OrderedDict[str, Waiting] = OrderedDict()  # reasons to write, latest per pod
         self._write_cond = threading.Condition()
@@ -298,6 +326,10 @@ class Scheduler:
 
     def _node_event(self, event: str, obj: JsonObj) -> None:
         name = str((obj.get("metadata") or {}).get("name", ""))
+        why = self.state.ignored.get(name)
+        if why and event != "DELETED" and self._node_told.get(name) != why:
+            self._node_told[name] = why
+            self._pool.submit(self._tell_node, name, why)
         node = self.state.nodes.get(name)
         if event == "DELETED" or node is None:
             self._node_seen.pop(name, None)
@@ -553,6 +585,20 @@ class Scheduler:
         except KubeApiError as exc:
             self.metrics.events.labels("failed").inc()
             log.warning("pod %s: cannot write its FailedScheduling event: %s", w.pending.name, exc)
+
+    def _tell_node(self, name: str, why: str) -> None:
+        """A Warning event on a node corral ignores (cluster-scoped objects' events live in "default")."""
+        self.limiter.acquire(self.stop)
+        now = _now_iso()
+        event = {"apiVersion": "v1", "kind": "Event", "metadata": {"generateName": f"{name}.", "namespace": "default"},
+                 "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": name},
+                 "reason": "CorralIgnoresNode", "message": _short(why), "type": "Warning",
+                 "source": {"component": COMPONENT}, "reportingComponent": COMPONENT, "reportingInstance": self._host,
+                 "firstTimestamp": now, "lastTimestamp": now, "count": 1}  # fmt: skip
+        try:
+            self.api.create_event("default", event)
+        except KubeApiError as exc:
+            log.warning("node %s: cannot write its event: %s", name, exc)
 
     def _event(self, w: Waiting, message: str) -> JsonObj:
         now = _now_iso()
