@@ -465,3 +465,26 @@ def test_a_node_whose_gpu_inventory_lies_is_left_out_with_an_event(
     liar["status"]["allocatable"]["nvidia.com/gpu"] = "8"  # now they agree
     api.put_node(liar)
     wait_for("the big pod", lambda: node_of(api, "eight") == "liar", 2)
+
+
+def test_pods_stay_off_tainted_and_cordoned_nodes_unless_they_tolerate_them(
+    api: FakeKubeApi, run: Callable[..., Scheduler]
+) -> None:
+    tainted: dict[str, Any] = gpu_node("n1", 2)
+    tainted["spec"] = {"taints": [{"key": "gpu", "value": "reserved", "effect": "NoSchedule"},
+                                  {"key": "soft", "effect": "PreferNoSchedule"}]}  # fmt: skip
+    api.put_node(tainted)
+    cordoned: dict[str, Any] = gpu_node("n2", 2)
+    cordoned["spec"] = {"unschedulable": True}
+    api.put_node(cordoned)
+    s = run()
+    api.put_pod(gpu_pod("plain", 1))
+    tolerant = gpu_pod("tolerant", 1)
+    tolerant["spec"]["tolerations"] = [{"key": "gpu", "operator": "Equal", "value": "reserved", "effect": "NoSchedule"}]
+    api.put_pod(tolerant)
+    wait_for("the tolerant pod", lambda: node_of(api, "tolerant") == "n1")
+    wait_for("the plain pod's reason", lambda: s.explain("default/plain")["state"] == "pending")
+    assert s.explain("default/plain")["reason"] == "0/2 nodes fit: 2 taint not tolerated or cordoned"
+    del cordoned["spec"]  # uncordoned
+    api.put_node(cordoned)
+    wait_for("the plain pod", lambda: node_of(api, "plain") == "n2", 2)
