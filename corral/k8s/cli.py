@@ -2,6 +2,8 @@
 
 corral k8s extender --port 8888 --policy fgd-priced       serve kube-scheduler's extender verbs
 corral k8s device-plugin --node-name $NODE_NAME           advertise this node's GPUs to kubelet, publish inventory
+corral k8s scheduler --kubeconfig PATH                    schedule pods of schedulerName corral standalone
+corral k8s explain NAMESPACE/POD                          why a pod waits (its PodScheduled condition and events)
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import signal
 import socket
 import threading
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -123,6 +125,129 @@ def extender_cmd(
         uvicorn.Server(uvicorn.Config(app_, log_level="warning")).run(sockets=sockets)
     finally:
         informer.close()
+
+
+SCHEDULER_NAME_HELP = "Schedule the pods whose spec.schedulerName is this."
+LISTEN_HELP = "Serve GET /metrics, /healthz, /readyz and /explain/NS/POD on HOST:PORT (read-only; '' for none)."
+
+
+def split_listen(value: str) -> tuple[str, int] | None:
+    """--listen HOST:PORT -> (host, port); '' -> None. Raises InvalidRequest naming the flag."""
+    if not value:
+        return None
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidRequest("--listen", f"expected HOST:PORT (e.g. 0.0.0.0:9444), got {value!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+@app.command("scheduler")
+def scheduler_cmd(
+    kubeconfig: Annotated[str | None, typer.Option(help="Kubeconfig (default: in-cluster, else ~/.kube).")] = None,
+    scheduler_name: Annotated[str, typer.Option(help=SCHEDULER_NAME_HELP)] = "corral",
+    policy: Annotated[str, typer.Option(help="Default policy (a pod may set corral.dev/policy).")] = "fgd-priced",
+    behavior: Annotated[str, typer.Option(help="GPU scheduling behaviour for pods without GPUs.")] = "preferential",
+    qps: Annotated[float, typer.Option(help="Writes per second to the API server (token bucket).")] = 50.0,
+    burst: Annotated[int, typer.Option(help="Writes the token bucket saves up.")] = 100,
+    batch_window_ms: Annotated[float, typer.Option(help="Wait this long after a pod arrives for more.")] = 5.0,
+    bind_workers: Annotated[int, typer.Option(help="Bindings in flight at once.")] = 16,
+    listen: Annotated[str, typer.Option(help=LISTEN_HELP)] = "0.0.0.0:9444",
+) -> None:
+    """Schedule pods (spec.schedulerName) yourself: corral's engine places them in batches and binds them."""
+    from corral.k8s.client import RealKubeApi
+    from corral.k8s.scheduler.core import Scheduler
+    from corral.k8s.scheduler.http import serve
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        address = split_listen(listen)
+        config = PlacementConfig(policy=policy, gpu_behavior=GpuBehavior.parse(behavior, "--behavior"))
+        scheduler = Scheduler(RealKubeApi(kubeconfig), config, scheduler_name, qps, burst, batch_window_ms / 1000,
+                              bind_workers)  # fmt: skip
+    except (InvalidRequest, CorralError) as exc:
+        raise _fail(str(exc)) from None
+    server = None
+    if address is not None:
+        try:
+            server = serve(scheduler, *address)
+        except OSError as exc:
+            raise _fail(f"--listen: cannot listen on {listen}: {exc}") from None
+    # The compiled kernels (fgd, the fill) load while the books are listed, not at the first pod.
+    from corral.placement.native import kernels
+
+    warm = threading.Thread(target=kernels, name="corral-kernels", daemon=True)
+    warm.start()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        scheduler.informer.prime()
+        warm.join()
+        gc.collect()
+        gc.freeze()
+        scheduler.informer.start()
+        scheduler.start_loop()
+        log.info("scheduling pods of %r with policy %s", scheduler_name, policy)
+        stop.wait()
+    except KeyboardInterrupt:
+        pass
+    except CorralError as exc:
+        raise _fail(str(exc)) from None
+    finally:
+        scheduler.close()
+        if server is not None:
+            server.shutdown()
+
+
+@app.command("explain")
+def explain_cmd(
+    pod: Annotated[str, typer.Argument(help="NAMESPACE/POD (or POD in namespace default).")],
+    kubeconfig: Annotated[str | None, typer.Option(help="Kubeconfig (default: in-cluster, else ~/.kube).")] = None,
+) -> None:
+    """Why a pod waits: its PodScheduled condition and its scheduling events."""
+    from corral.k8s.client import KubeApiError, RealKubeApi
+
+    namespace, _, name = pod.rpartition("/")
+    namespace = namespace or "default"
+    if not name or "/" in namespace:
+        raise _fail(f"expected NAMESPACE/POD, got {pod!r}")
+    try:
+        api = RealKubeApi(kubeconfig)
+        obj = api.get_pod(namespace, name)
+        events = api.list_events(namespace, f"involvedObject.name={name}")
+    except KubeApiError as exc:
+        raise _fail(str(exc)) from None
+    typer.echo(explain_text(obj, events))
+
+
+def explain_text(pod: dict[str, Any], events: list[dict[str, Any]]) -> str:
+    """`corral k8s explain`'s text: where the pod is, or why it waits, and its recent scheduling events."""
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    name = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+    uid = meta.get("uid")
+    lines = []
+    node = spec.get("nodeName")
+    conditions = [c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "PodScheduled"]
+    if node:
+        lines.append(f"{name}: bound to {node}")
+    elif conditions and conditions[0].get("status") == "False":
+        c = conditions[0]
+        lines.append(f"{name}: pending ({c.get('reason') or 'no reason'}, since {c.get('lastTransitionTime')})")
+        lines.append(f"  {c.get('message') or ''}")
+    else:
+        who = spec.get("schedulerName") or "default-scheduler"
+        lines.append(f"{name}: pending, not looked at yet by its scheduler ({who})")
+    mine = [e for e in events if not uid or (e.get("involvedObject") or {}).get("uid") in (None, "", uid)]
+    mine.sort(key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
+    if mine:
+        lines.append("events:")
+        for e in mine[-10:]:
+            when = e.get("lastTimestamp") or e.get("eventTime") or ""
+            count = e.get("count") or 1
+            times = f" (x{count})" if count > 1 else ""
+            source = (e.get("source") or {}).get("component") or e.get("reportingComponent") or ""
+            lines.append(f"  {when} {e.get('reason')}{times} from {source}: {e.get('message')}")
+    return "\n".join(lines)
 
 
 def load_workload(value: str) -> TargetWorkload | None:

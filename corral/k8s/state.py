@@ -19,7 +19,7 @@ import dataclasses
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from corral.k8s.client import JsonObj, KubeApi, KubeApiError
 from corral.k8s.convert import (
@@ -52,6 +52,31 @@ class PodRecord:
     confirmed: bool = True
     #: When the state learnt that the pod is bound (ClusterState.epoch()): a list begun before that cannot show it.
     epoch: int = 0
+
+
+def unassigned_allocation(s: ClusterSnapshot, request: Request, node: str, i: int) -> Allocation:
+    """The allocation of a GPU pod on node index `i` whose GPUs nobody named (bound by another scheduler): whole GPUs
+    from the wholly free ones, lowest index first; a share on the GPUs with the most room that still take it. Where
+    too few are free the pod is charged those there are (the caller notes it), never a GPU twice."""
+    from corral.model.resources import MILLI_PER_GPU, GpuGrant, affinity_tag
+
+    free = s.gpu_milli_free[i]
+    mem = s.gpu_mem_free[i]
+    cap = s.gpu_mem_cap[i]
+    count = int(s.gpu_count[i])
+    whole = request.gpu_milli == MILLI_PER_GPU
+    if whole:
+        candidates = [j for j in range(count) if free[j] == MILLI_PER_GPU and mem[j] == cap[j]]
+    else:
+        room = [j for j in range(count) if free[j] >= request.gpu_milli and mem[j] >= request.gpu_memory_mib]
+        candidates = sorted((j for j in room if free[j] > 0 or mem[j] > 0), key=lambda j: (-int(free[j]), j))
+    grants = tuple(
+        GpuGrant(j, request.gpu_milli, int(cap[j]) if whole else request.gpu_memory_mib)
+        for j in sorted(candidates[: request.gpu_count])
+    )
+    return Allocation(request_id=request.id, node=node, node_index=i, cpu_milli=request.cpu_milli,
+                      memory_mib=request.memory_mib, gpus=grants, tag=affinity_tag(request),
+                      share_owner="")  # fmt: skip
 
 
 class BindConflict(AllocationError):
@@ -148,8 +173,17 @@ class ClusterState:
         s = self.snapshot
         if s is None or rec.node not in s.index:
             return False  # granted when its node appears
-        alloc = allocation_of(rec.request, rec.assignment, rec.node, s.index[rec.node])
+        i = s.index[rec.node]
         try:
+            if rec.assignment is None and rec.request.gpu_count:
+                # A GPU pod bound by another scheduler (kube-scheduler, HAMi's) names no GPUs: charge free ones of its
+                # node, so that two schedulers on one plane never count the same GPU free.
+                alloc = unassigned_allocation(s, rec.request, rec.node, i)
+                if len(alloc.gpus) < rec.request.gpu_count:
+                    self._problem(f"pod {rec.name} on {rec.node}: asks for {rec.request.gpu_count} GPU(s) but only "
+                                  f"{len(alloc.gpus)} are free there; charged those")  # fmt: skip
+            else:
+                alloc = allocation_of(rec.request, rec.assignment, rec.node, i)
             s.allocate(alloc)
         except AllocationError as exc:
             self._problem(f"pod {rec.name} on {rec.node} not counted: {exc}")
@@ -279,6 +313,14 @@ class ClusterState:
             self._reserved.add(rec.key)
             self.generation += 1
 
+    def adopt(self, rec: PodRecord) -> None:
+        """Record a bind in flight whose allocation the caller has already granted on the snapshot (the scheduler's
+        batch step places and grants under this lock): reserve() without the second grant. Settle it as any other."""
+        with self.lock:
+            self.pods[rec.key] = rec
+            self._reserved.add(rec.key)
+            self.generation += 1
+
     def check_unbound(self, key: str, name: str) -> None:
         """Raise BindConflict if the pod is bound (or a bind of it is in flight or unanswered)."""
         with self.lock:
@@ -348,16 +390,32 @@ class ClusterState:
             }
 
 
-class Informer:
-    """Keeps a ClusterState current: list, then watch from that version; list again when the watch breaks."""
+class Observer(Protocol):
+    """Told of every change an Informer applies to the state, after it is applied (the standalone scheduler's queue)."""
 
-    def __init__(self, api: KubeApi, state: ClusterState, retry_seconds: float = 2.0) -> None:
+    def observed(self, kind: str, event: str, obj: JsonObj) -> None: ...
+
+    def listed(self, kind: str, items: list[JsonObj]) -> None: ...
+
+
+class Informer:
+    """Keeps a ClusterState current: list, then watch from that version; list again when the watch breaks.
+
+    `observer` (optional) hears every event and every list after the state has taken it. `prime()` lists both kinds
+    once, in the caller's thread, nodes first: the books are whole before anything is placed, and the watches then
+    start from those lists' versions instead of listing a second time (at 50,000 pods a list is seconds)."""
+
+    def __init__(
+        self, api: KubeApi, state: ClusterState, retry_seconds: float = 2.0, observer: Observer | None = None
+    ) -> None:
         self.api = api
         self.state = state
         self.retry_seconds = retry_seconds
+        self.observer = observer
         self.stop = threading.Event()
         self.synced = {"nodes": threading.Event(), "pods": threading.Event()}
         self._threads: list[threading.Thread] = []
+        self._versions: dict[str, str] = {}
 
     def sync_once(self) -> None:
         """List nodes and pods and replace the state (what a restart does)."""
@@ -366,6 +424,24 @@ class Informer:
         since = self.state.epoch()
         pods, _ = self.api.list("pods")
         self.state.replace_pods(pods, since)
+
+    def prime(self) -> None:
+        """List nodes, then pods, into the state (and the observer); start() then watches from there."""
+        for kind in ("nodes", "pods"):
+            self._list(kind)
+
+    def _list(self, kind: str) -> str:
+        since = self.state.epoch()
+        items, version = self.api.list(kind)
+        if kind == "nodes":
+            self.state.replace_nodes(items)
+        else:
+            self.state.replace_pods(items, since)
+        if self.observer is not None:
+            self.observer.listed(kind, items)
+        self._versions[kind] = version
+        self.synced[kind].set()
+        return version
 
     def start(self) -> None:
         for kind in ("nodes", "pods"):
@@ -382,17 +458,18 @@ class Informer:
             t.join(timeout=5)
 
     def _run(self, kind: str) -> None:
+        apply = self.state.apply
+        observer = self.observer
         while not self.stop.is_set():
             try:
-                since = self.state.epoch()
-                items, version = self.api.list(kind)
-                if kind == "nodes":
-                    self.state.replace_nodes(items)
-                else:
-                    self.state.replace_pods(items, since)
-                self.synced[kind].set()
+                version = self._versions.pop(kind, None)
+                if version is None:
+                    version = self._list(kind)
+                    self._versions.pop(kind, None)
                 for event, obj in self.api.watch(kind, version, self.stop):
-                    self.state.apply(kind, event, obj)
+                    apply(kind, event, obj)
+                    if observer is not None:
+                        observer.observed(kind, event, obj)
             except KubeApiError as exc:
                 log.warning("watch %s: %s; listing again", kind, exc)
                 self.stop.wait(self.retry_seconds if exc.status != 410 else 0)
