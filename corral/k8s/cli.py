@@ -128,6 +128,11 @@ def extender_cmd(
 
 
 SCHEDULER_NAME_HELP = "Schedule the pods whose spec.schedulerName is this."
+SCHEDULER_WORKLOAD_HELP = (
+    "Target workload of fgd and fgd-priced: default (the engine's generic one), or a pod list FILE as `corral sim` "
+    "reads it (openb CSV, or corral's YAML/JSON), whose typical pods are the workload: with the same file and policy "
+    "the scheduler places a trace as `corral sim` does."
+)
 LISTEN_HELP = "Serve GET /metrics, /healthz, /readyz and /explain/NS/POD on HOST:PORT (read-only; '' for none)."
 
 
@@ -152,6 +157,7 @@ def scheduler_cmd(
     batch_window_ms: Annotated[float, typer.Option(help="Wait this long after a pod arrives for more.")] = 5.0,
     bind_workers: Annotated[int, typer.Option(help="Bindings in flight at once.")] = 16,
     listen: Annotated[str, typer.Option(help=LISTEN_HELP)] = "0.0.0.0:9444",
+    workload: Annotated[str, typer.Option(help=SCHEDULER_WORKLOAD_HELP)] = "default",
 ) -> None:
     """Schedule pods (spec.schedulerName) yourself: corral's engine places them in batches and binds them."""
     from corral.k8s.client import RealKubeApi
@@ -161,7 +167,8 @@ def scheduler_cmd(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         address = split_listen(listen)
-        config = PlacementConfig(policy=policy, gpu_behavior=GpuBehavior.parse(behavior, "--behavior"))
+        config = PlacementConfig(policy=policy, gpu_behavior=GpuBehavior.parse(behavior, "--behavior"),
+                                 workload=load_workload(workload))  # fmt: skip
         scheduler = Scheduler(RealKubeApi(kubeconfig), config, scheduler_name, qps, burst, batch_window_ms / 1000,
                               bind_workers)  # fmt: skip
     except (InvalidRequest, CorralError) as exc:

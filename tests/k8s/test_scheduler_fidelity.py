@@ -38,3 +38,14 @@ def test_a_100_node_slice_of_openb_binds_pod_by_pod_as_corral_sim_places_it(tmp_
     assert timings["settled"] == "settled", f"the scheduler did not answer every pod: {timings}, {result}"
     assert abs(result["diff_pp"]) <= 0.1, f"GPU allocation differs from corral sim's: {result}"
     assert got.placed == sim.placed, f"pods placed differently from corral sim: {result}"
+
+
+def test_the_scheduler_says_which_workload_it_cannot_read(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from corral.k8s.cli import app
+
+    missing = tmp_path / "nope.csv"
+    done = CliRunner().invoke(app, ["scheduler", "--kubeconfig", str(tmp_path / "kc"), "--workload", str(missing)])
+    assert done.exit_code == 2
+    assert f"--workload: expected auto, default or a pod list file; {str(missing)!r} is none of them" in done.output
