@@ -25,8 +25,8 @@ from corral.model.units import parse_cpu_milli, parse_memory_mib
 from corral.placement import GpuReserve, PlacementConfig, TargetWorkload
 
 RESOURCE_HELP = (
-    "Resource to advertise (repeatable; default corral.dev/gpu, corral.dev/gpu-milli, elasticgpu.io/gpu-core, "
-    "keti.com/mpsgpu; nvidia.com/gpu only when asked, as NVIDIA's plugin may own it)."
+    "Resource to advertise (repeatable or comma-separated; default corral.dev/gpu, corral.dev/gpu-milli, "
+    "elasticgpu.io/gpu-core, keti.com/mpsgpu; nvidia.com/gpu only when asked, as NVIDIA's or HAMi's plugin may own it)."
 )
 #: The verbs bind pods with the extender's rights and take no credentials, so by default only this machine (or, in
 #: the chart, this pod, where kube-scheduler runs beside the extender) reaches them.
@@ -313,6 +313,10 @@ def device_plugin_cmd(
     ),
     resource: Annotated[list[str], typer.Option(help=RESOURCE_HELP)] = [],  # noqa: B006
     share_slots: Annotated[int, typer.Option(help="keti.com/mpsgpu IDs per GPU (pods that may share one).")] = 10,
+    gpu_split: Annotated[
+        int,
+        typer.Option(help="nvidia.com/gpu IDs per GPU: 1 whole GPUs (NVIDIA's plugin), 10 HAMi's vGPUs per GPU."),
+    ] = 1,
     mps_root: Annotated[
         Path | None, typer.Option(help="Run one MPS daemon per shared GPU under this host folder (mounted in pods).")
     ] = None,
@@ -339,12 +343,14 @@ def device_plugin_cmd(
     )
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    names = resource or list(DEFAULT_RESOURCES)
+    names = [r.strip() for given in resource for r in given.split(",") if r.strip()] or list(DEFAULT_RESOURCES)
     unknown = [r for r in names if r not in IDS_PER_GPU]
     if unknown:
         raise _fail(f"--resource: cannot advertise {', '.join(unknown)}; use any of {', '.join(IDS_PER_GPU)}")
     if not node_name:
         raise _fail("--node-name (or NODE_NAME) is required")
+    if not 1 <= gpu_split <= 100 or not 1 <= share_slots <= 100:
+        raise _fail("--gpu-split and --share-slots must be 1..100 (IDs per GPU)")
     try:
         if simulate_gpus:
             gpus = parse_simulated_inventory(simulate_gpus)[0].gpus
@@ -380,7 +386,7 @@ def device_plugin_cmd(
     running = []
     try:
         for r in names:
-            per_gpu = share_slots if r == "keti.com/mpsgpu" else IDS_PER_GPU[r]
+            per_gpu = {"keti.com/mpsgpu": share_slots, "nvidia.com/gpu": gpu_split}.get(r, IDS_PER_GPU[r])
             running.append(serve(CorralDevicePlugin(r, gpus, finder, per_gpu, pipe_dir, metrics), plugin_dir))
             register(plugin_dir, r)
     except DevicePluginError as exc:

@@ -27,6 +27,7 @@ from corral.k8s.client import JsonObj, KubeApi, KubeApiError
 from corral.k8s.convert import (
     Assignment,
     allocation_of,
+    gpu_memory_by_model,
     node_from_k8s,
     node_utilization,
     parse_assignment,
@@ -99,6 +100,8 @@ class ClusterState:
         self.utilization: dict[str, list[float | None]] = {}
         self.pods: dict[str, PodRecord] = {}
         self.snapshot: ClusterSnapshot | None = None
+        #: GPU model -> the largest memory of a GPU of it here (pod_request's gpu_memory: HAMi's percentages)
+        self.gpu_memory: dict[str, int] = {}
         #: Bumped on every change that can alter a decision (cached decisions compare it).
         self.generation = 0
         #: Problems seen in the cluster's own objects (a damaged annotation, a pod the snapshot refused):
@@ -113,6 +116,7 @@ class ClusterState:
 
     # ------------------------------------------------------------------ nodes
     def _rebuild(self) -> None:
+        self.gpu_memory = gpu_memory_by_model(self.nodes.values())
         if not self.nodes:
             self.snapshot = None
             self.generation += 1
@@ -237,7 +241,7 @@ class ClusterState:
             # asks for does not change, so it is not read again (the pod's full read is most of an event's cost).
             return "bound", PodRecord(known.key, known.name, known.node, known.request, assignment)
         try:
-            request = pod_request(obj, min_cpu_milli=0).request
+            request = pod_request(obj, min_cpu_milli=0, gpu_memory=self.gpu_memory).request
         except InvalidRequest as exc:
             self._problem(f"pod {pod_name(obj)} on {node}: {exc}")
             return "gone", None

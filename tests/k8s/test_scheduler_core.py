@@ -421,9 +421,9 @@ def test_bound_pods_of_one_shape_are_read_once_whatever_their_assignment(monkeyp
     full: list[str] = []
     real = convert._pod_request
 
-    def counted(pod: Any, min_cpu_milli: int) -> convert.PodAsk:
+    def counted(pod: Any, *args: Any) -> convert.PodAsk:
         full.append(pod["metadata"]["name"])
-        return real(pod, min_cpu_milli)
+        return real(pod, *args)
 
     monkeypatch.setattr(convert, "_pod_request", counted)
     monkeypatch.setattr(convert, "_shapes", OrderedDict())  # shapes earlier tests left

@@ -170,13 +170,14 @@ def fenced_off(
     return Constraint("hostname", ConstraintOp.UNLIKE, "|".join(re.escape(n) for n in names))
 
 
-def pending_of(obj: JsonObj) -> Pending:
-    """A pod object -> what the batch step reads; a pod corral cannot read waits with the reason (no exception)."""
+def pending_of(obj: JsonObj, gpu_memory: Mapping[str, int] | None = None) -> Pending:
+    """A pod object -> what the batch step reads; a pod corral cannot read waits with the reason (no exception).
+    `gpu_memory`: the cluster's GPUs (ClusterState.gpu_memory), which HAMi's percentages of GPU memory need."""
     from corral.k8s.convert import pod_key, pod_name
 
     key, name = pod_key(obj), pod_name(obj)
     try:
-        ask = pod_request(obj)
+        ask = pod_request(obj, gpu_memory=gpu_memory)
         selector = (obj.get("spec") or {}).get("nodeSelector")
         if selector:
             if not isinstance(selector, Mapping):
@@ -396,7 +397,7 @@ class Scheduler:
 
     def _enqueue(self, obj: JsonObj, key: str) -> None:
         meta = obj.get("metadata") or {}
-        p = pending_of(obj)
+        p = pending_of(obj, self.state.gpu_memory)
         tol = (obj.get("spec") or {}).get("tolerations") or ()
         tolerations = tuple(t for t in tol if isinstance(t, Mapping)) if isinstance(tol, list) else ()
         w = Waiting(p, str(meta.get("namespace") or "default"), str(meta.get("name") or ""), str(meta.get("uid") or ""),
