@@ -202,10 +202,13 @@ def test_a_pending_pod_gets_its_condition_once_and_at_most_a_few_events(
 def test_a_refused_binding_gives_its_gpus_back_and_the_pod_is_placed_again(
     api: FakeKubeApi, run: Callable[..., Scheduler], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(core_mod, "BIND_RETRY", 0.01)
+    monkeypatch.setattr(core_mod, "BIND_RETRY", 0.3)
     api.fail_next["create_binding"] = KubeApiError("admission webhook said no", 403)
     s = run()
     api.put_pod(gpu_pod("p", 2))
+    wait_for("the failure", lambda: s.pending_by_reason() == {"bind_failed": 1})
+    assert s.explain("default/p")["reason"] == "the Binding failed: admission webhook said no"
+    assert s.state.snapshot is not None and not s.state.snapshot.allocations  # the charge given back
     wait_for("the bind", lambda: node_of(api, "p") is not None)
     assert len([c for c in api.calls if c[0] == "create_binding"]) == 1  # the refused one made no call (fail_next)
     assert s.metrics.binds.labels("refused")._value.get() == 1

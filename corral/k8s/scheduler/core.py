@@ -705,8 +705,12 @@ class Scheduler:
     def pending_by_reason(self) -> dict[str, int]:
         with self._cond:
             out: dict[str, int] = {}
-            if self._active or self._delayed:
-                out["queued"] = len(self._active) + sum(1 for *_, k in self._delayed if k in self._known)
+            if self._active:
+                out["queued"] = len(self._active)
+            failed = {k for *_, k in self._delayed if k in self._known and k not in self._active}
+            failed -= self._inflight.keys()
+            if failed:
+                out["bind_failed"] = len(failed)
             if self._inflight:
                 out["binding"] = len(self._inflight)
             for w in self._unschedulable.values():
