@@ -129,6 +129,11 @@ def extender_cmd(
 
 
 SCHEDULER_NAME_HELP = "Schedule the pods whose spec.schedulerName is this."
+SCHEDULER_WORKLOAD_HELP = (
+    "Target workload of fgd and fgd-priced: default (the engine's generic one), or a pod list FILE as `corral sim` "
+    "reads it (openb CSV, or corral's YAML/JSON), whose typical pods are the workload: with the same file and policy "
+    "the scheduler places a trace as `corral sim` does."
+)
 LISTEN_HELP = "Serve GET /metrics, /healthz, /readyz and /explain/NS/POD on HOST:PORT (read-only; '' for none)."
 
 
@@ -153,6 +158,7 @@ def scheduler_cmd(
     batch_window_ms: Annotated[float, typer.Option(help="Wait this long after a pod arrives for more.")] = 5.0,
     bind_workers: Annotated[int, typer.Option(help="Bindings in flight at once.")] = 16,
     listen: Annotated[str, typer.Option(help=LISTEN_HELP)] = "0.0.0.0:9444",
+    workload: Annotated[str, typer.Option(help=SCHEDULER_WORKLOAD_HELP)] = "default",
 ) -> None:
     """Schedule pods (spec.schedulerName) yourself: corral's engine places them in batches and binds them."""
     from corral.k8s.scheduler.core import Scheduler
@@ -162,7 +168,8 @@ def scheduler_cmd(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         address = split_listen(listen)
-        config = PlacementConfig(policy=policy, gpu_behavior=GpuBehavior.parse(behavior, "--behavior"))
+        config = PlacementConfig(policy=policy, gpu_behavior=GpuBehavior.parse(behavior, "--behavior"),
+                                 workload=load_workload(workload))  # fmt: skip
         Scheduler.check(qps, burst, batch_window_ms / 1000, bind_workers)
         scheduler = Scheduler(connect(kubeconfig), config, scheduler_name, qps, burst, batch_window_ms / 1000,
                               bind_workers)  # fmt: skip

@@ -16,8 +16,10 @@ utilisation updates it in place.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -94,7 +96,12 @@ class BindConflict(AllocationError):
 class ClusterState:
     """Nodes, pods on nodes, and the snapshot the engine decides on. Guard every use with `lock`."""
 
-    def __init__(self) -> None:
+    def __init__(self, node_check: Callable[[JsonObj, Node], str] | None = None) -> None:
+        #: Says why a node that converts must still be ignored ("" when it may be used): the standalone scheduler's
+        #: check that the GPU inventory annotation agrees with the node's own capacity.
+        self.node_check = node_check
+        #: Nodes ignored, by name: why (for the scheduler's events on them).
+        self.ignored: dict[str, str] = {}
         self.lock = threading.RLock()
         self.nodes: dict[str, Node] = {}
         self.utilization: dict[str, list[float | None]] = {}
@@ -138,11 +145,25 @@ class ClusterState:
         for j in range(int(s.gpu_count[i])):
             s.set_gpu_utilization(i, j, values[j] if j < len(values) else None)
 
-    def upsert_node(self, obj: JsonObj) -> None:
+    def _node(self, obj: JsonObj) -> Node | None:
+        """The node as corral uses it; None (and why, in `ignored`) where it cannot be used."""
+        name = str(((obj.get("metadata") if isinstance(obj, dict) else None) or {}).get("name", ""))
         try:
             node = node_from_k8s(obj)
+            why = self.node_check(obj, node) if self.node_check is not None else ""
         except InvalidRequest as exc:
-            self._problem(f"node ignored: {exc}")
+            why = str(exc)
+        if why:
+            if self.ignored.get(name) != why:
+                self._problem(f"node ignored: {why}")
+            self.ignored[name] = why
+            return None
+        self.ignored.pop(name, None)
+        return node
+
+    def upsert_node(self, obj: JsonObj) -> None:
+        node = self._node(obj)
+        if node is None:
             return
         with self.lock:
             util = node_utilization(obj)
@@ -156,6 +177,7 @@ class ClusterState:
                 self.generation += 1
 
     def remove_node(self, name: str) -> None:
+        self.ignored.pop(name, None)
         with self.lock:
             if self.nodes.pop(name, None) is not None:
                 self.utilization.pop(name, None)
@@ -165,11 +187,10 @@ class ClusterState:
         with self.lock:
             self.nodes.clear()
             self.utilization.clear()
+            self.ignored.clear()
             for obj in objs:
-                try:
-                    node = node_from_k8s(obj)
-                except InvalidRequest as exc:
-                    self._problem(f"node ignored: {exc}")
+                node = self._node(obj)
+                if node is None:
                     continue
                 self.nodes[node.name] = node
                 self.utilization[node.name] = node_utilization(obj)
@@ -317,7 +338,17 @@ class ClusterState:
                 ):
                     records[key] = old
             self.pods = records
-            self._rebuild()
+            s = self.snapshot
+            if s is None:
+                self._rebuild()
+                return
+            # The nodes are as they were: grant the pods into the same snapshot instead of building it again (at
+            # 5,000 nodes the build is a good part of a restart's rebuilding of the books)
+            for key in list(s.allocations):
+                s.release(key)
+            for rec in records.values():
+                self._grant(rec)
+            self.generation += 1
 
     # ------------------------------------------------------------------ bind
     def reserve(self, rec: PodRecord, alloc: Allocation) -> None:
@@ -446,8 +477,16 @@ class Informer:
 
     def prime(self) -> None:
         """List nodes, then pods, into the state (and the observer); start() then watches from there."""
-        for kind in ("nodes", "pods"):
-            self._list(kind)
+        # Tens of thousands of records are made here and kept: the collector's passes over them while they are made
+        # find nothing to free
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            for kind in ("nodes", "pods"):
+                self._list(kind)
+        finally:
+            if enabled:
+                gc.enable()
 
     def _list(self, kind: str) -> str:
         since = self.state.epoch()

@@ -7,6 +7,7 @@ rate-limited events, /explain, /metrics), the books at a restart and with other 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -201,10 +202,13 @@ def test_a_pending_pod_gets_its_condition_once_and_at_most_a_few_events(
 def test_a_refused_binding_gives_its_gpus_back_and_the_pod_is_placed_again(
     api: FakeKubeApi, run: Callable[..., Scheduler], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(core_mod, "BIND_RETRY", 0.01)
+    monkeypatch.setattr(core_mod, "BIND_RETRY", 0.3)
     api.fail_next["create_binding"] = KubeApiError("admission webhook said no", 403)
     s = run()
     api.put_pod(gpu_pod("p", 2))
+    wait_for("the failure", lambda: s.pending_by_reason() == {"bind_failed": 1})
+    assert s.explain("default/p")["reason"] == "the Binding failed: admission webhook said no"
+    assert s.state.snapshot is not None and not s.state.snapshot.allocations  # the charge given back
     wait_for("the bind", lambda: node_of(api, "p") is not None)
     assert len([c for c in api.calls if c[0] == "create_binding"]) == 1  # the refused one made no call (fail_next)
     assert s.metrics.binds.labels("refused")._value.get() == 1
@@ -412,3 +416,78 @@ def test_the_commands_refuse_bad_arguments_naming_them() -> None:
     assert out.exit_code == 2 and "error: cannot read the kubeconfig /nonexistent: FileNotFoundError: " in out.output
     assert split_listen("[::1]:9444") == ("::1", 9444) and split_listen(":9444") == ("0.0.0.0", 9444)
     assert split_listen("") is None
+
+
+def test_bound_pods_of_one_shape_are_read_once_whatever_their_assignment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from corral.k8s import convert
+
+    full: list[str] = []
+    real = convert._pod_request
+
+    def counted(pod: Any, *args: Any) -> convert.PodAsk:
+        full.append(pod["metadata"]["name"])
+        return real(pod, *args)
+
+    monkeypatch.setattr(convert, "_pod_request", counted)
+    monkeypatch.setattr(convert, "_shapes", OrderedDict())  # shapes earlier tests left
+    for j in range(3):
+        a = Assignment("n1", {"main": (GpuSlot(j, f"GPU-n1-{j}", 1000, 81920),)})
+        p = gpu_pod(f"shape-{j}", 1, node="n1", annotations=assignment_annotations(a, "nvidia"))
+        ask = convert.pod_request(p, min_cpu_milli=0)
+        assert ask.request.id == f"uid-default-shape-{j}" and ask.request.gpu_count == 1
+    assert full == ["shape-0"]
+
+
+def test_a_node_whose_gpu_inventory_lies_is_left_out_with_an_event(
+    api: FakeKubeApi, run: Callable[..., Scheduler]
+) -> None:
+    liar: dict[str, Any] = gpu_node("liar", 8)
+    liar["status"]["allocatable"]["nvidia.com/gpu"] = "2"  # the annotation says 8
+    api.put_node(liar)
+    broken: dict[str, Any] = gpu_node("broken", 2)
+    broken["metadata"]["annotations"]["corral.dev/gpus"] = '[{"index": "zero"}]'
+    api.put_node(broken)
+    s = run()
+    api.put_pod(gpu_pod("eight", 8))
+    api.put_pod(gpu_pod("one", 1))
+    wait_for("the small pod", lambda: node_of(api, "one") in ("n1", "n2"))
+    wait_for("the node events", lambda: len([e for _, e in api.events if e["involvedObject"]["kind"] == "Node"]) == 2)
+    told = {e["involvedObject"]["name"]: e for _, e in api.events if e["involvedObject"]["kind"] == "Node"}
+    assert told["liar"]["message"] == (
+        "node liar: its corral.dev/gpus annotation lists 8 GPUs but its allocatable nvidia.com/gpu is 2; corral places "
+        "nothing there until they agree"
+    )
+    assert told["broken"]["message"].startswith(
+        "node broken: metadata.annotations[corral.dev/gpus]: each GPU needs index, model, memory_mib"
+    )
+    assert {e["reason"] for e in told.values()} == {"CorralIgnoresNode"}
+    wait_for("the big pod's reason", lambda: s.explain("default/eight")["state"] == "pending")
+    api.put_node(liar)  # the same lie again: no second event
+    time.sleep(0.2)
+    assert len([e for _, e in api.events if e["involvedObject"]["kind"] == "Node"]) == 2
+    liar["status"]["allocatable"]["nvidia.com/gpu"] = "8"  # now they agree
+    api.put_node(liar)
+    wait_for("the big pod", lambda: node_of(api, "eight") == "liar", 2)
+
+
+def test_pods_stay_off_tainted_and_cordoned_nodes_unless_they_tolerate_them(
+    api: FakeKubeApi, run: Callable[..., Scheduler]
+) -> None:
+    tainted: dict[str, Any] = gpu_node("n1", 2)
+    tainted["spec"] = {"taints": [{"key": "gpu", "value": "reserved", "effect": "NoSchedule"},
+                                  {"key": "soft", "effect": "PreferNoSchedule"}]}  # fmt: skip
+    api.put_node(tainted)
+    cordoned: dict[str, Any] = gpu_node("n2", 2)
+    cordoned["spec"] = {"unschedulable": True}
+    api.put_node(cordoned)
+    s = run()
+    api.put_pod(gpu_pod("plain", 1))
+    tolerant = gpu_pod("tolerant", 1)
+    tolerant["spec"]["tolerations"] = [{"key": "gpu", "operator": "Equal", "value": "reserved", "effect": "NoSchedule"}]
+    api.put_pod(tolerant)
+    wait_for("the tolerant pod", lambda: node_of(api, "tolerant") == "n1")
+    wait_for("the plain pod's reason", lambda: s.explain("default/plain")["state"] == "pending")
+    assert s.explain("default/plain")["reason"] == "0/2 nodes fit: 2 taint not tolerated or cordoned"
+    del cordoned["spec"]  # uncordoned
+    api.put_node(cordoned)
+    wait_for("the plain pod", lambda: node_of(api, "plain") == "n2", 2)

@@ -285,6 +285,9 @@ def test_hostile_objects_get_a_clear_event_and_hold_nothing_up(setup: Setup) -> 
             "quantity: 'lots' (examples: 2, 500m, 4Gi, 1e3)"
         )
         assert condition(core, "bad-count").message == message
+        wait_for("the liar's event", lambda: bool(events(core, "liar", "CorralIgnoresNode")))
+        told = events(core, "liar", "CorralIgnoresNode")[0].message
+        assert told.startswith("node liar: metadata.annotations[corral.dev/gpus]: each GPU needs index, model"), told
         assert setup.scheduler.get("/healthz").status_code == 200
     finally:
         core.delete_node("liar")

@@ -25,6 +25,7 @@ import dataclasses
 import heapq
 import itertools
 import logging
+import re
 import socket
 import threading
 import time
@@ -41,7 +42,7 @@ from corral.k8s.scheduler.batch import INVALID, Bind, Pending, Wait, place_batch
 from corral.k8s.scheduler.metrics import SchedulerMetrics
 from corral.k8s.state import ClusterState, Informer, PodRecord
 from corral.model.errors import InvalidRequest
-from corral.model.resources import Constraint, ConstraintOp
+from corral.model.resources import Constraint, ConstraintOp, Node
 from corral.placement import PlacementConfig
 
 log = logging.getLogger("corral.k8s.scheduler")
@@ -119,6 +120,54 @@ class Waiting:
     written: str = ""  # the condition message last patched
     written_at: float = -1e9
     events: list[float] = field(default_factory=list)  # when its FailedScheduling events were sent
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+
+
+#: A cordoned node (spec.unschedulable) as the taint Kubernetes gives it.
+CORDON = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
+_FENCING = ("NoSchedule", "NoExecute")
+
+
+def fences(obj: JsonObj) -> tuple[Mapping[str, Any], ...]:
+    """The taints of a node that keep pods off it (NoSchedule, NoExecute; a cordon counts as one)."""
+    spec = obj.get("spec") or {}
+    if not isinstance(spec, Mapping):
+        return ()
+    taints = spec.get("taints") or []
+    out = (
+        [t for t in taints if isinstance(t, Mapping) and t.get("effect") in _FENCING]
+        if isinstance(taints, list)
+        else []
+    )
+    if spec.get("unschedulable"):
+        out.append(CORDON)
+    return tuple(out)
+
+
+def tolerates(tolerations: tuple[Mapping[str, Any], ...], taint: Mapping[str, Any]) -> bool:
+    """Kubernetes' rule: a toleration matches a taint's effect (or every effect) and its key (or every key, with
+    operator Exists), and its value unless the operator is Exists."""
+    for t in tolerations:
+        if t.get("effect") and t.get("effect") != taint.get("effect"):
+            continue
+        exists = t.get("operator") == "Exists"
+        if not t.get("key"):
+            if exists:
+                return True
+            continue
+        if t.get("key") == taint.get("key") and (exists or (t.get("value") or "") == (taint.get("value") or "")):
+            return True
+    return False
+
+
+def fenced_off(
+    tolerations: tuple[Mapping[str, Any], ...], fenced: Mapping[str, tuple[Mapping[str, Any], ...]]
+) -> Constraint | None:
+    """The constraint that keeps a pod off the nodes whose taints it does not tolerate (None: it may go anywhere)."""
+    names = sorted(n for n, taints in fenced.items() if not all(tolerates(tolerations, t) for t in taints))
+    if not names:
+        return None
+    return Constraint("hostname", ConstraintOp.UNLIKE, "|".join(re.escape(n) for n in names))
 
 
 def pending_of(obj: JsonObj, gpu_memory: Mapping[str, int] | None = None) -> Pending:
@@ -162,6 +211,33 @@ def warm_up(config: PlacementConfig) -> None:
         log.exception("warming up the engine failed")
 
 
+#: Node capacities that count a node's GPUs (a device plugin's), checked against its inventory annotation.
+GPU_COUNT_RESOURCES = ("corral.dev/gpu", "nvidia.com/gpu")
+
+
+def gpu_inventory_check(obj: JsonObj, node: Node) -> str:
+    """Why a node's GPU inventory (the device plugin's annotation) cannot be believed, "" when it can: it lists more
+    GPUs than the node's own capacity of a whole-GPU resource says it has. Placing by the annotation would send pods
+    to GPUs that kubelet does not have; the node is left out until the two agree."""
+    from corral.k8s.convert import ANN_NODE_GPUS, whole_number
+
+    status = obj.get("status") or {}
+    capacity = status.get("allocatable") or status.get("capacity") or {}
+    if not node.gpus or not isinstance(capacity, Mapping):
+        return ""
+    for res in GPU_COUNT_RESOURCES:
+        if res not in capacity:
+            continue
+        try:
+            have = whole_number(capacity[res], f"status.allocatable[{res}]")
+        except InvalidRequest as exc:
+            return f"node {node.name}: {exc}"
+        if have < len(node.gpus):
+            return (f"node {node.name}: its {ANN_NODE_GPUS} annotation lists {len(node.gpus)} GPUs but its "
+                    f"allocatable {res} is {have}; corral places nothing there until they agree")  # fmt: skip
+    return ""
+
+
 class Scheduler:
     """Schedules the pods whose spec.schedulerName is `name`. start() lists, rebuilds the books and starts the loop;
     close() stops it. Everything it writes goes through `limiter`."""
@@ -184,7 +260,7 @@ class Scheduler:
         self.batch_window = batch_window
         self.limiter = TokenBucket(qps, burst)
         self.metrics = metrics or SchedulerMetrics()
-        self.state = ClusterState()
+        self.state = ClusterState(node_check=gpu_inventory_check)
         self.informer = Informer(api, self.state, observer=self)
         self.stop = threading.Event()
         self.ready = threading.Event()
@@ -197,6 +273,9 @@ class Scheduler:
         self._retry = False
         self._seq = itertools.count()
         self._node_seen: dict[str, Any] = {}
+        #: Nodes with taints that keep pods off (cordoned ones too): pods that do not tolerate them are not placed there
+        self._fenced: dict[str, tuple[Mapping[str, Any], ...]] = {}
+        self._node_told: dict[str, str] = {}  # the reason each ignored node was last told of (one event each)
         self._pool = ThreadPoolExecutor(max_workers=bind_workers, thread_name_prefix="corral-bind")
         self._writes: OrderedDict[str, Waiting] = OrderedDict()  # reasons to write, latest per pod
         self._write_cond = threading.Condition()
@@ -299,6 +378,15 @@ class Scheduler:
 
     def _node_event(self, event: str, obj: JsonObj) -> None:
         name = str((obj.get("metadata") or {}).get("name", ""))
+        why = self.state.ignored.get(name)
+        if why and event != "DELETED" and self._node_told.get(name) != why:
+            self._node_told[name] = why
+            self._pool.submit(self._tell_node, name, why)
+        fenced = fences(obj) if event != "DELETED" else ()
+        if fenced:
+            self._fenced[name] = fenced
+        elif self._fenced.pop(name, None) is not None:
+            self._capacity_freed()  # uncordoned, a taint removed
         node = self.state.nodes.get(name)
         if event == "DELETED" or node is None:
             self._node_seen.pop(name, None)
@@ -310,8 +398,10 @@ class Scheduler:
     def _enqueue(self, obj: JsonObj, key: str) -> None:
         meta = obj.get("metadata") or {}
         p = pending_of(obj, self.state.gpu_memory)
+        tol = (obj.get("spec") or {}).get("tolerations") or ()
+        tolerations = tuple(t for t in tol if isinstance(t, Mapping)) if isinstance(tol, list) else ()
         w = Waiting(p, str(meta.get("namespace") or "default"), str(meta.get("name") or ""), str(meta.get("uid") or ""),
-                    next(self._seq), time.monotonic())  # fmt: skip
+                    next(self._seq), time.monotonic(), tolerations=tolerations)  # fmt: skip
         with self._cond:
             if key in self._known:
                 return
@@ -395,7 +485,9 @@ class Scheduler:
                 # placed twice: it is looked at again once its view comes
                 (held if state.pods.get(w.pending.key) is not None else todo).append(w)
             by_key = {w.pending.key: w for w in todo}
-            decisions = place_batch([w.pending for w in todo], state.snapshot, self.config)
+            fenced = [self._fenced_pending(w) for w in todo]
+            decisions = place_batch([p for p, _ in fenced], state.snapshot, self.config)
+            said = {p.key: text for p, text in fenced if text}
             for d in decisions:
                 w = by_key[d.pod.key]
                 if isinstance(d, Bind):
@@ -405,6 +497,9 @@ class Scheduler:
                     state.adopt(rec)
                     binds.append((w, d, rec))
                 else:
+                    text = said.get(d.pod.key)
+                    if text and text in d.reason:
+                        d = dataclasses.replace(d, reason=d.reason.replace(text, "taint not tolerated or cordoned"))
                     waits.append((w, d))
         self.metrics.batch_seconds.observe(time.perf_counter() - started)
         self.metrics.batch_size.observe(len(batch))
@@ -421,6 +516,19 @@ class Scheduler:
             self._pool.submit(self._bind, w, d, rec)
         for w, _ in waits:
             self._say_why(w)
+
+    def _fenced_pending(self, w: Waiting) -> tuple[Pending, str]:
+        """The pod as the batch step reads it, kept off the tainted nodes it does not tolerate, and the words the
+        engine will use for that constraint ("" where there is none)."""
+        p = w.pending
+        if not self._fenced or p.ask is None:
+            return p, ""
+        off = fenced_off(w.tolerations, dict(self._fenced))
+        if off is None:
+            return p, ""
+        r = p.ask.request
+        ask = dataclasses.replace(p.ask, request=dataclasses.replace(r, constraints=(*r.constraints, off)))
+        return Pending(p.key, p.name, ask, p.error), f"constraint not met ({off.attribute} {off.op.value} {off.value})"
 
     def _later(self, w: Waiting) -> None:
         """Place the pod again after a delay that grows with its failures (under self._cond)."""
@@ -555,6 +663,20 @@ class Scheduler:
             self.metrics.events.labels("failed").inc()
             log.warning("pod %s: cannot write its FailedScheduling event: %s", w.pending.name, exc)
 
+    def _tell_node(self, name: str, why: str) -> None:
+        """A Warning event on a node corral ignores (cluster-scoped objects' events live in "default")."""
+        self.limiter.acquire(self.stop)
+        now = _now_iso()
+        event = {"apiVersion": "v1", "kind": "Event", "metadata": {"generateName": f"{name}.", "namespace": "default"},
+                 "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": name},
+                 "reason": "CorralIgnoresNode", "message": _short(why), "type": "Warning",
+                 "source": {"component": COMPONENT}, "reportingComponent": COMPONENT, "reportingInstance": self._host,
+                 "firstTimestamp": now, "lastTimestamp": now, "count": 1}  # fmt: skip
+        try:
+            self.api.create_event("default", event)
+        except KubeApiError as exc:
+            log.warning("node %s: cannot write its event: %s", name, exc)
+
     def _event(self, w: Waiting, message: str) -> JsonObj:
         now = _now_iso()
         return {
@@ -583,8 +705,12 @@ class Scheduler:
     def pending_by_reason(self) -> dict[str, int]:
         with self._cond:
             out: dict[str, int] = {}
-            if self._active or self._delayed:
-                out["queued"] = len(self._active) + sum(1 for *_, k in self._delayed if k in self._known)
+            if self._active:
+                out["queued"] = len(self._active)
+            failed = {k for *_, k in self._delayed if k in self._known and k not in self._active}
+            failed -= self._inflight.keys()
+            if failed:
+                out["bind_failed"] = len(failed)
             if self._inflight:
                 out["binding"] = len(self._inflight)
             for w in self._unschedulable.values():
