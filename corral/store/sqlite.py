@@ -286,6 +286,10 @@ class SqliteStore:
         self._closed = False
         self._active: dict[int, Job] = {}  # unfinished jobs by row id, decoded
         self._data_version: int | None = None  # SQLite's data_version when `_active` was loaded
+        #: Accounting reads (a page of 10,000 records, a month's summary: up to a few hundred milliseconds) go
+        #: through a connection of their own: under WAL they never wait for the daemon's writes, nor hold them up.
+        self._acct_lock = threading.Lock()
+        self._acct_conn: sqlite3.Connection | None = None
         try:
             self._conn = sqlite3.connect(
                 self.path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
@@ -497,8 +501,8 @@ class SqliteStore:
         if query.limit is not None:
             sql += " LIMIT ?"
             params.append(query.limit)
-        with self._read("reading the accounts"):
-            rows = self._conn.execute(sql, params).fetchall()
+        with self._reading("reading the accounts") as conn:
+            rows = conn.execute(sql, params).fetchall()
         return [_acct_record(row) for row in rows]
 
     def acct_summary(self, query: AcctQuery) -> builtins.list[SummaryRow]:
@@ -545,8 +549,8 @@ class SqliteStore:
             "SELECT user, queue, SUM(jobs), SUM(elapsed), SUM(gpu_ms), SUM(cpu_ms), SUM(util_ms), SUM(util_weight),"
             f" SUM(simulated) FROM ({' UNION ALL '.join(parts)}) GROUP BY user, queue ORDER BY user, queue"
         )
-        with self._read("summing the accounts"):
-            rows = self._conn.execute(sql, params).fetchall()
+        with self._reading("summing the accounts") as conn:
+            rows = conn.execute(sql, params).fetchall()
         return [
             SummaryRow(
                 user=str(user),
@@ -670,14 +674,33 @@ class SqliteStore:
         return changed
 
     def close(self) -> None:
-        with self._lock:
+        with self._lock, self._acct_lock:
             if self._closed:
                 return
             self._closed = True
             try:
+                if self._acct_conn is not None:
+                    self._acct_conn.close()
                 self._conn.close()
             except sqlite3.Error as exc:
                 raise self._error("closing it failed", exc) from exc
+
+    @contextmanager
+    def _reading(self, what: str) -> Iterator[sqlite3.Connection]:
+        """The accounting reads' own connection (opened on first use), for one read."""
+        with self._acct_lock:
+            self._check_open()
+            try:
+                if self._acct_conn is None:
+                    conn = sqlite3.connect(
+                        self.path, timeout=self._busy_timeout_ms / 1000, isolation_level=None, check_same_thread=False
+                    )
+                    conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
+                    conn.execute("PRAGMA query_only = ON")
+                    self._acct_conn = conn
+                yield self._acct_conn
+            except sqlite3.Error as exc:
+                raise self._error(f"{what} failed", exc) from exc
 
     def __repr__(self) -> str:
         return f"SqliteStore({str(self.path)!r})"

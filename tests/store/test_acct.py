@@ -14,7 +14,7 @@ from corral.jobs.model import JobSpec, JobState
 from corral.jobs.usage import Usage
 from corral.model.errors import InvalidRequest
 from corral.model.resources import GpuGrant, Request
-from corral.store import MemoryStore, SqliteStore, Store
+from corral.store import MemoryStore, SqliteStore, Store, StoreError
 from corral.store.acct import AcctQuery, check_window, cursor_text, parse_cursor, record_of, summarize
 
 Q, S, R = JobState.QUEUED, JobState.STARTING, JobState.RUNNING
@@ -226,3 +226,23 @@ def test_sqlite_summary_of_any_window_agrees_with_the_records(tmp_path: Path) ->
                 assert (g.gpu_util_pct is None) == (w.gpu_util_pct is None)
                 assert g.gpu_util_pct == pytest.approx(w.gpu_util_pct)
     store.close()
+
+
+def test_sqlite_accounting_reads_do_not_wait_for_the_daemons_writes(tmp_path: Path) -> None:
+    """A month's summary or a page of 10,000 records takes a while: they read through a connection of their own,
+    so the daemon's writes (which hold the store's lock) neither wait for them nor hold them up."""
+    import threading
+
+    store = SqliteStore(tmp_path / "jobs.db")
+    run(store, spec(), 10.0, 20.0)
+    answers: list[int] = []
+    with store._lock:  # the daemon is in the middle of a write
+        reader = threading.Thread(
+            target=lambda: answers.extend([len(store.acct(AcctQuery())), len(store.acct_summary(AcctQuery()))])
+        )
+        reader.start()
+        reader.join(timeout=10)
+        assert answers == [1, 1]
+    store.close()
+    with pytest.raises(StoreError):
+        store.acct(AcctQuery())
