@@ -218,7 +218,7 @@ class Setting:
 
     directive: Directive
     param: str
-    value: str | None  # None: unset (--time=UNLIMITED)
+    value: Any  # as click gives it (#CORRAL: a flag's bool, a repeated option's tuple); None: unset (-t UNLIMITED)
     option: str  # the option as written: --gres=gpu:2
 
 
