@@ -346,7 +346,7 @@ def run_script(text: str, argv: list[str], env: dict[str, str]) -> NoReturn:
     while view:
         view = view[os.write(fd, view) :]
     os.lseek(fd, 0, os.SEEK_SET)
-    try:
+    try:  # noqa: SIM105 - contextlib is one more import at every start
         os.execve(fd, argv, env)  # fexecve; the descriptor stays open (not close-on-exec) for the interpreter to read
     except OSError:
         pass  # e.g. memfds made not executable (vm.memfd_noexec): run its interpreter ourselves, as the kernel would
