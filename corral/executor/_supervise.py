@@ -346,8 +346,18 @@ def run_script(text: str, argv: list[str], env: dict[str, str]) -> NoReturn:
     while view:
         view = view[os.write(fd, view) :]
     os.lseek(fd, 0, os.SEEK_SET)
-    os.execve(fd, argv, env)  # fexecve; the descriptor stays open (not close-on-exec) for the interpreter to read
-    raise OSError(errno.ENOEXEC, "the batch script did not run")
+    try:  # noqa: SIM105 - contextlib is one more import at every start
+        os.execve(fd, argv, env)  # fexecve; the descriptor stays open (not close-on-exec) for the interpreter to read
+    except OSError:
+        pass  # e.g. memfds made not executable (vm.memfd_noexec): run its interpreter ourselves, as the kernel would
+    line = text.split("\n", 1)[0][2:].strip()
+    interpreter, _, arg = line.partition(" ")
+    arg = arg.strip()
+    try:
+        os.execve(interpreter, [interpreter, *([arg] if arg else []), f"/dev/fd/{fd}", *argv[1:]], env)
+    except OSError as exc:
+        raise OSError(exc.errno, f"the script's interpreter {line!r}: {exc.strerror}") from None
+    raise OSError(errno.ENOEXEC, "the batch script did not run")  # pragma: no cover - execve returns only by raising
 
 
 def execute(argv: list[str], env: dict[str, str]) -> NoReturn:

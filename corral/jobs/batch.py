@@ -218,7 +218,7 @@ class Setting:
 
     directive: Directive
     param: str
-    value: str | None  # None: unset (--time=UNLIMITED)
+    value: Any  # as click gives it (#CORRAL: a flag's bool, a repeated option's tuple); None: unset (-t UNLIMITED)
     option: str  # the option as written: --gres=gpu:2
 
 
@@ -414,8 +414,10 @@ def admission_problems(script: Script | None, output: str, error: str, instances
     return out
 
 
-def launch_path(pattern: str, *, job: str, user: str, name: str, cwd: str) -> str:
+def launch_path(
+    pattern: str, *, job: str, user: str, name: str, cwd: str, array_job: str | None = None, task: str | None = None
+) -> str:
     """An --output / --error pattern as the file a launch opens: expanded, and absolute (relative to the job's
-    working directory, as sbatch reads it). %A is the job id and %a empty until job arrays give them."""
-    path = expand(pattern, job=job, user=user, name=name)
+    working directory, as sbatch reads it). Outside an array %A is the job id and %a empty."""
+    path = expand(pattern, job=job, user=user, name=name, array_job=array_job, task=task)
     return path if path.startswith("/") else f"{cwd.rstrip('/')}/{path}"

@@ -53,6 +53,8 @@ def test_a_script_is_stored_with_its_job_and_launched_from_its_text(world: World
     assert world.client(BOB).get(f"/v1/jobs/{job['id']}/script").status_code == 404  # another user's
     listed = world.client(ALICE).get("/v1/jobs").json()
     assert listed[0]["script"] == job["script"] and listed[0]["output"] == "out-%j-%x.txt"
+    one = world.client(ALICE).get(f"/v1/jobs/{job['id']}").json()
+    assert listed[0] == {**one, "log_path": None}  # the listing's rows (job_row) are JobOut's, script and all
     stored = world.daemon.store.get(job["id"])
     assert stored is not None and stored.spec.script == Script(TEXT, "sbatch", "job.sh", ("x",))
     assert spec_from_json(spec_to_json(stored.spec)) == stored.spec

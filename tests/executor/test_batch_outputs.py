@@ -167,3 +167,11 @@ def test_another_users_symlink_attack_and_a_folder_the_user_cannot_write(
         assert wait_exit(ex, "u5").succeeded
         assert mine.read_text() == f"{a.uid}\n"
         assert (mine.stat().st_uid, mine.stat().st_mode & 0o777) == (a.uid, 0o600)
+
+
+def test_a_script_whose_interpreter_is_missing_fails_to_start_naming_it(ex: LocalExecutor, tmp_path: Path) -> None:
+    with pytest.raises(OSError) as exc:
+        ex.launch(make_spec(tmp_path, "i1", "job.sh", script="#!/no/such/sh -e\ntrue\n"))
+    assert str(exc.value) == (
+        f"[Errno {errno.ENOENT}] job i1: the script's interpreter '/no/such/sh -e': No such file or directory"
+    )

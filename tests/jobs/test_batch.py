@@ -218,3 +218,7 @@ def test_admission_bounds_of_a_script_and_its_patterns() -> None:
         ("output", "%q is no pattern corral knows: %j %A %a %u %x, and %% for a % sign"),
         ("error", "a gang's instances each write their own log; --output and --error take a job of one process"),
     ]
+
+
+def test_launch_paths_of_an_array_task() -> None:
+    assert launch_path("o-%A_%a-%j", job="12", user="u", name="", cwd="/w", array_job="10", task="7") == "/w/o-10_7-12"
