@@ -96,6 +96,8 @@ AsgiApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 SHARING_MODES = ("mps", "time-slicing")
 #: Seconds requests in flight get to finish after SIGTERM (one waiting for a stuck tick's lock would wait forever).
 SHUTDOWN_GRACE_S = 1.0
+#: Between two steps of a restart's catch-up (Daemon.catch_up), so that requests waiting for the lock get it.
+CATCH_UP_PAUSE_S = 0.002
 #: Seconds after SIGTERM at which the daemon exits even if cleaning up has not finished.
 SHUTDOWN_DEADLINE_S = 1.8  # under 2 s with the exit itself
 #: The daemon's own files and folders: nobody else may read or enter them.
@@ -610,11 +612,10 @@ def serve(
     dashboard = Dashboard(daemon, tokens, reports)
     routers = [*routers, dashboard.router()]
     with lock:
-        daemon.recover()
-        if queues.active:
-            counted = queues.rebuild(store, daemon.clock())  # fair share: usage from the jobs' history
-            log.info("queues from %s: %s; usage of %d finished jobs", queues_file, ", ".join(queues.config.queues),
-                     counted)  # fmt: skip
+        # The jobs that hold resources now, before anyone is answered; what grows with the history (requeues decided
+        # and not stored, fair share's usage) is caught up in the loop, a page per hold of the lock, before its first
+        # round (Daemon.catch_up): a daemon with a long history answers at once after a restart (issue 26, item 7).
+        daemon.recover_live()
     gpus = ", ".join(f"{g.index}: {g.model} {g.memory_mib} MiB" for g in node.gpus) or "none"
     label = f"SIMULATED GPU inventory {simulate} (no real devices)" if simulate else f"GPUs {gpus}"
     if simulate is None:
@@ -625,6 +626,20 @@ def serve(
         label += f"; GPU memory watchdog: {watchdog}"
 
     def loop() -> None:
+        steps = daemon.catch_up()
+        while not stop.is_set():
+            try:
+                with lock:
+                    next(steps)
+            except StopIteration:
+                break
+            except Exception:  # e.g. the store fails: the start's work is tried again from the start
+                log.exception("catching up after the start failed")
+                steps = daemon.catch_up()
+                stop.wait(tick_s)
+            # A moment between steps: a request waiting for the lock gets it (a lock is not fair; this thread would
+            # otherwise take it back at once, step after step).
+            stop.wait(CATCH_UP_PAUSE_S)
         while not stop.is_set():
             started = time.monotonic()
             try:
