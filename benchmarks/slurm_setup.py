@@ -6,7 +6,8 @@
     python -m benchmarks.slurm_setup stop        # stop them all (they cost other work CPU while idle)
 
 One node (this machine's name) with 4 fake GPUs as GRES (`gres.conf` naming /dev/fakegpu0-3, stand-ins made with
-mknod), 32 CPUs and 20 GB declared (`SlurmdParameters=config_overrides`: the node is taken as configured, not as probed), one partition;
+mknod), 32 CPUs and 20 GB declared (`SlurmdParameters=config_overrides`: the node is taken as configured, not as
+probed), one partition;
 `select/cons_tres`, `sched/backfill` with Slurm's default parameters, `priority/multifactor` with fair share
 weighted over age, and accounting through slurmdbd on MariaDB.
 
@@ -30,8 +31,8 @@ import argparse
 import os
 import shutil
 import signal
-import stat
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -56,6 +57,10 @@ PIDS = {
     "mariadbd": Path("/run/mysqld/bench.pid"),
     "munged": Path("/run/munge/munged.pid"),
 }
+
+
+#: The node as declared (SlurmdParameters=config_overrides keeps it so, whatever the machine has).
+NODE = "CPUs=32 Boards=1 SocketsPerBoard=1 CoresPerSocket=32 ThreadsPerCore=1 RealMemory=20000 Gres=gpu:4 State=UNKNOWN"
 
 
 def node_name() -> str:
@@ -109,7 +114,7 @@ MaxArraySize=100001
 KillWait=5
 MinJobAge=30
 SlurmdParameters=config_overrides
-NodeName={node} CPUs=32 Boards=1 SocketsPerBoard=1 CoresPerSocket=32 ThreadsPerCore=1 RealMemory=20000 Gres=gpu:4 State=UNKNOWN
+NodeName={node} {NODE}
 PartitionName=main Nodes={node} Default=YES MaxTime=INFINITE State=UP TRESBillingWeights="CPU=0.0,GRES/gpu=1.0"
 """
 
