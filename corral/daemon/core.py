@@ -73,8 +73,8 @@ MAX_BACKOFF_S = 300.0
 STARTS_PER_ROUND = 4
 WATCHDOG_MODES = ("off", "warn", "kill")
 #: Jobs read per step of a restart's catch-up (`Daemon.catch_up`): each step holds the daemon's lock once, for
-#: milliseconds (about 15-40 ms on the 2-core development machine), however long the history.
-RECOVERY_PAGE = 500
+#: milliseconds (about 10-20 ms on the 2-core development machine; 100 ms at a load of 10), however long the history.
+RECOVERY_PAGE = 200
 #: The ended states a retry starts from (a retry decided but not stored before the daemon stopped).
 _RETRIED_FROM = frozenset({JobState.FAILED, JobState.LOST})
 #: `explain` of a singleton job reads at most this many jobs of its user and name.
