@@ -92,7 +92,7 @@ class Serve:
         self.began = began = time.perf_counter()
         with self.err.open("wb") as err:
             self.proc = subprocess.Popen(
-                argv, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
+                argv, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True, cwd=self.code,
                 env={**os.environ, "PYTHONPATH": str(self.code)},
             )  # fmt: skip
         answered = submitted = 0.0
@@ -148,7 +148,7 @@ def restart_phase(args: argparse.Namespace, code: Path) -> None:
         serve = Serve(Path(tmp), code, queues=True)
         if args.history:
             fill = [sys.executable, "-c", HISTORY, str(Path(tmp) / "state" / "jobs.db"), str(args.history)]
-            subprocess.run(fill, check=True, env={**os.environ, "PYTHONPATH": str(code)})
+            subprocess.run(fill, check=True, cwd=code, env={**os.environ, "PYTHONPATH": str(code)})
         serve.start()
         with serve.client() as c:
             for _ in range(4):

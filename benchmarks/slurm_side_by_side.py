@@ -145,8 +145,9 @@ class Slurm:
 class Corral:
     name = "corral"
 
-    def __init__(self, queues: str | None = None) -> None:
+    def __init__(self, queues: str | None = None, history: int = 0) -> None:
         self.queues = queues
+        self.history = history
 
     def __enter__(self) -> Corral:
         self.tmp = Path(tempfile.mkdtemp(prefix="corral-vs-slurm-"))
@@ -158,13 +159,16 @@ class Corral:
         self.cli.chmod(0o755)
         argv = [sys.executable, "-m", "corral.cli.main", "serve", "--simulate-gpus", "4xH100-80GB",
                 "--state-dir", str(self.tmp / "state"), "--socket", str(self.sock)]  # fmt: skip
+        if self.history:
+            fill = [sys.executable, "-c", CORRAL_HISTORY, str(self.tmp / "state" / "jobs.db"), str(self.history)]
+            subprocess.run(fill, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
         if self.queues is not None:
             (self.tmp / "queues.toml").write_text(self.queues)
             argv += ["--queues", str(self.tmp / "queues.toml")]
         self.err = (self.tmp / "serve.err").open("wb")
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=self.err, start_new_session=True,
                                      env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
-        wait_until("corral serve", self.answers, 60)
+        wait_until("corral serve", self.answers, 300)
         os.environ["CORRAL_SOCKET"] = str(self.sock)
         return self
 
@@ -385,10 +389,83 @@ def ended(side: Side, job: str) -> bool:
     return side.job(job).get("state") in ("succeeded", "failed", "cancelled")
 
 
+#: The history both sides' accounting is asked about: ended jobs over the last 30 days, fsalice's and fsbob's in
+#: turn, one GPU each for a minute, one in ten failed. Slurm's are written into slurmdbd's job table; corral's into
+#: its store, both before the side starts answering.
+HISTORY_FIRST_ID = 10_000_000
+
+
+def slurm_history(n: int) -> None:
+    have = must(
+        f"mariadb -N slurm_acct_db -e 'SELECT COUNT(*) FROM bench_job_table WHERE id_job >= {HISTORY_FIRST_ID}'"
+    )
+    if int(have.strip()) >= n:
+        return
+    which = "SELECT user, id_assoc FROM bench_assoc_table WHERE user IN ('fsalice', 'fsbob')"
+    assoc = dict(ln.split("\t") for ln in must(f'mariadb -N slurm_acct_db -e "{which}"').splitlines())
+    uid = {u: must(f"id -u {u}").strip() for u in ("fsalice", "fsbob")}
+    now = int(time.time())
+    sql = f"""DELETE FROM bench_job_table WHERE id_job >= {HISTORY_FIRST_ID};
+INSERT INTO bench_job_table (mod_time, account, cpus_req, job_name, id_assoc, id_job, id_resv, id_wckey, id_user,
+  id_group, het_job_id, het_job_offset, state_reason_prev, nodelist, nodes_alloc, node_inx, `partition`, priority,
+  state, exit_code, timelimit, time_submit, time_eligible, time_start, time_end, tres_alloc, tres_req, work_dir)
+SELECT {now}, 'bench', 1, CONCAT('h', seq % 10), IF(seq % 2, {assoc["fsalice"]}, {assoc["fsbob"]}),
+  {HISTORY_FIRST_ID} + seq, 0, 0, IF(seq % 2, {uid["fsalice"]}, {uid["fsbob"]}), IF(seq % 2, {uid["fsalice"]},
+  {uid["fsbob"]}), 0, 4294967294, 0, 'vm', 1, '0', 'main', 1, IF(seq % 10 = 0, 5, 3), IF(seq % 10 = 0, 256, 0), 2,
+  {now} - 2592000 + seq * 25 - 120, {now} - 2592000 + seq * 25 - 120, {now} - 2592000 + seq * 25 - 60,
+  {now} - 2592000 + seq * 25, '1=1,2=100,4=1,5=1,1001=1', '1=1,2=100,4=1,5=1,1001=1', '/tmp'
+FROM seq_1_to_{n};"""
+    must(f"mariadb slurm_acct_db <<'SQL'\n{sql}\nSQL")
+
+
+CORRAL_HISTORY = r"""
+import json, pwd, sys, time
+from pathlib import Path
+from corral.jobs.model import JobSpec, spec_to_json
+from corral.model.resources import Request
+from corral.store import SqliteStore
+path, n = Path(sys.argv[1]), int(sys.argv[2])
+path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+store = SqliteStore(path)
+conn = store._conn
+conn.execute("PRAGMA synchronous = OFF")  # filling is not what is measured; the daemon reopens with FULL
+conn.execute("BEGIN")
+now = time.time()
+users = [pwd.getpwnam(u) for u in ("fsbob", "fsalice")]
+for i in range(1, n + 1):
+    u = users[i % 2]
+    spec = JobSpec(("true",), Request(cpu_milli=1000, memory_mib=100, gpu_count=1, gpu_milli=1000), u.pw_name,
+                   u.pw_uid, u.pw_gid, name=f"h{i % 10}")
+    end = now - 2592000 + i * 25
+    state, code = ("failed", 1) if i % 10 == 0 else ("succeeded", 0)
+    conn.execute(
+        "INSERT INTO jobs (spec, user, state, submitted_at, attempts, started_at, finished_at, exit_code, gpus,"
+        " gpu_uuids, version) VALUES (?, ?, ?, ?, 1, ?, ?, ?, ?, ?, 3)",
+        (spec_to_json(spec), spec.user, state, end - 120, end - 60, end, code, json.dumps([[i % 4, 1000, 0]]),
+         json.dumps([f"SIM-GPU-0-{i % 4}"])),
+    )
+conn.execute("COMMIT")
+store.close()
+"""
+
+
 def row_acct(side: Side, args: argparse.Namespace) -> str:
-    if isinstance(side, Corral) and not side.has("acct"):
-        return "not run (no `corral acct` on this checkout: branch acct)"
-    return "not run (history fill not written yet)"
+    """fsalice's jobs that ended in the last 2 days, as fsalice (median of 5), and every user's as root."""
+    if isinstance(side, Slurm):
+        slurm_history(args.history)
+        mine = "sacct -X -n -S now-2days -E now"
+        everyone = "sacct -X -n -a -S now-30days -E now"
+    else:
+        if not side.has("acct"):
+            return "not run (no `corral acct` on this checkout: branch acct)"
+        mine = f"{side.cli} acct --since 2d"
+        everyone = f"{side.cli} acct --since 30d"
+    times = [timed(f"{mine} > /dev/null", user="fsalice") for _ in range(5)]
+    rows = len(must(mine, user="fsalice").splitlines())
+    all_times = [timed(f"{everyone} > /dev/null") for _ in range(3)]
+    all_rows = len(must(everyone).splitlines())
+    return (f"one user's last 2 days: {statistics.median(times):.2f} s ({rows:,} lines); everyone's 30 days: "
+            f"{statistics.median(all_times):.2f} s ({all_rows:,} lines)")  # fmt: skip
 
 
 ROWS: dict[str, tuple[str, Callable[[Side, argparse.Namespace], str]]] = {
@@ -404,12 +481,12 @@ ROWS: dict[str, tuple[str, Callable[[Side, argparse.Namespace], str]]] = {
 
 
 @contextlib.contextmanager
-def side_for(name: str, row: str) -> Iterator[Side]:
+def side_for(name: str, row: str, args: argparse.Namespace) -> Iterator[Side]:
     if name == "Slurm":
         with Slurm() as s:
             yield s
     else:
-        with Corral(FAIR_QUEUES if row == "fair" else None) as c:
+        with Corral(FAIR_QUEUES if row == "fair" else None, history=args.history if row == "acct" else 0) as c:
             yield c
 
 
@@ -420,6 +497,7 @@ def main() -> None:
     ap.add_argument("--per-shell", type=int, default=50)
     ap.add_argument("--pending", type=int, default=5000)
     ap.add_argument("--chain", type=int, default=100)
+    ap.add_argument("--history", type=int, default=100_000, help="ended jobs for the acct row")
     ap.add_argument("--write", type=Path)
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -434,7 +512,7 @@ def main() -> None:
                 for name in order:
                     at = load()
                     try:
-                        with side_for(name, row) as side:
+                        with side_for(name, row, args) as side:
                             got = fn(side, args)
                     except (TimeoutError, SystemExit) as exc:
                         got = f"failed: {exc}"
