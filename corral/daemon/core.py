@@ -33,7 +33,7 @@ import math
 import re
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -73,6 +73,11 @@ MAX_BACKOFF_S = 300.0
 #: submissions do not hold the lock for seconds (issue 12).
 STARTS_PER_ROUND = 4
 WATCHDOG_MODES = ("off", "warn", "kill")
+#: Jobs read per step of a restart's catch-up (`Daemon.catch_up`): each step holds the daemon's lock once, for
+#: milliseconds (about 10-20 ms on the 2-core development machine; 100 ms at a load of 10), however long the history.
+RECOVERY_PAGE = 200
+#: The ended states a retry starts from (a retry decided but not stored before the daemon stopped).
+_RETRIED_FROM = frozenset({JobState.FAILED, JobState.LOST})
 #: `explain` of a singleton job reads at most this many jobs of its user and name.
 MAX_SINGLETON_LOOK = 1000
 log = logging.getLogger("corral.daemon")
@@ -1056,9 +1061,16 @@ class Daemon:
 
     # ---------------------------------------------------------------------------------------------- restart
     def recover(self) -> None:
+        """After a restart, all at once: `recover_live`, then every step of `catch_up`."""
+        self.recover_live()
+        for _ in self.catch_up():
+            pass
+
+    def recover_live(self) -> None:
         """After a restart: each STARTING/RUNNING job gets the outcome its supervisor recorded, is adopted while its
         supervisor lives, goes back to the queue if it never started, and is LOST (retried by policy) only when
-        its supervisor is gone without a record. Failed jobs whose retry was decided but not stored are requeued."""
+        its supervisor is gone without a record. Costs what the jobs holding resources cost (a few), not the
+        history: what grows with the history is `catch_up`'s."""
         now = self.clock()
         keep: set[tuple[str, int]] = set()
         for job in self.store.list([JobState.STARTING, JobState.RUNNING]):
@@ -1081,13 +1093,34 @@ class Daemon:
                 self._retry(job.id, "the daemon restarted before the job started; queued again", now, now)
             else:
                 self._ended(job, JobState.LOST, now, None, "lost: the process was gone when the daemon restarted")
-        for state in (JobState.FAILED, JobState.LOST):  # a retry decided, then the daemon stopped before storing it
-            for job in self.store.list([state]):
-                if job.failures <= job.spec.retries:
-                    wait = backoff_s(job.failures)
-                    self._retry(job.id, f"{job.reason}; retry {job.failures} of {job.spec.retries}", now + wait, now)
         self.executor.sweep(keep)
         self._flush(now)
+
+    def catch_up(self, page: int = RECOVERY_PAGE) -> Iterator[None]:
+        """The rest of a restart, `page` jobs at a time, yielding between pages: failed and lost jobs whose retry
+        was decided but not stored go back to the queue, and the queues' fair-share ledger is rebuilt from the
+        jobs that ended (corral.daemon.queues). Its cost grows with the store's history (a daemon with 100,000 ended
+        jobs read them all, holding the lock for seconds, before it answered anyone: issue 26, item 7), so
+        `corral serve` answers first and runs these steps in its loop, taking the lock for each step and letting
+        it go between them; its first round comes after the last step, so no decision is made on a partial
+        ledger. Ends at once on a fresh store."""
+        now = self.clock()
+        after: str | None = None
+        while True:
+            # a retry decided, then the daemon stopped before storing it
+            jobs = self.store.query(JobQuery(states=_RETRIED_FROM, after=after, limit=page))
+            for job in jobs:
+                if job.failures <= job.spec.retries and job.id not in self._requeue:
+                    wait = backoff_s(job.failures)
+                    self._retry(job.id, f"{job.reason}; retry {job.failures} of {job.spec.retries}", now + wait, now)
+            if len(jobs) < page:
+                break
+            after = jobs[-1].id
+            yield
+        if self.queues.active:
+            counted = yield from self.queues.rebuilding(self.store, now, page)
+            log.info("queues from %s: %s; usage of %d finished jobs", self.queues.path,
+                     ", ".join(self.queues.config.queues), counted)  # fmt: skip
 
     def _resume_preemption(self, job: Job, now: float) -> None:
         """After a restart, a victim still alive: its SIGTERM may never have been sent (the daemon died between

@@ -24,7 +24,7 @@ import math
 import os
 import pwd
 from collections import Counter
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Generator, Hashable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -361,23 +361,46 @@ class Queues:
 
     def charge(self, job: Job) -> None:
         """A job's run has ended: its usage is kept, decayed, from now on."""
+        self._charge(self.ledger, job)
+
+    def _charge(self, ledger: UsageLedger, job: Job) -> None:
         if job.started_at is None or job.finished_at is None:
             return
         a = self.held_vector(job)
         q = self.queue_of(job)
         for account in (("queue", q), ("user", q, job.spec.user)):
-            self.ledger.record(account, a, job.started_at, job.finished_at)
+            ledger.record(account, a, job.started_at, job.finished_at)
 
     def rebuild(self, store: Store, now: float) -> int:
         """The ledger from the store's finished jobs that ended within HISTORY_HALF_LIVES half-lives; how many."""
-        self.ledger = UsageLedger(self.config.half_life_s)
-        since = now - HISTORY_HALF_LIVES * self.config.half_life_s
-        jobs = store.query(JobQuery(states=FINAL_STATES, ended_after=since))
+        steps = self.rebuilding(store, now)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return int(done.value)
+
+    def rebuilding(self, store: Store, now: float, page: int | None = None) -> Generator[None, None, int]:
+        """`rebuild`, `page` jobs at a time (None: all at once), yielding between pages: a restart's catch-up
+        (`Daemon.catch_up`) lets the daemon's lock go there. The new ledger replaces the old once every page is
+        read, and not at all if the configuration was replaced meanwhile (its reload rebuilt the ledger itself)."""
+        config = self.config
+        ledger = UsageLedger(config.half_life_s)
+        since = now - HISTORY_HALF_LIVES * config.half_life_s
         counted = 0
-        for job in sorted(jobs, key=lambda j: j.finished_at or 0.0):
-            if job.started_at is not None and job.finished_at is not None and job.finished_at >= since:
-                self.charge(job)
-                counted += 1
+        after: str | None = None
+        while True:
+            jobs = store.query(JobQuery(states=FINAL_STATES, ended_after=since, after=after, limit=page))
+            for job in sorted(jobs, key=lambda j: j.finished_at or 0.0):
+                if job.started_at is not None and job.finished_at is not None and job.finished_at >= since:
+                    self._charge(ledger, job)
+                    counted += 1
+            if page is None or len(jobs) < page:
+                break
+            after = jobs[-1].id
+            yield
+        if self.config is config:
+            self.ledger = ledger
         return counted
 
     def usages(self, holding: Sequence[Job], now: float) -> dict[tuple[str, ...], np.ndarray]:

@@ -121,6 +121,10 @@ def _best_configuration(sizes: IntArray, values: FloatArray) -> tuple[float, Int
 
 def solve_prices(sizes: list[int], probabilities: list[float]) -> SharePrices:
     """Prices for share sizes (milli, each in 1..999) with their probabilities (any positive scale)."""
+    # scipy (about 0.26 s to import) only when prices are solved: `corral serve` imports every policy at its start
+    # and should answer within a second of it (issue 26, item 7).
+    from scipy.optimize import linprog
+
     order = np.argsort(-np.asarray(sizes), kind="stable")
     s = np.asarray(sizes, dtype=np.int64)[order]
     p = np.asarray(probabilities, dtype=np.float64)[order]

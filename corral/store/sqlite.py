@@ -58,6 +58,7 @@ from corral.jobs.model import (
     JobState,
     Preempted,
     check_admissible,
+    loads,
     spec_from_json,
     spec_to_json,
 )
@@ -849,8 +850,8 @@ class SqliteStore:
                 exit_code=d["exit_code"],
                 pid=d["pid"],
                 pid_start_time=d["pid_start_time"],
-                gpus=tuple(GpuGrant(int(i), int(m), int(mib)) for i, m, mib in json.loads(d["gpus"])),
-                gpu_uuids=tuple(str(u) for u in json.loads(d["gpu_uuids"])),
+                gpus=tuple(GpuGrant(int(i), int(m), int(mib)) for i, m, mib in loads(d["gpus"])),
+                gpu_uuids=tuple(str(u) for u in loads(d["gpu_uuids"])),
                 reason=str(d["reason"]),
                 version=int(d["version"]),
                 preempted=None if d["preempted"] is None else Preempted.from_json(d["preempted"]),
