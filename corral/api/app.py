@@ -71,7 +71,7 @@ from corral.daemon.queues import Forbidden
 from corral.daemon.scheduler import clock_text
 from corral.daemon.tokens import TokenFileError, TokenNotFound, TokenStore
 from corral.daemon.waiting import queue_story, wait_story
-from corral.jobs import dependency
+from corral.jobs import array, dependency
 from corral.jobs.environment import admitted_environment
 from corral.jobs.model import Job, JobSpec, JobState, check_admissible, spec_to_json
 from corral.metrics import CONTENT_TYPE as METRICS_TYPE
@@ -182,7 +182,16 @@ def spec_from(body: SubmitIn, who: Peer) -> JobSpec:
         queue=body.queue or "",
         dependency=dependency.parse(body.dependency) if body.dependency is not None else (),
         kill_on_invalid_dep=body.kill_on_invalid_dep,
+        array=array_of(body.array),
     )
+
+
+def array_of(text: str | None) -> array.ArrayTask | None:
+    """A submission's `array` as its first task (the store numbers them all); None for a single job."""
+    if text is None:
+        return None
+    spec = array.parse(text)
+    return array.ArrayTask("", spec.first, spec)
 
 
 def preempted_story(job: Job) -> str:
@@ -468,6 +477,8 @@ def create_app(
         except KeyInUse as exc:
             # a hold since (and its history) is no part of the request: a retry of a held job's submission is the same
             was = dataclasses.replace(exc.job.spec, held_by="", history=())
+            if was.array is not None:  # the request had no array id yet
+                was = dataclasses.replace(was, array=dataclasses.replace(was.array, job_id=""))
             if spec_to_json(was) != spec_to_json(spec):
                 return error(
                     409,

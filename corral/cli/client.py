@@ -315,6 +315,11 @@ json_option = click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
 )  # fmt: skip
 @click.option("--instances", type=int, default=1, show_default=True, help="Processes, each with this request.")
 @click.option("--gang", is_flag=True, help="Start all the instances or none; one failing stops the others.")
+@click.option(
+    "--array", "-a", "array", default=None,
+    help="A job array: one job per task, 0-99, 1,3,5-7 or 0-99:2, and %N to run at most N at once (0-99%8); each "
+    "task gets CORRAL_ARRAY_TASK_ID. Prints the array's id; its tasks are ID_TASK.",
+)  # fmt: skip
 @socket_option
 def submit_cmd(
     command: tuple[str, ...],
@@ -335,6 +340,7 @@ def submit_cmd(
     kill_on_invalid_dep: bool,
     instances: int,
     gang: bool,
+    array: str | None,
     socket: Path | None,
 ) -> None:
     """Submit a job; prints its id. The job runs in this directory with this environment.
@@ -343,6 +349,7 @@ def submit_cmd(
     body = submit_body(
         command, gpus, gpu_fraction, gpu_memory, cpus, memory, gpu_model, priority, name, queue, retries, time_limit,
         no_preempt, instances, gang, gres=gres, dependency=dependency, kill_on_invalid_dep=kill_on_invalid_dep,
+        array=array,
     )  # fmt: skip
     # One key per submission: a retry after a lost answer gets the job the first attempt made, not a second one.
     key = {"Idempotency-Key": str(uuid.uuid4())}
@@ -396,6 +403,7 @@ def submit_body(
     gres: str | None = None,
     dependency: str | None = None,
     kill_on_invalid_dep: bool = False,
+    array: str | None = None,
 ) -> dict[str, Any]:
     """The body of `POST /v1/jobs` for `corral submit`'s options (tests/api/test_first_day.py sends every mix).
     Slurm's spellings become corral's here: `--gres gpu:MODEL:N` is --gpus N --gpu-model MODEL."""
@@ -424,6 +432,7 @@ def submit_body(
         # absent unless asked: an older daemon takes the request as before
         **({"dependency": dependency} if dependency is not None else {}),
         **({"kill_on_invalid_dep": True} if kill_on_invalid_dep else {}),
+        **({"array": array} if array is not None else {}),
         # the rule of corral.jobs.environment: never corral's own variables (CORRAL_TOKEN), never the login's agents
         "env": admitted_environment(os.environ),
         "cwd": os.getcwd(),

@@ -309,7 +309,7 @@ FLAGS = {
     "instances": "--instances", "gang": "--gang",
     "command": "COMMAND", "state": "--state", "user": "--user", "since": "--since", "limit": "--limit",
     "after": "--after", "request": "", "queue": "--queue", "instance": "--instance", "dependency": "--dependency",
-    "kill_on_invalid_dep": "--kill-on-invalid-dep",
+    "kill_on_invalid_dep": "--kill-on-invalid-dep", "array": "--array",
 }  # fmt: skip
 
 
@@ -383,6 +383,14 @@ def show_lines(job: Mapping[str, Any], now: float | None = None) -> list[tuple[s
     if job.get("dependency"):
         kill = " (cancelled if it can never be met)" if job.get("kill_on_invalid_dep") else ""
         lines.append(("dependency", f"{job['dependency']}{kill}"))
+    if job.get("array_job_id"):
+        array_id, task = job["array_job_id"], job.get("array_task_id")
+        counts = job.get("array_tasks")
+        if counts:  # the array as a whole (`corral show ID` of an array): these lines are its first task's
+            lines.append(("array", f"{array_id} (--array {job.get('array')}): {tasks_text(counts)}"))
+            lines.append(("", f"the fields above are task {array_id}_{task}'s; each task: corral show {array_id}_TASK"))
+        else:
+            lines.append(("array", f"task {array_id}_{task} of array {array_id} (--array {job.get('array')})"))
     if (job.get("instances") or 1) > 1:
         lines.append(("instances", f"{job['instances']}" + (" (a gang: all or none)" if job.get("gang") else "")))
     lines += [
@@ -396,6 +404,18 @@ def show_lines(job: Mapping[str, Any], now: float | None = None) -> list[tuple[s
     for k, change in enumerate(job.get("history") or ()):
         lines.append(("history" if k == 0 else "", change_text(change)))
     return lines
+
+
+#: The order states are counted in, for an array's tasks.
+STATE_ORDER = ("queued", "starting", "running", "succeeded", "failed", "cancelled", "lost")
+
+
+def tasks_text(counts: Mapping[str, int]) -> str:
+    """An array's tasks by state: "100 tasks: 8 running, 92 queued" (states in life order; others after)."""
+    total = sum(counts.values())
+    order = [s for s in STATE_ORDER if counts.get(s)] + sorted(s for s in counts if s not in STATE_ORDER and counts[s])
+    parts = ", ".join(f"{counts[s]} {s}" for s in order)
+    return f"{total} task{'s' if total != 1 else ''}" + (f": {parts}" if parts else "")
 
 
 def change_text(change: Mapping[str, Any]) -> str:

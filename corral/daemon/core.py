@@ -49,7 +49,7 @@ from corral.executor.base import Executor, Exit, Found, Handle, LaunchSpec
 from corral.gpu.discovery import GpuDiscoveryError
 from corral.gpu.metrics import GpuSampler, GpuUse, ProcessInfo, attribute, read_process
 from corral.gpu.mps import MpsControl, MpsError
-from corral.jobs import dependency
+from corral.jobs import array, dependency
 from corral.jobs.model import Change, Job, JobSpec, JobState, Preempted, check_admissible
 from corral.metrics import DaemonMetrics
 from corral.model.errors import InvalidRequest
@@ -249,6 +249,8 @@ class Daemon:
         """Validate against this machine and store durably; the returned job is acknowledged. `idempotency_key`:
         see `Store.add` (KeyInUse carries the job stored earlier under the key)."""
         spec = self.admit(spec)
+        if spec.array is not None:  # one job per task, in one write; the answer is the first task (the array's id)
+            return self.store.add_array(spec, self.clock(), idempotency_key=idempotency_key)[0]
         return self.store.add(spec, self.clock(), idempotency_key=idempotency_key)
 
     def admit(self, spec: JobSpec, *, admin: bool = False, dependencies: bool = True) -> JobSpec:
@@ -424,6 +426,8 @@ class Daemon:
         if on_hold:  # held: not offered, whatever its dependencies say
             blocked.update(on_hold)
             waiting = [j for j in waiting if j.id not in on_hold]
+        waiting, throttled = array.throttle(waiting, holding)  # an array's %N: the tasks beyond it are not offered
+        blocked.update(throttled)
         owner = self._share_owner if self.mps is not None else None
         ends = {j.id: expected_end(j.started_at, j.spec.time_limit_s, self.default_time_limit_s, now) for j in holding}
         # Victims of a preemption end by their kill deadline: the head's reservation then holds what they free for
@@ -881,7 +885,7 @@ class Daemon:
         spec = LaunchSpec(
             job_id=job_id,
             command=job.spec.command,
-            env=job.spec.env,
+            env={**job.spec.env, **array.environment(job.spec)} if job.spec.array is not None else job.spec.env,
             cwd=job.spec.cwd,
             uid=job.spec.uid,
             gid=job.spec.gid,
