@@ -24,6 +24,8 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from corral.jobs.array import STATE_ORDER, tasks_text
+
 #: What a table shows of a reason: one line, this many characters at most (`show` and `explain` show it all).
 REASON_CELLS = 60
 TIME_FIELDS = ("submitted_at", "started_at", "finished_at", "created_at")
@@ -406,16 +408,35 @@ def show_lines(job: Mapping[str, Any], now: float | None = None) -> list[tuple[s
     return lines
 
 
-#: The order states are counted in, for an array's tasks.
-STATE_ORDER = ("queued", "starting", "running", "succeeded", "failed", "cancelled", "lost")
-
-
-def tasks_text(counts: Mapping[str, int]) -> str:
-    """An array's tasks by state: "100 tasks: 8 running, 92 queued" (states in life order; others after)."""
-    total = sum(counts.values())
-    order = [s for s in STATE_ORDER if counts.get(s)] + sorted(s for s in counts if s not in STATE_ORDER and counts[s])
-    parts = ", ".join(f"{counts[s]} {s}" for s in order)
-    return f"{total} task{'s' if total != 1 else ''}" + (f": {parts}" if parts else "")
+def array_rows(jobs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """`corral ps`'s rows: a job array's tasks folded into one row, where its first task stood (unless --expand):
+    id "12_[0-99%8]", state its tasks by state ("92 queued, 8 running"), the GPUs its tasks hold, the reason of its
+    first waiting task (else its first task's), ended when its last task ended. Other jobs as they are."""
+    rows: list[dict[str, Any]] = []
+    groups: dict[str, dict[str, Any]] = {}
+    for job in jobs:
+        array_id = job.get("array_job_id")
+        if not array_id:
+            rows.append(dict(job))
+            continue
+        row = groups.get(array_id)
+        if row is None:
+            row = groups[array_id] = {**job, "id": f"{array_id}_[{job.get('array') or ''}]", "gpus": [], "counts": {}}
+            row["reason_from"] = None
+            rows.append(row)
+        state = str(job.get("state", ""))
+        row["counts"][state] = row["counts"].get(state, 0) + 1
+        row["gpus"] = [*row["gpus"], *(job.get("gpus") or ())]
+        if state == "queued" and row["reason_from"] != "queued":
+            row["reason"], row["reason_from"] = job.get("reason"), "queued"
+        row["finished_at"] = max((t for t in (row.get("finished_at"), job.get("finished_at")) if t), default=None)
+        row["submitted_at"] = min(float(row["submitted_at"]), float(job.get("submitted_at") or row["submitted_at"]))
+    for row in groups.values():
+        counts = row["counts"]
+        order = [st for st in STATE_ORDER if counts.get(st)] + sorted(st for st in counts if st not in STATE_ORDER)
+        row["state"] = ", ".join(f"{counts[st]} {st}" for st in order)
+        row["ended"] = all(st in ("succeeded", "failed", "cancelled", "lost") for st in counts)
+    return rows
 
 
 def change_text(change: Mapping[str, Any]) -> str:

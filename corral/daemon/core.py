@@ -50,7 +50,7 @@ from corral.gpu.discovery import GpuDiscoveryError
 from corral.gpu.metrics import GpuSampler, GpuUse, ProcessInfo, attribute, read_process
 from corral.gpu.mps import MpsControl, MpsError
 from corral.jobs import array, dependency
-from corral.jobs.model import Change, Job, JobSpec, JobState, Preempted, check_admissible
+from corral.jobs.model import Change, Job, JobSpec, JobState, Preempted, check_admissible, spec_to_json
 from corral.metrics import DaemonMetrics
 from corral.model.errors import InvalidRequest
 from corral.model.resources import MILLI_PER_GPU, Allocation, GpuGrant, Node, Request, affinity_tag
@@ -124,6 +124,20 @@ class CancelOutcome:
     cancelling: list[str]  # were starting or running: signalled, cancelled when they exit
     ended: list[str]  # had already ended (or started meanwhile): left alone
     not_found: list[str]  # no such job, or not the caller's
+
+
+@dataclass(frozen=True)
+class Targets:
+    """What a reference names (`Daemon.targets`): the jobs, and the array's id when it names a whole array."""
+
+    ref: array.Ref
+    jobs: list[Job]
+    array_id: str | None
+
+    @property
+    def many(self) -> bool:
+        """Several jobs, or an array (even of one task): the answer is about all of them."""
+        return self.array_id is not None or (self.ref.tasks is not None and self.ref.is_range)
 
 
 @dataclass(frozen=True)
@@ -287,9 +301,9 @@ class Daemon:
             raise InvalidRequest("state", f"job {job_id} is {job.state.value}: only a waiting job can be {what}")
         return job
 
-    def _respec(self, job: Job, spec: JobSpec, **fields: object) -> Job:
+    def _respec(self, job: Job, spec: JobSpec, fields: Mapping[str, object] | None = None) -> Job:
         """Store a waiting job's changed spec; its cached dependency verdict is worked out again next round."""
-        done = self.store.update(job.id, expect_version=job.version, spec=spec, **fields)
+        done = self.store.update(job.id, expect_version=job.version, spec=spec, **(fields or {}))
         self._dependency_memo.pop(job.id, None)
         return done
 
@@ -297,29 +311,45 @@ class Daemon:
         """Hold a waiting job: it is not offered to the scheduler until released. `uid` None: root or an admin (any
         job); otherwise the owner's own. Holding a held job changes nothing."""
         job = self._waiting(job_id, uid, "held")
+        change = self._held(job, by)
+        return job if change is None else self._respec(job, *change)
+
+    def _held(self, job: Job, by: str) -> tuple[JobSpec, dict[str, object]] | None:
         if job.spec.held_by:
-            return job
+            return None
         change = Change(self.clock(), by, "held", "no", "yes")
         spec = replace(job.spec, held_by=by, history=(*job.spec.history, change))
-        return self._respec(job, spec, reason=held_reason(replace(job, spec=spec)))
+        return spec, {"reason": held_reason(replace(job, spec=spec))}
 
     def release(self, job_id: str, by: str, uid: int | None = None) -> Job:
         """Release a held job. A hold by root or an admin (anyone but the owner) is released only by root or an
         admin. Releasing a job that is not held changes nothing."""
         job = self._waiting(job_id, uid, "released")
+        change = self._released(job, by, uid)
+        return job if change is None else self._respec(job, *change)
+
+    def _released(self, job: Job, by: str, uid: int | None) -> tuple[JobSpec, dict[str, object]] | None:
         if not job.spec.held_by:
-            return job
+            return None
         if uid is not None and job.spec.held_by != job.spec.user:
-            raise Forbidden("job", f"job {job_id} was held by {job.spec.held_by}: only root or an admin may release it")
+            raise Forbidden("job", f"job {job.id} was held by {job.spec.held_by}: only root or an admin may release it")
         change = Change(self.clock(), by, "held", "yes", "no")
         spec = replace(job.spec, held_by="", history=(*job.spec.history, change))
-        return self._respec(job, spec, **({"reason": ""} if job.reason.startswith(HELD) else {}))
+        return spec, ({"reason": ""} if job.reason.startswith(HELD) else {})
 
     def update(self, job_id: str, changes: Mapping[str, object], by: str, uid: int | None = None) -> Job:
         """Change a waiting job: `changes` maps priority, time_limit_s, queue, gpus and name to their new values. The
         changed job is checked as a submission is (`admit`; its dependencies are unchanged). `uid` None: root or an
         admin, beyond the owner's bounds."""
         job = self._waiting(job_id, uid, "updated")
+        change = self._updated(job, changes, by, uid, {})
+        return job if change is None else self._respec(job, *change)
+
+    def _updated(
+        self, job: Job, changes: Mapping[str, object], by: str, uid: int | None, admitted: dict[str, JobSpec]
+    ) -> tuple[JobSpec, dict[str, object]] | None:
+        """`admitted`: specs admitted already, by their JSON without the array's task (an array's tasks share one
+        spec: it is admitted once, not once a task)."""
         spec, request = job.spec, job.spec.request
         new: dict[str, object] = {}
         if "priority" in changes:
@@ -332,8 +362,14 @@ class Daemon:
             if name in changes:
                 new[name] = changes[name]
         changed = replace(spec, **new)  # type: ignore[arg-type]
-        check_admissible(changed)
-        updated = self.admit(changed, admin=uid is None, dependencies=False)
+        key = spec_to_json(replace(changed, array=None, history=(), held_by=""))
+        updated = admitted.get(key)
+        if updated is None:
+            check_admissible(changed)
+            updated = admitted[key] = self.admit(changed, admin=uid is None, dependencies=False)
+        if changed.array is not None:
+            updated = array.task_spec(updated, changed.array.job_id, changed.array.task)
+        updated = replace(updated, history=spec.history, held_by=spec.held_by)
         now = self.clock()
         history = [
             Change(now, by, name, text(getattr(spec, name)), text(getattr(updated, name)))
@@ -347,8 +383,73 @@ class Daemon:
             if old_value != new_value:
                 history.append(Change(now, by, name, str(old_value), str(new_value)))
         if not history:
-            return job
-        return self._respec(job, replace(updated, history=(*spec.history, *history)))
+            return None
+        return replace(updated, history=(*spec.history, *history)), {}
+
+    # ---------------------------------------------------------------------------------------------- arrays
+    def tasks(self, array_id: str) -> list[Job]:
+        """Every task of the array `array_id` (ids array_id, array_id + 1, ...), in task order; [] for no array."""
+        head = self.store.get(array_id)
+        if head is None or head.spec.array is None or head.spec.array.job_id != head.id:
+            return []
+        before = int(array_id) - 1  # ids are consecutive: a page of the store from the array's id
+        found = self.store.query(JobQuery(after=str(before) if before else None, limit=head.spec.array.spec.count))
+        return [j for j in found if j.spec.array is not None and j.spec.array.job_id == array_id]
+
+    def targets(self, ref_text: str, uid: int | None) -> Targets:
+        """The jobs `ID`, `ID_TASK` or `ID_[RANGES]` names (corral.jobs.array.parse_ref): an array's id names every
+        task. `uid` None: root (anyone's); otherwise only that user's (another's answers "no job", as for a job)."""
+        ref = array.parse_ref(ref_text)
+        head = self.store.get(ref.job_id)
+        if head is None or (uid is not None and head.spec.uid != uid):
+            raise JobNotFound(ref.text)
+        a = head.spec.array
+        whole = a is not None and a.job_id == head.id
+        if ref.tasks is None:
+            return Targets(ref, self.tasks(head.id) if whole else [head], head.id if whole else None)
+        if a is None or not whole:
+            raise JobNotFound(f"{ref.text} ({head.id} is not a job array)")
+        jobs: list[Job] = []
+        for task in ref.tasks:
+            job_id = array.task_job_id(head.spec, head.id, task)
+            job = None if job_id is None else self.store.get(job_id)
+            if job is None:
+                raise JobNotFound(f"{head.id}_{task} (the tasks of array {head.id}: {a.spec.text})")
+            jobs.append(job)
+        return Targets(ref, jobs, None)
+
+    def _many(
+        self,
+        job_ids: Sequence[str],
+        change: Callable[[Job], tuple[JobSpec, dict[str, object]] | None],
+    ) -> list[Job]:
+        """Apply `change` to every waiting job of `job_ids` (an array's tasks) in one durable write; the others
+        (started, ended) are left alone. Returns the jobs changed."""
+        writes: dict[str, dict[str, object]] = {}
+        for job_id in job_ids:
+            job = self.store.get(job_id)
+            if job is None or job.state is not JobState.QUEUED:
+                continue
+            done = change(job)
+            if done is not None:
+                writes[job.id] = {"spec": done[0], **done[1]}
+        changed = self.store.update_many(writes) if writes else []
+        for job in changed:
+            self._dependency_memo.pop(job.id, None)
+        return changed
+
+    def hold_many(self, job_ids: Sequence[str], by: str, uid: int | None = None) -> list[Job]:
+        """`hold` of every waiting job among `job_ids` (an array's tasks: corral hold ID of an array)."""
+        return self._many(job_ids, lambda job: self._held(job, by))
+
+    def release_many(self, job_ids: Sequence[str], by: str, uid: int | None = None) -> list[Job]:
+        return self._many(job_ids, lambda job: self._released(job, by, uid))
+
+    def update_many(
+        self, job_ids: Sequence[str], changes: Mapping[str, object], by: str, uid: int | None = None
+    ) -> list[Job]:
+        admitted: dict[str, JobSpec] = {}
+        return self._many(job_ids, lambda job: self._updated(job, changes, by, uid, admitted))
 
     def check_dependency(self, spec: JobSpec) -> None:
         """A job may depend on jobs that exist and that its submitter may see: their own, or anyone's for root (a

@@ -207,6 +207,18 @@ def task_name(job: Job) -> str:
     return f"{a.job_id}_{a.task}" if a is not None and a.job_id else job.id
 
 
+#: The order states are counted in, for an array's tasks.
+STATE_ORDER = ("queued", "starting", "running", "succeeded", "failed", "cancelled", "lost")
+
+
+def tasks_text(counts: Mapping[str, int]) -> str:
+    """Tasks by state: "100 tasks: 92 queued, 8 running" (states in life order; others after)."""
+    total = sum(counts.values())
+    order = [s for s in STATE_ORDER if counts.get(s)] + sorted(s for s in counts if s not in STATE_ORDER and counts[s])
+    parts = ", ".join(f"{counts[s]} {s}" for s in order)
+    return f"{total} task{'s' if total != 1 else ''}" + (f": {parts}" if parts else "")
+
+
 # ---------------------------------------------------------------------------------------------- environment
 def _dialect(spec: JobSpec) -> str:
     """The batch script's dialect ("sbatch", "corral"), "" when the job came from no script (corral.cli batch)."""

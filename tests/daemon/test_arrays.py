@@ -12,14 +12,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
+from corral.cli import client
 from corral.jobs import array
 from corral.jobs.model import JobSpec, JobState
 from corral.model.errors import InvalidRequest
 from corral.model.resources import Request
 from corral.store import MemoryStore
 from corral.store.sqlite import SqliteStore
-from tests.api.test_api import ALICE
+from tests.api.test_api import ALICE, BOB, ROOT
 from tests.api.test_read_views import Box
 
 
@@ -209,3 +211,187 @@ def test_throttle_is_pure_and_single_jobs_pass() -> None:
     assert array.throttle_reason("7", 1, 1) == (
         "waiting for its array's throttle: array 7 runs at most 1 task at once (%1), 1 running"
     )
+
+
+# ------------------------------------------------------------------------------------------------ addressing
+def submit_array(box: Box, text: str, peer: tuple[int, int, str] = ALICE, **body: Any) -> list[str]:
+    """The ids of the array's tasks, in task order."""
+    first = int(box.submit(peer, array=text, **body))
+    return [str(first + i) for i in range(array.parse(text).count)]
+
+
+def test_show_a_task_an_array_and_refusals(box: Box) -> None:
+    ids = submit_array(box, "0-4", gpus=4)
+    a = ids[0]
+    api = box.client()
+    task = api.get(f"/v1/jobs/{a}_3").json()
+    assert (task["id"], task["array_task_id"], task["array_tasks"]) == (ids[3], 3, None)
+    whole = api.get(f"/v1/jobs/{a}").json()
+    assert whole["id"] == a and whole["array_tasks"] == {"queued": 5}
+    assert api.get(f"/v1/jobs/{a}_[1-2]").json()["detail"] == {
+        "field": "job",
+        "message": f"{a}_[1-2] names 2 tasks: give one (ID_TASK), or list them with GET /v1/jobs?array={a}_[1-2]",
+    }
+    missing = api.get(f"/v1/jobs/{a}_9")
+    assert missing.status_code == 404
+    assert missing.json()["detail"]["message"] == f"no job {a}_9 (the tasks of array {a}: 0-4)"
+    other = box.client(BOB).get(f"/v1/jobs/{a}_3")
+    assert other.status_code == 404 and other.json()["detail"]["message"] == f"no job {a}_3"
+    single = box.submit()
+    bad = api.get(f"/v1/jobs/{single}_0")
+    assert bad.json()["detail"]["message"] == f"no job {single}_0 ({single} is not a job array)"
+    assert api.get("/v1/jobs/12_x").json()["detail"] == {
+        "field": "job",
+        "message": "'12_x' is not a job id (12), a task (12_7) or a range of tasks (12_[1-5])",
+    }
+    listed = api.get("/v1/jobs", params={"array": f"{a}_[1-3]", "fields": "id,array_task_id"}).json()
+    assert listed == [{"id": ids[t], "array_task_id": t} for t in (1, 2, 3)]
+    paged = api.get("/v1/jobs", params={"array": a, "limit": 2})
+    assert [j["id"] for j in paged.json()] == ids[:2] and paged.headers["X-Corral-Next-After"] == ids[1]
+    nxt = api.get("/v1/jobs", params={"array": a, "limit": 2, "after": ids[1]}).json()
+    assert [j["id"] for j in nxt] == ids[2:4]
+
+
+def test_cancel_an_array_a_task_or_a_range(box: Box) -> None:
+    ids = submit_array(box, "0-5")
+    a = ids[0]
+    api = box.client()
+    box.tick()  # 4 start
+    one = api.post(f"/v1/jobs/{a}_5/cancel")
+    assert one.json()["state"] == "cancelled"
+    some = api.post(f"/v1/jobs/{a}_[0-1]/cancel")
+    assert some.headers["X-Corral-Changed"] == "2"
+    assert some.json()["array_tasks"] == {"running": 2}  # being cancelled: they end when their processes do
+    box.tick()
+    assert states(box, ids) == ["cancelled", "cancelled", "running", "running", "running", "cancelled"]
+    rest = api.post(f"/v1/jobs/{a}/cancel")
+    assert rest.headers["X-Corral-Changed"] == "3" and rest.json()["array_tasks"] == {"cancelled": 3, "running": 3}
+    box.tick()
+    assert states(box, ids) == ["cancelled"] * 6
+    bulk = submit_array(box, "0-1")
+    done = api.post("/v1/jobs/cancel", json={"ids": [bulk[0], f"{a}_[9]", "7_x"]}).json()
+    assert done["cancelled"] == bulk and done["not_found"] == [f"{a}_[9]", "7_x"]
+
+
+def test_explain_an_array_names_its_counts_and_its_first_waiting_task(box: Box) -> None:
+    ids = submit_array(box, "0-9%2")
+    a = ids[0]
+    box.tick()
+    box.tick()
+    story = box.explain(a)["story"]
+    assert story.startswith(
+        f"Array {a}: 10 tasks: 8 queued, 2 running. Task {a}_2 (job {ids[2]}) is queued: waiting for its array's "
+        f"throttle: array {a} runs at most 2 tasks at once (%2), 2 running"
+    )
+    assert box.explain(f"{a}_0")["state"] == "running"
+
+
+def test_hold_release_and_update_an_array_change_its_waiting_tasks(box: Box) -> None:
+    ids = submit_array(box, "0-5", gpus=1)
+    a = ids[0]
+    api = box.client()
+    box.tick()  # 4 start, 2 wait
+    held = api.post(f"/v1/jobs/{a}/hold")
+    assert held.status_code == 200 and held.headers["X-Corral-Changed"] == "2"
+    waiting = [box.store.get(i) for i in ids[4:]]
+    assert all(j is not None and j.spec.held_by == "alice" for j in waiting)
+    assert waiting[0] is not None and waiting[0].reason == f"held by alice (corral release {ids[4]})"
+    for i in ids[:4]:
+        box.fake.finish(i, 0)
+    box.tick()
+    assert states(box, ids)[4:] == ["queued", "queued"]  # held: not started on free GPUs
+    changed = api.patch(f"/v1/jobs/{a}_[4-5]", json={"priority": 7})
+    assert changed.headers["X-Corral-Changed"] == "2"
+    task = box.store.get(ids[5])
+    assert task is not None and task.spec.request.priority == 7 and task.spec.array is not None
+    assert task.spec.array.task == 5 and [c.field for c in task.spec.history] == ["held", "priority"]
+    too_high = api.patch(f"/v1/jobs/{a}", json={"priority": 1000})
+    assert too_high.status_code == 403
+    released = api.post(f"/v1/jobs/{a}/release")
+    assert released.headers["X-Corral-Changed"] == "2"
+    box.tick()
+    assert states(box, ids)[4:] == ["running", "running"]
+    assert box.client(BOB).post(f"/v1/jobs/{a}/hold").status_code == 404
+    root = box.client(ROOT).post(f"/v1/jobs/{a}/hold")
+    assert root.headers["X-Corral-Changed"] == "0"  # none waits any more
+
+
+# ------------------------------------------------------------------------------------------------ the CLI
+def cli(box: Box, monkeypatch: pytest.MonkeyPatch, command: Any, *args: str) -> Any:
+    """Run a CLI command with its requests sent to the in-process daemon (as alice)."""
+    api = box.client()
+
+    def call(
+        _socket: Any, method: str, url: str, describe: Any = None, *, params: Any = None, json: Any = None, **_: Any
+    ) -> Any:
+        answer = api.request(method, url, params=params, json=json)
+        if answer.status_code >= 400:
+            raise client.fail((describe or client.error_text)(answer))
+        return answer
+
+    monkeypatch.setattr(client, "call", call)
+    return CliRunner().invoke(command, list(args))
+
+
+def test_cli_submit_ps_and_expand(box: Box, monkeypatch: pytest.MonkeyPatch) -> None:
+    done = cli(box, monkeypatch, client.submit_cmd, "--array", "0-5%2", "--name", "sweep", "--", "python", "t.py")
+    assert done.exit_code == 0, done.output
+    a = done.stdout.strip()
+    single = box.submit()
+    box.tick()
+    table = cli(box, monkeypatch, client.ps_cmd)
+    lines = [line.split() for line in table.stdout.splitlines()[1:]]
+    assert [line[0] for line in lines] == [f"{a}_[0-5%2]", single]
+    assert " ".join(lines[0][3:8]) == "4 queued, 2 running -"  # and GPUS "-"
+    expanded = cli(box, monkeypatch, client.ps_cmd, "--expand")
+    assert [line.split()[0] for line in expanded.stdout.splitlines()[1:]] == [f"{a}_{t}" for t in range(6)] + [single]
+    some = cli(box, monkeypatch, client.ps_cmd, "--array", f"{a}_[4-5]")
+    assert [line.split()[0] for line in some.stdout.splitlines()[1:]] == [f"{a}_4", f"{a}_5"]
+    refused = cli(box, monkeypatch, client.submit_cmd, "--array", "0-999999999", "--", "x")
+    assert refused.exit_code == 2
+    assert refused.stderr == "error: --array: task id 999999999 is above the highest task id, 4,000,000\n"
+
+
+def test_cli_show_cancel_hold_release_update_of_an_array(box: Box, monkeypatch: pytest.MonkeyPatch) -> None:
+    ids = submit_array(box, "0-3", gpus=4)
+    a = ids[0]
+    box.tick()
+    shown = cli(box, monkeypatch, client.show_cmd, a)
+    assert f"      array: {a} (--array 0-3): 4 tasks: 3 queued, 1 running\n" in shown.stdout
+    task = cli(box, monkeypatch, client.show_cmd, f"{a}_2")
+    assert f"      array: task {a}_2 of array {a} (--array 0-3)\n" in task.stdout and f"id: {ids[2]}\n" in task.stdout
+    held = cli(box, monkeypatch, client.hold_cmd, a)
+    assert held.stdout == f"array {a}: 3 waiting tasks held (corral release {a}); 4 tasks: 3 queued, 1 running\n"
+    updated = cli(box, monkeypatch, client.update_cmd, f"{a}_[1-2]", "--name", "renamed")
+    assert updated.stdout.startswith(f"array {a}_[1-2]: 2 waiting tasks updated (") and "renamed" in updated.stdout
+    released = cli(box, monkeypatch, client.release_cmd, a)
+    assert released.stdout == f"array {a}: 3 held tasks released\n"
+    one = cli(box, monkeypatch, client.cancel_cmd, f"{a}_3")
+    assert one.stdout == f"job {ids[3]}: cancelled (cancelled)\n"
+    rest = cli(box, monkeypatch, client.cancel_cmd, a)
+    assert rest.stdout == f"array {a}: 3 tasks cancelled or being cancelled; 4 tasks: 1 running, 3 cancelled\n"
+
+
+def test_cli_logs_and_wait_of_an_array(box: Box, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    ids = submit_array(box, "0-1")
+    a = ids[0]
+    box.tick()
+    (tmp_path / "logs").mkdir(exist_ok=True)
+    for k, job_id in enumerate(ids):
+        (tmp_path / "logs" / f"{job_id}.log").write_text(f"task {k}\n")
+    logs = cli(box, monkeypatch, client.logs_cmd, a)
+    assert logs.stdout == f"==> {a}_0 <==\ntask 0\n==> {a}_1 <==\ntask 1\n"
+    assert cli(box, monkeypatch, client.logs_cmd, f"{a}_1").stdout == "task 1\n"
+    follow = cli(box, monkeypatch, client.logs_cmd, "-f", a)
+    assert follow.exit_code == 2 and follow.stderr == (
+        f"error: --follow: {a} is a job array: follow one task's log (corral logs -f {a}_TASK)\n"
+    )
+    late = cli(box, monkeypatch, client.wait_cmd, "--timeout", "0", a)
+    assert late.exit_code == 124 and late.stderr == f"error: array {a}: 2 tasks: 2 running, after 0 s\n"
+    box.fake.finish(ids[0], 0)
+    box.fake.finish(ids[1], 3)
+    box.tick()
+    failed = cli(box, monkeypatch, client.wait_cmd, a)
+    assert failed.exit_code == 3
+    assert failed.stderr == f"array {a}: 2 tasks: 1 succeeded, 1 failed; task {a}_1 failed: exit code 3\n"
+    assert cli(box, monkeypatch, client.wait_cmd, f"{a}_[0]").exit_code == 0
