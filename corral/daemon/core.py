@@ -257,6 +257,8 @@ class Daemon:
         self._dependency_seen: dict[str, object] = {}
         self._dependency_by_ref: dict[str, list[str]] = {}
         self._dependency_blocked: dict[str, str] = {}
+        #: Dependencies' ids that name arrays or tasks (`_array_ref`), looked up once.
+        self._refs: dict[str, tuple[str, array.ArraySpec | None]] = {}
 
     # ---------------------------------------------------------------------------------------------- requests
     def submit(self, spec: JobSpec, idempotency_key: str | None = None) -> Job:
@@ -460,7 +462,9 @@ class Daemon:
                 dependency.FIELD, "singleton needs a name (--name): one job of that name and user runs at a time"
             )
         for job_id in dependency.job_ids(spec.dependency):
-            other = self.store.get(job_id)
+            other = self.store.get(job_id.partition("_")[0])  # an array's task (12_3): its array's, and that task
+            if other is not None and "_" in job_id and self._array_ref(job_id)[0] == job_id:
+                other = None  # the array has no such task
             if other is None or not (spec.uid == 0 or other.spec.uid == spec.uid):
                 raise InvalidRequest(
                     dependency.FIELD,
@@ -638,7 +642,7 @@ class Daemon:
         ended = self._dependency_ended
         kept: dict[str, tuple[JobState, int]] = {}
 
-        def state_of(job_id: str) -> tuple[JobState, int] | None:
+        def one(job_id: str) -> tuple[JobState, int] | None:
             job = known.get(job_id)
             if job is not None:
                 return job.state, job.attempts
@@ -651,6 +655,9 @@ class Daemon:
             if found[0].final and job_id not in self._requeue:  # a failure whose retry is not stored yet: not ended
                 kept[job_id] = found
             return found
+
+        def state_of(ref: str) -> tuple[JobState, int] | dependency.ArrayState | None:
+            return self._ref_state(ref, one)
 
         memo, blocked, by_ref, seen = (
             self._dependency_memo,
@@ -679,7 +686,8 @@ class Daemon:
         # A job named that waits or runs is seen as its Job (stored jobs are immutable: the same object, the same
         # state; compared by identity), one that ended as its kept (state, attempts).
         for ref in by_ref:
-            now_seen: object = known.get(ref) or state_of(ref)
+            plain = "_" not in ref and not self._array_ref(ref)[1]  # a job (an array's state is worked out)
+            now_seen: object = (known.get(ref) if plain else None) or state_of(ref)
             was = seen[ref]
             if now_seen is not was and now_seen != was:
                 seen[ref] = now_seen
@@ -742,9 +750,12 @@ class Daemon:
     def dependency_verdict(self, job: Job) -> dependency.Verdict:
         """What `explain` says of a waiting job's dependencies now (a few look-ups; the round's reason says so too)."""
 
-        def state_of(job_id: str) -> tuple[JobState, int] | None:
+        def one(job_id: str) -> tuple[JobState, int] | None:
             other = self.store.get(job_id)
             return None if other is None else (other.state, other.attempts)
+
+        def state_of(ref: str) -> tuple[JobState, int] | dependency.ArrayState | None:
+            return self._ref_state(ref, one)
 
         single = ""
         if any(d.kind is dependency.Kind.SINGLETON for d in job.spec.dependency):
@@ -759,6 +770,48 @@ class Daemon:
                 first = min(ahead, key=lambda o: (not o.state.holds_resources, int(o.id)))
                 single = f"job {first.id} (singleton: same user and name) is {first.state.value}"
         return dependency.verdict(job.spec.dependency, state_of, single)
+
+    def _array_ref(self, ref: str) -> tuple[str, array.ArraySpec | None]:
+        """A dependency's id as a job id and, when it names a whole array, that array's spec: "12_3" -> ("15", None)
+        (the task's job), "12" -> ("12", its ArraySpec) for an array, ("12", None) for a job. Kept: ids never change
+        meaning (a job never becomes an array), so each is looked up once."""
+        found = self._refs.get(ref)
+        if found is not None:
+            return found
+        out: tuple[str, array.ArraySpec | None] = (ref, None)
+        if "_" in ref:
+            with contextlib.suppress(InvalidRequest):
+                named = self.targets(ref, None).jobs
+                out = (named[0].id, None) if len(named) == 1 else out
+        else:
+            head = self.store.get(ref)
+            if head is not None and head.spec.array is not None and head.spec.array.job_id == head.id:
+                out = (ref, head.spec.array.spec)
+        if out != (ref, None) or self.store.get(ref) is not None:  # an id not (yet) known is looked up again
+            self._refs[ref] = out
+        return out
+
+    def _ref_state(
+        self, ref: str, one: Callable[[str], tuple[JobState, int] | None]
+    ) -> tuple[JobState, int] | dependency.ArrayState | None:
+        """A dependency's id as `dependency.verdict` reads it: a job's (state, attempts) through `one`, or an array's
+        `ArrayState` from each of its tasks' (a look-up per task: the round's `one` reads ended tasks once)."""
+        job_id, spec = self._array_ref(ref)
+        if spec is None:
+            return one(job_id)
+        first, ended, started, succeeded, bad = int(job_id), 0, 0, 0, ""
+        for i, task in enumerate(spec.tasks):
+            found = one(str(first + i))
+            if found is None:
+                continue
+            state, attempts = found
+            started += state is not JobState.QUEUED or attempts > 0
+            if state.final and str(first + i) not in self._requeue:
+                ended += 1
+                succeeded += state is JobState.SUCCEEDED
+                if not bad and state is not JobState.SUCCEEDED:
+                    bad = f"task {job_id}_{task} {dependency.ENDED_WORDS[state]}"
+        return dependency.ArrayState(spec.count, ended, started, succeeded, bad)
 
     # ---------------------------------------------------------------------------------------------- preemption
     def _preempt(

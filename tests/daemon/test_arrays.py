@@ -395,3 +395,86 @@ def test_cli_logs_and_wait_of_an_array(box: Box, monkeypatch: pytest.MonkeyPatch
     assert failed.exit_code == 3
     assert failed.stderr == f"array {a}: 2 tasks: 1 succeeded, 1 failed; task {a}_1 failed: exit code 3\n"
     assert cli(box, monkeypatch, client.wait_cmd, f"{a}_[0]").exit_code == 0
+
+
+# ------------------------------------------------------------------------------------------------ dependencies
+def dep_reason(box: Box, job_id: str) -> str:
+    job = box.store.get(job_id)
+    assert job is not None
+    return job.reason
+
+
+def test_afterok_on_an_array_waits_for_every_task(box: Box) -> None:
+    ids = submit_array(box, "0-2")
+    a = ids[0]
+    after = box.submit(dependency=f"afterok:{a}")
+    any_of = box.submit(dependency=f"afterany:{a}")
+    box.tick()
+    box.tick()
+    assert dep_reason(box, after) == f"waiting for its dependency: array {a} (afterok): 0 of its 3 tasks ended"
+    for i in ids[:2]:
+        box.fake.finish(i, 0)
+    box.tick()
+    assert dep_reason(box, after) == f"waiting for its dependency: array {a} (afterok): 2 of its 3 tasks ended"
+    assert box.explain(after)["story"] == (
+        f"It waits for its dependency (afterok:{a}): array {a} (afterok): 2 of its 3 tasks ended."
+    )
+    box.fake.finish(ids[2], 0)
+    box.tick()
+    box.tick()
+    assert states(box, [after, any_of]) == ["running", "running"]
+
+
+def test_afterok_on_an_array_can_never_be_met_once_a_task_failed(box: Box) -> None:
+    ids = submit_array(box, "0-2")
+    a = ids[0]
+    after = box.submit(dependency=f"afterok:{a}")
+    notok = box.submit(dependency=f"afternotok:{a}")
+    box.tick()
+    box.fake.finish(ids[1], 4)
+    box.tick()
+    assert dep_reason(box, after) == (
+        f"its dependency can never be met: array {a}: task {a}_1 failed (afterok needs every task to succeed); it "
+        "waits until cancelled (submit with --kill-on-invalid-dep to have such a job cancelled)"
+    )
+    assert dep_reason(box, notok) == f"waiting for its dependency: array {a} (afternotok): 1 of its 3 tasks ended"
+    box.fake.finish(ids[0], 0)
+    box.fake.finish(ids[2], 0)
+    box.tick()
+    box.tick()
+    assert states(box, [after, notok]) == ["queued", "running"]
+
+
+def test_afternotok_on_an_array_that_all_succeeded_never_holds_and_a_task_is_a_job(box: Box) -> None:
+    ids = submit_array(box, "5-6")
+    a = ids[0]
+    notok = box.submit(dependency=f"afternotok:{a}")
+    task = box.submit(dependency=f"afterok:{a}_6")
+    started = box.submit(dependency=f"after:{a}")
+    box.tick()
+    box.tick()
+    assert dep_reason(box, task) == f"waiting for its dependency: job {a}_6 (afterok) is running"
+    assert states(box, [started]) == ["running"]
+    box.fake.finish(ids[1], 0)
+    box.tick()
+    box.tick()
+    assert states(box, [task]) == ["running"]
+    box.fake.finish(ids[0], 0)
+    box.tick()
+    assert dep_reason(box, notok).startswith(
+        f"its dependency can never be met: array {a}: every task succeeded (afternotok needs one to fail)"
+    )
+
+
+def test_a_dependency_on_a_task_or_array_you_cannot_see_is_refused(box: Box) -> None:
+    ids = submit_array(box, "0-2")
+    a = ids[0]
+    message = "no job {} that you can see (a job may depend on your own jobs; root's on anyone's)"
+    for ref in (f"{a}_7", f"{a}_1"):
+        peer = ALICE if ref.endswith("7") else BOB
+        assert refused(box, {"dependency": f"afterok:{ref}"}, peer) == {
+            "field": "dependency",
+            "message": message.format(ref),
+        }
+    assert refused(box, {"dependency": f"afterok:{a}"}, BOB)["message"] == message.format(a)
+    assert box.client(ROOT).post("/v1/jobs", json={"command": ["x"], "dependency": f"afterok:{a}_1"}).status_code == 201
