@@ -49,7 +49,6 @@ from corral.cli.views import (
     short_reason,
     show_lines,
 )
-from corral.jobs.array import tasks_text
 from corral.jobs.environment import admitted_environment
 
 EXIT_BAD_INPUT = 2
@@ -647,6 +646,13 @@ def logs_cmd(
         _logs(job_id, follow, instance, as_json, interval, socket)
     except KeyboardInterrupt:
         raise SystemExit(130) from None
+
+
+def tasks_text(counts: dict[str, int]) -> str:
+    """An array's tasks by state (corral.jobs.array.tasks_text, imported only when an array is shown)."""
+    from corral.jobs import array
+
+    return array.tasks_text(counts)
 
 
 def array_tasks(socket: Path | None, ref: str) -> list[dict[str, Any]] | None:

@@ -24,8 +24,6 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from corral.jobs.array import STATE_ORDER, tasks_text
-
 #: What a table shows of a reason: one line, this many characters at most (`show` and `explain` show it all).
 REASON_CELLS = 60
 TIME_FIELDS = ("submitted_at", "started_at", "finished_at", "created_at")
@@ -389,6 +387,8 @@ def show_lines(job: Mapping[str, Any], now: float | None = None) -> list[tuple[s
         array_id, task = job["array_job_id"], job.get("array_task_id")
         counts = job.get("array_tasks")
         if counts:  # the array as a whole (`corral show ID` of an array): these lines are its first task's
+            from corral.jobs.array import tasks_text  # only for an array: 4 ms of import the CLI's start need not pay
+
             lines.append(("array", f"{array_id} (--array {job.get('array')}): {tasks_text(counts)}"))
             lines.append(("", f"the fields above are task {array_id}_{task}'s; each task: corral show {array_id}_TASK"))
         else:
@@ -414,6 +414,10 @@ def array_rows(jobs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     first waiting task (else its first task's), ended when its last task ended. Other jobs as they are."""
     rows: list[dict[str, Any]] = []
     groups: dict[str, dict[str, Any]] = {}
+    if not any(job.get("array_job_id") for job in jobs):
+        return [dict(job) for job in jobs]
+    from corral.jobs.array import STATE_ORDER  # only when arrays are listed: 4 ms of import the CLI need not pay
+
     for job in jobs:
         array_id = job.get("array_job_id")
         if not array_id:
