@@ -298,15 +298,25 @@ def check_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def array_tasks(spec: JobSpec, first_id: int) -> builtins.list[JobSpec]:
-    """The spec of each task of the array `spec` whose first job id is `first_id`, in task order."""
+def array_jobs(spec: JobSpec, first_id: int, now: float) -> builtins.list[Job]:
+    """The new QUEUED jobs of the array `spec` whose first job id is `first_id`, one per task in task order. Each is a
+    copy of the first with its id and task (a Job built field by field costs 15 us: 150 ms for 10,000 tasks)."""
     from corral.jobs.array import task_spec
 
     a = spec.array
     if a is None:
         raise ValueError("add_array needs a spec with an array")
     array_id = str(first_id)
-    return [task_spec(spec, array_id, task) for task in a.spec.tasks]
+    head = Job(array_id, task_spec(spec, array_id, a.spec.first), JobState.QUEUED, submitted_at=float(now), version=1)
+    jobs = [head]
+    fields = head.__dict__
+    for i, task in enumerate(a.spec.tasks[1:], start=1):
+        job = object.__new__(Job)
+        job.__dict__.update(fields)
+        object.__setattr__(job, "id", str(first_id + i))
+        object.__setattr__(job, "spec", task_spec(spec, array_id, task))
+        jobs.append(job)
+    return jobs
 
 
 def check_transition(job: Job, to: JobState, expect: Collection[JobState] | None) -> None:

@@ -16,7 +16,7 @@ from corral.store.base import (
     KeyInUse,
     StaleJob,
     StoreError,
-    array_tasks,
+    array_jobs,
     check_doc,
     check_doc_version,
     check_fields,
@@ -64,10 +64,7 @@ class MemoryStore:
                 if earlier is not None:
                     raise KeyInUse(idempotency_key, earlier)
             first = self._last_id + 1
-            jobs = [
-                Job(str(first + i), task, JobState.QUEUED, submitted_at=float(now), version=1)
-                for i, task in enumerate(array_tasks(stored, first))
-            ]
+            jobs = array_jobs(stored, first, now)
             self._last_id += len(jobs)
             self._jobs.update((job.id, job) for job in jobs)
             if idempotency_key is not None:

@@ -62,7 +62,7 @@ from corral.store.base import (
     KeyInUse,
     StaleJob,
     StoreError,
-    array_tasks,
+    array_jobs,
     canonical_id,
     check_doc,
     check_doc_version,
@@ -232,27 +232,16 @@ class SqliteStore:
                 text = spec_to_json(dataclasses.replace(spec, array=dataclasses.replace(spec.array, job_id=str(first))))
                 template = spec_from_json(text)
                 self._conn.execute("INSERT INTO arrays (id, spec) VALUES (?, ?)", (first, text))
-                tasks = array_tasks(template, first)
+                jobs = array_jobs(template, first, now)
                 # The name and uid stay in each row: `query` filters on them through its indexes on the spec.
                 name, uid, user, state = json.dumps(spec.name), spec.uid, spec.user, JobState.QUEUED.value
                 self._conn.executemany(
                     "INSERT INTO jobs (id, spec, user, state, submitted_at, version) VALUES (?, ?, ?, ?, ?, 1)",
                     [
-                        (
-                            first + i,
-                            f'{_STUB}{first}, {t.array.task}], "name": {name}, "uid": {uid}}}',
-                            user,
-                            state,
-                            now,
-                        )
-                        for i, t in enumerate(tasks)
-                        if t.array is not None
+                        (first + i, f'{_STUB}{first}, {task}], "name": {name}, "uid": {uid}}}', user, state, now)
+                        for i, task in enumerate(spec.array.spec.tasks)
                     ],
                 )
-                jobs = [
-                    Job(str(first + i), t, JobState.QUEUED, submitted_at=float(now), version=1)
-                    for i, t in enumerate(tasks)
-                ]
                 if idempotency_key is not None:
                     self._conn.execute("DELETE FROM idempotency WHERE created_at <= ?", (now - IDEMPOTENCY_TTL_S,))
                     self._conn.execute(
