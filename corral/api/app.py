@@ -743,6 +743,14 @@ def create_app(
                                             f"{v.text}.", dependency_hint(v), before) if t)  # fmt: skip
                 return ExplainOut(state=job.state.value, reason=clean(job.reason), story=clean(said), preempted=was)
         holding = daemon.store.list([JobState.STARTING, JobState.RUNNING])
+        a = job.spec.array
+        if a is not None and a.spec.throttle and not job.spec.held_by:  # held back by its array's %N: in no queue
+            with lock:
+                tasks = [t for t in daemon.tasks(a.job_id) if t.state is JobState.QUEUED and not t.spec.held_by]
+            running = [h for h in holding if h.spec.array is not None and h.spec.array.job_id == a.job_id]
+            if job.id in array.throttle(tasks, running)[1]:
+                said = " ".join(t for t in (array.throttle_story(a.job_id, a.spec.throttle, len(running)), before) if t)
+                return ExplainOut(state=job.state.value, reason=clean(job.reason), story=clean(said), preempted=was)
         queues = daemon.queues
         waiting = [i for i in daemon.queue_order if i not in queues.started]  # the last round's, less its starts
         told = queue_story(job.id, queues.queue_of(job), waiting, queues.queue_of_id, queues.limited.get(job.id))

@@ -401,7 +401,12 @@ class Daemon:
     def targets(self, ref_text: str, uid: int | None) -> Targets:
         """The jobs `ID`, `ID_TASK` or `ID_[RANGES]` names (corral.jobs.array.parse_ref): an array's id names every
         task. `uid` None: root (anyone's); otherwise only that user's (another's answers "no job", as for a job)."""
-        ref = array.parse_ref(ref_text)
+        try:
+            ref = array.parse_ref(ref_text)
+        except InvalidRequest:
+            if "_" in ref_text:  # meant as a task or a range: say what the forms are
+                raise
+            raise JobNotFound(ref_text) from None  # an id no job can have: as before arrays, "no job X"
         head = self.store.get(ref.job_id)
         if head is None or (uid is not None and head.spec.uid != uid):
             raise JobNotFound(ref.text)
@@ -656,8 +661,16 @@ class Daemon:
                 kept[job_id] = found
             return found
 
+        arrays: dict[str, dependency.ArrayState] = {}  # this round's: 1,000 jobs on one array read its tasks once
+
         def state_of(ref: str) -> tuple[JobState, int] | dependency.ArrayState | None:
-            return self._ref_state(ref, one)
+            found = arrays.get(ref)
+            if found is None:
+                got = self._ref_state(ref, one)
+                if not isinstance(got, dependency.ArrayState):
+                    return got
+                found = arrays[ref] = got
+            return found
 
         memo, blocked, by_ref, seen = (
             self._dependency_memo,

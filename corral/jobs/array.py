@@ -256,6 +256,14 @@ def throttle_reason(array_id: str, limit: int, running: int) -> str:
     )
 
 
+def throttle_story(array_id: str, limit: int, running: int) -> str:
+    """What `explain` says of a task its array's throttle holds back."""
+    return (
+        f"It waits for its array's throttle: at most {limit} of its tasks run at once, and {running} "
+        f"{'runs' if running == 1 else 'run'} (corral ps --array {array_id})."
+    )
+
+
 def throttle(waiting: Sequence[Job], holding: Iterable[Job]) -> tuple[list[Job], dict[str, str]]:
     """(the waiting jobs offered to the scheduler, {id: reason} of the tasks held back by their array's `%N`).
 

@@ -478,3 +478,35 @@ def test_a_dependency_on_a_task_or_array_you_cannot_see_is_refused(box: Box) -> 
         }
     assert refused(box, {"dependency": f"afterok:{a}"}, BOB)["message"] == message.format(a)
     assert box.client(ROOT).post("/v1/jobs", json={"command": ["x"], "dependency": f"afterok:{a}_1"}).status_code == 201
+
+
+def test_a_retried_array_submission_answers_the_same_array(box: Box) -> None:
+    api = box.client()
+    key = {"Idempotency-Key": "sweep-1"}
+    first = api.post("/v1/jobs", json={"command": ["x"], "array": "0-9"}, headers=key)
+    again = api.post("/v1/jobs", json={"command": ["x"], "array": "0-9"}, headers=key)
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert again.json()["id"] == first.json()["id"] and len(box.store.list()) == 10
+    other = api.post("/v1/jobs", json={"command": ["x"], "array": "0-8"}, headers=key)
+    assert other.status_code == 409
+
+
+def test_an_id_no_job_can_have_is_still_no_job(box: Box) -> None:
+    api = box.client()
+    for method, url in (("POST", "/v1/jobs/abc/cancel"), ("POST", "/v1/jobs/abc/hold"), ("GET", "/v1/jobs/0")):
+        r = api.request(method, url)
+        assert (r.status_code, r.json()["detail"]["message"]) == (404, "no job abc" if "abc" in url else "no job 0")
+
+
+def test_explain_a_task_held_back_by_the_throttle(box: Box) -> None:
+    ids = submit_array(box, "0-2%1")
+    box.tick()
+    box.tick()
+    data = box.explain(f"{ids[0]}_2")
+    assert data["reason"] == (
+        f"waiting for its array's throttle: array {ids[0]} runs at most 1 task at once (%1), 1 running"
+    )
+    assert data["story"] == (
+        f"It waits for its array's throttle: at most 1 of its tasks run at once, and 1 runs (corral ps --array "
+        f"{ids[0]})."
+    )
