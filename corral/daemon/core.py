@@ -1052,7 +1052,8 @@ class Daemon:
         spec = LaunchSpec(
             job_id=job_id,
             command=job.spec.command,
-            env={**job.spec.env, **array.environment(job.spec)} if job.spec.array is not None else job.spec.env,
+            env=job.spec.env,
+            corral_env=array.environment(job.spec),
             cwd=job.spec.cwd,
             uid=job.spec.uid,
             gid=job.spec.gid,

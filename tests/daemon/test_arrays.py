@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from corral.cli import client
+from corral.executor.local import job_environment
 from corral.jobs import array
 from corral.jobs.model import JobSpec, JobState
 from corral.model.errors import InvalidRequest
@@ -46,9 +47,10 @@ def refused(box: Box, body: dict[str, Any], peer: tuple[int, int, str] = ALICE) 
 
 
 def launched_env(box: Box, job_id: str) -> dict[str, str]:
+    """The environment the local executor gives the job (what a real process would get)."""
     specs = [s for s in box.fake.launched if s.job_id == job_id]
     assert specs, f"job {job_id} was not launched"
-    return dict(specs[-1].env)
+    return job_environment(specs[-1])
 
 
 # ------------------------------------------------------------------------------------------------ the words
@@ -510,3 +512,12 @@ def test_explain_a_task_held_back_by_the_throttle(box: Box) -> None:
         f"It waits for its array's throttle: at most 1 of its tasks run at once, and 1 runs (corral ps --array "
         f"{ids[0]})."
     )
+
+
+def test_a_container_task_gets_its_array_variables(tmp_path: Path) -> None:
+    from tests.executor.test_container import run_with_fake
+
+    env = {"CUDA_VISIBLE_DEVICES": "", "CORRAL_ARRAY_TASK_ID": "4", "SLURM_ARRAY_TASK_ID": "4", "OTHER": "x"}
+    args = run_with_fake(tmp_path, "docker", env)
+    passed = [args[i + 1] for i, a in enumerate(args) if a == "-e"]
+    assert "CORRAL_ARRAY_TASK_ID" in passed and "SLURM_ARRAY_TASK_ID" in passed and "OTHER" not in passed
