@@ -83,6 +83,11 @@ def submission(tasks: int, singles: int) -> dict[str, float]:
         out["array_s"] = timed(lambda: answer.append(world.api.post("/v1/jobs", json=body(array=f"0-{tasks - 1}"))))
         assert answer[0].status_code == 201, answer[0].text
         out["array_bytes"] = world.size() - before
+        array_id = answer[0].json()["id"]
+        out["hold_s"] = timed(lambda: world.api.post(f"/v1/jobs/{array_id}/hold"))
+        out["release_s"] = timed(lambda: world.api.post(f"/v1/jobs/{array_id}/release"))
+        out["show_s"] = timed(lambda: world.api.get(f"/v1/jobs/{array_id}"))
+        out["cancel_s"] = timed(lambda: world.api.post(f"/v1/jobs/{array_id}/cancel"))
     with tempfile.TemporaryDirectory() as tmp:
         world = World(Path(tmp))
         world.api.post("/v1/jobs", json=body())
@@ -138,6 +143,10 @@ def main(argv: list[str] | None = None) -> None:
 |---|---:|---:|
 | one array, `"array": "0-{args.tasks - 1}"` | {sub["array_s"]:.3f} s | {sub["array_bytes"] / 1e6:.1f} MB |
 | {args.singles:,} single jobs, one request each | {sub["singles_s"]:.1f} s | {sub["singles_bytes"] / 1e6:.1f} MB |
+
+The same array of {n} waiting tasks: `hold` {sub["hold_s"]:.2f} s (each task's spec written whole, in one write),
+`release` {sub["release_s"]:.2f} s, `GET /v1/jobs/ID` (its tasks counted) {sub["show_s"] * 1000:.0f} ms, `cancel`
+{sub["cancel_s"]:.2f} s.
 
 | round, {n} waiting 1-GPU jobs behind one holding all 4 GPUs | first round | median of {args.rounds} after |
 |---|---:|---:|

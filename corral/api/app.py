@@ -465,7 +465,10 @@ def create_app(
         if not found.many:
             return None
         with lock:
-            jobs = [daemon.store.get(j.id) or j for j in found.jobs]
+            if found.array_id is not None:
+                jobs = daemon.tasks(found.array_id)
+            else:
+                jobs = [daemon.store.get(j.id) or j for j in found.jobs]
         return dict(Counter(j.state.value for j in jobs))
 
     @app.post(

@@ -50,7 +50,16 @@ from corral.gpu.discovery import GpuDiscoveryError
 from corral.gpu.metrics import GpuSampler, GpuUse, ProcessInfo, attribute, read_process
 from corral.gpu.mps import MpsControl, MpsError
 from corral.jobs import array, dependency
-from corral.jobs.model import Change, Job, JobSpec, JobState, Preempted, check_admissible, spec_to_json
+from corral.jobs.model import (
+    FINAL_STATES,
+    Change,
+    Job,
+    JobSpec,
+    JobState,
+    Preempted,
+    check_admissible,
+    spec_to_json,
+)
 from corral.metrics import DaemonMetrics
 from corral.model.errors import InvalidRequest
 from corral.model.resources import MILLI_PER_GPU, Allocation, GpuGrant, Node, Request, affinity_tag
@@ -60,6 +69,7 @@ from corral.placement.engine import validate_against
 from corral.store.base import JobNotFound, JobQuery, Store, StoreError
 
 CANCELLING = "cancel requested"
+ACTIVE_STATES = (JobState.QUEUED, JobState.STARTING, JobState.RUNNING)
 #: A held job's reason: "held by USER (corral release ID)".
 HELD = "held by "
 #: The reason of a job the watchdog is killing starts with this; its exit is then a failure with that reason.
@@ -321,7 +331,7 @@ class Daemon:
             return None
         change = Change(self.clock(), by, "held", "no", "yes")
         spec = replace(job.spec, held_by=by, history=(*job.spec.history, change))
-        return spec, {"reason": held_reason(replace(job, spec=spec))}
+        return spec, {"reason": f"{HELD}{by} (corral release {job.id})"}  # held_reason of the held job
 
     def release(self, job_id: str, by: str, uid: int | None = None) -> Job:
         """Release a held job. A hold by root or an admin (anyone but the owner) is released only by root or an
@@ -390,13 +400,19 @@ class Daemon:
 
     # ---------------------------------------------------------------------------------------------- arrays
     def tasks(self, array_id: str) -> list[Job]:
-        """Every task of the array `array_id` (ids array_id, array_id + 1, ...), in task order; [] for no array."""
+        """Every task of the array `array_id` (ids array_id, array_id + 1, ...), in task order; [] for no array.
+        Those not ended from the store's memory copy, the ended ones from one query."""
         head = self.store.get(array_id)
         if head is None or head.spec.array is None or head.spec.array.job_id != head.id:
             return []
-        before = int(array_id) - 1  # ids are consecutive: a page of the store from the array's id
-        found = self.store.query(JobQuery(after=str(before) if before else None, limit=head.spec.array.spec.count))
-        return [j for j in found if j.spec.array is not None and j.spec.array.job_id == array_id]
+        count = head.spec.array.spec.count
+        first, end = int(array_id), int(array_id) + count
+        active = [j for j in self.store.list(ACTIVE_STATES) if first <= int(j.id) < end]
+        if len(active) == count:
+            return active
+        before = str(first - 1) if first > 1 else None  # ids are consecutive: a page of the store from the array's id
+        ended = self.store.query(JobQuery(states=FINAL_STATES, after=before, limit=count - len(active)))
+        return sorted([*active, *(j for j in ended if int(j.id) < end)], key=lambda j: int(j.id))
 
     def targets(self, ref_text: str, uid: int | None) -> Targets:
         """The jobs `ID`, `ID_TASK` or `ID_[RANGES]` names (corral.jobs.array.parse_ref): an array's id names every
@@ -433,9 +449,9 @@ class Daemon:
         """Apply `change` to every waiting job of `job_ids` (an array's tasks) in one durable write; the others
         (started, ended) are left alone. Returns the jobs changed."""
         writes: dict[str, dict[str, object]] = {}
-        for job_id in job_ids:
-            job = self.store.get(job_id)
-            if job is None or job.state is not JobState.QUEUED:
+        wanted = set(job_ids)
+        for job in self.store.list([JobState.QUEUED]):  # the memory copy: no read of the store a job
+            if job.id not in wanted:
                 continue
             done = change(job)
             if done is not None:

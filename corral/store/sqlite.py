@@ -46,6 +46,7 @@ from typing import Any
 from corral.jobs.array import task_spec
 from corral.jobs.model import (
     FINAL_STATES,
+    Change,
     Job,
     JobSpec,
     JobState,
@@ -407,8 +408,12 @@ class SqliteStore:
         checked = {job_id: check_fields(fields) for job_id, fields in changes.items()}
         out = []
         with self._write(f"changing {len(checked)} jobs"):
+            self._sync()  # once, not once a job (an array's 10,000 tasks held in one write)
+            active = self._active
             for job_id, fields in checked.items():
-                job = self._get_for_write(job_id)
+                row_id = canonical_id(job_id)
+                job = active.get(row_id) if row_id is not None else None
+                job = job if job is not None else self._get_for_write(job_id)
                 new = job.evolve(version=job.version + 1, **fields)
                 self._store(new, fields)
                 out.append(new)
@@ -608,7 +613,9 @@ class SqliteStore:
         return self._decode(row)
 
     def _store(self, job: Job, columns: dict[str, Any]) -> None:
-        values = {name: _encode(name, value) for name, value in columns.items()}
+        values = {
+            name: self._spec_text(value) if name == "spec" else _encode(name, value) for name, value in columns.items()
+        }
         values["version"] = job.version
         assignments = ", ".join(f"{name} = ?" for name in values)  # names come from check_fields, never the caller
         self._conn.execute(f"UPDATE jobs SET {assignments} WHERE id = ?", (*values.values(), int(job.id)))
@@ -654,6 +661,27 @@ class SqliteStore:
         except (ValueError, TypeError, KeyError) as exc:  # InvalidRequest is a ValueError
             raise StoreError(f"job store {self.path}: job {d['id']} cannot be read ({exc})") from exc
 
+    def _spec_text(self, spec: JobSpec) -> str:
+        """A spec as stored: an array's task that differs from its array's spec only in its hold and history (an
+        array held as a whole) stays a stub, with those two; anything else is written whole."""
+        a = spec.array
+        template = self._templates.get(int(a.job_id)) if a is not None and a.job_id else None
+        if a is None or template is None or template.array is None or a.spec is not template.array.spec:
+            return spec_to_json(spec)
+        mine, theirs = spec.__dict__, template.__dict__
+        if any(
+            mine[name] is not value and mine[name] != value
+            for name, value in theirs.items()
+            if name not in ("array", "held_by", "history")
+        ):
+            return spec_to_json(spec)
+        extra = {
+            **({"held_by": spec.held_by} if spec.held_by else {}),
+            **({"history": [c.to_dict() for c in spec.history]} if spec.history else {}),
+        }
+        more = (", " + json.dumps(extra, sort_keys=True)[1:-1]) if extra else ""
+        return f'{_STUB}{a.job_id}, {a.task}]{more}, "name": {json.dumps(spec.name)}, "uid": {spec.uid}}}'
+
     def _spec(self, text: str) -> JobSpec:
         """A row's spec: its JSON, or an array task's stub read with its array's spec."""
         if not text.startswith(_STUB):
@@ -671,7 +699,12 @@ class SqliteStore:
                 raise KeyError(f"its array {array_id} has no spec")
             template = self._templates[array_id] = spec_from_json(row[0])
         assert template.array is not None
-        return task_spec(template, template.array.job_id, task)
+        spec = task_spec(template, template.array.job_id, task)
+        if "held_by" in d:  # an array held as a whole: each task's hold and history in its stub
+            object.__setattr__(spec, "held_by", str(d["held_by"]))
+        if "history" in d:
+            object.__setattr__(spec, "history", tuple(Change.from_dict(c) for c in d["history"]))
+        return spec
 
     def _check_open(self) -> None:
         if self._closed:

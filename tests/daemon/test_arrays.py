@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from corral.cli import client
 from corral.executor.local import job_environment
 from corral.jobs import array
-from corral.jobs.model import JobSpec, JobState
+from corral.jobs.model import Change, JobSpec, JobState
 from corral.model.errors import InvalidRequest
 from corral.model.resources import Request
 from corral.store import MemoryStore
@@ -182,9 +182,19 @@ def test_the_store_keeps_an_array_compactly_and_reads_it_back(tmp_path: Path, ki
     again = store.list([JobState.QUEUED])
     assert [j.spec for j in again[1:]] == [j.spec for j in jobs]
     assert store.get(jobs[999].id) == jobs[999]
-    # a task's spec written whole (a hold) reads back the same
-    held = store.update(jobs[3].id, spec=dataclasses.replace(jobs[3].spec, held_by="alice"))
+    # a task held (with its history) reads back the same; changed otherwise (a new name), its spec is written whole
+    change = Change(3.0, "alice", "held", "no", "yes")
+    held = store.update(jobs[3].id, spec=dataclasses.replace(jobs[3].spec, held_by="alice", history=(change,)))
+    renamed = store.update(jobs[4].id, spec=dataclasses.replace(jobs[4].spec, name="other"))
     assert store.get(jobs[3].id) == held and held.spec.array == jobs[3].spec.array
+    if isinstance(store, SqliteStore):
+        store.close()
+        store = SqliteStore(tmp_path / "jobs.db")
+        assert store.get(held.id) == held and store.get(renamed.id) == renamed
+        sizes = dict(
+            conn.execute("SELECT id, LENGTH(spec) FROM jobs WHERE id IN (?, ?)", (int(held.id), int(renamed.id)))
+        )
+        assert sizes[int(held.id)] < 200 and sizes[int(renamed.id)] > 4000
 
 
 # ------------------------------------------------------------------------------------------------ %N
