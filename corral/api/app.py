@@ -3,7 +3,10 @@
     POST /v1/jobs                      submit (201, the job)
     GET  /v1/jobs                      the caller's jobs (root: everyone's), oldest first, 1000 at most a page;
          &state=&user=&name=&since=&limit=&order=newest&after=ID&fields=   filters, paging (X-Corral-Next-After)
+         &array=ID | ID_[1-5]          a job array's tasks, or some of them (docs/arrays.md)
     POST /v1/jobs/cancel               bulk cancel: {"ids": [...]} | {"state": "queued"} | {"name": "..."}
+    {id} in the routes below: a job, an array's task (12_7); an array's id, or a range of its tasks (12_[1-5]), in
+    cancel, hold, release, PATCH (each task) and explain (its tasks counted, then the first waiting task's)
     GET  /v1/jobs/{id}                 one job
     POST /v1/jobs/{id}/cancel          cancel it
     GET  /v1/jobs/{id}/explain         {"state": ..., "reason": ...}: why it waits, or how it ended; a queued job's
