@@ -463,16 +463,16 @@ def create_app(
         with lock:
             return daemon.targets(job_id, (None if who.root else who.uid) if uid == "caller" else uid)
 
-    def counted(found: Targets) -> dict[str, int] | None:
-        """How many of the jobs named (an array's tasks, a range) are in each state now; None for one job."""
-        if not found.many:
-            return None
+    def current(found: Targets) -> list[Job]:
+        """The jobs named, as they are now (an array's from the store's memory copy: no read a task)."""
         with lock:
             if found.array_id is not None:
-                jobs = daemon.tasks(found.array_id)
-            else:
-                jobs = [daemon.store.get(j.id) or j for j in found.jobs]
-        return dict(Counter(j.state.value for j in jobs))
+                return daemon.tasks(found.array_id)
+            return [daemon.store.get(j.id) or j for j in found.jobs]
+
+    def counted(found: Targets) -> dict[str, int] | None:
+        """How many of the jobs named (an array's tasks, a range) are in each state now; None for one job."""
+        return dict(Counter(j.state.value for j in current(found))) if found.many else None
 
     @app.post(
         "/v1/jobs",
@@ -581,19 +581,16 @@ def create_app(
         user_name, uid = scope(who, body.all or body.ids is not None, body.user)
         states = parse_states([body.state] if isinstance(body.state, str) else body.state)
         query = JobQuery(states=states, user=user_name, name=body.name)
-        ids, unknown = body.ids, []
+        ids, unknown, refs = body.ids, [], False
         if ids is not None and any("_" in i or not i.isdigit() for i in ids):  # tasks, ranges: each job they name
-            ids, expanded = [], ids
+            ids, expanded, refs = [], ids, True
             for ref in expanded:
                 try:
-                    ids += [j.id for j in targets(ref, who, uid).jobs]
+                    ids += [j.id for j in targets(ref, who, uid).jobs]  # an array's id: every task already
                 except InvalidRequest:  # JobNotFound too: said in not_found, as for an unknown id
                     unknown.append(ref)
-        elif ids is not None:  # an array's id: all its tasks
-            with lock:
-                ids = [t for i in ids for t in ([j.id for j in daemon.tasks(i)] or [i])]
-        with lock:
-            outcome = daemon.cancel_many(ids, query, uid)
+        with lock:  # plain ids: an array's id stands for every task (`whole_arrays`), a task's id for itself
+            outcome = daemon.cancel_many(ids, query, uid, whole_arrays=not refs)
         wake()
         return CancelManyOut(**{**dataclasses.asdict(outcome), "not_found": [*outcome.not_found, *unknown]})
 
@@ -701,8 +698,7 @@ def create_app(
         found = targets(job_id, who)
         if not found.many:
             return explained(found.jobs[0], who)
-        with lock:
-            jobs = [daemon.store.get(j.id) or j for j in found.jobs]
+        jobs = current(found)
         pick = next((j for j in jobs if j.state is JobState.QUEUED), None)
         pick = pick or next((j for j in jobs if not j.state.final), jobs[-1])
         out = explained(pick, who)

@@ -1293,14 +1293,20 @@ class Daemon:
 
     # ---------------------------------------------------------------------------------------------- bulk cancel
     def cancel_many(
-        self, job_ids: Collection[str] | None = None, query: JobQuery | None = None, uid: int | None = None
+        self,
+        job_ids: Collection[str] | None = None,
+        query: JobQuery | None = None,
+        uid: int | None = None,
+        *,
+        whole_arrays: bool = False,
     ) -> CancelOutcome:
         """Cancel many jobs at once: the queued ones in one durable store write, the running ones signalled (their
         reasons in one more write), so 20,000 jobs cost two commits, not 20,000.
 
         Which jobs: `job_ids`, or every job `query` selects (its paging ignored), or the ids that `query` also
         selects when both are given. `uid` None = root (any job); otherwise only that user's own jobs: another
-        user's job counts as not found, as `cancel` says "no job N" for it."""
+        user's job counts as not found, as `cancel` says "no job N" for it. `whole_arrays`: an array's id among
+        `job_ids` stands for every task (`corral cancel 12`), not only its first."""
         if job_ids is None and query is None:
             raise InvalidRequest("request", "say which jobs to cancel: ids, a state or a name")
         scope = replace(query or JobQuery(), after=None, limit=None, newest_first=False)
@@ -1310,13 +1316,17 @@ class Daemon:
         if job_ids is None:
             found = self.store.query(scope)
         else:
-            found = []
+            named: dict[str, Job] = {}
             for job_id in dict.fromkeys(job_ids):
                 job = self.store.get(job_id)
                 if job is not None and scope.matches(job):
-                    found.append(job)
+                    named[job.id] = job
+                    a = job.spec.array
+                    if whole_arrays and a is not None and a.job_id == job.id:
+                        named.update((t.id, t) for t in self.tasks(job.id) if scope.matches(t))
                 else:
                     missing.append(job_id)
+            found = list(named.values())
         queued = [j.id for j in found if j.state is JobState.QUEUED]
         cancelled = self.store.transition_many(queued, JobState.CANCELLED, expect=[JobState.QUEUED], reason="cancelled")
         gone = {j.id for j in cancelled}

@@ -283,6 +283,10 @@ def test_cancel_an_array_a_task_or_a_range(box: Box) -> None:
     bulk = submit_array(box, "0-1")
     done = api.post("/v1/jobs/cancel", json={"ids": [bulk[0], f"{a}_[9]", "7_x"]}).json()
     assert done["cancelled"] == bulk and done["not_found"] == [f"{a}_[9]", "7_x"]
+    plain, ranged = submit_array(box, "0-2"), submit_array(box, "0-2")
+    assert api.post("/v1/jobs/cancel", json={"ids": [plain[0]]}).json()["cancelled"] == plain  # the array
+    some = api.post("/v1/jobs/cancel", json={"ids": [f"{ranged[0]}_[0-1]", "99999"]}).json()
+    assert some["cancelled"] == ranged[:2] and some["not_found"] == ["99999"]  # its first task is not the array
 
 
 def test_explain_an_array_names_its_counts_and_its_first_waiting_task(box: Box) -> None:
