@@ -121,8 +121,9 @@ def _best_configuration(sizes: IntArray, values: FloatArray) -> tuple[float, Int
 
 def solve_prices(sizes: list[int], probabilities: list[float]) -> SharePrices:
     """Prices for share sizes (milli, each in 1..999) with their probabilities (any positive scale)."""
-    # scipy (about 0.26 s to import) only when prices are solved: `corral serve` imports every policy at its start
-    # and should answer within a second of it (issue 26, item 7).
+    # scipy (0.26 s to import, 1.3 s on a loaded machine) only when prices are solved: `corral serve` imports every
+    # policy at its start and should answer within a second of it (issue 26, item 7), and `corral k8s scheduler`'s
+    # start-up is part of its measured throughput (issue 24).
     from scipy.optimize import linprog
 
     order = np.argsort(-np.asarray(sizes), kind="stable")
@@ -134,10 +135,6 @@ def solve_prices(sizes: list[int], probabilities: list[float]) -> SharePrices:
     for _ in range(_MAX_ROUNDS):
         a = np.array(columns, dtype=np.float64).T
         waste = MILLI_PER_GPU - s.astype(np.float64) @ a
-        # imported here: scipy.optimize is 1.3 s of importing corral.placement on a loaded machine, and only
-        # fgd-priced's prices (once per workload) need it; `corral k8s scheduler`'s start-up is measured
-        from scipy.optimize import linprog
-
         res = linprog(waste, A_eq=a, b_eq=p, bounds=(0, None), method="highs")
         if res.status != 0:  # cannot happen for a feasible, bounded LP; keep the last good prices
             break
