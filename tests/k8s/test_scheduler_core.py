@@ -513,3 +513,20 @@ def test_a_pod_deleted_while_its_batch_is_placed_is_not_kept_waiting(
     time.sleep(0.1)
     assert s.pending_by_reason() == {} and s.explain("default/ghost")["state"] == "unknown"
     assert not [e for _, e in api.events if e["involvedObject"]["name"] == "ghost"]
+
+
+def test_a_reason_that_changes_soon_after_is_written_when_its_interval_is_up(
+    api: FakeKubeApi, run: Callable[..., Scheduler], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(core_mod, "CONDITION_EVERY", 0.5)
+    run()
+    api.put_pod(gpu_pod("big", 4))
+    wait_for("the first condition", lambda: bool(api.pods[("default", "big")]["status"].get("conditions")))
+    api.put_node(node_object("cpu-1", "8", "32Gi"))  # a new node: tried again, and the reason changes
+
+    def message() -> str:
+        [c] = api.pods[("default", "big")]["status"]["conditions"]
+        return str(c["message"])
+
+    wait_for("the new reason", lambda: message() == "0/3 nodes fit: 2 fewer than 4 eligible GPUs, 1 no GPUs", 5)
+    assert len([c for c in api.calls if c[0] == "patch_pod_status"]) == 2

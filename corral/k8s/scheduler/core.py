@@ -119,6 +119,8 @@ class Waiting:
     failures: int = 0  # Bindings that failed in a row
     written: str = ""  # the condition message last patched
     written_at: float = -1e9
+    since: str = ""  # when its condition first said Unschedulable (lastTransitionTime)
+    due: bool = False  # a condition write waits for CONDITION_EVERY to be up
     events: list[float] = field(default_factory=list)  # when its FailedScheduling events were sent
     tolerations: tuple[Mapping[str, Any], ...] = ()
 
@@ -280,6 +282,7 @@ class Scheduler:
         self._pool = ThreadPoolExecutor(max_workers=bind_workers, thread_name_prefix="corral-bind")
         self._writes: OrderedDict[str, Waiting] = OrderedDict()  # reasons to write, latest per pod
         self._write_cond = threading.Condition()
+        self._due: list[tuple[float, int, Waiting]] = []  # conditions to write once CONDITION_EVERY is up
         self._threads: list[threading.Thread] = []
         self._host = socket.gethostname()
         #: The last outcome per pod name, for /explain of a pod that left the queues ("bound to N").
@@ -630,28 +633,44 @@ class Scheduler:
 
     def _writer(self) -> None:
         """Write pending reasons: the PodScheduled condition when the reason changed (at most every CONDITION_EVERY
-        s per pod) and a FailedScheduling event per attempt (at most EVENTS_PER_WINDOW per pod per EVENT_WINDOW)."""
+        s per pod: a change that comes sooner is written when that time is up) and a FailedScheduling event per
+        attempt (at most EVENTS_PER_WINDOW per pod per EVENT_WINDOW)."""
         while not self.stop.is_set():
+            event = True
             with self._write_cond:
                 while not self._writes and not self.stop.is_set():
-                    self._write_cond.wait(1.0)
+                    now = time.monotonic()
+                    if self._due and self._due[0][0] <= now:
+                        break
+                    self._write_cond.wait(min(1.0, self._due[0][0] - now) if self._due else 1.0)
                 if self.stop.is_set():
                     return
-                _, w = self._writes.popitem(last=False)
+                if self._writes:
+                    _, w = self._writes.popitem(last=False)
+                else:
+                    _, _, w = heapq.heappop(self._due)
+                    w.due = False
+                    event = False  # only the condition, written late
             try:
-                self.write_reason(w)
+                self.write_reason(w, event)
             except Exception:
                 log.exception("writing the reason of %s failed", w.pending.name)
 
-    def write_reason(self, w: Waiting) -> None:
+    def write_reason(self, w: Waiting, event: bool = True) -> None:
         with self._cond:
             if w.pending.key not in self._unschedulable:
                 return  # placed or gone meanwhile
             message = _short(w.reason)
         now = time.monotonic()
-        if message != w.written and now - w.written_at >= CONDITION_EVERY:
+        if message != w.written and now - w.written_at < CONDITION_EVERY:
+            with self._write_cond:
+                if not w.due:
+                    w.due = True
+                    heapq.heappush(self._due, (w.written_at + CONDITION_EVERY, w.seq, w))
+        elif message != w.written:
+            w.since = w.since or _now_iso()
             condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message,
-                         "lastProbeTime": None, "lastTransitionTime": _now_iso()}  # fmt: skip
+                         "lastProbeTime": None, "lastTransitionTime": w.since}  # fmt: skip
             self.limiter.acquire(self.stop)
             try:
                 self.api.patch_pod_status(w.namespace, w.name, {"conditions": [condition]})
@@ -660,6 +679,8 @@ class Scheduler:
             except KubeApiError as exc:
                 self.metrics.conditions.labels("failed").inc()
                 log.warning("pod %s: cannot set its PodScheduled condition: %s", w.pending.name, exc)
+        if not event:
+            return
         w.events = [t for t in w.events if now - t < EVENT_WINDOW]
         if len(w.events) >= EVENTS_PER_WINDOW:
             self.metrics.events.labels("suppressed").inc()
