@@ -832,6 +832,21 @@ def assignment_annotations(assignment: Assignment, style: str | None) -> dict[st
     return out
 
 
+def hami_uuids(annotations: Mapping[str, Any] | None) -> tuple[str, ...]:
+    """The GPUs HAMi's record names (hami.io/vgpu-devices-allocated: per GPU "UUID,type,MiB,cores:", containers
+    ";"-separated), in order; () where there is none or it is unreadable. A pod HAMi's scheduler bound carries it and
+    no corral assignment: it says which GPUs the pod holds."""
+    text = (annotations or {}).get(ANN_HAMI_ALLOCATED)
+    if not isinstance(text, str) or len(text) > 64 * 1024:
+        return ()
+    out: list[str] = []
+    for device in text.replace(";", ":").split(":"):
+        fields = device.split(",")
+        if len(fields) >= 2 and fields[0].strip():
+            out.append(fields[0].strip())
+    return tuple(out)
+
+
 def parse_assignment(annotations: Mapping[str, Any] | None) -> Assignment | None:
     """The assignment corral wrote on a pod, None when there is none; a damaged one is an InvalidRequest."""
     text = (annotations or {}).get(ANN_ASSIGNMENT)

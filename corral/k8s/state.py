@@ -28,6 +28,7 @@ from corral.k8s.convert import (
     Assignment,
     allocation_of,
     gpu_memory_by_model,
+    hami_uuids,
     node_from_k8s,
     node_utilization,
     parse_assignment,
@@ -55,12 +56,16 @@ class PodRecord:
     confirmed: bool = True
     #: When the state learnt that the pod is bound (ClusterState.epoch()): a list begun before that cannot show it.
     epoch: int = 0
+    #: GPU UUIDs another scheduler's record names for a pod without corral's assignment (HAMi's, convert.hami_uuids).
+    named: tuple[str, ...] = ()
 
 
-def unassigned_allocation(s: ClusterSnapshot, request: Request, node: str, i: int) -> Allocation:
-    """The allocation of a GPU pod on node index `i` whose GPUs nobody named (bound by another scheduler): whole GPUs
-    from the wholly free ones, lowest index first; a share on the GPUs with the most room that still take it. Where
-    too few are free the pod is charged those there are (the caller notes it), never a GPU twice."""
+def unassigned_allocation(s: ClusterSnapshot, request: Request, node: str, i: int,
+                          named: tuple[int, ...] = ()) -> Allocation:  # fmt: skip
+    """The allocation of a GPU pod on node index `i` whose GPUs corral did not name (bound by another scheduler):
+    the GPUs the other scheduler's record names (`named`, indices: HAMi's) where they all take the pod, else whole
+    GPUs from the wholly free ones, lowest index first, and a share on the GPUs with the most room that still take
+    it. Where too few are free the pod is charged those there are (the caller notes it), never a GPU twice."""
     from corral.model.resources import MILLI_PER_GPU, GpuGrant, affinity_tag
 
     free = s.gpu_milli_free[i]
@@ -73,6 +78,8 @@ def unassigned_allocation(s: ClusterSnapshot, request: Request, node: str, i: in
     else:
         room = [j for j in range(count) if free[j] >= request.gpu_milli and mem[j] >= request.gpu_memory_mib]
         candidates = sorted((j for j in room if free[j] > 0 or mem[j] > 0), key=lambda j: (-int(free[j]), j))
+    if len(named) == request.gpu_count and len(set(named)) == len(named) and set(named) <= set(candidates):
+        candidates = list(named)
     grants = tuple(
         GpuGrant(j, request.gpu_milli, int(cap[j]) if whole else request.gpu_memory_mib)
         for j in sorted(candidates[: request.gpu_count])
@@ -203,7 +210,10 @@ class ClusterState:
             if rec.assignment is None and rec.request.gpu_count:
                 # A GPU pod bound by another scheduler (kube-scheduler, HAMi's) names no GPUs: charge free ones of its
                 # node, so that two schedulers on one plane never count the same GPU free.
-                alloc = unassigned_allocation(s, rec.request, rec.node, i)
+                node = self.nodes.get(rec.node)
+                index = {g.uuid: g.index for g in node.gpus} if node is not None else {}
+                named = tuple(index[u] for u in rec.named if u in index)
+                alloc = unassigned_allocation(s, rec.request, rec.node, i, named)
                 if len(alloc.gpus) < rec.request.gpu_count:
                     self._problem(f"pod {rec.name} on {rec.node}: asks for {rec.request.gpu_count} GPU(s) but only "
                                   f"{len(alloc.gpus)} are free there; charged those")  # fmt: skip
@@ -239,13 +249,14 @@ class ClusterState:
         if known is not None and known.node == node and known.assignment == assignment:
             # The same grant seen again (the watch event of corral's own Binding, a status update): what a bound pod
             # asks for does not change, so it is not read again (the pod's full read is most of an event's cost).
-            return "bound", PodRecord(known.key, known.name, known.node, known.request, assignment)
+            return "bound", PodRecord(known.key, known.name, known.node, known.request, assignment, named=known.named)
         try:
             request = pod_request(obj, min_cpu_milli=0, gpu_memory=self.gpu_memory).request
         except InvalidRequest as exc:
             self._problem(f"pod {pod_name(obj)} on {node}: {exc}")
             return "gone", None
-        return "bound", PodRecord(pod_key(obj), pod_name(obj), str(node), request, assignment)
+        named = hami_uuids(meta.get("annotations")) if assignment is None and request.gpu_count else ()
+        return "bound", PodRecord(pod_key(obj), pod_name(obj), str(node), request, assignment, named=named)
 
     def upsert_pod(self, obj: JsonObj) -> None:
         """Follow one view of a pod (a watch event, or the pod read back after a bind)."""

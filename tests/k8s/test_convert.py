@@ -479,3 +479,30 @@ def test_hami_pods_are_placed_and_bound_by_the_standalone_scheduler() -> None:
         assert "nvidia.com/gpucores]: must be 0..100 (percent of a GPU's compute), got '250'" in condition["message"]
     finally:
         s.close()
+
+
+def test_a_pod_hamis_scheduler_bound_is_charged_the_gpus_hamis_record_names() -> None:
+    """While pods move over, HAMi's scheduler binds some: they carry HAMi's record (hami.io/vgpu-devices-allocated)
+    and no corral assignment. corral charges the GPUs the record names (without it, the lowest free index: GPU 0,
+    and corral would then give GPU 1, which HAMi's pod uses, to a pod of its own)."""
+    from tests.k8s.conftest import Cluster, gpu_node
+
+    assert convert.hami_uuids({"hami.io/vgpu-devices-allocated": "GPU-a,NVIDIA,1000,30:GPU-b,NVIDIA,1000,30:;;"}) == (
+        "GPU-a", "GPU-b")  # fmt: skip
+    assert convert.hami_uuids({"hami.io/vgpu-devices-allocated": "garbage"}) == ()
+    c = Cluster()
+    c.api.put_node(gpu_node("n1", 2))
+    theirs = pod_object("hami-bound", [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+                        annotations={"hami.io/vgpu-devices-allocated": "GPU-n1-1,NVIDIA,81920,0:;"})  # fmt: skip
+    theirs["spec"]["nodeName"] = "n1"
+    c.api.put_pod(theirs)
+    c.sync()
+    s = c.state.snapshot
+    assert s is not None and [int(m) for m in s.gpu_milli_free[s.index["n1"]][:2]] == [1000, 0]
+    ours = pod_object("ours", [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1"}}}])
+    c.api.put_pod(ours)
+    m = ours["metadata"]
+    assert c.extender.bind({"PodName": "ours", "PodNamespace": "default", "PodUID": m["uid"], "Node": "n1"}) == {
+        "Error": ""}  # fmt: skip
+    a = parse_assignment(c.api.pods[("default", "ours")]["metadata"]["annotations"])
+    assert a is not None and [x.uuid for x in a.slots] == ["GPU-n1-0"]
