@@ -19,6 +19,7 @@ from corral.k8s.cli import app, explain_text, split_listen
 from corral.k8s.client import KubeApiError
 from corral.k8s.convert import ANN_ASSIGNMENT, Assignment, GpuSlot, assignment_annotations, parse_assignment
 from corral.k8s.fake import FakeKubeApi, node_object, pod_object
+from corral.k8s.scheduler import batch as batch_mod
 from corral.k8s.scheduler import core as core_mod
 from corral.k8s.scheduler.batch import INVALID, NO_NODES, Bind, Wait, place_batch
 from corral.k8s.scheduler.core import EVENTS_PER_WINDOW, Scheduler, TokenBucket, pending_of
@@ -491,3 +492,41 @@ def test_pods_stay_off_tainted_and_cordoned_nodes_unless_they_tolerate_them(
     del cordoned["spec"]  # uncordoned
     api.put_node(cordoned)
     wait_for("the plain pod", lambda: node_of(api, "plain") == "n2", 2)
+
+
+def test_a_pod_deleted_while_its_batch_is_placed_is_not_kept_waiting(
+    api: FakeKubeApi, run: Callable[..., Scheduler], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = run()
+    real = batch_mod.place_batch
+    ghost = gpu_pod("ghost", 8)
+
+    def deleted_meanwhile(pending: Any, snapshot: Any, config: Any) -> Any:
+        if any(p.name == "default/ghost" for p in pending):
+            s.observed("pods", "DELETED", ghost)  # the watch's deletion, arriving while the batch is placed
+        return real(pending, snapshot, config)
+
+    monkeypatch.setattr(core_mod, "place_batch", deleted_meanwhile)
+    api.put_pod(ghost)
+    api.put_pod(gpu_pod("after", 1))
+    wait_for("the next pod", lambda: node_of(api, "after") is not None)
+    time.sleep(0.1)
+    assert s.pending_by_reason() == {} and s.explain("default/ghost")["state"] == "unknown"
+    assert not [e for _, e in api.events if e["involvedObject"]["name"] == "ghost"]
+
+
+def test_a_reason_that_changes_soon_after_is_written_when_its_interval_is_up(
+    api: FakeKubeApi, run: Callable[..., Scheduler], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(core_mod, "CONDITION_EVERY", 0.5)
+    run()
+    api.put_pod(gpu_pod("big", 4))
+    wait_for("the first condition", lambda: bool(api.pods[("default", "big")]["status"].get("conditions")))
+    api.put_node(node_object("cpu-1", "8", "32Gi"))  # a new node: tried again, and the reason changes
+
+    def message() -> str:
+        [c] = api.pods[("default", "big")]["status"]["conditions"]
+        return str(c["message"])
+
+    wait_for("the new reason", lambda: message() == "0/3 nodes fit: 2 fewer than 4 eligible GPUs, 1 no GPUs", 5)
+    assert len([c for c in api.calls if c[0] == "patch_pod_status"]) == 2

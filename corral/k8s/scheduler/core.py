@@ -119,6 +119,8 @@ class Waiting:
     failures: int = 0  # Bindings that failed in a row
     written: str = ""  # the condition message last patched
     written_at: float = -1e9
+    since: str = ""  # when its condition first said Unschedulable (lastTransitionTime)
+    due: bool = False  # a condition write waits for CONDITION_EVERY to be up
     events: list[float] = field(default_factory=list)  # when its FailedScheduling events were sent
     tolerations: tuple[Mapping[str, Any], ...] = ()
 
@@ -270,6 +272,7 @@ class Scheduler:
         self._inflight: dict[str, Waiting] = {}
         self._delayed: list[tuple[float, int, str]] = []  # (when, seq, key): failed Bindings waiting to be retried
         self._known: dict[str, Waiting] = {}  # every pod in one of the above
+        self._left: set[str] = set()  # pods deleted or bound elsewhere while being placed
         self._retry = False
         self._seq = itertools.count()
         self._node_seen: dict[str, Any] = {}
@@ -279,6 +282,7 @@ class Scheduler:
         self._pool = ThreadPoolExecutor(max_workers=bind_workers, thread_name_prefix="corral-bind")
         self._writes: OrderedDict[str, Waiting] = OrderedDict()  # reasons to write, latest per pod
         self._write_cond = threading.Condition()
+        self._due: list[tuple[float, int, Waiting]] = []  # conditions to write once CONDITION_EVERY is up
         self._threads: list[threading.Thread] = []
         self._host = socket.gethostname()
         #: The last outcome per pod name, for /explain of a pod that left the queues ("bound to N").
@@ -320,10 +324,6 @@ class Scheduler:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
     # ------------------------------------------------------------------ what the informer tells
-    def _ours(self, obj: JsonObj) -> bool:
-        spec = obj.get("spec")
-        return isinstance(spec, dict) and spec.get("schedulerName") == self.name
-
     def observed(self, kind: str, event: str, obj: JsonObj) -> None:
         if kind == "nodes":
             self._node_event(event, obj)
@@ -412,7 +412,8 @@ class Scheduler:
     def _forget(self, key: str) -> None:
         with self._cond:
             if key in self._inflight:
-                return  # the Binding's answer decides
+                self._left.add(key)  # being placed: dropped when its batch is done (a Binding's answer decides)
+                return
             w = self._known.pop(key, None)
             if w is None:
                 return
@@ -506,16 +507,27 @@ class Scheduler:
         with self._cond:
             for w in held:
                 self._inflight.pop(w.pending.key, None)
-                self._later(w)
+                if not self._left_while_placed(w):
+                    self._later(w)
             for w, d in waits:
                 self._inflight.pop(w.pending.key, None)
-                if w.pending.key in self._known:
+                if not self._left_while_placed(w) and w.pending.key in self._known:
                     w.reason, w.code = d.reason, d.code
                     self._unschedulable[w.pending.key] = w
         for w, d, rec in binds:
             self._pool.submit(self._bind, w, d, rec)
         for w, _ in waits:
             self._say_why(w)
+
+    def _left_while_placed(self, w: Waiting) -> bool:
+        """Whether the pod was deleted (or bound by someone else) while its batch was placed; forgets it if so.
+        Called under self._cond."""
+        key = w.pending.key
+        if key not in self._left:
+            return False
+        self._left.discard(key)
+        self._known.pop(key, None)
+        return True
 
     def _fenced_pending(self, w: Waiting) -> tuple[Pending, str]:
         """The pod as the batch step reads it, kept off the tainted nodes it does not tolerate, and the words the
@@ -558,9 +570,7 @@ class Scheduler:
         self.metrics.bind_latency.observe(took)
         if outcome == "bound":
             self.metrics.e2e_latency.observe(time.monotonic() - w.seen)
-            with self._cond:
-                self._inflight.pop(w.pending.key, None)
-                self._known.pop(w.pending.key, None)
+            self._done(w.pending.key)
             self._outcome(w, f"bound to {d.allocation.node}")
             return
         log.warning("bind %s to %s: %s", w.pending.name, d.allocation.node, error)
@@ -569,40 +579,43 @@ class Scheduler:
     def _follow(self, w: Waiting, error: str) -> None:
         """After a Binding that failed or went unanswered: read the pod, so the books follow the API server, and
         place it again (after a short delay) if it still waits."""
+        from corral.k8s.convert import pod_key
+
         key = w.pending.key
         pod: JsonObj | None = None
         try:
             pod = self.api.get_pod(w.namespace, w.name)
         except KubeApiError as exc:
             if exc.status == 404:
-                self.state.forget(key)
-                with self._cond:
-                    self._inflight.pop(key, None)
-                    self._known.pop(key, None)
+                self._done(key, gone=True)
                 return
-        from corral.k8s.convert import pod_key
-
         if pod is not None and pod_key(pod) != key:
-            pod = None  # another pod of that name now: this one is gone
-            self.state.forget(key)
-            with self._cond:
-                self._inflight.pop(key, None)
-                self._known.pop(key, None)
+            self._done(key, gone=True)  # another pod of that name now: this one is gone
             return
-        if pod is not None and (pod.get("spec") or {}).get("nodeName"):
+        node = (pod.get("spec") or {}).get("nodeName") if pod is not None else None
+        if pod is not None and node:
             self.state.upsert_pod(pod)
-            with self._cond:
-                self._inflight.pop(key, None)
-                self._known.pop(key, None)
-            self._outcome(w, f"bound to {pod['spec']['nodeName']}")
+            self._done(key)
+            self._outcome(w, f"bound to {node}")
             return
         if pod is not None:
             self.state.upsert_pod(pod)  # pending: an unanswered Binding's charge is given back
         with self._cond:
             self._inflight.pop(key, None)
+            if self._left_while_placed(w):
+                return
             w.failures += 1
             w.reason, w.code = f"the Binding failed: {error}", "bind_failed"
             self._later(w)
+
+    def _done(self, key: str, gone: bool = False) -> None:
+        """The pod needs nothing more of the scheduler (bound, or `gone`: deleted, its charge dropped)."""
+        if gone:
+            self.state.forget(key)
+        with self._cond:
+            self._inflight.pop(key, None)
+            self._known.pop(key, None)
+            self._left.discard(key)
 
     def _outcome(self, w: Waiting, text: str) -> None:
         with self._cond:
@@ -620,28 +633,44 @@ class Scheduler:
 
     def _writer(self) -> None:
         """Write pending reasons: the PodScheduled condition when the reason changed (at most every CONDITION_EVERY
-        s per pod) and a FailedScheduling event per attempt (at most EVENTS_PER_WINDOW per pod per EVENT_WINDOW)."""
+        s per pod: a change that comes sooner is written when that time is up) and a FailedScheduling event per
+        attempt (at most EVENTS_PER_WINDOW per pod per EVENT_WINDOW)."""
         while not self.stop.is_set():
+            event = True
             with self._write_cond:
                 while not self._writes and not self.stop.is_set():
-                    self._write_cond.wait(1.0)
+                    now = time.monotonic()
+                    if self._due and self._due[0][0] <= now:
+                        break
+                    self._write_cond.wait(min(1.0, self._due[0][0] - now) if self._due else 1.0)
                 if self.stop.is_set():
                     return
-                _, w = self._writes.popitem(last=False)
+                if self._writes:
+                    _, w = self._writes.popitem(last=False)
+                else:
+                    _, _, w = heapq.heappop(self._due)
+                    w.due = False
+                    event = False  # only the condition, written late
             try:
-                self.write_reason(w)
+                self.write_reason(w, event)
             except Exception:
                 log.exception("writing the reason of %s failed", w.pending.name)
 
-    def write_reason(self, w: Waiting) -> None:
+    def write_reason(self, w: Waiting, event: bool = True) -> None:
         with self._cond:
             if w.pending.key not in self._unschedulable:
                 return  # placed or gone meanwhile
             message = _short(w.reason)
         now = time.monotonic()
-        if message != w.written and now - w.written_at >= CONDITION_EVERY:
+        if message != w.written and now - w.written_at < CONDITION_EVERY:
+            with self._write_cond:
+                if not w.due:
+                    w.due = True
+                    heapq.heappush(self._due, (w.written_at + CONDITION_EVERY, w.seq, w))
+        elif message != w.written:
+            w.since = w.since or _now_iso()
             condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message,
-                         "lastProbeTime": None, "lastTransitionTime": _now_iso()}  # fmt: skip
+                         "lastProbeTime": None, "lastTransitionTime": w.since}  # fmt: skip
             self.limiter.acquire(self.stop)
             try:
                 self.api.patch_pod_status(w.namespace, w.name, {"conditions": [condition]})
@@ -650,6 +679,8 @@ class Scheduler:
             except KubeApiError as exc:
                 self.metrics.conditions.labels("failed").inc()
                 log.warning("pod %s: cannot set its PodScheduled condition: %s", w.pending.name, exc)
+        if not event:
+            return
         w.events = [t for t in w.events if now - t < EVENT_WINDOW]
         if len(w.events) >= EVENTS_PER_WINDOW:
             self.metrics.events.labels("suppressed").inc()

@@ -25,6 +25,7 @@ import socket
 import ssl
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from urllib.parse import quote, urlencode, urlsplit
@@ -35,6 +36,8 @@ from corral.k8s.client import WATCH_SECONDS, JsonObj, KubeApi, KubeApiError, _lo
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 TIMEOUT = 30.0
+#: How long an in-cluster token read from its file is used before the file is read again.
+TOKEN_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -188,7 +191,7 @@ class Conn:
             raise ConnectionError("the API server closed the connection")
         parts = line.split(None, 2)
         status = int(parts[1])
-        chunked, length, keep = False, -1, True
+        chunked, length, keep = False, -1, parts[0] != b"HTTP/1.0"
         while True:
             h = self.reader.readline(65537)
             if h in (b"\r\n", b"\n", b""):
@@ -200,7 +203,7 @@ class Conn:
             elif name == b"transfer-encoding":
                 chunked = b"chunked" in value.lower()
             elif name == b"connection":
-                keep = b"close" not in value.lower()
+                keep = b"close" not in value.lower() and (keep or b"keep-alive" in value.lower())
         return status, chunked, length, keep
 
     def chunks(self) -> Iterator[bytes]:
@@ -235,11 +238,14 @@ class WireKubeApi:
         host = ep.server_hostname if ep.port in (443, 80) else f"{ep.server_hostname}:{ep.port}"
         self._fixed = f"Host: {host}\r\nAccept: application/json\r\nUser-Agent: corral-scheduler\r\n"
         self._auth = "".join(f"{k}: {v}\r\n" for k, v in ep.headers.items())
+        self._read_at = time.monotonic()
 
     def _headers(self) -> str:
-        if self.ep.token_file:  # rotating in-cluster tokens: read again (a small file, once a request is cheap)
+        if self.ep.token_file and time.monotonic() - self._read_at >= TOKEN_SECONDS:
+            # in-cluster tokens rotate (kubelet rewrites the file well before the old one expires)
             with contextlib.suppress(OSError), open(self.ep.token_file) as f:
                 self._auth = f"Authorization: Bearer {f.read().strip()}\r\n"
+            self._read_at = time.monotonic()
         return self._fixed + self._auth
 
     def _take(self) -> Conn:
