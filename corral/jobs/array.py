@@ -30,9 +30,9 @@ if TYPE_CHECKING:
     from corral.jobs.model import Job, JobSpec
 
 FIELD = "array"
-#: Most tasks one array may have. Slurm's MaxArraySize defaults to 1001 (task ids 0..1000), too small for sweeps;
-#: 100,000 tasks is one submission acknowledged in well under a second (BENCHMARKS.md) and a round that reads them
-#: as it reads 100,000 single jobs.
+#: Most tasks one array may have. Slurm's MaxArraySize defaults to 1001 (task ids 0..1000), too small for sweeps.
+#: 10,000 tasks are acknowledged in under half a second (BENCHMARKS.md); 100,000 in about 2.5 s on the 2-core
+#: development machine, and while they wait each round costs what 100,000 single jobs cost (about 2.7 s there).
 MAX_ARRAY_TASKS = 100_000
 #: Highest task id (Slurm's ceiling for MaxArraySize is 4,000,001: task ids 0..4,000,000).
 MAX_TASK_ID = 4_000_000

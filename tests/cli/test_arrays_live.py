@@ -21,10 +21,15 @@ def test_an_array_runs_each_task_with_its_variables_and_survives_a_restart(tmp_p
         blocker = corral.submit("--gpus", "2", "--", "sleep", "60")
         wait_for("the blocker to run", lambda: corral.state(blocker) == "running")
         waiting = corral.submit(*small, "--gpus", "1", "--array", "0-3%1", "--", "sh", "-c", script)
+        held = corral.run("hold", f"{waiting}_[2-3]").stdout  # a range in the path, through the real transport
+        assert held == (
+            f"array {waiting}_[2-3]: 2 waiting tasks held (corral release {waiting}_[2-3]); 2 tasks: 2 queued\n"
+        )
     with serving(sock, state) as (corral, _):
         corral.env["NO_COLOR"] = "1"
         rows = corral.run("ps", "--array", waiting).stdout.splitlines()[1:]
         assert [r.split()[0] for r in rows] == [f"{waiting}_{t}" for t in range(4)]
+        assert corral.run("release", waiting).stdout == f"array {waiting}: 2 held tasks released\n"
         corral.run("cancel", blocker)
         assert corral.run("wait", waiting).returncode == 0
         assert corral.run("logs", f"{waiting}_2").stdout == f"task 2 of 4 in {waiting}\n"
