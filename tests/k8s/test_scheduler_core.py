@@ -203,7 +203,7 @@ def test_a_pending_pod_gets_its_condition_once_and_at_most_a_few_events(
 def test_a_refused_binding_gives_its_gpus_back_and_the_pod_is_placed_again(
     api: FakeKubeApi, run: Callable[..., Scheduler], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(core_mod, "BIND_RETRY", 0.3)
+    monkeypatch.setattr(core_mod, "BIND_RETRY", 1.0)  # long enough to see the pod wait
     api.fail_next["create_binding"] = KubeApiError("admission webhook said no", 403)
     s = run()
     api.put_pod(gpu_pod("p", 2))
@@ -362,10 +362,12 @@ def test_metrics_and_explain_answer(api: FakeKubeApi, run: Callable[..., Schedul
 
 
 def test_the_token_bucket_spends_its_burst_then_paces_at_qps() -> None:
-    bucket = TokenBucket(qps=100, burst=3)
+    now = [0.0]
+    bucket = TokenBucket(qps=100, burst=3, clock=lambda: now[0])
     waits = [bucket.reserve() for _ in range(5)]
-    assert waits[:3] == [0.0, 0.0, 0.0]
-    assert 0.005 < waits[3] <= 0.0101 and 0.015 < waits[4] <= 0.0201
+    assert waits == pytest.approx([0, 0, 0, 0.01, 0.02])  # past the burst: each caller its own slot, 1/qps apart
+    now[0] = 1.0  # a second later the bucket has refilled, to the burst and no further
+    assert [bucket.reserve() for _ in range(4)] == pytest.approx([0, 0, 0, 0.01])
     with pytest.raises(InvalidRequest, match="--qps: must be > 0, got 0"):
         TokenBucket(0, 1)
     with pytest.raises(InvalidRequest, match="--burst: must be >= 1, got 0"):

@@ -30,7 +30,7 @@ import socket
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -75,7 +75,7 @@ class TokenBucket:
     """A client rate limit: `qps` tokens a second, at most `burst` saved up; acquire() waits for one. Callers that
     come together each get their own slot in the future (the bucket goes into debt), so none waits twice."""
 
-    def __init__(self, qps: float, burst: int) -> None:
+    def __init__(self, qps: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
         if qps <= 0:
             raise InvalidRequest("--qps", f"must be > 0, got {qps:g}")
         if burst < 1:
@@ -83,13 +83,14 @@ class TokenBucket:
         self.qps = float(qps)
         self.burst = float(burst)
         self._tokens = float(burst)
-        self._last = time.monotonic()
+        self._clock = clock
+        self._last = clock()
         self._lock = threading.Lock()
 
     def reserve(self) -> float:
         """Take a token; the seconds to wait before using it (0: now)."""
         with self._lock:
-            now = time.monotonic()
+            now = self._clock()
             self._tokens = min(self.burst, self._tokens + (now - self._last) * self.qps)
             self._last = now
             self._tokens -= 1.0
