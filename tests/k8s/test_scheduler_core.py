@@ -532,3 +532,44 @@ def test_a_reason_that_changes_soon_after_is_written_when_its_interval_is_up(
 
     wait_for("the new reason", lambda: message() == "0/3 nodes fit: 2 fewer than 4 eligible GPUs, 1 no GPUs", 5)
     assert len([c for c in api.calls if c[0] == "patch_pod_status"]) == 2
+
+
+def _required(*terms: list[dict[str, Any]], kind: str = "matchExpressions") -> dict[str, Any]:
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{kind: t} for t in terms]}}}  # fmt: skip
+
+
+def test_required_node_affinity_is_placed_by(api: FakeKubeApi) -> None:
+    api.put_node(node_object("zone-b", "8", "32Gi", labels={"zone": "b", "disk": "ssd"}))
+    api.put_node(node_object("zone-c", "8", "32Gi", labels={"zone": "c"}))
+    state = _snapshot(api)
+    cases: dict[str, tuple[list[dict[str, Any]], str, str]] = {
+        "in": ([{"key": "zone", "operator": "In", "values": ["b", "x"]}], "matchExpressions", "zone-b"),
+        "not-in": ([{"key": "zone", "operator": "NotIn", "values": ["b"]}, {"key": "zone", "operator": "Exists"}],
+                   "matchExpressions", "zone-c"),
+        "no-disk": ([{"key": "disk", "operator": "DoesNotExist"}, {"key": "zone", "operator": "Exists"}],
+                    "matchExpressions", "zone-c"),
+        "by-name": ([{"key": "metadata.name", "operator": "In", "values": ["zone-c"]}], "matchFields", "zone-c"),
+    }  # fmt: skip
+    for name, (exprs, kind, node) in cases.items():
+        p = gpu_pod(name, 0)
+        p["spec"]["affinity"] = _required(exprs, kind=kind)
+        [d] = place_batch([pending_of(p)], state.snapshot, BINPACK)
+        assert isinstance(d, Bind) and d.allocation.node == node, name
+
+
+def test_node_affinity_corral_cannot_place_by_is_named(api: FakeKubeApi) -> None:
+    two = gpu_pod("two-terms", 0)
+    two["spec"]["affinity"] = _required([{"key": "zone", "operator": "In", "values": ["b"]}],
+                                        [{"key": "zone", "operator": "In", "values": ["c"]}])  # fmt: skip
+    gt = gpu_pod("gt", 0)
+    gt["spec"]["affinity"] = _required([{"key": "cores", "operator": "Gt", "values": ["8"]}])
+    where = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms"
+    assert pending_of(two).error == (
+        f"pod default/two-terms cannot be scheduled: {where}: 2 terms (any of which may match): corral's scheduler "
+        "takes one"
+    )
+    assert pending_of(gt).error == (
+        f"pod default/gt cannot be scheduled: {where}[0].matchExpressions[0].operator: 'Gt': corral's scheduler takes "
+        "In, NotIn, Exists, DoesNotExist"
+    )
