@@ -203,7 +203,7 @@ def test_a_pending_pod_gets_its_condition_once_and_at_most_a_few_events(
 def test_a_refused_binding_gives_its_gpus_back_and_the_pod_is_placed_again(
     api: FakeKubeApi, run: Callable[..., Scheduler], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(core_mod, "BIND_RETRY", 0.3)
+    monkeypatch.setattr(core_mod, "BIND_RETRY", 1.0)  # long enough to see the pod wait
     api.fail_next["create_binding"] = KubeApiError("admission webhook said no", 403)
     s = run()
     api.put_pod(gpu_pod("p", 2))
@@ -362,10 +362,12 @@ def test_metrics_and_explain_answer(api: FakeKubeApi, run: Callable[..., Schedul
 
 
 def test_the_token_bucket_spends_its_burst_then_paces_at_qps() -> None:
-    bucket = TokenBucket(qps=100, burst=3)
+    now = [0.0]
+    bucket = TokenBucket(qps=100, burst=3, clock=lambda: now[0])
     waits = [bucket.reserve() for _ in range(5)]
-    assert waits[:3] == [0.0, 0.0, 0.0]
-    assert 0.005 < waits[3] <= 0.0101 and 0.015 < waits[4] <= 0.0201
+    assert waits == pytest.approx([0, 0, 0, 0.01, 0.02])  # past the burst: each caller its own slot, 1/qps apart
+    now[0] = 1.0  # a second later the bucket has refilled, to the burst and no further
+    assert [bucket.reserve() for _ in range(4)] == pytest.approx([0, 0, 0, 0.01])
     with pytest.raises(InvalidRequest, match="--qps: must be > 0, got 0"):
         TokenBucket(0, 1)
     with pytest.raises(InvalidRequest, match="--burst: must be >= 1, got 0"):
@@ -530,3 +532,44 @@ def test_a_reason_that_changes_soon_after_is_written_when_its_interval_is_up(
 
     wait_for("the new reason", lambda: message() == "0/3 nodes fit: 2 fewer than 4 eligible GPUs, 1 no GPUs", 5)
     assert len([c for c in api.calls if c[0] == "patch_pod_status"]) == 2
+
+
+def _required(*terms: list[dict[str, Any]], kind: str = "matchExpressions") -> dict[str, Any]:
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{kind: t} for t in terms]}}}  # fmt: skip
+
+
+def test_required_node_affinity_is_placed_by(api: FakeKubeApi) -> None:
+    api.put_node(node_object("zone-b", "8", "32Gi", labels={"zone": "b", "disk": "ssd"}))
+    api.put_node(node_object("zone-c", "8", "32Gi", labels={"zone": "c"}))
+    state = _snapshot(api)
+    cases: dict[str, tuple[list[dict[str, Any]], str, str]] = {
+        "in": ([{"key": "zone", "operator": "In", "values": ["b", "x"]}], "matchExpressions", "zone-b"),
+        "not-in": ([{"key": "zone", "operator": "NotIn", "values": ["b"]}, {"key": "zone", "operator": "Exists"}],
+                   "matchExpressions", "zone-c"),
+        "no-disk": ([{"key": "disk", "operator": "DoesNotExist"}, {"key": "zone", "operator": "Exists"}],
+                    "matchExpressions", "zone-c"),
+        "by-name": ([{"key": "metadata.name", "operator": "In", "values": ["zone-c"]}], "matchFields", "zone-c"),
+    }  # fmt: skip
+    for name, (exprs, kind, node) in cases.items():
+        p = gpu_pod(name, 0)
+        p["spec"]["affinity"] = _required(exprs, kind=kind)
+        [d] = place_batch([pending_of(p)], state.snapshot, BINPACK)
+        assert isinstance(d, Bind) and d.allocation.node == node, name
+
+
+def test_node_affinity_corral_cannot_place_by_is_named(api: FakeKubeApi) -> None:
+    two = gpu_pod("two-terms", 0)
+    two["spec"]["affinity"] = _required([{"key": "zone", "operator": "In", "values": ["b"]}],
+                                        [{"key": "zone", "operator": "In", "values": ["c"]}])  # fmt: skip
+    gt = gpu_pod("gt", 0)
+    gt["spec"]["affinity"] = _required([{"key": "cores", "operator": "Gt", "values": ["8"]}])
+    where = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms"
+    assert pending_of(two).error == (
+        f"pod default/two-terms cannot be scheduled: {where}: 2 terms (any of which may match): corral's scheduler "
+        "takes one"
+    )
+    assert pending_of(gt).error == (
+        f"pod default/gt cannot be scheduled: {where}[0].matchExpressions[0].operator: 'Gt': corral's scheduler takes "
+        "In, NotIn, Exists, DoesNotExist"
+    )

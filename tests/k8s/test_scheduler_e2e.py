@@ -34,6 +34,7 @@ from corral.k8s.convert import (
     Assignment,
     parse_assignment,
 )
+from corral.k8s.scheduler.core import EVENTS_PER_WINDOW
 from tests.k8s.chart import DEPLOY
 from tests.k8s.plane import Plane, gpu_node, pod, write_config
 from tests.k8s.scheduler_proc import SchedulerProcess
@@ -206,6 +207,11 @@ def test_a_waiting_pod_gets_its_reason_and_binds_as_soon_as_a_pod_is_deleted(set
         core.delete_namespaced_pod(on_a[0], "default", grace_period_seconds=0)
         time.sleep(0.5)
         assert node_of(core, "whole-node") is None  # 2 free on gpu-a, 0 elsewhere... not yet
+        for i in range(6):  # capacity comes and goes: an attempt each time, but a few events at most
+            core.create_namespaced_pod("default", pod(f"churn-{i}", {}, scheduler="default-scheduler", cpu="10m"))
+            core.delete_namespaced_pod(f"churn-{i}", "default", grace_period_seconds=0)
+        time.sleep(1)
+        assert 1 <= len(events(core, "whole-node")) <= EVENTS_PER_WINDOW
         core.delete_namespaced_pod(on_a[1], "default", grace_period_seconds=0)
         wait_for("the freed node to take it", lambda: node_of(core, "whole-node") == "gpu-a", 10)
     finally:

@@ -30,7 +30,7 @@ import socket
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -75,7 +75,7 @@ class TokenBucket:
     """A client rate limit: `qps` tokens a second, at most `burst` saved up; acquire() waits for one. Callers that
     come together each get their own slot in the future (the bucket goes into debt), so none waits twice."""
 
-    def __init__(self, qps: float, burst: int) -> None:
+    def __init__(self, qps: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
         if qps <= 0:
             raise InvalidRequest("--qps", f"must be > 0, got {qps:g}")
         if burst < 1:
@@ -83,13 +83,14 @@ class TokenBucket:
         self.qps = float(qps)
         self.burst = float(burst)
         self._tokens = float(burst)
-        self._last = time.monotonic()
+        self._clock = clock
+        self._last = clock()
         self._lock = threading.Lock()
 
     def reserve(self) -> float:
         """Take a token; the seconds to wait before using it (0: now)."""
         with self._lock:
-            now = time.monotonic()
+            now = self._clock()
             self._tokens = min(self.burst, self._tokens + (now - self._last) * self.qps)
             self._last = now
             self._tokens -= 1.0
@@ -172,6 +173,57 @@ def fenced_off(
     return Constraint("hostname", ConstraintOp.UNLIKE, "|".join(re.escape(n) for n in names))
 
 
+_AFFINITY = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+
+
+def affinity_constraints(affinity: Any) -> tuple[Constraint, ...]:
+    """A pod's required node affinity as the engine's label constraints: one nodeSelectorTerm, its matchExpressions
+    In, NotIn, Exists, DoesNotExist (and matchFields metadata.name In/NotIn). Raises InvalidRequest naming what it
+    cannot place by (several terms, which Kubernetes ORs; Gt, Lt): such a pod waits saying so, never placed blind."""
+    if not isinstance(affinity, Mapping):
+        return ()
+    node = affinity.get("nodeAffinity")
+    required = node.get("requiredDuringSchedulingIgnoredDuringExecution") if isinstance(node, Mapping) else None
+    if not isinstance(required, Mapping):
+        return ()
+    terms = required.get("nodeSelectorTerms") or []
+    if not isinstance(terms, list) or not all(isinstance(t, Mapping) for t in terms):
+        raise InvalidRequest(f"{_AFFINITY}.nodeSelectorTerms", "must be a list of terms")
+    if len(terms) > 1:
+        raise InvalidRequest(f"{_AFFINITY}.nodeSelectorTerms",
+                             f"{len(terms)} terms (any of which may match): corral's scheduler takes one")  # fmt: skip
+    out: list[Constraint] = []
+    for term in terms:
+        for kind in ("matchExpressions", "matchFields"):
+            exprs = term.get(kind) or []
+            where = f"{_AFFINITY}.nodeSelectorTerms[0].{kind}"
+            if not isinstance(exprs, list):
+                raise InvalidRequest(where, "must be a list")
+            for i, e in enumerate(exprs):
+                e = e if isinstance(e, Mapping) else {}
+                key, op, values = e.get("key"), e.get("operator"), e.get("values") or []
+                if not isinstance(key, str) or not key or not isinstance(values, list):
+                    raise InvalidRequest(f"{where}[{i}]", "needs a key, an operator and a list of values")
+                if kind == "matchFields":
+                    if key != "metadata.name":
+                        raise InvalidRequest(f"{where}[{i}].key", f"{key!r}: only metadata.name is a node field")
+                    key = "hostname"  # the engine's name for the node's name
+                any_of = "|".join(re.escape(str(v)) for v in values)
+                if op == "In":
+                    out.append(Constraint(key, ConstraintOp.LIKE, any_of if values else "(?!)"))
+                elif op == "NotIn":
+                    if values:
+                        out.append(Constraint(key, ConstraintOp.UNLIKE, any_of))
+                elif op == "Exists" and kind == "matchExpressions":
+                    out.append(Constraint(key, ConstraintOp.LIKE, ".*"))
+                elif op == "DoesNotExist" and kind == "matchExpressions":
+                    out.append(Constraint(key, ConstraintOp.UNLIKE, ".*"))
+                else:
+                    takes = "In, NotIn, Exists, DoesNotExist" if kind == "matchExpressions" else "In, NotIn"
+                    raise InvalidRequest(f"{where}[{i}].operator", f"{op!r}: corral's scheduler takes {takes}")
+    return tuple(out)
+
+
 def pending_of(obj: JsonObj, gpu_memory: Mapping[str, int] | None = None) -> Pending:
     """A pod object -> what the batch step reads; a pod corral cannot read waits with the reason (no exception).
     `gpu_memory`: the cluster's GPUs (ClusterState.gpu_memory), which HAMi's percentages of GPU memory need."""
@@ -180,11 +232,15 @@ def pending_of(obj: JsonObj, gpu_memory: Mapping[str, int] | None = None) -> Pen
     key, name = pod_key(obj), pod_name(obj)
     try:
         ask = pod_request(obj, gpu_memory=gpu_memory)
-        selector = (obj.get("spec") or {}).get("nodeSelector")
+        spec = obj.get("spec") or {}
+        selector = spec.get("nodeSelector")
+        extra: tuple[Constraint, ...] = ()
         if selector:
             if not isinstance(selector, Mapping):
                 raise InvalidRequest("spec.nodeSelector", "must be an object of label -> value")
             extra = tuple(Constraint(str(k), ConstraintOp.IS, str(v)) for k, v in selector.items())
+        extra += affinity_constraints(spec.get("affinity"))
+        if extra:
             ask = dataclasses.replace(
                 ask, request=dataclasses.replace(ask.request, constraints=(*ask.request.constraints, *extra))
             )
