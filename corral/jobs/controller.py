@@ -191,6 +191,8 @@ class JobsController:
                     self.book.put(RUN, key, pending)
                 self.book.put(STATE, name, {**state, "pending": None})
         self._active = {key for key, run in self.book.items(RUN) if run["status"] not in FINAL}
+        if not self._active:  # no run to complete: the stored jobs need not be read (a month of them: minutes)
+            return
         by_origin: dict[str, list[Job]] = {}
         for job in self.daemon.store.list():
             if job.spec.origin.startswith(("metronome:", "chronos:")):
