@@ -112,9 +112,13 @@ class UsageMeter:
 
     @staticmethod
     def _measured(job: Job, gpu_use: Mapping[str, GpuUse]) -> tuple[float | None, int | None]:
+        # Per GPU, not per grant: a gang's instances may hold shares of one GPU, whose figures count once.
+        held: dict[str, int] = {}
+        for grant, uuid in zip(job.gpus, job.gpu_uuids, strict=False):
+            held[uuid] = held.get(uuid, 0) + grant.milli
         utils: list[int] = []
         memory: int | None = None
-        for grant, uuid in zip(job.gpus, job.gpu_uuids, strict=False):
+        for uuid, milli in held.items():
             use = gpu_use.get(uuid)
             if use is None:
                 continue
@@ -124,7 +128,7 @@ class UsageMeter:
             if job.id in use.jobs:
                 mine = use.jobs[job.id]
             elif use.unknown:  # the driver does not say whose: a whole GPU's memory is its holder's
-                mine = use.used_mib if grant.milli >= 1000 else None
+                mine = use.used_mib if milli >= 1000 else None
             else:
                 mine = 0
             if mine is not None:

@@ -493,7 +493,7 @@ class SqliteStore:
             job = self._get_for_write(job_id)
             check_transition(job, to, expect)
             new = job.evolve(state=to, version=job.version + 1, **changes)
-            self._store(new, {"state": to.value, **changes})
+            self._store(new, {"state": to.value, **changes}, was=job.state)
         return new
 
     def transition_many(
@@ -523,7 +523,7 @@ class SqliteStore:
                 f"UPDATE jobs SET {assignments}, version = ? WHERE id = ?",
                 [(*columns.values(), new.version, int(new.id)) for new in out],
             )
-            self._account(out, left=to is JobState.QUEUED)
+            self._account([j for j in moved if j.state in FINAL_STATES], out)
             for new in out:  # the memory copy changes with the rows; `_write` drops it if the commit fails
                 if new.state in ACTIVE:
                     self._active[int(new.id)] = new
@@ -538,7 +538,7 @@ class SqliteStore:
             if expect_version is not None and job.version != expect_version:
                 raise StaleJob(job_id, expect_version, job.version)
             new = job.evolve(version=job.version + 1, **changes)
-            self._store(new, changes)
+            self._store(new, changes, was=job.state)
         return new
 
     def update_many(self, changes: Mapping[str, Mapping[str, Any]]) -> builtins.list[Job]:
@@ -552,7 +552,7 @@ class SqliteStore:
                 job = active.get(row_id) if row_id is not None else None
                 job = job if job is not None else self._get_for_write(job_id)
                 new = job.evolve(version=job.version + 1, **fields)
-                self._store(new, fields)
+                self._store(new, fields, was=job.state)
                 out.append(new)
         return out
 
@@ -646,12 +646,13 @@ class SqliteStore:
                 self._conn.execute(f"DELETE FROM idempotency WHERE job_id IN ({marks})", ids)
         return len(ids)
 
-    def _account(self, jobs: Sequence[Job], *, left: bool) -> None:
-        """Inside `_write`: the accounting records of jobs just written (`left`: they left a final state, a retry)."""
+    def _account(self, had: Sequence[Job], jobs: Sequence[Job]) -> None:
+        """Inside `_write`: the accounting records of `jobs` just written; `had`: those of them that had one (they
+        were in a final state): it is deleted first (the trigger takes it out of the hours' sums), and written anew
+        if the job is still in a final state (a retry leaves the accounts)."""
+        if had:
+            self._conn.executemany("DELETE FROM acct WHERE job_id = ?", [(int(job.id),) for job in had])
         ended = [job for job in jobs if job.state in FINAL_STATES]
-        gone = jobs if left else ended  # a record written again replaces the old: deleted, so the hours' sums follow
-        if gone:
-            self._conn.executemany("DELETE FROM acct WHERE job_id = ?", [(int(job.id),) for job in gone])
         if ended:
             self._conn.executemany(_ACCT_PUT, [_acct_row(record_of(job)) for job in ended])
 
@@ -873,14 +874,14 @@ class SqliteStore:
             raise JobNotFound(job_id)
         return self._decode(row)
 
-    def _store(self, job: Job, columns: dict[str, Any]) -> None:
+    def _store(self, job: Job, columns: dict[str, Any], *, was: JobState) -> None:
         values = {
             name: self._spec_text(value) if name == "spec" else _encode(name, value) for name, value in columns.items()
         }
         values["version"] = job.version
         assignments = ", ".join(f"{name} = ?" for name in values)  # names come from check_fields, never the caller
         self._conn.execute(f"UPDATE jobs SET {assignments} WHERE id = ?", (*values.values(), int(job.id)))
-        self._account([job], left="state" in columns and job.state is JobState.QUEUED)
+        self._account([job] if was in FINAL_STATES else [], [job])
         # The memory copy changes with the row; if the transaction rolls back, `_write` drops the copy.
         if job.state in ACTIVE:
             self._active[int(job.id)] = job

@@ -36,6 +36,13 @@ def test_mean_utilisation_and_peak_memory_over_the_samples() -> None:
     assert meter.usage_of(two) == Usage(samples=2, gpu_util_pct=50.0, gpu_mem_peak_mib=5500, simulated=False)
 
 
+def test_a_gangs_shares_of_one_gpu_count_its_figures_once() -> None:
+    meter = UsageMeter(REAL, every_s=1.0)
+    gang = job("5", REAL, GpuGrant(0, 500, 40960), GpuGrant(0, 500, 40960), GpuGrant(1, 300, 10240))
+    meter.observe([gang], {"GPU-0": use(80, {"5": 7000}), "GPU-1": use(20, used=500, unknown=True)}, now=1.0)
+    assert meter.usage_of(gang) == Usage(1, 50.0, 7000, False)  # GPU 0 once; GPU 1's memory unknown (a share)
+
+
 def test_a_sample_not_taken_is_not_counted_again_and_rounds_in_between_are_skipped() -> None:
     meter = UsageMeter(REAL, every_s=1.0)
     one = job("7", REAL, GpuGrant(0, 1000, 81920))
