@@ -62,6 +62,7 @@ from corral.api.schemas import (
     GpuOut,
     HolderOut,
     JobOut,
+    JobRow,
     ReservationOut,
     SubmitIn,
     TokenIn,
@@ -552,7 +553,7 @@ def create_app(
             raise HTTPException(403, {"field": "user", "message": "only root can see or cancel other users' jobs"})
         return None, who.uid
 
-    @app.get("/v1/jobs", response_model=list[JobOut])
+    @app.get("/v1/jobs", response_model=list[JobRow])
     def list_jobs(
         who: Caller,
         everyone: Annotated[bool, Query(alias="all")] = False,
