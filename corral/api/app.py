@@ -66,9 +66,7 @@ from corral.api.schemas import (
 )
 from corral.daemon.core import Daemon
 from corral.daemon.gang import MAX_INSTANCES, instance_log
-from corral.daemon.preemption import PREEMPTING, Rules
 from corral.daemon.queues import Forbidden
-from corral.daemon.scheduler import clock_text
 from corral.daemon.tokens import TokenFileError, TokenNotFound, TokenStore
 from corral.daemon.waiting import queue_story, wait_story
 from corral.jobs import dependency
@@ -80,6 +78,8 @@ from corral.model.errors import InvalidRequest
 from corral.model.requests import build_request
 from corral.model.units import parse_duration_seconds
 from corral.store import JobNotFound, JobQuery, KeyInUse, StoreError
+from corral.tenancy.preemption import PREEMPTING, Rules
+from corral.tenancy.round import clock_text
 
 log = logging.getLogger("corral.api")
 

@@ -40,11 +40,8 @@ from typing import Protocol
 
 import numpy as np
 
-from corral.daemon import gang, preemption
-from corral.daemon.preemption import PREEMPTING, Rules
+from corral.daemon import gang
 from corral.daemon.queues import NOT_PREEMPTIBLE, Forbidden, Queues
-from corral.daemon.reservation import DEFAULT_TIME_LIMIT_S, Reservation, expected_end
-from corral.daemon.scheduler import Plan, ShapeCache, request_of, schedule
 from corral.executor.base import Executor, Exit, Found, Handle, LaunchSpec
 from corral.gpu.discovery import GpuDiscoveryError
 from corral.gpu.metrics import GpuSampler, GpuUse, ProcessInfo, attribute, read_process
@@ -58,6 +55,10 @@ from corral.model.snapshot import ClusterSnapshot
 from corral.placement import PlacementConfig, place, render
 from corral.placement.engine import validate_against
 from corral.store.base import JobNotFound, JobQuery, Store, StoreError
+from corral.tenancy import preemption
+from corral.tenancy.preemption import PREEMPTING, Rules
+from corral.tenancy.reservation import DEFAULT_TIME_LIMIT_S, Reservation, expected_end
+from corral.tenancy.round import Plan, ShapeCache, request_of, schedule
 
 CANCELLING = "cancel requested"
 #: A held job's reason: "held by USER (corral release ID)".
@@ -222,7 +223,7 @@ class Daemon:
         self.metrics = DaemonMetrics()  # event counters for /metrics (corral.metrics); gauges are read at scrape time
         self.ticked_at = -math.inf  # time.monotonic() at the end of the latest round, for /readyz
         self._noted: set[str] = set()  # placement notes logged once (the same note comes for every such job)
-        #: Preemption (corral.daemon.preemption): SIGTERM, this grace, SIGKILL; who may preempt whom.
+        #: Preemption (corral.tenancy.preemption): SIGTERM, this grace, SIGKILL; who may preempt whom.
         self.preempt_grace_s = preempt_grace_s
         #: Who may preempt whom: given, else the queues' (`Queues.preemption_rules`, taken each round).
         self.preemption_rules = preemption_rules
@@ -665,7 +666,7 @@ class Daemon:
         owner: Callable[[Job], str] | None,
         rules: Rules,
     ) -> None:
-        """The first job in queue order that waits may preempt running jobs (corral.daemon.preemption): each victim's
+        """The first job in queue order that waits may preempt running jobs (corral.tenancy.preemption): each victim's
         reason and preemption record are stored, then it gets SIGTERM (the executor sends SIGKILL after the grace).
         Its exit sends it back to the queue (`_requeue_preempted`)."""
         started = {s.job_id for s in plan.starts}

@@ -24,30 +24,28 @@ import math
 import os
 import pwd
 from collections import Counter
-from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Hashable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from corral.daemon.preemption import Rules, span_text
-from corral.daemon.scheduler import clock_text
 from corral.jobs.model import FINAL_STATES, Job, JobSpec
 from corral.model.errors import InvalidRequest
 from corral.model.resources import Node
 from corral.model.snapshot import ClusterSnapshot
-from corral.queue.config import (
+from corral.store.base import JobQuery, Store
+from corral.tenancy.config import (
     DEFAULT_MIN_RUNTIME_S,
     DEFAULT_QUEUE,
-    Amounts,
     QueueConfigError,
     QueuesConfig,
     Vector,
     load_queues,
     validate_against_machine,
 )
-from corral.queue.fairshare import (
+from corral.tenancy.fairshare import (
     RESOURCES,
     Offer,
     UsageLedger,
@@ -58,7 +56,9 @@ from corral.queue.fairshare import (
     fair_order,
     share_rows,
 )
-from corral.queue.quota import (
+from corral.tenancy.preemption import Rules, span_text
+from corral.tenancy.quota import (
+    NOT_PREEMPTIBLE,
     ZERO,
     Gate,
     Usage,
@@ -72,9 +72,10 @@ from corral.queue.quota import (
     held,
     measure,
     over,
+    over_guarantee,
     queue_rows,
 )
-from corral.store.base import JobQuery, Store
+from corral.tenancy.round import RoundQueues, clock_text
 
 log = logging.getLogger("corral.queues")
 
@@ -86,31 +87,6 @@ HISTORY_HALF_LIVES = 20
 
 class Forbidden(InvalidRequest):
     """Allowed to nobody but root or an admin (HTTP 403)."""
-
-
-#: Why a job that may not be preempted waits (docs/preemption.md): it may not borrow.
-NOT_PREEMPTIBLE = "not preemptible: it starts only within its queue's guarantee"
-
-
-def over_guarantee(used: Vector, want: Vector, guarantee: Amounts) -> int | None:
-    """The first dimension in which `used + want` goes over `guarantee`, or None: within it. As `quota.measure` counts
-    borrowing, only the dimensions a queue is guaranteed count, and a queue guaranteed nothing has no room at all
-    (then: the first dimension `want` asks for)."""
-    bound = guarantee.values()
-    if all(b is None or b == 0 for b in bound):
-        return next((i for i, w in enumerate(want) if w), 0)
-    return next((i for i, b in enumerate(bound) if b is not None and used[i] + want[i] > b), None)
-
-
-@dataclass(frozen=True)
-class RoundQueues:
-    """What the scheduler pass needs from the queues for one round."""
-
-    order: Callable[[list[Any]], list[Any]]
-    gate: Callable[[Any], str | None]
-    took: Callable[[Any], None]
-    #: A gang group's members checked together (their whole ask), before any of them is placed.
-    gate_group: Callable[[list[Any]], str | None]
 
 
 class Queues:
@@ -585,4 +561,7 @@ def default_path(state_dir: Path) -> Path:
     return state_dir / "queues.toml"
 
 
-__all__ = ["DEFAULT_QUEUE", "Forbidden", "QueueConfigError", "Queues", "RoundQueues", "default_path", "math"]
+__all__ = [
+    "DEFAULT_QUEUE", "NOT_PREEMPTIBLE", "Forbidden", "QueueConfigError", "Queues", "RoundQueues", "default_path",
+    "math", "over_guarantee",
+]  # fmt: skip

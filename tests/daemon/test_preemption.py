@@ -24,9 +24,7 @@ from corral.cli.client import submit_cmd
 from corral.cli.main import app as corral_cli
 from corral.cli.views import explain_text, show_lines
 from corral.daemon.core import Daemon
-from corral.daemon.preemption import PREEMPTING, Rules, choose
 from corral.daemon.queues import Queues
-from corral.daemon.scheduler import clock_text, request_of, schedule
 from corral.executor.fake import FakeExecutor
 from corral.executor.local import LocalExecutor
 from corral.gpu.simulated import parse_simulated_inventory
@@ -36,6 +34,8 @@ from corral.model.resources import GpuBehavior, Request
 from corral.model.snapshot import ClusterSnapshot
 from corral.placement import PlacementConfig
 from corral.store import MemoryStore, SqliteStore
+from corral.tenancy.preemption import PREEMPTING, Rules, choose
+from corral.tenancy.round import clock_text, request_of, schedule
 from tests.api.test_api import ALICE, BOB, AsPeer
 from tests.builders import cluster, node
 

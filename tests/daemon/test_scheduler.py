@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
-from corral.daemon.scheduler import ShapeCache, schedule
 from corral.jobs.model import Job, JobSpec, JobState
 from corral.model.resources import GpuBehavior, Request
 from corral.model.snapshot import ClusterSnapshot
 from corral.placement import PlacementConfig, place
-from corral.queue import queue_order
+from corral.tenancy.order import queue_order
+from corral.tenancy.round import ShapeCache, schedule
 from tests.builders import cluster, node
 
 CONFIG = PlacementConfig(gpu_behavior=GpuBehavior.UNRESTRICTED)
@@ -97,7 +97,7 @@ def counting_place(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         calls.append(request.id)
         return real(snapshot, request, *args, **kwargs)
 
-    monkeypatch.setattr("corral.daemon.scheduler.place", counted)
+    monkeypatch.setattr("corral.tenancy.round.place", counted)
     return calls
 
 

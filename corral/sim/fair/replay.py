@@ -4,10 +4,10 @@
     a round (after every instant with events, or at the next multiple of `round_s`):
       fifo                   queue in arrival order; start jobs until the first that does not fit (it blocks all)
       fifo-backfill          arrival order; the first GPU job that does not fit (the head) gets a reservation
-                             (corral.daemon.reservation.book over the running jobs' expected ends = start + time
+                             (corral.tenancy.reservation.book over the running jobs' expected ends = start + time
                              limit); a job behind it starts if it fits now and ends (now + its time limit) by the
                              reservation's start, or fits beside it: the rule of corral/daemon/scheduler.py
-      fair-backfill          the same over corral.queue.fairshare.fair_order: users' decayed dominant shares
+      fair-backfill          the same over corral.tenancy.fairshare.fair_order: users' decayed dominant shares
                              (half-life `half_life_s`), projected within the round, then age
       fair-backfill-preempt  as fair-backfill; in addition a job that does not fit, met before the head, whose user
                              is below its fair share (and stays within it once started), may preempt jobs of users
@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from corral.daemon.reservation import Booking, book
 from corral.model.arrays import FloatArray, IntArray
 from corral.model.errors import InvalidRequest
 from corral.model.resources import MILLI_PER_GPU, Allocation, Node, Request
@@ -41,7 +40,8 @@ from corral.model.snapshot import ClusterSnapshot
 from corral.placement import PlacementConfig, place
 from corral.placement.engine import validate_against
 from corral.placement.filters import fits_node_now
-from corral.queue.fairshare import (
+from corral.sim.fair.workload import FairJob
+from corral.tenancy.fairshare import (
     Offer,
     UsageLedger,
     amount,
@@ -52,7 +52,7 @@ from corral.queue.fairshare import (
     fair_order,
     held,
 )
-from corral.sim.fair.workload import FairJob
+from corral.tenancy.reservation import Booking, book
 
 POLICIES = ("fifo", "fifo-backfill", "fair-backfill", "fair-backfill-preempt")
 
