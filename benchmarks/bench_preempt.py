@@ -1,4 +1,4 @@
-"""The cost of choosing preemption victims (corral.tenancy.preemption.choose), paid once per preemption decided.
+"""The cost of choosing preemption victims (corral.daemon.preemption.choose), paid once per preemption decided.
 
     python -m benchmarks.bench_preempt [--repeat 7]
 
@@ -15,12 +15,12 @@ import statistics
 import time
 from dataclasses import replace
 
+from corral.daemon.preemption import choose
+from corral.daemon.scheduler import request_of, schedule
 from corral.jobs.model import Job, JobSpec, JobState
 from corral.model.resources import GpuBehavior, Request
 from corral.model.snapshot import ClusterSnapshot
 from corral.placement import PlacementConfig
-from corral.tenancy.preemption import choose
-from corral.tenancy.round import request_of, schedule
 from tests.builders import cluster, node
 
 CONFIG = PlacementConfig(gpu_behavior=GpuBehavior.UNRESTRICTED)

@@ -39,6 +39,7 @@ import numpy as np
 from benchmarks.bench_engine import cpu_name, emit, memory_gib
 from corral.daemon.core import Daemon
 from corral.daemon.queues import Queues
+from corral.daemon.scheduler import ShapeCache, schedule
 from corral.executor.fake import FakeExecutor
 from corral.jobs.model import Job, JobSpec, JobState
 from corral.model.resources import Allocation, GpuBehavior, GpuDevice, GpuGrant, Node, Request
@@ -46,7 +47,6 @@ from corral.model.snapshot import ClusterSnapshot
 from corral.placement import PlacementConfig
 from corral.store import SqliteStore
 from corral.tenancy.config import parse_queues
-from corral.tenancy.round import ShapeCache, schedule
 
 
 def machine() -> ClusterSnapshot:

@@ -40,8 +40,10 @@ from typing import Protocol
 
 import numpy as np
 
-from corral.daemon import gang
+from corral.daemon import gang, preemption
+from corral.daemon.preemption import PREEMPTING, Rules
 from corral.daemon.queues import NOT_PREEMPTIBLE, Forbidden, Queues
+from corral.daemon.scheduler import Plan, ShapeCache, request_of, schedule
 from corral.executor.base import Executor, Exit, Found, Handle, LaunchSpec
 from corral.gpu.discovery import GpuDiscoveryError
 from corral.gpu.metrics import GpuSampler, GpuUse, ProcessInfo, attribute, read_process
@@ -55,10 +57,7 @@ from corral.model.snapshot import ClusterSnapshot
 from corral.placement import PlacementConfig, place, render
 from corral.placement.engine import validate_against
 from corral.store.base import JobNotFound, JobQuery, Store, StoreError
-from corral.tenancy import preemption
-from corral.tenancy.preemption import PREEMPTING, Rules
 from corral.tenancy.reservation import DEFAULT_TIME_LIMIT_S, Reservation, expected_end
-from corral.tenancy.round import Plan, ShapeCache, request_of, schedule
 
 CANCELLING = "cancel requested"
 #: A held job's reason: "held by USER (corral release ID)".
@@ -223,7 +222,7 @@ class Daemon:
         self.metrics = DaemonMetrics()  # event counters for /metrics (corral.metrics); gauges are read at scrape time
         self.ticked_at = -math.inf  # time.monotonic() at the end of the latest round, for /readyz
         self._noted: set[str] = set()  # placement notes logged once (the same note comes for every such job)
-        #: Preemption (corral.tenancy.preemption): SIGTERM, this grace, SIGKILL; who may preempt whom.
+        #: Preemption (corral.daemon.preemption): SIGTERM, this grace, SIGKILL; who may preempt whom.
         self.preempt_grace_s = preempt_grace_s
         #: Who may preempt whom: given, else the queues' (`Queues.preemption_rules`, taken each round).
         self.preemption_rules = preemption_rules
@@ -438,12 +437,16 @@ class Daemon:
         rules = self.preemption_rules or self.queues.preemption_rules()
         # (without a `may_borrow` rule, a long queue is not walked for it)
         held = (
-            [] if rules.borrows_freely else [j for j in waiting if not j.spec.preemptible and not rules.may_borrow(j)]
+            []
+            if rules.borrows_freely
+            else [j for j in waiting if not j.spec.preemptible and not rules.may_borrow(self.queues.work(j))]
         )
-        offered = [j for j in waiting if j.spec.preemptible or rules.may_borrow(j)] if held else waiting
+        offered = (
+            [j for j in waiting if j.spec.preemptible or rules.may_borrow(self.queues.work(j))] if held else waiting
+        )
         plan = schedule(
             snapshot, offered, self.config, now, self.rng, owner=owner, cache=self._shapes, max_starts=STARTS_PER_ROUND,
-            ends=ends, default_time_limit_s=self.default_time_limit_s, queues=queues,
+            ends=ends, default_time_limit_s=self.default_time_limit_s, queues=queues, queue_of=self.queues.queue_of,
         )  # fmt: skip
         for j in held:
             plan.waiting[j.id] = NOT_PREEMPTIBLE
@@ -666,7 +669,7 @@ class Daemon:
         owner: Callable[[Job], str] | None,
         rules: Rules,
     ) -> None:
-        """The first job in queue order that waits may preempt running jobs (corral.tenancy.preemption): each victim's
+        """The first job in queue order that waits may preempt running jobs (corral.daemon.preemption): each victim's
         reason and preemption record are stored, then it gets SIGTERM (the executor sends SIGKILL after the grace).
         Its exit sends it back to the queue (`_requeue_preempted`)."""
         started = {s.job_id for s in plan.starts}
@@ -679,14 +682,15 @@ class Daemon:
             or head.id in plan.unresolvable
             or head.id not in plan.waiting
             or head.spec.gang_group  # one member's room is not the group's: a gang group does not preempt (yet)
-            or not (head.spec.preemptible or rules.may_borrow(head))  # held back: may not start
+            or not (head.spec.preemptible or rules.may_borrow(self.queues.work(head)))  # held back: may not start
         ):
             return
         running = [j for j in holding if j.state is JobState.RUNNING and j.id not in self._exits]
         request = request_of(head, owner(head) if owner is not None else "")
-        choice = preemption.choose(snapshot, head, request, running, self.config, now, rules)
+        queue_of = self.queues.queue_of
+        choice = preemption.choose(snapshot, head, request, running, self.config, now, rules, queue_of=queue_of)
         if choice is None:  # the victims it needs may be in their minimum runtime: its reason says until when
-            later = preemption.protected(snapshot, head, request, running, self.config, now, rules)
+            later = preemption.protected(snapshot, head, request, running, self.config, now, rules, queue_of=queue_of)
             if later is not None:
                 plan.waiting[head.id] += f"; {later.text()}"
             return

@@ -60,6 +60,7 @@ from corral.daemon.core import Daemon
 from corral.daemon.extensions import install_extensions
 from corral.daemon.gang import GangExecutor
 from corral.daemon.lockstat import Released, daemon_lock
+from corral.daemon.preemption import DEFAULT_GRACE_S
 from corral.daemon.queues import Queues
 from corral.daemon.queues import default_path as default_queues_path
 from corral.daemon.tokens import TokenFileError, TokenStore
@@ -82,7 +83,6 @@ from corral.services.ports import ENV as PORTS_ENV
 from corral.services.ports import parse_range
 from corral.store import SqliteStore
 from corral.tenancy.config import QueueConfigError
-from corral.tenancy.preemption import DEFAULT_GRACE_S
 from corral.tenancy.reservation import DEFAULT_TIME_LIMIT_S
 
 log = logging.getLogger("corral.serve")

@@ -40,13 +40,17 @@ def member_id(job_id: str, instance: int) -> str:
 class Members:
     """What `place_members` found: every member's allocation, or how far it got and why it stopped."""
 
-    allocations: tuple[Allocation, ...]  # the members placed, in order (all of them when `placed`)
-    last: Decision | None  # the last decision made (the failing one when not placed); None after an error
+    placed: tuple[Decision, ...]  # the decisions of the members placed, in order (every member's when all fit)
+    last: Decision | None  # the last decision made (the failing one when not all fit); None after an error
     error: InvalidRequest | None = None  # the failing member's request can never be placed
 
     @property
     def fitted(self) -> int:
-        return len(self.allocations)
+        return len(self.placed)
+
+    @property
+    def allocations(self) -> tuple[Allocation, ...]:
+        return tuple(d.allocation for d in self.placed if d.allocation is not None)
 
 
 def place_members(
@@ -61,7 +65,8 @@ def place_members(
     """Place `requests` one after the other on a copy of `snapshot` (unchanged): all, or up to the first that does
     not fit (see the module)."""
     trial = snapshot.copy()
-    out: list[Allocation] = []
+    out: list[Decision] = []
+    node = -1
     decision: Decision | None = None
     for i, one in enumerate(requests):
         try:
@@ -69,14 +74,13 @@ def place_members(
         except InvalidRequest as exc:
             return Members(tuple(out), None, exc)
         alloc = decision.allocation
-        if alloc is None:
-            return Members(tuple(out), decision)
-        if one_node and out and alloc.node_index != out[0].node_index:
+        if alloc is None or (one_node and out and alloc.node_index != node):
             return Members(tuple(out), decision)
         trial.allocate(alloc)
         if apart and i + 1 < len(requests):  # the last member has no one after it to keep off its GPUs
             _hold_rest(trial, alloc, one.id)
-        out.append(alloc)
+        node = alloc.node_index
+        out.append(decision)
     return Members(tuple(out), decision)
 
 

@@ -1,6 +1,7 @@
 """Preemption: which running jobs a waiting job may stop, and which of them it stops (pure; the daemon carries it out).
 
-    the preemptor = the first job in queue order that waits (due, not unresolvable), once no preemption is pending
+    the preemptor = the face's choice (serve: the first job in queue order that waits, due, not unresolvable, once
+                    no preemption is pending; sim fair: the same, at most PREEMPT_ATTEMPTS a round)
     candidates    = running jobs that are preemptible, not already being stopped, that `Rules.borrowing` says hold
                     more than their queue's guarantee, and that the preemptor outranks (`Rules.outranks`: a strictly
                     higher priority class) or may reclaim from (`Rules.below_guarantee`: its queue is below its own),
@@ -9,9 +10,11 @@
                     higher-priority jobs come and go; one still protected is named in the preemptor's reason with the
                     time it may be preempted (`protected`)
     all of them released on a copy of the snapshot, and the preemptor still does not fit  -> no preemption at all
-    otherwise, for k = 1, 2, ...: every k candidates released on a copy, place(preemptor) on it; the first k with a
-                    fit wins, and among its sets the one losing the least run time (GPU-seconds, then seconds)
-                    (past a budget of placements, the whole set pared down greedily, the costliest first)
+    otherwise, per node where it then fits (fewest candidates, then cheapest, first; at most PREEMPT_NODES):
+                    for k = 1, 2, ...: every k of the node's candidates released on a copy, place(preemptor) on it;
+                    the first k with a fit wins, and among its sets the one losing the least run time (GPU-seconds,
+                    then seconds); the best over the nodes: fewest, then cheapest
+                    (past a budget of placements, the first node's set pared down greedily, the costliest first)
     -> Choice: the victims, the grant the preemptor gets on what they free, and why (the words each victim keeps)
 
 Shares count exactly: a victim's release gives back exactly its grant on its GPU (ClusterSnapshot.release), so a
@@ -19,7 +22,11 @@ Shares count exactly: a victim's release gives back exactly its grant on its GPU
 the victims' expected ends are their kill deadlines, so the head's reservation (corral.tenancy.reservation) holds
 them and backfill does not take them; the preemptor is first in queue order when they come free.
 
-The seam for queues (docs/preemption.md): `Rules` holds three predicates. With no queues nothing is guaranteed, so
+Pure and face-free: the preemptor is a `Work`, the candidates `Running` records (corral.tenancy.model); what the
+face calls a job being stopped is `Running.stopping`. One machine (corral serve) is one node, so the search is the
+exhaustive one; a cluster's (sim fair, next the k8s scheduler) is bounded by its nodes.
+
+The seam for queues (docs/preemption.md): `Rules` holds the predicates. With no queues nothing is guaranteed, so
 every running job "borrows", no queue is below its guarantee, and any job may borrow: a job of strictly higher
 priority may preempt preemptible jobs of lower priority, and that is all.
 """
@@ -33,34 +40,29 @@ from itertools import combinations
 
 import numpy as np
 
-from corral.jobs.model import Job, JobState
 from corral.model.resources import Allocation, Request
 from corral.model.snapshot import ClusterSnapshot
 from corral.placement import PlacementConfig, place
 from corral.tenancy.gang import place_gang
+from corral.tenancy.model import Running, Work
 from corral.tenancy.round import clock_text
 
-#: The reason a running job carries from its SIGTERM to its exit: its exit then sends it back to the queue.
-PREEMPTING = "being preempted: "
-#: Default grace between SIGTERM and SIGKILL (`corral serve --preempt-grace`).
-DEFAULT_GRACE_S = 30.0
 #: Placements tried per search before the greedy fallback: one machine has few running jobs, so the exhaustive
 #: search is usually far below it; the bound keeps a round cheap when many small shares run.
 SEARCH_BUDGET = 64
+#: Nodes searched per preemptor on a cluster (fewest, then cheapest, candidates first): bounds the cost there.
+PREEMPT_NODES = 64
 
-#: A predicate over a job. See `Rules`.
-JobRule = Callable[[Job], bool]
 
-
-def _always(_: Job) -> bool:
+def _always(_: object) -> bool:
     return True
 
 
-def _never(_: Job) -> bool:
+def _never(_: object) -> bool:
     return False
 
 
-def _no_min_runtime(_: Job) -> float:
+def _no_min_runtime(_: Running) -> float:
     return 0.0
 
 
@@ -72,30 +74,30 @@ def span_text(seconds: float) -> str:
     return "".join(parts)
 
 
-def higher_priority(preemptor: Job, victim: Job) -> bool:
+def higher_priority(preemptor: Work, victim: Running) -> bool:
     """The priority-class rule: a strictly higher `priority` (equal priorities never preempt each other)."""
-    return preemptor.spec.request.priority > victim.spec.request.priority
+    return preemptor.priority > victim.priority
 
 
 @dataclass(frozen=True)
 class Rules:
-    """Who may preempt whom. The defaults are the rules without queues; branch `queues` supplies the real ones.
+    """Who may preempt whom. The defaults are the rules without queues; a face with queues supplies the real ones
+    (serve: `corral.daemon.queues.Queues.preemption_rules`).
 
     `borrowing(victim)`: it holds more than its queue's guarantee (only such jobs may be preempted).
     `below_guarantee(preemptor)`: its queue holds less than its guarantee (it may reclaim from any borrower).
     `outranks(preemptor, victim)`: a higher priority class.
-    `may_borrow(job)`: a non-preemptible job may start now (without queues: always; with them: only within its
+    `may_borrow(work)`: a non-preemptible job may start now (without queues: always; with them: only within its
     queue's guarantee, the price of not being preemptible).
-    `min_runtime(victim)`: seconds it runs after it (re)started before it may be preempted (the daemon's: its queue's,
-    `corral.daemon.queues.Queues.preemption_rules`; here none)."""
+    `min_runtime(victim)`: seconds it runs after it (re)started before it may be preempted (here none)."""
 
-    borrowing: JobRule = _always
-    below_guarantee: JobRule = _never
-    outranks: Callable[[Job, Job], bool] = higher_priority
-    may_borrow: JobRule = _always
-    min_runtime: Callable[[Job], float] = _no_min_runtime
+    borrowing: Callable[[Running], bool] = _always
+    below_guarantee: Callable[[Work], bool] = _never
+    outranks: Callable[[Work, Running], bool] = higher_priority
+    may_borrow: Callable[[Work], bool] = _always
+    min_runtime: Callable[[Running], float] = _no_min_runtime
 
-    def protected_until(self, victim: Job) -> float:
+    def protected_until(self, victim: Running) -> float:
         """Until when `victim` may not be preempted: its (re)start plus its minimum runtime (-inf: not protected)."""
         if victim.started_at is None:
             return -math.inf
@@ -106,11 +108,9 @@ class Rules:
         """No `may_borrow` rule (no queues): every job may start, preemptible or not."""
         return self.may_borrow is _always
 
-    def why(self, preemptor: Job, victim: Job) -> str | None:
+    def why(self, preemptor: Work, victim: Running) -> str | None:
         """Why `preemptor` may preempt `victim` ("priority" or "guarantee"), None when it may not."""
-        if not victim.spec.preemptible or victim.state is not JobState.RUNNING or victim.reason.startswith(PREEMPTING):
-            return None
-        if not self.borrowing(victim):
+        if not victim.preemptible or victim.stopping or not self.borrowing(victim):
             return None
         if self.outranks(preemptor, victim):
             return "priority"
@@ -121,7 +121,7 @@ class Rules:
 
 @dataclass(frozen=True)
 class Victim:
-    job: Job
+    job: Running
     why: str  # "priority" | "guarantee"
     seconds: float  # run time lost: now - started_at
     gpu_seconds: float  # the same, times the GPUs it holds (shares as fractions)
@@ -130,7 +130,7 @@ class Victim:
 
 @dataclass(frozen=True)
 class Choice:
-    preemptor: Job
+    preemptor: Work
     victims: tuple[Victim, ...]
     allocation: Allocation  # where the preemptor fits once the victims are gone
     placements: int = 0  # engine calls the search made
@@ -141,27 +141,34 @@ class Choice:
         return sum(v.gpu_seconds for v in self.victims)
 
 
-def cost(job: Job, now: float) -> tuple[float, float]:
+def cost(job: Running, now: float) -> tuple[float, float]:
     """(GPU-seconds, seconds) of run time lost if `job` is stopped now."""
     seconds = max(0.0, now - (job.started_at if job.started_at is not None else now))
-    gpus = sum(g.milli for g in job.gpus) / 1000
-    return seconds * gpus, seconds
+    return seconds * job.gpu_milli / 1000, seconds
+
+
+def _grant(left: ClusterSnapshot, preemptor: Work, request: Request, config: PlacementConfig) -> Allocation | None:
+    # Its own seed: planning must not change the face's draws (as corral.tenancy.reservation).
+    rng = np.random.default_rng(0)
+    if preemptor.instances > 1:  # a gang: all its instances must fit on what the victims leave
+        return place_gang(left, request, preemptor.instances, config, rng).allocation
+    return place(left, request, config, rng).allocation
 
 
 def choose(
     snapshot: ClusterSnapshot,
-    preemptor: Job,
-    request: Request,
-    running: Sequence[Job],
+    preemptor: Work,
+    running: Sequence[Running],
     config: PlacementConfig,
     now: float,
     rules: Rules | None = None,
     budget: int = SEARCH_BUDGET,
 ) -> Choice | None:
-    """The fewest, then cheapest, running jobs whose release lets `request` (the preemptor's, its `id` the job's)
-    be placed on `snapshot`; None when no eligible set does (then nothing is preempted). `snapshot` is not changed;
-    each allocation in it is named by its job's id, as the daemon builds it."""
+    """The fewest, then cheapest, running jobs whose release lets the preemptor's request be placed on `snapshot`;
+    None when no eligible set does (then nothing is preempted). `snapshot` is not changed; each allocation in it is
+    named by its holder's id (`Running.id`)."""
     rules = rules or Rules()
+    request = preemptor.request
     victims = [v for v in candidates(snapshot, preemptor, running, now, rules) if rules.protected_until(v.job) <= now]
     if not victims:
         return None
@@ -175,44 +182,72 @@ def choose(
         left = snapshot.copy()
         for v in chosen:
             left.release(v.job.id)
-        # Its own seed: planning must not change the daemon's draws (as corral.tenancy.reservation).
-        rng = np.random.default_rng(0)
-        if preemptor.spec.instances > 1:  # a gang: all its instances must fit on what the victims leave
-            return place_gang(left, request, preemptor.spec.instances, config, rng).allocation
-        return place(left, request, config, rng).allocation
+        return _grant(left, preemptor, request, config)
 
-    if fits(victims) is None:
+    everything = fits(victims)
+    if everything is None:
         return None  # never preempt for a job that then cannot start
     if fits(()) is not None:
         return None  # it fits as things are (e.g. something ended since the pass): nothing to stop
-    best: tuple[tuple[float, float], tuple[Victim, ...], Allocation] | None = None
-    for k in range(1, len(victims) + 1):
-        for chosen in combinations(victims, k):
-            if calls >= budget:
+    best: tuple[tuple[int, float, float], tuple[Victim, ...], Allocation] | None = None
+    nodes = _nodes(snapshot, victims, everything)
+    for on_node in nodes:
+        for k in range(1, len(on_node) + 1):
+            if best is not None and k > best[0][0]:
+                break  # a node with fewer victims won already
+            found = False
+            for chosen in combinations(on_node, k):
+                if calls >= budget:
+                    break
+                grant = fits(chosen)
+                if grant is not None:
+                    found = True
+                    price = (k, sum(v.gpu_seconds for v in chosen), sum(v.seconds for v in chosen))
+                    if best is None or price < best[0]:
+                        best = (price, chosen, grant)
+            if found or calls >= budget:
                 break
-            grant = fits(chosen)
-            if grant is not None:
-                price = (sum(v.gpu_seconds for v in chosen), sum(v.seconds for v in chosen))
-                if best is None or price < best[0]:
-                    best = (price, chosen, grant)
-        if best is not None or calls >= budget:
+        if calls >= budget:
             break
     if best is None:
-        # Past the budget: pare the whole set down, dropping the costliest first while the preemptor still fits.
-        kept = list(victims)
-        for v in sorted(victims, key=lambda v: (v.gpu_seconds, v.seconds), reverse=True):
-            trial = [x for x in kept if x is not v]
-            if trial and fits(trial) is not None:
-                kept = trial
-        grant = fits(kept)
-        assert grant is not None  # the whole set fit, and every step kept a fit
-        best = ((0.0, 0.0), tuple(kept), grant)
+        # Past the budget: pare a node's set down, dropping the costliest first while the preemptor still fits.
+        for on_node in nodes:
+            kept = list(on_node)
+            if len(nodes) > 1 and fits(kept) is None:
+                continue  # (one node: its set is every candidate, known to fit)
+            for v in sorted(on_node, key=lambda v: (v.gpu_seconds, v.seconds), reverse=True):
+                trial = [x for x in kept if x is not v]
+                if trial and fits(trial) is not None:
+                    kept = trial
+            grant = fits(kept)
+            assert grant is not None  # the node's whole set fit, and every step kept a fit
+            best = ((0, 0.0, 0.0), tuple(kept), grant)
+            break
+    if best is None:
+        return None
     said = {v.job.id: words(preemptor, v, now) for v in best[1]}
     return Choice(preemptor, best[1], best[2], calls, said)
 
 
+def _nodes(snapshot: ClusterSnapshot, victims: Sequence[Victim], everything: Allocation) -> list[list[Victim]]:
+    """The candidates grouped by node, fewest then cheapest first, at most PREEMPT_NODES nodes; one machine: one
+    group. On a cluster a single preemptor's grant lies on one node, so only victims there can make room for it
+    there; the node the preemptor took with every candidate gone comes first among equals."""
+    by_node: dict[int, list[Victim]] = {}
+    for v in victims:
+        by_node.setdefault(snapshot.allocations[v.job.id].node_index, []).append(v)
+    if len(by_node) == 1:
+        return list(by_node.values())
+
+    def rank(item: tuple[int, list[Victim]]) -> tuple[int, float, float, int, int]:
+        i, vs = item
+        return (len(vs), sum(v.gpu_seconds for v in vs), sum(v.seconds for v in vs), i != everything.node_index, i)
+
+    return [vs for _, vs in sorted(by_node.items(), key=rank)[:PREEMPT_NODES]]
+
+
 def candidates(
-    snapshot: ClusterSnapshot, preemptor: Job, running: Sequence[Job], now: float, rules: Rules
+    snapshot: ClusterSnapshot, preemptor: Work, running: Sequence[Running], now: float, rules: Rules
 ) -> list[Victim]:
     """The running jobs `preemptor` may preempt by the rules, protected by their minimum runtime or not."""
     out: list[Victim] = []
@@ -244,15 +279,14 @@ class Protected:
 
 def protected(
     snapshot: ClusterSnapshot,
-    preemptor: Job,
-    request: Request,
-    running: Sequence[Job],
+    preemptor: Work,
+    running: Sequence[Running],
     config: PlacementConfig,
     now: float,
     rules: Rules,
 ) -> Protected | None:
-    """When `choose` found nothing: the earliest time preemption would let `request` fit, counting the candidates
-    still in their minimum runtime as they come out of it (None: it would not help even then)."""
+    """When `choose` found nothing: the earliest time preemption would let the preemptor fit, counting the
+    candidates still in their minimum runtime as they come out of it (None: it would not help even then)."""
     found = candidates(snapshot, preemptor, running, now, rules)
     waiting = sorted(
         (v for v in found if rules.protected_until(v.job) > now), key=lambda v: rules.protected_until(v.job)
@@ -264,27 +298,21 @@ def protected(
         left = snapshot.copy()
         for v in free + waiting[:k]:
             left.release(v.job.id)
-        rng = np.random.default_rng(0)  # as `choose`: planning keeps the daemon's draws
-        if preemptor.spec.instances > 1:
-            grant = place_gang(left, request, preemptor.spec.instances, config, rng).allocation
-        else:
-            grant = place(left, request, config, rng).allocation
-        if grant is not None:
+        if _grant(left, preemptor, preemptor.request, config) is not None:
             chosen = waiting[:k]
             at = rules.protected_until(chosen[-1].job)
             return Protected(at, tuple(v.job.id for v in chosen), max(v.min_runtime_s for v in chosen))
     return None
 
 
-def words(preemptor: Job, victim: Victim, now: float) -> str:
+def words(preemptor: Work, victim: Victim, now: float) -> str:
     """The reason a victim keeps: by whom, when, and why it was allowed."""
-    p = preemptor.spec
     rule = (
-        f"a higher priority than this job's {victim.job.spec.request.priority}"
+        f"a higher priority than this job's {victim.job.priority}"
         if victim.why == "priority"
         else "its queue was below its guarantee, and this job borrowed above its own queue's"
     )
-    who = f"job {preemptor.id} (user {p.user}, priority {p.request.priority})"
+    who = f"job {preemptor.id} (user {preemptor.user}, priority {preemptor.priority})"
     ran = (
         f" (it had run {span_text(victim.seconds)}, past its minimum runtime of {span_text(victim.min_runtime_s)})"
         if victim.min_runtime_s > 0

@@ -26,10 +26,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from corral.jobs.model import Job
 from corral.model.resources import MILLI_PER_GPU, Request
 from corral.model.snapshot import ClusterSnapshot
 from corral.tenancy.config import DIMENSIONS, Amounts, QueuesConfig, QueueSpec, Vector, vector_value
+from corral.tenancy.model import Running
 
 ZERO: Vector = (0, 0, 0, 0, 0)
 #: A user's Unix groups by name: (user, primary gid) -> names.
@@ -50,11 +50,11 @@ def demand(request: Request, whole_gpu_memory_mib: int, instances: int = 1) -> V
     )
 
 
-def held(job: Job, gpu_memory_of: Callable[[int], int]) -> Vector:
+def held(job: Running, gpu_memory_of: Callable[[int], int]) -> Vector:
     """What a running job holds (a whole-GPU grant without a memory figure holds all of that GPU's memory); a gang's
     grants are every instance's, and its CPU and memory its request's times its instances."""
-    r = job.spec.request
-    n = job.spec.instances
+    r = job.request
+    n = job.instances
     gmem = sum(g.memory_mib or (gpu_memory_of(g.index) if g.milli >= MILLI_PER_GPU else 0) for g in job.gpus)
     milli = sum(g.milli for g in job.gpus)
     return (milli, milli, gmem, r.cpu_milli * n, r.memory_mib * n)
@@ -130,18 +130,18 @@ class Usage:
 
 def measure(
     config: QueuesConfig,
-    running: Sequence[Job],
-    queue_of: Callable[[Job], str],
-    held_of: Callable[[Job], Vector],
+    running: Sequence[Running],
+    held_of: Callable[[Running], Vector],
     groups_of: GroupsOf,
 ) -> Usage:
-    """The holdings of `running` jobs, and which of them are borrowing (see the module doc)."""
+    """The holdings of `running` jobs (each charged to its `queue`), and which of them are borrowing (see the module
+    doc)."""
     usage = Usage()
     by_start = sorted(running, key=lambda j: (j.started_at or 0.0, int(j.id) if j.id.isdigit() else 0, j.id))
     for job in by_start:
-        q = queue_of(job)
+        q = job.queue
         v = held_of(job)
-        usage.charge(q, job.spec.user, groups_of(job.spec.user, job.spec.gid), v)
+        usage.charge(q, job.user, groups_of(job.user, job.gid), v)
         spec = config.queues.get(q)
         g = spec.guarantee.vector() if spec is not None else ZERO
         # Only the dimensions it is guaranteed count; a queue guaranteed nothing borrows all it holds.

@@ -18,7 +18,7 @@ one copy of the snapshot per pass (plus one per start, since starts change `view
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -134,3 +134,65 @@ def intersect(now: ClusterSnapshot, shadow: ClusterSnapshot) -> ClusterSnapshot:
     both.gpu_full_free = whole.sum(axis=1).astype(np.int64)
     both.version += 1  # what the engine memoised for `now` does not hold here
     return both
+
+
+def book_fast(
+    snapshot: ClusterSnapshot, request: Request, ends: Mapping[str, float], config: PlacementConfig
+) -> Booking | None:
+    """`book`, with the expected end it starts at found by bisection first.
+
+    `book` tries a placement at every distinct expected end in turn: fine for one machine's few jobs, thousands of
+    placements a round for a cluster's. Whether the request fits once the jobs ending by T have left only grows with
+    T (free resources only grow), so the first T where it fits is found with log2(ends) placements, and `book` is
+    handed ends where every one before that T is moved to the last T where it does not fit: it then places twice,
+    at the same T, by the same rule."""
+    times = sorted({e for job, e in ends.items() if job in snapshot.allocations})
+    if len(times) <= 2:
+        return book(snapshot, request, ends, config)
+
+    # The running jobs' holdings as columns, so each probe frees the jobs ending by T with a few vectorised adds
+    # instead of one `release` per job (a probe only answers "fits or not": `book` makes the reservation).
+    allocs = [(snapshot.allocations[job], e) for job, e in ends.items() if job in snapshot.allocations]
+    if any(a.share_owner for a, _ in allocs):
+        return book(snapshot, request, ends, config)
+    end = np.array([e for _, e in allocs])
+    node = np.array([a.node_index for a, _ in allocs], dtype=np.int64)
+    cpu = np.array([a.cpu_milli for a, _ in allocs], dtype=np.int64)
+    mem = np.array([a.memory_mib for a, _ in allocs], dtype=np.int64)
+    tag = np.array([a.tag + 1 for a, _ in allocs], dtype=np.int64)
+    grants = [(i, a.node_index, g.index, g.milli, g.memory_mib) for i, (a, _) in enumerate(allocs) for g in a.gpus]
+    g_job, g_node, g_gpu, g_milli, g_mem = (np.array([g[c] for g in grants], dtype=np.int64) for c in range(5))
+
+    def fits(i: int) -> bool:
+        future = snapshot.copy()
+        gone = end <= times[i]
+        np.add.at(future.cpu_free, node[gone], cpu[gone])
+        np.add.at(future.mem_free, node[gone], mem[gone])
+        np.subtract.at(future.tag_counts, (node[gone], tag[gone]), 1)
+        if len(grants):
+            sel = gone[g_job]
+            np.add.at(future.gpu_milli_free, (g_node[sel], g_gpu[sel]), g_milli[sel])
+            np.add.at(future.gpu_mem_free, (g_node[sel], g_gpu[sel]), g_mem[sel])
+            np.add.at(future.gpu_free_total, g_node[sel], g_milli[sel])
+            whole = future.gpu_present & (future.gpu_milli_free == MILLI_PER_GPU)
+            future.gpu_full_free = (whole & (future.gpu_mem_free == future.gpu_mem_cap)).sum(axis=1).astype(np.int64)
+        future.version += 1
+        return place(future, request, config, np.random.default_rng(0)).placed
+
+    if not fits(len(times) - 1):
+        return None
+    lo, hi = 0, len(times) - 1  # invariant: fits(hi); everything before lo does not fit
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    if lo == 0:
+        return book(snapshot, request, ends, config)
+    before = times[lo - 1]
+    return book(snapshot, request, {job: max(e, before) for job, e in ends.items()}, config)
+
+
+#: How a round finds the head's reservation: `book`, or `book_fast` (the same reservation on a cluster).
+Booker = Callable[[ClusterSnapshot, Request, Mapping[str, float], PlacementConfig], Booking | None]

@@ -1,6 +1,6 @@
 """One scheduling pass: waiting jobs in queue order, each placed by the engine on what is free now.
 
-    for job in queue_order(waiting):
+    for work in queue_order(waiting):      (or the order the face's queues give: fair share, corral.tenancy.fairshare)
         not yet due (retry back-off)          -> waits, "retrying after ..."
         same request shape already failed     -> waits, with that explanation (free resources only shrink in a pass)
         place(snapshot, job.request)          -> Start (snapshot updated, so the next job sees it) or waits, explained
@@ -19,28 +19,29 @@ value in, a plan out; the daemon carries it out.
 A long queue: jobs of one shape (the fields of the request that decide where it can go, plus its MPS owner) fit or
 fail together within a pass, so a pass makes at most one failed placement attempt per shape, however many jobs wait;
 the rest of that shape get the same words without a call. What is left per job is a few dictionary look-ups: each
-job's queue key and shape are computed once in its life and kept in a `ShapeCache` the daemon holds across rounds
-(keyed by the job object itself, which the store keeps unchanged until the job is written).
+job's `Work` (the face's conversion, `work_of`), queue key and shape are computed once in its life and kept in a
+`ShapeCache` the face holds across rounds (keyed by the face's object itself: serve's store keeps a job's object
+unchanged until the job is written).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
-from corral.jobs.model import Job
 from corral.model.errors import InvalidRequest
 from corral.model.resources import Allocation, Request
 from corral.model.snapshot import ClusterSnapshot
 from corral.placement import Decision, PlacementConfig, place, render
-from corral.tenancy.gang import GangDecision, combined_request, place_gang
+from corral.tenancy.gang import GangDecision, combined_request, place_gang, place_members
+from corral.tenancy.model import Work
 from corral.tenancy.order import queue_key
-from corral.tenancy.reservation import DEFAULT_TIME_LIMIT_S, Booking, Reservation, book
+from corral.tenancy.reservation import DEFAULT_TIME_LIMIT_S, Booker, Booking, Reservation, book
 
 
 @dataclass(frozen=True)
@@ -54,8 +55,12 @@ class RoundQueues:
     gate_group: Callable[[list[Any]], str | None]
 
 
-#: The MPS owner a job's one-GPU share carries ("" when shares are not tied to a user): part of its shape.
-Owner = Callable[[Job], str]
+T = TypeVar("T")
+
+
+def same(work: Work) -> Work:
+    """`work_of` for a face that hands in `Work` itself."""
+    return work
 
 
 @dataclass(frozen=True)
@@ -78,12 +83,12 @@ class Plan:
 
 @dataclass(frozen=True)
 class _Entry:
-    job: Job  # the very object the entry was made for: another object with this id is a changed job
+    source: object  # the very object the entry was made for: another object with this id is a changed one
+    work: Work
     key: tuple[int, float, int, str]
     shape: int  # an index into ShapeCache.shapes, so a look-up hashes an int, not the request's fields
     wants_gpu: bool
-    owner: str
-    group: str = ""  # its gang group (JobSpec.gang_group): its members start together or not at all
+    group: str = ""  # its gang (Work.gang): its members start together or not at all
 
 
 class ShapeCache:
@@ -97,16 +102,16 @@ class ShapeCache:
         self.entries: dict[str, _Entry] = {}
         self.shapes: dict[Hashable, int] = {}  # shape -> its index
 
-    def entry(self, job: Job, owner: Owner | None) -> _Entry:
-        found = self.entries.get(job.id)
-        if found is not None and found.job is job:
+    def entry(self, item: T, work_of: Callable[[T], Work]) -> _Entry:
+        work = work_of(item)
+        found = self.entries.get(work.id)
+        if found is not None and found.source is item:
             return found
-        request = job.spec.request
-        who = owner(job) if owner is not None else ""
-        shape = (request.placement_key(), who, job.spec.instances)  # a gang of 3 fits where 2 fit, or not
+        request = work.request
+        shape = (request.placement_key(), request.share_owner, work.instances)  # a gang of 3 fits where 2 fit, or not
         index = self.shapes.setdefault(shape, len(self.shapes))
-        made = _Entry(job, queue_key(job), index, request.wants_gpu, who, job.spec.gang_group)
-        self.entries[job.id] = made
+        made = _Entry(item, work, queue_key(work), index, request.wants_gpu, work.gang)
+        self.entries[work.id] = made
         return made
 
     def prune(self, keep: int) -> None:
@@ -150,7 +155,7 @@ def _place_group(
     reservation leaves, with `booking`: the members run past its start), each seeing the earlier ones' grants; all
     fit, or none starts. Returns (the starts, or none; why not; calls to the engine). A group waits, without a call,
     until all `gang_size` members are queued (the controller submits them in one round)."""
-    size = members[0].job.spec.gang_size
+    size = members[0].work.gang_size
     if len(members) < size:
         return [], f"gang: {len(members)} of {size} instances queued; they start together once all are", 0
     if queues is not None:
@@ -158,32 +163,28 @@ def _place_group(
         held_back = queues.gate_group(list(members))
         if held_back is not None:
             return [], f"gang: {held_back}", 0
-    trial = (booking.view() if booking is not None else snapshot).copy()
-    beside = f" beside the reservation of job {booking.reservation.job_id}" if booking is not None else ""
-    starts: list[Start] = []
-    for i, m in enumerate(members):
-        job = m.job
-        try:
-            decision = place(trial, request_of(job, m.owner), config, rng)
-        except InvalidRequest as exc:
-            return [], f"gang: instance job {job.id}: {exc}", i + 1
-        if decision.allocation is None:
-            return (
-                [],
-                (
-                    f"gang: {i} of {len(members)} instances fit{beside} (the app asked for corral.gang: all start or "
-                    f"none); instance {i + 1}: {render(decision.explanation)}"
-                ),
-                i + 1,
-            )
-        trial.allocate(decision.allocation)
-        starts.append(Start(job.id, decision.allocation, decision.explanation.notes))
+    space = booking.view() if booking is not None else snapshot
+    found = place_members(space, [m.work.request for m in members], config, rng)
+    tries = found.fitted + 1
+    if found.error is not None:
+        return [], f"gang: instance job {members[found.fitted].work.id}: {found.error}", tries
+    if found.fitted < len(members):
+        assert found.last is not None
+        beside = f" beside the reservation of job {booking.reservation.job_id}" if booking is not None else ""
+        return (
+            [],
+            (
+                f"gang: {found.fitted} of {len(members)} instances fit{beside} (the app asked for corral.gang: all "
+                f"start or none); instance {found.fitted + 1}: {render(found.last.explanation)}"
+            ),
+            tries,
+        )
+    starts = [
+        Start(m.work.id, d.allocation, d.explanation.notes)
+        for m, d in zip(members, found.placed, strict=True)
+        if d.allocation is not None
+    ]
     return starts, None, len(members)
-
-
-def request_of(job: Job, owner: str = "") -> Request:
-    """The placement request of a waiting job: its id the job's, its share tied to `owner` (its MPS owner) if given."""
-    return replace(job.spec.request, id=job.id, share_owner=owner or job.spec.request.share_owner)
 
 
 def clock_text(t: float) -> str:
@@ -193,23 +194,30 @@ def clock_text(t: float) -> str:
 
 def schedule(
     snapshot: ClusterSnapshot,
-    waiting: Sequence[Job],
+    waiting: Sequence[T],
     config: PlacementConfig,
     now: float,
     rng: np.random.Generator | None = None,
-    owner: Owner | None = None,
+    work_of: Callable[[T], Work] = same,  # type: ignore[assignment]
     cache: ShapeCache | None = None,
     max_starts: int | None = None,
     ends: Mapping[str, float] | None = None,
     default_time_limit_s: float = DEFAULT_TIME_LIMIT_S,
     queues: RoundQueues | None = None,
+    ordered: bool = False,
+    words: bool = True,
+    booker: Booker = book,
 ) -> Plan:
     """Decide which waiting jobs start now. Grants go into `snapshot` as they are decided.
 
-    `owner`: the MPS owner of a job's share (see `Request.share_owner`), part of its shape; `cache`: the keys and
-    shapes of earlier passes (a fresh one if None). With `max_starts`, the pass places nothing more once that many
-    are decided: the rest wait for the next pass, unplaced, keeping the reason they had (a job that has none yet is
-    told it waits for the next round), so a burst does not rewrite every queued job's reason.
+    `waiting`: `Work`, or the face's own objects with `work_of` converting each (once per object, kept in `cache`:
+    the keys, shapes and works of earlier passes, a fresh one if None). `ordered`: `waiting` is in the face's order
+    already (sim fair's arrival or fair order) and no `queues` order is asked for. `words` False: the pass may end
+    as soon as every shape waiting has failed now (a simulator asks only what starts; the jobs not reached have no
+    reason). With `max_starts`, the pass places nothing more once that many are decided: the rest wait for the next
+    pass, unplaced, keeping the reason they had (a job that has none yet is told it waits for the next round), so a
+    burst does not rewrite every queued job's reason. `booker`: how the head's reservation is found
+    (`reservation.book`; `reservation.book_fast` on a cluster: the same reservation with fewer placements).
     `ends`: the expected end of each allocation in `snapshot` (allocation id -> epoch seconds; one not named never
     ends, e.g. memory of foreign processes); `default_time_limit_s`: how long a job without a time limit is expected
     to run. Together they place the head's reservation. `queues` (corral.daemon.queues): the order of the pass
@@ -217,12 +225,17 @@ def schedule(
     held back by one waits with its words, and is not the head)."""
     cache = cache if cache is not None else ShapeCache()
     known = cache.entries.get  # inlined look-up: this line runs once per queued job every round
-    entries = [e if (e := known(job.id)) is not None and e.job is job else cache.entry(job, owner) for job in waiting]
+    entries = [
+        e if (e := known(getattr(item, "id", ""))) is not None and e.source is item else cache.entry(item, work_of)
+        for item in waiting
+    ]
     cache.prune(len(entries))
     if queues is not None:
         entries = queues.order(entries)
-    else:
+    elif not ordered:
         entries.sort(key=attrgetter("key"))
+    # Without words, the pass may stop once every shape has failed now: nothing behind can start (gangs aside).
+    shapes = -1 if words or any(e.group for e in entries) else len({e.shape for e in entries})
     starts: list[Start] = []
     reasons: dict[str, str] = {}
     unresolvable: set[str] = set()
@@ -239,8 +252,8 @@ def schedule(
     groups: dict[str, list[_Entry]] | None = None  # gang groups' queued members, in queue order (made when needed)
     groups_done: set[str] = set()
 
-    def planned_end(job: Job) -> float:
-        limit = job.spec.time_limit_s
+    def planned_end(work: Work) -> float:
+        limit = work.time_limit_s
         return now + (limit if limit is not None else default_time_limit_s)
 
     def take(entry: _Entry, start: Start, end: float, outlives: bool) -> None:
@@ -254,7 +267,7 @@ def schedule(
         starts.append(start)
 
     for entry in entries:
-        job = entry.job
+        job = entry.work
         if max_starts is not None and len(starts) >= max_starts:
             if not job.reason:
                 reasons[job.id] = f"waiting for the next round: at most {max_starts} jobs start in one round"
@@ -279,12 +292,10 @@ def schedule(
                 take(m, start, end, outlives)
             if why is not None:
                 for m in members:
-                    reasons[m.job.id] = why
+                    reasons[m.work.id] = why
                 if not booked and entry.wants_gpu and tries:  # did not fit now: the group is the head
                     booked = True
-                    booking = book(
-                        snapshot, combined_request(request_of(job, entry.owner), len(members)), expected, config
-                    )
+                    booking = booker(snapshot, combined_request(job.request, len(members)), expected, config)
             continue
         if queues is not None:
             held_back = queues.gate(entry)
@@ -304,20 +315,22 @@ def schedule(
             if held is not None:
                 reasons[job.id] = held
                 continue
-        request = request_of(job, entry.owner)
+        request = job.request
         placements += 1
         try:
-            decision = _place(snapshot, request, job.spec.instances, config, generator)
+            decision = _place(snapshot, request, job.instances, config, generator)
         except InvalidRequest as exc:  # e.g. a GPU model this machine no longer has: can never start
             failed[entry.shape] = (str(exc), True)
             reasons[job.id] = str(exc)
             unresolvable.add(job.id)
+            if len(failed) == shapes:
+                break
             continue
         if booking is not None and outlives and decision.allocation is not None:
             # It fits now; it runs past the reservation's start, so it must fit beside it too. (Tried now first:
             # what does not fit now fits nowhere, so a long queue that cannot start costs one call per shape.)
             placements += 1
-            decision = _place(booking.view(), request, job.spec.instances, config, generator)
+            decision = _place(booking.view(), request, job.instances, config, generator)
             if decision.allocation is None:
                 r = booking.reservation
                 gpus = ", ".join(map(str, r.allocation.gpu_indices)) or "none"
@@ -341,7 +354,9 @@ def schedule(
             unresolvable.add(job.id)
         elif not booked and entry.wants_gpu:
             booked = True  # the head: the first job that asks for GPUs and does not fit now
-            booking = book(snapshot, combined_request(request, job.spec.instances), expected, config)
+            booking = booker(snapshot, combined_request(request, job.instances), expected, config)
+        if len(failed) == shapes:
+            break  # every shape still waiting fails now: nothing behind can start
     reservation = booking.reservation if booking is not None else None
-    order = [e.job.id for e in entries]
+    order = [e.work.id for e in entries]
     return Plan(starts, reasons, unresolvable, placements, len(failed) + len(delays), reservation, order)

@@ -20,11 +20,11 @@ from corral.cli.views import explain_text, held_text, short_reason, show_lines
 from corral.daemon.core import Daemon
 from corral.daemon.gang import GangExecutor, instance_log
 from corral.daemon.queues import Queues
+from corral.daemon.scheduler import clock_text
 from corral.executor.fake import FakeExecutor
 from corral.gpu.simulated import parse_simulated_inventory
 from corral.placement import PlacementConfig
 from corral.store import MemoryStore
-from corral.tenancy.round import clock_text
 from tests.api.test_api import ALICE, BOB, AsPeer
 
 T0 = 1_800_000_000.0

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from corral.daemon.scheduler import schedule
 from corral.jobs.model import Job, JobSpec, JobState, spec_from_json, spec_to_json
 from corral.model.resources import Allocation, GpuBehavior, GpuGrant, Request
 from corral.model.snapshot import ClusterSnapshot
 from corral.placement import PlacementConfig
-from corral.tenancy.round import schedule
 from tests.builders import cluster, node
 
 CONFIG = PlacementConfig(gpu_behavior=GpuBehavior.UNRESTRICTED)
