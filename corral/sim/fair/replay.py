@@ -116,9 +116,13 @@ class _Sim:
         half_life_s: float,
         round_s: float,
         seed: int,
+        min_runtime_s: float = 0.0,
     ) -> None:
         self.policy = check_policy(policy)
         self.round_s = check_round(round_s)
+        # Who may preempt whom: the candidates handed to the planner are the borrowers, and the preemptor is below
+        # its fair share (both checked here); no priorities; a run is protected for its first `min_runtime_s`.
+        self.rules = Rules(below_guarantee=_anyone, min_runtime=lambda _: min_runtime_s)
         self.half_life_s = check_half_life(half_life_s)
         self.jobs = sorted(jobs, key=lambda j: (j.arrival, j.id))
         n = len(self.jobs)
@@ -349,7 +353,7 @@ class _Sim:
         ]  # fmt: skip
         if not running:
             return False
-        choice = choose(self.snapshot, self.works[k], running, self.config, now, SIM_RULES)
+        choice = choose(self.snapshot, self.works[k], running, self.config, now, self.rules)
         if choice is None:
             return False
         for v in choice.victims:
@@ -358,9 +362,8 @@ class _Sim:
         return True
 
 
-#: Who may preempt whom in the replay: the candidates given are the borrowers, and the preemptor is below its fair
-#: share (the replay checks both); no priorities.
-SIM_RULES = Rules(below_guarantee=lambda _: True)
+def _anyone(_: Work) -> bool:
+    return True
 
 
 def run_fair(
@@ -372,10 +375,12 @@ def run_fair(
     round_s: float = 0.0,
     seed: int = 0,
     progress: Callable[[int, int], None] | None = None,
+    min_runtime_s: float = 0.0,
 ) -> FairResult:
-    """Replay `jobs` under `policy` on a cluster of `nodes` (see the module docstring)."""
+    """Replay `jobs` under `policy` on a cluster of `nodes` (see the module docstring). `min_runtime_s`: a run may
+    not be preempted before it has run this long (serve's `min_runtime`; 0, the default, protects none)."""
     wall = time.perf_counter()
-    sim = _Sim(nodes, jobs, policy, config, half_life_s, round_s, seed)
+    sim = _Sim(nodes, jobs, policy, config, half_life_s, round_s, seed, min_runtime_s)
     n = len(sim.jobs)
     times: list[float] = []
     allocated: list[int] = []
