@@ -124,10 +124,12 @@ def plan_round(
     rng: np.random.Generator | None = None,
     preempt: bool = True,
     booker: Booker = book,
+    prefilter: bool = False,
 ) -> RoundPlan:
     """One round (see the module). `waiting`: `Work`, or a face's own objects with `work_of` (once per object, kept
     in `cache` across rounds); `usage`: the face's `Tenancy` (kept across rounds), or only its fair-share history;
-    `preempt` False: no preemption this round (one is still being carried out)."""
+    `preempt` False: no preemption this round (one is still being carried out); `booker` and `prefilter` for a
+    cluster's scale (round.schedule)."""
     snapshot = cluster.snapshot.copy()
     tenancy = usage if isinstance(usage, Tenancy) else tenancy_for(config, snapshot, usage)
     works = [work_of(w) for w in waiting]
@@ -142,6 +144,7 @@ def plan_round(
     plan = schedule(
         snapshot, offered, config.placement, now, rng if rng is not None else np.random.default_rng(config.seed),
         work_of, cache, config.max_starts, cluster.ends, config.default_time_limit_s, queues, booker=booker,
+        prefilter=prefilter,
     )  # fmt: skip
     reasons = dict(plan.waiting)
     for i in held:

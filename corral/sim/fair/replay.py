@@ -297,7 +297,7 @@ class _Sim:
         # fair shares); grants go into the snapshot as they are decided.
         plan = schedule(
             self.snapshot, [self.works[k] for k in order], self.config, now, self.rng, cache=self.shapes_seen,
-            ends=ends, ordered=True, words=False, booker=book_fast,
+            ends=ends, ordered=True, words=False, booker=book_fast, prefilter=True,
         )  # fmt: skip
         for st in plan.starts:
             self.start(self.index[st.job_id], st.allocation, now, allocated=True)
