@@ -36,6 +36,7 @@ from corral.jobs.model import FINAL_STATES, Job, JobSpec
 from corral.model.errors import InvalidRequest
 from corral.model.resources import Node
 from corral.model.snapshot import ClusterSnapshot
+from corral.queue.config import load_queues
 from corral.store.base import JobQuery, Store
 from corral.tenancy.config import (
     DEFAULT_MIN_RUNTIME_S,
@@ -43,7 +44,6 @@ from corral.tenancy.config import (
     QueueConfigError,
     QueuesConfig,
     Vector,
-    load_queues,
     validate_against_machine,
 )
 from corral.tenancy.fairshare import UsageLedger, amount

@@ -1,83 +1,83 @@
-"""Moved to `corral.tenancy.config`; its names stay importable from here for code not yet changed (docs/tenancy.md)."""
+"""The queues file: read from disk here (the only I/O of the queues' configuration); parsed and validated by the
+pure `corral.tenancy.config`, whose names stay importable from here (docs/tenancy.md, docs/queues.md)."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
 
 from corral.tenancy.config import (
-    _MAX as _MAX,
+    DEFAULT_HALF_LIFE_S,
+    DEFAULT_MIN_RUNTIME_S,
+    DEFAULT_QUEUE,
+    DIMENSIONS,
+    MAX_DEPTH,
+    MAX_FILE_BYTES,
+    MAX_MIN_RUNTIME_S,
+    MAX_PRINCIPALS,
+    MAX_QUEUES,
+    MAX_TABLES,
+    MAX_WEIGHT,
+    NAMES,
+    Amounts,
+    Principal,
+    QueueConfigError,
+    QueuesConfig,
+    QueueSpec,
+    Vector,
+    check_bounds,
+    parse_queues,
+    validate_against_machine,
+    vector_value,
 )
-from corral.tenancy.config import (
-    _SCAN as _SCAN,
-)
-from corral.tenancy.config import (
-    DEFAULT_HALF_LIFE_S as DEFAULT_HALF_LIFE_S,
-)
-from corral.tenancy.config import (
-    DEFAULT_MIN_RUNTIME_S as DEFAULT_MIN_RUNTIME_S,
-)
-from corral.tenancy.config import (
-    DEFAULT_QUEUE as DEFAULT_QUEUE,
-)
-from corral.tenancy.config import (
-    DIMENSIONS as DIMENSIONS,
-)
-from corral.tenancy.config import (
-    MAX_DEPTH as MAX_DEPTH,
-)
-from corral.tenancy.config import (
-    MAX_FILE_BYTES as MAX_FILE_BYTES,
-)
-from corral.tenancy.config import (
-    MAX_MIN_RUNTIME_S as MAX_MIN_RUNTIME_S,
-)
-from corral.tenancy.config import (
-    MAX_PRINCIPALS as MAX_PRINCIPALS,
-)
-from corral.tenancy.config import (
-    MAX_QUEUES as MAX_QUEUES,
-)
-from corral.tenancy.config import (
-    MAX_TABLES as MAX_TABLES,
-)
-from corral.tenancy.config import (
-    MAX_WEIGHT as MAX_WEIGHT,
-)
-from corral.tenancy.config import (
-    NAMES as NAMES,
-)
-from corral.tenancy.config import (
-    Amounts as Amounts,
-)
-from corral.tenancy.config import (
-    Principal as Principal,
-)
-from corral.tenancy.config import (
-    QueueConfigError as QueueConfigError,
-)
-from corral.tenancy.config import (
-    QueuesConfig as QueuesConfig,
-)
-from corral.tenancy.config import (
-    QueueSpec as QueueSpec,
-)
-from corral.tenancy.config import (
-    Vector as Vector,
-)
-from corral.tenancy.config import (
-    _check_counts as _check_counts,
-)
-from corral.tenancy.config import (
-    _Reader as _Reader,
-)
-from corral.tenancy.config import (
-    check_bounds as check_bounds,
-)
-from corral.tenancy.config import (
-    load_queues as load_queues,
-)
-from corral.tenancy.config import (
-    parse_queues as parse_queues,
-)
-from corral.tenancy.config import (
-    validate_against_machine as validate_against_machine,
-)
-from corral.tenancy.config import (
-    vector_value as vector_value,
-)
+
+
+def load_queues(path: Path) -> QueuesConfig:
+    """The queues file at `path`, read (a regular file, at most MAX_FILE_BYTES of UTF-8) and parsed; QueueConfigError
+    naming the file otherwise."""
+    try:
+        # O_NONBLOCK and the check on the open descriptor: a FIFO or a device put there would block a reload (which
+        # may run under the daemon's lock) or never end; only a regular file is read.
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise QueueConfigError(f"{path}: not a regular file (a queues file is a TOML file)")
+            data = f.read(MAX_FILE_BYTES + 1)  # no further: a larger file is refused by its size
+    except OSError as exc:
+        raise QueueConfigError(f"{path}: cannot read the queues file: {exc.strerror or exc}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise QueueConfigError(
+            f"{path}: the file is more than {MAX_FILE_BYTES} bytes (a queues file may have at most {MAX_FILE_BYTES})"
+        )
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise QueueConfigError(f"{path}: not UTF-8 text") from None
+    return parse_queues(text, str(path))
+
+
+__all__ = [
+    "DEFAULT_HALF_LIFE_S",
+    "DEFAULT_MIN_RUNTIME_S",
+    "DEFAULT_QUEUE",
+    "DIMENSIONS",
+    "MAX_DEPTH",
+    "MAX_FILE_BYTES",
+    "MAX_MIN_RUNTIME_S",
+    "MAX_PRINCIPALS",
+    "MAX_QUEUES",
+    "MAX_TABLES",
+    "MAX_WEIGHT",
+    "NAMES",
+    "Amounts",
+    "Principal",
+    "QueueConfigError",
+    "QueueSpec",
+    "QueuesConfig",
+    "Vector",
+    "check_bounds",
+    "load_queues",
+    "parse_queues",
+    "validate_against_machine",
+    "vector_value",
+]

@@ -1,8 +1,11 @@
-"""Moved to `corral.tenancy.order`; its names stay importable from here for code not yet changed (docs/tenancy.md)."""
+"""Moved to `corral.tenancy.order`; its names stay importable here for code not yet changed (docs/tenancy.md)."""
 
 from corral.tenancy.order import (
-    queue_key as queue_key,
+    queue_key,
+    queue_order,
 )
-from corral.tenancy.order import (
-    queue_order as queue_order,
-)
+
+__all__ = [
+    "queue_key",
+    "queue_order",
+]

@@ -36,13 +36,10 @@ a promise the scheduler cannot keep.
 from __future__ import annotations
 
 import math
-import os
 import re
-import stat
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from corral.model.errors import CorralError, InvalidRequest
@@ -425,27 +422,6 @@ def parse_queues(text: str, source: str = "queues.toml") -> QueuesConfig:
             else DEFAULT_MIN_RUNTIME_S
         ),
     )
-
-
-def load_queues(path: Path) -> QueuesConfig:
-    try:
-        # O_NONBLOCK and the check on the open descriptor: a FIFO or a device put there would block a reload (which
-        # may run under the daemon's lock) or never end; only a regular file is read.
-        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                raise QueueConfigError(f"{path}: not a regular file (a queues file is a TOML file)")
-            data = f.read(MAX_FILE_BYTES + 1)  # no further: a larger file is refused by its size
-    except OSError as exc:
-        raise QueueConfigError(f"{path}: cannot read the queues file: {exc.strerror or exc}") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise QueueConfigError(
-            f"{path}: the file is more than {MAX_FILE_BYTES} bytes (a queues file may have at most {MAX_FILE_BYTES})"
-        )
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise QueueConfigError(f"{path}: not UTF-8 text") from None
-    return parse_queues(text, str(path))
 
 
 def validate_against_machine(config: QueuesConfig, capacity: Vector) -> None:
