@@ -24,7 +24,7 @@ import logging
 import math
 import os
 import pwd
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -263,10 +263,12 @@ class Queues(Tenancy):
             {j.id: queue_of(j) for j in waiting}, self.running(holding), free_of(snapshot), now, default_time_limit_s
         )
 
-    def running(self, holding: Sequence[Job]) -> list[Running]:
-        """Serve's jobs that hold resources as tenancy sees them."""
+    def running(self, holding: Sequence[Job], gone: Collection[str] = ()) -> list[Running]:
+        """Serve's jobs that hold resources as tenancy sees them; `gone`: jobs whose exit came and is not yet
+        handled (they hold their grant this round, and are no victims)."""
         queue_of = self.queue_of
-        return [running_of(j, queue_of(j)) for j in holding]
+        out = [running_of(j, queue_of(j)) for j in holding]
+        return [replace(r, stopping=True) if r.id in gone else r for r in out] if gone else out
 
     def work(self, job: Job) -> Work:
         """A queued job as tenancy sees it (the preemption rules and the limits take these)."""

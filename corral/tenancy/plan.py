@@ -35,7 +35,7 @@ from corral.placement import PlacementConfig
 from corral.tenancy.config import QueuesConfig
 from corral.tenancy.fairshare import UsageLedger, amount
 from corral.tenancy.model import Running, Work
-from corral.tenancy.preemption import choose, protected
+from corral.tenancy.preemption import Rules, choose, protected
 from corral.tenancy.queues import Tenancy
 from corral.tenancy.quota import NOT_PREEMPTIBLE, free_of
 from corral.tenancy.reservation import DEFAULT_TIME_LIMIT_S, Booker, Reservation, book
@@ -75,6 +75,7 @@ class Preemption:
     allocation: Allocation
     why: Mapping[str, str]  # victim id -> "priority" | "guarantee"
     words: Mapping[str, str]  # victim id -> the reason it keeps
+    gpu_seconds: Mapping[str, float] = field(default_factory=dict)  # victim id -> the GPU time its stop loses
 
 
 @dataclass(frozen=True)
@@ -123,21 +124,24 @@ def plan_round(
     cache: ShapeCache | None = None,
     rng: np.random.Generator | None = None,
     preempt: bool = True,
+    rules: Rules | None = None,
     booker: Booker = book,
     prefilter: bool = False,
 ) -> RoundPlan:
     """One round (see the module). `waiting`: `Work`, or a face's own objects with `work_of` (once per object, kept
     in `cache` across rounds); `usage`: the face's `Tenancy` (kept across rounds), or only its fair-share history;
-    `preempt` False: no preemption this round (one is still being carried out); `booker` and `prefilter` for a
-    cluster's scale (round.schedule)."""
+    `preempt` False: no preemption this round (one is still being carried out); `rules`: who may preempt whom, in
+    place of the queues' (`Tenancy.preemption_rules`); `booker` and `prefilter` for a cluster's scale
+    (round.schedule). With a `Tenancy`, its own configuration is the queues file (`config.queues` is not read)."""
     snapshot = cluster.snapshot.copy()
     tenancy = usage if isinstance(usage, Tenancy) else tenancy_for(config, snapshot, usage)
-    works = [work_of(w) for w in waiting]
+    cache = cache if cache is not None else ShapeCache()
+    works = [cache.work(w, work_of) for w in waiting]  # each converted once per object (the cache keeps it)
     by_id = {w.id: w for w in works}
     queues = tenancy.plan_queues(
         {w.id: w.queue for w in works}, running, free_of(snapshot), now, config.default_time_limit_s
     )
-    rules = tenancy.preemption_rules()
+    rules = rules if rules is not None else tenancy.preemption_rules()
     # (without a `may_borrow` rule, a long queue is not walked for it)
     held = set() if rules.borrows_freely else {w.id for w in works if not w.preemptible and not rules.may_borrow(w)}
     offered = [item for item, w in zip(waiting, works, strict=True) if w.id not in held] if held else waiting
@@ -167,7 +171,8 @@ def plan_round(
             if choice is not None:
                 ids = tuple(v.job.id for v in choice.victims)
                 why = {v.job.id: v.why for v in choice.victims}
-                preemptions.append(Preemption(head.id, ids, choice.allocation, why, choice.words))
+                lost = {v.job.id: v.gpu_seconds for v in choice.victims}
+                preemptions.append(Preemption(head.id, ids, choice.allocation, why, choice.words, lost))
             else:
                 later = protected(snapshot, head, candidates, config.placement, now, rules)
                 if later is not None:

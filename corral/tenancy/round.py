@@ -114,6 +114,13 @@ class ShapeCache:
         self.entries[work.id] = made
         return made
 
+    def work(self, item: T, work_of: Callable[[T], Work]) -> Work:
+        """`item`'s Work: the one made for this very object, or a new one (kept)."""
+        found = self.entries.get(getattr(item, "id", ""))
+        if found is not None and found.source is item:
+            return found.work
+        return self.entry(item, work_of).work
+
     def prune(self, keep: int) -> None:
         """Forget jobs that have left the queue once the cache holds more than twice `keep` of them."""
         if len(self.entries) > 2 * keep + 64:
