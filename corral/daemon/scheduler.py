@@ -47,8 +47,8 @@ def work_of(job: Job, queue: str | None = None, owner: str = "") -> Work:
     """A queued job as tenancy sees it."""
     s = job.spec
     return Work(
-        job.id, request_of(job, owner), queue or s.queue or DEFAULT_QUEUE, s.user, s.gid, job.submitted_at,
-        s.instances, s.gang_group, s.gang_size, s.time_limit_s, s.preemptible, job.not_before, job.reason,
+        job.id, s.request, queue or s.queue or DEFAULT_QUEUE, s.user, s.gid, job.submitted_at, s.instances,
+        s.gang_group, s.gang_size, s.time_limit_s, s.preemptible, job.not_before, job.reason, owner,
     )  # fmt: skip
 
 

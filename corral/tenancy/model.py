@@ -13,7 +13,7 @@ keeps (serve keeps each job's Work while the job object is unchanged).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from corral.model.resources import GpuGrant, Request
 from corral.tenancy.config import DEFAULT_QUEUE
@@ -24,7 +24,7 @@ class Work:
     """One waiting unit: a job, a pod, a gang member."""
 
     id: str
-    request: Request  # one instance's ask, its `id` this work's (and its MPS share owner, if any); its priority
+    request: Request  # one instance's ask (its priority); `placing` gives it this work's id and share owner
     queue: str = DEFAULT_QUEUE
     user: str = ""
     gid: int = -1  # the user's primary group (group limits and weights); -1: none known
@@ -36,6 +36,17 @@ class Work:
     preemptible: bool = True  # False: never a victim, and so it starts only within its queue's guarantee
     not_before: float = 0.0  # not due before this time (a retry's back-off)
     reason: str = ""  # what it was told last (a round that places nothing more keeps it)
+    share_owner: str = ""  # the user its GPU share is tied to (MPS), "" for the request's own
+
+    @property
+    def placing(self) -> Request:
+        """The request the engine places: its id this work's, its share owner this work's if set. Made only when
+        placed (a face converts thousands of waiting objects a round; a copy of each request would cost that)."""
+        r = self.request
+        owner = self.share_owner or r.share_owner
+        if r.id == self.id and r.share_owner == owner:
+            return r
+        return replace(r, id=self.id, share_owner=owner)
 
     @property
     def priority(self) -> int:

@@ -168,7 +168,7 @@ def choose(
     None when no eligible set does (then nothing is preempted). `snapshot` is not changed; each allocation in it is
     named by its holder's id (`Running.id`)."""
     rules = rules or Rules()
-    request = preemptor.request
+    request = preemptor.placing
     victims = [v for v in candidates(snapshot, preemptor, running, now, rules) if rules.protected_until(v.job) <= now]
     if not victims:
         return None
@@ -298,7 +298,7 @@ def protected(
         left = snapshot.copy()
         for v in free + waiting[:k]:
             left.release(v.job.id)
-        if _grant(left, preemptor, preemptor.request, config) is not None:
+        if _grant(left, preemptor, preemptor.placing, config) is not None:
             chosen = waiting[:k]
             at = rules.protected_until(chosen[-1].job)
             return Protected(at, tuple(v.job.id for v in chosen), max(v.min_runtime_s for v in chosen))

@@ -108,7 +108,11 @@ class ShapeCache:
         if found is not None and found.source is item:
             return found
         request = work.request
-        shape = (request.placement_key(), request.share_owner, work.instances)  # a gang of 3 fits where 2 fit, or not
+        shape = (
+            request.placement_key(),
+            work.share_owner or request.share_owner,
+            work.instances,
+        )  # a gang of 3 fits where 2 fit, or not
         index = self.shapes.setdefault(shape, len(self.shapes))
         made = _Entry(item, work, queue_key(work), index, request.wants_gpu, work.gang)
         self.entries[work.id] = made
@@ -171,7 +175,7 @@ def _place_group(
         if held_back is not None:
             return [], f"gang: {held_back}", 0
     space = booking.view() if booking is not None else snapshot
-    found = place_members(space, [m.work.request for m in members], config, rng)
+    found = place_members(space, [m.work.placing for m in members], config, rng)
     tries = found.fitted + 1
     if found.error is not None:
         return [], f"gang: instance job {members[found.fitted].work.id}: {found.error}", tries
@@ -318,7 +322,7 @@ def schedule(
                     reasons[m.work.id] = why
                 if not booked and entry.wants_gpu and tries:  # did not fit now: the group is the head
                     booked = True
-                    booking = booker(snapshot, combined_request(job.request, len(members)), expected, config)
+                    booking = booker(snapshot, combined_request(job.placing, len(members)), expected, config)
             continue
         if queues is not None:
             held_back = queues.gate(entry)
@@ -338,7 +342,7 @@ def schedule(
             if held is not None:
                 reasons[job.id] = held
                 continue
-        request = job.request
+        request = job.placing
         if prefilter and job.instances == 1 and not may_fit(snapshot, request):
             # Cannot fit now by the necessary test: as a failed placement, without its call (a cluster's queue).
             failed[entry.shape] = (NO_ROOM_NOW, False)
