@@ -14,9 +14,10 @@
 
 Serve's round is this call (corral.daemon.core.Daemon.tick, its jobs converted by corral.daemon.scheduler.work_of);
 sim fair's (corral.sim.fair.replay) runs the same pass and preemption planner in its own order;
-tests/tenancy/test_three_faces.py gives one workload to all three and checks they decide alike. A batch scheduler (next: `corral k8s scheduler`) maps each
-pending pod to a `Work` (namespace or queue label -> `queue`, PodGroup -> `gang`, minMember -> `gang_size`), each
-bound pod to a `Running`, its nodes and their pods' grants to a `ClusterView`, and carries the plan out.
+tests/tenancy/test_three_faces.py gives one workload to all three and checks they decide alike. A batch scheduler
+(next: `corral k8s scheduler`) maps each pending pod to a `Work` (namespace or queue label -> `queue`, PodGroup ->
+`gang`, minMember -> `gang_size`), each bound pod to a `Running`, its nodes and their pods' grants to a
+`ClusterView`, and carries the plan out.
 
 Pure: no clock (`now` is given), no I/O; `cluster.snapshot` is not changed (the plan is made on a copy).
 """
