@@ -8,8 +8,9 @@
 
 The workload makes each rule decide once: four 1-GPU jobs of u1 fill the box; u2's 2-GPU job reclaims its half by
 preempting u1's two latest (the cheapest, fewest borrowers); u2's 4-GPU job is the head and gets a reservation; a
-short job of u1 backfills before it without delaying it; the preempted jobs run again, then the head. Each face
-reports, per job, when it first started and how many times it started; they must agree, with the victims.
+short job of u2 backfills before it without delaying it; the preempted jobs run again after the head. Each face
+reports, per job, when it first started, how many times it started (the victims: twice) and each head's first
+reservation; they must agree. serve and the plan_round loop also report the queue order at each instant: the same.
 """
 
 from __future__ import annotations
@@ -79,6 +80,9 @@ WORKLOAD = (
 class Decisions:
     first_start: dict[str, float]  # workload time of each job's first start
     starts: dict[str, int]  # how many times each job started (2: preempted once)
+    reserved: dict[str, float]  # each head's first reservation: when (workload time) it was promised to start
+    #: The queue order of the round at each instant (serve's first round there), for the faces that report one.
+    orders: dict[int, tuple[str, ...]] = dataclasses.field(default_factory=dict, compare=False)
 
 
 def node() -> Node:
@@ -100,6 +104,8 @@ def serve_face(tmp_path: Path, workload: Sequence[Item]) -> Decisions:
     by_id: dict[str, Item] = {}
     first: dict[str, float] = {}
     starts: dict[str, int] = {}
+    reserved: dict[str, float] = {}
+    orders: dict[int, tuple[str, ...]] = {}
     ends: list[tuple[int, str, int]] = []  # (workload time, job id, its start number)
     arrivals = sorted(workload, key=lambda i: (i.arrival, i.name))
     a = 0
@@ -120,13 +126,18 @@ def serve_face(tmp_path: Path, workload: Sequence[Item]) -> Decisions:
                            time_limit_s=float(item.limit), queue=item.user)  # fmt: skip
             by_id[daemon.submit(spec).id] = item
             a += 1
-        for _ in range(3):  # exits, then what they free
+        for k in range(3):  # exits, then what they free
             for jid in daemon.tick():
                 item = by_id[jid]
                 first.setdefault(item.name, float(t))
                 starts[item.name] = starts.get(item.name, 0) + 1
                 heapq.heappush(ends, (t + item.duration, jid, starts[item.name]))
-    return Decisions(first, starts)
+            r = daemon.reservation
+            if k == 0:  # the round the other faces make at this instant (the later ones see the exits it caused)
+                orders[t] = tuple(by_id[i].name for i in daemon.queue_order)
+                if r is not None:
+                    reserved.setdefault(by_id[r.job_id].name, r.start - T0)
+    return Decisions(first, starts, reserved, orders)
 
 
 def sim_face(workload: Sequence[Item]) -> Decisions:
@@ -135,6 +146,11 @@ def sim_face(workload: Sequence[Item]) -> Decisions:
     return Decisions(
         {j.id: float(r.first_start[k]) for k, j in enumerate(r.jobs)},
         {j.id: int(r.runs[k]) for k, j in enumerate(r.jobs)},
+        {
+            j.id: float(r.first_reservation[k])
+            for k, j in enumerate(r.jobs)
+            if r.first_reservation[k] == r.first_reservation[k]
+        },
     )
 
 
@@ -152,6 +168,8 @@ def batch_face(workload: Sequence[Item], plan: Callable[..., object] = plan_roun
     running: dict[str, tuple[Running, Allocation, int]] = {}  # name -> record, grant, start number
     first: dict[str, float] = {}
     starts: dict[str, int] = {}
+    reserved: dict[str, float] = {}
+    orders: dict[int, tuple[str, ...]] = {}
     ends: list[tuple[int, str, int]] = []
     arrivals = sorted(workload, key=lambda i: (i.arrival, i.name))
     a = 0
@@ -192,19 +210,24 @@ def batch_face(workload: Sequence[Item], plan: Callable[..., object] = plan_roun
             config, list(waiting.values()), [r for r, _, _ in running.values()], ClusterView(snapshot, expected),
             tenancy, float(t),
         )  # fmt: skip
+        orders[t] = result.order
+        for res in result.reservations:
+            reserved.setdefault(res.job_id, res.start)
         for s in result.starts:
             start(s.job_id, s.allocation, t)
         for p in result.preemptions:
             for victim in p.victims:
                 stop(victim, t, requeue=True)
             start(p.preemptor, p.allocation, t)
-    return Decisions(first, starts)
+    return Decisions(first, starts, reserved, orders)
 
 
 # ------------------------------------------------------------------------------------------------ the test
 EXPECTED = Decisions(
     first_start={"h1": 0, "h2": 1, "h3": 2, "h4": 3, "light": 10, "big": 1001, "short": 110},
     starts={"h1": 1, "h2": 1, "h3": 2, "h4": 2, "light": 1, "big": 1, "short": 1},
+    # light, the head at 10 until it preempts; big, when h1 and h2 end (light ends at 110); h3, behind big
+    reserved={"light": 1001, "big": 1001, "h3": 1051},
 )
 
 
@@ -215,11 +238,16 @@ def test_serve_sim_fair_and_a_plain_plan_round_make_the_same_decisions(tmp_path:
     assert sim == EXPECTED, "sim fair"
     assert batch == EXPECTED, "plan_round"
     assert serve == EXPECTED, "corral serve"
+    assert serve.orders == batch.orders  # the same queue order at every instant (fair share, then age)
+    # u2 has used less: its job first; then the accounts alternate as each offer adds its projected usage
+    assert batch.orders[21] == ("big", "h3", "short", "h4")
 
 
 def test_without_the_preemptor_the_three_faces_still_agree_and_nobody_is_preempted(tmp_path: Path) -> None:
     workload = [i for i in WORKLOAD if i.name != "light"]
     sim = sim_face(workload)
     assert sim.starts == {i.name: 1 for i in workload}
-    assert batch_face(workload) == sim
-    assert serve_face(tmp_path, workload) == sim
+    batch = batch_face(workload)
+    serve = serve_face(tmp_path, workload)
+    assert batch == sim and serve == sim
+    assert serve.orders == batch.orders
