@@ -75,7 +75,7 @@ from corral.daemon.core import Daemon, Targets
 from corral.daemon.gang import MAX_INSTANCES, instance_log
 from corral.daemon.preemption import PREEMPTING, Rules
 from corral.daemon.queues import Forbidden
-from corral.daemon.scheduler import clock_text
+from corral.daemon.scheduler import clock_text, running_of, work_of
 from corral.daemon.tokens import TokenFileError, TokenNotFound, TokenStore
 from corral.daemon.waiting import queue_story, wait_story
 from corral.jobs import array, dependency
@@ -280,12 +280,13 @@ def running_story(
     elif not job.spec.preemptible:
         can = False
         said.append("It cannot be preempted: it was submitted with --no-preempt.")
-    elif not rules.borrowing(job):
+    elif not rules.borrowing(running_of(job, queue)):
         can = False
         said.append(f"It cannot be preempted now: it runs within its queue {queue!r}'s guarantee.")
     else:
         can = True
-        by = [w.id for w in waiting if rules.why(w, job) is not None]
+        me = running_of(job, queue)
+        by = [w.id for w in waiting if rules.why(work_of(w), me) is not None]
         whom = f"a waiting job of a priority above its {job.spec.request.priority}"
         if queue is not None:
             whom += " or of a queue below its guarantee (it borrows above its own queue's)"
@@ -304,7 +305,8 @@ def running_story(
 def preemptable_story(job: Job, holding: Sequence[Job], rules: Rules) -> tuple[list[str], str]:
     """The running jobs a waiting job may preempt (the planner's `Rules.why`), and a sentence on them ("" if none)."""
     why = {"priority": "a lower priority", "guarantee": "borrowing above its queue's guarantee"}
-    found = [(h.id, w) for h in holding if (w := rules.why(job, h)) is not None]
+    me = work_of(job)
+    found = [(h.id, w) for h in holding if (w := rules.why(me, running_of(h))) is not None]
     if not found:
         return [], ""
     shown = ", ".join(f"{i} ({why.get(w, w)})" for i, w in found[:10])

@@ -63,7 +63,6 @@ from corral.daemon.lockstat import Released, daemon_lock
 from corral.daemon.preemption import DEFAULT_GRACE_S
 from corral.daemon.queues import Queues
 from corral.daemon.queues import default_path as default_queues_path
-from corral.daemon.reservation import DEFAULT_TIME_LIMIT_S
 from corral.daemon.tokens import TokenFileError, TokenStore
 from corral.dashboard import Dashboard, cross_site_write, is_open
 from corral.dashboard.sessions import Sessions
@@ -79,12 +78,13 @@ from corral.model.resources import GpuBehavior, Node
 from corral.placement import PlacementConfig
 from corral.placement.native import kernels
 from corral.placement.registry import get_policy
-from corral.queue.config import QueueConfigError
 from corral.services import health
 from corral.services.ports import ENV as PORTS_ENV
 from corral.services.ports import parse_range
 from corral.store import SqliteStore
 from corral.store.retention import DEFAULT_RETENTION_S, Pruner
+from corral.tenancy.config import QueueConfigError
+from corral.tenancy.reservation import DEFAULT_TIME_LIMIT_S
 
 log = logging.getLogger("corral.serve")
 

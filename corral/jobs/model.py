@@ -4,7 +4,7 @@
     RUNNING --> SUCCEEDED (exit 0) | FAILED (non-zero, signal, time limit) | CANCELLED (user) | LOST (daemon
     restarted and the process was gone or not ours)
     FAILED / LOST with attempts left --> QUEUED again after a back-off (`not_before`)
-    STARTING / RUNNING --(preempted: SIGTERM, grace, SIGKILL; corral.daemon.preemption)--> QUEUED, attempts kept
+    STARTING / RUNNING --(preempted: SIGTERM, grace, SIGKILL; corral.tenancy.preemption)--> QUEUED, attempts kept
     QUEUED / STARTING --> CANCELLED
 
 A job's resources are held from STARTING until it reaches a final state, so a job that has just started keeps its
@@ -115,7 +115,7 @@ class JobSpec:
     #: (a scheduled job's run, a service's instance), so the definition's controller can follow it.
     origin: str = ""
     #: False: never chosen as a victim of preemption (docs/preemption.md); once queues land, it starts only within
-    #: its queue's guarantee (`corral.daemon.preemption.Rules.may_borrow`).
+    #: its queue's guarantee (`corral.tenancy.preemption.Rules.may_borrow`).
     preemptible: bool = True
     #: A gang (corral.daemon.gang): `instances` processes, each with its own grant of `request`, all started or none.
     instances: int = 1
@@ -123,7 +123,7 @@ class JobSpec:
     #: The queue it was submitted to ("" before queues existed, or from a face that names none: the default queue).
     queue: str = ""
     #: A gang of jobs (a Marathon app's instances with the label corral.gang): the jobs that share this group start
-    #: together or none does (corral.daemon.scheduler), and only once all `gang_size` of them are queued.
+    #: together or none does (corral.tenancy.round), and only once all `gang_size` of them are queued.
     gang_group: str = ""
     gang_size: int = 0
     #: Jobs it waits for, in Slurm's words (corral.jobs.dependency): afterok:3, singleton, ...; () for none.
