@@ -59,6 +59,9 @@ class LaunchSpec:
     #: The request's CPU (milli) and memory (MiB) per process: its cgroup's cpu.max and memory.max where enforced.
     cpu_milli: int = 0
     memory_mib: int = 0
+    #: corral's own variables for this job beyond its id (an array task's CORRAL_ARRAY_* and SLURM_ARRAY_*): set on
+    #: top of `env`, whose CORRAL_* variables the executor drops (a submitted one is never corral's).
+    corral_env: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.job_id:

@@ -26,6 +26,7 @@ from corral.model.errors import InvalidRequest
 from corral.model.resources import Constraint, GpuBehavior, GpuGrant, Request
 
 if TYPE_CHECKING:
+    from corral.jobs.array import ArrayTask
     from corral.jobs.dependency import Dependency
 
 
@@ -131,6 +132,8 @@ class JobSpec:
     held_by: str = ""
     #: Changes made after submission (hold, release, update), oldest first: `show` lists them (docs/hold-update.md).
     history: tuple[Change, ...] = ()
+    #: A task of a job array (corral.jobs.array): the array's id, this task's id, the array's tasks; None otherwise.
+    array: ArrayTask | None = None
 
     def __post_init__(self) -> None:
         if not self.command or not self.command[0]:
@@ -267,6 +270,7 @@ def spec_to_json(s: JobSpec) -> str:
             **({"kill_on_invalid_dep": True} if s.kill_on_invalid_dep else {}),
             **({"held_by": s.held_by} if s.held_by else {}),
             **({"history": [c.to_dict() for c in s.history]} if s.history else {}),
+            **({"array": array_dict(s.array)} if s.array is not None else {}),
         },
         sort_keys=True,
     )
@@ -285,6 +289,16 @@ def loads(text: str | bytes) -> Any:
         return orjson.loads(text)
     except orjson.JSONDecodeError:
         return json.loads(text)
+
+
+def array_dict(a: ArrayTask) -> dict[str, Any]:
+    return {"job": a.job_id, "task": a.task, "spec": a.spec.text}
+
+
+def array_from(d: Mapping[str, Any]) -> ArrayTask:
+    from corral.jobs import array
+
+    return array.ArrayTask(str(d["job"]), int(d["task"]), array.parse(str(d["spec"])))
 
 
 def spec_from_json(text: str) -> JobSpec:
@@ -316,4 +330,5 @@ def spec_from_json(text: str) -> JobSpec:
         kill_on_invalid_dep=bool(d.get("kill_on_invalid_dep", False)),
         held_by=str(d.get("held_by", "")),  # absent in jobs stored before hold existed, or never held
         history=tuple(Change.from_dict(c) for c in d.get("history", ())),
+        array=array_from(d["array"]) if d.get("array") else None,  # absent: not an array's task
     )
