@@ -15,6 +15,7 @@
     GET  /v1/jobs/{id}/logs?offset=N   its output from byte N (text/plain); ?tail=N: its last N bytes; a gang's
          &instance=K                   instance K's (default 0; X-Corral-Instances: how many it has)
     GET  /v1/gpus                      each GPU: who holds which share, live use, memory of foreign processes
+    GET  /v1/acct, /v1/acct/summary    jobs that ended, with hours and GPU efficiency (corral.api.acct)
     GET  /metrics                      Prometheus text format (docs/metrics.md); per-job series for root only
     GET  /healthz, /readyz             alive; ready (store answers, a scheduling round ended recently): no caller needed
     POST /v1/tokens, GET /v1/tokens, DELETE /v1/tokens/{id}   bearer tokens for TCP (Unix socket only)
@@ -930,6 +931,9 @@ def create_app(
             return SafeJSONResponse(status_code=503, content={"status": "not ready", "problems": problems, **contained})
         return JSONResponse({"status": "ready", **contained})
 
+    from corral.api.acct import acct_router  # here: it takes Caller from this module
+
+    app.include_router(acct_router(daemon))  # corral acct: /v1/acct, /v1/acct/summary
     for router in routers:  # the faces installed by corral.daemon.extensions
         app.include_router(router)
     return app

@@ -46,6 +46,7 @@ from corral.daemon.queues import NOT_PREEMPTIBLE, Forbidden, Queues
 from corral.daemon.reservation import DEFAULT_TIME_LIMIT_S, Reservation, expected_end
 from corral.daemon.scheduler import Plan, ShapeCache, request_of, schedule
 from corral.executor.base import Executor, Exit, Found, Handle, LaunchSpec
+from corral.gpu.accounting import UsageMeter
 from corral.gpu.discovery import GpuDiscoveryError
 from corral.gpu.metrics import GpuSampler, GpuUse, ProcessInfo, attribute, read_process
 from corral.gpu.mps import MpsControl, MpsError
@@ -239,6 +240,8 @@ class Daemon:
         self.gpu_use: dict[str, GpuUse] = {}  # by GPU UUID, from the latest sample
         self._sampled_at = -math.inf
         self._sample_failed = False
+        #: Each running job's GPU use (utilisation, peak memory), stored with its end for `corral acct`.
+        self.usage = UsageMeter(node, sample_every_s)
         self.controllers: list[Controller] = list(controllers)
         #: "docker" or "podman": how jobs that name a container image run; None: such jobs are refused at admission.
         self.container_runtime = container_runtime
@@ -547,6 +550,7 @@ class Daemon:
         holding = self.store.list([JobState.STARTING, JobState.RUNNING])
         self._say_over_limit(holding, now)
         self._sample(holding, now)
+        self.usage.observe(holding, self.gpu_use, now)
         if self.watchdog != "off":
             self._watch_memory(holding)
         snapshot = self.snapshot(holding)
@@ -1195,7 +1199,9 @@ class Daemon:
         self.executor.forget(job.id, job.attempts)  # stored: the supervisor's record has done its work
 
     def _ended(self, job: Job, state: JobState, now: float, exit_code: int | None, reason: str) -> None:
-        done = self.store.transition(job.id, state, finished_at=now, exit_code=exit_code, reason=reason)
+        done = self.store.transition(
+            job.id, state, finished_at=now, exit_code=exit_code, reason=reason, usage=self.usage.usage_of(job)
+        )
         self.queues.charge(done)  # its run counts in its account's fair share from now on
         log.info("job %s of %s ended: %s (%s)", job.id, job.spec.user, state.value, reason)
         self.metrics.job_ended(state, reason)

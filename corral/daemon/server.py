@@ -84,6 +84,7 @@ from corral.services import health
 from corral.services.ports import ENV as PORTS_ENV
 from corral.services.ports import parse_range
 from corral.store import SqliteStore
+from corral.store.retention import DEFAULT_RETENTION_S, Pruner
 
 log = logging.getLogger("corral.serve")
 
@@ -532,6 +533,7 @@ def serve(
     preempt_grace_s: float = DEFAULT_GRACE_S,
     queues_file: Path | None = None,
     exit_process: bool = False,
+    retention_s: float | None = DEFAULT_RETENTION_S,
 ) -> None:
     """Run the daemon until SIGTERM or SIGINT.
 
@@ -546,6 +548,7 @@ def serve(
     `preempt_grace_s`: between the SIGTERM and the SIGKILL of a preempted job (docs/preemption.md).
     `queues_file`: queues, limits and fair share (docs/queues.md); None: STATE_DIR/queues.toml if it exists, else one
     queue without limits. SIGHUP (or POST /v1/queues/reload) reads it again; a bad file leaves the old in place.
+    `retention_s`: how long jobs that ended are kept (job and accounting record), None for ever (docs/acct.md).
     `exit_process`: once stopped and cleaned up, end the process (status 0) instead of returning (see the module's
     note on shutdown); `corral serve` sets it.
     """
@@ -746,12 +749,17 @@ def serve(
 
     ticker.start()
     dashboard.start()
+    pruner = Pruner(store, retention_s) if retention_s is not None else None
+    if pruner is not None:
+        pruner.start()
     try:
         server.run(sockets=sockets)
     finally:
         for sock in sockets:
             sock.close()
         stopping()
+        if pruner is not None:
+            pruner.stop()
         # Bounded: a tick stuck holding the lock must not keep the daemon alive (the tick thread is a daemon thread).
         ticker.join(timeout=SHUTDOWN_GRACE_S)
         dashboard.close()

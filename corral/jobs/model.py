@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from corral.jobs.usage import Usage
 from corral.model import limits
 from corral.model.errors import InvalidRequest
 from corral.model.resources import Constraint, GpuBehavior, GpuGrant, Request
@@ -219,6 +220,7 @@ class Job:
     reason: str = ""  # why it waits / how it ended, in words
     version: int = 0  # bumped by the store on every write (compare-and-set)
     preempted: Preempted | None = None  # None: never preempted
+    usage: Usage | None = None  # its GPUs' use in its last attempt, stored with its end (corral.jobs.usage)
 
     @property
     def failures(self) -> int:
