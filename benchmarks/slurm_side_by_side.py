@@ -452,6 +452,10 @@ for i in range(1, n + 1):
          json.dumps([f"SIM-GPU-0-{i % 4}"])),
     )
 conn.execute("COMMIT")
+# accounting's records are written with each job's end: a store without them fills them from its ended jobs when
+# it opens (corral.store.sqlite), as the daemon's open now does
+conn.execute("DROP TABLE IF EXISTS acct_hours")
+conn.execute("DROP TABLE IF EXISTS acct")
 store.close()
 """
 
