@@ -103,6 +103,7 @@ class Serve:
                 with self.client(5) as c:
                     c.get("/v1/jobs", params={"limit": 1})
                     answered = time.perf_counter() - began
+                    self.cpu_at_answer = cpu_seconds(self.proc.pid)
                     r = c.post("/v1/jobs", json={"command": ["true"], "gpus": 1, "name": "probe"})
                     assert r.status_code == 201, r.text
                     submitted = time.perf_counter() - began
@@ -178,7 +179,8 @@ def restart_phase(args: argparse.Namespace, code: Path) -> None:
         stats = serve.stop()
     print(f"restart after kill -9 ({running} running, {waiting} waiting, {args.history} ended; load {at}): "
           f"first answer {answered:.2f} s, first submission acknowledged {submitted:.2f} s, "
-          f"rounds again (/readyz) {rounds:.2f} s after the process started")  # fmt: skip
+          f"rounds again (/readyz) {rounds:.2f} s after the process started; the daemon's CPU until its first answer "
+          f"{serve.cpu_at_answer:.2f} s")  # fmt: skip
     if stats is None:
         print("  (no lock stats)")
         return

@@ -14,9 +14,10 @@ CORRAL_URL=http://host:8470 CORRAL_TOKEN=corral_...  talk to a daemon started wi
 
 These are the commands people type all day, so each must answer at once (issue 15: 150 ms from start to exit; see
 benchmarks/cli_startup.py). They are written with click rather than Typer: Typer (0.2x) converts every parameter
-through pydantic, which costs more to import (about 60 ms) than the rest of a command together. The request goes
-through http.client (corral.cli.transport), Rich is imported only to draw a table (corral.cli.render), and nothing of
-the daemon, the engine or the simulator is loaded (tests/cli/test_startup.py holds this).
+through pydantic, which costs more to import (about 60 ms) than the rest of a command together. The request is
+written on the daemon's Unix socket by corral.cli.transport itself (http.client only for CORRAL_URL), Rich is
+imported only to draw a table (corral.cli.render), and nothing of the daemon, the engine or the simulator is loaded
+(tests/cli/test_startup.py holds this).
 """
 
 from __future__ import annotations

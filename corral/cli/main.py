@@ -1,6 +1,6 @@
 """`corral`: the command line. A command's code is imported only when it runs, so that `corral ps` answers at once.
 
-    corral ps ...          click root  ->  import corral.cli.client (click, http.client)  ->  ps
+    corral ps ...          click root  ->  import corral.cli.client (click, a socket)  ->  ps
     corral place ...       click root  ->  corral.cli.typer_app: import corral.cli.place (numpy, scipy)  ->  place
     corral --help          click root: each command's line from COMMANDS, nothing imported
 

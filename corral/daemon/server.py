@@ -97,10 +97,10 @@ AsgiApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 SHARING_MODES = ("mps", "time-slicing")
 #: Seconds requests in flight get to finish after SIGTERM (one waiting for a stuck tick's lock would wait forever).
 SHUTDOWN_GRACE_S = 1.0
-#: Under a burst of submissions, a round of t seconds is followed by a rest of (this - 1) t: a quarter of the time.
-ROUNDS_SHARE_INVERSE = 4.0
-#: The longest rest after a round (a round of 0.5 s or more: a very long queue on a busy machine).
-MAX_ROUND_GAP_S = 2.0
+#: Under a burst of submissions, a round that used c seconds of CPU is followed by this many times c of rest.
+REST_PER_ROUND_CPU = 3.0
+#: The longest rest after a round (a round of 0.67 s of CPU or more: a very long queue).
+MAX_ROUND_REST_S = 2.0
 #: Between two steps of a restart's catch-up (Daemon.catch_up), so that requests waiting for the lock get it.
 CATCH_UP_PAUSE_S = 0.002
 #: Seconds after SIGTERM at which the daemon exits even if cleaning up has not finished.
@@ -123,15 +123,18 @@ class ServeError(CorralError):
     """`corral serve` cannot start; the message says what to do."""
 
 
-def round_gap(took_s: float) -> float:
-    """Seconds from the start of a round that took `took_s` to the start of the next, at the least.
+def round_rest(cpu_s: float) -> float:
+    """Seconds from the end of a round that used `cpu_s` seconds of CPU to the start of the next, at the least.
 
     A burst of submissions wakes the loop for each one, and a round looks at the whole queue: the next round waits
-    until 4 t have passed since the last began, so scheduling takes at most about a quarter of the time under a burst,
-    however long the queue makes a round, while a quick round is followed at once. (The gap was capped at 0.2 s: a
-    round past 0.2 s, which a queue of thousands with queues on reaches on a busy machine, was followed by the next
-    at once, and a burst's submissions waited for the CPU and the GIL, losing half their rate: issue 26, item 7.)"""
-    return min(MAX_ROUND_GAP_S, ROUNDS_SHARE_INVERSE * took_s)
+    3 c after the last, so scheduling takes at most a quarter of the CPU (and of the GIL the submissions need) under
+    a burst, however long the queue makes a round, while a quick round is followed at once. Counted in the round's
+    CPU, not its wall time: the jobs' launches in a round wait on their supervisors, not on the CPU, and a loaded
+    machine stretches a round's wall time without it costing the submissions more. (The rest was the wall time's,
+    and nothing past 0.2 s from a round's start: a round past 0.2 s, which a queue of thousands with queues on reaches
+    on a busy machine, was followed by the next at once, and a burst's submissions lost half their rate: issue 26,
+    item 7.)"""
+    return min(MAX_ROUND_REST_S, REST_PER_ROUND_CPU * cpu_s)
 
 
 # ------------------------------------------------------------------------------------------------ peer credentials
@@ -658,16 +661,17 @@ def serve(
             # otherwise take it back at once, step after step).
             stop.wait(CATCH_UP_PAUSE_S)
         while not stop.is_set():
-            started = time.monotonic()
+            cpu = time.thread_time()
             try:
                 with lock:
                     daemon.tick(unlocked=lambda: Released(lock))  # launches run without the lock
             except Exception:  # keep scheduling; the next tick tries again
                 log.exception("tick failed")
-            took = time.monotonic() - started
+            cpu = time.thread_time() - cpu
+            ended = time.monotonic()
             woken.wait(tick_s)
             woken.clear()
-            rest = round_gap(took) - (time.monotonic() - started)
+            rest = round_rest(cpu) - (time.monotonic() - ended)
             if rest > 0:
                 stop.wait(rest)
 
