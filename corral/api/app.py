@@ -3,7 +3,10 @@
     POST /v1/jobs                      submit (201, the job)
     GET  /v1/jobs                      the caller's jobs (root: everyone's), oldest first, 1000 at most a page;
          &state=&user=&name=&since=&limit=&order=newest&after=ID&fields=   filters, paging (X-Corral-Next-After)
+         &array=ID | ID_[1-5]          a job array's tasks, or some of them (docs/arrays.md)
     POST /v1/jobs/cancel               bulk cancel: {"ids": [...]} | {"state": "queued"} | {"name": "..."}
+    {id} in the routes below: a job, an array's task (12_7); an array's id, or a range of its tasks (12_[1-5]), in
+    cancel, hold, release, PATCH (each task) and explain (its tasks counted, then the first waiting task's)
     GET  /v1/jobs/{id}                 one job
     GET  /v1/jobs/{id}/script          a batch job's script as stored (text/plain; docs/batch-scripts.md)
     POST /v1/jobs/{id}/cancel          cancel it
@@ -37,6 +40,7 @@ import pwd
 import stat
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -65,14 +69,14 @@ from corral.api.schemas import (
     job_row,
     unknown_field,
 )
-from corral.daemon.core import Daemon
+from corral.daemon.core import Daemon, Targets
 from corral.daemon.gang import MAX_INSTANCES, instance_log
 from corral.daemon.preemption import PREEMPTING, Rules
 from corral.daemon.queues import Forbidden
 from corral.daemon.scheduler import clock_text
 from corral.daemon.tokens import TokenFileError, TokenNotFound, TokenStore
 from corral.daemon.waiting import queue_story, wait_story
-from corral.jobs import dependency
+from corral.jobs import array, dependency
 from corral.jobs.batch import Script
 from corral.jobs.environment import admitted_environment
 from corral.jobs.model import Job, JobSpec, JobState, check_admissible, spec_to_json
@@ -189,6 +193,7 @@ def spec_from(body: SubmitIn, who: Peer) -> JobSpec:
         else Script(body.script.text, body.script.dialect, body.command[0], tuple(body.command[1:])),
         output=body.output or "",
         error=body.error or "",
+        array=array_of(body.array),
     )
 
 
@@ -207,6 +212,14 @@ def check_outputs(spec: JobSpec) -> None:
         problem = reach_problem(pattern, spec.cwd, spec.uid, groups) if pattern else None
         if problem is not None:
             raise InvalidRequest(field, problem)
+
+
+def array_of(text: str | None) -> array.ArrayTask | None:
+    """A submission's `array` as its first task (the store numbers them all); None for a single job."""
+    if text is None:
+        return None
+    spec = array.parse(text)
+    return array.ArrayTask("", spec.first, spec)
 
 
 def preempted_story(job: Job) -> str:
@@ -454,11 +467,36 @@ def create_app(
         return error(500, "server", f"internal error: {type(exc).__name__}")
 
     def visible(job_id: str, who: Peer) -> Job:
+        """The one job `job_id` names: an id, or an array's task (12_7); a range of tasks is refused here."""
+        if "_" in job_id:
+            found = targets(job_id, who)
+            if len(found.jobs) != 1:
+                raise InvalidRequest(
+                    "job", f"{job_id} names {len(found.jobs)} tasks: give one (ID_TASK), or list them with "
+                    f"GET /v1/jobs?array={job_id}",
+                )  # fmt: skip
+            return found.jobs[0]
         with lock:
             job = daemon.store.get(job_id)
         if job is None or not (who.root or job.spec.uid == who.uid):
             raise JobNotFound(job_id)
         return job
+
+    def targets(job_id: str, who: Peer, uid: int | Literal["caller"] | None = "caller") -> Targets:
+        """The jobs an id, an array's id, a task (12_7) or a range (12_[1-5]) names, that the caller may see."""
+        with lock:
+            return daemon.targets(job_id, (None if who.root else who.uid) if uid == "caller" else uid)
+
+    def current(found: Targets) -> list[Job]:
+        """The jobs named, as they are now (an array's from the store's memory copy: no read a task)."""
+        with lock:
+            if found.array_id is not None:
+                return daemon.tasks(found.array_id)
+            return [daemon.store.get(j.id) or j for j in found.jobs]
+
+    def counted(found: Targets) -> dict[str, int] | None:
+        """How many of the jobs named (an array's tasks, a range) are in each state now; None for one job."""
+        return dict(Counter(j.state.value for j in current(found))) if found.many else None
 
     @app.post(
         "/v1/jobs",
@@ -493,6 +531,8 @@ def create_app(
         except KeyInUse as exc:
             # a hold since (and its history) is no part of the request: a retry of a held job's submission is the same
             was = dataclasses.replace(exc.job.spec, held_by="", history=())
+            if was.array is not None:  # the request had no array id yet
+                was = dataclasses.replace(was, array=dataclasses.replace(was.array, job_id=""))
             if spec_to_json(was) != spec_to_json(spec):
                 return error(
                     409,
@@ -524,13 +564,15 @@ def create_app(
         limit: Annotated[int, Query(ge=0, le=MAX_LIST_LIMIT)] = DEFAULT_LIST_LIMIT,
         order: Literal["oldest", "newest"] = "oldest",
         fields: str | None = None,
+        array: str | None = None,
     ) -> Response:
         """The caller's jobs (root: everyone's, as squeue shows an admin; `user=NAME` one user's), oldest first
         (`order=newest`: newest first), at most `limit` (default 1000). Filters: `state` (repeatable or
         comma-separated), `name`, `since` (submitted at or after, seconds since the epoch), `ended_after` (jobs not
         ended, or ended at or after that time). A full page carries `X-Corral-Next-After`: pass it as `after` for the
         next page. (`all=true` is kept for older clients: root sees everyone's without it.) `fields=id,state,...`:
-        only those of each job's fields (a table's few: `corral ps` asks for ten, under half the bytes)."""
+        only those of each job's fields (a table's few: `corral ps` asks for ten, under half the bytes). `array=ID`
+        (or `ID_[1-5]`, `ID_7`): only those tasks of an array (docs/arrays.md)."""
         user_name, uid = scope(who, everyone or who.root, user)  # a listing: root's default is everyone's
         wanted = list_fields(fields)
         for field, value in (("since", since), ("ended_after", ended_after)):
@@ -540,7 +582,14 @@ def create_app(
             states=parse_states(state), user=user_name, uid=uid, name=name, since=since, ended_after=ended_after,
             after=after, limit=limit, newest_first=order == "newest",
         )  # fmt: skip
-        jobs = daemon.store.query(query)  # a read of the store: no need to wait for a scheduling round
+        if array is not None:  # an array's tasks, filtered and paged as any listing
+            unpaged = dataclasses.replace(query, limit=None)
+            tasks = targets(array, who, None if uid is None else uid).jobs
+            if query.newest_first:
+                tasks.reverse()
+            jobs = [j for j in tasks if unpaged.matches(j) and (user_name is None or j.spec.user == user_name)][:limit]
+        else:
+            jobs = daemon.store.query(query)  # a read of the store: no need to wait for a scheduling round
         headers = {"X-Corral-Next-After": jobs[-1].id} if jobs and len(jobs) == limit else {}
         rows = [job_row(j) for j in jobs]  # JobOut's fields, without a model a row
         if wanted is not None:
@@ -557,15 +606,35 @@ def create_app(
         user_name, uid = scope(who, body.all or body.ids is not None, body.user)
         states = parse_states([body.state] if isinstance(body.state, str) else body.state)
         query = JobQuery(states=states, user=user_name, name=body.name)
-        with lock:
-            outcome = daemon.cancel_many(body.ids, query, uid)
+        ids, unknown, refs = body.ids, [], False
+        if ids is not None and any("_" in i or not i.isdigit() for i in ids):  # tasks, ranges: each job they name
+            ids, expanded, refs = [], ids, True
+            for ref in expanded:
+                try:
+                    ids += [j.id for j in targets(ref, who, uid).jobs]  # an array's id: every task already
+                except InvalidRequest:  # JobNotFound too: said in not_found, as for an unknown id
+                    unknown.append(ref)
+        with lock:  # plain ids: an array's id stands for every task (`whole_arrays`), a task's id for itself
+            outcome = daemon.cancel_many(ids, query, uid, whole_arrays=not refs)
         wake()
-        return CancelManyOut(**dataclasses.asdict(outcome))
+        return CancelManyOut(**{**dataclasses.asdict(outcome), "not_found": [*outcome.not_found, *unknown]})
 
     @app.get("/v1/jobs/{job_id}", response_model=JobOut)
     def show(job_id: str, who: Caller) -> JobOut:
+        """One job; an array's id: its first task, with `array_tasks` (its tasks by state); a task: 12_7."""
         job = visible(job_id, who)
-        return JobOut.of(job, log_path=str(daemon.log_path(job.id)))
+        counts = None
+        if "_" not in job_id and job.spec.array is not None and job.spec.array.job_id == job.id:
+            counts = counted(targets(job_id, who))
+        return JobOut.of(job, log_path=str(daemon.log_path(job.id)), array_tasks=counts)
+
+    def many_answer(found: Targets, changed: int) -> JSONResponse:
+        """The answer to an action on an array or a range: its first task, `array_tasks` (by state, after the action)
+        and X-Corral-Changed (how many of its tasks the action changed)."""
+        with lock:
+            first = daemon.store.get(found.jobs[0].id) or found.jobs[0]
+        out = JobOut.of(first, array_tasks=counted(found))
+        return JSONResponse(out.model_dump(mode="json"), headers={"X-Corral-Changed": str(changed)})
 
     @app.get("/v1/jobs/{job_id}/script", response_class=Response)
     def script(job_id: str, who: Caller) -> Response:
@@ -576,42 +645,60 @@ def create_app(
         return Response(job.spec.script.text.encode("utf-8", "surrogatepass"), media_type="text/plain; charset=utf-8")
 
     @app.post("/v1/jobs/{job_id}/cancel", response_model=JobOut)
-    def cancel(job_id: str, who: Caller) -> JobOut:
-        visible(job_id, who)
+    def cancel(job_id: str, who: Caller) -> Any:
+        """Cancel a job; an array's id (or a range, 12_[1-5]) cancels each of its tasks."""
+        found = targets(job_id, who)
+        if found.many:
+            with lock:
+                outcome = daemon.cancel_many([j.id for j in found.jobs], None, None if who.root else who.uid)
+            wake()
+            return many_answer(found, len(outcome.cancelled) + len(outcome.cancelling))
         with lock:
-            job = daemon.cancel(job_id, None if who.root else who.uid)
+            job = daemon.cancel(found.jobs[0].id, None if who.root else who.uid)
         wake()
         return JobOut.of(job)
 
-    def acting(job_id: str, who: Peer) -> int | None:
-        """The uid whose jobs the caller may change (None: anyone's, for root and the queues file's admins)."""
+    def acting(job_id: str, who: Peer) -> tuple[int | None, Targets]:
+        """The uid whose jobs the caller may change (None: anyone's, for root and the queues file's admins), and the
+        jobs `job_id` names."""
         admin = who.root or daemon.queues.is_admin(who.user, who.uid, who.gid)
-        if not admin:
-            visible(job_id, who)
-        return None if admin else who.uid
+        uid = None if admin else who.uid
+        return uid, targets(job_id, who, uid)
 
     @app.post("/v1/jobs/{job_id}/hold", response_model=JobOut)
-    def hold(job_id: str, who: Caller) -> JobOut:
-        """Hold a waiting job: it is not started until released (docs/hold-update.md)."""
-        uid = acting(job_id, who)
+    def hold(job_id: str, who: Caller) -> Any:
+        """Hold a waiting job: it is not started until released (docs/hold-update.md). An array's id (or a range):
+        each of its waiting tasks."""
+        uid, found = acting(job_id, who)
+        if found.many:
+            with lock:
+                changed = daemon.hold_many([j.id for j in found.jobs], who.user, uid)
+            return many_answer(found, len(changed))
         with lock:
-            job = daemon.hold(job_id, who.user, uid)
+            job = daemon.hold(found.jobs[0].id, who.user, uid)
         return JobOut.of(job)
 
     @app.post("/v1/jobs/{job_id}/release", response_model=JobOut)
-    def release(job_id: str, who: Caller) -> JobOut:
-        """Release a held job; a hold by root or an admin is released only by root or an admin."""
-        uid = acting(job_id, who)
+    def release(job_id: str, who: Caller) -> Any:
+        """Release a held job; a hold by root or an admin is released only by root or an admin. An array's id (or a
+        range): each of its held tasks."""
+        uid, found = acting(job_id, who)
+        if found.many:
+            with lock:
+                changed = daemon.release_many([j.id for j in found.jobs], who.user, uid)
+            wake()
+            return many_answer(found, len(changed))
         with lock:
-            job = daemon.release(job_id, who.user, uid)
+            job = daemon.release(found.jobs[0].id, who.user, uid)
         wake()
         return JobOut.of(job)
 
     @app.patch("/v1/jobs/{job_id}", response_model=JobOut)
-    def update(job_id: str, body: UpdateIn, who: Caller) -> JobOut:
+    def update(job_id: str, body: UpdateIn, who: Caller) -> Any:
         """Change a waiting job's priority, time limit, queue, GPUs or name, checked as a submission is
-        (docs/hold-update.md). Users within their bounds; root and the queues file's admins beyond them."""
-        uid = acting(job_id, who)
+        (docs/hold-update.md). Users within their bounds; root and the queues file's admins beyond them. An array's
+        id (or a range): each of its waiting tasks."""
+        uid, found = acting(job_id, who)
         changes: dict[str, object] = {}
         if body.priority is not None:
             if uid is not None:
@@ -627,14 +714,36 @@ def create_app(
             changes["name"] = body.name
         if not changes:
             raise InvalidRequest("request", "say what to change: priority, time_limit, queue, gpus or name")
+        if found.many:
+            with lock:
+                changed = daemon.update_many([j.id for j in found.jobs], changes, who.user, uid)
+            wake()
+            return many_answer(found, len(changed))
         with lock:
-            job = daemon.update(job_id, changes, who.user, uid)
+            job = daemon.update(found.jobs[0].id, changes, who.user, uid)
         wake()
         return JobOut.of(job)
 
     @app.get("/v1/jobs/{job_id}/explain", response_model=ExplainOut)
     def explain(job_id: str, who: Caller) -> ExplainOut:
-        job = visible(job_id, who)
+        """Why a job waits, or how it ended. An array's id (or a range): its tasks by state, then the explain of
+        the first task that waits (else the first that runs, else the last)."""
+        found = targets(job_id, who)
+        if not found.many:
+            return explained(found.jobs[0], who)
+        jobs = current(found)
+        pick = next((j for j in jobs if j.state is JobState.QUEUED), None)
+        pick = pick or next((j for j in jobs if not j.state.final), jobs[-1])
+        out = explained(pick, who)
+        counts = dict(Counter(j.state.value for j in jobs))
+        what = f"Array {found.array_id}" if found.array_id else f"Tasks {found.ref.text}"
+        a = pick.spec.array
+        task = f"{a.job_id}_{a.task}" if a is not None else pick.id
+        head = f"{what}: {array.tasks_text(counts)}. Task {task} (job {pick.id}) is {pick.state.value}:"
+        out.story = clean(" ".join(t for t in (head, out.reason, out.story) if t))
+        return out
+
+    def explained(job: Job, who: Peer) -> ExplainOut:
         was = JobOut.of(job).preempted
         before = preempted_story(job)
         if job.state in (JobState.STARTING, JobState.RUNNING):
@@ -669,6 +778,14 @@ def create_app(
                                             f"{v.text}.", dependency_hint(v), before) if t)  # fmt: skip
                 return ExplainOut(state=job.state.value, reason=clean(job.reason), story=clean(said), preempted=was)
         holding = daemon.store.list([JobState.STARTING, JobState.RUNNING])
+        a = job.spec.array
+        if a is not None and a.spec.throttle and not job.spec.held_by:  # held back by its array's %N: in no queue
+            with lock:
+                tasks = [t for t in daemon.tasks(a.job_id) if t.state is JobState.QUEUED and not t.spec.held_by]
+            running = [h for h in holding if h.spec.array is not None and h.spec.array.job_id == a.job_id]
+            if job.id in array.throttle(tasks, running)[1]:
+                said = " ".join(t for t in (array.throttle_story(a.job_id, a.spec.throttle, len(running)), before) if t)
+                return ExplainOut(state=job.state.value, reason=clean(job.reason), story=clean(said), preempted=was)
         queues = daemon.queues
         waiting = [i for i in daemon.queue_order if i not in queues.started]  # the last round's, less its starts
         told = queue_story(job.id, queues.queue_of(job), waiting, queues.queue_of_id, queues.limited.get(job.id))
@@ -757,7 +874,7 @@ def create_app(
         if instance >= count:
             last = "instance 0 only" if count == 1 else f"instances 0..{count - 1}"
             raise InvalidRequest("instance", f"job {job_id} has {last}, not instance {instance}")
-        path = daemon.log_path(job_id)
+        path = daemon.log_path(job.id)
         if instance:
             path = instance_log(path, instance)
         try:

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from corral.api.limits import clean
 from corral.daemon.tokens import MAX_NAME, Token
-from corral.jobs import dependency
+from corral.jobs import array, dependency
 from corral.jobs.batch import MAX_PATTERN, MAX_SCRIPT_BYTES
 from corral.jobs.dependency import MAX_DEPENDENCY_TEXT
 from corral.jobs.model import Job
@@ -83,6 +83,9 @@ class SubmitIn(BaseModel):
     #: none: corral's own log. Output alone takes stderr too, as sbatch's --output does.
     output: str | None = Field(default=None, min_length=1, max_length=MAX_PATTERN)
     error: str | None = Field(default=None, min_length=1, max_length=MAX_PATTERN)
+    #: A job array, in Slurm's words: "0-99", "1,3,5-7", "0-99:2", each with "%N" to run at most N tasks at once
+    #: (docs/arrays.md): one job per task, the answer is the first (its id is the array's)
+    array: str | None = Field(default=None, max_length=array.MAX_ARRAY_TEXT)
 
 
 class GpuOut(BaseModel):
@@ -168,9 +171,16 @@ class JobOut(BaseModel):
     script: ScriptOut | None = None  # a batch script's name, dialect, arguments and size (None: a plain command)
     output: str = ""  # --output / --error as submitted (patterns unexpanded); "": corral's log
     error: str = ""
+    # A task of a job array (docs/arrays.md): the array's id and this task's id ("" and None for other jobs), and the
+    # array's --array text
+    array_job_id: str = ""
+    array_task_id: int | None = None
+    array: str = ""
+    #: Only in one job's answer (GET /v1/jobs/ID), of an array's id: how many of its tasks are in each state
+    array_tasks: dict[str, int] | None = None
 
     @classmethod
-    def of(cls, job: Job, *, log_path: str | None = None) -> JobOut:
+    def of(cls, job: Job, *, log_path: str | None = None, array_tasks: dict[str, int] | None = None) -> JobOut:
         uuids = list(job.gpu_uuids) + [""] * max(0, len(job.gpus) - len(job.gpu_uuids))
         r = job.spec.request
         # clean(): a job stored by an older corral may hold a lone surrogate; the answer must still encode.
@@ -220,6 +230,10 @@ class JobOut(BaseModel):
             script=None if job.spec.script is None else ScriptOut(**script_row(job)),
             output=clean(job.spec.output),
             error=clean(job.spec.error),
+            array_job_id=job.spec.array.job_id if job.spec.array is not None else "",
+            array_task_id=job.spec.array.task if job.spec.array is not None else None,
+            array=job.spec.array.spec.text if job.spec.array is not None else "",
+            array_tasks=array_tasks,
         )
 
 
@@ -290,6 +304,10 @@ def job_row(job: Job) -> dict[str, Any]:
         "script": None if spec.script is None else script_row(job),
         "output": clean(spec.output),
         "error": clean(spec.error),
+        "array_job_id": spec.array.job_id if spec.array is not None else "",
+        "array_task_id": spec.array.task if spec.array is not None else None,
+        "array": spec.array.spec.text if spec.array is not None else "",
+        "array_tasks": None,
     }
 
 

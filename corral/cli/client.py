@@ -39,6 +39,7 @@ from corral.cli.transport import AnswerLost, Endpoint, NotConnected, Response, r
 from corral.cli.views import (
     FLAGS,
     ago,
+    array_rows,
     change_text,
     command_text,
     explain_text,
@@ -321,6 +322,11 @@ json_option = click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
     "a %; relative to this directory), opened as you; stderr too unless --error. Default: corral's log (corral logs).",
 )  # fmt: skip
 @click.option("--error", "-e", default=None, help="Write the job's stderr to this file (patterns as --output).")
+@click.option(
+    "--array", "-a", "array", default=None,
+    help="A job array: one job per task, 0-99, 1,3,5-7 or 0-99:2, and %N to run at most N at once (0-99%8); each "
+    "task gets CORRAL_ARRAY_TASK_ID. Prints the array's id; its tasks are ID_TASK.",
+)  # fmt: skip
 @socket_option
 def submit_cmd(
     command: tuple[str, ...],
@@ -343,6 +349,7 @@ def submit_cmd(
     gang: bool,
     output: str | None,
     error: str | None,
+    array: str | None,
     socket: Path | None,
 ) -> None:
     """Submit a job; prints its id. The job runs in this directory with this environment.
@@ -368,13 +375,13 @@ def submit_cmd(
             cpus, memory, gpu_model, priority, name = p["cpus"], p["memory"], p["gpu_model"], p["priority"], p["name"]
             queue, retries, time_limit, no_preempt = p["queue"], p["retries"], p["time_limit"], p["no_preempt"]
             dependency, kill_on_invalid_dep = p["dependency"], p["kill_on_invalid_dep"]
-            instances, gang, output, error = p["instances"], p["gang"], p["output"], p["error"]
+            instances, gang, output, error, array = p["instances"], p["gang"], p["output"], p["error"], p["array"]
             extra["script"] = {"text": batch.script.text, "dialect": batch.script.dialect}
             describe = _directive_errors(batch.origins, command[0])
     body = submit_body(
         command, gpus, gpu_fraction, gpu_memory, cpus, memory, gpu_model, priority, name, queue, retries, time_limit,
         no_preempt, instances, gang, gres=gres, dependency=dependency, kill_on_invalid_dep=kill_on_invalid_dep,
-        output=output, error=error,
+        output=output, error=error, array=array,
     ) | extra  # fmt: skip
     # One key per submission: a retry after a lost answer gets the job the first attempt made, not a second one.
     key = {"Idempotency-Key": str(uuid.uuid4())}
@@ -447,6 +454,7 @@ def submit_body(
     kill_on_invalid_dep: bool = False,
     output: str | None = None,
     error: str | None = None,
+    array: str | None = None,
 ) -> dict[str, Any]:
     """The body of `POST /v1/jobs` for `corral submit`'s options (tests/api/test_first_day.py sends every mix).
     Slurm's spellings become corral's here: `--gres gpu:MODEL:N` is --gpus N --gpu-model MODEL."""
@@ -477,6 +485,7 @@ def submit_body(
         **({"kill_on_invalid_dep": True} if kill_on_invalid_dep else {}),
         **({"output": output} if output is not None else {}),
         **({"error": error} if error is not None else {}),
+        **({"array": array} if array is not None else {}),
         # the rule of corral.jobs.environment: never corral's own variables (CORRAL_TOKEN), never the login's agents
         "env": admitted_environment(os.environ),
         "cwd": os.getcwd(),
@@ -509,7 +518,7 @@ RECENT_S = 3600.0
 #: `corral ps` asks the daemon for this many jobs a request (its most), and for as many pages as it takes.
 PS_PAGE = 10000
 #: What `corral ps`'s table shows of a job (its --json: every field).
-PS_FIELDS = "id,name,user,state,command,submitted_at,finished_at,gpus,reason,preempted"
+PS_FIELDS = "id,name,user,state,command,submitted_at,finished_at,gpus,reason,preempted,array_job_id,array_task_id,array"
 
 
 def list_pages(
@@ -552,6 +561,11 @@ def list_pages(
 )  # fmt: skip
 @click.option("--newest", is_flag=True, help="Newest first (default: oldest first).")
 @click.option("--after", default=None, help="The page after this job id (see the hint).")
+@click.option(
+    "--expand", "-e", is_flag=True,
+    help="A job array's tasks one row each (ID_TASK); by default an array is one row, its tasks counted by state.",
+)  # fmt: skip
+@click.option("--array", "array_ref", default=None, help="Only this array's tasks (ID), or some of them (ID_[1-5]).")
 @json_option
 @socket_option
 def ps_cmd(
@@ -563,6 +577,8 @@ def ps_cmd(
     limit: int | None,
     newest: bool,
     after: str | None,
+    expand: bool,
+    array_ref: str | None,
     as_json: bool,
     socket: Path | None,
 ) -> None:
@@ -584,6 +600,9 @@ def ps_cmd(
         params.append(("since", since_time(since, now)))
     if newest:
         params.append(("order", "newest"))
+    if array_ref is not None:
+        params.append(("array", array_ref))
+        expand = True
     if not as_json:  # the table's fields only: under half the bytes to send, decode and read
         params.append(("fields", PS_FIELDS))
     jobs, more = list_pages(socket, params, limit, after)
@@ -593,7 +612,12 @@ def ps_cmd(
         dump(iso_times(jobs))
         return
     view = table("ID", "NAME", "USER", "STATE", "GPUS", "SUBMITTED", "ENDED", "COMMAND", "REASON")
+    if expand:  # each task as ID_TASK
+        jobs = [{**j, "id": f"{j['array_job_id']}_{j['array_task_id']}"} if j.get("array_job_id") else j for j in jobs]
+    else:
+        jobs = array_rows(jobs)
     for j in jobs:
+        ended = j["ended"] if "ended" in j else j["state"] in FINAL_STATES
         row(
             view,
             j["id"],
@@ -602,7 +626,7 @@ def ps_cmd(
             state_cell(j["state"]),
             gpus_text(j),
             ago(j["submitted_at"], now),
-            ago(j["finished_at"], now) if j["state"] in FINAL_STATES else "-",
+            ago(j["finished_at"], now) if ended else "-",
             command_text(j["command"]),
             short_reason(j, now),
         )
@@ -615,9 +639,22 @@ def ps_cmd(
 @json_option
 @socket_option
 def show_cmd(job_id: str, script: bool, as_json: bool, socket: Path | None) -> None:
-    """One job in full."""
+    """One job in full.
+
+    An array's id: its first task, and its tasks by state; a task: ID_TASK; a range: ID_[1-5], each of its tasks."""
     if script:
         sys.stdout.buffer.write(call(socket, "GET", f"/v1/jobs/{job_id}/script").content)
+        return
+    if "_[" in job_id:
+        tasks, _ = list_pages(socket, [("array", job_id)], None, None)
+        if as_json:
+            dump(iso_times(tasks))
+            return
+        for k, task in enumerate(tasks):
+            if k:
+                say(out, "")
+            for label, text in show_lines(task):
+                say(out, f"{label:>11}: ", text)
         return
     job = call(socket, "GET", f"/v1/jobs/{job_id}").json()
     if as_json:
@@ -646,11 +683,45 @@ def show_cmd(job_id: str, script: bool, as_json: bool, socket: Path | None) -> N
 def logs_cmd(
     job_id: str, follow: bool, instance: int | None, as_json: bool, interval: float, socket: Path | None
 ) -> None:
-    """A job's output so far; with -f, until the job ends (Ctrl-C stops following, not the job)."""
+    """A job's output so far; with -f, until the job ends (Ctrl-C stops following, not the job).
+
+    An array (ID) or a range of its tasks (ID_[1-5]): each task's log in turn, after a line "==> ID_TASK <==" (not
+    with -f); one task: ID_TASK."""
+    tasks = array_tasks(socket, job_id)
+    if tasks is not None:
+        if follow:
+            raise fail(f"--follow: {job_id} is a job array: follow one task's log (corral logs -f {job_id}_TASK)")
+        for task in tasks:
+            name = f"{task['array_job_id']}_{task['array_task_id']}"
+            if not as_json:
+                sys.stdout.write(f"==> {name} <==\n")
+                sys.stdout.flush()
+            _logs(name, False, instance, as_json, interval, socket)
+        return
     try:
         _logs(job_id, follow, instance, as_json, interval, socket)
     except KeyboardInterrupt:
         raise SystemExit(130) from None
+
+
+def tasks_text(counts: dict[str, int]) -> str:
+    """An array's tasks by state (corral.jobs.array.tasks_text, imported only when an array is shown)."""
+    from corral.jobs import array
+
+    return array.tasks_text(counts)
+
+
+def array_tasks(socket: Path | None, ref: str) -> list[dict[str, Any]] | None:
+    """The tasks `ref` names when it is an array's id or a range of tasks (ID_[1-5]), in task order; None for one job
+    (or one task)."""
+    if "_" in ref and "_[" not in ref:
+        return None
+    if "_[" not in ref:
+        head = call(socket, "GET", f"/v1/jobs/{ref}").json()
+        if head.get("array_tasks") is None:
+            return None
+    fields = "id,state,exit_code,reason,array_job_id,array_task_id"
+    return list_pages(socket, [("array", ref), ("fields", fields)], None, None)[0]
 
 
 class _InstanceLog:
@@ -755,8 +826,15 @@ def wait_cmd(job_id: str, timeout: float | None, interval: float, socket: Path |
     143      it was cancelled (128 + SIGTERM)
     1        it failed without an exit code (time limit, could not start), or was lost
     124      --timeout ran out first
-    Ctrl-C stops waiting, not the job (130)."""
+    Ctrl-C stops waiting, not the job (130).
+
+    An array (ID) or a range of its tasks (ID_[1-5]): until every task has ended; 0 when all succeeded, else the
+    status of the first task that did not."""
     deadline = None if timeout is None else time.monotonic() + timeout
+    tasks = array_tasks(socket, job_id)
+    if tasks is not None:
+        _wait_tasks(job_id, tasks, deadline, timeout, interval, socket)
+        return
     try:
         while True:
             job = call(socket, "GET", f"/v1/jobs/{job_id}").json()
@@ -775,6 +853,38 @@ def wait_cmd(job_id: str, timeout: float | None, interval: float, socket: Path |
         raise SystemExit(status)
 
 
+def _wait_tasks(
+    ref: str,
+    tasks: list[dict[str, Any]],
+    deadline: float | None,
+    timeout: float | None,
+    interval: float,
+    socket: Path | None,
+) -> None:
+    """`corral wait` of an array or a range: poll its tasks until all have ended."""
+    try:
+        while True:
+            counts: dict[str, int] = {}
+            for task in tasks:
+                counts[task["state"]] = counts.get(task["state"], 0) + 1
+            if all(t["state"] in FINAL_STATES for t in tasks):
+                break
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                error_line(err, f"array {ref}: {tasks_text(counts)}, after {timeout:g} s")
+                raise SystemExit(EXIT_STILL_RUNNING)
+            time.sleep(interval if left is None else min(interval, left))
+            fields = "id,state,exit_code,reason,array_job_id,array_task_id"
+            tasks = list_pages(socket, [("array", ref), ("fields", fields)], None, None)[0]
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+    bad = next((t for t in tasks if job_exit_status(t)), None)
+    if bad is not None:
+        name = f"{bad['array_job_id']}_{bad['array_task_id']}"
+        say(err, f"array {ref}: {tasks_text(counts)}; task {name} {bad['state']}: ", bad["reason"] or "-")
+        raise SystemExit(job_exit_status(bad))
+
+
 @click.command("cancel")
 @click.argument("job_ids", nargs=-1)
 @click.option("--state", multiple=True, help="Every job in this state (repeatable).")
@@ -790,10 +900,17 @@ def cancel_cmd(
     everyone: bool,
     socket: Path | None,
 ) -> None:
-    """Cancel jobs: by id, or every job of yours in a state or with a name (a running one gets SIGTERM)."""
+    """Cancel jobs: by id, or every job of yours in a state or with a name (a running one gets SIGTERM).
+
+    An array's id cancels every task; ID_TASK one task; ID_[1-5] a range of them."""
     ids = list(job_ids)
     if len(ids) == 1 and not (state or name):
-        job = call(socket, "POST", f"/v1/jobs/{ids[0]}/cancel").json()
+        r = call(socket, "POST", f"/v1/jobs/{ids[0]}/cancel")
+        job = r.json()
+        if job.get("array_tasks") is not None:  # an array, or a range of its tasks
+            changed = r.headers.get("X-Corral-Changed", "0")
+            say(out, f"array {ids[0]}: {changed} tasks cancelled or being cancelled; {tasks_text(job['array_tasks'])}")
+            return
         say(out, f"job {job['id']}: {job['state']} (", job["reason"], ")")
         return
     if not (ids or state or name):
@@ -815,8 +932,16 @@ def cancel_cmd(
 @click.argument("job_id")
 @socket_option
 def hold_cmd(job_id: str, socket: Path | None) -> None:
-    """Hold a waiting job: it is not started until `corral release ID`."""
-    job = call(socket, "POST", f"/v1/jobs/{job_id}/hold").json()
+    """Hold a waiting job: it is not started until `corral release ID`.
+
+    An array (ID), or a range of its tasks (ID_[1-5]): each of its waiting tasks."""
+    r = call(socket, "POST", f"/v1/jobs/{job_id}/hold")
+    job = r.json()
+    if job.get("array_tasks") is not None:
+        held = r.headers.get("X-Corral-Changed", "0")
+        counts = tasks_text(job["array_tasks"])
+        say(out, f"array {job_id}: {held} waiting tasks held (corral release {job_id}); {counts}")
+        return
     say(out, f"job {job['id']}: held by {job['held_by']} (corral release {job['id']})")
 
 
@@ -824,8 +949,14 @@ def hold_cmd(job_id: str, socket: Path | None) -> None:
 @click.argument("job_id")
 @socket_option
 def release_cmd(job_id: str, socket: Path | None) -> None:
-    """Release a held job: it waits for its turn again."""
-    job = call(socket, "POST", f"/v1/jobs/{job_id}/release").json()
+    """Release a held job: it waits for its turn again.
+
+    An array (ID), or a range of its tasks (ID_[1-5]): each of its held tasks."""
+    r = call(socket, "POST", f"/v1/jobs/{job_id}/release")
+    job = r.json()
+    if job.get("array_tasks") is not None:
+        say(out, f"array {job_id}: {r.headers.get('X-Corral-Changed', '0')} held tasks released")
+        return
     say(out, f"job {job['id']}: released, {job['state']}")
 
 
@@ -846,13 +977,20 @@ def update_cmd(
     name: str | None,
     socket: Path | None,
 ) -> None:
-    """Change a waiting job; each change is in its history (`corral show ID`)."""
+    """Change a waiting job; each change is in its history (`corral show ID`).
+
+    An array (ID), or a range of its tasks (ID_[1-5]): each of its waiting tasks."""
     body = {"priority": priority, "time_limit": time_limit, "queue": queue, "gpus": gpus, "name": name}
     body = {k: v for k, v in body.items() if v is not None}
     if not body:
         raise fail("say what to change: --priority, --time-limit, --queue, --gpus or --name")
-    job = call(socket, "PATCH", f"/v1/jobs/{job_id}", flag_errors, json=body).json()
+    r = call(socket, "PATCH", f"/v1/jobs/{job_id}", flag_errors, json=body)
+    job = r.json()
     changes = [change_text(c) for c in job.get("history") or ()]
+    if job.get("array_tasks") is not None:
+        updated = r.headers.get("X-Corral-Changed", "0")
+        say(out, f"array {job_id}: {updated} waiting tasks updated", f" ({changes[-1]})" if changes else "")
+        return
     say(out, f"job {job['id']}: ", changes[-1] if changes else "unchanged")
 
 
@@ -861,7 +999,9 @@ def update_cmd(
 @json_option
 @socket_option
 def explain_cmd(job_id: str, as_json: bool, socket: Path | None) -> None:
-    """Why a job waits, or how it ended."""
+    """Why a job waits, or how it ended.
+
+    An array (ID) or a range of its tasks (ID_[1-5]): its tasks by state, then its first waiting task's why."""
     data = call(socket, "GET", f"/v1/jobs/{job_id}/explain").json()
     if as_json:
         dump(data)

@@ -310,6 +310,7 @@ FLAGS = {
     "command": "COMMAND", "state": "--state", "user": "--user", "since": "--since", "limit": "--limit",
     "after": "--after", "request": "", "queue": "--queue", "instance": "--instance", "dependency": "--dependency",
     "kill_on_invalid_dep": "--kill-on-invalid-dep", "output": "--output", "error": "--error", "script": "script",
+    "array": "--array",
 }  # fmt: skip
 
 
@@ -383,6 +384,16 @@ def show_lines(job: Mapping[str, Any], now: float | None = None) -> list[tuple[s
     if job.get("dependency"):
         kill = " (cancelled if it can never be met)" if job.get("kill_on_invalid_dep") else ""
         lines.append(("dependency", f"{job['dependency']}{kill}"))
+    if job.get("array_job_id"):
+        array_id, task = job["array_job_id"], job.get("array_task_id")
+        counts = job.get("array_tasks")
+        if counts:  # the array as a whole (`corral show ID` of an array): these lines are its first task's
+            from corral.jobs.array import tasks_text  # only for an array: 4 ms of import the CLI's start need not pay
+
+            lines.append(("array", f"{array_id} (--array {job.get('array')}): {tasks_text(counts)}"))
+            lines.append(("", f"the fields above are task {array_id}_{task}'s; each task: corral show {array_id}_TASK"))
+        else:
+            lines.append(("array", f"task {array_id}_{task} of array {array_id} (--array {job.get('array')})"))
     if (job.get("instances") or 1) > 1:
         lines.append(("instances", f"{job['instances']}" + (" (a gang: all or none)" if job.get("gang") else "")))
     lines += [
@@ -408,6 +419,41 @@ def show_lines(job: Mapping[str, Any], now: float | None = None) -> list[tuple[s
     for k, change in enumerate(job.get("history") or ()):
         lines.append(("history" if k == 0 else "", change_text(change)))
     return lines
+
+
+def array_rows(jobs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """`corral ps`'s rows: a job array's tasks folded into one row, where its first task stood (unless --expand):
+    id "12_[0-99%8]", state its tasks by state ("92 queued, 8 running"), the GPUs its tasks hold, the reason of its
+    first waiting task (else its first task's), ended when its last task ended. Other jobs as they are."""
+    rows: list[dict[str, Any]] = []
+    groups: dict[str, dict[str, Any]] = {}
+    if not any(job.get("array_job_id") for job in jobs):
+        return [dict(job) for job in jobs]
+    from corral.jobs.array import STATE_ORDER  # only when arrays are listed: 4 ms of import the CLI need not pay
+
+    for job in jobs:
+        array_id = job.get("array_job_id")
+        if not array_id:
+            rows.append(dict(job))
+            continue
+        row = groups.get(array_id)
+        if row is None:
+            row = groups[array_id] = {**job, "id": f"{array_id}_[{job.get('array') or ''}]", "gpus": [], "counts": {}}
+            row["reason_from"] = None
+            rows.append(row)
+        state = str(job.get("state", ""))
+        row["counts"][state] = row["counts"].get(state, 0) + 1
+        row["gpus"] = [*row["gpus"], *(job.get("gpus") or ())]
+        if state == "queued" and row["reason_from"] != "queued":
+            row["reason"], row["reason_from"] = job.get("reason"), "queued"
+        row["finished_at"] = max((t for t in (row.get("finished_at"), job.get("finished_at")) if t), default=None)
+        row["submitted_at"] = min(float(row["submitted_at"]), float(job.get("submitted_at") or row["submitted_at"]))
+    for row in groups.values():
+        counts = row["counts"]
+        order = [st for st in STATE_ORDER if counts.get(st)] + sorted(st for st in counts if st not in STATE_ORDER)
+        row["state"] = ", ".join(f"{counts[st]} {st}" for st in order)
+        row["ended"] = all(st in ("succeeded", "failed", "cancelled", "lost") for st in counts)
+    return rows
 
 
 def change_text(change: Mapping[str, Any]) -> str:

@@ -49,8 +49,17 @@ from corral.executor.base import Executor, Exit, Found, Handle, LaunchSpec
 from corral.gpu.discovery import GpuDiscoveryError
 from corral.gpu.metrics import GpuSampler, GpuUse, ProcessInfo, attribute, read_process
 from corral.gpu.mps import MpsControl, MpsError
-from corral.jobs import dependency
-from corral.jobs.model import Change, Job, JobSpec, JobState, Preempted, check_admissible
+from corral.jobs import array, dependency
+from corral.jobs.model import (
+    FINAL_STATES,
+    Change,
+    Job,
+    JobSpec,
+    JobState,
+    Preempted,
+    check_admissible,
+    spec_to_json,
+)
 from corral.metrics import DaemonMetrics
 from corral.model.errors import InvalidRequest
 from corral.model.resources import MILLI_PER_GPU, Allocation, GpuGrant, Node, Request, affinity_tag
@@ -60,6 +69,7 @@ from corral.placement.engine import validate_against
 from corral.store.base import JobNotFound, JobQuery, Store, StoreError
 
 CANCELLING = "cancel requested"
+ACTIVE_STATES = (JobState.QUEUED, JobState.STARTING, JobState.RUNNING)
 #: A held job's reason: "held by USER (corral release ID)".
 HELD = "held by "
 #: The reason of a job the watchdog is killing starts with this; its exit is then a failure with that reason.
@@ -124,6 +134,20 @@ class CancelOutcome:
     cancelling: list[str]  # were starting or running: signalled, cancelled when they exit
     ended: list[str]  # had already ended (or started meanwhile): left alone
     not_found: list[str]  # no such job, or not the caller's
+
+
+@dataclass(frozen=True)
+class Targets:
+    """What a reference names (`Daemon.targets`): the jobs, and the array's id when it names a whole array."""
+
+    ref: array.Ref
+    jobs: list[Job]
+    array_id: str | None
+
+    @property
+    def many(self) -> bool:
+        """Several jobs, or an array (even of one task): the answer is about all of them."""
+        return self.array_id is not None or (self.ref.tasks is not None and self.ref.is_range)
 
 
 @dataclass(frozen=True)
@@ -243,12 +267,16 @@ class Daemon:
         self._dependency_seen: dict[str, object] = {}
         self._dependency_by_ref: dict[str, list[str]] = {}
         self._dependency_blocked: dict[str, str] = {}
+        #: Dependencies' ids that name arrays or tasks (`_array_ref`), looked up once.
+        self._refs: dict[str, tuple[str, array.ArraySpec | None]] = {}
 
     # ---------------------------------------------------------------------------------------------- requests
     def submit(self, spec: JobSpec, idempotency_key: str | None = None) -> Job:
         """Validate against this machine and store durably; the returned job is acknowledged. `idempotency_key`:
         see `Store.add` (KeyInUse carries the job stored earlier under the key)."""
         spec = self.admit(spec)
+        if spec.array is not None:  # one job per task, in one write; the answer is the first task (the array's id)
+            return self.store.add_array(spec, self.clock(), idempotency_key=idempotency_key)[0]
         return self.store.add(spec, self.clock(), idempotency_key=idempotency_key)
 
     def admit(self, spec: JobSpec, *, admin: bool = False, dependencies: bool = True) -> JobSpec:
@@ -285,9 +313,9 @@ class Daemon:
             raise InvalidRequest("state", f"job {job_id} is {job.state.value}: only a waiting job can be {what}")
         return job
 
-    def _respec(self, job: Job, spec: JobSpec, **fields: object) -> Job:
+    def _respec(self, job: Job, spec: JobSpec, fields: Mapping[str, object] | None = None) -> Job:
         """Store a waiting job's changed spec; its cached dependency verdict is worked out again next round."""
-        done = self.store.update(job.id, expect_version=job.version, spec=spec, **fields)
+        done = self.store.update(job.id, expect_version=job.version, spec=spec, **(fields or {}))
         self._dependency_memo.pop(job.id, None)
         return done
 
@@ -295,29 +323,45 @@ class Daemon:
         """Hold a waiting job: it is not offered to the scheduler until released. `uid` None: root or an admin (any
         job); otherwise the owner's own. Holding a held job changes nothing."""
         job = self._waiting(job_id, uid, "held")
+        change = self._held(job, by)
+        return job if change is None else self._respec(job, *change)
+
+    def _held(self, job: Job, by: str) -> tuple[JobSpec, dict[str, object]] | None:
         if job.spec.held_by:
-            return job
+            return None
         change = Change(self.clock(), by, "held", "no", "yes")
         spec = replace(job.spec, held_by=by, history=(*job.spec.history, change))
-        return self._respec(job, spec, reason=held_reason(replace(job, spec=spec)))
+        return spec, {"reason": f"{HELD}{by} (corral release {job.id})"}  # held_reason of the held job
 
     def release(self, job_id: str, by: str, uid: int | None = None) -> Job:
         """Release a held job. A hold by root or an admin (anyone but the owner) is released only by root or an
         admin. Releasing a job that is not held changes nothing."""
         job = self._waiting(job_id, uid, "released")
+        change = self._released(job, by, uid)
+        return job if change is None else self._respec(job, *change)
+
+    def _released(self, job: Job, by: str, uid: int | None) -> tuple[JobSpec, dict[str, object]] | None:
         if not job.spec.held_by:
-            return job
+            return None
         if uid is not None and job.spec.held_by != job.spec.user:
-            raise Forbidden("job", f"job {job_id} was held by {job.spec.held_by}: only root or an admin may release it")
+            raise Forbidden("job", f"job {job.id} was held by {job.spec.held_by}: only root or an admin may release it")
         change = Change(self.clock(), by, "held", "yes", "no")
         spec = replace(job.spec, held_by="", history=(*job.spec.history, change))
-        return self._respec(job, spec, **({"reason": ""} if job.reason.startswith(HELD) else {}))
+        return spec, ({"reason": ""} if job.reason.startswith(HELD) else {})
 
     def update(self, job_id: str, changes: Mapping[str, object], by: str, uid: int | None = None) -> Job:
         """Change a waiting job: `changes` maps priority, time_limit_s, queue, gpus and name to their new values. The
         changed job is checked as a submission is (`admit`; its dependencies are unchanged). `uid` None: root or an
         admin, beyond the owner's bounds."""
         job = self._waiting(job_id, uid, "updated")
+        change = self._updated(job, changes, by, uid, {})
+        return job if change is None else self._respec(job, *change)
+
+    def _updated(
+        self, job: Job, changes: Mapping[str, object], by: str, uid: int | None, admitted: dict[str, JobSpec]
+    ) -> tuple[JobSpec, dict[str, object]] | None:
+        """`admitted`: specs admitted already, by their JSON without the array's task (an array's tasks share one
+        spec: it is admitted once, not once a task)."""
         spec, request = job.spec, job.spec.request
         new: dict[str, object] = {}
         if "priority" in changes:
@@ -330,8 +374,14 @@ class Daemon:
             if name in changes:
                 new[name] = changes[name]
         changed = replace(spec, **new)  # type: ignore[arg-type]
-        check_admissible(changed)
-        updated = self.admit(changed, admin=uid is None, dependencies=False)
+        key = spec_to_json(replace(changed, array=None, history=(), held_by=""))
+        updated = admitted.get(key)
+        if updated is None:
+            check_admissible(changed)
+            updated = admitted[key] = self.admit(changed, admin=uid is None, dependencies=False)
+        if changed.array is not None:
+            updated = array.task_spec(updated, changed.array.job_id, changed.array.task)
+        updated = replace(updated, history=spec.history, held_by=spec.held_by)
         now = self.clock()
         history = [
             Change(now, by, name, text(getattr(spec, name)), text(getattr(updated, name)))
@@ -345,8 +395,84 @@ class Daemon:
             if old_value != new_value:
                 history.append(Change(now, by, name, str(old_value), str(new_value)))
         if not history:
-            return job
-        return self._respec(job, replace(updated, history=(*spec.history, *history)))
+            return None
+        return replace(updated, history=(*spec.history, *history)), {}
+
+    # ---------------------------------------------------------------------------------------------- arrays
+    def tasks(self, array_id: str) -> list[Job]:
+        """Every task of the array `array_id` (ids array_id, array_id + 1, ...), in task order; [] for no array.
+        Those not ended from the store's memory copy, the ended ones from one query."""
+        head = self.store.get(array_id)
+        if head is None or head.spec.array is None or head.spec.array.job_id != head.id:
+            return []
+        count = head.spec.array.spec.count
+        first, end = int(array_id), int(array_id) + count
+        active = [j for j in self.store.list(ACTIVE_STATES) if first <= int(j.id) < end]
+        if len(active) == count:
+            return active
+        before = str(first - 1) if first > 1 else None  # ids are consecutive: a page of the store from the array's id
+        ended = self.store.query(JobQuery(states=FINAL_STATES, after=before, limit=count - len(active)))
+        return sorted([*active, *(j for j in ended if int(j.id) < end)], key=lambda j: int(j.id))
+
+    def targets(self, ref_text: str, uid: int | None) -> Targets:
+        """The jobs `ID`, `ID_TASK` or `ID_[RANGES]` names (corral.jobs.array.parse_ref): an array's id names every
+        task. `uid` None: root (anyone's); otherwise only that user's (another's answers "no job", as for a job)."""
+        try:
+            ref = array.parse_ref(ref_text)
+        except InvalidRequest:
+            if "_" in ref_text:  # meant as a task or a range: say what the forms are
+                raise
+            raise JobNotFound(ref_text) from None  # an id no job can have: as before arrays, "no job X"
+        head = self.store.get(ref.job_id)
+        if head is None or (uid is not None and head.spec.uid != uid):
+            raise JobNotFound(ref.text)
+        a = head.spec.array
+        whole = a is not None and a.job_id == head.id
+        if ref.tasks is None:
+            return Targets(ref, self.tasks(head.id) if whole else [head], head.id if whole else None)
+        if a is None or not whole:
+            raise JobNotFound(f"{ref.text} ({head.id} is not a job array)")
+        jobs: list[Job] = []
+        for task in ref.tasks:
+            job_id = array.task_job_id(head.spec, head.id, task)
+            job = None if job_id is None else self.store.get(job_id)
+            if job is None:
+                raise JobNotFound(f"{head.id}_{task} (the tasks of array {head.id}: {a.spec.text})")
+            jobs.append(job)
+        return Targets(ref, jobs, None)
+
+    def _many(
+        self,
+        job_ids: Sequence[str],
+        change: Callable[[Job], tuple[JobSpec, dict[str, object]] | None],
+    ) -> list[Job]:
+        """Apply `change` to every waiting job of `job_ids` (an array's tasks) in one durable write; the others
+        (started, ended) are left alone. Returns the jobs changed."""
+        writes: dict[str, dict[str, object]] = {}
+        wanted = set(job_ids)
+        for job in self.store.list([JobState.QUEUED]):  # the memory copy: no read of the store a job
+            if job.id not in wanted:
+                continue
+            done = change(job)
+            if done is not None:
+                writes[job.id] = {"spec": done[0], **done[1]}
+        changed = self.store.update_many(writes) if writes else []
+        for job in changed:
+            self._dependency_memo.pop(job.id, None)
+        return changed
+
+    def hold_many(self, job_ids: Sequence[str], by: str, uid: int | None = None) -> list[Job]:
+        """`hold` of every waiting job among `job_ids` (an array's tasks: corral hold ID of an array)."""
+        return self._many(job_ids, lambda job: self._held(job, by))
+
+    def release_many(self, job_ids: Sequence[str], by: str, uid: int | None = None) -> list[Job]:
+        return self._many(job_ids, lambda job: self._released(job, by, uid))
+
+    def update_many(
+        self, job_ids: Sequence[str], changes: Mapping[str, object], by: str, uid: int | None = None
+    ) -> list[Job]:
+        admitted: dict[str, JobSpec] = {}
+        return self._many(job_ids, lambda job: self._updated(job, changes, by, uid, admitted))
 
     def check_dependency(self, spec: JobSpec) -> None:
         """A job may depend on jobs that exist and that its submitter may see: their own, or anyone's for root (a
@@ -357,7 +483,9 @@ class Daemon:
                 dependency.FIELD, "singleton needs a name (--name): one job of that name and user runs at a time"
             )
         for job_id in dependency.job_ids(spec.dependency):
-            other = self.store.get(job_id)
+            other = self.store.get(job_id.partition("_")[0])  # an array's task (12_3): its array's, and that task
+            if other is not None and "_" in job_id and self._array_ref(job_id)[0] == job_id:
+                other = None  # the array has no such task
             if other is None or not (spec.uid == 0 or other.spec.uid == spec.uid):
                 raise InvalidRequest(
                     dependency.FIELD,
@@ -424,6 +552,8 @@ class Daemon:
         if on_hold:  # held: not offered, whatever its dependencies say
             blocked.update(on_hold)
             waiting = [j for j in waiting if j.id not in on_hold]
+        waiting, throttled = array.throttle(waiting, holding)  # an array's %N: the tasks beyond it are not offered
+        blocked.update(throttled)
         owner = self._share_owner if self.mps is not None else None
         ends = {j.id: expected_end(j.started_at, j.spec.time_limit_s, self.default_time_limit_s, now) for j in holding}
         # Victims of a preemption end by their kill deadline: the head's reservation then holds what they free for
@@ -533,7 +663,7 @@ class Daemon:
         ended = self._dependency_ended
         kept: dict[str, tuple[JobState, int]] = {}
 
-        def state_of(job_id: str) -> tuple[JobState, int] | None:
+        def one(job_id: str) -> tuple[JobState, int] | None:
             job = known.get(job_id)
             if job is not None:
                 return job.state, job.attempts
@@ -545,6 +675,17 @@ class Daemon:
                 found = (got.state, got.attempts)
             if found[0].final and job_id not in self._requeue:  # a failure whose retry is not stored yet: not ended
                 kept[job_id] = found
+            return found
+
+        arrays: dict[str, dependency.ArrayState] = {}  # this round's: 1,000 jobs on one array read its tasks once
+
+        def state_of(ref: str) -> tuple[JobState, int] | dependency.ArrayState | None:
+            found = arrays.get(ref)
+            if found is None:
+                got = self._ref_state(ref, one)
+                if not isinstance(got, dependency.ArrayState):
+                    return got
+                found = arrays[ref] = got
             return found
 
         memo, blocked, by_ref, seen = (
@@ -574,7 +715,8 @@ class Daemon:
         # A job named that waits or runs is seen as its Job (stored jobs are immutable: the same object, the same
         # state; compared by identity), one that ended as its kept (state, attempts).
         for ref in by_ref:
-            now_seen: object = known.get(ref) or state_of(ref)
+            plain = "_" not in ref and not self._array_ref(ref)[1]  # a job (an array's state is worked out)
+            now_seen: object = (known.get(ref) if plain else None) or state_of(ref)
             was = seen[ref]
             if now_seen is not was and now_seen != was:
                 seen[ref] = now_seen
@@ -637,9 +779,12 @@ class Daemon:
     def dependency_verdict(self, job: Job) -> dependency.Verdict:
         """What `explain` says of a waiting job's dependencies now (a few look-ups; the round's reason says so too)."""
 
-        def state_of(job_id: str) -> tuple[JobState, int] | None:
+        def one(job_id: str) -> tuple[JobState, int] | None:
             other = self.store.get(job_id)
             return None if other is None else (other.state, other.attempts)
+
+        def state_of(ref: str) -> tuple[JobState, int] | dependency.ArrayState | None:
+            return self._ref_state(ref, one)
 
         single = ""
         if any(d.kind is dependency.Kind.SINGLETON for d in job.spec.dependency):
@@ -654,6 +799,48 @@ class Daemon:
                 first = min(ahead, key=lambda o: (not o.state.holds_resources, int(o.id)))
                 single = f"job {first.id} (singleton: same user and name) is {first.state.value}"
         return dependency.verdict(job.spec.dependency, state_of, single)
+
+    def _array_ref(self, ref: str) -> tuple[str, array.ArraySpec | None]:
+        """A dependency's id as a job id and, when it names a whole array, that array's spec: "12_3" -> ("15", None)
+        (the task's job), "12" -> ("12", its ArraySpec) for an array, ("12", None) for a job. Kept: ids never change
+        meaning (a job never becomes an array), so each is looked up once."""
+        found = self._refs.get(ref)
+        if found is not None:
+            return found
+        out: tuple[str, array.ArraySpec | None] = (ref, None)
+        if "_" in ref:
+            with contextlib.suppress(InvalidRequest):
+                named = self.targets(ref, None).jobs
+                out = (named[0].id, None) if len(named) == 1 else out
+        else:
+            head = self.store.get(ref)
+            if head is not None and head.spec.array is not None and head.spec.array.job_id == head.id:
+                out = (ref, head.spec.array.spec)
+        if out != (ref, None) or self.store.get(ref) is not None:  # an id not (yet) known is looked up again
+            self._refs[ref] = out
+        return out
+
+    def _ref_state(
+        self, ref: str, one: Callable[[str], tuple[JobState, int] | None]
+    ) -> tuple[JobState, int] | dependency.ArrayState | None:
+        """A dependency's id as `dependency.verdict` reads it: a job's (state, attempts) through `one`, or an array's
+        `ArrayState` from each of its tasks' (a look-up per task: the round's `one` reads ended tasks once)."""
+        job_id, spec = self._array_ref(ref)
+        if spec is None:
+            return one(job_id)
+        first, ended, started, succeeded, bad = int(job_id), 0, 0, 0, ""
+        for i, task in enumerate(spec.tasks):
+            found = one(str(first + i))
+            if found is None:
+                continue
+            state, attempts = found
+            started += state is not JobState.QUEUED or attempts > 0
+            if state.final and str(first + i) not in self._requeue:
+                ended += 1
+                succeeded += state is JobState.SUCCEEDED
+                if not bad and state is not JobState.SUCCEEDED:
+                    bad = f"task {job_id}_{task} {dependency.ENDED_WORDS[state]}"
+        return dependency.ArrayState(spec.count, ended, started, succeeded, bad)
 
     # ---------------------------------------------------------------------------------------------- preemption
     def _preempt(
@@ -882,7 +1069,8 @@ class Daemon:
         spec = LaunchSpec(
             job_id=job_id,
             command=job.spec.command,
-            env=script.pop("env", job.spec.env),
+            env=job.spec.env,
+            corral_env={**array.environment(job.spec), **script.pop("slurm_env", {})},
             cwd=job.spec.cwd,
             uid=job.spec.uid,
             gid=job.spec.gid,
@@ -1107,14 +1295,20 @@ class Daemon:
 
     # ---------------------------------------------------------------------------------------------- bulk cancel
     def cancel_many(
-        self, job_ids: Collection[str] | None = None, query: JobQuery | None = None, uid: int | None = None
+        self,
+        job_ids: Collection[str] | None = None,
+        query: JobQuery | None = None,
+        uid: int | None = None,
+        *,
+        whole_arrays: bool = False,
     ) -> CancelOutcome:
         """Cancel many jobs at once: the queued ones in one durable store write, the running ones signalled (their
         reasons in one more write), so 20,000 jobs cost two commits, not 20,000.
 
         Which jobs: `job_ids`, or every job `query` selects (its paging ignored), or the ids that `query` also
         selects when both are given. `uid` None = root (any job); otherwise only that user's own jobs: another
-        user's job counts as not found, as `cancel` says "no job N" for it."""
+        user's job counts as not found, as `cancel` says "no job N" for it. `whole_arrays`: an array's id among
+        `job_ids` stands for every task (`corral cancel 12`), not only its first."""
         if job_ids is None and query is None:
             raise InvalidRequest("request", "say which jobs to cancel: ids, a state or a name")
         scope = replace(query or JobQuery(), after=None, limit=None, newest_first=False)
@@ -1124,13 +1318,17 @@ class Daemon:
         if job_ids is None:
             found = self.store.query(scope)
         else:
-            found = []
+            named: dict[str, Job] = {}
             for job_id in dict.fromkeys(job_ids):
                 job = self.store.get(job_id)
                 if job is not None and scope.matches(job):
-                    found.append(job)
+                    named[job.id] = job
+                    a = job.spec.array
+                    if whole_arrays and a is not None and a.job_id == job.id:
+                        named.update((t.id, t) for t in self.tasks(job.id) if scope.matches(t))
                 else:
                     missing.append(job_id)
+            found = list(named.values())
         queued = [j.id for j in found if j.state is JobState.QUEUED]
         cancelled = self.store.transition_many(queued, JobState.CANCELLED, expect=[JobState.QUEUED], reason="cancelled")
         gone = {j.id for j in cancelled}
@@ -1159,14 +1357,17 @@ def _script_fields(job: Job) -> dict[str, Any]:
         return {}
     from corral.jobs.batch import launch_path
 
+    a = s.array  # an array's task: %A is the array's id, %a the task's (outside an array: the job id, and empty)
+    ids = {"array_job": a.job_id or None, "task": str(a.task)} if a is not None else {}
+
     def path(pattern: str) -> str | None:
-        return launch_path(pattern, job=job.id, user=s.user, name=s.name, cwd=s.cwd) if pattern else None
+        return launch_path(pattern, job=job.id, user=s.user, name=s.name, cwd=s.cwd, **ids) if pattern else None
 
     fields: dict[str, Any] = {
         "script": None if s.script is None else s.script.text, "output": path(s.output), "error": path(s.error),
     }  # fmt: skip
     if s.script is not None and s.script.dialect == "sbatch":  # what an sbatch script reads of its job (Slurm's)
-        fields["env"] = {**s.env, **slurm_environment(job)}
+        fields["slurm_env"] = slurm_environment(job)
     return fields
 
 

@@ -64,6 +64,9 @@ class LaunchSpec:
     #: --output / --error, expanded and absolute: opened as the job's user (truncated on attempt 1, appended to after).
     output: str | None = None
     error: str | None = None
+    #: corral's own variables for this job beyond its id (an array task's CORRAL_ARRAY_* and SLURM_ARRAY_*): set on
+    #: top of `env`, whose CORRAL_* variables the executor drops (a submitted one is never corral's).
+    corral_env: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.job_id:

@@ -35,7 +35,8 @@ if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
   fi
 fi
 envs="-e CORRAL_JOB_ID"
-for name in $(env | sed -n 's/^\(CUDA_MPS_[A-Z_]*\)=.*/\1/p') $CORRAL_CONTAINER_ENV; do envs="$envs -e $name"; done
+for name in $(env | sed -n -e 's/^\(CUDA_MPS_[A-Z_]*\)=.*/\1/p' -e 's/^\(CORRAL_ARRAY_[A-Z_]*\)=.*/\1/p' \
+  -e 's/^\(SLURM_ARRAY_[A-Z_]*\)=.*/\1/p') $CORRAL_CONTAINER_ENV; do envs="$envs -e $name"; done
 mount=
 [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && mount="-v $CUDA_MPS_PIPE_DIRECTORY:$CUDA_MPS_PIPE_DIRECTORY --ipc=host"
 [ -z "$gpus" ] && envs="$envs -e NVIDIA_VISIBLE_DEVICES=void"

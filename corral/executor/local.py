@@ -116,6 +116,7 @@ def job_environment(spec: LaunchSpec) -> dict[str, str]:
     env["CUDA_VISIBLE_DEVICES"] = visible
     env["NVIDIA_VISIBLE_DEVICES"] = visible
     env["CORRAL_JOB_ID"] = spec.job_id
+    env.update(spec.corral_env)
     if spec.instances > 1:  # one instance of a gang: the job's own id, and which instance of how many this is
         env["CORRAL_JOB_ID"] = spec.job_id.rpartition("_")[0]
         env["CORRAL_INSTANCE"] = str(spec.instance)

@@ -50,7 +50,8 @@ class Dependency:
     job_ids: tuple[str, ...] = ()  # empty for singleton
 
 
-_ID = re.compile(r"[1-9][0-9]{0,18}")
+#: A job's id, or an array's task (12_3): an array's id stands for every task (corral.jobs.array).
+_ID = re.compile(r"[1-9][0-9]{0,18}(?:_[0-9]{1,10})?")
 KINDS_TEXT = "afterok:ID[:ID...], afterany:ID, afternotok:ID, after:ID or singleton"
 
 
@@ -118,10 +119,30 @@ class Verdict:
 
 READY = Verdict(Status.READY, "")
 
-#: A job's state as a dependency reads it: (state, attempts), or None when the store has no such job.
-StateOf = Callable[[str], tuple[JobState, int] | None]
 
-_ENDED_WORDS = {
+@dataclass(frozen=True)
+class ArrayState:
+    """A job array as a dependency reads it: how many tasks, how many have ended and started, and the first that
+    ended other than succeeded ("task 12_3 failed"; "" when none). Every kind waits for every task:
+
+        after:A       every task has started (or ended)
+        afterany:A    every task has ended
+        afterok:A     every task succeeded   never: one ended otherwise (at once, before the others end)
+        afternotok:A  every task has ended, one of them not succeeded    never: every task succeeded
+    """
+
+    total: int
+    ended: int
+    started: int
+    succeeded: int
+    first_bad: str = ""
+
+
+#: A job's state as a dependency reads it: (state, attempts), an array's `ArrayState`, or None when the store has no
+#: such job.
+StateOf = Callable[[str], tuple[JobState, int] | ArrayState | None]
+
+ENDED_WORDS = {
     JobState.SUCCEEDED: "succeeded",
     JobState.FAILED: "failed",
     JobState.CANCELLED: "was cancelled",
@@ -129,9 +150,25 @@ _ENDED_WORDS = {
 }
 
 
-def _one(kind: Kind, job_id: str, found: tuple[JobState, int] | None) -> tuple[Status, str]:
+def _array(kind: Kind, array_id: str, a: ArrayState) -> tuple[Status, str]:
+    if kind is Kind.AFTER:
+        if a.started < a.total:
+            return Status.WAITING, f"array {array_id} (after): {a.total - a.started} of its {a.total} tasks not started"
+        return Status.READY, ""
+    if kind is Kind.AFTEROK and a.first_bad:
+        return Status.NEVER, f"array {array_id}: {a.first_bad} (afterok needs every task to succeed)"
+    if a.ended < a.total:
+        return Status.WAITING, f"array {array_id} ({kind.value}): {a.ended} of its {a.total} tasks ended"
+    if kind is Kind.AFTERNOTOK and a.succeeded == a.total:
+        return Status.NEVER, f"array {array_id}: every task succeeded (afternotok needs one to fail)"
+    return Status.READY, ""
+
+
+def _one(kind: Kind, job_id: str, found: tuple[JobState, int] | ArrayState | None) -> tuple[Status, str]:
     if found is None:
         return Status.NEVER, f"job {job_id} is not in the job store ({kind.value})"
+    if isinstance(found, ArrayState):
+        return _array(kind, job_id, found)
     state, attempts = found
     if kind is Kind.AFTER:
         if state is JobState.QUEUED and attempts == 0:
@@ -140,7 +177,7 @@ def _one(kind: Kind, job_id: str, found: tuple[JobState, int] | None) -> tuple[S
     if not state.final:
         return Status.WAITING, f"job {job_id} ({kind.value}) is {state.value}"
     if kind is Kind.AFTEROK and state is not JobState.SUCCEEDED:
-        return Status.NEVER, f"job {job_id} {_ENDED_WORDS[state]} (afterok needs it to succeed)"
+        return Status.NEVER, f"job {job_id} {ENDED_WORDS[state]} (afterok needs it to succeed)"
     if kind is Kind.AFTERNOTOK and state is JobState.SUCCEEDED:
         return Status.NEVER, f"job {job_id} succeeded (afternotok needs it to fail)"
     return Status.READY, ""

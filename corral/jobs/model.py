@@ -24,6 +24,7 @@ from corral.model.errors import InvalidRequest
 from corral.model.resources import Constraint, GpuBehavior, GpuGrant, Request
 
 if TYPE_CHECKING:
+    from corral.jobs.array import ArrayTask
     from corral.jobs.batch import Script
     from corral.jobs.dependency import Dependency
 
@@ -136,6 +137,8 @@ class JobSpec:
     #: --output / --error patterns (%j %A %a %u %x %%), "" for corral's own log; opened as the job's user at launch.
     output: str = ""
     error: str = ""
+    #: A task of a job array (corral.jobs.array): the array's id, this task's id, the array's tasks; None otherwise.
+    array: ArrayTask | None = None
 
     def __post_init__(self) -> None:
         if not self.command or not self.command[0]:
@@ -279,6 +282,7 @@ def spec_to_json(s: JobSpec) -> str:
             **({"script": s.script.to_dict()} if s.script is not None else {}),
             **({"output": s.output} if s.output else {}),
             **({"error": s.error} if s.error else {}),
+            **({"array": array_dict(s.array)} if s.array is not None else {}),
         },
         sort_keys=True,
     )
@@ -288,6 +292,16 @@ def dependency_text(deps: tuple[Dependency, ...]) -> str:
     from corral.jobs import dependency
 
     return dependency.text(deps)
+
+
+def array_dict(a: ArrayTask) -> dict[str, Any]:
+    return {"job": a.job_id, "task": a.task, "spec": a.spec.text}
+
+
+def array_from(d: Mapping[str, Any]) -> ArrayTask:
+    from corral.jobs import array
+
+    return array.ArrayTask(str(d["job"]), int(d["task"]), array.parse(str(d["spec"])))
 
 
 def spec_from_json(text: str) -> JobSpec:
@@ -327,4 +341,5 @@ def spec_from_json(text: str) -> JobSpec:
         script=script,  # absent for an ordinary command, and in every job stored before batch scripts
         output=str(d.get("output", "")),
         error=str(d.get("error", "")),
+        array=array_from(d["array"]) if d.get("array") else None,  # absent: not an array's task
     )

@@ -141,6 +141,13 @@ class Store(Protocol):
         `KeyInUse` carries that job."""
         ...
 
+    def add_array(self, spec: JobSpec, now: float, *, idempotency_key: str | None = None) -> builtins.list[Job]:
+        """Store a job array (`spec.array` set; its job id "" and any task): one QUEUED job per task, with consecutive
+        ids in task order, in one atomic write; the first id is the array's (`ArrayTask.job_id` of every task). The
+        spec is stored once, each task in a few bytes (corral.jobs.array). `idempotency_key` as for `add`, naming
+        the first task (`KeyInUse` carries it)."""
+        ...
+
     def by_idempotency_key(self, uid: int, key: str, now: float) -> Job | None:
         """The job `uid` stored under `key` less than IDEMPOTENCY_TTL_S before `now`, or None."""
         ...
@@ -289,6 +296,27 @@ def check_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
         else:
             out[name] = value
     return out
+
+
+def array_jobs(spec: JobSpec, first_id: int, now: float) -> builtins.list[Job]:
+    """The new QUEUED jobs of the array `spec` whose first job id is `first_id`, one per task in task order. Each is a
+    copy of the first with its id and task (a Job built field by field costs 15 us: 150 ms for 10,000 tasks)."""
+    from corral.jobs.array import task_spec
+
+    a = spec.array
+    if a is None:
+        raise ValueError("add_array needs a spec with an array")
+    array_id = str(first_id)
+    head = Job(array_id, task_spec(spec, array_id, a.spec.first), JobState.QUEUED, submitted_at=float(now), version=1)
+    jobs = [head]
+    fields = head.__dict__
+    for i, task in enumerate(a.spec.tasks[1:], start=1):
+        job = object.__new__(Job)
+        job.__dict__.update(fields)
+        object.__setattr__(job, "id", str(first_id + i))
+        object.__setattr__(job, "spec", task_spec(spec, array_id, task))
+        jobs.append(job)
+    return jobs
 
 
 def check_transition(job: Job, to: JobState, expect: Collection[JobState] | None) -> None:

@@ -16,6 +16,7 @@ from corral.store.base import (
     KeyInUse,
     StaleJob,
     StoreError,
+    array_jobs,
     check_doc,
     check_doc_version,
     check_fields,
@@ -52,6 +53,23 @@ class MemoryStore:
             if idempotency_key is not None:
                 self._keys[(spec.uid, idempotency_key)] = (job.id, float(now))
             return job
+
+    def add_array(self, spec: JobSpec, now: float, *, idempotency_key: str | None = None) -> builtins.list[Job]:
+        check_admissible(spec)
+        stored = spec_from_json(spec_to_json(spec))
+        with self._lock:
+            self._check_open()
+            if idempotency_key is not None:
+                earlier = self._keyed(spec.uid, idempotency_key, now)
+                if earlier is not None:
+                    raise KeyInUse(idempotency_key, earlier)
+            first = self._last_id + 1
+            jobs = array_jobs(stored, first, now)
+            self._last_id += len(jobs)
+            self._jobs.update((job.id, job) for job in jobs)
+            if idempotency_key is not None:
+                self._keys[(spec.uid, idempotency_key)] = (jobs[0].id, float(now))
+            return jobs
 
     def by_idempotency_key(self, uid: int, key: str, now: float) -> Job | None:
         with self._lock:

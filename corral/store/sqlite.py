@@ -8,6 +8,9 @@
                                                   the table when opened)
     idempotency(uid, key, job_id, created_at)   -- Idempotency-Key -> job, written in the job's own transaction
                                                   (schema 3; older files gain the table when opened)
+    arrays(id, spec TEXT)                       -- a job array's spec, once (its first task's, spec_to_json); each
+                                                  task's row holds a stub, {"array": [ID, TASK], "name", "uid"}
+                                                  (corral.jobs.array; files gain the table when opened)
 
 Why these settings:
 - WAL journal + `synchronous=FULL`: a commit is fsynced to the WAL before `add`/`transition`/`update` return, so an
@@ -31,6 +34,7 @@ Why these settings:
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import json
 import sqlite3
 import threading
@@ -39,8 +43,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from corral.jobs.array import task_spec
 from corral.jobs.model import (
     FINAL_STATES,
+    Change,
     Job,
     JobSpec,
     JobState,
@@ -57,6 +63,7 @@ from corral.store.base import (
     KeyInUse,
     StaleJob,
     StoreError,
+    array_jobs,
     canonical_id,
     check_doc,
     check_doc_version,
@@ -66,6 +73,8 @@ from corral.store.base import (
 )
 
 SCHEMA_VERSION = 3
+#: How a task's stub spec starts (keys sorted: "array" first; a full spec with an array has `{"array": {`).
+_STUB = '{"array": ['
 #: States whose jobs are kept in memory as well (everything the scheduler reads each round).
 ACTIVE = frozenset({JobState.QUEUED, JobState.STARTING, JobState.RUNNING})
 #: How long a write waits for another process that holds the file's write lock before it fails.
@@ -121,6 +130,10 @@ CREATE TABLE IF NOT EXISTS idempotency (
     PRIMARY KEY (uid, key)
 );
 CREATE INDEX IF NOT EXISTS idempotency_created ON idempotency (created_at);
+CREATE TABLE IF NOT EXISTS arrays (
+    id   INTEGER PRIMARY KEY,
+    spec TEXT    NOT NULL
+);
 """
 
 _COLUMNS = (
@@ -150,8 +163,10 @@ class SqliteStore:
     def __init__(self, path: Path, *, busy_timeout_s: float = BUSY_TIMEOUT_S) -> None:
         self.path = Path(path)
         self._busy_timeout_ms = max(0, round(busy_timeout_s * 1000))
-        self._lock = threading.Lock()
+        # Re-entrant: decoding an array's task may read its array's spec while a read or write holds the lock.
+        self._lock = threading.RLock()
         self._closed = False
+        self._templates: dict[int, JobSpec] = {}  # arrays' specs by array id, decoded (immutable once stored)
         self._active: dict[int, Job] = {}  # unfinished jobs by row id, decoded
         self._data_version: int | None = None  # SQLite's data_version when `_active` was loaded
         try:
@@ -196,6 +211,50 @@ class SqliteStore:
             assert idempotency_key is not None
             raise KeyInUse(idempotency_key, earlier)
         return job
+
+    def add_array(self, spec: JobSpec, now: float, *, idempotency_key: str | None = None) -> builtins.list[Job]:
+        check_admissible(spec)
+        if spec.array is None:
+            raise ValueError("add_array needs a spec with an array")
+        earlier: Job | None = None
+        jobs: builtins.list[Job] = []
+        with self._write("adding a job array"):
+            if idempotency_key is not None:
+                earlier = self._keyed(spec.uid, idempotency_key, now)
+            if earlier is None:
+                # Ids given explicitly, consecutive from the next AUTOINCREMENT would give (the write lock is held):
+                # a task's id is the array's id plus its index, with no look-up.
+                first = 1 + int(
+                    self._conn.execute(
+                        "SELECT MAX(COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'jobs'), 0), "
+                        "COALESCE((SELECT MAX(id) FROM jobs), 0))"
+                    ).fetchone()[0]
+                )
+                text = spec_to_json(dataclasses.replace(spec, array=dataclasses.replace(spec.array, job_id=str(first))))
+                template = spec_from_json(text)
+                self._conn.execute("INSERT INTO arrays (id, spec) VALUES (?, ?)", (first, text))
+                jobs = array_jobs(template, first, now)
+                # The name and uid stay in each row: `query` filters on them through its indexes on the spec.
+                name, uid, user, state = json.dumps(spec.name), spec.uid, spec.user, JobState.QUEUED.value
+                self._conn.executemany(
+                    "INSERT INTO jobs (id, spec, user, state, submitted_at, version) VALUES (?, ?, ?, ?, ?, 1)",
+                    [
+                        (first + i, f'{_STUB}{first}, {task}], "name": {name}, "uid": {uid}}}', user, state, now)
+                        for i, task in enumerate(spec.array.spec.tasks)
+                    ],
+                )
+                if idempotency_key is not None:
+                    self._conn.execute("DELETE FROM idempotency WHERE created_at <= ?", (now - IDEMPOTENCY_TTL_S,))
+                    self._conn.execute(
+                        "INSERT OR REPLACE INTO idempotency (uid, key, job_id, created_at) VALUES (?, ?, ?, ?)",
+                        (spec.uid, idempotency_key, first, float(now)),
+                    )
+                self._templates[first] = template
+                self._active.update((int(job.id), job) for job in jobs)
+        if earlier is not None:
+            assert idempotency_key is not None
+            raise KeyInUse(idempotency_key, earlier)
+        return jobs
 
     def by_idempotency_key(self, uid: int, key: str, now: float) -> Job | None:
         with self._read("looking up an idempotency key"):
@@ -349,8 +408,12 @@ class SqliteStore:
         checked = {job_id: check_fields(fields) for job_id, fields in changes.items()}
         out = []
         with self._write(f"changing {len(checked)} jobs"):
+            self._sync()  # once, not once a job (an array's 10,000 tasks held in one write)
+            active = self._active
             for job_id, fields in checked.items():
-                job = self._get_for_write(job_id)
+                row_id = canonical_id(job_id)
+                job = active.get(row_id) if row_id is not None else None
+                job = job if job is not None else self._get_for_write(job_id)
                 new = job.evolve(version=job.version + 1, **fields)
                 self._store(new, fields)
                 out.append(new)
@@ -550,7 +613,9 @@ class SqliteStore:
         return self._decode(row)
 
     def _store(self, job: Job, columns: dict[str, Any]) -> None:
-        values = {name: _encode(name, value) for name, value in columns.items()}
+        values = {
+            name: self._spec_text(value) if name == "spec" else _encode(name, value) for name, value in columns.items()
+        }
         values["version"] = job.version
         assignments = ", ".join(f"{name} = ?" for name in values)  # names come from check_fields, never the caller
         self._conn.execute(f"UPDATE jobs SET {assignments} WHERE id = ?", (*values.values(), int(job.id)))
@@ -577,7 +642,7 @@ class SqliteStore:
         try:
             return Job(
                 id=str(d["id"]),
-                spec=spec_from_json(d["spec"]),
+                spec=self._spec(d["spec"]),
                 state=JobState(d["state"]),
                 submitted_at=float(d["submitted_at"]),
                 attempts=int(d["attempts"]),
@@ -595,6 +660,51 @@ class SqliteStore:
             )
         except (ValueError, TypeError, KeyError) as exc:  # InvalidRequest is a ValueError
             raise StoreError(f"job store {self.path}: job {d['id']} cannot be read ({exc})") from exc
+
+    def _spec_text(self, spec: JobSpec) -> str:
+        """A spec as stored: an array's task that differs from its array's spec only in its hold and history (an
+        array held as a whole) stays a stub, with those two; anything else is written whole."""
+        a = spec.array
+        template = self._templates.get(int(a.job_id)) if a is not None and a.job_id else None
+        if a is None or template is None or template.array is None or a.spec is not template.array.spec:
+            return spec_to_json(spec)
+        mine, theirs = spec.__dict__, template.__dict__
+        if any(
+            mine[name] is not value and mine[name] != value
+            for name, value in theirs.items()
+            if name not in ("array", "held_by", "history")
+        ):
+            return spec_to_json(spec)
+        extra = {
+            **({"held_by": spec.held_by} if spec.held_by else {}),
+            **({"history": [c.to_dict() for c in spec.history]} if spec.history else {}),
+        }
+        more = (", " + json.dumps(extra, sort_keys=True)[1:-1]) if extra else ""
+        return f'{_STUB}{a.job_id}, {a.task}]{more}, "name": {json.dumps(spec.name)}, "uid": {spec.uid}}}'
+
+    def _spec(self, text: str) -> JobSpec:
+        """A row's spec: its JSON, or an array task's stub read with its array's spec."""
+        if not text.startswith(_STUB):
+            return spec_from_json(text)
+        d = json.loads(text)
+        array_id, task = int(d["array"][0]), int(d["array"][1])
+        template = self._templates.get(array_id)
+        if template is None:
+            try:
+                with self._lock:
+                    row = self._conn.execute("SELECT spec FROM arrays WHERE id = ?", (array_id,)).fetchone()
+            except sqlite3.Error as exc:
+                raise self._error(f"reading array {array_id}", exc) from exc
+            if row is None:
+                raise KeyError(f"its array {array_id} has no spec")
+            template = self._templates[array_id] = spec_from_json(row[0])
+        assert template.array is not None
+        spec = task_spec(template, template.array.job_id, task)
+        if "held_by" in d:  # an array held as a whole: each task's hold and history in its stub
+            object.__setattr__(spec, "held_by", str(d["held_by"]))
+        if "history" in d:
+            object.__setattr__(spec, "history", tuple(Change.from_dict(c) for c in d["history"]))
+        return spec
 
     def _check_open(self) -> None:
         if self._closed:

@@ -62,7 +62,7 @@ def test_a_script_is_stored_with_its_job_and_launched_from_its_text(world: World
     [launched] = world.executor.launched
     assert launched.script == TEXT and launched.command == ("job.sh", "x")
     assert launched.output == f"{tmp_path}/out-{job['id']}-n.txt" and launched.error is None
-    slurm = {k: v for k, v in launched.env.items() if k.startswith("SLURM_")}
+    slurm = {k: v for k, v in launched.corral_env.items() if k.startswith("SLURM_")}
     assert slurm == {"SLURM_JOB_ID": job["id"], "SLURM_JOBID": job["id"], "SLURM_JOB_NAME": "n",
                      "SLURM_SUBMIT_DIR": str(tmp_path), "SLURM_JOB_USER": "alice"}  # fmt: skip
     logs = world.client(ALICE).get(f"/v1/jobs/{job['id']}/logs")
