@@ -45,8 +45,8 @@ from corral.jobs.model import Job, JobSpec, JobState
 from corral.model.resources import Allocation, GpuBehavior, GpuDevice, GpuGrant, Node, Request
 from corral.model.snapshot import ClusterSnapshot
 from corral.placement import PlacementConfig
-from corral.queue.config import parse_queues
 from corral.store import SqliteStore
+from corral.tenancy.config import parse_queues
 
 
 def machine() -> ClusterSnapshot:

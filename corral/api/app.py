@@ -16,6 +16,7 @@
     GET  /v1/jobs/{id}/logs?offset=N   its output from byte N (text/plain); ?tail=N: its last N bytes; a gang's
          &instance=K                   instance K's (default 0; X-Corral-Instances: how many it has)
     GET  /v1/gpus                      each GPU: who holds which share, live use, memory of foreign processes
+    GET  /v1/acct, /v1/acct/summary    jobs that ended, with hours and GPU efficiency (corral.api.acct)
     GET  /metrics                      Prometheus text format (docs/metrics.md); per-job series for root only
     GET  /healthz, /readyz             alive; ready (store answers, a scheduling round ended recently): no caller needed
     POST /v1/tokens, GET /v1/tokens, DELETE /v1/tokens/{id}   bearer tokens for TCP (Unix socket only)
@@ -61,6 +62,7 @@ from corral.api.schemas import (
     GpuOut,
     HolderOut,
     JobOut,
+    JobRow,
     ReservationOut,
     SubmitIn,
     TokenIn,
@@ -73,7 +75,7 @@ from corral.daemon.core import Daemon, Targets
 from corral.daemon.gang import MAX_INSTANCES, instance_log
 from corral.daemon.preemption import PREEMPTING, Rules
 from corral.daemon.queues import Forbidden
-from corral.daemon.scheduler import clock_text
+from corral.daemon.scheduler import clock_text, running_of, work_of
 from corral.daemon.tokens import TokenFileError, TokenNotFound, TokenStore
 from corral.daemon.waiting import queue_story, wait_story
 from corral.jobs import array, dependency
@@ -278,12 +280,13 @@ def running_story(
     elif not job.spec.preemptible:
         can = False
         said.append("It cannot be preempted: it was submitted with --no-preempt.")
-    elif not rules.borrowing(job):
+    elif not rules.borrowing(running_of(job, queue)):
         can = False
         said.append(f"It cannot be preempted now: it runs within its queue {queue!r}'s guarantee.")
     else:
         can = True
-        by = [w.id for w in waiting if rules.why(w, job) is not None]
+        me = running_of(job, queue)
+        by = [w.id for w in waiting if rules.why(work_of(w), me) is not None]
         whom = f"a waiting job of a priority above its {job.spec.request.priority}"
         if queue is not None:
             whom += " or of a queue below its guarantee (it borrows above its own queue's)"
@@ -302,7 +305,8 @@ def running_story(
 def preemptable_story(job: Job, holding: Sequence[Job], rules: Rules) -> tuple[list[str], str]:
     """The running jobs a waiting job may preempt (the planner's `Rules.why`), and a sentence on them ("" if none)."""
     why = {"priority": "a lower priority", "guarantee": "borrowing above its queue's guarantee"}
-    found = [(h.id, w) for h in holding if (w := rules.why(job, h)) is not None]
+    me = work_of(job)
+    found = [(h.id, w) for h in holding if (w := rules.why(me, running_of(h))) is not None]
     if not found:
         return [], ""
     shown = ", ".join(f"{i} ({why.get(w, w)})" for i, w in found[:10])
@@ -551,7 +555,7 @@ def create_app(
             raise HTTPException(403, {"field": "user", "message": "only root can see or cancel other users' jobs"})
         return None, who.uid
 
-    @app.get("/v1/jobs", response_model=list[JobOut])
+    @app.get("/v1/jobs", response_model=list[JobRow])
     def list_jobs(
         who: Caller,
         everyone: Annotated[bool, Query(alias="all")] = False,
@@ -967,6 +971,9 @@ def create_app(
             return SafeJSONResponse(status_code=503, content={"status": "not ready", "problems": problems, **contained})
         return JSONResponse({"status": "ready", **contained})
 
+    from corral.api.acct import acct_router  # here: it takes Caller from this module
+
+    app.include_router(acct_router(daemon))  # corral acct: /v1/acct, /v1/acct/summary
     for router in routers:  # the faces installed by corral.daemon.extensions
         app.include_router(router)
     return app

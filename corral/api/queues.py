@@ -27,7 +27,7 @@ from corral.api.app import Caller
 from corral.daemon.core import Daemon
 from corral.jobs.model import JobState
 from corral.model.errors import InvalidRequest
-from corral.queue.config import QueueConfigError
+from corral.tenancy.config import QueueConfigError
 
 #: What a user who is not root or an admin sees in place of another user's name.
 OTHER_USER = "another user"

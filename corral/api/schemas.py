@@ -7,7 +7,7 @@ import difflib
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from corral.api.limits import clean
 from corral.daemon.tokens import MAX_NAME, Token
@@ -246,6 +246,13 @@ def script_row(job: Job) -> dict[str, Any]:
 
 def _float(value: float | None) -> float | None:
     return None if value is None else float(value)
+
+
+#: A listing's row (GET /v1/jobs): JobOut's fields, none required, as `fields=id,state` leaves the others out; the
+#: OpenAPI document says so (a client must not expect a field it did not ask for).
+JobRow = create_model(  # type: ignore[call-overload]
+    "JobRow", **{name: (info.annotation, None) for name, info in JobOut.model_fields.items()}
+)
 
 
 def job_row(job: Job) -> dict[str, Any]:

@@ -4,7 +4,7 @@
     corral place ...       click root  ->  corral.cli.typer_app: import corral.cli.place (numpy, scipy)  ->  place
     corral --help          click root: each command's line from COMMANDS, nothing imported
 
-Two kinds of command. The thin client's (submit, ps, show, logs, cancel, explain, gpus, wait, token, app, job) is
+Two kinds of command. The thin client's (submit, ps, show, logs, cancel, explain, gpus, wait, acct, token, app, job) is
 written with click: it must start in 150 ms or less (issue 15), and Typer 0.2x converts every parameter through
 pydantic, which costs more to import than the rest of such a command together. The others (serve, place, discover,
 policies, sim, k8s) load the daemon, the engine, the simulator or the Kubernetes client anyway; they stay with
@@ -70,6 +70,10 @@ COMMANDS: dict[str, Lazy] = {
     "gpus": Lazy(
         "corral.cli.client", "gpus_cmd", "Each GPU: who holds which share, and live use where the daemon can "
         "measure it.",
+    ),
+    "acct": Lazy(
+        "corral.cli.acct", "acct_cmd", "Jobs that ended: elapsed, state, exit code, queue, GPUs, GPU and CPU "
+        "hours, GPU use (as sacct).",
     ),
     "token": Lazy("corral.cli.client", "token_group", "Bearer tokens for talking to corral serve over TCP."),
     "queue": Lazy("corral.cli.queues", "queue_group", "Queues, fair share and priority factors (docs/queues.md)."),

@@ -97,12 +97,20 @@ def serve_cmd(
             "else one queue, first come first served). SIGHUP or `corral queue reload` reads it again.",
         ),
     ] = None,
+    acct_retention: Annotated[
+        str,
+        typer.Option(
+            help="How long jobs that ended are kept, with their accounting (corral acct; e.g. 30d, 365d), or "
+            "never to keep them all. Older ones are deleted in small batches, hourly.",
+        ),
+    ] = "90d",
 ) -> None:
     """Run the corral daemon on this machine until SIGTERM or Ctrl-C."""
     from corral.daemon.server import ServeError, serve
     from corral.model.errors import InvalidRequest
     from corral.model.units import parse_duration_seconds
     from corral.store import StoreError
+    from corral.store.retention import parse_retention
 
     try:
         default_time_limit_s = parse_duration_seconds(default_time_limit, "--default-time-limit")
@@ -111,6 +119,7 @@ def serve_cmd(
         preempt_grace_s = parse_duration_seconds(preempt_grace, "--preempt-grace")
         if not preempt_grace_s >= 0:
             raise InvalidRequest("--preempt-grace", f"must be 0 seconds or more, got {preempt_grace!r}")
+        retention_s = parse_retention(acct_retention)
     except InvalidRequest as exc:
         raise fail(str(exc)) from None
     state, sock = serve_locations(state_dir, socket, runtime_dir, root=os.geteuid() == 0)
@@ -119,7 +128,7 @@ def serve_cmd(
             state, sock, simulate_gpus, policy, watchdog=gpu_memory_watchdog, sharing=sharing, listen=listen,
             gpu_behavior=gpu_behavior_old or gpu_behavior, service_ports=service_ports,
             container_runtime=container_runtime, default_time_limit_s=default_time_limit_s, reports=reports,
-            preempt_grace_s=preempt_grace_s, queues_file=queues, exit_process=True,
+            preempt_grace_s=preempt_grace_s, queues_file=queues, exit_process=True, retention_s=retention_s,
         )  # fmt: skip
     except (ServeError, InvalidRequest, StoreError, OSError) as exc:
         raise fail(str(exc)) from None

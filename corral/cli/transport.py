@@ -6,18 +6,23 @@
         -> Response(status_code, headers, content)
 
 Why not httpx (the daemon's tests use it): importing it costs about 120 ms, nearly all of the 150 ms a `corral ps`
-may take from start to exit; http.client costs about 25 ms. Each call opens one connection and closes it: a command
-makes one request (a few for `logs -f`, seconds apart).
+may take from start to exit. Over the Unix socket (every command on the daemon's machine) the request is written and
+its answer read here, on a plain socket: http.client costs about 20 ms to import (it imports email.parser and ssl),
+a fifth of what a `corral submit` costs in all, and 4 shells submitting at once spend most of their time starting
+Python (issue 26, item 7). Over TCP (CORRAL_URL, maybe https), http.client does it, imported then. Each call opens
+one connection and closes it: a command makes one request (a few for `logs -f`, seconds apart).
 """
 
 from __future__ import annotations
 
-import http.client
-import json as json_module
 import socket
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode, urlsplit
+
+if TYPE_CHECKING:
+    import http.client
 
 from corral import __version__
 
@@ -69,35 +74,36 @@ class Endpoint:
         return cls(scheme=parts.scheme, host=parts.hostname, port=port, prefix=parts.path.rstrip("/"), token=token)
 
     def connection(self) -> http.client.HTTPConnection:
-        if self.socket_path is not None:
-            return _UnixConnection(self.socket_path)
+        """A connection over TCP (the Unix socket's requests do not need one: see `request`)."""
+        import http.client
+
         if self.scheme == "https":
             return http.client.HTTPSConnection(self.host, self.port, timeout=TIMEOUT)
         return http.client.HTTPConnection(self.host, self.port, timeout=TIMEOUT)
 
 
-class _UnixConnection(http.client.HTTPConnection):
-    """HTTP over a Unix socket; the Host header says `corral` (as the socket's clients always have)."""
+class Headers:
+    """An answer's headers, looked up by name whatever its case (the first of a repeated header)."""
 
-    def __init__(self, path: str) -> None:
-        super().__init__("corral", timeout=TIMEOUT)
-        self.socket_path = path
+    def __init__(self, pairs: Iterable[tuple[str, str]] = ()) -> None:
+        self._by_name: dict[str, str] = {}
+        for name, value in pairs:
+            self._by_name.setdefault(name.lower(), value)
 
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.settimeout(self.timeout)
-            sock.connect(self.socket_path)
-        except BaseException:
-            sock.close()
-            raise
-        self.sock = sock
+    def get(self, name: str, default: Any = None) -> Any:
+        return self._by_name.get(name.lower(), default)
+
+    def __getitem__(self, name: str) -> str:
+        return self._by_name[name.lower()]
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name.lower() in self._by_name
 
 
 @dataclass(frozen=True)
 class Response:
     status_code: int
-    headers: http.client.HTTPMessage
+    headers: Headers
     content: bytes = field(repr=False)
 
     @property
@@ -113,7 +119,9 @@ class Response:
         try:
             return orjson.loads(self.content)
         except orjson.JSONDecodeError:
-            return json_module.loads(self.content)
+            import json
+
+            return json.loads(self.content)
 
 
 def target(prefix: str, url: str, params: Any = None) -> str:
@@ -142,9 +150,17 @@ def request(
         sent["Authorization"] = f"Bearer {endpoint.token}"
     body = None
     if json is not None:
-        body = json_module.dumps(json).encode()
+        body = _dumps(json)
         sent["Content-Type"] = "application/json"
     sent.update(headers or {})
+    for name, value in sent.items():  # as http.client refuses them: a header cannot end early or smuggle another
+        if any(c in name for c in "\r\n\0: ") or any(c in value for c in "\r\n\0"):
+            raise ValueError(f"invalid HTTP header {name!r}: {value!r}")
+    where = target(endpoint.prefix, url, params)
+    if endpoint.socket_path is not None:
+        return _over_unix(endpoint.socket_path, method, where, body, sent)
+    import http.client
+
     conn = endpoint.connection()
     try:
         try:
@@ -154,21 +170,117 @@ def request(
         except OSError as exc:
             raise NotConnected(exc.strerror or str(exc)) from None
         try:
-            conn.request(method, target(endpoint.prefix, url, params), body=body, headers=sent)
+            conn.request(method, where, body=body, headers=sent)
             answer = conn.getresponse()
             content = answer.read()
         except TimeoutError:
             raise AnswerLost(f"no answer in {TIMEOUT:g} s") from None
         except (OSError, http.client.HTTPException) as exc:
+            if isinstance(exc, http.client.RemoteDisconnected | http.client.IncompleteRead):
+                raise AnswerLost(CUT_SHORT) from None
             raise AnswerLost(_why(exc)) from None
-        return Response(answer.status, answer.headers, content)
+        return Response(answer.status, Headers(answer.getheaders()), content)
     finally:
         conn.close()
 
 
+#: What AnswerLost says when the daemon closed the connection before its whole answer came.
+CUT_SHORT = "the connection closed before the whole answer came"
+
+
+def _dumps(value: Any) -> bytes:
+    """A request's JSON body: orjson (imported in about 1 ms; json costs more), json for what orjson refuses (a
+    string with a lone surrogate, which json escapes)."""
+    import orjson
+
+    try:
+        return orjson.dumps(value)
+    except TypeError:
+        import json
+
+        return json.dumps(value).encode()
+
+
+def _over_unix(path: str, method: str, where: str, body: bytes | None, headers: dict[str, str]) -> Response:
+    """One HTTP/1.1 request over the daemon's Unix socket, written and read here (see the module's docstring):
+    `Connection: close`, so the answer ends where the daemon closes the connection, and its Content-Length (or its
+    chunks) says whether it all came."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(TIMEOUT)
+        try:
+            sock.connect(path)
+        except TimeoutError:
+            raise AnswerLost("timed out connecting") from None
+        except OSError as exc:
+            raise NotConnected(exc.strerror or str(exc)) from None
+        lines = [f"{method} {where} HTTP/1.1", "Host: corral", "Connection: close"]
+        lines += [f"{name}: {value}" for name, value in headers.items()]
+        if body is not None or method in ("POST", "PUT", "PATCH"):
+            lines.append(f"Content-Length: {len(body or b'')}")
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1", "strict")
+        chunks: list[bytes] = []
+        try:
+            sock.sendall(head + (body or b""))
+            while chunk := sock.recv(1 << 16):
+                chunks.append(chunk)
+        except TimeoutError:
+            raise AnswerLost(f"no answer in {TIMEOUT:g} s") from None
+        except OSError as exc:
+            if not chunks:
+                raise AnswerLost(_why(exc)) from None
+            # e.g. a reset after the whole answer came (the daemon closed with our request's bytes unread)
+    finally:
+        sock.close()
+    return _parse(b"".join(chunks))
+
+
+def _parse(raw: bytes) -> Response:
+    """An HTTP/1.1 answer read to its end; AnswerLost if it is not whole."""
+    head, sep, rest = raw.partition(b"\r\n\r\n")
+    if not sep:
+        raise AnswerLost(CUT_SHORT)
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    version, _, code = status_line.partition(" ")
+    if not version.startswith("HTTP/") or not code[:3].isdigit():
+        raise AnswerLost(f"not an HTTP answer: {status_line[:80]!r}")
+    pairs = []
+    for line in header_lines:
+        name, colon, value = line.partition(":")
+        if colon:
+            pairs.append((name.strip(), value.strip()))
+    found = Headers(pairs)
+    if found.get("Transfer-Encoding", "").lower() == "chunked":
+        content = _unchunk(rest)
+    else:
+        length = found.get("Content-Length")
+        if length is not None and (not length.isdigit() or len(rest) < int(length)):
+            raise AnswerLost(CUT_SHORT)
+        content = rest if length is None else rest[: int(length)]
+    return Response(int(code[:3]), found, content)
+
+
+def _unchunk(data: bytes) -> bytes:
+    parts: list[bytes] = []
+    at = 0
+    while True:
+        end = data.find(b"\r\n", at)
+        if end < 0:
+            raise AnswerLost(CUT_SHORT)
+        try:
+            size = int(data[at:end].split(b";")[0], 16)
+        except ValueError:
+            raise AnswerLost("a malformed chunk in the answer") from None
+        if size == 0:
+            return b"".join(parts)
+        start = end + 2
+        if len(data) < start + size + 2:
+            raise AnswerLost(CUT_SHORT)
+        parts.append(data[start : start + size])
+        at = start + size + 2
+
+
 def _why(exc: BaseException) -> str:
-    if isinstance(exc, http.client.RemoteDisconnected | http.client.IncompleteRead):
-        return "the connection closed before the whole answer came"
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror.lower()
     return str(exc) or type(exc).__name__

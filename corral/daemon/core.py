@@ -33,7 +33,7 @@ import math
 import re
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -42,10 +42,10 @@ import numpy as np
 
 from corral.daemon import gang, preemption
 from corral.daemon.preemption import PREEMPTING, Rules
-from corral.daemon.queues import NOT_PREEMPTIBLE, Forbidden, Queues
-from corral.daemon.reservation import DEFAULT_TIME_LIMIT_S, Reservation, expected_end
-from corral.daemon.scheduler import Plan, ShapeCache, request_of, schedule
+from corral.daemon.queues import Forbidden, Queues
+from corral.daemon.scheduler import Plan, ShapeCache, work_of
 from corral.executor.base import Executor, Exit, Found, Handle, LaunchSpec
+from corral.gpu.accounting import UsageMeter
 from corral.gpu.discovery import GpuDiscoveryError
 from corral.gpu.metrics import GpuSampler, GpuUse, ProcessInfo, attribute, read_process
 from corral.gpu.mps import MpsControl, MpsError
@@ -67,6 +67,8 @@ from corral.model.snapshot import ClusterSnapshot
 from corral.placement import PlacementConfig, place, render
 from corral.placement.engine import validate_against
 from corral.store.base import JobNotFound, JobQuery, Store, StoreError
+from corral.tenancy import ClusterView, Preemption, RoundConfig, Work, plan_round
+from corral.tenancy.reservation import DEFAULT_TIME_LIMIT_S, Reservation, expected_end
 
 CANCELLING = "cancel requested"
 ACTIVE_STATES = (JobState.QUEUED, JobState.STARTING, JobState.RUNNING)
@@ -82,6 +84,11 @@ MAX_BACKOFF_S = 300.0
 #: submissions do not hold the lock for seconds (issue 12).
 STARTS_PER_ROUND = 4
 WATCHDOG_MODES = ("off", "warn", "kill")
+#: Jobs read per step of a restart's catch-up (`Daemon.catch_up`): each step holds the daemon's lock once, for
+#: milliseconds (about 10-20 ms on the 2-core development machine; 100 ms at a load of 10), however long the history.
+RECOVERY_PAGE = 200
+#: The ended states a retry starts from (a retry decided but not stored before the daemon stopped).
+_RETRIED_FROM = frozenset({JobState.FAILED, JobState.LOST})
 #: `explain` of a singleton job reads at most this many jobs of its user and name.
 MAX_SINGLETON_LOOK = 1000
 log = logging.getLogger("corral.daemon")
@@ -234,6 +241,8 @@ class Daemon:
         self.gpu_use: dict[str, GpuUse] = {}  # by GPU UUID, from the latest sample
         self._sampled_at = -math.inf
         self._sample_failed = False
+        #: Each running job's GPU use (utilisation, peak memory), stored with its end for `corral acct`.
+        self.usage = UsageMeter(node, sample_every_s)
         self.controllers: list[Controller] = list(controllers)
         #: "docker" or "podman": how jobs that name a container image run; None: such jobs are refused at admission.
         self.container_runtime = container_runtime
@@ -542,6 +551,7 @@ class Daemon:
         holding = self.store.list([JobState.STARTING, JobState.RUNNING])
         self._say_over_limit(holding, now)
         self._sample(holding, now)
+        self.usage.observe(holding, self.gpu_use, now)
         if self.watchdog != "off":
             self._watch_memory(holding)
         snapshot = self.snapshot(holding)
@@ -561,23 +571,23 @@ class Daemon:
         self._preempting = {v: p for v, p in self._preempting.items() if v in ends}
         for victim, (_, deadline) in self._preempting.items():
             ends[victim] = min(ends[victim], max(now, deadline))
-        # The queues' holdings first: the preemption rules read them (a not-preemptible job starts only within its
-        # queue's guarantee).
-        queues = self.queues.round(waiting, holding, snapshot, now, self.default_time_limit_s)
-        rules = self.preemption_rules or self.queues.preemption_rules()
-        # (without a `may_borrow` rule, a long queue is not walked for it)
-        held = (
-            [] if rules.borrows_freely else [j for j in waiting if not j.spec.preemptible and not rules.may_borrow(j)]
-        )
-        offered = [j for j in waiting if j.spec.preemptible or rules.may_borrow(j)] if held else waiting
-        plan = schedule(
-            snapshot, offered, self.config, now, self.rng, owner=owner, cache=self._shapes, max_starts=STARTS_PER_ROUND,
-            ends=ends, default_time_limit_s=self.default_time_limit_s, queues=queues,
+        # One round of tenancy (corral.tenancy.plan_round, docs/tenancy.md): the queues' order and limits, the pass
+        # (backfill behind the head's reservation, gangs), the head's preemption. The daemon carries it out.
+        queue_of = self.queues.queue_of
+
+        def work(job: Job) -> Work:
+            return work_of(job, queue_of(job), owner(job) if owner is not None else "")
+
+        decided = plan_round(
+            RoundConfig(self.config, max_starts=STARTS_PER_ROUND, default_time_limit_s=self.default_time_limit_s),
+            waiting, self.queues.running(holding, gone=self._exits), ClusterView(snapshot, ends), self.queues, now,
+            work_of=work, cache=self._shapes, rng=self.rng, preempt=not self._preempting, rules=self.preemption_rules,
         )  # fmt: skip
-        for j in held:
-            plan.waiting[j.id] = NOT_PREEMPTIBLE
-        if not self._preempting and len(plan.starts) < STARTS_PER_ROUND:
-            self._preempt(plan, holding, snapshot, now, owner, rules)
+        plan = Plan(
+            list(decided.starts), dict(decided.reasons), set(decided.unresolvable), 0, decided.unplaced,
+            decided.reservations[0] if decided.reservations else None, list(decided.order),
+        )  # fmt: skip
+        self._preempt(decided.preemptions, holding, now)
         self._say_preempting(plan)
         self.reservation, self.queue_order = plan.reservation, plan.order
         self.metrics.round(self.config.policy, placed=len(plan.starts), unplaced=plan.unplaced)
@@ -843,53 +853,26 @@ class Daemon:
         return dependency.ArrayState(spec.count, ended, started, succeeded, bad)
 
     # ---------------------------------------------------------------------------------------------- preemption
-    def _preempt(
-        self,
-        plan: Plan,
-        holding: Sequence[Job],
-        snapshot: ClusterSnapshot,
-        now: float,
-        owner: Callable[[Job], str] | None,
-        rules: Rules,
-    ) -> None:
-        """The first job in queue order that waits may preempt running jobs (corral.daemon.preemption): each victim's
-        reason and preemption record are stored, then it gets SIGTERM (the executor sends SIGKILL after the grace).
-        Its exit sends it back to the queue (`_requeue_preempted`)."""
-        started = {s.job_id for s in plan.starts}
-        first = next((i for i in plan.order if i not in started), None)  # a few steps, not a walk of the queue
-        head = None if first is None else self.store.get(first)
-        if (
-            head is None
-            or head.state is not JobState.QUEUED
-            or head.not_before > now
-            or head.id in plan.unresolvable
-            or head.id not in plan.waiting
-            or head.spec.gang_group  # one member's room is not the group's: a gang group does not preempt (yet)
-            or not (head.spec.preemptible or rules.may_borrow(head))  # held back: may not start
-        ):
-            return
-        running = [j for j in holding if j.state is JobState.RUNNING and j.id not in self._exits]
-        request = request_of(head, owner(head) if owner is not None else "")
-        choice = preemption.choose(snapshot, head, request, running, self.config, now, rules)
-        if choice is None:  # the victims it needs may be in their minimum runtime: its reason says until when
-            later = preemption.protected(snapshot, head, request, running, self.config, now, rules)
-            if later is not None:
-                plan.waiting[head.id] += f"; {later.text()}"
-            return
-        for victim in choice.victims:
-            job = victim.job
-            text = choice.words[job.id]
-            count = (job.preempted.count if job.preempted is not None else 0) + 1
-            try:  # durable before the signal: a restarted daemon reads from the reason that the exit is a preemption
-                self.store.update(job.id, reason=PREEMPTING + text, preempted=Preempted(count, now, text))
-            except StoreError:
-                log.warning("job %s: its preemption could not be stored; not preempted", job.id)
-                return
-            self.executor.cancel(job.id, grace_s=self.preempt_grace_s)
-            self._preempting[job.id] = (head.id, now + self.preempt_grace_s)
-            self.metrics.preemptions.labels(victim.why).inc()
-            self.metrics.preempted_gpu_seconds.inc(victim.gpu_seconds)
-            log.info("job %s of %s %s (grace %g s)", job.id, job.spec.user, text, self.preempt_grace_s)
+    def _preempt(self, preemptions: Sequence[Preemption], holding: Sequence[Job], now: float) -> None:
+        """The round's preemptions (corral.tenancy.preemption, chosen by plan_round for the first job in queue order
+        that waits): each victim's reason and preemption record are stored, then it gets SIGTERM (the executor sends
+        SIGKILL after the grace). Its exit sends it back to the queue (`_requeue_preempted`)."""
+        jobs = {j.id: j for j in holding}
+        for p in preemptions:
+            for victim in p.victims:
+                job = jobs[victim]
+                text = p.words[victim]
+                count = (job.preempted.count if job.preempted is not None else 0) + 1
+                try:  # durable before the signal: a restarted daemon reads from the reason that the exit is one
+                    self.store.update(job.id, reason=PREEMPTING + text, preempted=Preempted(count, now, text))
+                except StoreError:
+                    log.warning("job %s: its preemption could not be stored; not preempted", job.id)
+                    return
+                self.executor.cancel(job.id, grace_s=self.preempt_grace_s)
+                self._preempting[job.id] = (p.preemptor, now + self.preempt_grace_s)
+                self.metrics.preemptions.labels(p.why[victim]).inc()
+                self.metrics.preempted_gpu_seconds.inc(p.gpu_seconds.get(victim, 0.0))
+                log.info("job %s of %s %s (grace %g s)", job.id, job.spec.user, text, self.preempt_grace_s)
 
     def _say_preempting(self, plan: Plan) -> None:
         """A preemptor's reason names the jobs being stopped for it (no times: the words stay put every round)."""
@@ -1192,7 +1175,9 @@ class Daemon:
         self.executor.forget(job.id, job.attempts)  # stored: the supervisor's record has done its work
 
     def _ended(self, job: Job, state: JobState, now: float, exit_code: int | None, reason: str) -> None:
-        done = self.store.transition(job.id, state, finished_at=now, exit_code=exit_code, reason=reason)
+        done = self.store.transition(
+            job.id, state, finished_at=now, exit_code=exit_code, reason=reason, usage=self.usage.usage_of(job)
+        )
         self.queues.charge(done)  # its run counts in its account's fair share from now on
         log.info("job %s of %s ended: %s (%s)", job.id, job.spec.user, state.value, reason)
         self.metrics.job_ended(state, reason)
@@ -1238,9 +1223,16 @@ class Daemon:
 
     # ---------------------------------------------------------------------------------------------- restart
     def recover(self) -> None:
+        """After a restart, all at once: `recover_live`, then every step of `catch_up`."""
+        self.recover_live()
+        for _ in self.catch_up():
+            pass
+
+    def recover_live(self) -> None:
         """After a restart: each STARTING/RUNNING job gets the outcome its supervisor recorded, is adopted while its
         supervisor lives, goes back to the queue if it never started, and is LOST (retried by policy) only when
-        its supervisor is gone without a record. Failed jobs whose retry was decided but not stored are requeued."""
+        its supervisor is gone without a record. Costs what the jobs holding resources cost (a few), not the
+        history: what grows with the history is `catch_up`'s."""
         now = self.clock()
         keep: set[tuple[str, int]] = set()
         for job in self.store.list([JobState.STARTING, JobState.RUNNING]):
@@ -1263,13 +1255,34 @@ class Daemon:
                 self._retry(job.id, "the daemon restarted before the job started; queued again", now, now)
             else:
                 self._ended(job, JobState.LOST, now, None, "lost: the process was gone when the daemon restarted")
-        for state in (JobState.FAILED, JobState.LOST):  # a retry decided, then the daemon stopped before storing it
-            for job in self.store.list([state]):
-                if job.failures <= job.spec.retries:
-                    wait = backoff_s(job.failures)
-                    self._retry(job.id, f"{job.reason}; retry {job.failures} of {job.spec.retries}", now + wait, now)
         self.executor.sweep(keep)
         self._flush(now)
+
+    def catch_up(self, page: int = RECOVERY_PAGE) -> Iterator[None]:
+        """The rest of a restart, `page` jobs at a time, yielding between pages: failed and lost jobs whose retry
+        was decided but not stored go back to the queue, and the queues' fair-share ledger is rebuilt from the
+        jobs that ended (corral.daemon.queues). Its cost grows with the store's history (a daemon with 100,000 ended
+        jobs read them all, holding the lock for seconds, before it answered anyone: issue 26, item 7), so
+        `corral serve` answers first and runs these steps in its loop, taking the lock for each step and letting
+        it go between them; its first round comes after the last step, so no decision is made on a partial
+        ledger. Ends at once on a fresh store."""
+        now = self.clock()
+        after: str | None = None
+        while True:
+            # a retry decided, then the daemon stopped before storing it
+            jobs = self.store.query(JobQuery(states=_RETRIED_FROM, after=after, limit=page))
+            for job in jobs:
+                if job.failures <= job.spec.retries and job.id not in self._requeue:
+                    wait = backoff_s(job.failures)
+                    self._retry(job.id, f"{job.reason}; retry {job.failures} of {job.spec.retries}", now + wait, now)
+            if len(jobs) < page:
+                break
+            after = jobs[-1].id
+            yield
+        if self.queues.active:
+            counted = yield from self.queues.rebuilding(self.store, now, page)
+            log.info("queues from %s: %s; usage of %d finished jobs", self.queues.path,
+                     ", ".join(self.queues.config.queues), counted)  # fmt: skip
 
     def _resume_preemption(self, job: Job, now: float) -> None:
         """After a restart, a victim still alive: its SIGTERM may never have been sent (the daemon died between

@@ -1,10 +1,6 @@
 """Gangs: one job, N instances, each its own process with its own grant; all start or none, and they end as one.
 
-    placement (pure)   place_gang: on a copy of the snapshot, place instance 0, allocate it, place instance 1, ...
-                       -> all N fit: one Allocation for the job (CPU and memory times N, the instances' GPU grants
-                          one after the other, instance i's are grants [i*k, (i+1)*k) for k GPUs each)
-                       -> instance j does not fit: nothing is granted; "j of N instances fit" and why the next did not
-                       (instances never share a GPU with each other: each gets GPUs of its own)
+    placement (pure)   corral.tenancy.gang.place_gang (the one gang placer): all N instances on one node, or none
     the snapshot       held(job): one allocation for the job (CPU and memory times N, every instance's grants), so
                        ClusterSnapshot releases exactly what the gang held
     processes          GangExecutor wraps the executor: the daemon sees one job; under it, instance i of job 7 runs
@@ -23,19 +19,14 @@ instances is the job's (`JobSpec.instances`): the wrapper asks the store through
 from __future__ import annotations
 
 import threading
-from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import numpy as np
-
 from corral.executor.base import Executor, Exit, Found, Handle, LaunchSpec, Reattached
 from corral.jobs.model import Job
-from corral.model.resources import MILLI_PER_GPU, Allocation, GpuGrant, Request, affinity_tag
-from corral.model.snapshot import ClusterSnapshot
-from corral.placement import Decision, PlacementConfig, place, render
-from corral.placement.explain import Explanation
+from corral.model.resources import Allocation, affinity_tag
+from corral.tenancy.gang import GangDecision, combined_request, member_id, merged, place_gang
 
 #: Most instances one job may ask for.
 MAX_INSTANCES = 64
@@ -43,106 +34,9 @@ MAX_INSTANCES = 64
 STOP_GRACE_S = 10.0
 
 
-def member_id(job_id: str, instance: int) -> str:
-    """The executor's id of an instance: "7_0", "7_1" (store ids are numbers, so "_" never occurs in a job's)."""
-    return f"{job_id}_{instance}"
-
-
 def split_member(executor_id: str) -> tuple[str, int] | None:
     head, sep, tail = executor_id.rpartition("_")
     return (head, int(tail)) if sep and tail.isdigit() and head else None
-
-
-# ------------------------------------------------------------------------------------------------ placement
-@dataclass(frozen=True)
-class GangDecision:
-    """Where a gang goes: `allocation` for all N, or None with `fitted` < N and the failing instance's decision."""
-
-    allocation: Allocation | None
-    fitted: int
-    instances: int
-    last: Decision  # the last instance's decision (the failing one when not placed)
-
-    @property
-    def explanation(self) -> Explanation:
-        return self.last.explanation
-
-    def reason(self) -> str:
-        return (
-            f"{self.fitted} of {self.instances} instances fit (a gang starts all or none); "
-            f"instance {self.fitted + 1}: {render(self.last.explanation)}"
-        )
-
-    def unresolvable(self, node: int) -> bool:
-        return self.fitted == 0 and self.last.unresolvable(node)
-
-
-def place_gang(
-    snapshot: ClusterSnapshot,
-    request: Request,
-    instances: int,
-    config: PlacementConfig,
-    rng: np.random.Generator | int | None,
-) -> GangDecision:
-    """Place `instances` copies of `request` together on one snapshot copy; `snapshot` is not changed."""
-    trial = snapshot.copy()
-    grants: list[GpuGrant] = []
-    node: Allocation | None = None
-    decision: Decision | None = None
-    for i in range(instances):
-        one = replace(request, id=member_id(request.id, i))
-        decision = place(trial, one, config, rng)
-        if decision.allocation is None:
-            return GangDecision(None, i, instances, decision)
-        if node is not None and decision.allocation.node_index != node.node_index:
-            # One machine (corral serve) has one node; a gang across nodes is not what this module merges.
-            return GangDecision(None, i, instances, decision)
-        trial.allocate(decision.allocation)
-        # The instances of a gang never share a GPU with each other (each is a worker of its own): what is left of
-        # a GPU an instance got a share of is held on the copy, so the next instance goes elsewhere. This also keeps
-        # one grant per GPU in the job's allocation, which is what a snapshot holds.
-        if i + 1 < instances:  # the last instance has no one after it to keep off its GPUs
-            _hold_rest(trial, decision.allocation, one.id)
-        node = node or decision.allocation
-        grants.extend(decision.allocation.gpus)
-    assert node is not None and decision is not None
-    combined = Allocation(
-        request.id,
-        node.node,
-        node.node_index,
-        request.cpu_milli * instances,
-        request.memory_mib * instances,
-        tuple(grants),
-        node.tag,
-        node.share_owner,
-    )
-    return GangDecision(combined, instances, instances, decision)
-
-
-def _hold_rest(trial: ClusterSnapshot, alloc: Allocation, rid: str) -> None:
-    """Hold on `trial` what is left of each GPU `alloc` got a share of. A share by memory alone leaves the GPU's
-    compute whole (1000 milli): one grant of 1000 milli would claim a whole GPU, which the snapshot refuses for a GPU
-    partly held, so the rest is held as 999 milli with the memory plus 1 milli."""
-    for g in alloc.gpus:
-        rest_milli = int(trial.gpu_milli_free[alloc.node_index, g.index])
-        rest_mib = int(trial.gpu_mem_free[alloc.node_index, g.index])
-        blocks = [(rest_milli, rest_mib)] if rest_milli < MILLI_PER_GPU else [(rest_milli - 1, rest_mib), (1, 0)]
-        for k, (milli, mib) in enumerate(blocks):
-            if milli or mib:
-                block = GpuGrant(g.index, milli, mib)
-                held_id = f"{rid}:rest{g.index}" + (f".{k}" if k else "")
-                trial.allocate(Allocation(held_id, alloc.node, alloc.node_index, 0, 0, (block,)))
-
-
-def merged(alloc: Allocation) -> Allocation:
-    """The allocation with grants on one GPU summed (a snapshot holds one grant per GPU per allocation)."""
-    per: dict[int, list[int]] = defaultdict(lambda: [0, 0])
-    for g in alloc.gpus:
-        per[g.index][0] += g.milli
-        per[g.index][1] += g.memory_mib
-    if len(per) == len(alloc.gpus):
-        return alloc
-    return replace(alloc, gpus=tuple(GpuGrant(i, min(1000, m), mib) for i, (m, mib) in per.items()))
 
 
 def held(job: Job, node: str, owner: str) -> Allocation:
@@ -151,19 +45,6 @@ def held(job: Job, node: str, owner: str) -> Allocation:
     n = job.spec.instances
     alloc = Allocation(job.id, node, 0, r.cpu_milli * n, r.memory_mib * n, job.gpus, affinity_tag(r), owner)
     return merged(alloc)
-
-
-def combined_request(request: Request, instances: int) -> Request:
-    """One request standing for a gang when its reservation is planned: N times the CPU, memory and GPUs, on
-    distinct GPUs (exact for whole GPUs; for shares a stricter ask, so the reservation is never too early)."""
-    if instances == 1:
-        return request
-    return replace(
-        request,
-        cpu_milli=request.cpu_milli * instances,
-        memory_mib=request.memory_mib * instances,
-        gpu_count=request.gpu_count * instances,
-    )
 
 
 # ------------------------------------------------------------------------------------------------ processes
@@ -382,3 +263,7 @@ def aggregate(gang: _Gang) -> Exit:
         return Exit(gang.job_id, 0, None, False, False, last)
     cause = failures[0]
     return Exit(gang.job_id, cause.exit_code, cause.signal, cause.timed_out, gang.cancelled or cause.cancelled, last)
+
+
+#: The placement names serve's code and tests import from here (corral.tenancy.gang holds them).
+__all__ = ["GangDecision", "GangExecutor", "combined_request", "held", "member_id", "place_gang", "split_member"]

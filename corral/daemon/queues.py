@@ -1,5 +1,6 @@
-"""The daemon's queues: the configuration (reloaded without a restart), the fair-share usage ledger, and each
-round's order and limits.
+"""The daemon's queues: tenancy's queues (corral.tenancy.queues.Tenancy: the fair-share usage ledger, each round's
+order and limits, the preemption rules) with what only serve has: the file (reloaded without a restart), the store's
+history, the system's Unix groups, and admission.
 
     start     Queues.open(path, node)         the file, validated (none: one queue without limits, FIFO order)
               rebuild(store, now)             usage ledger from jobs that ended within 20 half-lives
@@ -23,58 +24,34 @@ import logging
 import math
 import os
 import pwd
-from collections import Counter
-from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Collection, Generator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from corral.daemon.preemption import Rules, span_text
-from corral.daemon.scheduler import clock_text
+from corral.daemon.scheduler import running_of, work_of
 from corral.jobs.model import FINAL_STATES, Job, JobSpec
 from corral.model.errors import InvalidRequest
 from corral.model.resources import Node
 from corral.model.snapshot import ClusterSnapshot
-from corral.queue.config import (
+from corral.queue.config import load_queues
+from corral.store.base import JobQuery, Store
+from corral.tenancy.config import (
     DEFAULT_MIN_RUNTIME_S,
     DEFAULT_QUEUE,
-    Amounts,
     QueueConfigError,
     QueuesConfig,
     Vector,
-    load_queues,
     validate_against_machine,
 )
-from corral.queue.fairshare import (
-    RESOURCES,
-    Offer,
-    UsageLedger,
-    amount,
-    decayed_capacity,
-    dominant_share,
-    expected_usage,
-    fair_order,
-    share_rows,
-)
-from corral.queue.quota import (
-    ZERO,
-    Gate,
-    Usage,
-    add,
-    amount_text,
-    ask_text,
-    below_guarantee,
-    borrowing,
-    demand,
-    free_of,
-    held,
-    measure,
-    over,
-    queue_rows,
-)
-from corral.store.base import JobQuery, Store
+from corral.tenancy.fairshare import UsageLedger, amount
+from corral.tenancy.model import Running, Work
+from corral.tenancy.preemption import span_text
+from corral.tenancy.queues import Tenancy
+from corral.tenancy.quota import NOT_PREEMPTIBLE, ZERO, amount_text, ask_text, demand, free_of, over, over_guarantee
+from corral.tenancy.round import RoundQueues, clock_text
 
 log = logging.getLogger("corral.queues")
 
@@ -88,32 +65,7 @@ class Forbidden(InvalidRequest):
     """Allowed to nobody but root or an admin (HTTP 403)."""
 
 
-#: Why a job that may not be preempted waits (docs/preemption.md): it may not borrow.
-NOT_PREEMPTIBLE = "not preemptible: it starts only within its queue's guarantee"
-
-
-def over_guarantee(used: Vector, want: Vector, guarantee: Amounts) -> int | None:
-    """The first dimension in which `used + want` goes over `guarantee`, or None: within it. As `quota.measure` counts
-    borrowing, only the dimensions a queue is guaranteed count, and a queue guaranteed nothing has no room at all
-    (then: the first dimension `want` asks for)."""
-    bound = guarantee.values()
-    if all(b is None or b == 0 for b in bound):
-        return next((i for i, w in enumerate(want) if w), 0)
-    return next((i for i, b in enumerate(bound) if b is not None and used[i] + want[i] > b), None)
-
-
-@dataclass(frozen=True)
-class RoundQueues:
-    """What the scheduler pass needs from the queues for one round."""
-
-    order: Callable[[list[Any]], list[Any]]
-    gate: Callable[[Any], str | None]
-    took: Callable[[Any], None]
-    #: A gang group's members checked together (their whole ask), before any of them is placed.
-    gate_group: Callable[[list[Any]], str | None]
-
-
-class Queues:
+class Queues(Tenancy):
     def __init__(
         self, node: Node, config: QueuesConfig | None = None, path: Path | None = None,
         min_runtime_s: float = DEFAULT_MIN_RUNTIME_S,
@@ -122,27 +74,16 @@ class Queues:
         own, `min_runtime`)."""
         self.node = node
         self.path = path
-        self.config = config if config is not None else QueuesConfig.single(min_runtime_s)
-        #: Fair share and limits apply only with a file; without one the order stays priority, then age.
-        self.active = config is not None
-        self.capacity = amount(
-            sum(1000 for _ in node.gpus), sum(g.memory_mib for g in node.gpus), node.cpu_milli, node.memory_mib
+        gpu_mem = {g.index: g.memory_mib for g in node.gpus}
+        super().__init__(
+            config if config is not None else QueuesConfig.single(min_runtime_s),
+            capacity_vector(node),
+            max((g.memory_mib for g in node.gpus), default=0),
+            lambda index: gpu_mem.get(index, 0),
+            #: Fair share and limits apply only with a file; without one the order stays priority, then age.
+            active=config is not None,
         )
-        self._whole_mem = max((g.memory_mib for g in node.gpus), default=0)
-        self._gpu_mem = {g.index: g.memory_mib for g in node.gpus}
-        self.ledger = UsageLedger(self.config.half_life_s)
         self._groups: dict[tuple[str, int], tuple[str, ...]] = {}
-        #: job id -> (entry, its offer, its key for the limits' verdicts), while the entry lives
-        self._offers: dict[str, tuple[Any, Offer[Any], tuple[str, str, int, int]]] = {}
-        #: A job's projected share by what decides it: its amounts and time limit (not the shape's index, which the
-        #: scheduler's ShapeCache may renumber when it prunes).
-        self._projected: dict[tuple[int, int, int, int, int, float | None], float] = {}
-        self.usage = Usage()  # the last round's holdings (for GET /v1/queues)
-        self.queue_of_id: dict[str, str] = {}  # the last round's waiting jobs' queues (for explain)
-        self.limited: dict[str, str] = {}  # the last round's jobs held back by a limit, and which
-        self.started: set[str] = set()  # the jobs the last round started (no longer waiting)
-        self.waiting_accounts: set[Hashable] = set()  # ("user", queue, user) of the last round's waiting jobs
-        self._gid_of: dict[str, int] = {}  # each user's primary gid, as their jobs carry it (for group weights)
 
     # ---------------------------------------------------------------------------------------------- configuration
     @classmethod
@@ -173,8 +114,7 @@ class Queues:
         """Put a configuration from `read` in place (under the daemon's lock)."""
         half_life_changed = config.half_life_s != self.config.half_life_s
         self.config, self.active = config, True
-        self._offers.clear()
-        self._projected.clear()
+        self.forget()
         if half_life_changed:
             self.rebuild(store, now)
         log.info("queues reloaded from %s: %s", self.path, ", ".join(sorted(config.queues)))
@@ -204,23 +144,6 @@ class Queues:
                 continue
         self._groups[key] = tuple(sorted(set(names)))
         return self._groups[key]
-
-    def user_weight(self, queue: str, user: str) -> float:
-        """A user's weight among a queue's users: its weight in the queue, times its weight across queues, times the
-        weights of its Unix groups (in the queue and across queues); 1 for what the file does not name."""
-        spec = self.config.queues.get(queue)
-        w = 1.0
-        if spec is not None and (p := spec.user(user)) is not None:
-            w *= p.weight
-        if (p := self.config.user(user)) is not None:
-            w *= p.weight
-        gid = self._gid_of.get(user)
-        if gid is not None and ((spec is not None and spec.groups) or self.config.groups):
-            for g in self.groups_of(user, gid):
-                for table in ((spec.groups if spec is not None else {}), self.config.groups):
-                    if (pg := table.get(g)) is not None:
-                        w *= pg.weight
-        return w
 
     def queue_of(self, job: Job) -> str:
         return job.spec.queue or self.config.default_queue
@@ -259,7 +182,7 @@ class Queues:
                         "priority",
                         f"{priority} is above the bound of {whose}, {bound} (only root or an admin may exceed it)",
                     )
-        want, n = self._whole_demand(spec), self._instances(spec)
+        want, n = self._spec_demand(spec), self._instances(spec)
         for cap, whose in (
             (queue.limit, f"queue {name!r}'s limit"),
             (p.limit if (p := queue.user(spec.user)) is not None else None, f"user {spec.user}'s limit in {name!r}"),
@@ -273,7 +196,7 @@ class Queues:
                     f"{amount_text(i, cap.vector()[i])}: it could never start",
                 )
         if not spec.preemptible and self.active:
-            total = self._whole_demand(spec)
+            total = self._spec_demand(spec)
             i = over_guarantee(ZERO, total, queue.guarantee)
             if i is not None:
                 guaranteed = queue.guarantee.values()
@@ -287,54 +210,17 @@ class Queues:
         return spec if spec.queue == name else replace(spec, queue=name)
 
     # ---------------------------------------------------------------------------------------------- preemption
-    def preemption_rules(self) -> Rules:
-        """Who may preempt whom with queues (docs/preemption.md, docs/queues.md). Without a queues file: the rules
-        without queues (a strictly higher priority preempts lower-priority preemptible jobs).
-
-        victims     = running jobs that are part of their queue's excess above its guarantee (`quota.borrowing`: the
-                      latest started of a queue above it), and preemptible
-        preemptor   = of a strictly higher priority, or its queue is below its guarantee (`quota.below_guarantee`)
-        not preemptible = starts only while its queue stays within its guarantee (`may_borrow`): the price of never
-                      being a victim is never borrowing
-        Each rule reads the holdings of the round that calls it (`self.usage`), so a reload takes effect at once."""
-        if not self.active:
-            return Rules(min_runtime=self.min_runtime_of)
-
-        def is_borrowing(job: Job) -> bool:
-            return borrowing(job.id, self.usage)
-
-        def is_below(job: Job) -> bool:
-            spec = self.config.queues.get(self.queue_of(job))
-            return spec is not None and below_guarantee(spec, self.usage)
-
-        return Rules(
-            borrowing=is_borrowing, below_guarantee=is_below, may_borrow=self.within_guarantee,
-            min_runtime=self.min_runtime_of,
-        )  # fmt: skip
-
-    def min_runtime_of(self, job: Job) -> float:
-        """How long `job` runs after it (re)started before it may be preempted: its queue's `min_runtime`."""
-        return self.config.min_runtime(self.queue_of(job))
 
     def protection_story(self, job: Job, now: float) -> str:
         """`explain`'s sentence on a running job's protection from preemption ("" for one past it, or never
         preemptible)."""
         if not job.spec.preemptible or job.started_at is None or not job.state.holds_resources:
             return ""
-        m = self.min_runtime_of(job)
+        m = self.config.min_runtime(self.queue_of(job))
         until = job.started_at + m
         if until <= now:
             return ""
         return f"Protected from preemption until {clock_text(until)} (minimum runtime {span_text(m)})."
-
-    def within_guarantee(self, job: Job) -> bool:
-        """Whether `job` would start with its queue still within its guarantee, in each dimension the queue is
-        guaranteed (as `quota.measure` counts borrowing). A queue guaranteed nothing has no room for it."""
-        q = self.queue_of(job)
-        spec = self.config.queues.get(q)
-        if spec is None:
-            return False
-        return over_guarantee(self.usage.queue.get(q, ZERO), self._whole_demand(job.spec), spec.guarantee) is None
 
     @staticmethod
     def _instances(spec: JobSpec) -> int:
@@ -344,228 +230,81 @@ class Queues:
             return max(1, spec.gang_size)
         return spec.instances if spec.gang else 1
 
-    def _whole_demand(self, spec: JobSpec) -> Vector:
+    def _spec_demand(self, spec: JobSpec) -> Vector:
         """What a job asks for in all: a gang's N instances (a gang group's N members) count N times."""
         return demand(spec.request, self._whole_mem, self._instances(spec))
 
-    # ---------------------------------------------------------------------------------------------- usage
-    def held_vector(self, job: Job) -> np.ndarray:
-        """What a job holds for fair share: GPUs by their part (milli), every instance of a gang."""
-        n = job.spec.instances
-        return amount(
-            sum(g.milli for g in job.gpus),
-            sum(g.memory_mib or (self._gpu_mem.get(g.index, 0) if g.milli >= 1000 else 0) for g in job.gpus),
-            job.spec.request.cpu_milli * n,
-            job.spec.request.memory_mib * n,
-        )
-
     def charge(self, job: Job) -> None:
         """A job's run has ended: its usage is kept, decayed, from now on."""
+        self._charge(self.ledger, job)
+
+    def _charge(self, ledger: UsageLedger, job: Job) -> None:
         if job.started_at is None or job.finished_at is None:
             return
-        a = self.held_vector(job)
-        q = self.queue_of(job)
-        for account in (("queue", q), ("user", q, job.spec.user)):
-            self.ledger.record(account, a, job.started_at, job.finished_at)
+        self.record(running_of(job, self.queue_of(job)), job.finished_at, ledger)
 
     def rebuild(self, store: Store, now: float) -> int:
         """The ledger from the store's finished jobs that ended within HISTORY_HALF_LIVES half-lives; how many."""
-        self.ledger = UsageLedger(self.config.half_life_s)
-        since = now - HISTORY_HALF_LIVES * self.config.half_life_s
-        jobs = store.query(JobQuery(states=FINAL_STATES, ended_after=since))
-        counted = 0
-        for job in sorted(jobs, key=lambda j: j.finished_at or 0.0):
-            if job.started_at is not None and job.finished_at is not None and job.finished_at >= since:
-                self.charge(job)
-                counted += 1
-        return counted
+        steps = self.rebuilding(store, now)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return int(done.value)
 
-    def usages(self, holding: Sequence[Job], now: float) -> dict[tuple[str, ...], np.ndarray]:
-        """Decayed usage per account (queue and (queue, user)), running jobs included."""
-        running: dict[tuple[str, ...], list[tuple[np.ndarray, float]]] = {}
-        for j in holding:
-            if j.started_at is None:
-                continue
-            q = self.queue_of(j)
-            a = self.held_vector(j)
-            running.setdefault(("queue", q), []).append((a, j.started_at))
-            running.setdefault(("user", q, j.spec.user), []).append((a, j.started_at))
-        accounts = {a for a in self.ledger.accounts() if isinstance(a, tuple)} | set(running)
-        return {acc: self.ledger.usage(acc, now, running.get(acc, ())) for acc in accounts}
+    def rebuilding(self, store: Store, now: float, page: int | None = None) -> Generator[None, None, int]:
+        """`rebuild`, `page` jobs at a time (None: all at once), yielding between pages: a restart's catch-up
+        (`Daemon.catch_up`) lets the daemon's lock go there. The new ledger replaces the old once every page is
+        read, and not at all if the configuration was replaced meanwhile (its reload rebuilt the ledger itself)."""
+        config = self.config
+        ledger = UsageLedger(config.half_life_s)
+        since = now - HISTORY_HALF_LIVES * config.half_life_s
+        counted = 0
+        after: str | None = None
+        while True:
+            jobs = store.query(JobQuery(states=FINAL_STATES, ended_after=since, after=after, limit=page))
+            for job in sorted(jobs, key=lambda j: j.finished_at or 0.0):
+                if job.started_at is not None and job.finished_at is not None and job.finished_at >= since:
+                    self._charge(ledger, job)
+                    counted += 1
+            if page is None or len(jobs) < page:
+                break
+            after = jobs[-1].id
+            yield
+        if self.config is config:
+            self.ledger = ledger
+        return counted
 
     # ---------------------------------------------------------------------------------------------- a round
     def round(
         self, waiting: Sequence[Job], holding: Sequence[Job], snapshot: ClusterSnapshot, now: float,
         default_time_limit_s: float,
     ) -> RoundQueues | None:  # fmt: skip
-        """The order and the gate of one pass; None without a queues file (priority, then age, no limits)."""
-        config = self.config
+        """Tenancy's order and gate of one pass (`plan_queues`) over serve's jobs; None without a queues file."""
         queue_of = self.queue_of
-        self.usage = measure(config, holding, queue_of, lambda j: held(j, self._gpu_mem.__getitem__), self.groups_of)
-        queue_of_id = {j.id: queue_of(j) for j in waiting}
-        self.queue_of_id = queue_of_id
-        started: set[str] = set()
-        self.started = started
-        if not self.active:
-            self.limited = {}
-            return None
-        usages = self.usages(holding, now)
-        cap = decayed_capacity(self.capacity, config.half_life_s)
-        h = config.half_life_s
-        gate = Gate(config, self.usage, free_of(snapshot), set(queue_of_id.values()), self.groups_of)
-        limited: dict[str, str] = {}
-        self.limited = limited
-        whole_mem = self._whole_mem
-        demands: dict[int, Vector] = {}
+        return self.plan_queues(
+            {j.id: queue_of(j) for j in waiting}, self.running(holding), free_of(snapshot), now, default_time_limit_s
+        )
 
-        def projected(job: Job) -> float:
-            r = job.spec.request
-            key = (r.gpu_count, r.gpu_milli, r.gpu_memory_mib, r.cpu_milli, r.memory_mib, job.spec.time_limit_s)
-            p = self._projected.get(key)
-            if p is None:
-                gmem = whole_mem if r.whole_gpus else r.gpu_memory_mib
-                a = amount(r.gpu_count * r.gpu_milli, r.gpu_count * gmem, r.cpu_milli, r.memory_mib)
-                run = job.spec.time_limit_s if job.spec.time_limit_s is not None else default_time_limit_s
-                p = dominant_share(expected_usage(a, run, h), cap)
-                self._projected[key] = p
-            return p
+    def running(self, holding: Sequence[Job], gone: Collection[str] = ()) -> list[Running]:
+        """Serve's jobs that hold resources as tenancy sees them; `gone`: jobs whose exit came and is not yet
+        handled (they hold their grant this round, and are no victims)."""
+        queue_of = self.queue_of
+        out = [running_of(j, queue_of(j)) for j in holding]
+        return [replace(r, stopping=True) if r.id in gone else r for r in out] if gone else out
 
-        def order(entries: list[Any]) -> list[Any]:
-            offers = []
-            cache = self._offers
-            for e in entries:
-                found = cache.get(e.job.id)
-                if found is not None and found[0] is e:
-                    offers.append(found[1])
-                    continue
-                job = e.job
-                numeric = int(job.id) if job.id.isdigit() else 0
-                q = queue_of_id[job.id]
-                o = Offer(e, ("user", q, job.spec.user), job.spec.request.priority,
-                          job.submitted_at, (numeric, job.id), projected(job))  # fmt: skip
-                cache[job.id] = (e, o, (q, job.spec.user, job.spec.gid, e.shape))
-                self._gid_of[job.spec.user] = job.spec.gid
-                offers.append(o)
-            if len(cache) > 2 * len(entries) + 64:
-                live = {e.job.id for e in entries}
-                for k in [k for k in cache if k not in live]:
-                    del cache[k]
-            accounts = {o.account for o in offers}
-            self.waiting_accounts = accounts
-            active: dict[str, set[str]] = {}
-            for account in accounts:
-                acc: tuple[str, str, str] = account  # type: ignore[assignment]
-                active.setdefault(acc[1], set()).add(acc[2])
-            for j in holding:
-                active.setdefault(queue_of(j), set()).add(j.spec.user)
-                self._gid_of[j.spec.user] = j.spec.gid
-            qw = {q: (config.queues[q].weight if q in config.queues else 1.0) for q in active}
-            total_q = sum(qw.values()) or 1.0
-            uw: dict[tuple[str, str], float] = {}
-            for q, users in active.items():
-                ws = {u: self.user_weight(q, u) for u in users}
-                total_u = sum(ws.values()) or 1.0
-                for u, w in ws.items():
-                    uw[(q, u)] = qw[q] / total_q * w / total_u
-
-            def weight(account: Hashable) -> float:
-                acc: tuple[str, str, str] = account  # type: ignore[assignment]
-                return uw.get((acc[1], acc[2]), 1.0)
-
-            shares: dict[Hashable, float] = {a: dominant_share(usages[a], cap) for a in accounts if a in usages}
-            return fair_order(offers, shares, weight)
-
-        verdicts = gate.verdicts
-        offered = self._offers
-
-        within = self.within_guarantee
-
-        def check(e: Any) -> str | None:
-            if not e.job.spec.preemptible and not within(e.job):  # holdings grow with each start of the round
-                limited[e.job.id] = NOT_PREEMPTIBLE
-                return NOT_PREEMPTIBLE
-            key = offered[e.job.id][2]  # (queue, user, gid, shape), made with its offer
-            if key in verdicts:  # the common case, inlined: this runs once per queued job every round
-                why = verdicts[key]
-            else:
-                want = demands.get(e.shape)
-                if want is None:  # the shape's instances are part of it (scheduler.ShapeCache)
-                    want = demands[e.shape] = demand(e.job.spec.request, whole_mem, e.job.spec.instances)
-                why = gate.check(*key, want, e.job.spec.instances)
-            if why is not None:
-                limited[e.job.id] = why
-            return why
-
-        def took(e: Any) -> None:
-            job = e.job
-            started.add(job.id)
-            gate.took(
-                queue_of_id[job.id], job.spec.user, job.spec.gid,
-                demand(job.spec.request, whole_mem, job.spec.instances),
-            )  # fmt: skip
-
-        def check_group(members: list[Any]) -> str | None:
-            """A gang group's members as one ask: the sum of theirs against every limit (issue 23: three 1-GPU
-            members of a queue limited to 2 GPUs never start, though each alone would fit)."""
-            first = members[0].job
-            total = ZERO
-            for m in members:
-                total = add(total, demand(m.job.spec.request, whole_mem, m.job.spec.instances))
-            q = queue_of_id[first.id]
-            spec = config.queues.get(q)
-            why: str | None
-            if not first.spec.preemptible and (
-                spec is None or over_guarantee(self.usage.queue.get(q, ZERO), total, spec.guarantee) is not None
-            ):
-                why = NOT_PREEMPTIBLE
-            else:
-                why = gate.check_group(q, first.spec.user, first.spec.gid, total, len(members))
-            if why is not None:
-                for m in members:
-                    limited[m.job.id] = why
-            return why
-
-        return RoundQueues(order, check, took, check_group)
-
-    # ---------------------------------------------------------------------------------------------- views
-    def queues_view(self) -> list[dict[str, object]]:
-        """Each queue, with the jobs the last round left waiting in it and its holdings then."""
-        pending = Counter(q for job_id, q in self.queue_of_id.items() if job_id not in self.started)
-        return queue_rows(self.config, self.usage, pending)
+    def work(self, job: Job) -> Work:
+        """A queued job as tenancy sees it (the preemption rules and the limits take these)."""
+        return work_of(job, self.queue_of(job))
 
     def shares_view(self, holding: Sequence[Job], now: float) -> dict[str, Any]:
-        """sshare's rows: every queue, and every user in it (weights as the order uses them), with sprio's factors."""
-        usages = self.usages(holding, now)
-        h = self.config.half_life_s
-        queues = sorted(set(self.config.queues) | {k[1] for k in usages if k[0] == "queue"})
-        qrows = share_rows(
-            {q: usages.get(("queue", q), amount()) for q in queues},
-            {q: (self.config.queues[q].weight if q in self.config.queues else 1.0) for q in queues},
-            self.capacity, h,
-        )  # fmt: skip
-        rows: list[dict[str, Any]] = []
-        for qr in qrows:
-            rows.append(_row(qr, qr.account, None))
-            known = set(usages) | {a for a in self.waiting_accounts if isinstance(a, tuple)}
-            users = sorted({k[2] for k in known if k[0] == "user" and k[1] == qr.account})
-            weights = {u: self.user_weight(qr.account, u) for u in users}
-            used = {u: usages.get(("user", qr.account, u), amount()) for u in users}
-            for ur in share_rows(used, weights, self.capacity, h):
-                rows.append(_row(ur, qr.account, ur.account))
-        return {"half_life_s": h, "resources": list(RESOURCES), "accounts": rows}
+        """sshare's rows (`Tenancy.shares`) over serve's jobs."""
+        return self.shares(self.running(holding), now)
 
 
-def _row(r: Any, queue: str, user: str | None) -> dict[str, Any]:
-    return {
-        "queue": queue,
-        "user": user,
-        "weight": r.weight,
-        "norm_shares": r.norm_shares,
-        "usage": dict(zip(RESOURCES, r.usage, strict=True)),
-        "dominant_share": r.share,
-        "effective_usage": r.effective_usage,
-        "fairshare_factor": r.factor,
-    }
+def capacity_vector(node: Node) -> np.ndarray:
+    """A node's capacity as fair share counts it (fairshare.amount)."""
+    return amount(sum(1000 for _ in node.gpus), sum(g.memory_mib for g in node.gpus), node.cpu_milli, node.memory_mib)
 
 
 def capacity_of(node: Node) -> Vector:
@@ -585,4 +324,7 @@ def default_path(state_dir: Path) -> Path:
     return state_dir / "queues.toml"
 
 
-__all__ = ["DEFAULT_QUEUE", "Forbidden", "QueueConfigError", "Queues", "RoundQueues", "default_path", "math"]
+__all__ = [
+    "DEFAULT_QUEUE", "NOT_PREEMPTIBLE", "Forbidden", "QueueConfigError", "Queues", "RoundQueues", "default_path",
+    "math", "over_guarantee",
+]  # fmt: skip

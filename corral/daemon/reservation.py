@@ -1,136 +1,20 @@
-"""A reservation for the head of the queue, and the view a backfilled job must fit in so it does not delay it.
+"""Moved to `corral.tenancy.reservation` (the head's reservation is tenancy's, shared by every face)."""
 
-    expected end of a running job = its start + its time limit, never earlier than now (it is being stopped);
-                                    without one: its start + the default, or + 2, 3 ... times it once past it
-    future = the snapshot now; for T over the distinct expected ends, earliest first:
-                 release the jobs that end by T; place(head) on what is left -> the first fit is the reservation
-    shadow = future + the reservation's grant: what the machine has left at T beside the reservation
-    view   = per resource min(now, shadow): what is free now AND not needed by the reservation at T
-
-A lower job that ends by T (its time limit, or the default, from now) may take anything free now: it is gone when the
-reservation starts. One that runs past T must fit in `view`, so it takes nothing the reservation needs (Slurm's
-backfill rule). Only the head gets a reservation; the jobs behind it are held back only by it.
-
-Cheap by construction: one machine has few running jobs, so few distinct ends, one placement per end at most, and
-one copy of the snapshot per pass (plus one per start, since starts change `view`).
-"""
-
-from __future__ import annotations
-
-import math
-from collections.abc import Mapping
-from dataclasses import dataclass
-
-import numpy as np
-
-from corral.model.resources import MILLI_PER_GPU, Allocation, Request
-from corral.model.snapshot import ClusterSnapshot
-from corral.placement import PlacementConfig, place
-
-#: A job without a time limit is expected to run this long (seconds) when planning a reservation: `corral serve
-#: --default-time-limit`. For planning only: such a job is not stopped when it is over.
-DEFAULT_TIME_LIMIT_S = 3600.0
-
-
-@dataclass(frozen=True)
-class Reservation:
-    """Where and when the head of the queue starts, if the running jobs end when their time limits say."""
-
-    job_id: str
-    start: float  # epoch seconds: the estimated start
-    allocation: Allocation  # the GPUs (and CPU, memory) set aside for it
-    waits_for: tuple[str, ...]  # the running jobs whose ends free what it is given, earliest end first
-
-
-class Booking:
-    """A reservation and the views of the machine that backfill is checked against, kept up to date as jobs start."""
-
-    def __init__(self, reservation: Reservation, shadow: ClusterSnapshot, now: ClusterSnapshot) -> None:
-        self.reservation = reservation
-        self.shadow = shadow
-        self.now = now
-        self._view: ClusterSnapshot | None = None
-
-    @property
-    def start(self) -> float:
-        return self.reservation.start
-
-    def view(self) -> ClusterSnapshot:
-        """What a job that runs past the reservation's start may take (rebuilt after each start)."""
-        if self._view is None:
-            self._view = intersect(self.now, self.shadow)
-        return self._view
-
-    def took(self, allocation: Allocation, outlives: bool) -> None:
-        """A job started with `allocation` (already granted in `now`); if it runs past the start, it holds its
-        resources in the shadow too (it fit in the view, so it fits there)."""
-        if outlives:
-            self.shadow.allocate(allocation)
-        self._view = None
-
-
-def expected_end(started_at: float | None, time_limit_s: float | None, default_s: float, now: float) -> float:
-    """When a running job should end: its start plus its time limit, not before now (it is being stopped).
-
-    A job without a time limit is expected to run the default, and once past it, to the next multiple of it: it is
-    not stopped, and "any moment now" would have the head's reservation hold free GPUs idle for as long as, say, a
-    service runs, where a rolling estimate lets jobs shorter than the default use them meanwhile."""
-    start = now if started_at is None else started_at
-    if time_limit_s is not None:
-        return max(now, start + time_limit_s)
-    periods = max(1, math.ceil((now - start) / default_s))
-    return start + periods * default_s
-
-
-def book(
-    snapshot: ClusterSnapshot, request: Request, ends: Mapping[str, float], config: PlacementConfig
-) -> Booking | None:
-    """The earliest reservation for `request` (its `id` is the job's) as the jobs in `ends` (allocation id -> expected
-    end) leave `snapshot`; None when it does not fit even once they have all ended (e.g. memory other processes
-    hold). Leaves `snapshot` unchanged."""
-    future = snapshot.copy()
-    leaving = sorted((end, job_id) for job_id, end in ends.items() if job_id in future.allocations)
-    released: list[tuple[float, Allocation]] = []
-    rng = np.random.default_rng(0)  # its own seed: planning must not change the daemon's draws
-    i = 0
-    while i < len(leaving):
-        t = leaving[i][0]
-        while i < len(leaving) and leaving[i][0] <= t:
-            released.append((leaving[i][0], future.release(leaving[i][1])))
-            i += 1
-        decision = place(future, request, config, rng)
-        if decision.allocation is None:
-            continue
-        grant = decision.allocation
-        future.allocate(grant)
-        reserved = set(grant.gpu_indices)
-        freeing = [a.request_id for _, a in released if reserved & set(a.gpu_indices)]
-        waits = tuple(freeing) if freeing else tuple(a.request_id for _, a in released)
-        return Booking(Reservation(request.id, t, grant, waits), future, snapshot)
-    return None
-
-
-def intersect(now: ClusterSnapshot, shadow: ClusterSnapshot) -> ClusterSnapshot:
-    """A snapshot whose free resources are, per node and GPU, the smaller of `now`'s and `shadow`'s. A GPU whose
-    shares belong to different owners in the two is not offered at all."""
-    both = now.copy()
-    both.cpu_free = np.minimum(now.cpu_free, shadow.cpu_free)
-    both.mem_free = np.minimum(now.mem_free, shadow.mem_free)
-    both.gpu_milli_free = np.minimum(now.gpu_milli_free, shadow.gpu_milli_free)
-    both.gpu_mem_free = np.minimum(now.gpu_mem_free, shadow.gpu_mem_free)
-    names = {v: k for k, v in shadow.owner_ids.items()}
-    for i, j in zip(*np.nonzero(shadow.gpu_owner >= 0), strict=True):
-        theirs = both.owner_id(names[int(shadow.gpu_owner[i, j])])
-        mine = int(both.gpu_owner[i, j])
-        if mine == -1:
-            both.gpu_owner[i, j] = theirs
-            both.gpu_owner_shares[i, j] = shadow.gpu_owner_shares[i, j]
-        elif mine != theirs:
-            both.gpu_milli_free[i, j] = 0
-            both.gpu_mem_free[i, j] = 0
-    present = both.gpu_present
-    both.gpu_free_total = np.where(present, both.gpu_milli_free, 0).sum(axis=1).astype(np.int64)
-    whole = present & (both.gpu_milli_free == MILLI_PER_GPU) & (both.gpu_mem_free == both.gpu_mem_cap)
-    both.gpu_full_free = whole.sum(axis=1).astype(np.int64)
-    both.version += 1  # what the engine memoised for `now` does not hold here
-    return both
+from corral.tenancy.reservation import (
+    DEFAULT_TIME_LIMIT_S as DEFAULT_TIME_LIMIT_S,
+)
+from corral.tenancy.reservation import (
+    Booking as Booking,
+)
+from corral.tenancy.reservation import (
+    Reservation as Reservation,
+)
+from corral.tenancy.reservation import (
+    book as book,
+)
+from corral.tenancy.reservation import (
+    expected_end as expected_end,
+)
+from corral.tenancy.reservation import (
+    intersect as intersect,
+)

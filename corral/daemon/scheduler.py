@@ -1,175 +1,41 @@
-"""One scheduling pass: waiting jobs in queue order, each placed by the engine on what is free now.
+"""Serve's edge to tenancy: its jobs as tenancy's records, and the round's pass and preemption planner over jobs.
 
-    for job in queue_order(waiting):
-        not yet due (retry back-off)          -> waits, "retrying after ..."
-        same request shape already failed     -> waits, with that explanation (free resources only shrink in a pass)
-        place(snapshot, job.request)          -> Start (snapshot updated, so the next job sees it) or waits, explained
-          behind a reservation and ending after its start: placed again on the reservation's view
-                                              -> Start, or waits, "would delay the reservation of job N (GPUs ...)"
-        the first GPU job that does not fit   -> the head: its reservation is booked (reservation.book)
+    a queued Job        -> Work      (work_of: its queue named, its request's id the job's, its MPS share owner)
+    a STARTING/RUNNING Job -> Running (running_of: `stopping` once it is being preempted or is not yet running)
+    schedule(jobs)      -> corral.tenancy.round.schedule, each job's Work made once per job object (ShapeCache)
+    (corral.daemon.preemption: tenancy's preemption planner over jobs, victims named by the jobs they are)
 
-Backfill with a reservation (corral.daemon.reservation): the first job in queue order that asks for GPUs and does
-not fit now (the head) gets a reservation: the earliest time, and the GPUs, that the expected ends of running jobs
-(start + time limit, or the default run time) free for it. A job behind it starts now only if it does not delay that
-reservation: it ends by the reservation's start (its time limit, or the default, from now), or it fits beside the
-reservation on what is free now. Only the head gets one (Slurm reserves for more jobs; one is what keeps a big job
-from starving, and keeps a round cheap). See docs/backfill.md. Pure: snapshot + jobs + expected ends + config + clock
-value in, a plan out; the daemon carries it out.
-
-A long queue: jobs of one shape (the fields of the request that decide where it can go, plus its MPS owner) fit or
-fail together within a pass, so a pass makes at most one failed placement attempt per shape, however many jobs wait;
-the rest of that shape get the same words without a call. What is left per job is a few dictionary look-ups: each
-job's queue key and shape are computed once in its life and kept in a `ShapeCache` the daemon holds across rounds
-(keyed by the job object itself, which the store keeps unchanged until the job is written).
+Everything that decides is in corral.tenancy (docs/tenancy.md); this module only converts.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from operator import attrgetter
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 
-from corral.daemon.gang import GangDecision, combined_request, place_gang
-from corral.daemon.reservation import DEFAULT_TIME_LIMIT_S, Booking, Reservation, book
-from corral.jobs.model import Job
-from corral.model.errors import InvalidRequest
-from corral.model.resources import Allocation, Request
+from corral.jobs.model import Job, JobState
+from corral.model.resources import Request
 from corral.model.snapshot import ClusterSnapshot
-from corral.placement import Decision, PlacementConfig, place, render
-from corral.queue import queue_key
+from corral.placement import PlacementConfig
+from corral.tenancy.config import DEFAULT_QUEUE
+from corral.tenancy.model import Running, Work
+from corral.tenancy.reservation import DEFAULT_TIME_LIMIT_S
+from corral.tenancy.round import Plan, RoundQueues, ShapeCache, Start, clock_text
+from corral.tenancy.round import schedule as run_pass
 
-if TYPE_CHECKING:
-    from corral.daemon.queues import RoundQueues
+#: The reason a running job carries from its SIGTERM to its exit: its exit then sends it back to the queue.
+PREEMPTING = "being preempted: "
 
 #: The MPS owner a job's one-GPU share carries ("" when shares are not tied to a user): part of its shape.
 Owner = Callable[[Job], str]
+#: A job's queue (serve's: its own, or the file's default queue).
+QueueOf = Callable[[Job], str]
 
 
-@dataclass(frozen=True)
-class Start:
-    job_id: str
-    allocation: Allocation
-    notes: tuple[str, ...] = ()  # the engine's notes on the placement (e.g. the undefined-behaviour warning)
-
-
-@dataclass(frozen=True)
-class Plan:
-    starts: list[Start] = field(default_factory=list)
-    waiting: dict[str, str] = field(default_factory=dict)  # job id -> why it waits, in words
-    unresolvable: set[str] = field(default_factory=set)  # jobs no node can ever hold
-    placements: int = 0  # calls to the engine this pass (one per shape that failed, one or two per start)
-    unplaced: int = 0  # request shapes that could not be placed this pass (on what is free, or beside the reservation)
-    reservation: Reservation | None = None  # the head's, if it has one
-    order: list[str] = field(default_factory=list)  # the ids of the jobs offered, in queue order
-
-
-@dataclass(frozen=True)
-class _Entry:
-    job: Job  # the very object the entry was made for: another object with this id is a changed job
-    key: tuple[int, float, int, str]
-    shape: int  # an index into ShapeCache.shapes, so a look-up hashes an int, not the request's fields
-    wants_gpu: bool
-    owner: str
-    group: str = ""  # its gang group (JobSpec.gang_group): its members start together or not at all
-
-
-class ShapeCache:
-    """Each job's queue key and shape, computed once per job object and kept across passes.
-
-    Safe against change: an entry is used only for the object it was made for (`is`), and a job the store writes is
-    a new object. Entries of jobs that left the queue are dropped when the cache has grown to twice the queue.
-    """
-
-    def __init__(self) -> None:
-        self.entries: dict[str, _Entry] = {}
-        self.shapes: dict[Hashable, int] = {}  # shape -> its index
-
-    def entry(self, job: Job, owner: Owner | None) -> _Entry:
-        found = self.entries.get(job.id)
-        if found is not None and found.job is job:
-            return found
-        request = job.spec.request
-        who = owner(job) if owner is not None else ""
-        shape = (request.placement_key(), who, job.spec.instances)  # a gang of 3 fits where 2 fit, or not
-        index = self.shapes.setdefault(shape, len(self.shapes))
-        made = _Entry(job, queue_key(job), index, request.wants_gpu, who, job.spec.gang_group)
-        self.entries[job.id] = made
-        return made
-
-    def prune(self, keep: int) -> None:
-        """Forget jobs that have left the queue once the cache holds more than twice `keep` of them."""
-        if len(self.entries) > 2 * keep + 64:
-            self.entries.clear()
-        if len(self.shapes) > 4 * keep + 1024:
-            self.shapes.clear()
-            self.entries.clear()
-
-
-def _place(
-    snapshot: ClusterSnapshot, request: Request, instances: int, config: PlacementConfig, rng: np.random.Generator
-) -> Decision | GangDecision:
-    """One job's placement: the engine's, or for a gang all its instances together (corral.daemon.gang)."""
-    return (
-        place(snapshot, request, config, rng)
-        if instances == 1
-        else place_gang(snapshot, request, instances, config, rng)
-    )
-
-
-def _groups(entries: Sequence[_Entry]) -> dict[str, list[_Entry]]:
-    """The queued members of each gang group, in queue order."""
-    out: dict[str, list[_Entry]] = {}
-    for e in entries:
-        if e.group:
-            out.setdefault(e.group, []).append(e)
-    return out
-
-
-def _place_group(
-    members: Sequence[_Entry],
-    snapshot: ClusterSnapshot,
-    booking: Booking | None,
-    queues: RoundQueues | None,
-    config: PlacementConfig,
-    rng: np.random.Generator,
-) -> tuple[list[Start], str | None, int]:
-    """A gang group's start: every member placed, one after the other, on a copy of what is free (of what the
-    reservation leaves, with `booking`: the members run past its start), each seeing the earlier ones' grants; all
-    fit, or none starts. Returns (the starts, or none; why not; calls to the engine). A group waits, without a call,
-    until all `gang_size` members are queued (the controller submits them in one round)."""
-    size = members[0].job.spec.gang_size
-    if len(members) < size:
-        return [], f"gang: {len(members)} of {size} instances queued; they start together once all are", 0
-    if queues is not None:
-        # The members together against every limit: their whole ask, not one member's (issue 23).
-        held_back = queues.gate_group(list(members))
-        if held_back is not None:
-            return [], f"gang: {held_back}", 0
-    trial = (booking.view() if booking is not None else snapshot).copy()
-    beside = f" beside the reservation of job {booking.reservation.job_id}" if booking is not None else ""
-    starts: list[Start] = []
-    for i, m in enumerate(members):
-        job = m.job
-        try:
-            decision = place(trial, request_of(job, m.owner), config, rng)
-        except InvalidRequest as exc:
-            return [], f"gang: instance job {job.id}: {exc}", i + 1
-        if decision.allocation is None:
-            return (
-                [],
-                (
-                    f"gang: {i} of {len(members)} instances fit{beside} (the app asked for corral.gang: all start or "
-                    f"none); instance {i + 1}: {render(decision.explanation)}"
-                ),
-                i + 1,
-            )
-        trial.allocate(decision.allocation)
-        starts.append(Start(job.id, decision.allocation, decision.explanation.notes))
-    return starts, None, len(members)
+def own_queue(job: Job) -> str:
+    return job.spec.queue or DEFAULT_QUEUE
 
 
 def request_of(job: Job, owner: str = "") -> Request:
@@ -177,9 +43,23 @@ def request_of(job: Job, owner: str = "") -> Request:
     return replace(job.spec.request, id=job.id, share_owner=owner or job.spec.request.share_owner)
 
 
-def clock_text(t: float) -> str:
-    """An epoch time as a user reads it in a reason: UTC, to the second."""
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
+def work_of(job: Job, queue: str | None = None, owner: str = "") -> Work:
+    """A queued job as tenancy sees it."""
+    s = job.spec
+    return Work(
+        job.id, s.request, queue or s.queue or DEFAULT_QUEUE, s.user, s.gid, job.submitted_at, s.instances,
+        s.gang_group, s.gang_size, s.time_limit_s, s.preemptible, job.not_before, job.reason, owner,
+    )  # fmt: skip
+
+
+def running_of(job: Job, queue: str | None = None) -> Running:
+    """A job that holds resources as tenancy sees it: one being preempted, or not yet running, is no victim."""
+    s = job.spec
+    stopping = job.state is not JobState.RUNNING or job.reason.startswith(PREEMPTING)
+    return Running(
+        job.id, s.request, job.started_at, job.gpus, queue or s.queue or DEFAULT_QUEUE, s.user, s.gid, s.instances,
+        s.preemptible, stopping,
+    )  # fmt: skip
 
 
 def schedule(
@@ -194,145 +74,14 @@ def schedule(
     ends: Mapping[str, float] | None = None,
     default_time_limit_s: float = DEFAULT_TIME_LIMIT_S,
     queues: RoundQueues | None = None,
+    queue_of: QueueOf = own_queue,
 ) -> Plan:
-    """Decide which waiting jobs start now. Grants go into `snapshot` as they are decided.
+    """Tenancy's pass (corral.tenancy.round.schedule) over serve's queued jobs; `owner`: each job's MPS owner."""
 
-    `owner`: the MPS owner of a job's share (see `Request.share_owner`), part of its shape; `cache`: the keys and
-    shapes of earlier passes (a fresh one if None). With `max_starts`, the pass places nothing more once that many
-    are decided: the rest wait for the next pass, unplaced, keeping the reason they had (a job that has none yet is
-    told it waits for the next round), so a burst does not rewrite every queued job's reason.
-    `ends`: the expected end of each allocation in `snapshot` (allocation id -> epoch seconds; one not named never
-    ends, e.g. memory of foreign processes); `default_time_limit_s`: how long a job without a time limit is expected
-    to run. Together they place the head's reservation. `queues` (corral.daemon.queues): the order of the pass
-    (priority, fair share, age) instead of priority then age, and the limits checked before a job is placed (a job
-    held back by one waits with its words, and is not the head)."""
-    cache = cache if cache is not None else ShapeCache()
-    known = cache.entries.get  # inlined look-up: this line runs once per queued job every round
-    entries = [e if (e := known(job.id)) is not None and e.job is job else cache.entry(job, owner) for job in waiting]
-    cache.prune(len(entries))
-    if queues is not None:
-        entries = queues.order(entries)
-    else:
-        entries.sort(key=attrgetter("key"))
-    starts: list[Start] = []
-    reasons: dict[str, str] = {}
-    unresolvable: set[str] = set()
-    # Per shape, why it cannot start, and whether never: on what is free now (`failed`), and, for jobs that would
-    # run past the reservation's start, on what the reservation leaves (`delays`). Both only shrink within a pass.
-    failed: dict[int, tuple[str, bool]] = {}
-    delays: dict[int, str] = {}
-    placements = 0
-    expected = dict(ends or {})
-    booking: Booking | None = None
-    booked = False  # the head has been found (with a reservation or without one)
-    generator = rng if rng is not None else np.random.default_rng(0)
-    shape_failed = failed.get
-    groups: dict[str, list[_Entry]] | None = None  # gang groups' queued members, in queue order (made when needed)
-    groups_done: set[str] = set()
+    def convert(job: Job) -> Work:
+        return work_of(job, queue_of(job), owner(job) if owner is not None else "")
 
-    def planned_end(job: Job) -> float:
-        limit = job.spec.time_limit_s
-        return now + (limit if limit is not None else default_time_limit_s)
+    return run_pass(snapshot, waiting, config, now, rng, convert, cache, max_starts, ends, default_time_limit_s, queues)
 
-    def take(entry: _Entry, start: Start, end: float, outlives: bool) -> None:
-        """A start decided: granted in `snapshot` (and beside the reservation), expected to end at `end`."""
-        snapshot.allocate(start.allocation)
-        if booking is not None:
-            booking.took(start.allocation, outlives)
-        expected[start.job_id] = end
-        if queues is not None:
-            queues.took(entry)
-        starts.append(start)
 
-    for entry in entries:
-        job = entry.job
-        if max_starts is not None and len(starts) >= max_starts:
-            if not job.reason:
-                reasons[job.id] = f"waiting for the next round: at most {max_starts} jobs start in one round"
-            continue
-        if job.not_before > now:
-            reasons[job.id] = f"retrying after back-off in {job.not_before - now:.0f} s"
-            continue
-        if entry.group:  # a gang group: decided as a whole at its first member in queue order (see _place_group)
-            if entry.group in groups_done:
-                continue  # its reason (or its start) was given with the group's first member
-            groups_done.add(entry.group)
-            if groups is None:
-                groups = _groups(entries)
-            members = groups[entry.group]
-            end = planned_end(job)
-            outlives = booking is not None and end > booking.start
-            group_starts, why, tries = _place_group(
-                members, snapshot, booking if outlives else None, queues, config, generator
-            )
-            placements += tries
-            for m, start in zip(members, group_starts, strict=False):
-                take(m, start, end, outlives)
-            if why is not None:
-                for m in members:
-                    reasons[m.job.id] = why
-                if not booked and entry.wants_gpu and tries:  # did not fit now: the group is the head
-                    booked = True
-                    booking = book(
-                        snapshot, combined_request(request_of(job, entry.owner), len(members)), expected, config
-                    )
-            continue
-        if queues is not None:
-            held_back = queues.gate(entry)
-            if held_back is not None:
-                reasons[job.id] = held_back
-                continue
-        same = shape_failed(entry.shape)
-        if same is not None:
-            reasons[job.id] = same[0]
-            if same[1]:
-                unresolvable.add(job.id)
-            continue
-        end = planned_end(job)
-        outlives = booking is not None and end > booking.start
-        if outlives:
-            held = delays.get(entry.shape)
-            if held is not None:
-                reasons[job.id] = held
-                continue
-        request = request_of(job, entry.owner)
-        placements += 1
-        try:
-            decision = _place(snapshot, request, job.spec.instances, config, generator)
-        except InvalidRequest as exc:  # e.g. a GPU model this machine no longer has: can never start
-            failed[entry.shape] = (str(exc), True)
-            reasons[job.id] = str(exc)
-            unresolvable.add(job.id)
-            continue
-        if booking is not None and outlives and decision.allocation is not None:
-            # It fits now; it runs past the reservation's start, so it must fit beside it too. (Tried now first:
-            # what does not fit now fits nowhere, so a long queue that cannot start costs one call per shape.)
-            placements += 1
-            decision = _place(booking.view(), request, job.spec.instances, config, generator)
-            if decision.allocation is None:
-                r = booking.reservation
-                gpus = ", ".join(map(str, r.allocation.gpu_indices)) or "none"
-                delays[entry.shape] = (
-                    # No time in these words: a reason that changed every round would be rewritten for every
-                    # such job every round. `explain` gives the reservation's start.
-                    f"would delay the reservation of job {r.job_id} (GPUs {gpus}): a job behind it starts first "
-                    "only if it ends before the reservation starts (by its time limit, or the default) or fits "
-                    "beside it"
-                )
-                reasons[job.id] = delays[entry.shape]
-                continue
-        if decision.allocation is not None:
-            take(entry, Start(job.id, decision.allocation, decision.explanation.notes), end, outlives)
-            continue
-        text = decision.reason() if isinstance(decision, GangDecision) else render(decision.explanation)
-        never = all(decision.unresolvable(i) for i in range(len(snapshot)))
-        failed[entry.shape] = (text, never)
-        reasons[job.id] = text
-        if never:
-            unresolvable.add(job.id)
-        elif not booked and entry.wants_gpu:
-            booked = True  # the head: the first job that asks for GPUs and does not fit now
-            booking = book(snapshot, combined_request(request, job.spec.instances), expected, config)
-    reservation = booking.reservation if booking is not None else None
-    order = [e.job.id for e in entries]
-    return Plan(starts, reasons, unresolvable, placements, len(failed) + len(delays), reservation, order)
+__all__ = ["Plan", "ShapeCache", "Start", "clock_text"]

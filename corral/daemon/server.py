@@ -63,7 +63,6 @@ from corral.daemon.lockstat import Released, daemon_lock
 from corral.daemon.preemption import DEFAULT_GRACE_S
 from corral.daemon.queues import Queues
 from corral.daemon.queues import default_path as default_queues_path
-from corral.daemon.reservation import DEFAULT_TIME_LIMIT_S
 from corral.daemon.tokens import TokenFileError, TokenStore
 from corral.dashboard import Dashboard, cross_site_write, is_open
 from corral.dashboard.sessions import Sessions
@@ -79,11 +78,13 @@ from corral.model.resources import GpuBehavior, Node
 from corral.placement import PlacementConfig
 from corral.placement.native import kernels
 from corral.placement.registry import get_policy
-from corral.queue.config import QueueConfigError
 from corral.services import health
 from corral.services.ports import ENV as PORTS_ENV
 from corral.services.ports import parse_range
 from corral.store import SqliteStore
+from corral.store.retention import DEFAULT_RETENTION_S, Pruner
+from corral.tenancy.config import QueueConfigError
+from corral.tenancy.reservation import DEFAULT_TIME_LIMIT_S
 
 log = logging.getLogger("corral.serve")
 
@@ -96,6 +97,12 @@ AsgiApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 SHARING_MODES = ("mps", "time-slicing")
 #: Seconds requests in flight get to finish after SIGTERM (one waiting for a stuck tick's lock would wait forever).
 SHUTDOWN_GRACE_S = 1.0
+#: Under a burst of submissions, a round of t seconds is followed by a rest of (this - 1) t: a quarter of the time.
+ROUNDS_SHARE_INVERSE = 4.0
+#: The longest rest after a round (a round of 0.5 s or more: a very long queue on a busy machine).
+MAX_ROUND_GAP_S = 2.0
+#: Between two steps of a restart's catch-up (Daemon.catch_up), so that requests waiting for the lock get it.
+CATCH_UP_PAUSE_S = 0.002
 #: Seconds after SIGTERM at which the daemon exits even if cleaning up has not finished.
 SHUTDOWN_DEADLINE_S = 1.8  # under 2 s with the exit itself
 #: The daemon's own files and folders: nobody else may read or enter them.
@@ -114,6 +121,17 @@ RUNTIME_DIR_MODE = 0o755
 
 class ServeError(CorralError):
     """`corral serve` cannot start; the message says what to do."""
+
+
+def round_gap(took_s: float) -> float:
+    """Seconds from the start of a round that took `took_s` to the start of the next, at the least.
+
+    A burst of submissions wakes the loop for each one, and a round looks at the whole queue: the next round waits
+    until 4 t have passed since the last began, so scheduling takes at most about a quarter of the time under a burst,
+    however long the queue makes a round, while a quick round is followed at once. (The gap was capped at 0.2 s: a
+    round past 0.2 s, which a queue of thousands with queues on reaches on a busy machine, was followed by the next
+    at once, and a burst's submissions waited for the CPU and the GIL, losing half their rate: issue 26, item 7.)"""
+    return min(MAX_ROUND_GAP_S, ROUNDS_SHARE_INVERSE * took_s)
 
 
 # ------------------------------------------------------------------------------------------------ peer credentials
@@ -504,7 +522,6 @@ def serve(
     simulate: str | None,
     policy: str,
     tick_s: float = 0.2,
-    min_gap_s: float = 0.2,
     watchdog: str = "kill",
     sharing: str = "mps",
     listen: str | None = None,
@@ -516,6 +533,7 @@ def serve(
     preempt_grace_s: float = DEFAULT_GRACE_S,
     queues_file: Path | None = None,
     exit_process: bool = False,
+    retention_s: float | None = DEFAULT_RETENTION_S,
 ) -> None:
     """Run the daemon until SIGTERM or SIGINT.
 
@@ -530,6 +548,7 @@ def serve(
     `preempt_grace_s`: between the SIGTERM and the SIGKILL of a preempted job (docs/preemption.md).
     `queues_file`: queues, limits and fair share (docs/queues.md); None: STATE_DIR/queues.toml if it exists, else one
     queue without limits. SIGHUP (or POST /v1/queues/reload) reads it again; a bad file leaves the old in place.
+    `retention_s`: how long jobs that ended are kept (job and accounting record), None for ever (docs/acct.md).
     `exit_process`: once stopped and cleaned up, end the process (status 0) instead of returning (see the module's
     note on shutdown); `corral serve` sets it.
     """
@@ -610,11 +629,10 @@ def serve(
     dashboard = Dashboard(daemon, tokens, reports)
     routers = [*routers, dashboard.router()]
     with lock:
-        daemon.recover()
-        if queues.active:
-            counted = queues.rebuild(store, daemon.clock())  # fair share: usage from the jobs' history
-            log.info("queues from %s: %s; usage of %d finished jobs", queues_file, ", ".join(queues.config.queues),
-                     counted)  # fmt: skip
+        # The jobs that hold resources now, before anyone is answered; what grows with the history (requeues decided
+        # and not stored, fair share's usage) is caught up in the loop, a page per hold of the lock, before its first
+        # round (Daemon.catch_up): a daemon with a long history answers at once after a restart (issue 26, item 7).
+        daemon.recover_live()
     gpus = ", ".join(f"{g.index}: {g.model} {g.memory_mib} MiB" for g in node.gpus) or "none"
     label = f"SIMULATED GPU inventory {simulate} (no real devices)" if simulate else f"GPUs {gpus}"
     if simulate is None:
@@ -625,6 +643,20 @@ def serve(
         label += f"; GPU memory watchdog: {watchdog}"
 
     def loop() -> None:
+        steps = daemon.catch_up()
+        while not stop.is_set():
+            try:
+                with lock:
+                    next(steps)
+            except StopIteration:
+                break
+            except Exception:  # e.g. the store fails: the start's work is tried again from the start
+                log.exception("catching up after the start failed")
+                steps = daemon.catch_up()
+                stop.wait(tick_s)
+            # A moment between steps: a request waiting for the lock gets it (a lock is not fair; this thread would
+            # otherwise take it back at once, step after step).
+            stop.wait(CATCH_UP_PAUSE_S)
         while not stop.is_set():
             started = time.monotonic()
             try:
@@ -635,10 +667,7 @@ def serve(
             took = time.monotonic() - started
             woken.wait(tick_s)
             woken.clear()
-            # A burst of submissions wakes the loop for each one, and a round looks at the whole queue: after a round
-            # that took t, the next waits until 4 t have passed since it began (at most `min_gap_s`), so scheduling
-            # takes at most about a quarter of the time under a burst while a quick round is followed at once.
-            rest = min(min_gap_s, 4 * took) - (time.monotonic() - started)
+            rest = round_gap(took) - (time.monotonic() - started)
             if rest > 0:
                 stop.wait(rest)
 
@@ -720,12 +749,17 @@ def serve(
 
     ticker.start()
     dashboard.start()
+    pruner = Pruner(store, retention_s) if retention_s is not None else None
+    if pruner is not None:
+        pruner.start()
     try:
         server.run(sockets=sockets)
     finally:
         for sock in sockets:
             sock.close()
         stopping()
+        if pruner is not None:
+            pruner.stop()
         # Bounded: a tick stuck holding the lock must not keep the daemon alive (the tick thread is a daemon thread).
         ticker.join(timeout=SHUTDOWN_GRACE_S)
         dashboard.close()

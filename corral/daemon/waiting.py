@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from corral.daemon.reservation import Reservation, expected_end
-from corral.daemon.scheduler import clock_text
 from corral.jobs.model import Job
+from corral.tenancy.reservation import Reservation, expected_end
+from corral.tenancy.round import clock_text
 
 #: Holders listed in the answer (the text names the first three); the rest are counted.
 MAX_HOLDERS = 20

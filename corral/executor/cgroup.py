@@ -110,13 +110,17 @@ class Subtree:
         leaf = self.leaf(job_id, attempt)
         try:
             leaf.mkdir()
+        except FileNotFoundError:  # the subtree itself is gone (an admin's or a script's cleanup of empty cgroups):
+            self.path.mkdir(exist_ok=True)  # made again, its controllers handed down again, then the leaf
+            _enable(self.path, sorted(self.controllers))
+            leaf.mkdir()
         except FileExistsError:  # left by an attempt of a reused id (tests): it must be empty to be reused
             if populated(str(leaf)):
                 empty_cgroup(str(leaf))
         writes = [(leaf / name, value) for name, value in self.limit_files(limits).items()]
         for controller, base in self.v1:
             folder = base / leaf.name
-            folder.mkdir(exist_ok=True)
+            folder.mkdir(parents=True, exist_ok=True)
             writes += [(folder / name, value) for name, value in v1_limit_files(controller, limits, folder).items()]
         for path, value in writes:
             try:

@@ -2,6 +2,8 @@
 
 corral k8s extender --port 8888 --policy fgd-priced       serve kube-scheduler's extender verbs
 corral k8s device-plugin --node-name $NODE_NAME           advertise this node's GPUs to kubelet, publish inventory
+corral k8s scheduler --kubeconfig PATH                    schedule pods of schedulerName corral standalone
+corral k8s explain NAMESPACE/POD                          why a pod waits (its PodScheduled condition and events)
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ import logging
 import signal
 import socket
 import threading
+import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -22,8 +25,8 @@ from corral.model.units import parse_cpu_milli, parse_memory_mib
 from corral.placement import GpuReserve, PlacementConfig, TargetWorkload
 
 RESOURCE_HELP = (
-    "Resource to advertise (repeatable; default corral.dev/gpu, corral.dev/gpu-milli, elasticgpu.io/gpu-core, "
-    "keti.com/mpsgpu; nvidia.com/gpu only when asked, as NVIDIA's plugin may own it)."
+    "Resource to advertise (repeatable or comma-separated; default corral.dev/gpu, corral.dev/gpu-milli, "
+    "elasticgpu.io/gpu-core, keti.com/mpsgpu; nvidia.com/gpu only when asked, as NVIDIA's or HAMi's plugin may own it)."
 )
 #: The verbs bind pods with the extender's rights and take no credentials, so by default only this machine (or, in
 #: the chart, this pod, where kube-scheduler runs beside the extender) reaches them.
@@ -125,6 +128,145 @@ def extender_cmd(
         informer.close()
 
 
+SCHEDULER_NAME_HELP = "Schedule the pods whose spec.schedulerName is this."
+SCHEDULER_WORKLOAD_HELP = (
+    "Target workload of fgd and fgd-priced: default (the engine's generic one), or a pod list FILE as `corral sim` "
+    "reads it (openb CSV, or corral's YAML/JSON), whose typical pods are the workload: with the same file and policy "
+    "the scheduler places a trace as `corral sim` does."
+)
+LISTEN_HELP = "Serve GET /metrics, /healthz, /readyz and /explain/NS/POD on HOST:PORT (read-only; '' for none)."
+
+
+def split_listen(value: str) -> tuple[str, int] | None:
+    """--listen HOST:PORT -> (host, port); '' -> None. Raises InvalidRequest naming the flag."""
+    if not value:
+        return None
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidRequest("--listen", f"expected HOST:PORT (e.g. 0.0.0.0:9444), got {value!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+@app.command("scheduler")
+def scheduler_cmd(
+    kubeconfig: Annotated[str | None, typer.Option(help="Kubeconfig (default: in-cluster, else ~/.kube).")] = None,
+    scheduler_name: Annotated[str, typer.Option(help=SCHEDULER_NAME_HELP)] = "corral",
+    policy: Annotated[str, typer.Option(help="Default policy (a pod may set corral.dev/policy).")] = "fgd-priced",
+    behavior: Annotated[str, typer.Option(help="GPU scheduling behaviour for pods without GPUs.")] = "preferential",
+    qps: Annotated[float, typer.Option(help="Writes per second to the API server (token bucket).")] = 50.0,
+    burst: Annotated[int, typer.Option(help="Writes the token bucket saves up.")] = 100,
+    batch_window_ms: Annotated[float, typer.Option(help="Wait this long after a pod arrives for more.")] = 5.0,
+    bind_workers: Annotated[int, typer.Option(help="Bindings in flight at once.")] = 16,
+    listen: Annotated[str, typer.Option(help=LISTEN_HELP)] = "0.0.0.0:9444",
+    workload: Annotated[str, typer.Option(help=SCHEDULER_WORKLOAD_HELP)] = "default",
+) -> None:
+    """Schedule pods (spec.schedulerName) yourself: corral's engine places them in batches and binds them."""
+    from corral.k8s.scheduler.core import Scheduler
+    from corral.k8s.scheduler.http import serve
+    from corral.k8s.scheduler.wire import connect
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        address = split_listen(listen)
+        config = PlacementConfig(policy=policy, gpu_behavior=GpuBehavior.parse(behavior, "--behavior"),
+                                 workload=load_workload(workload))  # fmt: skip
+        Scheduler.check(qps, burst, batch_window_ms / 1000, bind_workers)
+        scheduler = Scheduler(connect(kubeconfig), config, scheduler_name, qps, burst, batch_window_ms / 1000,
+                              bind_workers)  # fmt: skip
+    except (InvalidRequest, CorralError) as exc:
+        raise _fail(str(exc)) from None
+    server = None
+    if address is not None:
+        try:
+            server = serve(scheduler, *address)
+        except OSError as exc:
+            raise _fail(f"--listen: cannot listen on {listen}: {exc}") from None
+    # What the policy needs (numba's kernels for fgd, scipy for fgd-priced's prices: seconds) loads while the books
+    # are listed, not under the books' lock at the first batch.
+    from corral.k8s.scheduler.core import warm_up
+
+    warm = threading.Thread(target=warm_up, args=(config,), name="corral-warm-up", daemon=True)
+    warm.start()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        t0 = time.monotonic()
+        scheduler.informer.prime()
+        listed = time.monotonic()
+        warm.join()
+        # Thousands of long-lived node and pod objects: keep them out of the collector's full scans
+        gc.collect()
+        gc.freeze()
+        scheduler.informer.start()
+        scheduler.start_loop()
+        state = scheduler.state
+        log.info("books rebuilt from %d nodes and %d bound pods in %.2f s (engine ready %.2f s later); scheduling "
+                 "pods of %r with policy %s", len(state.nodes), len(state.pods), listed - t0, time.monotonic() - listed,
+                 scheduler_name, policy)  # fmt: skip
+        stop.wait()
+    except KeyboardInterrupt:
+        pass
+    except CorralError as exc:
+        raise _fail(str(exc)) from None
+    finally:
+        scheduler.close()
+        if server is not None:
+            server.shutdown()
+
+
+@app.command("explain")
+def explain_cmd(
+    pod: Annotated[str, typer.Argument(help="NAMESPACE/POD (or POD in namespace default).")],
+    kubeconfig: Annotated[str | None, typer.Option(help="Kubeconfig (default: in-cluster, else ~/.kube).")] = None,
+) -> None:
+    """Why a pod waits: its PodScheduled condition and its scheduling events."""
+    from corral.k8s.client import KubeApiError
+    from corral.k8s.scheduler.wire import connect
+
+    namespace, _, name = pod.rpartition("/")
+    namespace = namespace or "default"
+    if not name or "/" in namespace:
+        raise _fail(f"expected NAMESPACE/POD, got {pod!r}")
+    try:
+        api = connect(kubeconfig)
+        obj = api.get_pod(namespace, name)
+        events = api.list_events(namespace, f"involvedObject.name={name}")
+    except KubeApiError as exc:
+        raise _fail(str(exc)) from None
+    typer.echo(explain_text(obj, events))
+
+
+def explain_text(pod: dict[str, Any], events: list[dict[str, Any]]) -> str:
+    """`corral k8s explain`'s text: where the pod is, or why it waits, and its recent scheduling events."""
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    name = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+    uid = meta.get("uid")
+    lines = []
+    node = spec.get("nodeName")
+    conditions = [c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "PodScheduled"]
+    if node:
+        lines.append(f"{name}: bound to {node}")
+    elif conditions and conditions[0].get("status") == "False":
+        c = conditions[0]
+        lines.append(f"{name}: pending ({c.get('reason') or 'no reason'}, since {c.get('lastTransitionTime')})")
+        lines.append(f"  {c.get('message') or ''}")
+    else:
+        who = spec.get("schedulerName") or "default-scheduler"
+        lines.append(f"{name}: pending, not looked at yet by its scheduler ({who})")
+    mine = [e for e in events if not uid or (e.get("involvedObject") or {}).get("uid") in (None, "", uid)]
+    mine.sort(key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
+    if mine:
+        lines.append("events:")
+        for e in mine[-10:]:
+            when = e.get("lastTimestamp") or e.get("eventTime") or ""
+            count = e.get("count") or 1
+            times = f" (x{count})" if count > 1 else ""
+            source = (e.get("source") or {}).get("component") or e.get("reportingComponent") or ""
+            lines.append(f"  {when} {e.get('reason')}{times} from {source}: {e.get('message')}")
+    return "\n".join(lines)
+
+
 def load_workload(value: str) -> TargetWorkload | None:
     """--workload's fixed workload: None for auto and default (the learner, or the engine's generic one), else the
     typical pods of the pod list FILE, as `corral sim` builds them from it. Raises InvalidRequest naming the flag."""
@@ -171,6 +313,10 @@ def device_plugin_cmd(
     ),
     resource: Annotated[list[str], typer.Option(help=RESOURCE_HELP)] = [],  # noqa: B006
     share_slots: Annotated[int, typer.Option(help="keti.com/mpsgpu IDs per GPU (pods that may share one).")] = 10,
+    gpu_split: Annotated[
+        int,
+        typer.Option(help="nvidia.com/gpu IDs per GPU: 1 whole GPUs (NVIDIA's plugin), 10 HAMi's vGPUs per GPU."),
+    ] = 1,
     mps_root: Annotated[
         Path | None, typer.Option(help="Run one MPS daemon per shared GPU under this host folder (mounted in pods).")
     ] = None,
@@ -197,12 +343,14 @@ def device_plugin_cmd(
     )
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    names = resource or list(DEFAULT_RESOURCES)
+    names = [r.strip() for given in resource for r in given.split(",") if r.strip()] or list(DEFAULT_RESOURCES)
     unknown = [r for r in names if r not in IDS_PER_GPU]
     if unknown:
         raise _fail(f"--resource: cannot advertise {', '.join(unknown)}; use any of {', '.join(IDS_PER_GPU)}")
     if not node_name:
         raise _fail("--node-name (or NODE_NAME) is required")
+    if not 1 <= gpu_split <= 100 or not 1 <= share_slots <= 100:
+        raise _fail("--gpu-split and --share-slots must be 1..100 (IDs per GPU)")
     try:
         if simulate_gpus:
             gpus = parse_simulated_inventory(simulate_gpus)[0].gpus
@@ -238,7 +386,7 @@ def device_plugin_cmd(
     running = []
     try:
         for r in names:
-            per_gpu = share_slots if r == "keti.com/mpsgpu" else IDS_PER_GPU[r]
+            per_gpu = {"keti.com/mpsgpu": share_slots, "nvidia.com/gpu": gpu_split}.get(r, IDS_PER_GPU[r])
             running.append(serve(CorralDevicePlugin(r, gpus, finder, per_gpu, pipe_dir, metrics), plugin_dir))
             register(plugin_dir, r)
     except DevicePluginError as exc:

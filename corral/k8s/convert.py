@@ -14,6 +14,11 @@ GPU resource styles, one per pod (mixing them is an error):
     elasticgpu.io/gpu-core: 100 x cards        100 = one card, 200 = two; 1..99 = a share of one card
     elasticgpu.io/gpu-memory: MiB              GPU memory (with gpu-core < 100, or alone: a share of one card)
     nvidia.com/gpu: N                          N whole GPUs
+    HAMi's (nvidia.com/gpu: N vGPUs, each on its own GPU, with any of):
+      nvidia.com/gpumem: MiB                   GPU memory per GPU
+      nvidia.com/gpumem-percentage: 1..100     percent of each GPU's memory (default 100: the GPU's memory, so the
+                                               GPU alone); resolved to MiB against the cluster's GPUs (`gpu_memory`)
+      nvidia.com/gpucores: 0..100              percent of each GPU's compute (100: the GPU alone)
     keti.com/mpsgpu: N                         N GPUs shared with MPS; memory per GPU from annotation GPUrequest
                                                (or GPUlimits), in MiB or as a quantity; without it, whole GPUs
 
@@ -29,7 +34,7 @@ import math
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -47,13 +52,18 @@ GPU_MEMORY = f"{DOMAIN}/gpu-memory"
 ELASTIC_CORE = "elasticgpu.io/gpu-core"
 ELASTIC_MEMORY = "elasticgpu.io/gpu-memory"
 NVIDIA_GPU = "nvidia.com/gpu"
+NVIDIA_GPUMEM = "nvidia.com/gpumem"
+NVIDIA_GPUMEM_PERCENT = "nvidia.com/gpumem-percentage"
+NVIDIA_GPUCORES = "nvidia.com/gpucores"
+#: HAMi's share resources beside nvidia.com/gpu: a pod that gives any of them is of the "hami" style.
+HAMI_RESOURCES = (NVIDIA_GPUMEM, NVIDIA_GPUMEM_PERCENT, NVIDIA_GPUCORES)
 KETI_MPSGPU = "keti.com/mpsgpu"
 
 #: Every GPU resource corral understands, by style.
 STYLES: dict[str, tuple[str, ...]] = {
     "corral": (GPU, GPU_MILLI, GPU_MEMORY),
     "elasticgpu": (ELASTIC_CORE, ELASTIC_MEMORY),
-    "nvidia": (NVIDIA_GPU,),
+    "nvidia": (NVIDIA_GPU, *HAMI_RESOURCES),  # HAMi's resources are nvidia.com/gpu's family
     "keti": (KETI_MPSGPU,),
 }
 GPU_RESOURCES: frozenset[str] = frozenset(r for names in STYLES.values() for r in names)
@@ -67,11 +77,24 @@ ANN_GPU_MODEL = f"{DOMAIN}/gpu-model"
 ANN_MIN_GPU_MEMORY = f"{DOMAIN}/min-gpu-memory"
 ANN_KETI_REQUEST = "GPUrequest"
 ANN_KETI_LIMITS = "GPUlimits"
+# HAMi's pod annotations that change placement
+ANN_HAMI_USE_TYPE = "nvidia.com/use-gputype"
+ANN_HAMI_NOUSE_TYPE = "nvidia.com/nouse-gputype"
+ANN_HAMI_USE_UUID = "nvidia.com/use-gpuuuid"
+ANN_HAMI_NOUSE_UUID = "nvidia.com/nouse-gpuuuid"
+ANN_HAMI_NODE_POLICY = "hami.io/node-scheduler-policy"
+ANN_HAMI_GPU_POLICY = "hami.io/gpu-scheduler-policy"
+#: HAMi's policy names -> corral's policies (HAMi's node level first; its GPU level where no node level is given)
+HAMI_POLICIES = {
+    ANN_HAMI_NODE_POLICY: {"binpack": "binpack", "spread": "spread"},
+    ANN_HAMI_GPU_POLICY: {"binpack": "binpack", "spread": "spread", "topology-aware": "topology"},
+}
 # Pod annotations corral writes at bind (the device plugin and a restarted extender read them).
 ANN_ASSIGNMENT = f"{DOMAIN}/assignment"
 ANN_ELASTIC_ASSUMED = "elasticgpu.io/assumed"
 ANN_ELASTIC_CONTAINER = "elasticgpu.io/container-"
 ANN_KETI_UUID = "UUID"
+ANN_HAMI_ALLOCATED = "hami.io/vgpu-devices-allocated"
 # Node annotations and labels the device plugin publishes.
 ANN_NODE_GPUS = f"{DOMAIN}/gpus"
 ANN_NODE_UTILIZATION = f"{DOMAIN}/gpu-utilization"
@@ -247,7 +270,84 @@ def extended_amount(resources: Mapping[str, Any], name: str, where: str) -> obje
     return lim if lim is not None else req
 
 
-def _container_gpu(container: Mapping[str, Any], where: str, annotations: Mapping[str, str]) -> GpuAsk | None:
+@dataclass(frozen=True)
+class _Gpus:
+    """What a pod may use of the cluster's GPUs, for HAMi's forms that depend on them."""
+
+    models: frozenset[str] | None  # the pod's allowed models (None: any)
+    memory: Mapping[str, int] | None  # model -> the largest memory of a GPU of that model here; None: not known
+    bound: bool = False  # the pod is on a node already: count it, refuse nothing that only placement needs
+
+    def largest(self) -> int | None:
+        """The largest memory of a GPU the pod may use; None where no such GPU is known."""
+        if self.memory is None:
+            return None
+        sizes = [m for model, m in self.memory.items() if m > 0 and (self.models is None or model in self.models)]
+        return max(sizes) if sizes else None
+
+    def which(self) -> str:
+        return "" if self.models is None else f" of {', '.join(sorted(self.models))}"
+
+
+def gpu_memory_by_model(nodes: Iterable[Node]) -> dict[str, int]:
+    """The cluster's GPU models and the largest memory of a GPU of each (MiB): what `pod_request` needs to read
+    HAMi's percentages of GPU memory and its GPU type annotations (`nodes`: corral Nodes)."""
+    out: dict[str, int] = {}
+    for node in nodes:
+        for g in node.gpus:
+            out[g.model] = max(out.get(g.model, 0), g.memory_mib)
+    return out
+
+
+def percent(value: object, field: str, what: str, *, zero: bool) -> int:
+    """A whole percentage 0..100 (1..100 unless `zero`) of one GPU."""
+    amount = whole_number(value, field)
+    low = 0 if zero else 1
+    if not low <= amount <= 100:
+        raise InvalidRequest(field, f"must be {low}..100 (percent of {what}), got {value!r}")
+    return amount
+
+
+def _hami_gpu(name: str, given: Mapping[str, object], where: str, gpus: _Gpus) -> GpuAsk:
+    """HAMi's vGPU request -> corral's: N GPUs, each whole or by the same share (pkg/device/nvidia in HAMi: memory
+    in MiB wins over a percentage; neither means 100 % of the memory; cores default to 0)."""
+
+    def field(res: str) -> str:
+        return f"{where}.resources[{res}]"
+
+    count = whole_number(given[NVIDIA_GPU], field(NVIDIA_GPU)) if NVIDIA_GPU in given else 1  # HAMi's defaultGPUNum
+    cores = percent(given[NVIDIA_GPUCORES], field(NVIDIA_GPUCORES), "a GPU's compute", zero=True) if (
+        NVIDIA_GPUCORES in given) else 0  # fmt: skip
+    largest = gpus.largest()
+    share = percent(given.get(NVIDIA_GPUMEM_PERCENT, 100), field(NVIDIA_GPUMEM_PERCENT), "a GPU's memory",
+                    zero=False)  # fmt: skip
+    if NVIDIA_GPUMEM in given:
+        memory = mib_amount(given[NVIDIA_GPUMEM], field(NVIDIA_GPUMEM))
+        if not gpus.bound and largest is not None and memory > largest:
+            raise InvalidRequest(
+                field(NVIDIA_GPUMEM),
+                f"{memory} MiB is more than any GPU here has (the largest{gpus.which()}: {largest} MiB)",
+            )
+    else:
+        if share == 100:
+            return GpuAsk(name, count, MILLI_PER_GPU, 0, "hami")  # all its memory: nothing else fits beside it
+        if largest is None and gpus.bound:
+            return GpuAsk(name, count, MILLI_PER_GPU, 0, "hami")  # counted whole rather than not at all
+        if largest is None:
+            raise InvalidRequest(
+                field(NVIDIA_GPUMEM_PERCENT),
+                f"a percentage of GPU memory needs the cluster's GPUs, and no GPU{gpus.which()} is known here; "
+                f"give {NVIDIA_GPUMEM} in MiB",
+            )
+        memory = -(-largest * share // 100)
+    if cores == 100:
+        return GpuAsk(name, count, MILLI_PER_GPU, 0, "hami")  # HAMi's exclusive GPU: nothing else shares it
+    return GpuAsk(name, count, cores * MILLI_PER_GPU // 100, memory, "hami")
+
+
+def _container_gpu(
+    container: Mapping[str, Any], where: str, annotations: Mapping[str, str], gpus: _Gpus
+) -> GpuAsk | None:
     resources = _mapping(container.get("resources"), f"{where}.resources")
     name = str(container.get("name") or "")
     given: dict[str, object] = {}
@@ -263,7 +363,7 @@ def _container_gpu(container: Mapping[str, Any], where: str, annotations: Mappin
         raise InvalidRequest(
             f"{where}.resources",
             f"mixes GPU resource styles ({', '.join(sorted(given))}); use one of corral.dev/*, elasticgpu.io/*, "
-            f"{NVIDIA_GPU} or {KETI_MPSGPU}",
+            f"{NVIDIA_GPU} (with HAMi's {', '.join(HAMI_RESOURCES)}) or {KETI_MPSGPU}",
         )
     style = styles[0]
 
@@ -271,6 +371,11 @@ def _container_gpu(container: Mapping[str, Any], where: str, annotations: Mappin
         return f"{where}.resources[{res}]"
 
     if style == "nvidia":
+        if any(r in given for r in HAMI_RESOURCES):
+            raw = extended_amount(resources, NVIDIA_GPU, f"{where}.resources")
+            if raw is not None and NVIDIA_GPU not in given:
+                raise InvalidRequest(field(NVIDIA_GPU), f"is 0 but {', '.join(sorted(given))} asks for a GPU share")
+            return _hami_gpu(name, given, where, gpus)
         return GpuAsk(name, whole_number(given[NVIDIA_GPU], field(NVIDIA_GPU)), MILLI_PER_GPU, 0, style)
     if style == "keti":
         count = whole_number(given[KETI_MPSGPU], field(KETI_MPSGPU))
@@ -361,7 +466,14 @@ _shapes: OrderedDict[bytes, PodAsk] = OrderedDict()
 _shapes_lock = threading.Lock()
 
 
-def _shape(pod: Any, min_cpu_milli: int) -> bytes | None:
+#: Annotations bind writes (per pod, never read by pod_request): left out of a pod's shape.
+_WRITTEN = frozenset(
+    {ANN_ASSIGNMENT, ANN_ELASTIC_ASSUMED, ANN_KETI_UUID, ANN_HAMI_ALLOCATED,
+     "kubectl.kubernetes.io/last-applied-configuration"}
+)  # fmt: skip
+
+
+def _shape(pod: Any, min_cpu_milli: int, gpu_memory: Mapping[str, int] | None) -> bytes | None:
     """Everything of a pod that pod_request reads, but its name and UID, as one key (None: not a well-formed pod;
     that one is read in full, and refused with the field named)."""
     try:
@@ -369,16 +481,35 @@ def _shape(pod: Any, min_cpu_milli: int) -> bytes | None:
         containers, init = spec["containers"], spec.get("initContainers") or []
         if not isinstance(containers, list) or not isinstance(init, list):
             return None
+        annotations = meta.get("annotations")
+        if annotations and _WRITTEN & annotations.keys():
+            # corral's own assignment (and its peers' copies) differ per pod and pod_request reads none of them:
+            # without this every bound pod is a shape of its own, read in full at each watch event
+            annotations = {k: v for k, v in annotations.items() if k not in _WRITTEN}
         return orjson.dumps(
-            [min_cpu_milli, meta.get("annotations"), [[c.get("name"), c.get("resources")] for c in containers],
-             [[c.get("name"), c.get("resources")] for c in init], spec.get("overhead"), spec.get("priority", 0)],
+            [min_cpu_milli, annotations, [[c.get("name"), c.get("resources")] for c in containers],
+             [[c.get("name"), c.get("resources")] for c in init], spec.get("overhead"), spec.get("priority", 0),
+             None if gpu_memory is None else sorted(gpu_memory.items()), bool(spec.get("nodeName"))],
             option=orjson.OPT_SORT_KEYS,
         )  # fmt: skip
     except (KeyError, TypeError, AttributeError, orjson.JSONEncodeError):
         return None
 
 
-def pod_request(pod: Any, *, min_cpu_milli: int = 1) -> PodAsk:
+_REQUEST_FIELDS = tuple(f.name for f in dataclasses.fields(Request))
+
+
+def _with_id(request: Request, id_: str) -> Request:
+    """`request` under another id. dataclasses.replace would validate every field again (a fifth of a cached
+    pod_request, and of rebuilding the books from 50,000 pods at a restart); the fields are the checked ones."""
+    out = object.__new__(Request)
+    for name in _REQUEST_FIELDS:
+        object.__setattr__(out, name, getattr(request, name))
+    object.__setattr__(out, "id", id_)
+    return out
+
+
+def pod_request(pod: Any, *, min_cpu_milli: int = 1, gpu_memory: Mapping[str, int] | None = None) -> PodAsk:
     """A Pod object -> corral Request (+ which containers get GPUs). Raises InvalidRequest naming the field.
 
     CPU and memory follow Kubernetes: the sum over containers, at least the largest init container, plus the pod
@@ -387,17 +518,21 @@ def pod_request(pod: Any, *, min_cpu_milli: int = 1) -> PodAsk:
     Pods of one shape (a Deployment's, a Job's: the same resources and annotations) are read once: the next gets the
     same answer under its own id. Reading a pod in full costs about 0.15 ms, and every pod is read at filter and
     again at each watch event of it once it is bound (docs/kubernetes.md, "Throughput").
+
+    `gpu_memory` (`gpu_memory_by_model` of the cluster's nodes) is what HAMi's forms that depend on the cluster need:
+    a percentage of GPU memory, GPU types matched by part of their name, a gpumem no GPU has. Without it those are
+    refused (a percentage, nvidia.com/nouse-gputype) or read as given (nvidia.com/use-gputype as exact models).
     """
-    key = _shape(pod, min_cpu_milli)
+    key = _shape(pod, min_cpu_milli, gpu_memory)
     if key is not None:
         with _shapes_lock:
             known = _shapes.get(key)
             if known is not None:
                 _shapes.move_to_end(key)
         if known is not None:
-            request = dataclasses.replace(known.request, id=pod_key(pod))
+            request = _with_id(known.request, pod_key(pod))
             return PodAsk(request, known.containers, known.style)
-    ask = _pod_request(pod, min_cpu_milli)
+    ask = _pod_request(pod, min_cpu_milli, gpu_memory)
     if key is not None:
         with _shapes_lock:
             _shapes[key] = ask
@@ -406,7 +541,68 @@ def pod_request(pod: Any, *, min_cpu_milli: int = 1) -> PodAsk:
     return ask
 
 
-def _pod_request(pod: Any, min_cpu_milli: int) -> PodAsk:
+def _type_matches(wanted: str, model: str) -> bool:
+    """HAMi's test (the GPU's type contains the word, case aside), and for corral's short model names ("A100", from
+    NVML's "NVIDIA A100-SXM4-80GB") also the model being one of the word's parts ("NVIDIA-A100-SXM4-80GB")."""
+    return wanted in model.upper() or model.upper() in re.split(r"[^A-Z0-9]+", wanted)
+
+
+def _hami_types(annotation: str, value: str, known: Mapping[str, int] | None) -> frozenset[str]:
+    """HAMi's GPU types (a comma list; each matches the models _type_matches says) -> the models they allow."""
+    wanted = [t.strip().upper() for t in value.split(",") if t.strip()]
+    where = f"metadata.annotations[{annotation}]"
+    if not wanted:
+        raise InvalidRequest(where, f"names no GPU type: {value!r}")
+    if annotation == ANN_HAMI_USE_TYPE:
+        if known is None:
+            return frozenset(t.strip() for t in value.split(",") if t.strip())
+        hits = frozenset(m for m in known if any(_type_matches(t, m) for t in wanted))
+        return hits or frozenset(t.strip() for t in value.split(",") if t.strip())
+    if known is None:
+        raise InvalidRequest(where, "excluding GPU types needs the cluster's GPUs, and none are known here")
+    left = frozenset(m for m in known if not any(_type_matches(t, m) for t in wanted))
+    if not left:
+        raise InvalidRequest(where, f"excludes every GPU model here ({', '.join(sorted(known)) or 'none'})")
+    return left
+
+
+def _gpu_models(annotations: Mapping[str, str], known: Mapping[str, int] | None) -> frozenset[str] | None:
+    """The GPU models a pod may use: corral's corral.dev/gpu-model, narrowed by HAMi's use-/nouse-gputype."""
+    for ann in (ANN_HAMI_USE_UUID, ANN_HAMI_NOUSE_UUID):
+        if ann in annotations:
+            raise InvalidRequest(
+                f"metadata.annotations[{ann}]",
+                f"corral does not choose GPUs by UUID; use {ANN_HAMI_USE_TYPE}/{ANN_HAMI_NOUSE_TYPE} or "
+                f"{ANN_GPU_MODEL}",
+            )
+    text = annotations.get(ANN_GPU_MODEL)
+    models = frozenset(m.strip() for m in text.split(",") if m.strip()) if text else None
+    for ann in (ANN_HAMI_USE_TYPE, ANN_HAMI_NOUSE_TYPE):
+        if ann in annotations:
+            allowed = _hami_types(ann, annotations[ann], known)
+            models = allowed if models is None else models & allowed
+            if not models:
+                raise InvalidRequest(f"metadata.annotations[{ann}]", f"leaves no GPU model of {ANN_GPU_MODEL} allowed")
+    return models
+
+
+def _policy(annotations: Mapping[str, str]) -> str | None:
+    """corral.dev/policy, else HAMi's node-level policy, else its GPU-level one, as a corral policy name."""
+    if annotations.get(ANN_POLICY):
+        return annotations[ANN_POLICY]
+    for ann, names in HAMI_POLICIES.items():
+        value = annotations.get(ann)
+        if value is None:
+            continue
+        if value.strip().lower() not in names:
+            raise InvalidRequest(
+                f"metadata.annotations[{ann}]", f"{value!r} is not one corral follows; use one of {', '.join(names)}"
+            )
+        return names[value.strip().lower()]
+    return None
+
+
+def _pod_request(pod: Any, min_cpu_milli: int, gpu_memory: Mapping[str, int] | None) -> PodAsk:
     if not isinstance(pod, Mapping):
         raise InvalidRequest("Pod", "must be a Pod object")
     meta = _mapping(pod.get("metadata"), "metadata")
@@ -416,11 +612,16 @@ def _pod_request(pod: Any, min_cpu_milli: int) -> PodAsk:
     if not containers:
         raise InvalidRequest("spec.containers", "a pod needs at least one container")
     init = _containers(spec, "initContainers")
+    # A bound pod is counted as it runs, never refused for how it wished to be placed (a HAMi pod bound by HAMi's
+    # scheduler may name GPUs by UUID): its placement annotations are not read, and its share is always read.
+    bound = bool(spec.get("nodeName"))
+    models = None if bound else _gpu_models(annotations, gpu_memory)
+    gpus = _Gpus(models, gpu_memory, bound)
     cpu, mem = _cpu_mem(containers, "spec.containers")
     for i, c in enumerate(init):
         i_cpu, i_mem = _cpu_mem([c], f"spec.initContainers[{i}]")
         cpu, mem = max(cpu, i_cpu), max(mem, i_mem)
-        if _container_gpu(c, f"spec.initContainers[{i}]", annotations) is not None:
+        if _container_gpu(c, f"spec.initContainers[{i}]", annotations, gpus) is not None:
             raise InvalidRequest(f"spec.initContainers[{i}].resources", "GPUs for init containers are not supported")
     overhead = _mapping(spec.get("overhead"), "spec.overhead")
     if "cpu" in overhead:
@@ -428,8 +629,11 @@ def _pod_request(pod: Any, min_cpu_milli: int) -> PodAsk:
     if "memory" in overhead:
         mem += memory_mib(overhead["memory"], "spec.overhead.memory")
 
-    asks = [a for i, c in enumerate(containers) if (a := _container_gpu(c, f"spec.containers[{i}]", annotations))]
+    asks = [a for i, c in enumerate(containers) if (a := _container_gpu(c, f"spec.containers[{i}]", annotations,
+                                                                          gpus))]  # fmt: skip
     styles = sorted({a.style for a in asks})
+    if styles == ["hami", "nvidia"]:  # one family: a container with nvidia.com/gpu alone beside HAMi's shares
+        styles = ["hami"]
     if len(styles) > 1:
         raise InvalidRequest("spec.containers", f"containers use different GPU resource styles ({', '.join(styles)})")
     count = milli = gmem = 0
@@ -442,7 +646,6 @@ def _pod_request(pod: Any, min_cpu_milli: int) -> PodAsk:
             )
         count = sum(a.count for a in asks)
         milli, gmem = (shares[0].milli, shares[0].memory_mib) if shares else (MILLI_PER_GPU, 0)
-    models = annotations.get(ANN_GPU_MODEL)
     behavior = annotations.get(ANN_BEHAVIOR)
     min_mem = annotations.get(ANN_MIN_GPU_MEMORY)
     priority = spec.get("priority", 0)
@@ -457,13 +660,13 @@ def _pod_request(pod: Any, min_cpu_milli: int) -> PodAsk:
             gpu_count=count,
             gpu_milli=milli if count else 0,
             gpu_memory_mib=gmem if count else 0,
-            gpu_models=frozenset(m.strip() for m in models.split(",") if m.strip()) if models else None,
+            gpu_models=models,
             min_gpu_memory_mib=memory_amount_mib(min_mem, f"metadata.annotations[{ANN_MIN_GPU_MEMORY}]")
             if min_mem
             else 0,
             priority=priority,
             gpu_behavior=GpuBehavior.parse(behavior, f"metadata.annotations[{ANN_BEHAVIOR}]") if behavior else None,
-            policy=annotations.get(ANN_POLICY) or None,
+            policy=(annotations.get(ANN_POLICY) or None) if bound else _policy(annotations),
             id=pod_key(pod),
         )
     except InvalidRequest as exc:
@@ -618,7 +821,30 @@ def assignment_annotations(assignment: Assignment, style: str | None) -> dict[st
             out[ANN_ELASTIC_CONTAINER + name] = ",".join(str(s.index) for s in slots)
     if style == "keti":
         out[ANN_KETI_UUID] = ",".join(s.uuid for s in assignment.slots)
+    if style in ("hami", "nvidia"):
+        # HAMi's record of what a pod of nvidia.com/gpu holds (per GPU "UUID,NVIDIA,MiB,cores:", containers
+        # ";"-separated): HAMi's own scheduler, still running beside corral while pods move over, counts these GPUs
+        # as taken
+        out[ANN_HAMI_ALLOCATED] = "".join(
+            "".join(f"{s.uuid},NVIDIA,{s.memory_mib},{s.milli * 100 // MILLI_PER_GPU}:" for s in slots) + ";"
+            for slots in assignment.containers.values()
+        )
     return out
+
+
+def hami_uuids(annotations: Mapping[str, Any] | None) -> tuple[str, ...]:
+    """The GPUs HAMi's record names (hami.io/vgpu-devices-allocated: per GPU "UUID,type,MiB,cores:", containers
+    ";"-separated), in order; () where there is none or it is unreadable. A pod HAMi's scheduler bound carries it and
+    no corral assignment: it says which GPUs the pod holds."""
+    text = (annotations or {}).get(ANN_HAMI_ALLOCATED)
+    if not isinstance(text, str) or len(text) > 64 * 1024:
+        return ()
+    out: list[str] = []
+    for device in text.replace(";", ":").split(":"):
+        fields = device.split(",")
+        if len(fields) >= 2 and fields[0].strip():
+            out.append(fields[0].strip())
+    return tuple(out)
 
 
 def parse_assignment(annotations: Mapping[str, Any] | None) -> Assignment | None:
@@ -628,7 +854,7 @@ def parse_assignment(annotations: Mapping[str, Any] | None) -> Assignment | None
         return None
     where = f"metadata.annotations[{ANN_ASSIGNMENT}]"
     try:
-        body = json.loads(text)
+        body = orjson.loads(text)
         containers = {
             str(name): tuple(
                 GpuSlot(int(s["index"]), str(s["uuid"]), int(s["milli"]), int(s["memory_mib"])) for s in slots
@@ -636,7 +862,7 @@ def parse_assignment(annotations: Mapping[str, Any] | None) -> Assignment | None
             for name, slots in body["containers"].items()
         }
         return Assignment(str(body["node"]), containers)
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
         raise InvalidRequest(where, f"unreadable assignment ({exc})") from None
 
 

@@ -5,12 +5,14 @@
                                                    corral.dev/gpu-utilization (live), labels gpu.model / gpu.count
       per advertised resource: gRPC server on <plugin dir>/corral-<name>.sock, Register with kubelet.sock
         ListAndWatch   IDs per GPU: corral.dev/gpu 1, corral.dev/gpu-milli 1000, elasticgpu.io/gpu-core 100,
-                       keti.com/mpsgpu --share-slots, nvidia.com/gpu 1 (opt-in: NVIDIA's plugin may own it)
+                       keti.com/mpsgpu --share-slots, nvidia.com/gpu --gpu-split (opt-in: NVIDIA's or HAMi's plugin
+                       may own it; 1 = whole GPUs as NVIDIA's, 10 = HAMi's deviceSplitCount, vGPUs sharing a GPU)
         Allocate       which pod? kubelet does not say. Candidates: pods bound to this node with a corral assignment
                        whose container asks for exactly this many IDs and that the PodResources API does not show
                        holding devices yet, oldest first. Env: NVIDIA_VISIBLE_DEVICES/CUDA_VISIBLE_DEVICES = granted
                        UUIDs; a share of one GPU also gets its MPS pipe and CUDA_MPS_ACTIVE_THREAD_PERCENTAGE /
-                       CUDA_MPS_PINNED_DEVICE_MEM_LIMIT
+                       CUDA_MPS_PINNED_DEVICE_MEM_LIMIT; a HAMi-style share (nvidia.com/gpumem, ...) also gets
+                       HAMi-core's CUDA_DEVICE_MEMORY_LIMIT_<i> / CUDA_DEVICE_SM_LIMIT, for images that preload it
         PreStartContainer  the check: PodResources now names the pod and container holding these IDs; if that is
                        not the pod Allocate picked, the container is refused (no GPU is ever handed to the wrong pod)
 
@@ -38,6 +40,7 @@ from corral.k8s.convert import (
     ELASTIC_CORE,
     GPU,
     GPU_MILLI,
+    HAMI_RESOURCES,
     KETI_MPSGPU,
     LABEL_GPU_COUNT,
     LABEL_GPU_MODEL,
@@ -47,6 +50,7 @@ from corral.k8s.convert import (
     extended_amount,
     node_gpus_annotation,
     parse_assignment,
+    parse_quantity,
     pod_name,
     whole_number,
 )
@@ -84,13 +88,23 @@ def device_ids(gpu: GpuDevice, per_gpu: int) -> list[str]:
     return ids
 
 
-def container_env(slots: Sequence[GpuSlot], mps_pipe_dir: str | None) -> dict[str, str]:
-    """The container's GPU environment: granted UUIDs; for a share of one GPU, its MPS pipe and limits.
+def container_env(slots: Sequence[GpuSlot], mps_pipe_dir: str | None, hami: bool = False) -> dict[str, str]:
+    """The container's GPU environment: granted UUIDs; for a share of one GPU, its MPS pipe and limits; for a pod
+    that asked in HAMi's style (`hami`), also HAMi-core's limits on each shared GPU.
 
-    MPS limits apply to one-GPU shares only (a client talks to one MPS server), as in `corral serve`.
+    MPS limits apply to one-GPU shares only (a client talks to one MPS server), as in `corral serve`. HAMi-core's
+    (libvgpu.so, preloaded in the container: HAMi-built images and nodes) are per visible device, so a share of
+    several GPUs is limited too; where nothing preloads it they are inert, as MPS's are without an MPS server.
     """
     visible = ",".join(s.uuid for s in slots)
     env = {"NVIDIA_VISIBLE_DEVICES": visible, "CUDA_VISIBLE_DEVICES": visible}
+    if hami:
+        for i, slot in enumerate(slots):
+            if slot.milli < MILLI_PER_GPU and slot.memory_mib > 0:
+                env[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{slot.memory_mib}m"
+        cores = {s.milli for s in slots if 0 < s.milli < MILLI_PER_GPU}
+        if cores:
+            env["CUDA_DEVICE_SM_LIMIT"] = str(-(-max(cores) // 10))  # HAMi's one value per container, in percent
     if len(slots) == 1 and slots[0].milli < MILLI_PER_GPU and mps_pipe_dir:
         slot = slots[0]
         env["CUDA_MPS_PIPE_DIRECTORY"] = mps_pipe_dir
@@ -136,6 +150,16 @@ class Given:
     holder: Holder
     uid: str
     slots: tuple[GpuSlot, ...]
+    hami: bool = False  # the container asked in HAMi's style (its limits get HAMi-core's names too)
+
+
+def _asks(resources: Any, name: str) -> bool:
+    """Whether a container's resources ask for a non-zero amount of `name` (unreadable: no)."""
+    try:
+        amount = extended_amount(resources, name, "resources")
+        return amount is not None and parse_quantity(amount, name) > 0
+    except InvalidRequest:
+        return False
 
 
 class PodFinder:
@@ -153,7 +177,7 @@ class PodFinder:
             pods, _ = self.api.list("pods", f"spec.nodeName={self.node}")
             held = {(h.namespace, h.name, h.container) for h in self.pod_resources.holders(resource).values()}
             taken = {(g.uid, g.holder.container) for g in self.given.values()}
-            candidates: list[tuple[str, str, JsonObj, str, Assignment]] = []
+            candidates: list[tuple[str, str, JsonObj, str, Assignment, bool]] = []
             for pod in pods:
                 meta = pod.get("metadata") or {}
                 if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
@@ -177,17 +201,19 @@ class PodFinder:
                     uid = str(meta.get("uid") or f"{ns}/{name}")
                     if (ns, name, cname) in held or (uid, cname) in taken:
                         continue
-                    candidates.append((str(meta.get("creationTimestamp") or ""), name, pod, cname, assignment))
+                    resources = c.get("resources") or {}
+                    hami = any(_asks(resources, r) for r in HAMI_RESOURCES)
+                    candidates.append((str(meta.get("creationTimestamp") or ""), name, pod, cname, assignment, hami))
             if not candidates:
                 raise DevicePluginError(
                     f"no pod on {self.node} with a corral assignment is waiting for {len(ids)} {resource}; "
-                    "was it scheduled by the corral extender?"
+                    "was it scheduled by corral (its extender or `corral k8s scheduler`)?"
                 )
             candidates.sort(key=lambda c: (c[0], c[1]))
-            _, _, pod, cname, assignment = candidates[0]
+            _, _, pod, cname, assignment, hami = candidates[0]
             meta = pod["metadata"]
             holder = Holder(str(meta.get("namespace") or "default"), str(meta["name"]), cname)
-            g = Given(holder, str(meta.get("uid") or ""), assignment.containers[cname])
+            g = Given(holder, str(meta.get("uid") or ""), assignment.containers[cname], hami)
             self.given[frozenset(ids)] = g
             log.info("allocate %s x%d -> %s container %s", resource, len(ids), pod_name(pod), cname)
             return g
@@ -288,8 +314,9 @@ class CorralDevicePlugin(pb_grpc.DevicePluginServicer):
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
                 raise  # abort raises; this line only satisfies the type checker
             pipe = self.mps_pipe_dir(given.slots[0].uuid) if len(given.slots) == 1 else None
-            env = container_env(given.slots, pipe)
-            mounts = [pb.Mount(container_path=pipe, host_path=pipe, read_only=False)] if pipe and len(env) > 2 else []
+            env = container_env(given.slots, pipe, given.hami)
+            mps = pipe is not None and "CUDA_MPS_PIPE_DIRECTORY" in env
+            mounts = [pb.Mount(container_path=pipe, host_path=pipe, read_only=False)] if pipe and mps else []
             annotations = {"corral.dev/gpus": ",".join(s.uuid for s in given.slots)}
             responses.append(pb.ContainerAllocateResponse(envs=env, mounts=mounts, annotations=annotations))
             self.metrics.calls.labels(self.resource, "allocate", "ok").inc()

@@ -349,10 +349,10 @@ class Extender:
             self._see_evictions(key)
         with self.state.lock:
             cached = self._verdicts.get(key)
-            ask = pod_request(pod) if fresh else None
+            ask = pod_request(pod, gpu_memory=self.state.gpu_memory) if fresh else None
             if cached is not None and cached.generation == self.state.generation and (ask is None or ask == cached.ask):
                 return cached
-            ask = ask or pod_request(pod)
+            ask = ask or pod_request(pod, gpu_memory=self.state.gpu_memory)
             if self.learner is not None:
                 self._learn(key, ask.request)
             verdict = self._decide(ask)
@@ -656,7 +656,7 @@ class Extender:
                 and cached.allocation is not None
                 and cached.allocation.node == node
                 and cached.snapshot is s  # the same nodes as then (no node changed since)
-                and (self._pods.get(key) is pod or pod_request(pod) == cached.ask)
+                and (self._pods.get(key) is pod or pod_request(pod, gpu_memory=self.state.gpu_memory) == cached.ask)
             ):
                 # The allocation filter chose, reserved as it is if its GPUs are still free (reserve checks every
                 # share under the lock). Other binds land between a pod's filter and its bind, so the cached
@@ -747,7 +747,7 @@ class Extender:
         if not isinstance(pod, Mapping):
             raise InvalidRequest("Pod", "expected a Pod object")
         victims, pdb = _victims(args)
-        request = pod_request(dict(pod)).request
+        request = pod_request(dict(pod), gpu_memory=self.state.gpu_memory).request
         preemptor = pod_key(dict(pod))
         best: tuple[tuple[int, int, int, int], str, list[str]] | None = None
         with self.state.lock:

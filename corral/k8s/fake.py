@@ -9,6 +9,7 @@ asked for.
 
 from __future__ import annotations
 
+import builtins
 import copy
 import queue
 import threading
@@ -28,6 +29,7 @@ class FakeKubeApi:
         self.pods: dict[tuple[str, str], JsonObj] = {}
         self._watchers: dict[str, list[queue.Queue[tuple[str, JsonObj] | None]]] = {"nodes": [], "pods": []}
         self.calls: list[tuple[str, ...]] = []
+        self.events: list[tuple[str, JsonObj]] = []  # (namespace, Event) in the order they were created
         self.fail_next: dict[str, KubeApiError] = {}  # call name -> error raised once, before the call does anything
         self.lose_answer: dict[str, KubeApiError] = {}  # call name -> error raised once, after the call took effect
 
@@ -169,6 +171,45 @@ class FakeKubeApi:
             node["metadata"].setdefault("labels", {}).update(labels)
             self._bump(node)
             self._emit("nodes", "MODIFIED", node)
+
+    def patch_pod_status(self, namespace: str, name: str, status: JsonObj) -> None:
+        self._maybe_fail("patch_pod_status")
+        with self._lock:
+            self.calls.append(("patch_pod_status", namespace, name))
+            pod = self.pods.get((namespace, name))
+            if pod is None:
+                raise KubeApiError(f"pods {name!r} not found", 404)
+            mine = pod.setdefault("status", {})
+            for key, value in status.items():
+                if key != "conditions":
+                    mine[key] = copy.deepcopy(value)
+                    continue
+                # a strategic merge: conditions merge by type
+                have = {c.get("type"): c for c in mine.get("conditions") or []}
+                for c in value:
+                    have[c.get("type")] = {**have.get(c.get("type"), {}), **copy.deepcopy(c)}
+                mine["conditions"] = list(have.values())
+            self._bump(pod)
+            self._emit("pods", "MODIFIED", pod)
+
+    def create_event(self, namespace: str, event: JsonObj) -> None:
+        self._maybe_fail("create_event")
+        with self._lock:
+            self.calls.append(("create_event", namespace))
+            self.events.append((namespace, copy.deepcopy(event)))
+
+    def list_events(self, namespace: str, field_selector: str = "") -> builtins.list[JsonObj]:
+        with self._lock:
+            wanted = dict(part.split("=", 1) for part in field_selector.split(",") if "=" in part)
+            out = []
+            for ns, ev in self.events:
+                if ns != namespace:
+                    continue
+                involved = ev.get("involvedObject") or {}
+                fields = {f"involvedObject.{k}": str(v) for k, v in involved.items()}
+                if all(fields.get(k) == v for k, v in wanted.items()):
+                    out.append(copy.deepcopy(ev))
+            return out
 
 
 def node_object(name: str, cpu: str, memory: str, annotations: dict[str, str] | None = None,

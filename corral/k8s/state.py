@@ -16,15 +16,19 @@ utilisation updates it in place.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from corral.k8s.client import JsonObj, KubeApi, KubeApiError
 from corral.k8s.convert import (
     Assignment,
     allocation_of,
+    gpu_memory_by_model,
+    hami_uuids,
     node_from_k8s,
     node_utilization,
     parse_assignment,
@@ -52,6 +56,37 @@ class PodRecord:
     confirmed: bool = True
     #: When the state learnt that the pod is bound (ClusterState.epoch()): a list begun before that cannot show it.
     epoch: int = 0
+    #: GPU UUIDs another scheduler's record names for a pod without corral's assignment (HAMi's, convert.hami_uuids).
+    named: tuple[str, ...] = ()
+
+
+def unassigned_allocation(s: ClusterSnapshot, request: Request, node: str, i: int,
+                          named: tuple[int, ...] = ()) -> Allocation:  # fmt: skip
+    """The allocation of a GPU pod on node index `i` whose GPUs corral did not name (bound by another scheduler):
+    the GPUs the other scheduler's record names (`named`, indices: HAMi's) where they all take the pod, else whole
+    GPUs from the wholly free ones, lowest index first, and a share on the GPUs with the most room that still take
+    it. Where too few are free the pod is charged those there are (the caller notes it), never a GPU twice."""
+    from corral.model.resources import MILLI_PER_GPU, GpuGrant, affinity_tag
+
+    free = s.gpu_milli_free[i]
+    mem = s.gpu_mem_free[i]
+    cap = s.gpu_mem_cap[i]
+    count = int(s.gpu_count[i])
+    whole = request.gpu_milli == MILLI_PER_GPU
+    if whole:
+        candidates = [j for j in range(count) if free[j] == MILLI_PER_GPU and mem[j] == cap[j]]
+    else:
+        room = [j for j in range(count) if free[j] >= request.gpu_milli and mem[j] >= request.gpu_memory_mib]
+        candidates = sorted((j for j in room if free[j] > 0 or mem[j] > 0), key=lambda j: (-int(free[j]), j))
+    if len(named) == request.gpu_count and len(set(named)) == len(named) and set(named) <= set(candidates):
+        candidates = list(named)
+    grants = tuple(
+        GpuGrant(j, request.gpu_milli, int(cap[j]) if whole else request.gpu_memory_mib)
+        for j in sorted(candidates[: request.gpu_count])
+    )
+    return Allocation(request_id=request.id, node=node, node_index=i, cpu_milli=request.cpu_milli,
+                      memory_mib=request.memory_mib, gpus=grants, tag=affinity_tag(request),
+                      share_owner="")  # fmt: skip
 
 
 class BindConflict(AllocationError):
@@ -61,12 +96,19 @@ class BindConflict(AllocationError):
 class ClusterState:
     """Nodes, pods on nodes, and the snapshot the engine decides on. Guard every use with `lock`."""
 
-    def __init__(self) -> None:
+    def __init__(self, node_check: Callable[[JsonObj, Node], str] | None = None) -> None:
+        #: Says why a node that converts must still be ignored ("" when it may be used): the standalone scheduler's
+        #: check that the GPU inventory annotation agrees with the node's own capacity.
+        self.node_check = node_check
+        #: Nodes ignored, by name: why (for the scheduler's events on them).
+        self.ignored: dict[str, str] = {}
         self.lock = threading.RLock()
         self.nodes: dict[str, Node] = {}
         self.utilization: dict[str, list[float | None]] = {}
         self.pods: dict[str, PodRecord] = {}
         self.snapshot: ClusterSnapshot | None = None
+        #: GPU model -> the largest memory of a GPU of it here (pod_request's gpu_memory: HAMi's percentages)
+        self.gpu_memory: dict[str, int] = {}
         #: Bumped on every change that can alter a decision (cached decisions compare it).
         self.generation = 0
         #: Problems seen in the cluster's own objects (a damaged annotation, a pod the snapshot refused):
@@ -81,6 +123,7 @@ class ClusterState:
 
     # ------------------------------------------------------------------ nodes
     def _rebuild(self) -> None:
+        self.gpu_memory = gpu_memory_by_model(self.nodes.values())
         if not self.nodes:
             self.snapshot = None
             self.generation += 1
@@ -102,11 +145,25 @@ class ClusterState:
         for j in range(int(s.gpu_count[i])):
             s.set_gpu_utilization(i, j, values[j] if j < len(values) else None)
 
-    def upsert_node(self, obj: JsonObj) -> None:
+    def _node(self, obj: JsonObj) -> Node | None:
+        """The node as corral uses it; None (and why, in `ignored`) where it cannot be used."""
+        name = str(((obj.get("metadata") if isinstance(obj, dict) else None) or {}).get("name", ""))
         try:
             node = node_from_k8s(obj)
+            why = self.node_check(obj, node) if self.node_check is not None else ""
         except InvalidRequest as exc:
-            self._problem(f"node ignored: {exc}")
+            why = str(exc)
+        if why:
+            if self.ignored.get(name) != why:
+                self._problem(f"node ignored: {why}")
+            self.ignored[name] = why
+            return None
+        self.ignored.pop(name, None)
+        return node
+
+    def upsert_node(self, obj: JsonObj) -> None:
+        node = self._node(obj)
+        if node is None:
             return
         with self.lock:
             util = node_utilization(obj)
@@ -120,6 +177,7 @@ class ClusterState:
                 self.generation += 1
 
     def remove_node(self, name: str) -> None:
+        self.ignored.pop(name, None)
         with self.lock:
             if self.nodes.pop(name, None) is not None:
                 self.utilization.pop(name, None)
@@ -129,11 +187,10 @@ class ClusterState:
         with self.lock:
             self.nodes.clear()
             self.utilization.clear()
+            self.ignored.clear()
             for obj in objs:
-                try:
-                    node = node_from_k8s(obj)
-                except InvalidRequest as exc:
-                    self._problem(f"node ignored: {exc}")
+                node = self._node(obj)
+                if node is None:
                     continue
                 self.nodes[node.name] = node
                 self.utilization[node.name] = node_utilization(obj)
@@ -148,15 +205,27 @@ class ClusterState:
         s = self.snapshot
         if s is None or rec.node not in s.index:
             return False  # granted when its node appears
-        alloc = allocation_of(rec.request, rec.assignment, rec.node, s.index[rec.node])
+        i = s.index[rec.node]
         try:
+            if rec.assignment is None and rec.request.gpu_count:
+                # A GPU pod bound by another scheduler (kube-scheduler, HAMi's) names no GPUs: charge free ones of its
+                # node, so that two schedulers on one plane never count the same GPU free.
+                node = self.nodes.get(rec.node)
+                index = {g.uuid: g.index for g in node.gpus} if node is not None else {}
+                named = tuple(index[u] for u in rec.named if u in index)
+                alloc = unassigned_allocation(s, rec.request, rec.node, i, named)
+                if len(alloc.gpus) < rec.request.gpu_count:
+                    self._problem(f"pod {rec.name} on {rec.node}: asks for {rec.request.gpu_count} GPU(s) but only "
+                                  f"{len(alloc.gpus)} are free there; charged those")  # fmt: skip
+            else:
+                alloc = allocation_of(rec.request, rec.assignment, rec.node, i)
             s.allocate(alloc)
         except AllocationError as exc:
             self._problem(f"pod {rec.name} on {rec.node} not counted: {exc}")
             return False
         return True
 
-    def _view(self, obj: JsonObj) -> tuple[str, PodRecord | None]:
+    def _view(self, obj: JsonObj, known: PodRecord | None = None) -> tuple[str, PodRecord | None]:
         spec = obj.get("spec") or {}
         status = obj.get("status") or {}
         meta = obj.get("metadata") or {}
@@ -177,17 +246,22 @@ class ClusterState:
         if assignment is not None and assignment.node != node:
             self._problem(f"pod {pod_name(obj)}: assignment names {assignment.node} but the pod runs on {node}")
             assignment = None
+        if known is not None and known.node == node and known.assignment == assignment:
+            # The same grant seen again (the watch event of corral's own Binding, a status update): what a bound pod
+            # asks for does not change, so it is not read again (the pod's full read is most of an event's cost).
+            return "bound", PodRecord(known.key, known.name, known.node, known.request, assignment, named=known.named)
         try:
-            request = pod_request(obj, min_cpu_milli=0).request
+            request = pod_request(obj, min_cpu_milli=0, gpu_memory=self.gpu_memory).request
         except InvalidRequest as exc:
             self._problem(f"pod {pod_name(obj)} on {node}: {exc}")
             return "gone", None
-        return "bound", PodRecord(pod_key(obj), pod_name(obj), str(node), request, assignment)
+        named = hami_uuids(meta.get("annotations")) if assignment is None and request.gpu_count else ()
+        return "bound", PodRecord(pod_key(obj), pod_name(obj), str(node), request, assignment, named=named)
 
     def upsert_pod(self, obj: JsonObj) -> None:
         """Follow one view of a pod (a watch event, or the pod read back after a bind)."""
-        view, rec = self._view(obj)
         key = pod_key(obj)
+        view, rec = self._view(obj, self.pods.get(key))
         with self.lock:
             self._names[pod_name(obj)] = key
             old = self.pods.get(key)
@@ -264,7 +338,17 @@ class ClusterState:
                 ):
                     records[key] = old
             self.pods = records
-            self._rebuild()
+            s = self.snapshot
+            if s is None:
+                self._rebuild()
+                return
+            # The nodes are as they were: grant the pods into the same snapshot instead of building it again (at
+            # 5,000 nodes the build is a good part of a restart's rebuilding of the books)
+            for key in list(s.allocations):
+                s.release(key)
+            for rec in records.values():
+                self._grant(rec)
+            self.generation += 1
 
     # ------------------------------------------------------------------ bind
     def reserve(self, rec: PodRecord, alloc: Allocation) -> None:
@@ -275,6 +359,14 @@ class ClusterState:
                 raise AllocationError("no nodes known")
             self.check_unbound(rec.key, rec.name)
             self.snapshot.allocate(alloc)
+            self.pods[rec.key] = rec
+            self._reserved.add(rec.key)
+            self.generation += 1
+
+    def adopt(self, rec: PodRecord) -> None:
+        """Record a bind in flight whose allocation the caller has already granted on the snapshot (the scheduler's
+        batch step places and grants under this lock): reserve() without the second grant. Settle it as any other."""
+        with self.lock:
             self.pods[rec.key] = rec
             self._reserved.add(rec.key)
             self.generation += 1
@@ -348,16 +440,32 @@ class ClusterState:
             }
 
 
-class Informer:
-    """Keeps a ClusterState current: list, then watch from that version; list again when the watch breaks."""
+class Observer(Protocol):
+    """Told of every change an Informer applies to the state, after it is applied (the standalone scheduler's queue)."""
 
-    def __init__(self, api: KubeApi, state: ClusterState, retry_seconds: float = 2.0) -> None:
+    def observed(self, kind: str, event: str, obj: JsonObj) -> None: ...
+
+    def listed(self, kind: str, items: list[JsonObj]) -> None: ...
+
+
+class Informer:
+    """Keeps a ClusterState current: list, then watch from that version; list again when the watch breaks.
+
+    `observer` (optional) hears every event and every list after the state has taken it. `prime()` lists both kinds
+    once, in the caller's thread, nodes first: the books are whole before anything is placed, and the watches then
+    start from those lists' versions instead of listing a second time (at 50,000 pods a list is seconds)."""
+
+    def __init__(
+        self, api: KubeApi, state: ClusterState, retry_seconds: float = 2.0, observer: Observer | None = None
+    ) -> None:
         self.api = api
         self.state = state
         self.retry_seconds = retry_seconds
+        self.observer = observer
         self.stop = threading.Event()
         self.synced = {"nodes": threading.Event(), "pods": threading.Event()}
         self._threads: list[threading.Thread] = []
+        self._versions: dict[str, str] = {}
 
     def sync_once(self) -> None:
         """List nodes and pods and replace the state (what a restart does)."""
@@ -366,6 +474,49 @@ class Informer:
         since = self.state.epoch()
         pods, _ = self.api.list("pods")
         self.state.replace_pods(pods, since)
+
+    def prime(self) -> None:
+        """List nodes and pods into the state (and the observer), nodes first; start() then watches from there.
+        The pods' list is asked for at once, beside the nodes': at 50,000 pods the API server takes seconds to answer
+        it, time the nodes' list and their conversion need not wait for."""
+        # Tens of thousands of records are made here and kept: the collector's passes over them while they are made
+        # find nothing to free
+        enabled = gc.isenabled()
+        gc.disable()
+        since = self.state.epoch()
+        got: dict[str, Any] = {}
+
+        def fetch() -> None:
+            try:
+                got["pods"] = self.api.list("pods")
+            except BaseException as exc:  # handed to the caller below
+                got["error"] = exc
+
+        pods = threading.Thread(target=fetch, name="corral-list-pods", daemon=True)
+        pods.start()
+        try:
+            self._list("nodes")
+            pods.join()
+            if "error" in got:
+                raise got["error"]
+            self._list("pods", got["pods"], since)
+        finally:
+            if enabled:
+                gc.enable()
+
+    def _list(self, kind: str, listed: tuple[list[JsonObj], str] | None = None, since: int | None = None) -> str:
+        if listed is None:
+            since = self.state.epoch()
+        items, version = listed if listed is not None else self.api.list(kind)
+        if kind == "nodes":
+            self.state.replace_nodes(items)
+        else:
+            self.state.replace_pods(items, since)
+        if self.observer is not None:
+            self.observer.listed(kind, items)
+        self._versions[kind] = version
+        self.synced[kind].set()
+        return version
 
     def start(self) -> None:
         for kind in ("nodes", "pods"):
@@ -382,17 +533,18 @@ class Informer:
             t.join(timeout=5)
 
     def _run(self, kind: str) -> None:
+        apply = self.state.apply
+        observer = self.observer
         while not self.stop.is_set():
             try:
-                since = self.state.epoch()
-                items, version = self.api.list(kind)
-                if kind == "nodes":
-                    self.state.replace_nodes(items)
-                else:
-                    self.state.replace_pods(items, since)
-                self.synced[kind].set()
+                version = self._versions.pop(kind, None)
+                if version is None:
+                    version = self._list(kind)
+                    self._versions.pop(kind, None)
                 for event, obj in self.api.watch(kind, version, self.stop):
-                    self.state.apply(kind, event, obj)
+                    apply(kind, event, obj)
+                    if observer is not None:
+                        observer.observed(kind, event, obj)
             except KubeApiError as exc:
                 log.warning("watch %s: %s; listing again", kind, exc)
                 self.stop.wait(self.retry_seconds if exc.status != 410 else 0)

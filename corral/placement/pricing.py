@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
-from scipy.optimize import linprog
 
 from corral.model.arrays import FloatArray, IntArray
 from corral.model.resources import MILLI_PER_GPU
@@ -122,6 +121,11 @@ def _best_configuration(sizes: IntArray, values: FloatArray) -> tuple[float, Int
 
 def solve_prices(sizes: list[int], probabilities: list[float]) -> SharePrices:
     """Prices for share sizes (milli, each in 1..999) with their probabilities (any positive scale)."""
+    # scipy (0.26 s to import, 1.3 s on a loaded machine) only when prices are solved: `corral serve` imports every
+    # policy at its start and should answer within a second of it (issue 26, item 7), and `corral k8s scheduler`'s
+    # start-up is part of its measured throughput (issue 24).
+    from scipy.optimize import linprog
+
     order = np.argsort(-np.asarray(sizes), kind="stable")
     s = np.asarray(sizes, dtype=np.int64)[order]
     p = np.asarray(probabilities, dtype=np.float64)[order]

@@ -1,19 +1,11 @@
-"""The order in which waiting jobs are offered resources: higher priority first, then first come, first served.
+"""Moved to `corral.tenancy.order`; its names stay importable here for code not yet changed (docs/tenancy.md)."""
 
-Ties on submission time go by job id (numeric), so the order is total and the same after a restart.
-"""
+from corral.tenancy.order import (
+    queue_key,
+    queue_order,
+)
 
-from __future__ import annotations
-
-from collections.abc import Iterable
-
-from corral.jobs.model import Job
-
-
-def queue_key(job: Job) -> tuple[int, float, int, str]:
-    numeric = int(job.id) if job.id.isdigit() else 0
-    return (-job.spec.request.priority, job.submitted_at, numeric, job.id)
-
-
-def queue_order(jobs: Iterable[Job]) -> list[Job]:
-    return sorted(jobs, key=queue_key)
+__all__ = [
+    "queue_key",
+    "queue_order",
+]

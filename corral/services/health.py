@@ -25,8 +25,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import httpx
-
 HTTP = frozenset({"HTTP", "HTTPS", "MESOS_HTTP", "MESOS_HTTPS"})
 TCP = frozenset({"TCP", "MESOS_TCP"})
 
@@ -55,21 +53,32 @@ class Result:
 
 def run_probe(p: Probe) -> Result:
     """One check, blocking for at most about `timeout_s`."""
+    if p.protocol in HTTP:
+        return _http(p)
     try:
-        if p.protocol in HTTP:
-            scheme = "https" if p.protocol.endswith("HTTPS") else "http"
-            url = f"{scheme}://127.0.0.1:{p.port}{p.path if p.path.startswith('/') else '/' + p.path}"
-            with httpx.Client(verify=False, timeout=p.timeout_s, trust_env=False) as client:
-                status = client.get(url).status_code
-            return Result(p, 200 <= status < 400, f"HTTP {status} from {url}")
         if p.protocol in TCP:
             with socket.create_connection(("127.0.0.1", p.port or 0), timeout=p.timeout_s):
                 return Result(p, True, f"TCP port {p.port} open")
         return _command(p)
+    except OSError as exc:
+        return Result(p, False, f"{type(exc).__name__}: {exc}")
+
+
+def _http(p: Probe) -> Result:
+    # httpx (with its command line's rich and pygments: about 85 ms) only once an HTTP check runs, not at every
+    # start of `corral serve` (issue 26, item 7).
+    import httpx
+
+    scheme = "https" if p.protocol.endswith("HTTPS") else "http"
+    url = f"{scheme}://127.0.0.1:{p.port}{p.path if p.path.startswith('/') else '/' + p.path}"
+    try:
+        with httpx.Client(verify=False, timeout=p.timeout_s, trust_env=False) as client:
+            status = client.get(url).status_code
     except httpx.TimeoutException:
         return Result(p, False, f"no answer within {p.timeout_s:g} s")
     except (OSError, httpx.HTTPError) as exc:
         return Result(p, False, f"{type(exc).__name__}: {exc}")
+    return Result(p, 200 <= status < 400, f"HTTP {status} from {url}")
 
 
 #: Command checks running now: the daemon kills them as it stops (it does not wait for their worker threads).

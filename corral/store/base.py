@@ -23,8 +23,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol, cast, runtime_checkable
 
 from corral.jobs.model import FINAL_STATES, TRANSITIONS, InvalidTransition, Job, JobSpec, JobState, Preempted
+from corral.jobs.usage import Usage
 from corral.model.errors import CorralError, InvalidRequest
 from corral.model.resources import GpuGrant
+from corral.store.acct import AcctQuery, AcctRecord, SummaryRow
 
 
 class JobNotFound(InvalidRequest):
@@ -200,6 +202,23 @@ class Store(Protocol):
         unknown or any field cannot be set, none. Returns the new jobs in the order given."""
         ...
 
+    # -------------------------------------------------------------------------------------------- accounting
+    # Jobs that ended, one record each (corral.store.acct): written in the same atomic step as the job's end.
+
+    def acct(self, query: AcctQuery) -> builtins.list[AcctRecord]:
+        """One page of the records that match `query`, by end time then id. Cost follows the page and the records the
+        filters select (the SQL store reads them from indexes by end time), not the whole history."""
+        ...
+
+    def acct_summary(self, query: AcctQuery) -> builtins.list[SummaryRow]:
+        """The records that match `query` (its cursor and limit ignored) summed per user and queue, by user, queue."""
+        ...
+
+    def prune_ended(self, before: float, limit: int) -> int:
+        """Delete at most `limit` of the jobs that ended before `before` (oldest first), records and all, in one short
+        write; returns how many. Call again until it returns less than `limit` (corral.store.retention)."""
+        ...
+
     def close(self) -> None:
         """Release the store; further calls raise `StoreError`. Closing twice is harmless."""
         ...
@@ -243,6 +262,7 @@ FIELD_TYPES: Mapping[str, tuple[tuple[type, ...], bool]] = {
     "gpu_uuids": ((tuple, builtins.list), False),
     "reason": ((str,), False),
     "preempted": ((Preempted,), True),
+    "usage": ((Usage,), True),  # its GPUs' use, stored with its end (corral acct)
     # a waiting job's hold and updates (corral.daemon.core.Daemon.hold/update; the user and uid never change)
     "spec": ((JobSpec,), False),
 }

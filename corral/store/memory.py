@@ -8,7 +8,8 @@ import threading
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from corral.jobs.model import Job, JobSpec, JobState, check_admissible, spec_from_json, spec_to_json
+from corral.jobs.model import FINAL_STATES, Job, JobSpec, JobState, check_admissible, spec_from_json, spec_to_json
+from corral.store.acct import AcctQuery, AcctRecord, SummaryRow, record_of, summarize
 from corral.store.base import (
     IDEMPOTENCY_TTL_S,
     JobNotFound,
@@ -155,6 +156,33 @@ class MemoryStore:
             for new in out:
                 self._jobs[new.id] = new
             return out
+
+    def acct(self, query: AcctQuery) -> builtins.list[AcctRecord]:
+        found = sorted(self._records(query), key=lambda r: (r.ended_at, int(r.id)))
+        return found if query.limit is None else found[: query.limit]
+
+    def acct_summary(self, query: AcctQuery) -> builtins.list[SummaryRow]:
+        return summarize(self._records(query))
+
+    def _records(self, query: AcctQuery) -> builtins.list[AcctRecord]:
+        with self._lock:
+            self._check_open()
+            ended = [job for job in self._jobs.values() if job.state in FINAL_STATES]
+        return [r for r in map(record_of, ended) if query.matches(r)]
+
+    def prune_ended(self, before: float, limit: int) -> int:
+        with self._lock:
+            self._check_open()
+            old = sorted(
+                (r.ended_at, int(r.id))
+                for job in self._jobs.values()
+                if job.state in FINAL_STATES and (r := record_of(job)).ended_at < before
+            )[:limit]
+            for _, job_id in old:
+                del self._jobs[str(job_id)]
+            gone = {str(job_id) for _, job_id in old}
+            self._keys = {k: v for k, v in self._keys.items() if v[0] not in gone}
+        return len(old)
 
     def close(self) -> None:
         with self._lock:

@@ -8,6 +8,12 @@
                                                   the table when opened)
     idempotency(uid, key, job_id, created_at)   -- Idempotency-Key -> job, written in the job's own transaction
                                                   (schema 3; older files gain the table when opened)
+    acct(ended_at, job_id, uid, user, queue, name, state, exit_code, submitted_at, started_at, elapsed, gpu_milli,
+         gpu_ids, cpu_milli, gpu_util, gpu_mem_peak, gpu_samples, simulated)
+                                                -- one row per job that ended (corral.store.acct), written with the
+                                                  job's end; clustered by (ended_at, job_id), so a window of time is
+                                                  one range of the table (added within schema 3: a file that lacks
+                                                  it gains it, filled from its ended jobs, when opened)
     arrays(id, spec TEXT)                       -- a job array's spec, once (its first task's, spec_to_json); each
                                                   task's row holds a stub, {"array": [ID, TASK], "name", "uid"}
                                                   (corral.jobs.array; files gain the table when opened)
@@ -29,6 +35,10 @@ Why these settings:
 - Indexes on state, user, submission time and, as expressions over the spec, uid and name: `query` (the API's
   filtered, paged lists) reads only the rows of one page, whatever the table holds (20,000 queued jobs: a page of 100
   in about 3 ms through the API). They are created when a file is opened, so older files gain them too.
+- Accounting reads `acct` alone, never a job's JSON: its rows are narrow and kept in end-time order (WITHOUT
+  ROWID), with indexes by uid, user and state, each then by end time. A month of history (1,000,000 ended jobs)
+  answers a user's or a state's window in milliseconds and sums a whole month per user and queue in well under a
+  second (benchmarks/acct_history.py, BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import json
+import math
 import sqlite3
 import threading
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
@@ -52,10 +63,13 @@ from corral.jobs.model import (
     JobState,
     Preempted,
     check_admissible,
+    loads,
     spec_from_json,
     spec_to_json,
 )
+from corral.jobs.usage import Usage
 from corral.model.resources import GpuGrant
+from corral.store.acct import AcctQuery, AcctRecord, SummaryRow, record_of
 from corral.store.base import (
     IDEMPOTENCY_TTL_S,
     JobNotFound,
@@ -85,6 +99,9 @@ BUSY_TIMEOUT_S = 10.0
 #: spec is damaged is still written and read (as a StoreError naming the job) instead of failing every write.
 _UID = "(CASE WHEN json_valid(spec) THEN json_extract(spec, '$.uid') END)"
 _NAME = "(CASE WHEN json_valid(spec) THEN json_extract(spec, '$.name') END)"
+
+#: The hour a record ended in (hours since the epoch), the key of `acct_hours`: the summary reads whole hours there.
+_HOUR = "CAST({row}.ended_at / 3600 AS INTEGER)"
 
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS meta (
@@ -130,10 +147,124 @@ CREATE TABLE IF NOT EXISTS idempotency (
     PRIMARY KEY (uid, key)
 );
 CREATE INDEX IF NOT EXISTS idempotency_created ON idempotency (created_at);
+CREATE TABLE IF NOT EXISTS acct (
+    ended_at     REAL    NOT NULL,
+    job_id       INTEGER NOT NULL,
+    uid          INTEGER NOT NULL,
+    user         TEXT    NOT NULL,
+    queue        TEXT    NOT NULL,
+    name         TEXT    NOT NULL,
+    state        TEXT    NOT NULL,
+    exit_code    INTEGER,
+    submitted_at REAL    NOT NULL,
+    started_at   REAL,
+    elapsed      REAL    NOT NULL,
+    gpu_milli    INTEGER NOT NULL,
+    gpu_ids      TEXT    NOT NULL,
+    cpu_milli    INTEGER NOT NULL,
+    gpu_util     REAL,
+    gpu_mem_peak INTEGER,
+    gpu_samples  INTEGER NOT NULL,
+    simulated    INTEGER NOT NULL,
+    PRIMARY KEY (ended_at, job_id)
+) WITHOUT ROWID;
+CREATE UNIQUE INDEX IF NOT EXISTS acct_job ON acct (job_id);
+CREATE INDEX IF NOT EXISTS acct_uid ON acct (uid, ended_at);
+CREATE INDEX IF NOT EXISTS acct_user ON acct (user, ended_at);
+CREATE INDEX IF NOT EXISTS acct_state ON acct (state, ended_at);
+CREATE TABLE IF NOT EXISTS acct_hours (
+    hour        INTEGER NOT NULL,
+    user        TEXT    NOT NULL,
+    queue       TEXT    NOT NULL,
+    state       TEXT    NOT NULL,
+    uid         INTEGER NOT NULL,
+    jobs        INTEGER NOT NULL,
+    elapsed     REAL    NOT NULL,
+    gpu_ms      REAL    NOT NULL,
+    cpu_ms      REAL    NOT NULL,
+    util_ms     REAL    NOT NULL,
+    util_weight REAL    NOT NULL,
+    simulated   INTEGER NOT NULL,
+    PRIMARY KEY (hour, user, queue, state, uid)
+) WITHOUT ROWID;
+CREATE TRIGGER IF NOT EXISTS acct_added AFTER INSERT ON acct BEGIN
+    INSERT INTO acct_hours (hour, user, queue, state, uid, jobs, elapsed, gpu_ms, cpu_ms, util_ms, util_weight,
+                            simulated)
+    VALUES ({_HOUR.format(row="NEW")}, NEW.user, NEW.queue, NEW.state, NEW.uid, 1, NEW.elapsed,
+            NEW.elapsed * NEW.gpu_milli, NEW.elapsed * NEW.cpu_milli,
+            COALESCE(NEW.elapsed * NEW.gpu_milli * NEW.gpu_util, 0.0),
+            CASE WHEN NEW.gpu_util IS NULL THEN 0.0 ELSE NEW.elapsed * NEW.gpu_milli END, NEW.simulated)
+    ON CONFLICT (hour, user, queue, state, uid) DO UPDATE SET
+        jobs = jobs + 1, elapsed = elapsed + excluded.elapsed, gpu_ms = gpu_ms + excluded.gpu_ms,
+        cpu_ms = cpu_ms + excluded.cpu_ms, util_ms = util_ms + excluded.util_ms,
+        util_weight = util_weight + excluded.util_weight, simulated = simulated + excluded.simulated;
+END;
+CREATE TRIGGER IF NOT EXISTS acct_removed AFTER DELETE ON acct BEGIN
+    UPDATE acct_hours SET
+        jobs = jobs - 1, elapsed = elapsed - OLD.elapsed, gpu_ms = gpu_ms - OLD.elapsed * OLD.gpu_milli,
+        cpu_ms = cpu_ms - OLD.elapsed * OLD.cpu_milli,
+        util_ms = util_ms - COALESCE(OLD.elapsed * OLD.gpu_milli * OLD.gpu_util, 0.0),
+        util_weight = util_weight - CASE WHEN OLD.gpu_util IS NULL THEN 0.0 ELSE OLD.elapsed * OLD.gpu_milli END,
+        simulated = simulated - OLD.simulated
+    WHERE hour = {_HOUR.format(row="OLD")} AND user = OLD.user AND queue = OLD.queue AND state = OLD.state
+      AND uid = OLD.uid;
+    DELETE FROM acct_hours
+    WHERE hour = {_HOUR.format(row="OLD")} AND user = OLD.user AND queue = OLD.queue AND state = OLD.state
+      AND uid = OLD.uid AND jobs <= 0;
+END;
 CREATE TABLE IF NOT EXISTS arrays (
     id   INTEGER PRIMARY KEY,
     spec TEXT    NOT NULL
 );
+"""
+
+_ACCT_COLUMNS = (
+    "ended_at",
+    "job_id",
+    "uid",
+    "user",
+    "queue",
+    "name",
+    "state",
+    "exit_code",
+    "submitted_at",
+    "started_at",
+    "elapsed",
+    "gpu_milli",
+    "gpu_ids",
+    "cpu_milli",
+    "gpu_util",
+    "gpu_mem_peak",
+    "gpu_samples",
+    "simulated",
+)
+_ACCT_PUT = f"INSERT INTO acct ({', '.join(_ACCT_COLUMNS)}) VALUES ({', '.join('?' * len(_ACCT_COLUMNS))})"
+_FINAL_VALUES = sorted(s.value for s in FINAL_STATES)
+_FINAL_SQL = ", ".join(f"'{v}'" for v in _FINAL_VALUES)  # the states' own words, never a caller's
+#: `acct_hours` from the records (a file whose records were written before the hours' sums existed).
+_HOURS_REBUILD = f"""
+INSERT INTO acct_hours (hour, user, queue, state, uid, jobs, elapsed, gpu_ms, cpu_ms, util_ms, util_weight, simulated)
+SELECT {_HOUR.format(row="acct")}, user, queue, state, uid, COUNT(*), SUM(elapsed), SUM(elapsed * gpu_milli),
+       SUM(elapsed * cpu_milli), COALESCE(SUM(elapsed * gpu_milli * gpu_util), 0.0),
+       COALESCE(SUM(CASE WHEN gpu_util IS NULL THEN NULL ELSE elapsed * gpu_milli END), 0.0), SUM(simulated)
+FROM acct GROUP BY 1, 2, 3, 4, 5
+"""
+#: A file written before accounting existed: a record for each job that ended (the JSON read in SQL, so a store of
+#: a million jobs gains its records in seconds, once). Its GPU use was never measured: no figures.
+_ACCT_BACKFILL = f"""
+INSERT INTO acct ({", ".join(_ACCT_COLUMNS)})
+SELECT COALESCE(finished_at, submitted_at), id, json_extract(spec, '$.uid'), user,
+       COALESCE(json_extract(spec, '$.queue'), ''), COALESCE(json_extract(spec, '$.name'), ''), state, exit_code,
+       submitted_at, started_at,
+       CASE WHEN started_at IS NULL THEN 0.0 ELSE MAX(0.0, COALESCE(finished_at, submitted_at) - started_at) END,
+       CASE WHEN gpus = '[]'
+            THEN json_extract(spec, '$.request.gpu_count') * json_extract(spec, '$.request.gpu_milli')
+                 * COALESCE(json_extract(spec, '$.instances'), 1)
+            ELSE (SELECT COALESCE(SUM(json_extract(value, '$[1]')), 0) FROM json_each(jobs.gpus)) END,
+       (SELECT json_group_array(json_extract(value, '$[0]')) FROM json_each(jobs.gpus)),
+       json_extract(spec, '$.request.cpu_milli') * COALESCE(json_extract(spec, '$.instances'), 1),
+       NULL, NULL, 0, 0
+FROM jobs WHERE state IN ({_FINAL_SQL}) AND json_valid(spec) AND json_valid(gpus)
 """
 
 _COLUMNS = (
@@ -153,6 +284,7 @@ _COLUMNS = (
     "reason",
     "version",
     "preempted",
+    "usage",
 )
 _SELECT = f"SELECT {', '.join(_COLUMNS)} FROM jobs"
 
@@ -169,6 +301,10 @@ class SqliteStore:
         self._templates: dict[int, JobSpec] = {}  # arrays' specs by array id, decoded (immutable once stored)
         self._active: dict[int, Job] = {}  # unfinished jobs by row id, decoded
         self._data_version: int | None = None  # SQLite's data_version when `_active` was loaded
+        #: Accounting reads (a page of 10,000 records, a month's summary: up to a few hundred milliseconds) go
+        #: through a connection of their own: under WAL they never wait for the daemon's writes, nor hold them up.
+        self._acct_lock = threading.Lock()
+        self._acct_conn: sqlite3.Connection | None = None
         try:
             self._conn = sqlite3.connect(
                 self.path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
@@ -357,7 +493,7 @@ class SqliteStore:
             job = self._get_for_write(job_id)
             check_transition(job, to, expect)
             new = job.evolve(state=to, version=job.version + 1, **changes)
-            self._store(new, {"state": to.value, **changes})
+            self._store(new, {"state": to.value, **changes}, was=job.state)
         return new
 
     def transition_many(
@@ -387,6 +523,7 @@ class SqliteStore:
                 f"UPDATE jobs SET {assignments}, version = ? WHERE id = ?",
                 [(*columns.values(), new.version, int(new.id)) for new in out],
             )
+            self._account([j for j in moved if j.state in FINAL_STATES], out)
             for new in out:  # the memory copy changes with the rows; `_write` drops it if the commit fails
                 if new.state in ACTIVE:
                     self._active[int(new.id)] = new
@@ -401,7 +538,7 @@ class SqliteStore:
             if expect_version is not None and job.version != expect_version:
                 raise StaleJob(job_id, expect_version, job.version)
             new = job.evolve(version=job.version + 1, **changes)
-            self._store(new, changes)
+            self._store(new, changes, was=job.state)
         return new
 
     def update_many(self, changes: Mapping[str, Mapping[str, Any]]) -> builtins.list[Job]:
@@ -415,9 +552,109 @@ class SqliteStore:
                 job = active.get(row_id) if row_id is not None else None
                 job = job if job is not None else self._get_for_write(job_id)
                 new = job.evolve(version=job.version + 1, **fields)
-                self._store(new, fields)
+                self._store(new, fields, was=job.state)
                 out.append(new)
         return out
+
+    def acct(self, query: AcctQuery) -> builtins.list[AcctRecord]:
+        where, params = _acct_where(query)
+        if where is None:
+            return []
+        sql = f"SELECT {', '.join(_ACCT_COLUMNS)} FROM acct{where} ORDER BY ended_at, job_id"
+        if query.limit is not None:
+            sql += " LIMIT ?"
+            params.append(query.limit)
+        with self._reading("reading the accounts") as conn:
+            rows = conn.execute(sql, params).fetchall()
+        return [_acct_record(row) for row in rows]
+
+    def acct_summary(self, query: AcctQuery) -> builtins.list[SummaryRow]:
+        # The whole hours of the window come from acct_hours (a row per hour, user, queue, state and uid: a month of
+        # a million jobs is about 100,000 rows), the part-hours at its ends from acct itself. Which hour a record
+        # is in is the one expression both use, so none is counted twice or missed.
+        query = dataclasses.replace(query, after=None, limit=None)
+        first = None if query.since is None else math.ceil(query.since / 3600)  # the first whole hour
+        last = None if query.until is None else math.floor(query.until / 3600)  # the end of the last whole one
+        parts: builtins.list[str] = []
+        params: builtins.list[Any] = []
+        records = (
+            "SELECT user, queue, 1 AS jobs, elapsed, elapsed * gpu_milli AS gpu_ms, elapsed * cpu_milli AS cpu_ms,"
+            " COALESCE(elapsed * gpu_milli * gpu_util, 0.0) AS util_ms,"
+            " CASE WHEN gpu_util IS NULL THEN 0.0 ELSE elapsed * gpu_milli END AS util_weight, simulated FROM acct"
+        )
+        if first is not None and last is not None and first >= last:  # no whole hour: the records alone
+            where, values = _acct_where(query)
+            if where is None:
+                return []
+            parts.append(records + where)
+            params += values
+        else:
+            hours, values = _acct_where(dataclasses.replace(query, since=None, until=None), hours=(first, last))
+            if hours is None:
+                return []
+            parts.append(
+                "SELECT user, queue, jobs, elapsed, gpu_ms, cpu_ms, util_ms, util_weight, simulated FROM acct_hours"
+                + hours
+            )
+            params += values
+            hour = _HOUR.format(row="acct")
+            if first is not None:  # since .. the first whole hour
+                edge = dataclasses.replace(query, until=first * 3600.0 + 3600)
+                where, values = _acct_where(edge)
+                parts.append(f"{records}{where} AND {hour} < ?")
+                params += [*values, first]
+            if last is not None:  # the end of the last whole hour .. until
+                edge = dataclasses.replace(query, since=last * 3600.0 - 3600)
+                where, values = _acct_where(edge)
+                parts.append(f"{records}{where} AND {hour} >= ?")
+                params += [*values, last]
+        sql = (
+            "SELECT user, queue, SUM(jobs), SUM(elapsed), SUM(gpu_ms), SUM(cpu_ms), SUM(util_ms), SUM(util_weight),"
+            f" SUM(simulated) FROM ({' UNION ALL '.join(parts)}) GROUP BY user, queue ORDER BY user, queue"
+        )
+        with self._reading("summing the accounts") as conn:
+            rows = conn.execute(sql, params).fetchall()
+        return [
+            SummaryRow(
+                user=str(user),
+                queue=str(queue),
+                jobs=int(count),
+                elapsed_s=float(elapsed),
+                gpu_hours=float(gpu_ms) / 1000 / 3600,
+                cpu_hours=float(cpu_ms) / 1000 / 3600,
+                gpu_util_pct=float(util) / float(weight) if weight and weight > 0 else None,
+                simulated=bool(simulated),
+            )
+            for user, queue, count, elapsed, gpu_ms, cpu_ms, util, weight, simulated in rows
+        ]
+
+    def prune_ended(self, before: float, limit: int) -> int:
+        if limit <= 0:
+            return 0
+        with self._write("pruning ended jobs"):
+            ids = [
+                int(row[0])
+                for row in self._conn.execute(
+                    "SELECT job_id FROM acct WHERE ended_at < ? ORDER BY ended_at, job_id LIMIT ?",
+                    (float(before), limit),
+                )
+            ]
+            if ids:
+                marks = ", ".join("?" * len(ids))
+                self._conn.execute(f"DELETE FROM jobs WHERE id IN ({marks}) AND state IN ({_FINAL_SQL})", ids)
+                self._conn.execute(f"DELETE FROM acct WHERE job_id IN ({marks})", ids)
+                self._conn.execute(f"DELETE FROM idempotency WHERE job_id IN ({marks})", ids)
+        return len(ids)
+
+    def _account(self, had: Sequence[Job], jobs: Sequence[Job]) -> None:
+        """Inside `_write`: the accounting records of `jobs` just written; `had`: those of them that had one (they
+        were in a final state): it is deleted first (the trigger takes it out of the hours' sums), and written anew
+        if the job is still in a final state (a retry leaves the accounts)."""
+        if had:
+            self._conn.executemany("DELETE FROM acct WHERE job_id = ?", [(int(job.id),) for job in had])
+        ended = [job for job in jobs if job.state in FINAL_STATES]
+        if ended:
+            self._conn.executemany(_ACCT_PUT, [_acct_row(record_of(job)) for job in ended])
 
     def put_doc(self, kind: str, key: str, body: Mapping[str, Any], *, expect_version: int | None = None) -> int:
         text = check_doc(kind, key, body)
@@ -501,14 +738,33 @@ class SqliteStore:
         return changed
 
     def close(self) -> None:
-        with self._lock:
+        with self._lock, self._acct_lock:
             if self._closed:
                 return
             self._closed = True
             try:
+                if self._acct_conn is not None:
+                    self._acct_conn.close()
                 self._conn.close()
             except sqlite3.Error as exc:
                 raise self._error("closing it failed", exc) from exc
+
+    @contextmanager
+    def _reading(self, what: str) -> Iterator[sqlite3.Connection]:
+        """The accounting reads' own connection (opened on first use), for one read."""
+        with self._acct_lock:
+            self._check_open()
+            try:
+                if self._acct_conn is None:
+                    conn = sqlite3.connect(
+                        self.path, timeout=self._busy_timeout_ms / 1000, isolation_level=None, check_same_thread=False
+                    )
+                    conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
+                    conn.execute("PRAGMA query_only = ON")
+                    self._acct_conn = conn
+                yield self._acct_conn
+            except sqlite3.Error as exc:
+                raise self._error(f"{what} failed", exc) from exc
 
     def __repr__(self) -> str:
         return f"SqliteStore({str(self.path)!r})"
@@ -545,13 +801,19 @@ class SqliteStore:
                 f" (it has tables {', '.join(sorted(tables))}); choose another file"
             )
         # executescript() would COMMIT first; run the statements one by one inside our transaction instead.
-        for statement in _SCHEMA.split(";"):
-            if statement.strip():
-                conn.execute(statement)
+        for statement in _statements(_SCHEMA):
+            conn.execute(statement)
         # A column added within schema 3 (preemption records, NULL for every older job): added where missing, and
         # ignored by an older corral (it names the columns it reads), so the file stays readable by both.
-        if "preempted" not in {r[1] for r in conn.execute("PRAGMA table_info(jobs)")}:
+        columns = {r[1] for r in conn.execute("PRAGMA table_info(jobs)")}
+        if "preempted" not in columns:
             conn.execute("ALTER TABLE jobs ADD COLUMN preempted TEXT")
+        if "usage" not in columns:  # likewise for the GPU use of a job's end (corral acct)
+            conn.execute("ALTER TABLE jobs ADD COLUMN usage TEXT")
+        if "jobs" in tables and "acct" not in tables:  # a file from before accounting: its ended jobs' records
+            conn.execute(_ACCT_BACKFILL)  # (the trigger sums them by the hour as they go in)
+        elif "acct" in tables and "acct_hours" not in tables:  # records from before the hours' sums: sum them now
+            conn.execute(_HOURS_REBUILD)
         row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         if row is None:
             conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
@@ -612,13 +874,14 @@ class SqliteStore:
             raise JobNotFound(job_id)
         return self._decode(row)
 
-    def _store(self, job: Job, columns: dict[str, Any]) -> None:
+    def _store(self, job: Job, columns: dict[str, Any], *, was: JobState) -> None:
         values = {
             name: self._spec_text(value) if name == "spec" else _encode(name, value) for name, value in columns.items()
         }
         values["version"] = job.version
         assignments = ", ".join(f"{name} = ?" for name in values)  # names come from check_fields, never the caller
         self._conn.execute(f"UPDATE jobs SET {assignments} WHERE id = ?", (*values.values(), int(job.id)))
+        self._account([job] if was in FINAL_STATES else [], [job])
         # The memory copy changes with the row; if the transaction rolls back, `_write` drops the copy.
         if job.state in ACTIVE:
             self._active[int(job.id)] = job
@@ -652,11 +915,12 @@ class SqliteStore:
                 exit_code=d["exit_code"],
                 pid=d["pid"],
                 pid_start_time=d["pid_start_time"],
-                gpus=tuple(GpuGrant(int(i), int(m), int(mib)) for i, m, mib in json.loads(d["gpus"])),
-                gpu_uuids=tuple(str(u) for u in json.loads(d["gpu_uuids"])),
+                gpus=tuple(GpuGrant(int(i), int(m), int(mib)) for i, m, mib in loads(d["gpus"])),
+                gpu_uuids=tuple(str(u) for u in loads(d["gpu_uuids"])),
                 reason=str(d["reason"]),
                 version=int(d["version"]),
                 preempted=None if d["preempted"] is None else Preempted.from_json(d["preempted"]),
+                usage=None if d["usage"] is None else Usage.from_json(d["usage"]),
             )
         except (ValueError, TypeError, KeyError) as exc:  # InvalidRequest is a ValueError
             raise StoreError(f"job store {self.path}: job {d['id']} cannot be read ({exc})") from exc
@@ -719,11 +983,77 @@ def _encode(name: str, value: Any) -> Any:
         return json.dumps([[g.index, g.milli, g.memory_mib] for g in value])
     if name == "gpu_uuids":
         return json.dumps(list(value))
-    if name == "preempted":
+    if name in ("preempted", "usage"):
         return None if value is None else value.to_json()
     if name == "spec":
         return spec_to_json(value)
     return value
+
+
+def _statements(script: str) -> builtins.list[str]:
+    """The statements of an SQL script, each whole (a trigger's body holds semicolons of its own)."""
+    out, part = [], ""
+    for piece in script.split(";"):
+        part += piece + ";"
+        if sqlite3.complete_statement(part):
+            if part.strip(" \n;"):
+                out.append(part)
+            part = ""
+    return out
+
+
+def _acct_row(r: AcctRecord) -> tuple[Any, ...]:
+    return (
+        r.ended_at, int(r.id), r.uid, r.user, r.queue, r.name, r.state, r.exit_code, r.submitted_at, r.started_at,
+        r.elapsed_s, r.gpu_milli, json.dumps(list(r.gpu_ids)), r.cpu_milli, r.gpu_util_pct, r.gpu_mem_peak_mib,
+        r.gpu_samples, int(r.simulated),
+    )  # fmt: skip
+
+
+def _acct_record(row: Sequence[Any]) -> AcctRecord:
+    # Positional, and JSON parsed only for a job that held GPUs: a page is up to 10,000 of these.
+    ended, job_id, uid, user, queue, name, state, code, submitted, started, elapsed, gpu_milli, ids, *rest = row
+    cpu_milli, util, mem, samples, simulated = rest
+    gpu_ids = () if ids == "[]" else tuple(int(i) for i in json.loads(ids))
+    return AcctRecord(
+        str(job_id), name, user, uid, queue, state, code, submitted, started, ended, elapsed, gpu_milli, gpu_ids,
+        cpu_milli, util, mem, samples, bool(simulated),
+    )  # fmt: skip
+
+
+def _acct_where(
+    query: AcctQuery, hours: tuple[int | None, int | None] | None = None
+) -> tuple[str | None, builtins.list[Any]]:
+    """The WHERE clause of an accounting query and its parameters; (None, []) when nothing can match. Each filter
+    is a range of one of acct's indexes (the table itself for a window of time alone). `hours`: for acct_hours,
+    whole hours from the first to before the last (None: unbounded) instead of the query's times."""
+    where: builtins.list[str] = []
+    params: builtins.list[Any] = []
+    if query.states is not None:
+        values = sorted(s.value for s in query.states)
+        if not values:
+            return None, []
+        where.append(f"state IN ({', '.join('?' * len(values))})")
+        params.extend(values)
+    for column, value in (("uid", query.uid), ("user", query.user), ("queue", query.queue)):
+        if value is not None:
+            where.append(f"{column} = ?")
+            params.append(value)
+    if query.since is not None:
+        where.append("ended_at >= ?")
+        params.append(float(query.since))
+    if query.until is not None:
+        where.append("ended_at < ?")
+        params.append(float(query.until))
+    if hours is not None:
+        for bound, op in zip(hours, (">=", "<"), strict=True):
+            if bound is not None:
+                where.append(f"hour {op} ?")
+                params.append(bound)
+    if query.after is not None:
+        where.append("(ended_at, job_id) > (?, ?)")
+        params.extend([float(query.after[0]), int(query.after[1])])
+    return (f" WHERE {' AND '.join(where)}" if where else ""), params
 
 
 def _optional_float(value: Any) -> float | None:

@@ -35,8 +35,8 @@ from corral.gpu.simulated import parse_simulated_inventory
 from corral.jobs.model import JobState
 from corral.model.resources import Node
 from corral.placement import PlacementConfig
-from corral.queue.config import QueueConfigError
 from corral.store import MemoryStore
+from corral.tenancy.config import QueueConfigError
 from tests.api.test_api import ALICE, ROOT, AsPeer
 
 REPO = Path(__file__).resolve().parents[2]

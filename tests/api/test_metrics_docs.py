@@ -11,6 +11,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from corral.k8s.scheduler.metrics import PendingCollector, SchedulerMetrics
 from corral.metrics import DevicePluginMetrics, ExtenderCollector, ExtenderMetrics, Joined, render_daemon, render_text
 from tests.daemon.test_gpu_use import World
 
@@ -34,12 +35,15 @@ def exposed(text: str) -> dict[str, str]:
 
 
 def every_metric(tmp_path: Path) -> dict[str, str]:
-    """What the three faces expose (the daemon as root sees it: per-job series included)."""
+    """What the four faces expose (the daemon as root sees it: per-job series included; the standalone scheduler with
+    a pod pending)."""
     daemon = World(tmp_path).d
     extender = ExtenderMetrics()
     state = types.SimpleNamespace(lock=threading.Lock(), snapshot=None, pods={})
     text = render_daemon(daemon, jobs=True) + render_text(Joined(extender.registry, ExtenderCollector(state)))
     text += render_text(DevicePluginMetrics())
+    scheduler = SchedulerMetrics()
+    text += render_text(Joined(scheduler.registry, PendingCollector(lambda: {"insufficient_gpu": 1})))
     return exposed(text.decode())
 
 

@@ -5,7 +5,6 @@ everyone's jobs, a user only their own (issue 26, item 7). The CLI's requests go
 from __future__ import annotations
 
 import json
-from http.client import HTTPMessage
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from corral.cli import client, render
-from corral.cli.transport import Response
+from corral.cli.transport import Headers, Response
 from tests.api.test_api import ALICE, BOB, ROOT, World, submit
 
 Peer = tuple[int, int, str]
@@ -106,7 +105,7 @@ def test_a_tables_fast_path_lines_up_as_the_cut_one() -> None:
 def test_an_answer_with_a_lone_surrogates_escape_still_decodes() -> None:
     """Answers are decoded by orjson, which refuses `\\ud800`; the daemon sends that escape for text an older corral
     stored (SafeJSONResponse), so such an answer goes to json instead, and bad JSON is still a ValueError."""
-    assert Response(200, HTTPMessage(), b'[{"name": "\\ud800x"}]').json() == [{"name": "\ud800x"}]
-    assert Response(200, HTTPMessage(), b'{"id": "1"}').json() == {"id": "1"}
+    assert Response(200, Headers(), b'[{"name": "\\ud800x"}]').json() == [{"name": "\ud800x"}]
+    assert Response(200, Headers(), b'{"id": "1"}').json() == {"id": "1"}
     with pytest.raises(ValueError):
-        Response(502, HTTPMessage(), b"<html>bad gateway</html>").json()
+        Response(502, Headers(), b"<html>bad gateway</html>").json()

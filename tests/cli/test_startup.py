@@ -53,7 +53,15 @@ def heavy(modules: list[str]) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "module", ["corral.cli.main", "corral.cli.client", "corral.cli.jobs", "corral.cli.services", "corral.cli.queues"]
+    "module",
+    [
+        "corral.cli.main",
+        "corral.cli.client",
+        "corral.cli.jobs",
+        "corral.cli.services",
+        "corral.cli.queues",
+        "corral.cli.acct",
+    ],
 )
 def test_importing_the_thin_client_loads_nothing_heavy(module: str) -> None:
     modules = loaded_after(f"import {module}")

@@ -19,7 +19,6 @@ from typer.testing import CliRunner
 from corral.api.app import create_app
 from corral.cli.main import app as cli
 from corral.daemon.core import Daemon
-from corral.daemon.reservation import DEFAULT_TIME_LIMIT_S, expected_end, intersect
 from corral.daemon.scheduler import clock_text, schedule
 from corral.executor.fake import FakeExecutor
 from corral.gpu.simulated import parse_simulated_inventory
@@ -28,6 +27,7 @@ from corral.model.resources import GpuBehavior, Request
 from corral.model.snapshot import ClusterSnapshot
 from corral.placement import PlacementConfig
 from corral.store import MemoryStore
+from corral.tenancy.reservation import DEFAULT_TIME_LIMIT_S, expected_end, intersect
 from tests.api.test_api import ALICE, BOB, ROOT, AsPeer
 from tests.builders import cluster, node
 

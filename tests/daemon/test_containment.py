@@ -4,7 +4,6 @@ inventory; the OOM reason; the "no cgroups" notice in /readyz and `corral gpus`.
 
 from __future__ import annotations
 
-import http.client
 import os
 import shutil
 import signal
@@ -22,7 +21,7 @@ from fastapi.testclient import TestClient
 
 from corral.api.app import create_app
 from corral.cli import client as cli_client
-from corral.cli.transport import Response
+from corral.cli.transport import Headers, Response
 from corral.daemon.core import Daemon
 from corral.daemon.tokens import TokenStore
 from corral.executor import FakeExecutor, LocalExecutor
@@ -185,10 +184,7 @@ def test_corral_gpus_prints_the_notice(monkeypatch: pytest.MonkeyPatch) -> None:
     rows += b' "used_memory_mib": null, "utilization_pct": null, "foreign_memory_mib": null}]'
 
     def answer(notice: str | None) -> Response:
-        headers = http.client.HTTPMessage()
-        if notice is not None:
-            headers["X-Corral-Containment"] = notice
-        return Response(200, headers, rows)
+        return Response(200, Headers([] if notice is None else [("X-Corral-Containment", notice)]), rows)
 
     for notice, expected in ((NOTICE, f"note: {NOTICE}"), (None, None)):
         monkeypatch.setattr(cli_client, "call", lambda *a, _n=notice, **k: answer(_n))

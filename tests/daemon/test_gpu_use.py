@@ -19,6 +19,7 @@ from corral.jobs.model import Job, JobSpec, JobState
 from corral.model.errors import InvalidRequest
 from corral.model.resources import Request
 from corral.store import MemoryStore
+from corral.store.acct import AcctQuery
 from tests.api.test_api import ALICE, AsPeer
 from tests.builders import node
 from tests.daemon.test_core import CONFIG, Clock
@@ -188,3 +189,30 @@ def test_corral_gpus_shows_the_daemons_own_sample(tmp_path: Path) -> None:
     rows = client.get("/v1/gpus").json()
     assert [(r["utilization_pct"], r["foreign_memory_mib"]) for r in rows] == [(0, 0), (10, 300)]
     assert w.sampler.calls == calls  # answered from the round's sample: no NVML call per request
+
+
+def test_a_jobs_end_stores_its_measured_gpu_use_for_acct(tmp_path: Path) -> None:
+    """Accounting (docs/acct.md): the NVML samples taken while a job runs become its mean utilisation and peak
+    memory, stored with its end; a sample that failed counts for nothing."""
+    w = World(tmp_path)
+    w.submit(gpus=1)
+    assert w.later() == ["1"]
+    job = w.job("1")
+    assert job.pid is not None
+    w.procs[job.pid] = ProcessInfo(job.pid, "1", "python")
+    uuid = job.gpu_uuids[0]
+    for mib in (1000, 5000, 3000):
+        w.sampler.procs = {uuid: [(job.pid, mib)]}
+        w.later()
+    w.sampler.fail = True
+    w.later()  # no sample: nothing counted, the last one not again
+    w.ex.finish("1", 0)
+    w.later()
+    done = w.job("1")
+    assert done.state is JobState.SUCCEEDED and done.usage is not None
+    utilisation = 10.0 * job.gpus[0].index  # the fake's figure for that GPU
+    assert (done.usage.samples, done.usage.gpu_util_pct, done.usage.gpu_mem_peak_mib, done.usage.simulated) == (
+        3, utilisation, 5000, False,
+    )  # fmt: skip
+    (record,) = w.d.store.acct(AcctQuery())
+    assert (record.gpu_util_pct, record.gpu_mem_peak_mib, record.simulated) == (utilisation, 5000, False)

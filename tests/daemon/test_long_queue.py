@@ -43,7 +43,7 @@ def test_a_round_places_once_per_shape_and_rewrites_only_changed_reasons(
         calls.append(args[1].id)
         return place(*args, **kwargs)
 
-    monkeypatch.setattr("corral.daemon.scheduler.place", counted)
+    monkeypatch.setattr("corral.tenancy.round.place", counted)
     writes: list[int] = []
     real_update_many = store.update_many
 

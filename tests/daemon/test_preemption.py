@@ -26,7 +26,7 @@ from corral.cli.views import explain_text, show_lines
 from corral.daemon.core import Daemon
 from corral.daemon.preemption import PREEMPTING, Rules, choose
 from corral.daemon.queues import Queues
-from corral.daemon.scheduler import clock_text, request_of, schedule
+from corral.daemon.scheduler import clock_text, request_of, running_of, schedule
 from corral.executor.fake import FakeExecutor
 from corral.executor.local import LocalExecutor
 from corral.gpu.simulated import parse_simulated_inventory
@@ -615,10 +615,12 @@ def test_the_minimum_runtime_is_per_queue_with_a_default_for_the_file(tmp_path: 
     box2 = parse_simulated_inventory("2xA100-80GB")[0]
     q = Queues.open(path, box2)
     runtimes = {
-        name: q.min_runtime_of(Job("1", spec(queue=name), JobState.RUNNING, submitted_at=0)) for name in q.config.queues
+        name: q.min_runtime_of(running_of(Job("1", spec(queue=name), JobState.RUNNING, submitted_at=0)))
+        for name in q.config.queues
     }
     assert runtimes == {"long": 3600, "free": 0, "plain": 120, "default": 120}
-    assert Queues(box2).min_runtime_of(Job("1", spec(), JobState.RUNNING, submitted_at=0)) == 300  # no file: 5 minutes
+    no_file = Queues(box2).min_runtime_of(running_of(Job("1", spec(), JobState.RUNNING, submitted_at=0)))
+    assert no_file == 300  # no file: 5 minutes
     rules = q.preemption_rules()
     long_job = Job("1", spec(queue="long"), JobState.RUNNING, submitted_at=0, started_at=NOW)
-    assert rules.protected_until(long_job) == NOW + 3600
+    assert rules.protected_until(running_of(long_job)) == NOW + 3600

@@ -29,8 +29,8 @@ from corral.jobs.model import JobSpec, JobState
 from corral.model.errors import InvalidRequest
 from corral.model.resources import GpuBehavior, Request
 from corral.placement import PlacementConfig
-from corral.queue.quota import below_guarantee, borrowing
 from corral.store import MemoryStore
+from corral.tenancy.quota import below_guarantee, borrowing
 from tests.api.test_api import ALICE, BOB, ROOT, AsPeer
 
 CONFIG = PlacementConfig(gpu_behavior=GpuBehavior.UNRESTRICTED)

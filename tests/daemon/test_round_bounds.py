@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from corral.daemon import scheduler
 from corral.daemon.core import STARTS_PER_ROUND
 from corral.placement import place
+from corral.tenancy import round as scheduler
 from tests.daemon.test_core import Clock, daemon, spec
 
 

@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
-from corral.daemon.scheduler import ShapeCache, schedule
+from corral.daemon.scheduler import ShapeCache, schedule, work_of
 from corral.jobs.model import Job, JobSpec, JobState
 from corral.model.resources import GpuBehavior, Request
 from corral.model.snapshot import ClusterSnapshot
 from corral.placement import PlacementConfig, place
-from corral.queue import queue_order
+from corral.tenancy.order import queue_order
 from tests.builders import cluster, node
 
 CONFIG = PlacementConfig(gpu_behavior=GpuBehavior.UNRESTRICTED)
@@ -30,7 +30,7 @@ def box(gpus: int = 4) -> ClusterSnapshot:
 
 def test_queue_order_priority_then_fifo_then_id() -> None:
     jobs = [job(3, t=5), job(10, t=1), job(2, t=1), job(7, priority=5, t=9)]
-    assert [j.id for j in queue_order(jobs)] == ["7", "2", "10", "3"]
+    assert [w.id for w in queue_order(work_of(j) for j in jobs)] == ["7", "2", "10", "3"]
 
 
 def test_starts_in_order_and_backfills() -> None:
@@ -97,7 +97,7 @@ def counting_place(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         calls.append(request.id)
         return real(snapshot, request, *args, **kwargs)
 
-    monkeypatch.setattr("corral.daemon.scheduler.place", counted)
+    monkeypatch.setattr("corral.tenancy.round.place", counted)
     return calls
 
 

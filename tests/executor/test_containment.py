@@ -338,3 +338,22 @@ def test_under_systemd_with_delegate_the_service_cgroup_is_used_and_the_daemon_m
     assert sub.leaf("3", 1) == service / "job-3.1"
     sub.close()
     assert service.is_dir()  # the service's cgroup is never removed
+
+
+@needs_cgroups
+def test_a_subtree_removed_under_the_daemon_is_made_again_for_the_next_leaf(tmp_path: Path) -> None:
+    """Something removes the daemon's empty subtree (an admin's cleanup of empty cgroups, a test run's tidy-up): the
+    next job's leaf is still made, under the subtree made again, instead of the launch failing with ENOENT."""
+    sub = prepare(tmp_path / "run")
+    assert isinstance(sub, Subtree)
+    try:
+        for _, base in sub.v1:
+            base.rmdir()
+        sub.path.rmdir()
+        leaf = sub.make_leaf("9", 1, Limits(memory_mib=64, pids_max=32))
+        assert leaf.parent == sub.path and (leaf / "cgroup.procs").exists()
+        assert all((base / leaf.name).is_dir() for _, base in sub.v1)
+        assert sub.remove_leaf(leaf)
+    finally:
+        sub.close()
+    assert not sub.path.exists()

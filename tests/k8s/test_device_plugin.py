@@ -12,8 +12,10 @@ from typing import Any
 
 import grpc
 import pytest
+from typer.testing import CliRunner
 
-from corral.k8s.convert import ANN_NODE_GPUS, GPU, GPU_MILLI, KETI_MPSGPU, parse_node_gpus
+from corral.cli.main import app
+from corral.k8s.convert import ANN_NODE_GPUS, GPU, GPU_MILLI, KETI_MPSGPU, NVIDIA_GPU, parse_node_gpus
 from corral.k8s.deviceplugin import (
     API_VERSION,
     CorralDevicePlugin,
@@ -21,6 +23,7 @@ from corral.k8s.deviceplugin import (
     PodFinder,
     PodResourcesClient,
     RunningPlugin,
+    container_env,
     register,
     serve,
 )
@@ -78,10 +81,10 @@ def kubelet() -> Iterator[tuple[Path, FakeKubelet]]:
             server.stop(grace=None).wait()
 
 
-def start(c: Cluster, root: Path, resource: str, mps: bool = False) -> RunningPlugin:
+def start(c: Cluster, root: Path, resource: str, mps: bool = False, per_gpu: int | None = None) -> RunningPlugin:
     finder = PodFinder(c.api, "gpu-a", PodResourcesClient(root / "pod-resources.sock"))
     pipe = (lambda uuid: f"/run/corral/mps/{uuid}/pipe") if mps else None
-    return serve(CorralDevicePlugin(resource, GPUS, finder, mps_pipe_dir=pipe), root)
+    return serve(CorralDevicePlugin(resource, GPUS, finder, per_gpu, mps_pipe_dir=pipe), root)
 
 
 def allocate_request(ids: list[str]) -> Any:
@@ -207,3 +210,63 @@ def test_publisher_puts_the_inventory_on_the_node(small_cluster: Cluster) -> Non
     assert len(c.api.calls) == calls  # unchanged: no patch
     c.sync()
     assert c.state.utilization["gpu-a"] == [0.5, None]
+
+
+def test_allocate_a_hami_pod_gives_its_gpus_with_mps_and_hami_core_limits(
+    small_cluster: Cluster, kubelet: tuple[Path, FakeKubelet]
+) -> None:
+    """HAMi's style through nvidia.com/gpu with 10 IDs per GPU (HAMi's deviceSplitCount): a vGPU share of two GPUs
+    gets both UUIDs and HAMi-core's limits per device (no MPS: one client talks to one MPS server); a share of one
+    GPU also gets its MPS pipe and limits; a whole GPU asked for alone gets no limit."""
+    root, _ = kubelet
+    c = small_cluster
+    two = kube_pod("vgpu2", {NVIDIA_GPU: "2", "nvidia.com/gpumem": "10240", "nvidia.com/gpucores": "30"})
+    one = kube_pod("vgpu1", {NVIDIA_GPU: "1", "nvidia.com/gpumem-percentage": "25", "nvidia.com/gpucores": "25"})
+    for p in (two, one):
+        c.api.put_pod(p)
+        assert c.extender.bind(bind_args(p, "gpu-a")) == {"Error": ""}
+    running = start(c, root, NVIDIA_GPU, mps=True, per_gpu=10)
+    try:
+        s = stub(running)
+        first = next(s.ListAndWatch(pb.Empty(), timeout=10))
+        assert len(first.devices) == 20
+        [cr] = s.Allocate(allocate_request(["GPU-gpu-a-0-3", "GPU-gpu-a-1-7"])).container_responses
+        assert dict(cr.envs) == {
+            "NVIDIA_VISIBLE_DEVICES": "GPU-gpu-a-0,GPU-gpu-a-1",
+            "CUDA_VISIBLE_DEVICES": "GPU-gpu-a-0,GPU-gpu-a-1",
+            "CUDA_DEVICE_MEMORY_LIMIT_0": "10240m",
+            "CUDA_DEVICE_MEMORY_LIMIT_1": "10240m",
+            "CUDA_DEVICE_SM_LIMIT": "30",
+        }
+        assert list(cr.mounts) == []
+        [cr] = s.Allocate(allocate_request(["GPU-gpu-a-0-4"])).container_responses
+        env = dict(cr.envs)
+        uuid = env["CUDA_VISIBLE_DEVICES"]
+        assert env == {
+            "NVIDIA_VISIBLE_DEVICES": uuid,
+            "CUDA_VISIBLE_DEVICES": uuid,
+            "CUDA_MPS_PIPE_DIRECTORY": f"/run/corral/mps/{uuid}/pipe",
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=20480M",  # 25 % of an 80 GiB A100
+            "CUDA_DEVICE_MEMORY_LIMIT_0": "20480m",
+            "CUDA_DEVICE_SM_LIMIT": "25",
+        }
+        assert [(m.container_path, m.host_path) for m in cr.mounts] == [(env["CUDA_MPS_PIPE_DIRECTORY"],) * 2]
+    finally:
+        running.stop()
+    whole = kube_pod("whole-vgpu", {NVIDIA_GPU: "1", "nvidia.com/gpucores": "100"})
+    c.api.put_pod(whole)
+    assert c.extender.bind(bind_args(whole, "gpu-b")) == {"Error": ""}
+    finder = PodFinder(c.api, "gpu-b", PodResourcesClient(root / "pod-resources.sock"))
+    given = finder.find(NVIDIA_GPU, ["x-0"])
+    assert given.hami and [s.milli for s in given.slots] == [1000]
+    assert set(container_env(given.slots, "/run/pipe", given.hami)) == {"NVIDIA_VISIBLE_DEVICES",
+                                                                        "CUDA_VISIBLE_DEVICES"}  # fmt: skip
+
+
+def test_device_plugin_command_reads_comma_lists_and_checks_the_split() -> None:
+    base = ["k8s", "device-plugin", "--node-name", "n1", "--simulate-gpus", "1xA100-80GB"]
+    r = CliRunner().invoke(app, [*base, "--resource", "corral.dev/gpu, foo/bar"])
+    assert r.exit_code == 2 and "cannot advertise foo/bar" in r.output
+    r = CliRunner().invoke(app, [*base, "--resource", "nvidia.com/gpu", "--gpu-split", "0"])
+    assert r.exit_code == 2 and "--gpu-split and --share-slots must be 1..100 (IDs per GPU)" in r.output

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from corral.model.errors import InvalidRequest
 from corral.model.resources import Allocation, GpuGrant
-from corral.queue.fairshare import (
+from corral.tenancy.fairshare import (
     Offer,
     UsageLedger,
     amount,

@@ -18,15 +18,15 @@ import pytest
 from typer.testing import CliRunner
 
 from corral.cli.main import app
-from corral.daemon.reservation import book
 from corral.model.resources import GpuBehavior, Node, Request
 from corral.model.snapshot import ClusterSnapshot
 from corral.placement import PlacementConfig, place
 from corral.sim.fair.metrics import allocated_area, bucket, fairness, jain, summarize, waterfill
-from corral.sim.fair.replay import POLICIES, FairResult, book_fast, run_fair
+from corral.sim.fair.replay import POLICIES, FairResult, run_fair
 from corral.sim.fair.report import write_report
 from corral.sim.fair.workload import FairJob, make_jobs, offered_load
 from corral.sim.openb import TracePod
+from corral.tenancy.reservation import book, book_fast
 from tests.builders import cpu_only, gpus, node
 from tests.sim.test_online_outputs import forbid_work
 from tests.sim.test_report import assert_self_contained, parse_page

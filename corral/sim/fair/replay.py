@@ -4,10 +4,10 @@
     a round (after every instant with events, or at the next multiple of `round_s`):
       fifo                   queue in arrival order; start jobs until the first that does not fit (it blocks all)
       fifo-backfill          arrival order; the first GPU job that does not fit (the head) gets a reservation
-                             (corral.daemon.reservation.book over the running jobs' expected ends = start + time
+                             (corral.tenancy.reservation.book over the running jobs' expected ends = start + time
                              limit); a job behind it starts if it fits now and ends (now + its time limit) by the
                              reservation's start, or fits beside it: the rule of corral/daemon/scheduler.py
-      fair-backfill          the same over corral.queue.fairshare.fair_order: users' decayed dominant shares
+      fair-backfill          the same over corral.tenancy.fairshare.fair_order: users' decayed dominant shares
                              (half-life `half_life_s`), projected within the round, then age
       fair-backfill-preempt  as fair-backfill; in addition a job that does not fit, met before the head, whose user
                              is below its fair share (and stays within it once started), may preempt jobs of users
@@ -33,15 +33,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from corral.daemon.reservation import Booking, book
 from corral.model.arrays import FloatArray, IntArray
 from corral.model.errors import InvalidRequest
-from corral.model.resources import MILLI_PER_GPU, Allocation, Node, Request
+from corral.model.resources import MILLI_PER_GPU, Allocation, Node
 from corral.model.snapshot import ClusterSnapshot
 from corral.placement import PlacementConfig, place
 from corral.placement.engine import validate_against
-from corral.placement.filters import fits_node_now
-from corral.queue.fairshare import (
+from corral.sim.fair.workload import FairJob
+from corral.tenancy.fairshare import (
     Offer,
     UsageLedger,
     amount,
@@ -52,14 +51,16 @@ from corral.queue.fairshare import (
     fair_order,
     held,
 )
-from corral.sim.fair.workload import FairJob
+from corral.tenancy.model import Running, Work
+from corral.tenancy.preemption import Rules, choose
+from corral.tenancy.reservation import Reservation, book_fast
+from corral.tenancy.round import ShapeCache, schedule
 
 POLICIES = ("fifo", "fifo-backfill", "fair-backfill", "fair-backfill-preempt")
 
-#: At most this many preemption attempts per round, and candidate nodes per attempt (cheapest first): bounds a
+#: At most this many preemption attempts per round (tenancy's planner bounds the nodes per attempt): bounds a
 #: round's cost on a large cluster.
 PREEMPT_ATTEMPTS = 4
-PREEMPT_NODES = 64
 
 PROGRESS_EVERY = 2000  # events between progress callbacks
 
@@ -105,64 +106,6 @@ class FairResult:
         return int(self.capacity[0])
 
 
-def book_fast(
-    snapshot: ClusterSnapshot, request: Request, ends: dict[str, float], config: PlacementConfig
-) -> Booking | None:
-    """`reservation.book`, with the expected end it starts at found by bisection first.
-
-    `book` tries a placement at every distinct expected end in turn: fine for one machine's few jobs, thousands of
-    placements a round for a cluster's. Whether the request fits once the jobs ending by T have left only grows with
-    T (free resources only grow), so the first T where it fits is found with log2(ends) placements, and `book` is
-    handed ends where every one before that T is moved to the last T where it does not fit: it then places twice,
-    at the same T, by the same rule."""
-    times = sorted({e for job, e in ends.items() if job in snapshot.allocations})
-    if len(times) <= 2:
-        return book(snapshot, request, ends, config)
-
-    # The running jobs' holdings as columns, so each probe frees the jobs ending by T with a few vectorised adds
-    # instead of one `release` per job (a probe only answers "fits or not": `book` makes the reservation).
-    allocs = [(snapshot.allocations[job], e) for job, e in ends.items() if job in snapshot.allocations]
-    if any(a.share_owner for a, _ in allocs):
-        return book(snapshot, request, ends, config)
-    end = np.array([e for _, e in allocs])
-    node = np.array([a.node_index for a, _ in allocs], dtype=np.int64)
-    cpu = np.array([a.cpu_milli for a, _ in allocs], dtype=np.int64)
-    mem = np.array([a.memory_mib for a, _ in allocs], dtype=np.int64)
-    tag = np.array([a.tag + 1 for a, _ in allocs], dtype=np.int64)
-    grants = [(i, a.node_index, g.index, g.milli, g.memory_mib) for i, (a, _) in enumerate(allocs) for g in a.gpus]
-    g_job, g_node, g_gpu, g_milli, g_mem = (np.array([g[c] for g in grants], dtype=np.int64) for c in range(5))
-
-    def fits(i: int) -> bool:
-        future = snapshot.copy()
-        gone = end <= times[i]
-        np.add.at(future.cpu_free, node[gone], cpu[gone])
-        np.add.at(future.mem_free, node[gone], mem[gone])
-        np.subtract.at(future.tag_counts, (node[gone], tag[gone]), 1)
-        if len(grants):
-            sel = gone[g_job]
-            np.add.at(future.gpu_milli_free, (g_node[sel], g_gpu[sel]), g_milli[sel])
-            np.add.at(future.gpu_mem_free, (g_node[sel], g_gpu[sel]), g_mem[sel])
-            np.add.at(future.gpu_free_total, g_node[sel], g_milli[sel])
-            whole = future.gpu_present & (future.gpu_milli_free == MILLI_PER_GPU)
-            future.gpu_full_free = (whole & (future.gpu_mem_free == future.gpu_mem_cap)).sum(axis=1).astype(np.int64)
-        future.version += 1
-        return place(future, request, config, np.random.default_rng(0)).placed
-
-    if not fits(len(times) - 1):
-        return None
-    lo, hi = 0, len(times) - 1  # invariant: fits(hi); everything before lo does not fit
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if fits(mid):
-            hi = mid
-        else:
-            lo = mid + 1
-    if lo == 0:
-        return book(snapshot, request, ends, config)
-    before = times[lo - 1]
-    return book(snapshot, request, {job: max(e, before) for job, e in ends.items()}, config)
-
-
 class _Sim:
     def __init__(
         self,
@@ -173,9 +116,13 @@ class _Sim:
         half_life_s: float,
         round_s: float,
         seed: int,
+        min_runtime_s: float = 0.0,
     ) -> None:
         self.policy = check_policy(policy)
         self.round_s = check_round(round_s)
+        # Who may preempt whom: the candidates handed to the planner are the borrowers, and the preemptor is below
+        # its fair share (both checked here); no priorities; a run is protected for its first `min_runtime_s`.
+        self.rules = Rules(below_guarantee=_anyone, min_runtime=lambda _: min_runtime_s)
         self.half_life_s = check_half_life(half_life_s)
         self.jobs = sorted(jobs, key=lambda j: (j.arrival, j.id))
         n = len(self.jobs)
@@ -214,13 +161,12 @@ class _Sim:
         u = len(self.users)
         self.held_u = np.zeros((u, 4))
         self.holding = np.zeros((n, 4))  # what each running job holds (zeros when it does not run)
-        reps: dict[int, Request] = {}
-        for k, j in enumerate(self.jobs):
-            reps.setdefault(self.shape[k], j.request)
-        self.shape_cpu = np.array([reps[i].cpu_milli for i in range(len(reps))], dtype=np.int64)
-        self.shape_mem = np.array([reps[i].memory_mib for i in range(len(reps))], dtype=np.int64)
-        self.shape_count = np.array([reps[i].gpu_count for i in range(len(reps))], dtype=np.int64)
-        self.shape_milli = np.array([reps[i].gpu_milli for i in range(len(reps))], dtype=np.int64)
+        # Each job as tenancy sees it (made once: the round's ShapeCache keeps its key and shape by the object).
+        self.works = [
+            Work(j.id, j.request, user=j.user, submitted_at=float(j.arrival), time_limit_s=float(j.estimate))
+            for j in self.jobs
+        ]
+        self.shapes_seen = ShapeCache()
         self.pending_u = np.zeros((u, 4))
         self.run_start = np.full(n, np.nan)
         self.first_start = np.full(n, np.nan)
@@ -254,8 +200,10 @@ class _Sim:
             del self.pending_shapes[s]
         self.pending_u[self.user[k]] -= self.amount[k]
 
-    def start(self, k: int, alloc: Allocation, now: float) -> None:
-        self.snapshot.allocate(alloc)
+    def start(self, k: int, alloc: Allocation, now: float, allocated: bool = False) -> None:
+        """Job k runs from now on `alloc` (`allocated`: the round already granted it in the snapshot)."""
+        if not allocated:
+            self.snapshot.allocate(alloc)
         self.allocs[k] = alloc
         self._dequeued(k)
         self.holding[k] = held(alloc)
@@ -326,16 +274,6 @@ class _Sim:
         return {u: dominant_share(self.ledger.usage(u, now) + usage[u], self.decayed) for u in users}
 
     # ----------------------------------------------------------------------------------------- rounds
-    def may_fit(self, s: int) -> bool:
-        """A necessary condition for shape s to fit now: some node has its CPU, memory and enough GPUs with its GPU
-        milli free (models and GPU memory are left to `place`). Far cheaper than a failed `place`."""
-        sn = self.snapshot
-        ok = (sn.cpu_free >= self.shape_cpu[s]) & (sn.mem_free >= self.shape_mem[s])
-        count = int(self.shape_count[s])
-        if count:
-            ok &= np.count_nonzero(sn.gpu_milli_free >= self.shape_milli[s], axis=1) >= count
-        return bool(ok.any())
-
     def order(self, now: float) -> list[int]:
         if self.policy.startswith("fair"):
             return fair_order([self.offers[k] for k in self.pending], self.decayed_shares(now), lambda _: 1.0)
@@ -353,65 +291,22 @@ class _Sim:
                 self.start(k, decision.allocation, now)
             self.pending = [k for k in self.pending if k not in self.allocs]
             return
-        preempt = self.policy == "fair-backfill-preempt"
-        attempts = 0
-        shapes = len(self.pending_shapes)
-        failed: set[int] = set()  # shapes that do not fit on what is free now
-        delayed: set[int] = set()  # shapes that fit now but not beside the reservation
-        booking: Booking | None = None
+        order = self.order(now)
         ends = {self.jobs[k].id: float(self.run_start[k]) + self.jobs[k].estimate for k in self.allocs}
-        fair = self.fair_shares() if preempt else None
-        started = False
-        for k in self.order(now):
-            s = self.shape[k]
-            if s in failed:
-                continue
-            job = self.jobs[k]
-            end = now + job.estimate
-            outlives = booking is not None and end > booking.start
-            if outlives and s in delayed:
-                continue
-            alloc = None
-            if self.may_fit(s):
-                alloc = place(self.snapshot, job.request, self.config, self.rng).allocation
-            if alloc is not None and booking is not None and outlives:
-                alloc = place(booking.view(), job.request, self.config, self.rng).allocation
-                if alloc is None:
-                    delayed.add(s)
-                    continue
-            if alloc is not None:
-                self.start(k, alloc, now)
-                ends[job.id] = end
-                started = True
-                if booking is not None:
-                    booking.took(alloc, outlives)
-                continue
-            if (
-                preempt
-                and booking is None
-                and fair is not None
-                and job.request.wants_gpu
-                and attempts < PREEMPT_ATTEMPTS
-                and self.may_preempt(k, fair)
-            ):
-                attempts += 1
-                grant = self.preempt_for(k, fair, now)
-                if grant is not None:
-                    self.start(k, grant, now)
-                    ends[job.id] = end
-                    started = True
-                    for gone in [j for j in ends if self.index[j] not in self.allocs]:
-                        del ends[gone]
-                    continue
-            failed.add(s)
-            if booking is None and job.request.wants_gpu:
-                booking = book_fast(self.snapshot, job.request, ends, self.config)
-                if booking is not None and math.isnan(self.reserved[k]):
-                    self.reserved[k] = booking.start
-            if len(failed) == shapes:
-                break  # every shape still queued fails now: nothing else can start
-        if started:
-            self.pending = [k for k in self.pending if k not in self.allocs]
+        # The round is tenancy's (corral.tenancy.round, as serve's): the order is this replay's (arrival, or users'
+        # fair shares); grants go into the snapshot as they are decided.
+        plan = schedule(
+            self.snapshot, [self.works[k] for k in order], self.config, now, self.rng, cache=self.shapes_seen,
+            ends=ends, ordered=True, words=False, booker=book_fast, prefilter=True,
+        )  # fmt: skip
+        for st in plan.starts:
+            self.start(self.index[st.job_id], st.allocation, now, allocated=True)
+        r = plan.reservation
+        if r is not None and math.isnan(self.reserved[self.index[r.job_id]]):
+            self.reserved[self.index[r.job_id]] = r.start
+        if self.policy == "fair-backfill-preempt":
+            self.preempt(order, plan.reservation, now)
+        self.pending = [k for k in self.pending if k not in self.allocs]
 
     # ----------------------------------------------------------------------------------------- preemption
     def may_preempt(self, k: int, fair: FloatArray) -> bool:
@@ -421,68 +316,54 @@ class _Sim:
         after = float(np.max((self.held_u[u] + self.amount[k])[present] / self.capacity[present]))
         return after <= float(fair[u]) + 1e-12
 
-    def preempt_for(self, k: int, fair: FloatArray, now: float) -> Allocation | None:
-        """Preempt the fewest, then cheapest, jobs of borrowing users on one node so that job k fits; its grant.
-
-        Nothing is preempted unless job k fits once they are gone (checked on a copy first)."""
-        request = self.jobs[k].request
-        borrowing = self.held_shares() > fair + 1e-12
-        # Not a job this round started: it is still in `pending` until the round ends, and gains nothing.
-        victims = [j for j in self.allocs if borrowing[self.user[j]] and self.run_start[j] < now]
-        if not victims:
-            return None
-        trial = self.snapshot.copy()
-        for j in victims:
-            trial.release(self.jobs[j].id)
-        everything = place(trial, request, self.config, np.random.default_rng(0))
-        if everything.allocation is None:
-            return None  # not even preempting every borrower would let it start
-        by_node: dict[int, list[int]] = {}
-        for j in victims:
-            by_node.setdefault(self.allocs[j].node_index, []).append(j)
-
-        def cost(j: int) -> float:  # GPU-seconds lost, then run time (CPU-only jobs), if j is preempted now
-            ran = now - float(self.run_start[j])
-            return float(self.holding[j, 0]) * ran + ran * 1e-6
-
-        fit_nodes = [int(i) for i in np.nonzero(everything.node_reasons == 0)[0] if int(i) in by_node]
-        fit_nodes.sort(key=lambda i: (len(by_node[i]), sum(cost(j) for j in by_node[i])))
-        work = self.snapshot.copy()
-        best: tuple[int, float, int, list[int]] | None = None
-        for i in fit_nodes[:PREEMPT_NODES]:
-            chosen: list[int] = []
-            for j in sorted(by_node[i], key=cost):  # cheapest first, until it fits
-                work.release(self.jobs[j].id)
-                chosen.append(j)
-                if fits_node_now(work, request, i):
+    def preempt(self, order: Sequence[int], head: Reservation | None, now: float) -> None:
+        """After the round: the waiting GPU jobs up to the head (the job the round reserved for), in order, whose user
+        is below its fair share (and stays within it once the job runs), may preempt jobs of users above theirs, at
+        most PREEMPT_ATTEMPTS a round and one per shape: tenancy's planner (corral.tenancy.preemption.choose) picks
+        the fewest, then cheapest (least GPU-seconds lost), checked on a copy first. Victims go back to the queue and
+        later restart from scratch; the preemptor starts at once on what they free."""
+        fair = self.fair_shares()
+        attempts = 0
+        tried: set[int] = set()
+        for k in order:
+            if attempts >= PREEMPT_ATTEMPTS:
+                break
+            job = self.jobs[k]
+            s = self.shape[k]
+            if k in self.allocs or s in tried or not job.request.wants_gpu:
+                if head is not None and job.id == head.job_id:
                     break
-            if not fits_node_now(work, request, i):
-                for j in chosen:
-                    work.allocate(self.allocs[j])
                 continue
-            for j in sorted(chosen, key=cost, reverse=True):  # drop any the job does not need after all
-                work.allocate(self.allocs[j])
-                if fits_node_now(work, request, i):
-                    chosen.remove(j)
-                else:
-                    work.release(self.jobs[j].id)
-            key = (len(chosen), sum(cost(j) for j in chosen), i, chosen)
-            if best is None or key[:3] < best[:3]:
-                best = key
-            for j in chosen:
-                work.allocate(self.allocs[j])
-        if best is None:
-            return None
-        chosen = best[3]
-        check = self.snapshot.copy()
-        for j in chosen:
-            check.release(self.jobs[j].id)
-        decision = place(check, request, self.config, self.rng)
-        if decision.allocation is None:
-            return None
-        for j in chosen:
-            self.stop(j, now, finished=False)
-        return decision.allocation
+            if self.may_preempt(k, fair):
+                attempts += 1
+                tried.add(s)
+                self.preempt_for(k, fair, now)
+            if head is not None and job.id == head.job_id:
+                break  # jobs behind the head wait for its reservation
+
+    def preempt_for(self, k: int, fair: FloatArray, now: float) -> bool:
+        """Preempt for job k the jobs tenancy's planner chooses among those of users above their fair share."""
+        borrowing = self.held_shares() > fair + 1e-12
+        # Not a job this round started: it gains nothing.
+        running = [
+            Running(self.jobs[j].id, self.jobs[j].request, float(self.run_start[j]), self.allocs[j].gpus,
+                    user=self.users[int(self.user[j])])
+            for j in self.allocs
+            if borrowing[self.user[j]] and self.run_start[j] < now
+        ]  # fmt: skip
+        if not running:
+            return False
+        choice = choose(self.snapshot, self.works[k], running, self.config, now, self.rules)
+        if choice is None:
+            return False
+        for v in choice.victims:
+            self.stop(self.index[v.job.id], now, finished=False)
+        self.start(k, choice.allocation, now)
+        return True
+
+
+def _anyone(_: Work) -> bool:
+    return True
 
 
 def run_fair(
@@ -494,10 +375,12 @@ def run_fair(
     round_s: float = 0.0,
     seed: int = 0,
     progress: Callable[[int, int], None] | None = None,
+    min_runtime_s: float = 0.0,
 ) -> FairResult:
-    """Replay `jobs` under `policy` on a cluster of `nodes` (see the module docstring)."""
+    """Replay `jobs` under `policy` on a cluster of `nodes` (see the module docstring). `min_runtime_s`: a run may
+    not be preempted before it has run this long (serve's `min_runtime`; 0, the default, protects none)."""
     wall = time.perf_counter()
-    sim = _Sim(nodes, jobs, policy, config, half_life_s, round_s, seed)
+    sim = _Sim(nodes, jobs, policy, config, half_life_s, round_s, seed, min_runtime_s)
     n = len(sim.jobs)
     times: list[float] = []
     allocated: list[int] = []

@@ -1,0 +1,823 @@
+"""The standalone scheduler's loop: informers in, decisions out, Bindings written by a pool.
+
+    watch nodes/pods --Informer--> ClusterState (books: every bound pod, any scheduler's)
+                          |
+                          +--observed()--> queue: pods with spec.schedulerName == ours and no node, arrival order
+                                              |  first arrival wakes the loop; after --batch-window-ms it takes them all
+                                              v
+                      place_batch(pods, snapshot, config) under the books' lock; every Bind adopted (charged) at once
+                              |                                   |
+                     Bind: bind pool (--bind-workers)        Wait: unschedulable set + the reason writer
+                     token bucket (--qps/--burst),           (PodScheduled condition, FailedScheduling Events,
+                     one POST per pod, annotations inside    a few per pod per minute, same token bucket)
+                     settle(): bound keeps the charge,
+                     refused/unknown gives it back and the pod is read again
+
+A pod that cannot fit waits in the unschedulable set until capacity may have freed: a bound pod deleted or finished,
+a node added or changed. Then every waiting pod goes back to the queue at once, in arrival order (no backoff timer).
+A Binding that failed is retried after a short delay that grows with each failure of that pod (a webhook that
+refuses it for good must not spin the loop).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import itertools
+import logging
+import re
+import socket
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from corral.k8s.client import JsonObj, KubeApi, KubeApiError
+from corral.k8s.convert import pod_request
+from corral.k8s.scheduler.batch import INVALID, Bind, Pending, Wait, place_batch
+from corral.k8s.scheduler.metrics import SchedulerMetrics
+from corral.k8s.state import ClusterState, Informer, PodRecord
+from corral.model.errors import InvalidRequest
+from corral.model.resources import Constraint, ConstraintOp, Node
+from corral.placement import PlacementConfig
+
+log = logging.getLogger("corral.k8s.scheduler")
+
+COMPONENT = "corral-scheduler"
+#: Most pods placed in one batch: a burst of thousands is cut so that the first Bindings travel while the rest place.
+BATCH_MAX = 256
+#: FailedScheduling events per pod in any EVENT_WINDOW seconds.
+EVENTS_PER_WINDOW = 3
+EVENT_WINDOW = 60.0
+#: A pod's PodScheduled condition is patched when its reason changes, at most once in this many seconds.
+CONDITION_EVERY = 10.0
+#: What a condition or event message may hold (the API server's events.k8s.io limit is 1 KiB).
+MESSAGE_MAX = 1024
+#: Delay before a pod whose Binding failed is placed again: this x 2^(failures-1), at most BIND_RETRY_MAX.
+BIND_RETRY = 0.05
+BIND_RETRY_MAX = 10.0
+_TERMINAL = ("Succeeded", "Failed")
+
+
+def _now_iso() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= MESSAGE_MAX else text[: MESSAGE_MAX - 3] + "..."
+
+
+class TokenBucket:
+    """A client rate limit: `qps` tokens a second, at most `burst` saved up; acquire() waits for one. Callers that
+    come together each get their own slot in the future (the bucket goes into debt), so none waits twice."""
+
+    def __init__(self, qps: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
+        if qps <= 0:
+            raise InvalidRequest("--qps", f"must be > 0, got {qps:g}")
+        if burst < 1:
+            raise InvalidRequest("--burst", f"must be >= 1, got {burst}")
+        self.qps = float(qps)
+        self.burst = float(burst)
+        self._tokens = float(burst)
+        self._clock = clock
+        self._last = clock()
+        self._lock = threading.Lock()
+
+    def reserve(self) -> float:
+        """Take a token; the seconds to wait before using it (0: now)."""
+        with self._lock:
+            now = self._clock()
+            self._tokens = min(self.burst, self._tokens + (now - self._last) * self.qps)
+            self._last = now
+            self._tokens -= 1.0
+            return 0.0 if self._tokens >= 0 else -self._tokens / self.qps
+
+    def acquire(self, stop: threading.Event | None = None) -> None:
+        wait = self.reserve()
+        if wait > 0:
+            if stop is not None:
+                stop.wait(wait)
+            else:
+                time.sleep(wait)
+
+
+@dataclass(eq=False)
+class Waiting:
+    """A pod of this scheduler without a node, as the scheduler follows it."""
+
+    pending: Pending
+    namespace: str
+    name: str
+    uid: str
+    seq: int
+    seen: float  # time.monotonic() when first seen
+    reason: str = ""
+    code: str = ""
+    failures: int = 0  # Bindings that failed in a row
+    written: str = ""  # the condition message last patched
+    written_at: float = -1e9
+    since: str = ""  # when its condition first said Unschedulable (lastTransitionTime)
+    due: bool = False  # a condition write waits for CONDITION_EVERY to be up
+    events: list[float] = field(default_factory=list)  # when its FailedScheduling events were sent
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+
+
+#: A cordoned node (spec.unschedulable) as the taint Kubernetes gives it.
+CORDON = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
+_FENCING = ("NoSchedule", "NoExecute")
+
+
+def fences(obj: JsonObj) -> tuple[Mapping[str, Any], ...]:
+    """The taints of a node that keep pods off it (NoSchedule, NoExecute; a cordon counts as one)."""
+    spec = obj.get("spec") or {}
+    if not isinstance(spec, Mapping):
+        return ()
+    taints = spec.get("taints") or []
+    out = (
+        [t for t in taints if isinstance(t, Mapping) and t.get("effect") in _FENCING]
+        if isinstance(taints, list)
+        else []
+    )
+    if spec.get("unschedulable"):
+        out.append(CORDON)
+    return tuple(out)
+
+
+def tolerates(tolerations: tuple[Mapping[str, Any], ...], taint: Mapping[str, Any]) -> bool:
+    """Kubernetes' rule: a toleration matches a taint's effect (or every effect) and its key (or every key, with
+    operator Exists), and its value unless the operator is Exists."""
+    for t in tolerations:
+        if t.get("effect") and t.get("effect") != taint.get("effect"):
+            continue
+        exists = t.get("operator") == "Exists"
+        if not t.get("key"):
+            if exists:
+                return True
+            continue
+        if t.get("key") == taint.get("key") and (exists or (t.get("value") or "") == (taint.get("value") or "")):
+            return True
+    return False
+
+
+def fenced_off(
+    tolerations: tuple[Mapping[str, Any], ...], fenced: Mapping[str, tuple[Mapping[str, Any], ...]]
+) -> Constraint | None:
+    """The constraint that keeps a pod off the nodes whose taints it does not tolerate (None: it may go anywhere)."""
+    names = sorted(n for n, taints in fenced.items() if not all(tolerates(tolerations, t) for t in taints))
+    if not names:
+        return None
+    return Constraint("hostname", ConstraintOp.UNLIKE, "|".join(re.escape(n) for n in names))
+
+
+_AFFINITY = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+
+
+def affinity_constraints(affinity: Any) -> tuple[Constraint, ...]:
+    """A pod's required node affinity as the engine's label constraints: one nodeSelectorTerm, its matchExpressions
+    In, NotIn, Exists, DoesNotExist (and matchFields metadata.name In/NotIn). Raises InvalidRequest naming what it
+    cannot place by (several terms, which Kubernetes ORs; Gt, Lt): such a pod waits saying so, never placed blind."""
+    if not isinstance(affinity, Mapping):
+        return ()
+    node = affinity.get("nodeAffinity")
+    required = node.get("requiredDuringSchedulingIgnoredDuringExecution") if isinstance(node, Mapping) else None
+    if not isinstance(required, Mapping):
+        return ()
+    terms = required.get("nodeSelectorTerms") or []
+    if not isinstance(terms, list) or not all(isinstance(t, Mapping) for t in terms):
+        raise InvalidRequest(f"{_AFFINITY}.nodeSelectorTerms", "must be a list of terms")
+    if len(terms) > 1:
+        raise InvalidRequest(f"{_AFFINITY}.nodeSelectorTerms",
+                             f"{len(terms)} terms (any of which may match): corral's scheduler takes one")  # fmt: skip
+    out: list[Constraint] = []
+    for term in terms:
+        for kind in ("matchExpressions", "matchFields"):
+            exprs = term.get(kind) or []
+            where = f"{_AFFINITY}.nodeSelectorTerms[0].{kind}"
+            if not isinstance(exprs, list):
+                raise InvalidRequest(where, "must be a list")
+            for i, e in enumerate(exprs):
+                e = e if isinstance(e, Mapping) else {}
+                key, op, values = e.get("key"), e.get("operator"), e.get("values") or []
+                if not isinstance(key, str) or not key or not isinstance(values, list):
+                    raise InvalidRequest(f"{where}[{i}]", "needs a key, an operator and a list of values")
+                if kind == "matchFields":
+                    if key != "metadata.name":
+                        raise InvalidRequest(f"{where}[{i}].key", f"{key!r}: only metadata.name is a node field")
+                    key = "hostname"  # the engine's name for the node's name
+                any_of = "|".join(re.escape(str(v)) for v in values)
+                if op == "In":
+                    out.append(Constraint(key, ConstraintOp.LIKE, any_of if values else "(?!)"))
+                elif op == "NotIn":
+                    if values:
+                        out.append(Constraint(key, ConstraintOp.UNLIKE, any_of))
+                elif op == "Exists" and kind == "matchExpressions":
+                    out.append(Constraint(key, ConstraintOp.LIKE, ".*"))
+                elif op == "DoesNotExist" and kind == "matchExpressions":
+                    out.append(Constraint(key, ConstraintOp.UNLIKE, ".*"))
+                else:
+                    takes = "In, NotIn, Exists, DoesNotExist" if kind == "matchExpressions" else "In, NotIn"
+                    raise InvalidRequest(f"{where}[{i}].operator", f"{op!r}: corral's scheduler takes {takes}")
+    return tuple(out)
+
+
+def pending_of(obj: JsonObj, gpu_memory: Mapping[str, int] | None = None) -> Pending:
+    """A pod object -> what the batch step reads; a pod corral cannot read waits with the reason (no exception).
+    `gpu_memory`: the cluster's GPUs (ClusterState.gpu_memory), which HAMi's percentages of GPU memory need."""
+    from corral.k8s.convert import pod_key, pod_name
+
+    key, name = pod_key(obj), pod_name(obj)
+    try:
+        ask = pod_request(obj, gpu_memory=gpu_memory)
+        spec = obj.get("spec") or {}
+        selector = spec.get("nodeSelector")
+        extra: tuple[Constraint, ...] = ()
+        if selector:
+            if not isinstance(selector, Mapping):
+                raise InvalidRequest("spec.nodeSelector", "must be an object of label -> value")
+            extra = tuple(Constraint(str(k), ConstraintOp.IS, str(v)) for k, v in selector.items())
+        extra += affinity_constraints(spec.get("affinity"))
+        if extra:
+            ask = dataclasses.replace(
+                ask, request=dataclasses.replace(ask.request, constraints=(*ask.request.constraints, *extra))
+            )
+    except InvalidRequest as exc:
+        return Pending(key, name, None, f"pod {name} cannot be scheduled: {exc}")
+    except Exception as exc:  # anything else a hostile object trips: the pod waits, the rest goes on
+        return Pending(key, name, None, f"pod {name} cannot be read: {type(exc).__name__}: {exc}")
+    return Pending(key, name, ask)
+
+
+def warm_up(config: PlacementConfig) -> None:
+    """Load what the policy needs (numba's kernels, scipy for fgd-priced's prices) by placing two pods on a small
+    snapshot of its own: nothing else is touched, and the first real batch finds it all loaded."""
+    from corral.model.resources import GpuDevice, Node, Request
+    from corral.model.snapshot import ClusterSnapshot
+    from corral.placement import place
+
+    gpus = tuple(GpuDevice(j, "warm-up", 81920, f"warm-up-{j}") for j in range(8))
+    s = ClusterSnapshot([Node("gpu", 64000, 262144, gpus, {}), Node("cpu", 64000, 262144, (), {})])
+    try:
+        for r in (Request(cpu_milli=100, memory_mib=128, gpu_count=1, gpu_milli=1000, id="a"),
+                  Request(cpu_milli=100, memory_mib=128, gpu_count=1, gpu_milli=500, id="b"),
+                  Request(cpu_milli=100, memory_mib=128, id="c")):  # fmt: skip
+            place(s, r, config)
+    except Exception:  # a warm-up only: the first batch meets the same fault, and reports it
+        log.exception("warming up the engine failed")
+
+
+#: Node capacities that count a node's GPUs (a device plugin's), checked against its inventory annotation.
+GPU_COUNT_RESOURCES = ("corral.dev/gpu", "nvidia.com/gpu")
+
+
+def gpu_inventory_check(obj: JsonObj, node: Node) -> str:
+    """Why a node's GPU inventory (the device plugin's annotation) cannot be believed, "" when it can: it lists more
+    GPUs than the node's own capacity of a whole-GPU resource says it has. Placing by the annotation would send pods
+    to GPUs that kubelet does not have; the node is left out until the two agree."""
+    from corral.k8s.convert import ANN_NODE_GPUS, whole_number
+
+    status = obj.get("status") or {}
+    capacity = status.get("allocatable") or status.get("capacity") or {}
+    if not node.gpus or not isinstance(capacity, Mapping):
+        return ""
+    for res in GPU_COUNT_RESOURCES:
+        if res not in capacity:
+            continue
+        try:
+            have = whole_number(capacity[res], f"status.allocatable[{res}]")
+        except InvalidRequest as exc:
+            return f"node {node.name}: {exc}"
+        if have < len(node.gpus):
+            return (f"node {node.name}: its {ANN_NODE_GPUS} annotation lists {len(node.gpus)} GPUs but its "
+                    f"allocatable {res} is {have}; corral places nothing there until they agree")  # fmt: skip
+    return ""
+
+
+class Scheduler:
+    """Schedules the pods whose spec.schedulerName is `name`. start() lists, rebuilds the books and starts the loop;
+    close() stops it. Everything it writes goes through `limiter`."""
+
+    def __init__(
+        self,
+        api: KubeApi,
+        config: PlacementConfig,
+        name: str = "corral",
+        qps: float = 50.0,
+        burst: int = 100,
+        batch_window: float = 0.005,
+        bind_workers: int = 16,
+        metrics: SchedulerMetrics | None = None,
+    ) -> None:
+        self.check(qps, burst, batch_window, bind_workers)
+        self.api = api
+        self.config = config
+        self.name = name
+        self.batch_window = batch_window
+        self.limiter = TokenBucket(qps, burst)
+        self.metrics = metrics or SchedulerMetrics()
+        self.state = ClusterState(node_check=gpu_inventory_check)
+        self.informer = Informer(api, self.state, observer=self)
+        self.stop = threading.Event()
+        self.ready = threading.Event()
+        self._cond = threading.Condition()
+        self._active: dict[str, Waiting] = {}  # to place, in arrival order (seq)
+        self._unschedulable: dict[str, Waiting] = {}
+        self._inflight: dict[str, Waiting] = {}
+        self._delayed: list[tuple[float, int, str]] = []  # (when, seq, key): failed Bindings waiting to be retried
+        self._known: dict[str, Waiting] = {}  # every pod in one of the above
+        self._left: set[str] = set()  # pods deleted or bound elsewhere while being placed
+        self._retry = False
+        self._seq = itertools.count()
+        self._node_seen: dict[str, Any] = {}
+        #: Nodes with taints that keep pods off (cordoned ones too): pods that do not tolerate them are not placed there
+        self._fenced: dict[str, tuple[Mapping[str, Any], ...]] = {}
+        self._node_told: dict[str, str] = {}  # the reason each ignored node was last told of (one event each)
+        self._pool = ThreadPoolExecutor(max_workers=bind_workers, thread_name_prefix="corral-bind")
+        self._writes: OrderedDict[str, Waiting] = OrderedDict()  # reasons to write, latest per pod
+        self._write_cond = threading.Condition()
+        self._due: list[tuple[float, int, Waiting]] = []  # conditions to write once CONDITION_EVERY is up
+        self._threads: list[threading.Thread] = []
+        self._host = socket.gethostname()
+        #: The last outcome per pod name, for /explain of a pod that left the queues ("bound to N").
+        self._outcomes: OrderedDict[str, str] = OrderedDict()
+
+    @staticmethod
+    def check(qps: float, burst: int, batch_window: float, bind_workers: int) -> None:
+        """Refuse settings that cannot work, naming the flag (before anything connects)."""
+        TokenBucket(qps, burst)
+        if bind_workers < 1:
+            raise InvalidRequest("--bind-workers", f"must be >= 1, got {bind_workers}")
+        if batch_window < 0:
+            raise InvalidRequest("--batch-window-ms", f"must be >= 0, got {batch_window * 1000:g}")
+
+    # ------------------------------------------------------------------ life
+    def start(self) -> None:
+        """List nodes and pods (the books from bound pods' annotations) and start watching and placing."""
+        self.informer.prime()
+        self.informer.start()
+        self.start_loop()
+
+    def start_loop(self) -> None:
+        """Start placing (after informer.prime(): the books are whole before the first pod is placed)."""
+        for target, name in ((self._loop, "corral-schedule"), (self._writer, "corral-reasons")):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+        self.ready.set()
+
+    def close(self) -> None:
+        self.stop.set()
+        with self._cond:
+            self._cond.notify_all()
+        with self._write_cond:
+            self._write_cond.notify_all()
+        self.informer.close()
+        for t in self._threads:
+            t.join(timeout=5)
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    # ------------------------------------------------------------------ what the informer tells
+    def observed(self, kind: str, event: str, obj: JsonObj) -> None:
+        if kind == "nodes":
+            self._node_event(event, obj)
+            return
+        meta = obj.get("metadata") or {}
+        spec = obj.get("spec") or {}
+        status = obj.get("status") or {}
+        if not isinstance(meta, dict) or not isinstance(spec, dict) or not isinstance(status, dict):
+            return
+        from corral.k8s.convert import pod_key
+
+        key = pod_key(obj)
+        bound = bool(spec.get("nodeName"))
+        if event == "DELETED" or status.get("phase") in _TERMINAL:
+            self._forget(key)
+            if bound:
+                self._capacity_freed()
+            return
+        if bound or meta.get("deletionTimestamp"):
+            self._forget(key)
+            return
+        if spec.get("schedulerName") != self.name or key in self._known:
+            return
+        self._enqueue(obj, key)
+
+    def listed(self, kind: str, items: list[JsonObj]) -> None:
+        if kind == "nodes":
+            for obj in items:
+                self._node_event("ADDED", obj)
+            self._capacity_freed()
+            return
+        from corral.k8s.convert import pod_key
+
+        waiting: dict[str, JsonObj] = {}
+        for obj in items:
+            spec, meta, status = obj.get("spec"), obj.get("metadata"), obj.get("status") or {}
+            if not isinstance(spec, dict) or not isinstance(meta, dict) or not isinstance(status, dict):
+                continue
+            if spec.get("nodeName") or spec.get("schedulerName") != self.name or meta.get("deletionTimestamp"):
+                continue
+            if status.get("phase") in _TERMINAL:
+                continue
+            waiting[pod_key(obj)] = obj
+        with self._cond:
+            gone = [k for k in self._known if k not in waiting and k not in self._inflight]
+        for key in gone:
+            self._forget(key)
+        for key, obj in waiting.items():
+            if key not in self._known:
+                self._enqueue(obj, key)
+        self._capacity_freed()
+
+    def _node_event(self, event: str, obj: JsonObj) -> None:
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        why = self.state.ignored.get(name)
+        if why and event != "DELETED" and self._node_told.get(name) != why:
+            self._node_told[name] = why
+            self._pool.submit(self._tell_node, name, why)
+        fenced = fences(obj) if event != "DELETED" else ()
+        if fenced:
+            self._fenced[name] = fenced
+        elif self._fenced.pop(name, None) is not None:
+            self._capacity_freed()  # uncordoned, a taint removed
+        node = self.state.nodes.get(name)
+        if event == "DELETED" or node is None:
+            self._node_seen.pop(name, None)
+            return
+        if self._node_seen.get(name) is not node:
+            self._node_seen[name] = node
+            self._capacity_freed()
+
+    def _enqueue(self, obj: JsonObj, key: str) -> None:
+        meta = obj.get("metadata") or {}
+        p = pending_of(obj, self.state.gpu_memory)
+        tol = (obj.get("spec") or {}).get("tolerations") or ()
+        tolerations = tuple(t for t in tol if isinstance(t, Mapping)) if isinstance(tol, list) else ()
+        w = Waiting(p, str(meta.get("namespace") or "default"), str(meta.get("name") or ""), str(meta.get("uid") or ""),
+                    next(self._seq), time.monotonic(), tolerations=tolerations)  # fmt: skip
+        with self._cond:
+            if key in self._known:
+                return
+            self._known[key] = w
+            self._active[key] = w
+            self._cond.notify()
+
+    def _forget(self, key: str) -> None:
+        with self._cond:
+            if key in self._inflight:
+                self._left.add(key)  # being placed: dropped when its batch is done (a Binding's answer decides)
+                return
+            w = self._known.pop(key, None)
+            if w is None:
+                return
+            self._active.pop(key, None)
+            self._unschedulable.pop(key, None)
+
+    def _capacity_freed(self) -> None:
+        with self._cond:
+            if self._unschedulable:
+                self._retry = True
+                self._cond.notify()
+
+    # ------------------------------------------------------------------ the loop
+    def _take(self) -> list[Waiting]:
+        """Wait for pods to place, let the window gather more, and take a batch (arrival order)."""
+        with self._cond:
+            while not self.stop.is_set():
+                now = time.monotonic()
+                while self._delayed and self._delayed[0][0] <= now:
+                    _, _, key = heapq.heappop(self._delayed)
+                    w = self._known.get(key)
+                    if w is not None and key not in self._inflight:
+                        self._active[key] = w
+                if self._active or self._retry:
+                    break
+                timeout = min(1.0, self._delayed[0][0] - now) if self._delayed else 1.0
+                self._cond.wait(timeout)
+            if self.stop.is_set():
+                return []
+        if self.batch_window > 0:
+            self.stop.wait(self.batch_window)
+        with self._cond:
+            if self._retry:
+                self._retry = False
+                merged = list(self._active.values()) + list(self._unschedulable.values())
+                merged.sort(key=lambda w: w.seq)
+                self._unschedulable.clear()
+                self._active = {w.pending.key: w for w in merged}
+            batch: list[Waiting] = []
+            for key in list(itertools.islice(self._active, BATCH_MAX)):
+                batch.append(self._active.pop(key))
+            for w in batch:
+                self._inflight[w.pending.key] = w
+            return batch
+
+    def _loop(self) -> None:
+        while not self.stop.is_set():
+            batch = self._take()
+            if not batch:
+                continue
+            try:
+                self._place(batch)
+            except Exception:  # a bug of ours: the pods wait and the loop goes on
+                log.exception("placing a batch of %d pods failed", len(batch))
+                with self._cond:
+                    for w in batch:
+                        if self._inflight.pop(w.pending.key, None) is not None:
+                            self._later(w)
+
+    def _place(self, batch: list[Waiting]) -> None:
+        state = self.state
+        started = time.perf_counter()
+        binds: list[tuple[Waiting, Bind, PodRecord]] = []
+        waits: list[tuple[Waiting, Wait]] = []
+        held: list[Waiting] = []
+        with state.lock:
+            todo: list[Waiting] = []
+            for w in batch:
+                # a pod the books hold (a Binding of it unanswered, or bound and the watch not here yet) is not
+                # placed twice: it is looked at again once its view comes
+                (held if state.pods.get(w.pending.key) is not None else todo).append(w)
+            by_key = {w.pending.key: w for w in todo}
+            fenced = [self._fenced_pending(w) for w in todo]
+            decisions = place_batch([p for p, _ in fenced], state.snapshot, self.config)
+            said = {p.key: text for p, text in fenced if text}
+            for d in decisions:
+                w = by_key[d.pod.key]
+                if isinstance(d, Bind):
+                    assert d.pod.ask is not None
+                    rec = PodRecord(d.pod.key, d.pod.name, d.allocation.node, d.pod.ask.request, d.assignment,
+                                    confirmed=False)  # fmt: skip
+                    state.adopt(rec)
+                    binds.append((w, d, rec))
+                else:
+                    text = said.get(d.pod.key)
+                    if text and text in d.reason:
+                        d = dataclasses.replace(d, reason=d.reason.replace(text, "taint not tolerated or cordoned"))
+                    waits.append((w, d))
+        self.metrics.batch_seconds.observe(time.perf_counter() - started)
+        self.metrics.batch_size.observe(len(batch))
+        with self._cond:
+            for w in held:
+                self._inflight.pop(w.pending.key, None)
+                if not self._left_while_placed(w):
+                    self._later(w)
+            for w, d in waits:
+                self._inflight.pop(w.pending.key, None)
+                if not self._left_while_placed(w) and w.pending.key in self._known:
+                    w.reason, w.code = d.reason, d.code
+                    self._unschedulable[w.pending.key] = w
+        for w, d, rec in binds:
+            self._pool.submit(self._bind, w, d, rec)
+        for w, _ in waits:
+            self._say_why(w)
+
+    def _left_while_placed(self, w: Waiting) -> bool:
+        """Whether the pod was deleted (or bound by someone else) while its batch was placed; forgets it if so.
+        Called under self._cond."""
+        key = w.pending.key
+        if key not in self._left:
+            return False
+        self._left.discard(key)
+        self._known.pop(key, None)
+        return True
+
+    def _fenced_pending(self, w: Waiting) -> tuple[Pending, str]:
+        """The pod as the batch step reads it, kept off the tainted nodes it does not tolerate, and the words the
+        engine will use for that constraint ("" where there is none)."""
+        p = w.pending
+        if not self._fenced or p.ask is None:
+            return p, ""
+        off = fenced_off(w.tolerations, dict(self._fenced))
+        if off is None:
+            return p, ""
+        r = p.ask.request
+        ask = dataclasses.replace(p.ask, request=dataclasses.replace(r, constraints=(*r.constraints, off)))
+        return Pending(p.key, p.name, ask, p.error), f"constraint not met ({off.attribute} {off.op.value} {off.value})"
+
+    def _later(self, w: Waiting) -> None:
+        """Place the pod again after a delay that grows with its failures (under self._cond)."""
+        if w.pending.key not in self._known:
+            return
+        delay = min(BIND_RETRY_MAX, BIND_RETRY * 2 ** max(0, w.failures - 1))
+        heapq.heappush(self._delayed, (time.monotonic() + delay, w.seq, w.pending.key))
+        self._cond.notify()
+
+    # ------------------------------------------------------------------ binds
+    def _bind(self, w: Waiting, d: Bind, rec: PodRecord) -> None:
+        self.limiter.acquire(self.stop)
+        sent = time.perf_counter()
+        outcome = "unknown"
+        error = ""
+        try:
+            self.api.create_binding(w.namespace, w.name, w.uid, d.allocation.node, d.annotations)
+            outcome = "bound"
+        except KubeApiError as exc:
+            outcome = "refused" if exc.status is not None and 400 <= exc.status < 500 else "unknown"
+            error = str(exc)
+        except Exception as exc:  # the client's own faults: the answer is unknown
+            error = f"{type(exc).__name__}: {exc}"
+        took = time.perf_counter() - sent
+        self.state.settle(rec, outcome)
+        self.metrics.binds.labels(outcome).inc()
+        self.metrics.bind_latency.observe(took)
+        if outcome == "bound":
+            self.metrics.e2e_latency.observe(time.monotonic() - w.seen)
+            self._done(w.pending.key)
+            self._outcome(w, f"bound to {d.allocation.node}")
+            return
+        log.warning("bind %s to %s: %s", w.pending.name, d.allocation.node, error)
+        self._follow(w, error)
+
+    def _follow(self, w: Waiting, error: str) -> None:
+        """After a Binding that failed or went unanswered: read the pod, so the books follow the API server, and
+        place it again (after a short delay) if it still waits."""
+        from corral.k8s.convert import pod_key
+
+        key = w.pending.key
+        pod: JsonObj | None = None
+        try:
+            pod = self.api.get_pod(w.namespace, w.name)
+        except KubeApiError as exc:
+            if exc.status == 404:
+                self._done(key, gone=True)
+                return
+        if pod is not None and pod_key(pod) != key:
+            self._done(key, gone=True)  # another pod of that name now: this one is gone
+            return
+        node = (pod.get("spec") or {}).get("nodeName") if pod is not None else None
+        if pod is not None and node:
+            self.state.upsert_pod(pod)
+            self._done(key)
+            self._outcome(w, f"bound to {node}")
+            return
+        if pod is not None:
+            self.state.upsert_pod(pod)  # pending: an unanswered Binding's charge is given back
+        with self._cond:
+            self._inflight.pop(key, None)
+            if self._left_while_placed(w):
+                return
+            w.failures += 1
+            w.reason, w.code = f"the Binding failed: {error}", "bind_failed"
+            self._later(w)
+
+    def _done(self, key: str, gone: bool = False) -> None:
+        """The pod needs nothing more of the scheduler (bound, or `gone`: deleted, its charge dropped)."""
+        if gone:
+            self.state.forget(key)
+        with self._cond:
+            self._inflight.pop(key, None)
+            self._known.pop(key, None)
+            self._left.discard(key)
+
+    def _outcome(self, w: Waiting, text: str) -> None:
+        with self._cond:
+            self._outcomes[w.pending.name] = text
+            self._outcomes.move_to_end(w.pending.name)
+            while len(self._outcomes) > 10000:
+                self._outcomes.popitem(last=False)
+
+    # ------------------------------------------------------------------ why pending
+    def _say_why(self, w: Waiting) -> None:
+        with self._write_cond:
+            self._writes[w.pending.key] = w
+            self._writes.move_to_end(w.pending.key)
+            self._write_cond.notify()
+
+    def _writer(self) -> None:
+        """Write pending reasons: the PodScheduled condition when the reason changed (at most every CONDITION_EVERY
+        s per pod: a change that comes sooner is written when that time is up) and a FailedScheduling event per
+        attempt (at most EVENTS_PER_WINDOW per pod per EVENT_WINDOW)."""
+        while not self.stop.is_set():
+            event = True
+            with self._write_cond:
+                while not self._writes and not self.stop.is_set():
+                    now = time.monotonic()
+                    if self._due and self._due[0][0] <= now:
+                        break
+                    self._write_cond.wait(min(1.0, self._due[0][0] - now) if self._due else 1.0)
+                if self.stop.is_set():
+                    return
+                if self._writes:
+                    _, w = self._writes.popitem(last=False)
+                else:
+                    _, _, w = heapq.heappop(self._due)
+                    w.due = False
+                    event = False  # only the condition, written late
+            try:
+                self.write_reason(w, event)
+            except Exception:
+                log.exception("writing the reason of %s failed", w.pending.name)
+
+    def write_reason(self, w: Waiting, event: bool = True) -> None:
+        with self._cond:
+            if w.pending.key not in self._unschedulable:
+                return  # placed or gone meanwhile
+            message = _short(w.reason)
+        now = time.monotonic()
+        if message != w.written and now - w.written_at < CONDITION_EVERY:
+            with self._write_cond:
+                if not w.due:
+                    w.due = True
+                    heapq.heappush(self._due, (w.written_at + CONDITION_EVERY, w.seq, w))
+        elif message != w.written:
+            w.since = w.since or _now_iso()
+            condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message,
+                         "lastProbeTime": None, "lastTransitionTime": w.since}  # fmt: skip
+            self.limiter.acquire(self.stop)
+            try:
+                self.api.patch_pod_status(w.namespace, w.name, {"conditions": [condition]})
+                w.written, w.written_at = message, now
+                self.metrics.conditions.labels("patched").inc()
+            except KubeApiError as exc:
+                self.metrics.conditions.labels("failed").inc()
+                log.warning("pod %s: cannot set its PodScheduled condition: %s", w.pending.name, exc)
+        if not event:
+            return
+        w.events = [t for t in w.events if now - t < EVENT_WINDOW]
+        if len(w.events) >= EVENTS_PER_WINDOW:
+            self.metrics.events.labels("suppressed").inc()
+            return
+        w.events.append(now)
+        self.limiter.acquire(self.stop)
+        try:
+            self.api.create_event(w.namespace, self._event(w, message))
+            self.metrics.events.labels("sent").inc()
+        except KubeApiError as exc:
+            self.metrics.events.labels("failed").inc()
+            log.warning("pod %s: cannot write its FailedScheduling event: %s", w.pending.name, exc)
+
+    def _tell_node(self, name: str, why: str) -> None:
+        """A Warning event on a node corral ignores (cluster-scoped objects' events live in "default")."""
+        self.limiter.acquire(self.stop)
+        now = _now_iso()
+        event = {"apiVersion": "v1", "kind": "Event", "metadata": {"generateName": f"{name}.", "namespace": "default"},
+                 "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": name},
+                 "reason": "CorralIgnoresNode", "message": _short(why), "type": "Warning",
+                 "source": {"component": COMPONENT}, "reportingComponent": COMPONENT, "reportingInstance": self._host,
+                 "firstTimestamp": now, "lastTimestamp": now, "count": 1}  # fmt: skip
+        try:
+            self.api.create_event("default", event)
+        except KubeApiError as exc:
+            log.warning("node %s: cannot write its event: %s", name, exc)
+
+    def _event(self, w: Waiting, message: str) -> JsonObj:
+        now = _now_iso()
+        return {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{w.name}.", "namespace": w.namespace},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": w.name,
+                "namespace": w.namespace,
+                "uid": w.uid,
+            },
+            "reason": "FailedScheduling",
+            "message": message,
+            "type": "Warning",
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": self._host,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+
+    # ------------------------------------------------------------------ read views
+    def pending_by_reason(self) -> dict[str, int]:
+        with self._cond:
+            out: dict[str, int] = {}
+            if self._active:
+                out["queued"] = len(self._active)
+            failed = {k for *_, k in self._delayed if k in self._known and k not in self._active}
+            failed -= self._inflight.keys()
+            if failed:
+                out["bind_failed"] = len(failed)
+            if self._inflight:
+                out["binding"] = len(self._inflight)
+            for w in self._unschedulable.values():
+                out[w.code] = out.get(w.code, 0) + 1
+            return out
+
+    def explain(self, name: str) -> dict[str, Any]:
+        """What the scheduler knows of pod "namespace/name": pending (with the reason), binding, bound, or unknown."""
+        with self._cond:
+            for w in self._known.values():
+                if w.pending.name != name:
+                    continue
+                key = w.pending.key
+                if key in self._inflight:
+                    return {"pod": name, "state": "binding", "reason": ""}
+                if key in self._unschedulable:
+                    code = INVALID if w.pending.ask is None else w.code
+                    return {"pod": name, "state": "pending", "code": code, "reason": w.reason}
+                return {"pod": name, "state": "queued", "reason": w.reason}
+            outcome = self._outcomes.get(name)
+        if outcome is not None:
+            return {"pod": name, "state": "bound", "reason": outcome}
+        return {"pod": name, "state": "unknown", "reason": f"corral's scheduler does not know pod {name}"}

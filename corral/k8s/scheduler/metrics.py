@@ -1,0 +1,77 @@
+"""The standalone scheduler's Prometheus metrics (GET /metrics; every name is in docs/metrics.md).
+
+Counters and histograms are fed where the thing happens (a bind's answer, a batch placed); pending pods by reason are
+read from the scheduler's queues at scrape time, so the loop pays nothing for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+#: A Binding's round trip, and a pod's time from first seen to bound: a few ms on a quiet plane, seconds when the rate
+#: limit holds writes back.
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000)
+
+
+class PendingCollector:
+    """corral_scheduler_pending_pods{reason}: read from the scheduler at scrape time."""
+
+    def __init__(self, read: Callable[[], Mapping[str, int]]) -> None:
+        self.read = read
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "corral_scheduler_pending_pods",
+            "Pods of this scheduler without a node, by why: queued (not placed yet), binding (a Binding in flight), or "
+            "the reason the engine gave (insufficient_gpu, gpu_model, ..., invalid: the pod cannot be read)",
+            labels=["reason"],
+        )
+        for reason, count in sorted(self.read().items()):
+            family.add_metric([reason], count)
+        yield family
+
+
+class SchedulerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        r = self.registry
+        self.binds = Counter(
+            "corral_scheduler_binds",
+            "Bindings written, by result: bound, refused (the API server said no), unknown (no answer)",
+            ["result"],
+            registry=r,
+        )
+        self.bind_latency = Histogram(
+            "corral_scheduler_bind_duration_seconds",
+            "One Binding's write, from the request sent to its answer (rate limit wait not included)",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.e2e_latency = Histogram(
+            "corral_scheduler_pod_scheduling_duration_seconds",
+            "From the scheduler first seeing a pod to its Binding's answer",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "corral_scheduler_batch_size", "Pods placed per batch", buckets=BATCH_BUCKETS, registry=r
+        )
+        self.batch_seconds = Histogram(
+            "corral_scheduler_batch_duration_seconds",
+            "CPU-side time to place one batch (the engine, under the books' lock)",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.events = Counter(
+            "corral_scheduler_events",
+            "FailedScheduling events: sent, suppressed (over the per-pod limit), failed (the write failed)",
+            ["result"],
+            registry=r,
+        )
+        self.conditions = Counter(
+            "corral_scheduler_condition_patches", "PodScheduled condition patches, by result", ["result"], registry=r
+        )

@@ -1,0 +1,321 @@
+"""Preemption: which running jobs a waiting job may stop, and which of them it stops (pure; the daemon carries it out).
+
+    the preemptor = the face's choice (serve: the first job in queue order that waits, due, not unresolvable, once
+                    no preemption is pending; sim fair: the same, at most PREEMPT_ATTEMPTS a round)
+    candidates    = running jobs that are preemptible, not already being stopped, that `Rules.borrowing` says hold
+                    more than their queue's guarantee, and that the preemptor outranks (`Rules.outranks`: a strictly
+                    higher priority class) or may reclaim from (`Rules.below_guarantee`: its queue is below its own),
+                    and that have run their minimum runtime since they (re)started (`Rules.min_runtime`, per queue,
+                    5 minutes by default): a victim loses at most one run per minimum runtime, however often
+                    higher-priority jobs come and go; one still protected is named in the preemptor's reason with the
+                    time it may be preempted (`protected`)
+    all of them released on a copy of the snapshot, and the preemptor still does not fit  -> no preemption at all
+    otherwise, per node where it then fits (fewest candidates, then cheapest, first; at most PREEMPT_NODES):
+                    for k = 1, 2, ...: every k of the node's candidates released on a copy, place(preemptor) on it;
+                    the first k with a fit wins, and among its sets the one losing the least run time (GPU-seconds,
+                    then seconds); the best over the nodes: fewest, then cheapest
+                    (past a budget of placements, the first node's set pared down greedily, the costliest first)
+    -> Choice: the victims, the grant the preemptor gets on what they free, and why (the words each victim keeps)
+
+Shares count exactly: a victim's release gives back exactly its grant on its GPU (ClusterSnapshot.release), so a
+0.5-GPU share frees half a GPU and nothing more. The freed resources are the preemptor's: during the grace period
+the victims' expected ends are their kill deadlines, so the head's reservation (corral.tenancy.reservation) holds
+them and backfill does not take them; the preemptor is first in queue order when they come free.
+
+Pure and face-free: the preemptor is a `Work`, the candidates `Running` records (corral.tenancy.model); what the
+face calls a job being stopped is `Running.stopping`. One machine (corral serve) is one node, so the search is the
+exhaustive one; a cluster's (sim fair, next the k8s scheduler) is bounded by its nodes.
+
+The seam for queues (docs/preemption.md): `Rules` holds the predicates. With no queues nothing is guaranteed, so
+every running job "borrows", no queue is below its guarantee, and any job may borrow: a job of strictly higher
+priority may preempt preemptible jobs of lower priority, and that is all.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from itertools import combinations
+
+import numpy as np
+
+from corral.model.resources import Allocation, Request
+from corral.model.snapshot import ClusterSnapshot
+from corral.placement import PlacementConfig, place
+from corral.tenancy.gang import place_gang
+from corral.tenancy.model import Running, Work
+from corral.tenancy.round import clock_text
+
+#: Placements tried per search before the greedy fallback: one machine has few running jobs, so the exhaustive
+#: search is usually far below it; the bound keeps a round cheap when many small shares run.
+SEARCH_BUDGET = 64
+#: Nodes searched per preemptor on a cluster (fewest, then cheapest, candidates first): bounds the cost there.
+PREEMPT_NODES = 64
+
+
+def _always(_: object) -> bool:
+    return True
+
+
+def _never(_: object) -> bool:
+    return False
+
+
+def _no_min_runtime(_: Running) -> float:
+    return 0.0
+
+
+def span_text(seconds: float) -> str:
+    """A minimum runtime as a person writes it: 300 -> "5m", 90 -> "1m30s", 3600 -> "1h", 0 -> "0s"."""
+    s = round(seconds)
+    parts = [f"{s // 3600}h" if s >= 3600 else "", f"{s % 3600 // 60}m" if s % 3600 >= 60 else "",
+             f"{s % 60}s" if s % 60 or not s else ""]  # fmt: skip
+    return "".join(parts)
+
+
+def higher_priority(preemptor: Work, victim: Running) -> bool:
+    """The priority-class rule: a strictly higher `priority` (equal priorities never preempt each other)."""
+    return preemptor.priority > victim.priority
+
+
+@dataclass(frozen=True)
+class Rules:
+    """Who may preempt whom. The defaults are the rules without queues; a face with queues supplies the real ones
+    (serve: `corral.daemon.queues.Queues.preemption_rules`).
+
+    `borrowing(victim)`: it holds more than its queue's guarantee (only such jobs may be preempted).
+    `below_guarantee(preemptor)`: its queue holds less than its guarantee (it may reclaim from any borrower).
+    `outranks(preemptor, victim)`: a higher priority class.
+    `may_borrow(work)`: a non-preemptible job may start now (without queues: always; with them: only within its
+    queue's guarantee, the price of not being preemptible).
+    `min_runtime(victim)`: seconds it runs after it (re)started before it may be preempted (here none)."""
+
+    borrowing: Callable[[Running], bool] = _always
+    below_guarantee: Callable[[Work], bool] = _never
+    outranks: Callable[[Work, Running], bool] = higher_priority
+    may_borrow: Callable[[Work], bool] = _always
+    min_runtime: Callable[[Running], float] = _no_min_runtime
+
+    def protected_until(self, victim: Running) -> float:
+        """Until when `victim` may not be preempted: its (re)start plus its minimum runtime (-inf: not protected)."""
+        if victim.started_at is None:
+            return -math.inf
+        return victim.started_at + self.min_runtime(victim)
+
+    @property
+    def borrows_freely(self) -> bool:
+        """No `may_borrow` rule (no queues): every job may start, preemptible or not."""
+        return self.may_borrow is _always
+
+    def why(self, preemptor: Work, victim: Running) -> str | None:
+        """Why `preemptor` may preempt `victim` ("priority" or "guarantee"), None when it may not."""
+        if not victim.preemptible or victim.stopping or not self.borrowing(victim):
+            return None
+        if self.outranks(preemptor, victim):
+            return "priority"
+        if self.below_guarantee(preemptor):
+            return "guarantee"
+        return None
+
+
+@dataclass(frozen=True)
+class Victim:
+    job: Running
+    why: str  # "priority" | "guarantee"
+    seconds: float  # run time lost: now - started_at
+    gpu_seconds: float  # the same, times the GPUs it holds (shares as fractions)
+    min_runtime_s: float = 0.0  # what it had to run first (Rules.min_runtime), said in its words
+
+
+@dataclass(frozen=True)
+class Choice:
+    preemptor: Work
+    victims: tuple[Victim, ...]
+    allocation: Allocation  # where the preemptor fits once the victims are gone
+    placements: int = 0  # engine calls the search made
+    words: dict[str, str] = field(default_factory=dict)  # victim id -> its preemption reason
+
+    @property
+    def gpu_seconds(self) -> float:
+        return sum(v.gpu_seconds for v in self.victims)
+
+
+def cost(job: Running, now: float) -> tuple[float, float]:
+    """(GPU-seconds, seconds) of run time lost if `job` is stopped now."""
+    seconds = max(0.0, now - (job.started_at if job.started_at is not None else now))
+    return seconds * job.gpu_milli / 1000, seconds
+
+
+def _grant(left: ClusterSnapshot, preemptor: Work, request: Request, config: PlacementConfig) -> Allocation | None:
+    # Its own seed: planning must not change the face's draws (as corral.tenancy.reservation).
+    rng = np.random.default_rng(0)
+    if preemptor.instances > 1:  # a gang: all its instances must fit on what the victims leave
+        return place_gang(left, request, preemptor.instances, config, rng).allocation
+    return place(left, request, config, rng).allocation
+
+
+def choose(
+    snapshot: ClusterSnapshot,
+    preemptor: Work,
+    running: Sequence[Running],
+    config: PlacementConfig,
+    now: float,
+    rules: Rules | None = None,
+    budget: int = SEARCH_BUDGET,
+) -> Choice | None:
+    """The fewest, then cheapest, running jobs whose release lets the preemptor's request be placed on `snapshot`;
+    None when no eligible set does (then nothing is preempted). `snapshot` is not changed; each allocation in it is
+    named by its holder's id (`Running.id`)."""
+    rules = rules or Rules()
+    request = preemptor.placing
+    victims = [v for v in candidates(snapshot, preemptor, running, now, rules) if rules.protected_until(v.job) <= now]
+    if not victims:
+        return None
+    # Cheapest first: the search tries sets in this order, so within one size the first fits tend to be cheap.
+    victims.sort(key=lambda v: (v.gpu_seconds, v.seconds, -int(v.job.id) if v.job.id.isdigit() else 0))
+    calls = 0
+
+    def fits(chosen: Sequence[Victim]) -> Allocation | None:
+        nonlocal calls
+        calls += 1
+        left = snapshot.copy()
+        for v in chosen:
+            left.release(v.job.id)
+        return _grant(left, preemptor, request, config)
+
+    everything = fits(victims)
+    if everything is None:
+        return None  # never preempt for a job that then cannot start
+    if fits(()) is not None:
+        return None  # it fits as things are (e.g. something ended since the pass): nothing to stop
+    best: tuple[tuple[int, float, float], tuple[Victim, ...], Allocation] | None = None
+    nodes = _nodes(snapshot, victims, everything)
+    for on_node in nodes:
+        for k in range(1, len(on_node) + 1):
+            if best is not None and k > best[0][0]:
+                break  # a node with fewer victims won already
+            found = False
+            for chosen in combinations(on_node, k):
+                if calls >= budget:
+                    break
+                grant = fits(chosen)
+                if grant is not None:
+                    found = True
+                    price = (k, sum(v.gpu_seconds for v in chosen), sum(v.seconds for v in chosen))
+                    if best is None or price < best[0]:
+                        best = (price, chosen, grant)
+            if found or calls >= budget:
+                break
+        if calls >= budget:
+            break
+    if best is None:
+        # Past the budget: pare a node's set down, dropping the costliest first while the preemptor still fits.
+        for on_node in nodes:
+            kept = list(on_node)
+            if len(nodes) > 1 and fits(kept) is None:
+                continue  # (one node: its set is every candidate, known to fit)
+            for v in sorted(on_node, key=lambda v: (v.gpu_seconds, v.seconds), reverse=True):
+                trial = [x for x in kept if x is not v]
+                if trial and fits(trial) is not None:
+                    kept = trial
+            grant = fits(kept)
+            assert grant is not None  # the node's whole set fit, and every step kept a fit
+            best = ((0, 0.0, 0.0), tuple(kept), grant)
+            break
+    if best is None:
+        return None
+    said = {v.job.id: words(preemptor, v, now) for v in best[1]}
+    return Choice(preemptor, best[1], best[2], calls, said)
+
+
+def _nodes(snapshot: ClusterSnapshot, victims: Sequence[Victim], everything: Allocation) -> list[list[Victim]]:
+    """The candidates grouped by node, fewest then cheapest first, at most PREEMPT_NODES nodes; one machine: one
+    group. On a cluster a single preemptor's grant lies on one node, so only victims there can make room for it
+    there; the node the preemptor took with every candidate gone comes first among equals."""
+    by_node: dict[int, list[Victim]] = {}
+    for v in victims:
+        by_node.setdefault(snapshot.allocations[v.job.id].node_index, []).append(v)
+    if len(by_node) == 1:
+        return list(by_node.values())
+
+    def rank(item: tuple[int, list[Victim]]) -> tuple[int, float, float, int, int]:
+        i, vs = item
+        return (len(vs), sum(v.gpu_seconds for v in vs), sum(v.seconds for v in vs), i != everything.node_index, i)
+
+    return [vs for _, vs in sorted(by_node.items(), key=rank)[:PREEMPT_NODES]]
+
+
+def candidates(
+    snapshot: ClusterSnapshot, preemptor: Work, running: Sequence[Running], now: float, rules: Rules
+) -> list[Victim]:
+    """The running jobs `preemptor` may preempt by the rules, protected by their minimum runtime or not."""
+    out: list[Victim] = []
+    for job in running:
+        why = rules.why(preemptor, job)
+        if why is not None and job.id in snapshot.allocations:
+            gpu_s, s = cost(job, now)
+            out.append(Victim(job, why, s, gpu_s, rules.min_runtime(job)))
+    return out
+
+
+@dataclass(frozen=True)
+class Protected:
+    """Preemption would help, but not before `at`: the victims it would need are still in their minimum runtime."""
+
+    at: float
+    job_ids: tuple[str, ...]
+    min_runtime_s: float
+
+    def text(self) -> str:
+        """Words for the preemptor's reason (a fixed time: the same every round until something changes)."""
+        ids = ", ".join(self.job_ids)
+        return (
+            f"it may preempt job{'s' if len(self.job_ids) > 1 else ''} {ids} from {clock_text(self.at)}, when "
+            f"{'they have' if len(self.job_ids) > 1 else 'it has'} run the minimum runtime of "
+            f"{span_text(self.min_runtime_s)} (docs/preemption.md)"
+        )
+
+
+def protected(
+    snapshot: ClusterSnapshot,
+    preemptor: Work,
+    running: Sequence[Running],
+    config: PlacementConfig,
+    now: float,
+    rules: Rules,
+) -> Protected | None:
+    """When `choose` found nothing: the earliest time preemption would let the preemptor fit, counting the
+    candidates still in their minimum runtime as they come out of it (None: it would not help even then)."""
+    found = candidates(snapshot, preemptor, running, now, rules)
+    waiting = sorted(
+        (v for v in found if rules.protected_until(v.job) > now), key=lambda v: rules.protected_until(v.job)
+    )
+    if not waiting:
+        return None
+    free = [v for v in found if rules.protected_until(v.job) <= now]
+    for k in range(1, len(waiting) + 1):
+        left = snapshot.copy()
+        for v in free + waiting[:k]:
+            left.release(v.job.id)
+        if _grant(left, preemptor, preemptor.placing, config) is not None:
+            chosen = waiting[:k]
+            at = rules.protected_until(chosen[-1].job)
+            return Protected(at, tuple(v.job.id for v in chosen), max(v.min_runtime_s for v in chosen))
+    return None
+
+
+def words(preemptor: Work, victim: Victim, now: float) -> str:
+    """The reason a victim keeps: by whom, when, and why it was allowed."""
+    rule = (
+        f"a higher priority than this job's {victim.job.priority}"
+        if victim.why == "priority"
+        else "its queue was below its guarantee, and this job borrowed above its own queue's"
+    )
+    who = f"job {preemptor.id} (user {preemptor.user}, priority {preemptor.priority})"
+    ran = (
+        f" (it had run {span_text(victim.seconds)}, past its minimum runtime of {span_text(victim.min_runtime_s)})"
+        if victim.min_runtime_s > 0
+        else ""
+    )
+    return f"preempted by {who} at {clock_text(now)}: {rule}{ran}"

@@ -1,0 +1,364 @@
+"""The queues between rounds and in one: fair-share usage, each round's order and limits, and who may preempt whom.
+
+    Tenancy(config, capacity, ...)       a face holds one (serve: corral.daemon.queues.Queues, which adds the file,
+                                         the store and the Unix groups), or plan_round makes one per call
+    each end    record(running, end)     its run added to its account's decayed usage (UsageLedger)
+    each round  plan_queues(waiting queues, running, free, now)
+                  -> order(entries): priority, fair share, age (fairshare.fair_order)
+                  -> gate: the limits of quota.Gate, checked before a job is placed; a gang's members as one ask
+                preemption_rules()       borrowers, queues below their guarantee, minimum runtime (preemption.Rules)
+
+Accounts (docs/queues.md): a job is charged to (queue, user). Its weight is the queue's part of the weights of the
+queues that have work, times the user's part of the weights of that queue's users with work:
+    weight(q, u) = w_q / sum_active w_q' * w_u,q / sum_active_in_q w_u',q
+and the order's key is the account's dominant share of decayed usage over that weight (fairshare.fair_order).
+
+Pure: no file, no clock (`now` is an argument), no store; a user's Unix groups come from `groups_of`, which a face
+overrides (serve reads the system's; by default a user is in no group).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from corral.tenancy.config import QueuesConfig, Vector
+from corral.tenancy.fairshare import (
+    RESOURCES,
+    FloatArray,
+    Offer,
+    UsageLedger,
+    amount,
+    decayed_capacity,
+    dominant_share,
+    expected_usage,
+    fair_order,
+    share_rows,
+)
+from corral.tenancy.model import Running, Work
+from corral.tenancy.preemption import Rules
+from corral.tenancy.quota import (
+    NOT_PREEMPTIBLE,
+    ZERO,
+    Gate,
+    Usage,
+    add,
+    below_guarantee,
+    borrowing,
+    demand,
+    held,
+    measure,
+    over_guarantee,
+    queue_rows,
+)
+from corral.tenancy.round import RoundQueues
+
+
+class Tenancy:
+    """One face's queues: the configuration, the usage ledger, and what the last round left (for views)."""
+
+    def __init__(
+        self,
+        config: QueuesConfig,
+        capacity: FloatArray,
+        whole_gpu_memory_mib: int,
+        gpu_memory_of: Callable[[int], int],
+        active: bool = True,
+    ) -> None:
+        """`capacity`: the machine's or cluster's (fairshare.amount); `whole_gpu_memory_mib`: what a whole GPU is
+        counted as holding before it is placed (the largest GPU's); `gpu_memory_of`: a GPU's memory by its index (a
+        whole-GPU grant without a memory figure holds all of it). `active` False: no queues file, so the order is
+        priority then age, and no limits (serve without --queues)."""
+        self.config = config
+        self.active = active
+        self.capacity = capacity
+        self._whole_mem = whole_gpu_memory_mib
+        self._gpu_memory_of = gpu_memory_of
+        self.ledger = UsageLedger(config.half_life_s)
+        #: job id -> (entry, its offer, its key for the limits' verdicts), while the entry lives
+        self._offers: dict[str, tuple[Any, Offer[Any], tuple[str, str, int, int]]] = {}
+        #: A job's projected share by what decides it: its amounts and time limit (not the shape's index, which the
+        #: round's ShapeCache may renumber when it prunes).
+        self._projected: dict[tuple[int, int, int, int, int, float | None], float] = {}
+        self.usage = Usage()  # the last round's holdings (for GET /v1/queues)
+        self.queue_of_id: dict[str, str] = {}  # the last round's waiting jobs' queues (for explain)
+        self.limited: dict[str, str] = {}  # the last round's jobs held back by a limit, and which
+        self.started: set[str] = set()  # the jobs the last round started (no longer waiting)
+        self.waiting_accounts: set[Hashable] = set()  # ("user", queue, user) of the last round's waiting jobs
+        self._gid_of: dict[str, int] = {}  # each user's primary gid, as their jobs carry it (for group weights)
+
+    def forget(self) -> None:
+        """Drop what was kept for earlier rounds (a new configuration)."""
+        self._offers.clear()
+        self._projected.clear()
+
+    def groups_of(self, user: str, gid: int) -> tuple[str, ...]:
+        """The names of a user's groups (none here; a face that knows them overrides this)."""
+        return ()
+
+    def user_weight(self, queue: str, user: str) -> float:
+        """A user's weight among a queue's users: its weight in the queue, times its weight across queues, times the
+        weights of its Unix groups (in the queue and across queues); 1 for what the file does not name."""
+        spec = self.config.queues.get(queue)
+        w = 1.0
+        if spec is not None and (p := spec.user(user)) is not None:
+            w *= p.weight
+        if (p := self.config.user(user)) is not None:
+            w *= p.weight
+        gid = self._gid_of.get(user)
+        if gid is not None and ((spec is not None and spec.groups) or self.config.groups):
+            for g in self.groups_of(user, gid):
+                for table in ((spec.groups if spec is not None else {}), self.config.groups):
+                    if (pg := table.get(g)) is not None:
+                        w *= pg.weight
+        return w
+
+    # ---------------------------------------------------------------------------------------------- preemption
+    def preemption_rules(self) -> Rules:
+        """Who may preempt whom with queues (docs/preemption.md, docs/queues.md). Without a queues file: the rules
+        without queues (a strictly higher priority preempts lower-priority preemptible jobs).
+
+        victims     = running jobs that are part of their queue's excess above its guarantee (`quota.borrowing`: the
+                      latest started of a queue above it), and preemptible
+        preemptor   = of a strictly higher priority, or its queue is below its guarantee (`quota.below_guarantee`)
+        not preemptible = starts only while its queue stays within its guarantee (`may_borrow`): the price of never
+                      being a victim is never borrowing
+        Each rule reads the holdings of the round that calls it (`self.usage`), so a reload takes effect at once."""
+        if not self.active:
+            return Rules(min_runtime=self.min_runtime_of)
+
+        def is_borrowing(job: Running) -> bool:
+            return borrowing(job.id, self.usage)
+
+        def is_below(work: Work) -> bool:
+            spec = self.config.queues.get(work.queue)
+            return spec is not None and below_guarantee(spec, self.usage)
+
+        return Rules(
+            borrowing=is_borrowing, below_guarantee=is_below, may_borrow=self.within_guarantee,
+            min_runtime=self.min_runtime_of,
+        )  # fmt: skip
+
+    def min_runtime_of(self, job: Running) -> float:
+        """How long `job` runs after it (re)started before it may be preempted: its queue's `min_runtime`."""
+        return self.config.min_runtime(job.queue)
+
+    def within_guarantee(self, work: Work) -> bool:
+        """Whether `work` would start with its queue still within its guarantee, in each dimension the queue is
+        guaranteed (as `quota.measure` counts borrowing). A queue guaranteed nothing has no room for it."""
+        spec = self.config.queues.get(work.queue)
+        if spec is None:
+            return False
+        return over_guarantee(self.usage.queue.get(work.queue, ZERO), self.whole_demand(work), spec.guarantee) is None
+
+    def whole_demand(self, work: Work) -> Vector:
+        """What a job asks for in all: a gang's N instances (a gang group's N members) count N times."""
+        return demand(work.request, self._whole_mem, work.whole_instances)
+
+    # ---------------------------------------------------------------------------------------------- usage
+    def held_vector(self, job: Running) -> np.ndarray:
+        """What a job holds for fair share: GPUs by their part (milli), every instance of a gang."""
+        n = job.instances
+        memory_of = self._gpu_memory_of
+        return amount(
+            sum(g.milli for g in job.gpus),
+            sum(g.memory_mib or (memory_of(g.index) if g.milli >= 1000 else 0) for g in job.gpus),
+            job.request.cpu_milli * n,
+            job.request.memory_mib * n,
+        )
+
+    def record(self, job: Running, finished_at: float, ledger: UsageLedger | None = None) -> None:
+        """A run has ended: its usage is kept, decayed, from now on (in `ledger`: a ledger being rebuilt)."""
+        if job.started_at is None:
+            return
+        a = self.held_vector(job)
+        for account in (("queue", job.queue), ("user", job.queue, job.user)):
+            (self.ledger if ledger is None else ledger).record(account, a, job.started_at, finished_at)
+
+    def usages(self, holding: Sequence[Running], now: float) -> dict[tuple[str, ...], np.ndarray]:
+        """Decayed usage per account (queue and (queue, user)), running jobs included."""
+        running: dict[tuple[str, ...], list[tuple[np.ndarray, float]]] = {}
+        for j in holding:
+            if j.started_at is None:
+                continue
+            a = self.held_vector(j)
+            running.setdefault(("queue", j.queue), []).append((a, j.started_at))
+            running.setdefault(("user", j.queue, j.user), []).append((a, j.started_at))
+        accounts = {a for a in self.ledger.accounts() if isinstance(a, tuple)} | set(running)
+        return {acc: self.ledger.usage(acc, now, running.get(acc, ())) for acc in accounts}
+
+    # ---------------------------------------------------------------------------------------------- a round
+    def plan_queues(
+        self, waiting: Mapping[str, str], holding: Sequence[Running], free: Vector, now: float,
+        default_time_limit_s: float,
+    ) -> RoundQueues | None:  # fmt: skip
+        """The order and the gate of one pass over the works `waiting` (id -> queue), with `holding` running and
+        `free` free (quota.free_of); None without a queues file (priority, then age, no limits)."""
+        config = self.config
+        memory_of = self._gpu_memory_of
+        self.usage = measure(config, holding, lambda j: held(j, memory_of), self.groups_of)
+        queue_of_id = dict(waiting)
+        self.queue_of_id = queue_of_id
+        started: set[str] = set()
+        self.started = started
+        if not self.active:
+            self.limited = {}
+            return None
+        usages = self.usages(holding, now)
+        cap = decayed_capacity(self.capacity, config.half_life_s)
+        h = config.half_life_s
+        gate = Gate(config, self.usage, free, set(queue_of_id.values()), self.groups_of)
+        limited: dict[str, str] = {}
+        self.limited = limited
+        whole_mem = self._whole_mem
+        demands: dict[int, Vector] = {}
+
+        def projected(work: Work) -> float:
+            r = work.request
+            key = (r.gpu_count, r.gpu_milli, r.gpu_memory_mib, r.cpu_milli, r.memory_mib, work.time_limit_s)
+            p = self._projected.get(key)
+            if p is None:
+                gmem = whole_mem if r.whole_gpus else r.gpu_memory_mib
+                a = amount(r.gpu_count * r.gpu_milli, r.gpu_count * gmem, r.cpu_milli, r.memory_mib)
+                run = work.time_limit_s if work.time_limit_s is not None else default_time_limit_s
+                p = dominant_share(expected_usage(a, run, h), cap)
+                self._projected[key] = p
+            return p
+
+        def order(entries: list[Any]) -> list[Any]:
+            offers = []
+            cache = self._offers
+            for e in entries:
+                found = cache.get(e.work.id)
+                if found is not None and found[0] is e:
+                    offers.append(found[1])
+                    continue
+                work: Work = e.work
+                numeric = int(work.id) if work.id.isdigit() else 0
+                q = queue_of_id[work.id]
+                o = Offer(e, ("user", q, work.user), work.priority,
+                          work.submitted_at, (numeric, work.id), projected(work))  # fmt: skip
+                cache[work.id] = (e, o, (q, work.user, work.gid, e.shape))
+                self._gid_of[work.user] = work.gid
+                offers.append(o)
+            if len(cache) > 2 * len(entries) + 64:
+                live = {e.work.id for e in entries}
+                for k in [k for k in cache if k not in live]:
+                    del cache[k]
+            accounts = {o.account for o in offers}
+            self.waiting_accounts = accounts
+            active: dict[str, set[str]] = {}
+            for account in accounts:
+                acc: tuple[str, str, str] = account  # type: ignore[assignment]
+                active.setdefault(acc[1], set()).add(acc[2])
+            for j in holding:
+                active.setdefault(j.queue, set()).add(j.user)
+                self._gid_of[j.user] = j.gid
+            qw = {q: (config.queues[q].weight if q in config.queues else 1.0) for q in active}
+            total_q = sum(qw.values()) or 1.0
+            uw: dict[tuple[str, str], float] = {}
+            for q, users in active.items():
+                ws = {u: self.user_weight(q, u) for u in users}
+                total_u = sum(ws.values()) or 1.0
+                for u, w in ws.items():
+                    uw[(q, u)] = qw[q] / total_q * w / total_u
+
+            def weight(account: Hashable) -> float:
+                acc: tuple[str, str, str] = account  # type: ignore[assignment]
+                return uw.get((acc[1], acc[2]), 1.0)
+
+            shares: dict[Hashable, float] = {a: dominant_share(usages[a], cap) for a in accounts if a in usages}
+            return fair_order(offers, shares, weight)
+
+        verdicts = gate.verdicts
+        offered = self._offers
+
+        within = self.within_guarantee
+
+        def check(e: Any) -> str | None:
+            work: Work = e.work
+            if not work.preemptible and not within(work):  # holdings grow with each start of the round
+                limited[work.id] = NOT_PREEMPTIBLE
+                return NOT_PREEMPTIBLE
+            key = offered[work.id][2]  # (queue, user, gid, shape), made with its offer
+            if key in verdicts:  # the common case, inlined: this runs once per queued job every round
+                why = verdicts[key]
+            else:
+                want = demands.get(e.shape)
+                if want is None:  # the shape's instances are part of it (round.ShapeCache)
+                    want = demands[e.shape] = demand(work.request, whole_mem, work.instances)
+                why = gate.check(*key, want, work.instances)
+            if why is not None:
+                limited[work.id] = why
+            return why
+
+        def took(e: Any) -> None:
+            work: Work = e.work
+            started.add(work.id)
+            gate.took(queue_of_id[work.id], work.user, work.gid, demand(work.request, whole_mem, work.instances))
+
+        def check_group(members: list[Any]) -> str | None:
+            """A gang group's members as one ask: the sum of theirs against every limit (issue 23: three 1-GPU
+            members of a queue limited to 2 GPUs never start, though each alone would fit)."""
+            first: Work = members[0].work
+            total = ZERO
+            for m in members:
+                total = add(total, demand(m.work.request, whole_mem, m.work.instances))
+            q = queue_of_id[first.id]
+            spec = config.queues.get(q)
+            why: str | None
+            if not first.preemptible and (
+                spec is None or over_guarantee(self.usage.queue.get(q, ZERO), total, spec.guarantee) is not None
+            ):
+                why = NOT_PREEMPTIBLE
+            else:
+                why = gate.check_group(q, first.user, first.gid, total, len(members))
+            if why is not None:
+                for m in members:
+                    limited[m.work.id] = why
+            return why
+
+        return RoundQueues(order, check, took, check_group)
+
+    # ---------------------------------------------------------------------------------------------- views
+    def queues_view(self) -> list[dict[str, object]]:
+        """Each queue, with the jobs the last round left waiting in it and its holdings then."""
+        pending = Counter(q for job_id, q in self.queue_of_id.items() if job_id not in self.started)
+        return queue_rows(self.config, self.usage, pending)
+
+    def shares(self, holding: Sequence[Running], now: float) -> dict[str, Any]:
+        """sshare's rows: every queue, and every user in it (weights as the order uses them), with sprio's factors."""
+        usages = self.usages(holding, now)
+        h = self.config.half_life_s
+        queues = sorted(set(self.config.queues) | {k[1] for k in usages if k[0] == "queue"})
+        qrows = share_rows(
+            {q: usages.get(("queue", q), amount()) for q in queues},
+            {q: (self.config.queues[q].weight if q in self.config.queues else 1.0) for q in queues},
+            self.capacity, h,
+        )  # fmt: skip
+        rows: list[dict[str, Any]] = []
+        for qr in qrows:
+            rows.append(_row(qr, qr.account, None))
+            known = set(usages) | {a for a in self.waiting_accounts if isinstance(a, tuple)}
+            users = sorted({k[2] for k in known if k[0] == "user" and k[1] == qr.account})
+            weights = {u: self.user_weight(qr.account, u) for u in users}
+            used = {u: usages.get(("user", qr.account, u), amount()) for u in users}
+            for ur in share_rows(used, weights, self.capacity, h):
+                rows.append(_row(ur, qr.account, ur.account))
+        return {"half_life_s": h, "resources": list(RESOURCES), "accounts": rows}
+
+
+def _row(r: Any, queue: str, user: str | None) -> dict[str, Any]:
+    return {
+        "queue": queue,
+        "user": user,
+        "weight": r.weight,
+        "norm_shares": r.norm_shares,
+        "usage": dict(zip(RESOURCES, r.usage, strict=True)),
+        "dominant_share": r.share,
+        "effective_usage": r.effective_usage,
+        "fairshare_factor": r.factor,
+    }
