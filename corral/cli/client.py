@@ -376,7 +376,7 @@ def submit_cmd(
             cpus, memory, gpu_model, priority, name = p["cpus"], p["memory"], p["gpu_model"], p["priority"], p["name"]
             queue, retries, time_limit, no_preempt = p["queue"], p["retries"], p["time_limit"], p["no_preempt"]
             dependency, kill_on_invalid_dep = p["dependency"], p["kill_on_invalid_dep"]
-            instances, gang, output, error = p["instances"], p["gang"], p["output"], p["error"]
+            instances, gang, output, error, array = p["instances"], p["gang"], p["output"], p["error"], p["array"]
             extra["script"] = {"text": batch.script.text, "dialect": batch.script.dialect}
             describe = _directive_errors(batch.origins, command[0])
     body = submit_body(

@@ -1052,8 +1052,8 @@ class Daemon:
         spec = LaunchSpec(
             job_id=job_id,
             command=job.spec.command,
-            env=script.pop("env", job.spec.env),
-            corral_env=array.environment(job.spec),
+            env=job.spec.env,
+            corral_env={**array.environment(job.spec), **script.pop("slurm_env", {})},
             cwd=job.spec.cwd,
             uid=job.spec.uid,
             gid=job.spec.gid,
@@ -1370,14 +1370,17 @@ def _script_fields(job: Job) -> dict[str, Any]:
         return {}
     from corral.jobs.batch import launch_path
 
+    a = s.array  # an array's task: %A is the array's id, %a the task's (outside an array: the job id, and empty)
+    ids = {"array_job": a.job_id or None, "task": str(a.task)} if a is not None else {}
+
     def path(pattern: str) -> str | None:
-        return launch_path(pattern, job=job.id, user=s.user, name=s.name, cwd=s.cwd) if pattern else None
+        return launch_path(pattern, job=job.id, user=s.user, name=s.name, cwd=s.cwd, **ids) if pattern else None
 
     fields: dict[str, Any] = {
         "script": None if s.script is None else s.script.text, "output": path(s.output), "error": path(s.error),
     }  # fmt: skip
     if s.script is not None and s.script.dialect == "sbatch":  # what an sbatch script reads of its job (Slurm's)
-        fields["env"] = {**s.env, **slurm_environment(job)}
+        fields["slurm_env"] = slurm_environment(job)
     return fields
 
 

@@ -62,7 +62,7 @@ def test_a_script_is_stored_with_its_job_and_launched_from_its_text(world: World
     [launched] = world.executor.launched
     assert launched.script == TEXT and launched.command == ("job.sh", "x")
     assert launched.output == f"{tmp_path}/out-{job['id']}-n.txt" and launched.error is None
-    slurm = {k: v for k, v in launched.env.items() if k.startswith("SLURM_")}
+    slurm = {k: v for k, v in launched.corral_env.items() if k.startswith("SLURM_")}
     assert slurm == {"SLURM_JOB_ID": job["id"], "SLURM_JOBID": job["id"], "SLURM_JOB_NAME": "n",
                      "SLURM_SUBMIT_DIR": str(tmp_path), "SLURM_JOB_USER": "alice"}  # fmt: skip
     logs = world.client(ALICE).get(f"/v1/jobs/{job['id']}/logs")
@@ -147,3 +147,18 @@ def test_an_output_out_of_reach_at_submission_is_refused(world: World, here: Pat
     answer = post(world, error=f"{hidden}/sub/e", cwd=str(mine))
     assert answer.json()["detail"] == {"field": "error", "message": f"{hidden}/sub/e: the job's user may not enter "
                                                                      f"{hidden}"}  # fmt: skip
+
+
+def test_an_sbatch_array_gets_its_task_ids_in_output_names_and_slurms_variables(world: World, here: Path) -> None:
+    os.chown(here, 1000, 1000)
+    head = submit(world.client(ALICE), command=["job.sh"], script={"text": TEXT, "dialect": "sbatch"},
+                  array="3-5", output="o-%A_%a-%j.txt", cwd=str(here), gpus=0)  # fmt: skip
+    world.tick()
+    launched = sorted(world.executor.launched, key=lambda s: int(s.job_id))
+    first = int(head["id"])
+    assert [s.output for s in launched] == [f"{here}/o-{head['id']}_{task}-{first + k}.txt"
+                                            for k, task in enumerate((3, 4, 5))]  # fmt: skip
+    assert [s.corral_env["SLURM_ARRAY_TASK_ID"] for s in launched] == ["3", "4", "5"]
+    assert {s.corral_env["SLURM_ARRAY_JOB_ID"] for s in launched} == {head["id"]}
+    assert [s.corral_env["SLURM_JOB_ID"] for s in launched] == [str(first + k) for k in range(3)]
+    assert all(s.script == TEXT for s in launched)

@@ -202,6 +202,18 @@ def test_a_script_runs_its_stored_text_on_retry_writes_its_output_and_says_what_
         assert bad_pattern.stderr == (
             "error: --output: %q is no pattern corral knows: %j %A %a %u %x, and %% for a % sign\n"
         )
+        if HAS_ARRAYS:  # an #SBATCH array: each task's file named by %A and %a, Slurm's variables set
+            (work / "arr.sh").write_text(
+                "#!/bin/sh\n#SBATCH --array=0-1 -o arr-%A_%a.out\necho $SLURM_ARRAY_JOB_ID $SLURM_ARRAY_TASK_ID\n"
+            )
+            head = run(sock, work, "submit", "arr.sh").stdout.strip()
+
+            def tasks_ended() -> bool:
+                shown = json.loads(run(sock, work, "show", f"{head}_[0-1]", "--json").stdout)
+                return [t["state"] for t in shown] == ["succeeded", "succeeded"]
+
+            wait_for("the array's tasks", tasks_ended, timeout=60)
+            assert [(work / f"arr-{head}_{t}.out").read_text() for t in (0, 1)] == [f"{head} 0\n", f"{head} 1\n"]
         corral.run("cancel", keeper)
 
 
