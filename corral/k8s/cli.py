@@ -236,6 +236,15 @@ def explain_cmd(
     typer.echo(explain_text(obj, events))
 
 
+def _queue_line(pod: dict[str, Any]) -> str:
+    """A pending pod's queue (its label, Kueue's or KAI's, else its namespace) and gang, if it names one."""
+    from corral.k8s.scheduler.gang import gang_of, queue_of
+
+    ref = gang_of(pod)
+    gang = f", gang {ref.key} (PodGroup {ref.api})" if ref is not None else ""
+    return f"  queue {queue_of(pod)}{gang}"
+
+
 def explain_text(pod: dict[str, Any], events: list[dict[str, Any]]) -> str:
     """`corral k8s explain`'s text: where the pod is, or why it waits, and its recent scheduling events."""
     meta = pod.get("metadata") or {}
@@ -251,6 +260,7 @@ def explain_text(pod: dict[str, Any], events: list[dict[str, Any]]) -> str:
         c = conditions[0]
         lines.append(f"{name}: pending ({c.get('reason') or 'no reason'}, since {c.get('lastTransitionTime')})")
         lines.append(f"  {c.get('message') or ''}")
+        lines.append(_queue_line(pod))
     else:
         who = spec.get("schedulerName") or "default-scheduler"
         lines.append(f"{name}: pending, not looked at yet by its scheduler ({who})")
