@@ -262,3 +262,19 @@ def test_a_gang_left_partly_bound_that_cannot_be_completed_loses_its_bound_part(
     assert all(node_of(api, f"m{i}") is None for i in (1, 2, 3))
     wait_for("the gang's reason", lambda: "3 of 4 members pending" in s.explain("default/m1")["reason"], 5)
     assert parse_assignment(api.pods[("default", "other")]["metadata"].get("annotations")) is None
+
+
+def test_the_pod_group_crd_and_its_rbac_ship_with_the_standalone_scheduler() -> None:
+    import yaml
+
+    from tests.k8s.chart import DEPLOY
+
+    docs = [d for d in yaml.safe_load_all((DEPLOY / "corral-standalone.yaml").read_text()) if d]
+    [crd] = [d for d in docs if d["kind"] == "CustomResourceDefinition"]
+    assert crd["metadata"]["name"] == "podgroups.scheduling.x-k8s.io"
+    assert (crd["spec"]["group"], crd["spec"]["scope"], crd["spec"]["names"]["kind"]) == (
+        "scheduling.x-k8s.io", "Namespaced", "PodGroup")  # fmt: skip
+    [version] = crd["spec"]["versions"]
+    assert version["name"] == "v1alpha1" == POD_GROUP_API.split("/")[1]
+    spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    assert spec["minMember"]["type"] == "integer" and spec["minMember"]["minimum"] == 1
