@@ -165,8 +165,11 @@ def test_hostile_pod_groups_get_a_clear_reason_and_hold_nothing_up(setup: Setup,
                                         "10000)")  # fmt: skip
     assert condition(got["lost-0"]) == ("gang default/missing: PodGroup default/missing (scheduling.x-k8s.io/"
                                         "v1alpha1) not found; its members wait until it exists")  # fmt: skip
-    assert re.fullmatch(r"gang default/wide: 5 of 5 members pending, needs 5 that fit together; only [34] fit; "
-                        r"default/wide-\d: 0/4 nodes fit: .*", condition(got["wide-0"])), condition(got["wide-0"])
+    assert re.fullmatch(
+        r"gang default/wide: 5 of 5 members pending, needs 5 that fit together; only [34] fit; "
+        r"default/wide-\d: 0/4 nodes fit: .*",
+        condition(got["wide-0"]),
+    ), condition(got["wide-0"])
     assert [n for n, p in got.items() if p["spec"].get("nodeName")] == ["solo"]
     events = w.get("/api/v1/namespaces/default/events")["items"]
     assert {e["involvedObject"]["name"] for e in events if e["reason"] == "FailedScheduling"} >= {
