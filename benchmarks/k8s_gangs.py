@@ -136,7 +136,8 @@ def main() -> None:
                 res = (f"{r['bound']}/{r['pods']} bound, {r['bound_before_last']} before the last member existed; "
                        f"whole {r['whole_after_last_s']} s after the last member's creation")  # fmt: skip
             else:
-                res = (f"{r['bound_with_5']}/10 bound on 5 nodes (\"{r['reason_with_5']}\"); {r['bound_with_10']}/10 bound "
+                res = (f"{r['bound_with_5']}/10 bound on 5 nodes (\"{r['reason_with_5']}\"); "
+                       f"{r['bound_with_10']}/10 bound "
                        f"{r['all_after_last_node_s']} s after the 10th node's creation")  # fmt: skip
             lines.append(f"| {r['case']} | {res} |")
         with args.write.open("a") as fh:
