@@ -278,3 +278,15 @@ def test_the_pod_group_crd_and_its_rbac_ship_with_the_standalone_scheduler() -> 
     assert version["name"] == "v1alpha1" == POD_GROUP_API.split("/")[1]
     spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
     assert spec["minMember"]["type"] == "integer" and spec["minMember"]["minimum"] == 1
+
+
+def test_gang_members_are_counted_by_their_code_in_the_pending_metric(
+    api: FakeKubeApi, run: Callable[..., Scheduler]
+) -> None:
+    pod_group(api, "g", 3)
+    pod_group(api, "zero", 0)
+    s = run()
+    api.put_pod(member("m0", "g"))
+    api.put_pod(member("z", "zero"))
+    api.put_pod(member("w0", "wide", 2))
+    wait_for("the codes", lambda: s.pending_by_reason() == {"gang_incomplete": 1, "gang_invalid": 2}, 5)
