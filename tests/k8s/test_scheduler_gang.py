@@ -290,3 +290,18 @@ def test_gang_members_are_counted_by_their_code_in_the_pending_metric(
     api.put_pod(member("z", "zero"))
     api.put_pod(member("w0", "wide", 2))
     wait_for("the codes", lambda: s.pending_by_reason() == {"gang_incomplete": 1, "gang_invalid": 2}, 5)
+
+
+def test_corral_k8s_explain_shows_a_pending_pods_queue_and_gang() -> None:
+    from corral.k8s.cli import explain_text
+
+    p = member("m0", "train")
+    p["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "research"
+    reason = "gang default/train: 1 of 4 members pending, needs 4 that fit together; waiting for 3 more"
+    p["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                  "message": reason, "lastTransitionTime": "2026-11-28T15:00:00Z"}]  # fmt: skip
+    assert explain_text(p, []).splitlines() == [
+        "default/m0: pending (Unschedulable, since 2026-11-28T15:00:00Z)",
+        f"  {reason}",
+        "  queue research, gang default/train (PodGroup scheduling.x-k8s.io/v1alpha1)",
+    ]
