@@ -134,8 +134,10 @@ SCHEDULER_WORKLOAD_HELP = (
     "reads it (openb CSV, or corral's YAML/JSON), whose typical pods are the workload: with the same file and policy "
     "the scheduler places a trace as `corral sim` does."
 )
-GANG_TIMEOUT_HELP = ("Seconds a gang may stay bound short of its minMember (a Binding refused, a restart mid-gang) "
-                     "before its bound members are deleted for their controller to recreate.")
+GANG_TIMEOUT_HELP = (
+    "Seconds a gang may stay bound short of its minMember (a Binding refused, a restart mid-gang) "
+    "before its bound members are deleted for their controller to recreate."
+)
 LISTEN_HELP = "Serve GET /metrics, /healthz, /readyz and /explain/NS/POD on HOST:PORT (read-only; '' for none)."
 
 
