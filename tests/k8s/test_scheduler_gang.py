@@ -305,3 +305,18 @@ def test_corral_k8s_explain_shows_a_pending_pods_queue_and_gang() -> None:
         f"  {reason}",
         "  queue research, gang default/train (PodGroup scheduling.x-k8s.io/v1alpha1)",
     ]
+
+
+def test_a_gang_stays_a_gang_on_a_cluster_with_a_tainted_node(api: FakeKubeApi, run: Callable[..., Scheduler]) -> None:
+    tainted = gpu_node("n3", 2)
+    tainted["spec"] = {"taints": [{"key": "dedicated", "value": "x", "effect": "NoSchedule"}]}
+    api.put_node(tainted)
+    pod_group(api, "g", 3)
+    s = run()
+    for i in range(2):
+        api.put_pod(member(f"m{i}", "g"))
+    wait_for("the gang's reason", lambda: s.explain("default/m1").get("code") == "gang_incomplete", 5)
+    assert not [c for c in api.calls if c[0] == "create_binding"]
+    api.put_pod(member("m2", "g"))
+    wait_for("all three bound", lambda: all(node_of(api, f"m{i}") for i in range(3)), 5)
+    assert all(node_of(api, f"m{i}") != "n3" for i in range(3))

@@ -746,7 +746,7 @@ class Scheduler:
             return p, ""
         r = p.ask.request
         ask = dataclasses.replace(p.ask, request=dataclasses.replace(r, constraints=(*r.constraints, off)))
-        return Pending(p.key, p.name, ask, p.error), f"constraint not met ({off.attribute} {off.op.value} {off.value})"
+        return dataclasses.replace(p, ask=ask), f"constraint not met ({off.attribute} {off.op.value} {off.value})"
 
     def _later(self, w: Waiting) -> None:
         """Place the pod again after a delay that grows with its failures (under self._cond)."""
