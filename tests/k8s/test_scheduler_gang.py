@@ -320,3 +320,19 @@ def test_a_gang_stays_a_gang_on_a_cluster_with_a_tainted_node(api: FakeKubeApi, 
     api.put_pod(member("m2", "g"))
     wait_for("all three bound", lambda: all(node_of(api, f"m{i}") for i in range(3)), 5)
     assert all(node_of(api, f"m{i}") != "n3" for i in range(3))
+
+
+def test_a_relist_drops_bound_members_deleted_while_the_watch_was_down(
+    api: FakeKubeApi, run: Callable[..., Scheduler]
+) -> None:
+    pod_group(api, "g", 3)
+    _bound_member(api, "m0", "n1", 0)
+    _bound_member(api, "m1", "n1", 1)
+    s = run()
+    wait_for("two bound members", lambda: len(s._gang_bound.get("default/g", {})) == 2, 5)
+    api.pods.pop(("default", "m1"))  # gone without a watch event (a watch outage)
+    s.listed("pods", api.list("pods")[0])
+    assert set(s._gang_bound["default/g"]) == {"uid-default-m0"}
+    api.put_pod(member("m2", "g"))  # 1 bound + 1 pending < 3: it must not be bound as if m1 were there
+    wait_for("its reason", lambda: s.explain("default/m2").get("code") == "gang_incomplete", 5)
+    assert node_of(api, "m2") is None

@@ -425,18 +425,25 @@ class Scheduler:
         from corral.k8s.convert import pod_key
 
         waiting: dict[str, JsonObj] = {}
+        seen_bound: set[str] = set()
         for obj in items:
             spec, meta, status = obj.get("spec"), obj.get("metadata"), obj.get("status") or {}
             if not isinstance(spec, dict) or not isinstance(meta, dict) or not isinstance(status, dict):
                 continue
-            self._gang_observed(pod_key(obj), obj, bool(spec.get("nodeName")) and status.get("phase") not in _TERMINAL
-                                and not meta.get("deletionTimestamp"))  # fmt: skip
+            if spec.get("nodeName") and status.get("phase") not in _TERMINAL and not meta.get("deletionTimestamp"):
+                seen_bound.add(pod_key(obj))
+                self._gang_observed(pod_key(obj), obj, True)
             if spec.get("nodeName") or spec.get("schedulerName") != self.name or meta.get("deletionTimestamp"):
                 continue
             if status.get("phase") in _TERMINAL:
                 continue
             waiting[pod_key(obj)] = obj
         with self._cond:
+            # a gang's bound members as the list shows them (those deleted while the watch was down are dropped),
+            # and those this scheduler is binding now
+            for members in self._gang_bound.values():
+                for k in [k for k in members if k not in seen_bound and k not in self._inflight]:
+                    del members[k]
             gone = [k for k in self._known if k not in waiting and k not in self._inflight]
         for key in gone:
             self._forget(key)
