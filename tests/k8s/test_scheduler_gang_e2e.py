@@ -35,6 +35,16 @@ GPUS = 2  # 8 GPUs
 PG = "/apis/scheduling.x-k8s.io/v1alpha1/namespaces/default/podgroups"
 PODS = "/api/v1/namespaces/default/pods"
 TIMEOUT_S = 3
+VOLCANO_PG = "/apis/scheduling.volcano.sh/v1beta1/namespaces/default/podgroups"
+#: Volcano's PodGroup CRD as far as corral reads it (group, version, kind; spec.minMember): Volcano ships its own.
+VOLCANO_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "metadata": {"name": "podgroups.scheduling.volcano.sh"},
+    "spec": {"group": "scheduling.volcano.sh", "scope": "Namespaced",
+             "names": {"kind": "PodGroup", "plural": "podgroups", "singular": "podgroup"},
+             "versions": [{"name": "v1beta1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
+                 "type": "object", "x-kubernetes-preserve-unknown-fields": True}}}]},
+}  # fmt: skip
 
 
 @dataclass
@@ -68,7 +78,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         [crd] = [d for d in yaml.safe_load_all((DEPLOY / "corral-standalone.yaml").read_text())
                  if d and d["kind"] == "CustomResourceDefinition"]  # fmt: skip
         w.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
-        wait_for("the CRD to be served", lambda: _served(w), 30)
+        w.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", VOLCANO_CRD)
+        wait_for("the CRDs to be served", lambda: _served(w, PG) and _served(w, VOLCANO_PG), 30)
         w.create_nodes(gpu_node(f"node-{i}", GPUS) for i in range(NODES))
         with FailingProxy(kubeconfig, every=3) as proxy:
             s = SchedulerProcess(kubeconfig, where / "scheduler.log", "--policy", "binpack", "--gang-timeout-s",
@@ -85,9 +96,9 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         plane.down()
 
 
-def _served(w: Writer) -> bool:
+def _served(w: Writer, path: str) -> bool:
     try:
-        w.get(PG)
+        w.get(path)
         return True
     except RuntimeError:
         return False
@@ -159,6 +170,8 @@ def test_hostile_pod_groups_get_a_clear_reason_and_hold_nothing_up(setup: Setup,
     w.create_pods([member("solo", "")])
     wait_for("solo bound", lambda: bound(w, "solo") == ["solo"], 30)
     wait_for("the reasons", lambda: all(condition(p) for n, p in pods(w).items() if n != "solo"), 30)
+    # a condition is rewritten at most every 10 s: the first may still say "1 of 5 members pending"
+    wait_for("the whole gang's reason", lambda: "5 of 5 members" in condition(pods(w)["wide-0"]), 30)
     got = pods(w)
     assert condition(got["huge-0"]) == ("gang default/huge: PodGroup default/huge (scheduling.x-k8s.io/v1alpha1): "
                                         "spec.minMember 1000000000 is more than corral places together (at most "
@@ -232,3 +245,21 @@ def test_after_a_kill_9_mid_gang_a_rest_that_cannot_fit_loses_the_bound_part(set
                                "placed; corral deletes the bound members so that their controller recreates them "
                                "and the gang is placed again whole")  # fmt: skip
     wait_for("the rest's reason", lambda: "2 of 4 members pending" in condition(pods(w)["stuck-2"]), 30)
+
+
+def test_a_volcano_gang_named_by_annotation_is_bound_whole(setup: Setup, clean: Writer) -> None:
+    w = clean
+    w.request("POST", VOLCANO_PG, {"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
+                                   "metadata": {"name": "vc", "namespace": "default"},
+                                   "spec": {"minMember": 3}})  # fmt: skip
+    try:
+        pods_ = [member(f"vc-{i}", "") for i in range(3)]
+        for p in pods_:
+            p["metadata"]["annotations"]["scheduling.k8s.io/group-name"] = "vc"
+        w.create_pods(pods_[:2])
+        want = "gang default/vc: 2 of 3 members pending, needs 3 that fit together; waiting for 1 more"
+        wait_for("the reason", lambda: all(condition(p) == want for p in pods(w).values()), 30)
+        w.create_pods(pods_[2:])
+        wait_for("all three bound", lambda: len(bound(w, "vc-")) == 3, 30)
+    finally:
+        w.request("DELETE", VOLCANO_PG)
