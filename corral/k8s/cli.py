@@ -134,6 +134,10 @@ SCHEDULER_WORKLOAD_HELP = (
     "reads it (openb CSV, or corral's YAML/JSON), whose typical pods are the workload: with the same file and policy "
     "the scheduler places a trace as `corral sim` does."
 )
+GANG_TIMEOUT_HELP = (
+    "Seconds a gang may stay bound short of its minMember (a Binding refused, a restart mid-gang) "
+    "before its bound members are deleted for their controller to recreate."
+)
 LISTEN_HELP = "Serve GET /metrics, /healthz, /readyz and /explain/NS/POD on HOST:PORT (read-only; '' for none)."
 
 
@@ -159,6 +163,7 @@ def scheduler_cmd(
     bind_workers: Annotated[int, typer.Option(help="Bindings in flight at once.")] = 16,
     listen: Annotated[str, typer.Option(help=LISTEN_HELP)] = "0.0.0.0:9444",
     workload: Annotated[str, typer.Option(help=SCHEDULER_WORKLOAD_HELP)] = "default",
+    gang_timeout_s: Annotated[float, typer.Option(help=GANG_TIMEOUT_HELP)] = 30.0,
 ) -> None:
     """Schedule pods (spec.schedulerName) yourself: corral's engine places them in batches and binds them."""
     from corral.k8s.scheduler.core import Scheduler
@@ -171,8 +176,11 @@ def scheduler_cmd(
         config = PlacementConfig(policy=policy, gpu_behavior=GpuBehavior.parse(behavior, "--behavior"),
                                  workload=load_workload(workload))  # fmt: skip
         Scheduler.check(qps, burst, batch_window_ms / 1000, bind_workers)
+        if not gang_timeout_s > 0:
+            raise InvalidRequest("--gang-timeout-s", f"must be > 0, got {gang_timeout_s:g}")
         scheduler = Scheduler(connect(kubeconfig), config, scheduler_name, qps, burst, batch_window_ms / 1000,
                               bind_workers)  # fmt: skip
+        scheduler.gang_partial_seconds = gang_timeout_s
     except (InvalidRequest, CorralError) as exc:
         raise _fail(str(exc)) from None
     server = None
@@ -236,6 +244,15 @@ def explain_cmd(
     typer.echo(explain_text(obj, events))
 
 
+def _queue_line(pod: dict[str, Any]) -> str:
+    """A pending pod's queue (its label, Kueue's or KAI's, else its namespace) and gang, if it names one."""
+    from corral.k8s.scheduler.gang import gang_of, queue_of
+
+    ref = gang_of(pod)
+    gang = f", gang {ref.key} (PodGroup {ref.api})" if ref is not None else ""
+    return f"  queue {queue_of(pod)}{gang}"
+
+
 def explain_text(pod: dict[str, Any], events: list[dict[str, Any]]) -> str:
     """`corral k8s explain`'s text: where the pod is, or why it waits, and its recent scheduling events."""
     meta = pod.get("metadata") or {}
@@ -251,6 +268,7 @@ def explain_text(pod: dict[str, Any], events: list[dict[str, Any]]) -> str:
         c = conditions[0]
         lines.append(f"{name}: pending ({c.get('reason') or 'no reason'}, since {c.get('lastTransitionTime')})")
         lines.append(f"  {c.get('message') or ''}")
+        lines.append(_queue_line(pod))
     else:
         who = spec.get("schedulerName") or "default-scheduler"
         lines.append(f"{name}: pending, not looked at yet by its scheduler ({who})")

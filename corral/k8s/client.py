@@ -70,6 +70,12 @@ class KubeApi(Protocol):
 
     def patch_node_metadata(self, name: str, annotations: dict[str, str], labels: dict[str, str]) -> None: ...
 
+    def get_pod_group(self, api: str, namespace: str, name: str) -> JsonObj:
+        """A PodGroup (`api`: scheduling.x-k8s.io/v1alpha1 or scheduling.volcano.sh/v1beta1); 404 if none."""
+        ...
+
+    def delete_pod(self, namespace: str, name: str) -> None: ...
+
     def patch_pod_status(self, namespace: str, name: str, status: JsonObj) -> None:
         """Strategic-merge `status` into the pod's status (conditions merge by type)."""
         ...
@@ -211,6 +217,28 @@ class RealKubeApi:
     def patch_node_metadata(self, name: str, annotations: dict[str, str], labels: dict[str, str]) -> None:
         body = {"metadata": {"annotations": annotations, "labels": labels}}
         self._body(f"annotate node {name}", self.core.patch_node, name, body)
+
+    def get_pod_group(self, api: str, namespace: str, name: str) -> JsonObj:
+        path = f"/apis/{api}/namespaces/{quote(namespace)}/podgroups/{quote(name)}"
+        obj: JsonObj = _loads(self._get(f"get PodGroup {namespace}/{name} ({api})", path))
+        return obj
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        self._body(f"delete pod {namespace}/{name}", self.core.delete_namespaced_pod, name, namespace)
+
+    def _get(self, what: str, path: str) -> bytes:
+        api = self.core.api_client
+        try:
+            auth: dict[str, str] = {}
+            api.update_params_for_auth(auth, [], ["BearerToken"], path, "GET", None)
+            headers = {**api.default_headers, **auth, "Accept": "application/json"}
+            resp = api.rest_client.pool_manager.request("GET", self._host + path, headers=headers)
+        except Exception as exc:
+            raise KubeApiError(f"{what}: {exc}") from None
+        data: bytes = resp.data
+        if resp.status >= 400:
+            raise KubeApiError(f"{what}: {resp.status} {resp.reason}: {_status_message(data)}", resp.status)
+        return data
 
     def patch_pod_status(self, namespace: str, name: str, status: JsonObj) -> None:
         path = f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}/status"

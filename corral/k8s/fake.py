@@ -29,6 +29,7 @@ class FakeKubeApi:
         self.pods: dict[tuple[str, str], JsonObj] = {}
         self._watchers: dict[str, list[queue.Queue[tuple[str, JsonObj] | None]]] = {"nodes": [], "pods": []}
         self.calls: list[tuple[str, ...]] = []
+        self.pod_groups: dict[tuple[str, str, str], JsonObj] = {}  # (api, namespace, name) -> PodGroup
         self.events: list[tuple[str, JsonObj]] = []  # (namespace, Event) in the order they were created
         self.fail_next: dict[str, KubeApiError] = {}  # call name -> error raised once, before the call does anything
         self.lose_answer: dict[str, KubeApiError] = {}  # call name -> error raised once, after the call took effect
@@ -73,6 +74,14 @@ class FakeKubeApi:
         with self._lock:
             if q in self._watchers[kind]:
                 self._watchers[kind].remove(q)
+
+    def get_pod_group(self, api: str, namespace: str, name: str) -> JsonObj:
+        with self._lock:
+            self.calls.append(("get_pod_group", api, namespace, name))
+            group = self.pod_groups.get((api, namespace, name))
+            if group is None:
+                raise KubeApiError(f"podgroups {name!r} not found", 404)
+            return copy.deepcopy(group)
 
     def delete_pod(self, namespace: str, name: str) -> None:
         with self._lock:

@@ -125,7 +125,9 @@ def test_the_standalone_mode_runs_corrals_scheduler_with_the_agreed_flags_and_rb
              for g in rule["apiGroups"] for r in rule["resources"]}  # fmt: skip
     assert rules == {
         ("", "nodes"): {"get", "list", "watch"},
-        ("", "pods"): {"get", "list", "watch"},
+        ("", "pods"): {"get", "list", "watch", "delete"},  # delete: a gang's bound part past its deadline
+        ("scheduling.x-k8s.io", "podgroups"): {"get", "list", "watch"},
+        ("scheduling.volcano.sh", "podgroups"): {"get", "list", "watch"},
         ("", "pods/binding"): {"create"},
         ("", "bindings"): {"create"},  # corral's client posts namespaces/NS/bindings (test_e2e_manifests proves it)
         ("", "pods/status"): {"patch"},

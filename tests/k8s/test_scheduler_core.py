@@ -346,6 +346,7 @@ def test_metrics_and_explain_answer(api: FakeKubeApi, run: Callable[..., Schedul
         "pod": "default/big",
         "state": "pending",
         "code": "too_few_gpus",
+        "queue": "default",
         "reason": "0/2 nodes fit: 2 fewer than 8 eligible GPUs",
     }
     assert orjson.loads(answer(s, "/explain/default/nobody")[2]) == {
@@ -396,6 +397,7 @@ def test_explain_text_says_why_a_pod_waits_and_lists_its_events() -> None:
     assert explain_text(pod, [event, old]).splitlines() == [
         "default/big: pending (Unschedulable, since 2026-11-28T14:00:00Z)",
         "  0/2 nodes fit: 2 fewer than 4 eligible GPUs",
+        "  queue default",
         "events:",
         "  2026-11-28T14:00:05Z FailedScheduling (x2) from corral-scheduler: 0/2 nodes fit: 2 fewer than 4 eligible "
         "GPUs",

@@ -203,7 +203,8 @@ def test_a_waiting_pod_gets_its_reason_and_binds_as_soon_as_a_pod_is_deleted(set
         lines = out.output.splitlines()
         assert lines[0].startswith("default/whole-node: pending (Unschedulable, since ")
         assert lines[1] == f"  {c.message}"
-        assert lines[2] == "events:" and "FailedScheduling from corral-scheduler: " + c.message in lines[3]
+        assert lines[2] == "  queue default"  # the pod names no queue: its namespace's
+        assert lines[3] == "events:" and "FailedScheduling from corral-scheduler: " + c.message in lines[4]
         core.delete_namespaced_pod(on_a[0], "default", grace_period_seconds=0)
         time.sleep(0.5)
         assert node_of(core, "whole-node") is None  # 2 free on gpu-a, 0 elsewhere... not yet

@@ -16,11 +16,12 @@ engine pass per batch, not one each).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from corral.k8s.convert import Assignment, PodAsk, assignment_annotations, make_assignment
+from corral.k8s.scheduler.gang import GangInfo, GangRef, place_gang
 from corral.model.errors import InvalidRequest
 from corral.model.resources import Allocation, Request
 from corral.model.snapshot import ClusterSnapshot
@@ -44,6 +45,9 @@ class Pending:
     name: str
     ask: PodAsk | None
     error: str = ""
+    #: The gang it belongs to (gang.GangRef.key, "" for none) and the queue it names (gang.queue_of).
+    gang: str = ""
+    queue: str = ""
 
 
 @dataclass(frozen=True, eq=False)
@@ -82,12 +86,31 @@ def primary_code(explanation: Explanation) -> str:
 
 
 def place_batch(
-    pending: Sequence[Pending], snapshot: ClusterSnapshot | None, config: PlacementConfig
+    pending: Sequence[Pending],
+    snapshot: ClusterSnapshot | None,
+    config: PlacementConfig,
+    gangs: Mapping[str, GangInfo] | None = None,
 ) -> list[Decision]:
-    """One decision per pod, in `pending`'s order. Placed pods are granted on `snapshot` as they are decided."""
+    """One decision per pod, in `pending`'s order. Placed pods are granted on `snapshot` as they are decided.
+    A gang's members (`gangs`: by Pending.gang) are placed together, all or none, where its first member stands."""
     out: list[Decision] = []
     failed: dict[tuple[Any, ...], Wait] = {}
+    members: dict[str, list[Pending]] = {}
     for p in pending:
+        if p.gang:
+            members.setdefault(p.gang, []).append(p)
+    decided: dict[str, Decision] = {}
+    for p in pending:
+        if p.gang:
+            if p.gang in members:
+                group = members.pop(p.gang)
+                info = (gangs or {}).get(p.gang)
+                if info is None:  # the caller did not say: a gang of unknown size waits, never placed blind
+                    info = GangInfo(GangRef("", "", p.gang), 0, error="its PodGroup is not known yet")
+                for g in place_gang(group, info, snapshot, config):
+                    decided[g.pod.key] = g
+            out.append(decided[p.key])
+            continue
         if p.ask is None:
             out.append(Wait(p, p.error, INVALID, True))
             continue

@@ -39,6 +39,7 @@ from typing import Any
 from corral.k8s.client import JsonObj, KubeApi, KubeApiError
 from corral.k8s.convert import pod_request
 from corral.k8s.scheduler.batch import INVALID, Bind, Pending, Wait, place_batch
+from corral.k8s.scheduler.gang import GANG_PARTIAL_SECONDS, GangInfo, GangRef, gang_of, min_member, queue_of
 from corral.k8s.scheduler.metrics import SchedulerMetrics
 from corral.k8s.state import ClusterState, Informer, PodRecord
 from corral.model.errors import InvalidRequest
@@ -61,6 +62,8 @@ MESSAGE_MAX = 1024
 BIND_RETRY = 0.05
 BIND_RETRY_MAX = 10.0
 _TERMINAL = ("Succeeded", "Failed")
+#: A gang's PodGroup is read again when its copy is older than this (seconds).
+GANG_INFO_TTL = 2.0
 
 
 def _now_iso() -> str:
@@ -343,6 +346,12 @@ class Scheduler:
         self._host = socket.gethostname()
         #: The last outcome per pod name, for /explain of a pod that left the queues ("bound to N").
         self._outcomes: OrderedDict[str, str] = OrderedDict()
+        #: Gangs: their PodGroups as last read (when, minMember, error), and their bound (or binding) members.
+        self.gang_partial_seconds = GANG_PARTIAL_SECONDS
+        self._gang_refs: dict[str, GangRef] = {}
+        self._gang_info: dict[str, tuple[float, int, str]] = {}
+        self._gang_bound: dict[str, dict[str, tuple[str, str]]] = {}  # gang -> pod key -> (namespace, name)
+        self._gang_partial: dict[str, float] = {}  # gang -> since when it is bound short of minMember
 
     @staticmethod
     def check(qps: float, burst: int, batch_window: float, bind_workers: int) -> None:
@@ -362,7 +371,8 @@ class Scheduler:
 
     def start_loop(self) -> None:
         """Start placing (after informer.prime(): the books are whole before the first pod is placed)."""
-        for target, name in ((self._loop, "corral-schedule"), (self._writer, "corral-reasons")):
+        for target, name in ((self._loop, "corral-schedule"), (self._writer, "corral-reasons"),
+                             (self._gang_watch, "corral-gangs")):  # fmt: skip
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
@@ -393,6 +403,7 @@ class Scheduler:
 
         key = pod_key(obj)
         bound = bool(spec.get("nodeName"))
+        self._gang_observed(key, obj, bound and event != "DELETED" and status.get("phase") not in _TERMINAL)
         if event == "DELETED" or status.get("phase") in _TERMINAL:
             self._forget(key)
             if bound:
@@ -414,16 +425,25 @@ class Scheduler:
         from corral.k8s.convert import pod_key
 
         waiting: dict[str, JsonObj] = {}
+        seen_bound: set[str] = set()
         for obj in items:
             spec, meta, status = obj.get("spec"), obj.get("metadata"), obj.get("status") or {}
             if not isinstance(spec, dict) or not isinstance(meta, dict) or not isinstance(status, dict):
                 continue
+            if spec.get("nodeName") and status.get("phase") not in _TERMINAL and not meta.get("deletionTimestamp"):
+                seen_bound.add(pod_key(obj))
+                self._gang_observed(pod_key(obj), obj, True)
             if spec.get("nodeName") or spec.get("schedulerName") != self.name or meta.get("deletionTimestamp"):
                 continue
             if status.get("phase") in _TERMINAL:
                 continue
             waiting[pod_key(obj)] = obj
         with self._cond:
+            # a gang's bound members as the list shows them (those deleted while the watch was down are dropped),
+            # and those this scheduler is binding now
+            for members in self._gang_bound.values():
+                for k in [k for k in members if k not in seen_bound and k not in self._inflight]:
+                    del members[k]
             gone = [k for k in self._known if k not in waiting and k not in self._inflight]
         for key in gone:
             self._forget(key)
@@ -451,9 +471,39 @@ class Scheduler:
             self._node_seen[name] = node
             self._capacity_freed()
 
+    def _gang_observed(self, key: str, obj: JsonObj, bound: bool) -> None:
+        """Follow a gang member's bound state (bound members count towards its minMember)."""
+        ref = gang_of(obj)
+        if ref is None:
+            return
+        meta = obj.get("metadata") or {}
+        with self._cond:
+            self._gang_refs.setdefault(ref.key, ref)
+            members = self._gang_bound.setdefault(ref.key, {})
+            if bound:
+                if key not in members:
+                    members[key] = (str(meta.get("namespace") or "default"), str(meta.get("name") or ""))
+                    self._gang_wake(ref.key)
+            else:
+                members.pop(key, None)
+
+    def _gang_wake(self, gang: str) -> None:
+        """Place a gang's waiting members again (a member came or was bound). Under self._cond."""
+        woke = False
+        for k, w in list(self._unschedulable.items()):
+            if w.pending.gang == gang:
+                del self._unschedulable[k]
+                self._active[k] = w
+                woke = True
+        if woke:
+            self._active = dict(sorted(self._active.items(), key=lambda kv: kv[1].seq))
+            self._cond.notify()
+
     def _enqueue(self, obj: JsonObj, key: str) -> None:
         meta = obj.get("metadata") or {}
         p = pending_of(obj, self.state.gpu_memory)
+        ref = gang_of(obj)
+        p = dataclasses.replace(p, gang=ref.key if ref else "", queue=queue_of(obj))
         tol = (obj.get("spec") or {}).get("tolerations") or ()
         tolerations = tuple(t for t in tol if isinstance(t, Mapping)) if isinstance(tol, list) else ()
         w = Waiting(p, str(meta.get("namespace") or "default"), str(meta.get("name") or ""), str(meta.get("uid") or ""),
@@ -463,6 +513,9 @@ class Scheduler:
                 return
             self._known[key] = w
             self._active[key] = w
+            if ref is not None:
+                self._gang_refs.setdefault(ref.key, ref)
+                self._gang_wake(ref.key)
             self._cond.notify()
 
     def _forget(self, key: str) -> None:
@@ -511,6 +564,12 @@ class Scheduler:
             batch: list[Waiting] = []
             for key in list(itertools.islice(self._active, BATCH_MAX)):
                 batch.append(self._active.pop(key))
+            gangs = {w.pending.gang for w in batch if w.pending.gang}
+            if gangs:  # a gang is placed whole: its other waiting members come into this batch too
+                for pool in (self._active, self._unschedulable):
+                    for key in [k for k, w in pool.items() if w.pending.gang in gangs]:
+                        batch.append(pool.pop(key))
+                batch.sort(key=lambda w: w.seq)
             for w in batch:
                 self._inflight[w.pending.key] = w
             return batch
@@ -535,6 +594,7 @@ class Scheduler:
         binds: list[tuple[Waiting, Bind, PodRecord]] = []
         waits: list[tuple[Waiting, Wait]] = []
         held: list[Waiting] = []
+        gangs = self._gang_infos(batch)
         with state.lock:
             todo: list[Waiting] = []
             for w in batch:
@@ -543,7 +603,9 @@ class Scheduler:
                 (held if state.pods.get(w.pending.key) is not None else todo).append(w)
             by_key = {w.pending.key: w for w in todo}
             fenced = [self._fenced_pending(w) for w in todo]
-            decisions = place_batch([p for p, _ in fenced], state.snapshot, self.config)
+            pods = [p for p, _ in fenced]
+            decisions = (place_batch(pods, state.snapshot, self.config, gangs) if gangs
+                         else place_batch(pods, state.snapshot, self.config))  # fmt: skip
             said = {p.key: text for p, text in fenced if text}
             for d in decisions:
                 w = by_key[d.pod.key]
@@ -553,6 +615,9 @@ class Scheduler:
                                     confirmed=False)  # fmt: skip
                     state.adopt(rec)
                     binds.append((w, d, rec))
+                    if w.pending.gang:
+                        with self._cond:
+                            self._gang_bound.setdefault(w.pending.gang, {})[w.pending.key] = (w.namespace, w.name)
                 else:
                     text = said.get(d.pod.key)
                     if text and text in d.reason:
@@ -575,6 +640,98 @@ class Scheduler:
         for w, _ in waits:
             self._say_why(w)
 
+    def _gang_infos(self, batch: list[Waiting]) -> dict[str, GangInfo]:
+        """The gangs of a batch: minMember from their PodGroups (read again when older than GANG_INFO_TTL) and how
+        many of each are bound or binding."""
+        out: dict[str, GangInfo] = {}
+        now = time.monotonic()
+        for gang in {w.pending.gang for w in batch if w.pending.gang}:
+            with self._cond:
+                ref = self._gang_refs.get(gang)
+                cached = self._gang_info.get(gang)
+                held = len(self._gang_bound.get(gang, {}))
+            if ref is None:
+                continue
+            if cached is None or now - cached[0] > GANG_INFO_TTL:
+                group: JsonObj | None = None
+                error = ""
+                try:
+                    group = self.api.get_pod_group(ref.api, ref.namespace, ref.name)
+                except KubeApiError as exc:
+                    if exc.status != 404:
+                        error = f"cannot read PodGroup {ref.key} ({ref.api}): {exc}"
+                n, why = min_member(ref, group)
+                cached = (now, n, error or why)
+                with self._cond:
+                    self._gang_info[gang] = cached
+            out[gang] = GangInfo(ref, cached[1], held, cached[2])
+        return out
+
+    def _gang_watch(self) -> None:
+        while not self.stop.wait(0.5):
+            try:
+                self._check_partial()
+            except Exception:
+                log.exception("checking partly bound gangs failed")
+
+    def _check_partial(self) -> None:
+        """Delete the bound part of a gang that has been bound short of its minMember, with members still waiting,
+        for longer than gang_partial_seconds (a Binding refused for good, a kill -9 mid-gang and the rest no longer
+        fits): their controller recreates them and the gang is placed again whole. A gang with members binding is
+        left alone (their answers decide)."""
+        now = time.monotonic()
+        doomed: list[tuple[str, int, int, list[tuple[str, str]]]] = []
+        with self._cond:
+            if not self._gang_bound:
+                return
+            waiting: dict[str, int] = {}
+            busy: set[str] = set()
+            for k, w in self._known.items():
+                if w.pending.gang:
+                    waiting[w.pending.gang] = waiting.get(w.pending.gang, 0) + 1
+                    if k in self._inflight:
+                        busy.add(w.pending.gang)
+            for gang, members in list(self._gang_bound.items()):
+                if not members and gang not in waiting:
+                    self._gang_bound.pop(gang, None)
+                    self._gang_partial.pop(gang, None)
+                    continue
+                info = self._gang_info.get(gang)
+                short = info is not None and not info[2] and 0 < len(members) < info[1]
+                if not short or gang not in waiting or gang in busy:
+                    self._gang_partial.pop(gang, None)
+                    continue
+                since = self._gang_partial.setdefault(gang, now)
+                if now - since >= self.gang_partial_seconds:
+                    assert info is not None
+                    doomed.append((gang, len(members), info[1], list(members.values())))
+                    self._gang_partial.pop(gang, None)
+        for gang, bound, need, pods in doomed:
+            why = (f"gang {gang}: {bound} of {need} members bound for {self.gang_partial_seconds:g} s and the rest "
+                   "cannot be placed; corral deletes the bound members so that their controller recreates them and "
+                   "the gang is placed again whole")  # fmt: skip
+            log.warning("%s", why)
+            for ns, name in pods:
+                self._tell_pod(ns, name, "CorralGangIncomplete", why)
+                try:
+                    self.api.delete_pod(ns, name)
+                except KubeApiError as exc:
+                    if exc.status != 404:
+                        log.warning("gang %s: cannot delete pod %s/%s: %s", gang, ns, name, exc)
+
+    def _tell_pod(self, namespace: str, name: str, reason: str, message: str) -> None:
+        now = _now_iso()
+        event = {"apiVersion": "v1", "kind": "Event", "metadata": {"generateName": f"{name}.", "namespace": namespace},
+                 "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": name, "namespace": namespace},
+                 "reason": reason, "message": _short(message), "type": "Warning",
+                 "source": {"component": COMPONENT}, "reportingComponent": COMPONENT, "reportingInstance": self._host,
+                 "firstTimestamp": now, "lastTimestamp": now, "count": 1}  # fmt: skip
+        self.limiter.acquire(self.stop)
+        try:
+            self.api.create_event(namespace, event)
+        except KubeApiError as exc:
+            log.warning("pod %s/%s: cannot write its event: %s", namespace, name, exc)
+
     def _left_while_placed(self, w: Waiting) -> bool:
         """Whether the pod was deleted (or bound by someone else) while its batch was placed; forgets it if so.
         Called under self._cond."""
@@ -596,7 +753,7 @@ class Scheduler:
             return p, ""
         r = p.ask.request
         ask = dataclasses.replace(p.ask, request=dataclasses.replace(r, constraints=(*r.constraints, off)))
-        return Pending(p.key, p.name, ask, p.error), f"constraint not met ({off.attribute} {off.op.value} {off.value})"
+        return dataclasses.replace(p, ask=ask), f"constraint not met ({off.attribute} {off.op.value} {off.value})"
 
     def _later(self, w: Waiting) -> None:
         """Place the pod again after a delay that grows with its failures (under self._cond)."""
@@ -656,6 +813,9 @@ class Scheduler:
             return
         if pod is not None:
             self.state.upsert_pod(pod)  # pending: an unanswered Binding's charge is given back
+            if w.pending.gang:
+                with self._cond:
+                    self._gang_bound.get(w.pending.gang, {}).pop(key, None)
         with self._cond:
             self._inflight.pop(key, None)
             if self._left_while_placed(w):
@@ -811,12 +971,15 @@ class Scheduler:
                 if w.pending.name != name:
                     continue
                 key = w.pending.key
+                extra = {"queue": w.pending.queue}
+                if w.pending.gang:
+                    extra["gang"] = w.pending.gang
                 if key in self._inflight:
-                    return {"pod": name, "state": "binding", "reason": ""}
+                    return {"pod": name, "state": "binding", "reason": "", **extra}
                 if key in self._unschedulable:
                     code = INVALID if w.pending.ask is None else w.code
-                    return {"pod": name, "state": "pending", "code": code, "reason": w.reason}
-                return {"pod": name, "state": "queued", "reason": w.reason}
+                    return {"pod": name, "state": "pending", "code": code, "reason": w.reason, **extra}
+                return {"pod": name, "state": "queued", "reason": w.reason, **extra}
             outcome = self._outcomes.get(name)
         if outcome is not None:
             return {"pod": name, "state": "bound", "reason": outcome}

@@ -380,6 +380,15 @@ class WireKubeApi:
         self._call(f"bind pod {namespace}/{name} to {node}", "POST",
                    f"/api/v1/namespaces/{quote(namespace)}/bindings", body)  # fmt: skip
 
+    def get_pod_group(self, api: str, namespace: str, name: str) -> JsonObj:
+        path = f"/apis/{api}/namespaces/{quote(namespace)}/podgroups/{quote(name)}"
+        obj: JsonObj = _loads(self._call(f"get PodGroup {namespace}/{name} ({api})", "GET", path))
+        return obj
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        path = f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}"
+        self._call(f"delete pod {namespace}/{name}", "DELETE", path)
+
     def patch_node_metadata(self, name: str, annotations: dict[str, str], labels: dict[str, str]) -> None:
         self._call(f"annotate node {name}", "PATCH", f"/api/v1/nodes/{quote(name)}",
                    {"metadata": {"annotations": annotations, "labels": labels}},
