@@ -297,6 +297,8 @@ def test_over_the_socket_a_page_of_another_site_cannot_write(live: Live) -> None
             assert unix.get("/marathon/v2/apps").json()["apps"] == []
     finally:
         live.local.run("cancel", job, ok=False)
+
+
 def test_a_report_flipped_to_a_link_to_a_root_only_file_is_never_served(live: Live, reports: Path) -> None:
     """Issue 23, finding 2, through the route: the old check-then-open served the link's target in some answers."""
     secret = reports.parent / "shadow"
