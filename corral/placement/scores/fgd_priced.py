@@ -9,7 +9,8 @@ multi-GPU pods are kept while they run out; fgd-scarcity decides the rest.
                 4. fgd-scarcity's look-ahead tie-break on that GPU
     any other pod, then: fgd-scarcity's score
     (while free CPU runs out before free GPU milli, fgd-scarcity's GPU pods' fill gain counts every target type
-    fully, without its scarcity weights: `FgdScarcity.unweighted_cpu_bound`, issue 27)
+    fully, without its scarcity weights: `FgdScarcity.unweighted_cpu_bound`, issue 27; and key 0 applies to pods
+    without GPUs only: `FgdPriced.keeps_off`, issue 27)
 
 loss(u, m) is what a GPU with u milli free loses beyond the share's own worth when a share of m milli lands on it,
 priced with the dual prices of the LP that packs the workload's shares best. It is zero where the share continues a
@@ -58,12 +59,29 @@ class FgdPriced(FgdScarcity):
     cpu_margin = 1.0  # and for pods without GPUs
     margin_gpu_bound = True  # the margin only while free GPU milli runs out no later than free CPU
     unweighted_cpu_bound = True  # no scarcity weights while free CPU runs out first (`FgdScarcity._cpu_bound`)
+    #: pods with GPUs are not kept off the hosts while free CPU runs out first (`keeps_off`; issue 27)
+    gpu_pods_free_cpu_bound = True
 
     _kept = 0  # nodes the last `score` kept for multi-GPU pods (a policy object serves one decision)
 
+    def keeps_off(self, ctx: Context) -> bool:
+        """Whether this decision's pod keeps off the hosts kept for multi-GPU pods: always for a pod without GPUs;
+        for a pod with GPUs only while free GPU milli runs out no later than free CPU (`gpu_pods_free_cpu_bound`).
+
+        While CPU runs out first, what breaks the last multi-GPU hosts for nothing is a pod without GPUs (it takes the
+        host's CPU and leaves its GPUs idle); a pod with GPUs kept off such a host lands on a node whose CPU that
+        node's own GPUs need, and strands them (issue 27: `fgd-priced-keep-gpu-pods`, docs/beyond-fgd.md)."""
+        if not self.reserve:
+            return False
+        if not (ctx.request.wants_gpu and self.gpu_pods_free_cpu_bound):
+            return True
+        h_gpu, h_cpu = self._horizons(ctx)
+        return not h_cpu < h_gpu
+
     def score(self, ctx: Context, nodes: IntArray) -> FloatArray:
         scores = super().score(ctx, nodes)
-        if self.reserve:
+        self._kept = 0
+        if self.keeps_off(ctx):
             margin = self.gpu_margin if ctx.request.wants_gpu else self.cpu_margin
             h_gpu, h_cpu = self._horizons(ctx)
             if self.margin_gpu_bound and margin != 1.0 and h_cpu < h_gpu:  # (`reserve.gpu_runs_out_later`)
