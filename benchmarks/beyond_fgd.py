@@ -25,11 +25,10 @@ of issue 16):
     fgd-priced-margin-all     the margin for pods without GPUs too
     fgd-priced-margin2-tight-first   margin 2 for every pod, the tightest GPU first (a first try)
     fgd-priced-margin-always  the margin for pods with GPUs also while free CPU runs out first
-    fgd-priced-issue27        as issue 27 found it: fgd-scarcity's weights on the GPU pods' fill gain, and pods with
-                              GPUs kept off the kept hosts, also while free CPU runs out first (neither of issue 27's
-                              rules; the variants above all have both)
-    fgd-priced-keep-gpu-pods  pods with GPUs keep off the hosts kept for multi-GPU pods also while free CPU runs out
-                              first (issue 27's first rule without its second; every variant above has both)
+    fgd-priced-issue27        as issue 27 found it: fgd-scarcity's weights on the GPU pods' fill gain also while free
+                              CPU runs out first (the variants above all have issue 27's rule)
+    fgd-priced-gpu-pods-free  pods with GPUs not kept off the hosts kept for multi-GPU pods while free CPU runs out
+                              first (pods without GPUs still are; `FgdPriced.keeps_off`, measured and not adopted)
 
 `--hashes FILE` appends the sha256 (12 hex digits, as `benchmarks.replay_speed`) of every grant per run, to tell
 which lists a change moved.
@@ -168,20 +167,19 @@ class _PricedWeightedCpuBound(FgdPriced):
 
     name = "fgd-priced-issue27"
     unweighted_cpu_bound = False
-    gpu_pods_free_cpu_bound = False
 
 
-class _PricedKeepGpuPods(FgdPriced):
-    """fgd-priced with issue 27's first rule only: pods with GPUs keep off the kept hosts also while CPU binds."""
+class _PricedGpuPodsFree(FgdPriced):
+    """Pods with GPUs are not kept off the kept hosts while free CPU runs out first (pods without GPUs still are)."""
 
-    name = "fgd-priced-keep-gpu-pods"
-    gpu_pods_free_cpu_bound = False
+    name = "fgd-priced-gpu-pods-free"
+    gpu_pods_free_cpu_bound = True
 
 
 ABLATIONS: tuple[type[FgdScarcity], ...] = (
     _FgdFill, _CpuPodsOnly, _NoModelLevel, _Unweighted, _PricedLoose, _PricedNoReserve, _PricedGpuHorizon,
     _PricedIssue16, _PricedTightFirst, _PricedNoMargin, _PricedMarginAll, _PricedMargin2TightFirst,
-    _PricedMarginAlways, _PricedWeightedCpuBound, _PricedKeepGpuPods,
+    _PricedMarginAlways, _PricedWeightedCpuBound, _PricedGpuPodsFree,
 )  # fmt: skip
 
 

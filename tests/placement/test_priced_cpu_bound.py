@@ -1,6 +1,7 @@
 """fgd-priced's issue-27 rules: while free CPU runs out before free GPU milli (the CPU-aware horizon is the smaller),
 the GPU pods' fill gain counts every target type fully (no scarcity weights; otherwise fgd-scarcity's weights), and
-pods with GPUs are not kept off the hosts kept for multi-GPU pods (pods without GPUs still are)."""
+(measured, not adopted: the `gpu_pods_free_cpu_bound` switch) pods with GPUs are not kept off the hosts kept for
+multi-GPU pods (pods without GPUs still are)."""
 
 from __future__ import annotations
 
@@ -61,9 +62,9 @@ def test_scarcity_weights_kept_while_gpu_milli_runs_out_first() -> None:
     assert np.array_equal(FgdPriced()._weights(ctx), weights)
 
 
-class _KeepGpuPods(FgdPriced):
-    name = "test-priced-keep-gpu-pods"
-    gpu_pods_free_cpu_bound = False
+class _GpuPodsFree(FgdPriced):
+    name = "test-priced-gpu-pods-free"
+    gpu_pods_free_cpu_bound = True
 
 
 def big_tail_cpu_bound() -> TargetWorkload:
@@ -78,20 +79,20 @@ def g3_and_g2() -> ClusterSnapshot:
                    node("g2b").gpus(8).cpu(96))  # fmt: skip
 
 
-def test_pods_with_gpus_are_not_kept_off_the_multi_gpu_hosts_while_cpu_runs_out_first() -> None:
+def test_the_switch_frees_pods_with_gpus_from_the_kept_hosts_only_while_cpu_runs_out_first() -> None:
     s, wl = g3_and_g2(), big_tail_cpu_bound()
     h_gpu, h_cpu = horizons(s, wl)
     assert h_cpu < h_gpu
     everything = np.arange(len(s), dtype=np.int64)
     small = gpus(1, cpu=16_000)
     assert kept_hosts(s, wl, small, everything, cpu=True, h=h_cpu).tolist() == [True, True, False, False]
-    # A pod with GPUs: not kept off (the rule); the rule off, it is.
-    assert not FgdPriced().keeps_off(context(s, small, wl))
-    assert _KeepGpuPods().keeps_off(context(s, small, wl))
+    # A pod with GPUs: not kept off under the switch (`fgd-priced-gpu-pods-free`); fgd-priced keeps it off.
+    assert not _GpuPodsFree().keeps_off(context(s, small, wl))
+    assert FgdPriced().keeps_off(context(s, small, wl))
     d = place(s, small, PlacementConfig(policy="fgd-priced", workload=wl), rng=0)
-    assert not any("kept free" in n for n in d.explanation.notes)
-    # A pod without GPUs still keeps off them, and says so.
-    assert FgdPriced().keeps_off(context(s, cpu_only(32_000), wl))
+    assert d.allocation is not None and d.allocation.node.startswith("g2")
+    # A pod without GPUs keeps off them under both, and says so.
+    assert _GpuPodsFree().keeps_off(context(s, cpu_only(32_000), wl))
     d = place(s, cpu_only(32_000), PlacementConfig(policy="fgd-priced", workload=wl), rng=0)
     assert d.allocation is not None and d.allocation.node.startswith("g2")
     assert "fgd-priced: 2 nodes kept free for multi-GPU pods came last" in d.explanation.notes
@@ -106,6 +107,7 @@ def test_pods_with_gpus_keep_off_the_multi_gpu_hosts_while_gpu_milli_runs_out_fi
     h_gpu, h_cpu = horizons(s, wl)
     assert not h_cpu < h_gpu
     assert FgdPriced().keeps_off(context(s, gpus(1, cpu=16_000), wl))
+    assert _GpuPodsFree().keeps_off(context(s, gpus(1, cpu=16_000), wl))
     d = place(s, gpus(1, cpu=16_000), PlacementConfig(policy="fgd-priced", workload=wl), rng=0)
     assert d.allocation is not None and d.allocation.node.startswith("g2")
     assert "fgd-priced: 2 nodes kept free for multi-GPU pods came last" in d.explanation.notes

@@ -9,8 +9,7 @@ multi-GPU pods are kept while they run out; fgd-scarcity decides the rest.
                 4. fgd-scarcity's look-ahead tie-break on that GPU
     any other pod, then: fgd-scarcity's score
     (while free CPU runs out before free GPU milli, fgd-scarcity's GPU pods' fill gain counts every target type
-    fully, without its scarcity weights: `FgdScarcity.unweighted_cpu_bound`, issue 27; and key 0 applies to pods
-    without GPUs only: `FgdPriced.keeps_off`, issue 27)
+    fully, without its scarcity weights: `FgdScarcity.unweighted_cpu_bound`, issue 27)
 
 loss(u, m) is what a GPU with u milli free loses beyond the share's own worth when a share of m milli lands on it,
 priced with the dual prices of the LP that packs the workload's shares best. It is zero where the share continues a
@@ -59,8 +58,8 @@ class FgdPriced(FgdScarcity):
     cpu_margin = 1.0  # and for pods without GPUs
     margin_gpu_bound = True  # the margin only while free GPU milli runs out no later than free CPU
     unweighted_cpu_bound = True  # no scarcity weights while free CPU runs out first (`FgdScarcity._cpu_bound`)
-    #: pods with GPUs are not kept off the hosts while free CPU runs out first (`keeps_off`; issue 27)
-    gpu_pods_free_cpu_bound = True
+    #: pods with GPUs not kept off the hosts while free CPU runs out first (`keeps_off`; off: issue 27 measured it)
+    gpu_pods_free_cpu_bound = False
 
     _kept = 0  # nodes the last `score` kept for multi-GPU pods (a policy object serves one decision)
 
@@ -68,9 +67,9 @@ class FgdPriced(FgdScarcity):
         """Whether this decision's pod keeps off the hosts kept for multi-GPU pods: always for a pod without GPUs;
         for a pod with GPUs only while free GPU milli runs out no later than free CPU (`gpu_pods_free_cpu_bound`).
 
-        While CPU runs out first, what breaks the last multi-GPU hosts for nothing is a pod without GPUs (it takes the
-        host's CPU and leaves its GPUs idle); a pod with GPUs kept off such a host lands on a node whose CPU that
-        node's own GPUs need, and strands them (issue 27: `fgd-priced-keep-gpu-pods`, docs/beyond-fgd.md)."""
+        The switch exists for the ablation (`fgd-priced-gpu-pods-free`, issue 27, docs/beyond-fgd.md): on the real
+        CPU-heavy lists it puts fgd-priced ahead of fgd on every seed, but on `cpu200p` seed 43 it lets 1-GPU pods
+        break the last 8-GPU hosts (8 such pods fail against fgd's 3), so it is off."""
         if not self.reserve:
             return False
         if not (ctx.request.wants_gpu and self.gpu_pods_free_cpu_bound):
