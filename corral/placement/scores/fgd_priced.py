@@ -64,8 +64,8 @@ class FgdPriced(FgdScarcity):
     _kept = 0  # nodes the last `score` kept for multi-GPU pods (a policy object serves one decision)
 
     def keeps_off(self, ctx: Context) -> bool:
-        """Whether this decision's pod keeps off the hosts kept for multi-GPU pods: always for a pod without GPUs;
-        for a pod with GPUs only while free GPU milli runs out no later than free CPU (`gpu_pods_free_cpu_bound`).
+        """Whether this decision's pod keeps off the hosts kept for multi-GPU pods: always where the policy keeps
+        hosts, except, under `gpu_pods_free_cpu_bound`, a pod with GPUs while free CPU runs out before free GPU milli.
 
         The switch exists for the ablation (`fgd-priced-gpu-pods-free`, issue 27, docs/beyond-fgd.md): on the real
         CPU-heavy lists it puts fgd-priced ahead of fgd on every seed, but on `cpu200p` seed 43 it lets 1-GPU pods
