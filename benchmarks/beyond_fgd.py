@@ -27,6 +27,8 @@ of issue 16):
     fgd-priced-margin-always  the margin for pods with GPUs also while free CPU runs out first
     fgd-priced-issue27        as issue 27 found it: fgd-scarcity's weights on the GPU pods' fill gain also while free
                               CPU runs out first (the variants above all have issue 27's rule)
+    fgd-priced-gpu-pods-free  pods with GPUs not kept off the hosts kept for multi-GPU pods while free CPU runs out
+                              first (pods without GPUs still are; `FgdPriced.keeps_off`, measured and not adopted)
 
 `--hashes FILE` appends the sha256 (12 hex digits, as `benchmarks.replay_speed`) of every grant per run, to tell
 which lists a change moved.
@@ -167,10 +169,17 @@ class _PricedWeightedCpuBound(FgdPriced):
     unweighted_cpu_bound = False
 
 
+class _PricedGpuPodsFree(FgdPriced):
+    """Pods with GPUs are not kept off the kept hosts while free CPU runs out first (pods without GPUs still are)."""
+
+    name = "fgd-priced-gpu-pods-free"
+    gpu_pods_free_cpu_bound = True
+
+
 ABLATIONS: tuple[type[FgdScarcity], ...] = (
     _FgdFill, _CpuPodsOnly, _NoModelLevel, _Unweighted, _PricedLoose, _PricedNoReserve, _PricedGpuHorizon,
     _PricedIssue16, _PricedTightFirst, _PricedNoMargin, _PricedMarginAll, _PricedMargin2TightFirst,
-    _PricedMarginAlways, _PricedWeightedCpuBound,
+    _PricedMarginAlways, _PricedWeightedCpuBound, _PricedGpuPodsFree,
 )  # fmt: skip
 
 

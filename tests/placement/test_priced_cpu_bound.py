@@ -1,5 +1,7 @@
-"""fgd-priced's issue-27 rule: while free CPU runs out before free GPU milli (the CPU-aware horizon is the smaller),
-the GPU pods' fill gain counts every target type fully (no scarcity weights); otherwise fgd-scarcity's weights."""
+"""fgd-priced's issue-27 rules: while free CPU runs out before free GPU milli (the CPU-aware horizon is the smaller),
+the GPU pods' fill gain counts every target type fully (no scarcity weights; otherwise fgd-scarcity's weights), and
+(measured, not adopted: the `gpu_pods_free_cpu_bound` switch) pods with GPUs are not kept off the hosts kept for
+multi-GPU pods (pods without GPUs still are)."""
 
 from __future__ import annotations
 
@@ -7,13 +9,14 @@ import numpy as np
 
 from corral.model.resources import Request
 from corral.model.snapshot import ClusterSnapshot
-from corral.placement import PlacementConfig
+from corral.placement import PlacementConfig, place
 from corral.placement.context import Context
 from corral.placement.filters import evaluate
+from corral.placement.reserve import kept_hosts
 from corral.placement.scarcity import horizons, scarcity_weights
 from corral.placement.scores.fgd_priced import FgdPriced
 from corral.placement.workload import TargetType, TargetWorkload
-from tests.builders import cluster, gpus, node
+from tests.builders import cluster, cpu_only, gpus, node
 from tests.placement.test_properties import normalised
 
 
@@ -57,3 +60,54 @@ def test_scarcity_weights_kept_while_gpu_milli_runs_out_first() -> None:
     weights = scarcity_weights(s, wl, h_gpu)
     assert not np.all(weights == 1.0)
     assert np.array_equal(FgdPriced()._weights(ctx), weights)
+
+
+class _GpuPodsFree(FgdPriced):
+    name = "test-priced-gpu-pods-free"
+    gpu_pods_free_cpu_bound = True
+
+
+def big_tail_cpu_bound() -> TargetWorkload:
+    # 1-GPU 16-core pods and 32-core pods without GPUs: the 448 cores of `g3_and_g2` go after ~19 pods, its 32 GPUs
+    # after 64; 15 % 8-GPU 120-core pods keep ceil(0.15 x 18.7) = 3 >= 2 hosts: both 128-core nodes are at reserve.
+    typical = (TargetType(16_000, 1000, 1, None, 0.5), TargetType(32_000, 0, 0, None, 0.5))
+    return TargetWorkload(typical, (TargetType(120_000, 1000, 8, None, 0.15),))
+
+
+def g3_and_g2() -> ClusterSnapshot:
+    return cluster(node("g3a").gpus(8).cpu(128), node("g3b").gpus(8).cpu(128), node("g2a").gpus(8).cpu(96),
+                   node("g2b").gpus(8).cpu(96))  # fmt: skip
+
+
+def test_the_switch_frees_pods_with_gpus_from_the_kept_hosts_only_while_cpu_runs_out_first() -> None:
+    s, wl = g3_and_g2(), big_tail_cpu_bound()
+    h_gpu, h_cpu = horizons(s, wl)
+    assert h_cpu < h_gpu
+    everything = np.arange(len(s), dtype=np.int64)
+    small = gpus(1, cpu=16_000)
+    assert kept_hosts(s, wl, small, everything, cpu=True, h=h_cpu).tolist() == [True, True, False, False]
+    # A pod with GPUs: not kept off under the switch (`fgd-priced-gpu-pods-free`); fgd-priced keeps it off.
+    assert not _GpuPodsFree().keeps_off(context(s, small, wl))
+    assert FgdPriced().keeps_off(context(s, small, wl))
+    d = place(s, small, PlacementConfig(policy="fgd-priced", workload=wl), rng=0)
+    assert d.allocation is not None and d.allocation.node.startswith("g2")
+    # A pod without GPUs keeps off them under both, and says so.
+    assert _GpuPodsFree().keeps_off(context(s, cpu_only(32_000), wl))
+    d = place(s, cpu_only(32_000), PlacementConfig(policy="fgd-priced", workload=wl), rng=0)
+    assert d.allocation is not None and d.allocation.node.startswith("g2")
+    assert "fgd-priced: 2 nodes kept free for multi-GPU pods came last" in d.explanation.notes
+
+
+def test_pods_with_gpus_keep_off_the_multi_gpu_hosts_while_gpu_milli_runs_out_first() -> None:
+    # Few pods without GPUs, of 2 cores: the GPUs go first (after 36 pods, the cores after 41), and a 1-GPU pod
+    # keeps off the last hosts.
+    typical = (TargetType(12_000, 1000, 1, None, 0.9), TargetType(2_000, 0, 0, None, 0.1))
+    wl = TargetWorkload(typical, (TargetType(120_000, 1000, 8, None, 0.05),))
+    s = g3_and_g2()
+    h_gpu, h_cpu = horizons(s, wl)
+    assert not h_cpu < h_gpu
+    assert FgdPriced().keeps_off(context(s, gpus(1, cpu=16_000), wl))
+    assert _GpuPodsFree().keeps_off(context(s, gpus(1, cpu=16_000), wl))
+    d = place(s, gpus(1, cpu=16_000), PlacementConfig(policy="fgd-priced", workload=wl), rng=0)
+    assert d.allocation is not None and d.allocation.node.startswith("g2")
+    assert "fgd-priced: 2 nodes kept free for multi-GPU pods came last" in d.explanation.notes

@@ -58,12 +58,29 @@ class FgdPriced(FgdScarcity):
     cpu_margin = 1.0  # and for pods without GPUs
     margin_gpu_bound = True  # the margin only while free GPU milli runs out no later than free CPU
     unweighted_cpu_bound = True  # no scarcity weights while free CPU runs out first (`FgdScarcity._cpu_bound`)
+    #: pods with GPUs not kept off the hosts while free CPU runs out first (`keeps_off`; off: issue 27 measured it)
+    gpu_pods_free_cpu_bound = False
 
     _kept = 0  # nodes the last `score` kept for multi-GPU pods (a policy object serves one decision)
 
+    def keeps_off(self, ctx: Context) -> bool:
+        """Whether this decision's pod keeps off the hosts kept for multi-GPU pods: always where the policy keeps
+        hosts, except, under `gpu_pods_free_cpu_bound`, a pod with GPUs while free CPU runs out before free GPU milli.
+
+        The switch exists for the ablation (`fgd-priced-gpu-pods-free`, issue 27, docs/beyond-fgd.md): on the real
+        CPU-heavy lists it puts fgd-priced ahead of fgd on every seed, but on `cpu200p` seed 43 it lets 1-GPU pods
+        break the last 8-GPU hosts (8 such pods fail against fgd's 3), so it is off."""
+        if not self.reserve:
+            return False
+        if not (ctx.request.wants_gpu and self.gpu_pods_free_cpu_bound):
+            return True
+        h_gpu, h_cpu = self._horizons(ctx)
+        return not h_cpu < h_gpu
+
     def score(self, ctx: Context, nodes: IntArray) -> FloatArray:
         scores = super().score(ctx, nodes)
-        if self.reserve:
+        self._kept = 0
+        if self.keeps_off(ctx):
             margin = self.gpu_margin if ctx.request.wants_gpu else self.cpu_margin
             h_gpu, h_cpu = self._horizons(ctx)
             if self.margin_gpu_bound and margin != 1.0 and h_cpu < h_gpu:  # (`reserve.gpu_runs_out_later`)
