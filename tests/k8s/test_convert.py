@@ -481,6 +481,45 @@ def test_hami_pods_are_placed_and_bound_by_the_standalone_scheduler() -> None:
         s.close()
 
 
+def test_a_percentage_pod_waiting_for_its_gpu_type_is_read_again_when_such_a_node_comes() -> None:
+    """A HAMi pod asking for a percentage of a T4's memory, created while the cluster has no T4: it waits, saying why;
+    once a T4 node is added the scheduler reads it again (the GPU sizes it was read against changed) and binds it."""
+    import time
+
+    from corral.k8s.fake import FakeKubeApi
+    from corral.k8s.scheduler.core import Scheduler
+    from corral.placement import PlacementConfig
+    from tests.k8s.conftest import gpu_node
+
+    api = FakeKubeApi()
+    api.put_node(gpu_node("a100", 1))
+    pod = pod_object("wants-t4", [{"name": "main", "resources": {"limits": {
+        "nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "50"}}}],
+        annotations={"nvidia.com/use-gputype": "T4"})  # fmt: skip
+    pod["spec"]["schedulerName"] = "corral"
+    api.put_pod(pod)
+    s = Scheduler(api, PlacementConfig(policy="binpack"), batch_window=0.001)
+    s.start()
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not (api.pods[("default", "wants-t4")].get("status") or {}).get(
+            "conditions"
+        ):
+            time.sleep(0.01)
+        [condition] = api.pods[("default", "wants-t4")]["status"]["conditions"]
+        assert "a percentage of GPU memory needs the cluster's GPUs" in condition["message"]
+        api.put_node(gpu_node("t4", 1, model="T4", memory_mib=16384))
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not api.pods[("default", "wants-t4")]["spec"].get("nodeName"):
+            time.sleep(0.01)
+        got = api.pods[("default", "wants-t4")]
+        assert got["spec"].get("nodeName") == "t4"
+        assignment = parse_assignment(got["metadata"]["annotations"])
+        assert assignment is not None and [x.memory_mib for x in assignment.slots] == [8192]
+    finally:
+        s.close()
+
+
 def test_a_pod_hamis_scheduler_bound_is_charged_the_gpus_hamis_record_names() -> None:
     """While pods move over, HAMi's scheduler binds some: they carry HAMi's record (hami.io/vgpu-devices-allocated)
     and no corral assignment. corral charges the GPUs the record names (without it, the lowest free index: GPU 0,

@@ -126,6 +126,9 @@ class Waiting:
     since: str = ""  # when its condition first said Unschedulable (lastTransitionTime)
     due: bool = False  # a condition write waits for CONDITION_EVERY to be up
     events: list[float] = field(default_factory=list)  # when its FailedScheduling events were sent
+    #: A pod corral could not read, kept with the cluster's GPU sizes it was read against: read again once those
+    #: change (a HAMi percentage of GPU memory needs a GPU of its type to exist). None for a pod that was read.
+    unread: tuple[JsonObj, dict[str, int]] | None = None
     tolerations: tuple[Mapping[str, Any], ...] = ()
 
 
@@ -507,7 +510,8 @@ class Scheduler:
         tol = (obj.get("spec") or {}).get("tolerations") or ()
         tolerations = tuple(t for t in tol if isinstance(t, Mapping)) if isinstance(tol, list) else ()
         w = Waiting(p, str(meta.get("namespace") or "default"), str(meta.get("name") or ""), str(meta.get("uid") or ""),
-                    next(self._seq), time.monotonic(), tolerations=tolerations)  # fmt: skip
+                    next(self._seq), time.monotonic(), tolerations=tolerations,
+                    unread=None if p.ask is not None else (obj, self.state.gpu_memory))  # fmt: skip
         with self._cond:
             if key in self._known:
                 return
@@ -531,6 +535,12 @@ class Scheduler:
 
     def _capacity_freed(self) -> None:
         with self._cond:
+            sizes = self.state.gpu_memory
+            for w in self._unschedulable.values():
+                if w.unread is not None and w.unread[1] != sizes:  # the GPUs it was read against changed: again
+                    p = pending_of(w.unread[0], sizes)
+                    w.pending = dataclasses.replace(p, gang=w.pending.gang, queue=w.pending.queue)
+                    w.unread = None if p.ask is not None else (w.unread[0], sizes)
             if self._unschedulable:
                 self._retry = True
                 self._cond.notify()
