@@ -329,6 +329,8 @@ def test_metrics_and_explain_answer(api: FakeKubeApi, run: Callable[..., Schedul
     api.put_pod(gpu_pod("big", 8))
     wait_for("the bind", lambda: node_of(api, "p") is not None)
     wait_for("the wait", lambda: s.explain("default/big")["state"] == "pending")
+    # its FailedScheduling event is written after the reason is known, by the writer: wait for that too
+    wait_for("the event", lambda: b'corral_scheduler_events_total{result="sent"}' in answer(s, "/metrics")[2])
     status, ctype, body = answer(s, "/metrics")
     text = body.decode()
     assert status == 200 and ctype.startswith("text/plain")
