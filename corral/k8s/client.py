@@ -182,13 +182,7 @@ class RealKubeApi:
     def create_binding(
         self, namespace: str, name: str, uid: str, node: str, annotations: dict[str, str] | None = None
     ) -> None:
-        meta: JsonObj = {"name": name, "namespace": namespace}
-        if uid:
-            meta["uid"] = uid
-        if annotations:
-            meta["annotations"] = annotations
-        body = {"apiVersion": "v1", "kind": "Binding", "metadata": meta,
-                "target": {"apiVersion": "v1", "kind": "Node", "name": node}}  # fmt: skip
+        body = binding_body(namespace, name, uid, node, annotations)
         self._post(f"bind pod {namespace}/{name} to {node}", f"/api/v1/namespaces/{quote(namespace)}/bindings", body)
 
     def _post(
@@ -252,6 +246,18 @@ class RealKubeApi:
         fn = self.core.list_namespaced_event
         body = _loads(self._body(f"list events in {namespace}", fn, namespace, field_selector=field_selector or None))
         return list(body.get("items") or [])
+
+
+def binding_body(namespace: str, name: str, uid: str, node: str, annotations: dict[str, str] | None) -> JsonObj:
+    """The Binding of pod `namespace/name` (its `uid`, where known, so a pod made again under that name is not bound)
+    to `node`; `annotations` are set on the pod in the same call (corral's assignment)."""
+    meta: JsonObj = {"name": name, "namespace": namespace}
+    if uid:
+        meta["uid"] = uid
+    if annotations:
+        meta["annotations"] = annotations
+    return {"apiVersion": "v1", "kind": "Binding", "metadata": meta,
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node}}  # fmt: skip
 
 
 def _loads(data: bytes) -> Any:

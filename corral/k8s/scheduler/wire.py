@@ -32,7 +32,15 @@ from urllib.parse import quote, urlencode, urlsplit
 
 import orjson
 
-from corral.k8s.client import WATCH_SECONDS, JsonObj, KubeApi, KubeApiError, _loads, _status_message
+from corral.k8s.client import (
+    WATCH_SECONDS,
+    JsonObj,
+    KubeApi,
+    KubeApiError,
+    _loads,
+    _status_message,
+    binding_body,
+)
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 TIMEOUT = 30.0
@@ -370,13 +378,7 @@ class WireKubeApi:
     def create_binding(
         self, namespace: str, name: str, uid: str, node: str, annotations: dict[str, str] | None = None
     ) -> None:
-        meta: JsonObj = {"name": name, "namespace": namespace}
-        if uid:
-            meta["uid"] = uid
-        if annotations:
-            meta["annotations"] = annotations
-        body = {"apiVersion": "v1", "kind": "Binding", "metadata": meta,
-                "target": {"apiVersion": "v1", "kind": "Node", "name": node}}  # fmt: skip
+        body = binding_body(namespace, name, uid, node, annotations)
         self._call(f"bind pod {namespace}/{name} to {node}", "POST",
                    f"/api/v1/namespaces/{quote(namespace)}/bindings", body)  # fmt: skip
 
