@@ -196,6 +196,32 @@ class Hold:
                f"on {self.allocation.node} is held for this pod"  # fmt: skip
 
 
+@dataclass(frozen=True)
+class EvictionMetrics:
+    evictions: Counter
+    preemptions: Counter
+
+
+def eviction_metrics(registry: CollectorRegistry) -> EvictionMetrics:
+    """The scheduler's preemption counters, on its registry (SchedulerMetrics makes them; docs/metrics.md)."""
+    return EvictionMetrics(
+        Counter(
+            "corral_scheduler_evictions",
+            "Evictions sent for preemption, by result: evicted (the API server took it), refused (a disruption "
+            "budget allows none now: 429), gone (the pod was already gone), failed (any other answer)",
+            ["result"],
+            registry=registry,
+        ),
+        Counter(
+            "corral_scheduler_preemptions",
+            "Preemptions by how they ended: started, bound (the preemptor bound on what was held for it), refused "
+            "(an eviction refused), failed, timeout (the hold's deadline passed), gone (the preemptor left)",
+            ["result"],
+            registry=registry,
+        ),
+    )
+
+
 class Evictions:
     """The `Evictions` seam carried out through the Eviction API (see the module). `wake` is called when the round
     should look again (a hold ended or became ready, a budget changed). `threads` False: no worker thread (tests call
@@ -206,7 +232,7 @@ class Evictions:
         api: EvictApi,
         limiter: Limiter,
         wake: Callable[[], None] = lambda: None,
-        registry: CollectorRegistry | None = None,
+        metrics: EvictionMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
         threads: bool = True,
         margin: float = HOLD_MARGIN,
@@ -231,21 +257,9 @@ class Evictions:
         self._protected: frozenset[str] | None = frozenset()  # None: to compute again
         self._ended: dict[str, str] = {}  # preemptor key -> why its last preemption ended short
         self._quiet_until = -1e18
-        r = registry if registry is not None else CollectorRegistry(auto_describe=False)
-        self.evictions = Counter(
-            "corral_scheduler_evictions",
-            "Evictions sent for preemption, by result: evicted (the API server took it), refused (a disruption "
-            "budget allows none now: 429), gone (the pod was already gone), failed (any other answer)",
-            ["result"],
-            registry=r,
-        )
-        self.preemptions = Counter(
-            "corral_scheduler_preemptions",
-            "Preemptions by how they ended: started, bound (the preemptor bound on what was held for it), refused "
-            "(an eviction refused), failed, timeout (the hold's deadline passed), gone (the preemptor left)",
-            ["result"],
-            registry=r,
-        )
+        self.metrics = metrics if metrics is not None else eviction_metrics(CollectorRegistry(auto_describe=False))
+        self.evictions = self.metrics.evictions
+        self.preemptions = self.metrics.preemptions
         self._thread: threading.Thread | None = None
         if threads:
             self._thread = threading.Thread(target=self._work, name="corral-evictions", daemon=True)
