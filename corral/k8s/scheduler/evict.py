@@ -37,9 +37,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter
 
@@ -48,7 +48,9 @@ from corral.k8s.scheduler.wire import PDBS
 from corral.model.errors import AllocationError
 from corral.model.resources import Allocation
 from corral.model.snapshot import ClusterSnapshot
-from corral.tenancy.plan import Preemption
+from corral.tenancy.model import Running
+from corral.tenancy.plan import ClusterView, Preemption, RoundPlan
+from corral.tenancy.round import Start
 
 log = logging.getLogger("corral.k8s.scheduler.evict")
 
@@ -342,6 +344,20 @@ class Evictions:
                 return "" if hold.ready else hold.waiting_text()
             return self._ended.get(key, "")
 
+    def names(self, uid: str) -> tuple[str, str] | None:
+        """(namespace, name) of a pod the informer showed, None for one it does not know (gone)."""
+        with self._lock:
+            pod = self._pods.get(uid)
+            return None if pod is None else (pod.namespace, pod.name)
+
+    def release(self, key: str, why: str) -> None:
+        """End the preemptor's hold short (what was held for it cannot be had: `why` becomes its reason)."""
+        with self._lock:
+            hold = self._holds.get(key)
+            if hold is not None:
+                self._end(hold, "failed", f"preemption stopped: {why}")
+        self.wake()
+
     def victims_of(self, key: str) -> tuple[str, ...]:
         """The victims of the preemptor's hold still in the books (their allocations are part of what is held)."""
         with self._lock:
@@ -623,6 +639,8 @@ def reserve_holds(snapshot: ClusterSnapshot, holds: Mapping[str, Allocation],
     that no longer fit (key -> why: something else was bound there meanwhile, by another scheduler)."""
     broken: dict[str, str] = {}
     for key, alloc in holds.items():
+        if key in snapshot.allocations:
+            continue  # the preemptor's own Binding is in flight, or it is bound: the books hold it already
         for uid in victims(key):
             if uid in snapshot.allocations:
                 snapshot.release(uid)
@@ -673,3 +691,68 @@ class PdbWatch:
             except Exception:
                 log.exception("watching PodDisruptionBudgets failed")
                 self.stop.wait(self.retry)
+
+
+# ---------------------------------------------------------------------------------------------------- the round's side
+T = TypeVar("T")
+
+
+def mark_running(running: Sequence[Running], evictions: Any) -> list[Running]:
+    """Bound pods as the planner must see them: those being evicted (or deleted) `stopping`, those a budget protects
+    now not preemptible."""
+    stopping, protected = evictions.stopping(), evictions.protected()
+    if not stopping and not protected:
+        return list(running)
+    out = []
+    for r in running:
+        if r.id in stopping:
+            r = replace(r, stopping=True)
+        elif r.id in protected and r.preemptible:
+            r = replace(r, preemptible=False)
+        out.append(r)
+    return out
+
+
+@dataclass(frozen=True)
+class HeldRound(Generic[T]):
+    """A round's inputs with the holds in them: `view` has every hold granted under its preemptor's key (in place of
+    its victims), `waiting` lacks the preemptors that hold (they are not placed anew), `starts` are the preemptors
+    whose victims are all gone, each on exactly what was held for it, and `reasons` say why the others wait."""
+
+    view: ClusterView
+    waiting: list[T]
+    starts: tuple[Start, ...]
+    reasons: dict[str, str]
+
+
+def hold_round(evictions: Evictions, view: ClusterView, waiting: Sequence[T],
+               key_of: Callable[[T], str]) -> HeldRound[T]:  # fmt: skip
+    """The holds put into a round (see HeldRound); the round then plans on `view` with `waiting`, preempt=not busy."""
+    holds = evictions.held()
+    if not holds:
+        return HeldRound(view, list(waiting), (), {})
+    snapshot = view.snapshot.copy()
+    for key, why in reserve_holds(snapshot, holds, evictions.victims_of).items():
+        evictions.release(key, why)
+    holds = evictions.held()
+    starts: list[Start] = []
+    reasons: dict[str, str] = {}
+    rest: list[T] = []
+    for item in waiting:
+        key = key_of(item)
+        if key not in holds:
+            rest.append(item)
+        elif evictions.ready(key):
+            starts.append(Start(key, holds[key]))
+        else:
+            reasons[key] = evictions.reason(key)
+    return HeldRound(ClusterView(snapshot, view.ends), rest, tuple(starts), reasons)
+
+
+def carry_out(plan: RoundPlan, evictions: Evictions) -> None:
+    """Start the plan's preemptions (never blocks): each victim named as the informer last showed it; a victim
+    already gone is left out (what it held is free already)."""
+    for p in plan.preemptions:
+        victims = [(v, *names) for v in p.victims if (names := evictions.names(v)) is not None]
+        if victims:
+            evictions.start(p, victims)
