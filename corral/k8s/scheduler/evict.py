@@ -254,6 +254,7 @@ class Evictions:
         self._holds: dict[str, Hold] = {}
         self._victim_of: dict[str, str] = {}  # victim uid -> preemptor key
         self._pods: dict[str, _Pod] = {}  # uid -> the pod, every pod the informer shows (pending ones for names)
+        self._going: set[str] = set()  # bound pods with a deletionTimestamp (kept as they come: a round reads it)
         self._budgets: dict[str, Budget] = {}  # "namespace/name" -> budget
         self._refused: dict[str, str] = {}  # budget key -> its version when an eviction was refused under it
         self._protected: frozenset[str] | None = frozenset()  # None: to compute again
@@ -282,8 +283,7 @@ class Evictions:
 
     def stopping(self) -> frozenset[str]:
         with self._lock:
-            going = {uid for uid, p in self._pods.items() if p.bound and p.deleting}
-            return frozenset(going | self._victim_of.keys())
+            return frozenset(self._going | self._victim_of.keys())
 
     def protected(self) -> frozenset[str]:
         with self._lock:
@@ -382,12 +382,15 @@ class Evictions:
             old = self._pods.get(uid)
             if gone:
                 self._pods.pop(uid, None)
+                self._going.discard(uid)
                 woke = self._gone(uid)
             else:
                 pod = _pod(obj)
                 if pod is None:
                     return
                 self._pods[uid] = pod
+                if pod.bound and pod.deleting:
+                    self._going.add(uid)
                 hold = self._holds.get(uid)
                 if hold is not None and pod.bound:  # the preemptor bound (by us, or by someone else)
                     self._drop(hold)
@@ -428,6 +431,7 @@ class Evictions:
             for uid in [u for u in self._pods if u not in seen]:
                 woke = self._gone(uid) or woke
             self._pods = seen
+            self._going = {u for u, p in seen.items() if p.bound and p.deleting}
             self._protected = None
             for key in [k for k, h in self._holds.items() if k in seen and seen[k].bound]:
                 self._drop(self._holds[key])
