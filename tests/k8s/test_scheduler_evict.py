@@ -322,6 +322,29 @@ def test_pods_are_known_by_uid_a_pod_recreated_under_a_victims_name_is_a_new_pod
     assert ev.ready("u-boss")
 
 
+def test_after_a_restart_pods_found_terminating_hold_preemption_back_until_gone(
+    fake: FakeEvictApi, clock: Clock
+) -> None:
+    """A kill -9 mid-preemption loses the hold; the victims it had evicted are found terminating. No preemption is
+    planned while they go (it would evict others for what they are freeing), at most their grace + margin."""
+    ev = Evictions(fake, NoLimit(), clock=clock, threads=False)
+    ev.listed("pods", [pod_obj("v1", "u-v1", grace=10, deleting=True), pod_obj("v2", "u-v2", grace=10, deleting=True),
+                       pod_obj("boss", "u-boss", node="")])  # fmt: skip
+    assert ev.busy() and ev.stopping() == {"u-v1", "u-v2"}
+    ev.observed("pods", "DELETED", pod_obj("v1", "u-v1", deleting=True))
+    assert ev.busy()
+    ev.listed("pods", [pod_obj("boss", "u-boss", node="")])  # a relist: v2 gone too
+    assert not ev.busy()
+    # one stuck terminating (a finalizer, a node gone) holds preemption back only until its grace + margin
+    ev2 = Evictions(fake, NoLimit(), clock=clock, threads=False)
+    ev2.listed("pods", [pod_obj("stuck", "u-stuck", grace=10, deleting=True)])
+    clock.now += 10 + HOLD_MARGIN
+    assert not ev2.busy() and ev2.stopping() == {"u-stuck"}
+    # pods that start terminating later, under the watch, are not a restart's
+    ev2.observed("pods", "MODIFIED", pod_obj("later", "u-later", deleting=True))
+    assert not ev2.busy()
+
+
 def test_start_never_waits_for_the_rate_limit(fake: FakeEvictApi) -> None:
     gate = threading.Event()
 

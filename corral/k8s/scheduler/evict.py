@@ -255,6 +255,10 @@ class Evictions:
         self._victim_of: dict[str, str] = {}  # victim uid -> preemptor key
         self._pods: dict[str, _Pod] = {}  # uid -> the pod, every pod the informer shows (pending ones for names)
         self._going: set[str] = set()  # bound pods with a deletionTimestamp (kept as they come: a round reads it)
+        #: Pods already terminating at the first list (a restart's: perhaps the victims of a hold it lost), until gone
+        #: or past their grace + margin: no preemption meanwhile, so that a restart does not evict others for them
+        self._inherited: dict[str, float] = {}
+        self._first_list = True
         self._budgets: dict[str, Budget] = {}  # "namespace/name" -> budget
         self._refused: dict[str, str] = {}  # budget key -> its version when an eviction was refused under it
         self._protected: frozenset[str] | None = frozenset()  # None: to compute again
@@ -279,7 +283,10 @@ class Evictions:
     def busy(self) -> bool:
         self._expire()
         with self._lock:
-            return bool(self._holds) or self.clock() < self._quiet_until
+            now = self.clock()
+            if self._inherited:
+                self._inherited = {u: t for u, t in self._inherited.items() if t > now}
+            return bool(self._holds) or now < self._quiet_until or bool(self._inherited)
 
     def stopping(self) -> frozenset[str]:
         with self._lock:
@@ -383,6 +390,7 @@ class Evictions:
             if gone:
                 self._pods.pop(uid, None)
                 self._going.discard(uid)
+                self._inherited.pop(uid, None)
                 woke = self._gone(uid)
             else:
                 pod = _pod(obj)
@@ -432,6 +440,11 @@ class Evictions:
                 woke = self._gone(uid) or woke
             self._pods = seen
             self._going = {u for u, p in seen.items() if p.bound and p.deleting}
+            if self._first_list:
+                self._first_list = False
+                self._inherited = {u: self.clock() + seen[u].grace + self.margin for u in self._going}
+            else:
+                self._inherited = {u: t for u, t in self._inherited.items() if u in seen}
             self._protected = None
             for key in [k for k, h in self._holds.items() if k in seen and seen[k].bound]:
                 self._drop(self._holds[key])
