@@ -17,6 +17,7 @@ from corral.k8s.client import JsonObj, KubeApiError
 from corral.k8s.scheduler.evict import (
     COOLDOWN,
     HOLD_MARGIN,
+    REFUSED_FOR,
     Budget,
     Evictions,
     PdbWatch,
@@ -188,6 +189,8 @@ def test_a_budgets_429_ends_the_preemption_names_the_budget_and_evicts_nothing_e
     ev.observed(PDBS, "MODIFIED", pdb_obj("batch-pdb", {"matchLabels": {"app": "batch"}}, allowed=1, version="7"))
     assert ev.protected() == {"u-v1"}  # the same version: still refused
     ev.observed(PDBS, "MODIFIED", pdb_obj("batch-pdb", {"matchLabels": {"app": "batch"}}, allowed=1, version="8"))
+    assert ev.protected() == {"u-v1"}  # the refused pod itself, for a while
+    clock.now += REFUSED_FOR
     assert ev.protected() == frozenset()
 
 
@@ -212,6 +215,22 @@ def test_a_preemptor_that_cannot_get_its_victims_does_not_evict_others_in_a_loop
         clock.now += COOLDOWN / 3
     assert len(fake.evicted) == 1
     assert ev.protected() == {"u-w0", "u-w1", "u-w2", "u-w3"}
+    # budgets the scheduler cannot read (no RBAC): the refused pod is not picked again for REFUSED_FOR, and each
+    # other is tried at most once in that time, after a cool-down each: a few evictions a minute, never a storm
+    blind = make(fake, clock)
+    blind.listed("pods", [pod_obj(f"w{i}", f"u-w{i}", labels={"app": "batch"}) for i in range(4)]
+                 + [pod_obj("boss", "u-boss", node="")])  # fmt: skip
+    fake.evicted.clear()
+    began = clock.now
+    for _ in range(60):
+        if not blind.busy():
+            free = [f"u-w{i}" for i in range(4) if f"u-w{i}" not in blind.protected() | blind.stopping()]
+            if free:
+                blind.start(preemption("u-boss", {free[0]: "guarantee"}), [(free[0], "default", free[0][2:])])
+        blind.drain()
+        clock.now += 1
+    assert len(fake.evicted) <= (clock.now - began) / COOLDOWN + 1
+    assert len({e[2] for e in fake.evicted}) == len(fake.evicted)  # none twice in the minute
 
 
 def test_budgets_protect_the_bound_pods_they_cover_when_they_allow_no_disruption(

@@ -59,6 +59,9 @@ COMPONENT = "corral-scheduler"
 HOLD_MARGIN = 30.0
 #: Seconds no preemption starts after one was refused or failed (a budget's 429): no storm of evictions elsewhere.
 COOLDOWN = 10.0
+#: Seconds a pod whose eviction was refused (429) is not picked again, whatever the budgets known say (a budget
+#: the scheduler may not read, a status not seen yet).
+REFUSED_FOR = 60.0
 #: Kubernetes' default terminationGracePeriodSeconds.
 DEFAULT_GRACE = 30.0
 #: How often the worker looks at the holds' deadlines and the watch of budgets retries.
@@ -261,6 +264,7 @@ class Evictions:
         self._first_list = True
         self._budgets: dict[str, Budget] = {}  # "namespace/name" -> budget
         self._refused: dict[str, str] = {}  # budget key -> its version when an eviction was refused under it
+        self._refused_pods: dict[str, float] = {}  # pod uid -> until when it is not picked (its eviction was refused)
         self._protected: frozenset[str] | None = frozenset()  # None: to compute again
         self._ended: dict[str, str] = {}  # preemptor key -> why its last preemption ended short
         self._quiet_until = -1e18
@@ -296,6 +300,10 @@ class Evictions:
         with self._lock:
             if self._protected is None:
                 self._protected = self._compute_protected()
+            if self._refused_pods:
+                now = self.clock()
+                self._refused_pods = {u: t for u, t in self._refused_pods.items() if t > now}
+                return self._protected | self._refused_pods.keys()
             return self._protected
 
     def held(self) -> Mapping[str, Allocation]:
@@ -615,6 +623,7 @@ class Evictions:
                                      and selects(b.selector, pod.labels))  # fmt: skip
                     for b in budgets:
                         self._refused[b] = self._budgets[b].version
+                    self._refused_pods[uid] = self.clock() + REFUSED_FOR
                     self._protected = None
                     named = f"PodDisruptionBudget {', '.join(budgets)}" if budgets else "a PodDisruptionBudget"
                     why_ = (f"preemption stopped: the eviction of {ns}/{name} was refused by {named}, which allows "
