@@ -14,6 +14,7 @@
     guarantee = { gpus = 2 }         # deserved: kept for it while it has work (others borrow it only when idle)
     limit = { gpus = 4, memory = "256GiB" }       # at most this much at once
     borrow_limit = { gpus = 1 }      # at most this much above its guarantee (default: up to its limit)
+    namespaces = ["ml-train"]        # corral k8s scheduler: pods of these namespaces (that name no queue by label)
     [queues.train.users.ann]         # per user in this queue ("*": every user)
     limit = { gpus = 2 }
     weight = 2
@@ -146,6 +147,9 @@ class QueueSpec:
     min_runtime_s: float | None = None  # None: the file's `min_runtime` (QueuesConfig.min_runtime_s)
     users: Mapping[str, Principal] = field(default_factory=dict)
     groups: Mapping[str, Principal] = field(default_factory=dict)
+    #: Kubernetes namespaces whose pods go to this queue when they name none by label (`corral k8s scheduler` only;
+    #: serve reads and ignores it, so one file serves both).
+    namespaces: tuple[str, ...] = ()
 
     def user(self, name: str) -> Principal | None:
         return self.users.get(name) or self.users.get("*")
@@ -281,7 +285,7 @@ class _Reader:
     def queue(self, name: str, value: Any) -> QueueSpec:
         key = f"queues.{self.name(name, f'queues.{name}')}"
         allowed = {"weight", "guarantee", "limit", "borrow_limit", "max_priority", "submitters", "users", "groups",
-                   "min_runtime"}  # fmt: skip
+                   "min_runtime", "namespaces"}  # fmt: skip
         t = self.table(value, key, allowed)
         guarantee = self.amounts(t.get("guarantee", {}), f"{key}.guarantee")
         limit = self.amounts(t.get("limit", {}), f"{key}.limit")
@@ -304,8 +308,22 @@ class _Reader:
             ),
             users=self.principals(t.get("users", {}), f"{key}.users"),
             groups=self.principals(t.get("groups", {}), f"{key}.groups"),
+            namespaces=self.namespaces(t["namespaces"], f"{key}.namespaces") if "namespaces" in t else (),
         )
 
+    def namespaces(self, value: Any, key: str) -> tuple[str, ...]:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise self.fail(key, "must be a list of namespace names")
+        if len(value) > MAX_PRINCIPALS:
+            raise self.fail(key, f"{len(value)} names, more than the {MAX_PRINCIPALS} a list may have")
+        for v in value:
+            if not _NAMESPACE.fullmatch(v):
+                raise self.fail(key, f"a namespace is 1-63 lower-case letters, digits or '-' (a DNS label), got {v!r}")
+        return tuple(value)
+
+
+#: A Kubernetes namespace's name (RFC 1123 label).
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 #: What the bounds' scan sees of TOML: strings and comments (skipped whole), brackets, dots and line ends.
 _SCAN = re.compile(r'"""(?:[^\\]|\\.)*?"""|\'\'\'.*?\'\'\'|"(?:[^"\\\n]|\\.)*"|\'[^\'\n]*\'|#[^\n]*|[\[\]{}.\n]', re.S)
@@ -400,6 +418,14 @@ def parse_queues(text: str, source: str = "queues.toml") -> QueuesConfig:
             raise r.fail("half_life", f"must be more than 0 seconds, got {raw!r}")
     queues_raw = r.table(top.get("queues", {}), "queues", set(top.get("queues", {})))
     queues = {name: r.queue(name, value) for name, value in queues_raw.items()}
+    mapped: dict[str, str] = {}
+    for q in queues.values():
+        for ns in q.namespaces:
+            if ns in mapped:
+                raise r.fail(f"queues.{q.name}.namespaces",
+                             f"namespace {ns!r} is already mapped to queue {mapped[ns]!r} (a namespace maps to one "
+                             "queue)")  # fmt: skip
+            mapped[ns] = q.name
     default = top.get("default_queue", DEFAULT_QUEUE)
     if not isinstance(default, str):
         raise r.fail("default_queue", f"must be a queue's name, got {default!r}")

@@ -48,6 +48,16 @@ class Pending:
     #: The gang it belongs to (gang.GangRef.key, "" for none) and the queue it names (gang.queue_of).
     gang: str = ""
     queue: str = ""
+    #: Tenancy (a queues file): its namespace (the account within its queue), when it was created (epoch seconds,
+    #: its age in the queue order), and its time limit (activeDeadlineSeconds or corral.dev/time-limit; None: none).
+    namespace: str = ""
+    created: float = 0.0
+    time_limit_s: float | None = None
+
+    @property
+    def id(self) -> str:
+        """Its id as tenancy's round cache looks it up (corral.tenancy.round.ShapeCache)."""
+        return self.key
 
 
 @dataclass(frozen=True, eq=False)

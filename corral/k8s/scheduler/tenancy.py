@@ -1,0 +1,416 @@
+"""The tenancy face of `corral k8s scheduler` (issue 25): the queues file's rules on the cluster.
+
+    pending pod (batch.Pending) --work_of--> Work      queue: its label (corral.dev/queue, Kueue's, KAI's), else its
+                                                       namespace's queue (`namespaces = [...]` in the file), else a
+                                                       queue named as its namespace, else the default queue;
+                                                       user: its namespace; gang: its PodGroup (gang_size: minMember
+                                                       less the members bound)
+    bound pod of ours (Bound + PodRecord) --> Running  started_at: its bind time (the books'), after a restart its
+                                                       status.startTime or PodScheduled's lastTransitionTime
+    the books' snapshot (+ capacity held for preemptors) --> ClusterView (ends: start + activeDeadlineSeconds, or
+                                                       the corral.dev/time-limit annotation, else the default)
+    plan_pods(...) = corral.tenancy.plan_round + the k8s words --> Bind | Wait per pod, preemptions, positions
+
+Pure: no I/O, no clock (`now` is given). `Evictions` is the contract with corral/k8s/scheduler/evict.py (the Eviction
+API, PDBs, grace, minimum runtime, the capacity held for the preemptor). `NoEvictions` is the default: nothing is
+ever evicted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+from corral.k8s.convert import assignment_annotations, make_assignment
+from corral.k8s.scheduler.batch import INVALID, NO_NODES, Bind, Decision, Pending, Wait
+from corral.k8s.scheduler.gang import GANG_INCOMPLETE, GANG_INVALID, QUEUE_LABELS, GangInfo
+from corral.model.errors import AllocationError, InvalidRequest
+from corral.model.resources import Allocation, Request
+from corral.model.snapshot import ClusterSnapshot
+from corral.model.units import parse_duration_seconds
+from corral.tenancy.config import QueuesConfig
+from corral.tenancy.fairshare import UsageLedger
+from corral.tenancy.model import Running, Work
+from corral.tenancy.plan import ClusterView, Preemption, RoundConfig, RoundPlan, plan_round, tenancy_for
+from corral.tenancy.queues import Tenancy
+from corral.tenancy.reservation import book_fast, expected_end
+from corral.tenancy.round import ShapeCache, clock_text
+
+
+class Evictions(Protocol):
+    """How the scheduler carries out preemptions. Pod keys are UIDs."""
+
+    def busy(self) -> bool:
+        """A preemption is still being carried out: the round plans with preempt=False."""
+        ...
+
+    def stopping(self) -> frozenset[str]:
+        """Pod keys being evicted: their Running has stopping=True."""
+        ...
+
+    def protected(self) -> frozenset[str]:
+        """Pod keys that may not be victims now (a PDB allows no disruption): Running.preemptible=False."""
+        ...
+
+    def held(self) -> Mapping[str, Allocation]:
+        """Preemptor pod key -> the capacity held for it until it binds."""
+        ...
+
+    def start(self, preemption: Preemption, victims: Sequence[tuple[str, str, str]]) -> None:
+        """Evict `victims` ((uid, namespace, name) each) for `preemption.preemptor`; never blocks."""
+        ...
+
+    def bound(self, key: str) -> None:
+        """The preemptor `key` was bound (or is gone): its hold ends."""
+        ...
+
+
+class NoEvictions:
+    """No preemption: never busy, nothing stopping, protected or held; `start` does nothing."""
+
+    def busy(self) -> bool:
+        return False
+
+    def stopping(self) -> frozenset[str]:
+        return frozenset()
+
+    def protected(self) -> frozenset[str]:
+        return frozenset()
+
+    def held(self) -> Mapping[str, Allocation]:
+        return {}
+
+    def start(self, preemption: Preemption, victims: Sequence[tuple[str, str, str]]) -> None:
+        return None
+
+    def bound(self, key: str) -> None:
+        return None
+
+
+# ------------------------------------------------------------------------------------------------ pods -> tenancy
+#: A pod's time limit for planning (backfill, reservations) when it has no activeDeadlineSeconds: "2h", "90m", 3600.
+TIME_LIMIT_ANNOTATION = "corral.dev/time-limit"
+#: Metric codes (corral_scheduler_pending_pods{reason}) of pods that the queues hold back.
+QUEUE_UNKNOWN = "queue_unknown"
+QUEUE_PRIORITY = "queue_priority"
+QUEUE_LIMIT = "queue_limit"
+RESERVATION = "reservation"
+PREEMPTING = "preempting"
+
+
+def queue_map(config: QueuesConfig) -> dict[str, str]:
+    """namespace -> queue, from the queues' `namespaces` lists."""
+    return {ns: q.name for q in config.queues.values() for ns in q.namespaces}
+
+
+def queue_for(obj: Mapping[str, Any], config: QueuesConfig, by_namespace: Mapping[str, str]) -> str:
+    """The queue of a pod object: its queue label (corral's, Kueue's, KAI's: the label wins), else the queue its
+    namespace is mapped to, else a queue named as its namespace, else the file's default queue."""
+    meta = obj.get("metadata") or {}
+    if not isinstance(meta, Mapping):
+        return config.default_queue
+    labels = meta.get("labels") or {}
+    if isinstance(labels, Mapping):
+        for label in QUEUE_LABELS:
+            value = labels.get(label)
+            if isinstance(value, str) and value:
+                return value
+    ns = str(meta.get("namespace") or "default")
+    found = by_namespace.get(ns)
+    if found is not None:
+        return found
+    return ns if ns in config.queues else config.default_queue
+
+
+def _epoch(text: Any) -> float | None:
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def created_at(obj: Mapping[str, Any]) -> float:
+    """metadata.creationTimestamp as epoch seconds (0 when absent: oldest first)."""
+    meta = obj.get("metadata") or {}
+    return (_epoch(meta.get("creationTimestamp")) if isinstance(meta, Mapping) else None) or 0.0
+
+
+def time_limit_of(obj: Mapping[str, Any]) -> float | None:
+    """How long a pod runs at most: spec.activeDeadlineSeconds, else its corral.dev/time-limit annotation, else None
+    (planned with the default). Raises InvalidRequest naming the annotation when it is not a duration."""
+    spec = obj.get("spec") or {}
+    deadline = spec.get("activeDeadlineSeconds") if isinstance(spec, Mapping) else None
+    if isinstance(deadline, int) and not isinstance(deadline, bool) and deadline > 0:
+        return float(deadline)
+    meta = obj.get("metadata") or {}
+    annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
+    raw = annotations.get(TIME_LIMIT_ANNOTATION) if isinstance(annotations, Mapping) else None
+    if raw is None:
+        return None
+    seconds = parse_duration_seconds(str(raw), f"metadata.annotations[{TIME_LIMIT_ANNOTATION}]")
+    if not seconds > 0:
+        raise InvalidRequest(f"metadata.annotations[{TIME_LIMIT_ANNOTATION}]", f"must be more than 0, got {raw!r}")
+    return seconds
+
+
+def started_at(obj: Mapping[str, Any]) -> float | None:
+    """When a bound pod started, as the API shows it after a restart: status.startTime, else its PodScheduled
+    condition's lastTransitionTime (None: neither)."""
+    status = obj.get("status") or {}
+    if not isinstance(status, Mapping):
+        return None
+    t = _epoch(status.get("startTime"))
+    if t is not None:
+        return t
+    for c in status.get("conditions") or []:
+        if isinstance(c, Mapping) and c.get("type") == "PodScheduled" and c.get("status") == "True":
+            return _epoch(c.get("lastTransitionTime"))
+    return None
+
+
+@dataclass(frozen=True)
+class Bound:
+    """What the face keeps of a bound pod of this scheduler (the books keep its grant)."""
+
+    namespace: str
+    name: str
+    queue: str
+    started_at: float  # its bind time (the books'), after a restart status.startTime or PodScheduled's time
+    time_limit_s: float | None = None
+    stopping: bool = False  # being deleted (a deletionTimestamp): no victim again
+
+
+def running_of(key: str, b: Bound, alloc: Allocation, stopping: frozenset[str], protected: frozenset[str],
+               request: Request | None = None) -> Running:  # fmt: skip
+    """A bound pod as tenancy's Running (its request: the books'; else what its grant holds)."""
+    r = dataclasses.replace(request if request is not None else alloc_request(alloc), id=key)
+    return Running(key, r, b.started_at, alloc.gpus, b.queue,
+                   b.namespace, preemptible=key not in protected, stopping=b.stopping or key in stopping)  # fmt: skip
+
+
+def alloc_request(alloc: Allocation) -> Request:
+    gpus = alloc.gpus
+    milli = gpus[0].milli if gpus else 0
+    return Request(cpu_milli=alloc.cpu_milli, memory_mib=alloc.memory_mib, gpu_count=len(gpus),
+                   gpu_milli=milli, gpu_memory_mib=gpus[0].memory_mib if gpus and milli < 1000 else 0,
+                   id=alloc.request_id)  # fmt: skip
+
+
+def work_of(p: Pending, gang_size: int = 0) -> Work:
+    """A pending pod (read, with a queue) as tenancy's Work: one per pod; a gang member names its gang."""
+    assert p.ask is not None
+    return Work(p.key, p.ask.request, p.queue, p.namespace, submitted_at=p.created, gang=p.gang,
+                gang_size=gang_size, time_limit_s=p.time_limit_s)  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------ one round
+@dataclass(frozen=True)
+class Hold:
+    """Why a pod waits, in the words a user asks for: its queue, its position, what holds it, when it may start."""
+
+    queue: str
+    position: int  # 1-based, in the round's queue order (0: not offered)
+    of: int
+    holds: str  # "limit", "guarantee", "gang", "reservation of POD", "no room", "its victims to stop", ...
+    estimated_start: float | None = None  # its reservation's start, when it has one
+
+    def text(self) -> str:
+        where = f"queue {self.queue}"
+        if self.position:
+            where += f", position {self.position} of {self.of}"
+        out = f"{where}; held by {self.holds}"
+        if self.estimated_start is not None:
+            out += f"; estimated start {clock_text(self.estimated_start)}"
+        return out
+
+
+@dataclass(frozen=True)
+class TenancyRound:
+    decisions: list[Decision]  # one per pending pod, in the order given
+    plan: RoundPlan | None  # None: nothing was offered
+    holds: dict[str, Hold] = field(default_factory=dict)  # pod key -> why it waits (pods that wait)
+
+
+@dataclass
+class Face:
+    """What the scheduler keeps across rounds: the file, its tenancy (rebuilt when the nodes change), the fair-share
+    ledger (finished pods' usage; lost on a restart: the API keeps no finished pods), the round's cache."""
+
+    config: QueuesConfig
+    round: RoundConfig
+    ledger: UsageLedger
+    by_namespace: dict[str, str]
+    cache: ShapeCache = field(default_factory=ShapeCache)
+    tenancy: Tenancy | None = None
+    nodes_of: ClusterSnapshot | None = None  # the snapshot its tenancy was made for (capacity)
+
+    @classmethod
+    def of(cls, config: QueuesConfig, placement: Any) -> Face:
+        return cls(config, RoundConfig(placement, config), UsageLedger(config.half_life_s), queue_map(config))
+
+    def tenancy_for(self, snapshot: ClusterSnapshot) -> Tenancy:
+        if self.tenancy is None or self.nodes_of is not snapshot:
+            self.tenancy = tenancy_for(self.round, snapshot, self.ledger)
+            self.nodes_of = snapshot
+        return self.tenancy
+
+
+def _kind(reason: str, limited: str | None) -> str:
+    if limited is not None:
+        return "guarantee" if "guarantee" in limited or "preemptible" in limited else "limit"
+    if reason.startswith("gang"):
+        return "gang"
+    if reason.startswith("would delay the reservation"):
+        return "reservation"
+    return "no room"
+
+
+_JOB = re.compile(r"\bjob ([0-9A-Za-z/_.:-]+)")
+
+
+def plan_pods(
+    face: Face,
+    pending: Sequence[Pending],
+    snapshot: ClusterSnapshot | None,
+    bound: Mapping[str, Bound],
+    now: float,
+    gangs: Mapping[str, GangInfo] | None = None,
+    evictions: Evictions | None = None,
+    names: Mapping[str, str] | None = None,
+    requests: Mapping[str, Request] | None = None,
+) -> TenancyRound:
+    """One round over ALL pending pods: plan_round on the books, carried into Bind | Wait per pod.
+
+    `snapshot`: the books' (the caller holds their lock; starts are granted on it, as place_batch does); `bound`: the
+    bound pods of this scheduler (pod key -> Bound; those in the snapshot become Running, the rest of the snapshot
+    is capacity held by others); `evictions`: who is being evicted, who is protected, the capacity held for
+    preemptors; `names`: pod key -> "namespace/name" of pods the words may name (a reservation's, a victim's);
+    `requests`: the bound pods' requests (the books'; their priorities decide who may preempt whom)."""
+    ev = evictions if evictions is not None else NoEvictions()
+    gangs = gangs or {}
+    names = dict(names or {})
+    for p in pending:
+        names.setdefault(p.key, p.name)
+    out: dict[str, Decision] = {}
+    offered: list[Pending] = []
+    config = face.config
+    if snapshot is None:
+        return TenancyRound([Wait(p, "corral knows no nodes yet", NO_NODES, False) for p in pending], None)
+    sizes: dict[str, int] = {}
+    for p in pending:
+        if p.ask is None:
+            out[p.key] = Wait(p, p.error, INVALID, True)
+            continue
+        spec = config.queues.get(p.queue)
+        if spec is None:
+            known = ", ".join(sorted(config.queues))
+            out[p.key] = Wait(p, f"pod {p.name}: queue {p.queue!r} is not in the queues file {config.source} (queues: "
+                              f"{known})", QUEUE_UNKNOWN, True)  # fmt: skip
+            continue
+        if spec.max_priority is not None and p.ask.request.priority > spec.max_priority:
+            out[p.key] = Wait(p, f"pod {p.name}: priority {p.ask.request.priority} is above queue {p.queue}'s "
+                              f"max_priority {spec.max_priority}", QUEUE_PRIORITY, True)  # fmt: skip
+            continue
+        if p.gang:
+            info = gangs.get(p.gang)
+            if info is None or info.error:
+                why = info.error if info is not None else "its PodGroup is not known yet"
+                out[p.key] = Wait(p, f"gang {p.gang}: {why}", GANG_INVALID, info is not None)
+                continue
+            sizes[p.gang] = max(1, info.min_member - info.held)
+        offered.append(p)
+    # A gang short of members waits whole (tenancy's group check says so, without a placement).
+    items: list[Any] = [p if not p.gang else dataclasses.replace(p) for p in offered]
+    by_item = {p.key: p for p in offered}
+    held = dict(ev.held())
+    # The capacity held for preemptors: taken first by their own pod (once its victims are gone), kept from the rest.
+    view = snapshot.copy()
+    early: list[tuple[Pending, Allocation]] = []
+    for key, kept in held.items():
+        # (one that does not fit: its victims have not gone yet, or the books changed; planned with the rest)
+        with contextlib.suppress(AllocationError):
+            view.allocate(dataclasses.replace(kept, request_id=f"held:{key}"))
+    for p in list(offered):
+        mine = held.get(p.key)
+        if mine is None:
+            continue
+        if f"held:{p.key}" in view.allocations:
+            view.release(f"held:{p.key}")
+        try:
+            view.allocate(dataclasses.replace(mine, request_id=p.key))
+        except AllocationError:
+            offered.remove(p)
+            out[p.key] = Wait(p, "preempting: waiting for its victims to stop", PREEMPTING, False)
+            continue
+        view.release(p.key)
+        early.append((p, dataclasses.replace(mine, request_id=p.key)))
+        offered.remove(p)
+    items = [p if not p.gang else dataclasses.replace(p) for p in offered]
+    stopping, protected = ev.stopping(), ev.protected()
+    running: list[Running] = []
+    ends: dict[str, float] = {}
+    default = face.round.default_time_limit_s
+    for key, b in bound.items():
+        granted = snapshot.allocations.get(key)
+        if granted is None:
+            continue
+        running.append(running_of(key, b, granted, stopping, protected, (requests or {}).get(key)))
+        ends[key] = expected_end(b.started_at, b.time_limit_s, default, now)
+    tenancy = face.tenancy_for(snapshot)
+
+    def convert(item: Pending) -> Work:
+        return work_of(item, sizes.get(item.gang, 0))
+
+    plan = plan_round(face.round, items, running, ClusterView(view, ends), tenancy, now, work_of=convert,
+                      cache=face.cache, preempt=not ev.busy(), booker=book_fast, prefilter=True)  # fmt: skip
+    holds: dict[str, Hold] = {}
+    for p, alloc in early:
+        out[p.key] = _bind(p, alloc, snapshot)
+    for s in plan.starts:
+        p = by_item[s.job_id]
+        out[p.key] = _bind(p, s.allocation, snapshot)
+    positions = {k: i + 1 for i, k in enumerate(plan.order)}
+    reservation = {r.job_id: r for r in plan.reservations}
+    preempting = {pr.preemptor for pr in plan.preemptions}
+    for p in offered:
+        if p.key in out:
+            continue
+        reason = plan.reasons.get(p.key, "waiting for the next round")
+        reason = _JOB.sub(lambda m: f"pod {names.get(m.group(1), m.group(1))}", reason)
+        limited = tenancy.limited.get(p.key)
+        kind = _kind(reason, limited)
+        if kind == "reservation":
+            r = next(iter(plan.reservations), None)
+            kind = f"the reservation of pod {names.get(r.job_id, r.job_id)}" if r is not None else kind
+        if p.key in preempting:
+            kind = "its victims to stop (preempting)"
+        r = reservation.get(p.key)
+        hold = Hold(p.queue, positions.get(p.key, 0), len(plan.order), kind, r.start if r is not None else None)
+        holds[p.key] = hold
+        code = (QUEUE_LIMIT if limited is not None else GANG_INCOMPLETE if kind == "gang" and "queued" in reason
+                else RESERVATION if kind.startswith("the reservation") else PREEMPTING if p.key in preempting
+                else "unschedulable")  # fmt: skip
+        out[p.key] = Wait(p, f"{hold.text()}: {reason}", code, p.key in plan.unresolvable)
+    for p in pending:
+        if p.key in out and isinstance(out[p.key], Wait) and p.key not in holds and p.ask is not None:
+            spec = config.queues.get(p.queue)
+            if spec is not None:
+                holds[p.key] = Hold(p.queue, 0, len(plan.order), "its own pod spec or its PodGroup")
+    return TenancyRound([out[p.key] for p in pending], plan, holds)
+
+
+def _bind(p: Pending, alloc: Allocation, snapshot: ClusterSnapshot) -> Bind:
+    assert p.ask is not None
+    snapshot.allocate(alloc)
+    assignment = make_assignment(alloc, snapshot.nodes[alloc.node_index], p.ask)
+    return Bind(p, alloc, assignment, assignment_annotations(assignment, p.ask.style))
+
+
+__all__ = ["Bound", "Evictions", "Face", "Hold", "NoEvictions", "TenancyRound", "plan_pods", "queue_for"]
