@@ -582,6 +582,12 @@ def test_on_a_real_api_server_a_budget_refuses_an_eviction_and_another_allows_on
             "disruptionsAllowed": allowed, "currentHealthy": 1, "desiredHealthy": 1 - allowed, "expectedPods": 1,
             "observedGeneration": 1}})  # fmt: skip
 
+    # the official client's fallback (a kubeconfig with an exec plugin) reads budgets and evicts alike
+    real = RealKubeApi(kubeconfig=kubeconfig)
+    assert sorted(b["metadata"]["name"] for b in real.list(PDBS)[0]) == ["free-pdb", "guarded-pdb"]
+    with pytest.raises(KubeApiError) as refused:
+        real.evict_pod("default", "guarded", uid["guarded"])
+    assert refused.value.status == 429
     wakes: list[int] = []
     ev = Evictions(api, NoLimit(), wake=lambda: wakes.append(1))  # type: ignore[arg-type]
     watch = PdbWatch(api, ev)
