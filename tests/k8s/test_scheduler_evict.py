@@ -582,6 +582,12 @@ def test_on_a_real_api_server_a_budget_refuses_an_eviction_and_another_allows_on
             "disruptionsAllowed": allowed, "currentHealthy": 1, "desiredHealthy": 1 - allowed, "expectedPods": 1,
             "observedGeneration": 1}})  # fmt: skip
 
+    # the official client's fallback (a kubeconfig with an exec plugin) reads budgets and evicts alike
+    real = RealKubeApi(kubeconfig=kubeconfig)
+    assert sorted(b["metadata"]["name"] for b in real.list(PDBS)[0]) == ["free-pdb", "guarded-pdb"]
+    with pytest.raises(KubeApiError) as refused:
+        real.evict_pod("default", "guarded", uid["guarded"])
+    assert refused.value.status == 429
     wakes: list[int] = []
     ev = Evictions(api, NoLimit(), wake=lambda: wakes.append(1))  # type: ignore[arg-type]
     watch = PdbWatch(api, ev)
@@ -633,3 +639,46 @@ def test_on_a_real_api_server_a_budget_refuses_an_eviction_and_another_allows_on
         watch.close()
         ev.close()
         core.delete_collection_namespaced_pod("default", grace_period_seconds=0)
+
+
+def test_the_scheduler_feeds_its_evictions_pods_and_budgets(plane: tuple[Any, str]) -> None:
+    """Scheduler.preempting(): its informer's pods and a watch of budgets reach the evictions (in process, on the
+    real plane); a budget that allows no disruption protects the bound pods it covers, a terminating pod is stopping,
+    and `/metrics` carries the preemption counters."""
+    from kubernetes import client
+
+    from corral.k8s.client import RealKubeApi
+    from corral.k8s.scheduler.core import Scheduler
+    from corral.k8s.scheduler.wire import connect
+    from corral.placement import PlacementConfig
+    from tests.k8s.plane import gpu_node, pod
+
+    _, kubeconfig = plane
+    core = RealKubeApi(kubeconfig=kubeconfig).core
+    policy = client.PolicyV1Api(core.api_client)
+    core.create_node(gpu_node("feed-a", 2))
+    sched = Scheduler(connect(kubeconfig), PlacementConfig(policy="binpack"), name="corral-feed")
+    ev = sched.preempting()
+    assert sched.preempting() is ev
+    try:
+        for name in ("kept", "going"):
+            body = pod(name, {"corral.dev/gpu": "1"}, scheduler="corral-feed")
+            body["metadata"]["labels"] = {"app": name}
+            body["spec"]["terminationGracePeriodSeconds"] = 30
+            core.create_namespaced_pod("default", body)
+        sched.start()
+        wait_for("both bound", lambda: all(core.read_namespaced_pod(n, "default").spec.node_name
+                                           for n in ("kept", "going")))  # fmt: skip
+        uid = {n: core.read_namespaced_pod(n, "default").metadata.uid for n in ("kept", "going")}
+        policy.create_namespaced_pod_disruption_budget("default", {
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "kept-pdb"},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "kept"}}}})  # fmt: skip
+        wait_for("the budget protects its pod", lambda: ev.protected() == {uid["kept"]})
+        core.delete_namespaced_pod("going", "default")  # grace 30 s: Terminating, no kubelet to end it
+        wait_for("the terminating pod is stopping", lambda: ev.stopping() == {uid["going"]})
+        assert ev.metrics is sched.metrics.preemption  # its counters are the scheduler's /metrics
+    finally:
+        sched.close()
+        policy.delete_namespaced_pod_disruption_budget("kept-pdb", "default")
+        core.delete_collection_namespaced_pod("default", grace_period_seconds=0)
+        core.delete_node("feed-a")

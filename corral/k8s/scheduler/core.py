@@ -39,6 +39,7 @@ from typing import Any
 from corral.k8s.client import JsonObj, KubeApi, KubeApiError
 from corral.k8s.convert import pod_request
 from corral.k8s.scheduler.batch import INVALID, Bind, Pending, Wait, place_batch
+from corral.k8s.scheduler.evict import Evictions, PdbWatch
 from corral.k8s.scheduler.gang import GANG_PARTIAL_SECONDS, GangInfo, GangRef, gang_of, min_member, queue_of
 from corral.k8s.scheduler.metrics import SchedulerMetrics
 from corral.k8s.state import ClusterState, Informer, PodRecord
@@ -355,6 +356,9 @@ class Scheduler:
         self._gang_info: dict[str, tuple[float, int, str]] = {}
         self._gang_bound: dict[str, dict[str, tuple[str, str]]] = {}  # gang -> pod key -> (namespace, name)
         self._gang_partial: dict[str, float] = {}  # gang -> since when it is bound short of minMember
+        #: Preemption (scheduler/evict.py), on once `preempting()` is called: evictions, budgets, the holds.
+        self.evictions: Evictions | None = None
+        self._pdbs: PdbWatch | None = None
 
     @staticmethod
     def check(qps: float, burst: int, batch_window: float, bind_workers: int) -> None:
@@ -366,8 +370,19 @@ class Scheduler:
             raise InvalidRequest("--batch-window-ms", f"must be >= 0, got {batch_window * 1000:g}")
 
     # ------------------------------------------------------------------ life
+    def preempting(self) -> Evictions:
+        """Preemption on (before start()): victims evicted through the Eviction API, PodDisruptionBudgets watched,
+        what victims free held for their preemptor (docs/k8s-scheduler.md, Preemption). The round reads it."""
+        if self.evictions is None:
+            self.evictions = Evictions(self.api, self.limiter, wake=self._capacity_freed,  # type: ignore[arg-type]
+                                       metrics=self.metrics.preemption, host=self._host)  # fmt: skip
+            self._pdbs = PdbWatch(self.api, self.evictions)
+        return self.evictions
+
     def start(self) -> None:
         """List nodes and pods (the books from bound pods' annotations) and start watching and placing."""
+        if self._pdbs is not None:
+            self._pdbs.start()
         self.informer.prime()
         self.informer.start()
         self.start_loop()
@@ -388,6 +403,10 @@ class Scheduler:
         with self._write_cond:
             self._write_cond.notify_all()
         self.informer.close()
+        if self._pdbs is not None:
+            self._pdbs.close()
+        if self.evictions is not None:
+            self.evictions.close()
         for t in self._threads:
             t.join(timeout=5)
         self._pool.shutdown(wait=True, cancel_futures=True)
@@ -397,6 +416,8 @@ class Scheduler:
         if kind == "nodes":
             self._node_event(event, obj)
             return
+        if self.evictions is not None:
+            self.evictions.observed(kind, event, obj)  # victims gone, preemptors bound, pods' labels for budgets
         meta = obj.get("metadata") or {}
         spec = obj.get("spec") or {}
         status = obj.get("status") or {}
@@ -427,6 +448,8 @@ class Scheduler:
             return
         from corral.k8s.convert import pod_key
 
+        if self.evictions is not None:
+            self.evictions.listed(kind, items)
         waiting: dict[str, JsonObj] = {}
         seen_bound: set[str] = set()
         for obj in items:

@@ -40,6 +40,7 @@ from corral.k8s.client import (
     _loads,
     _status_message,
     binding_body,
+    eviction_body,
 )
 
 #: The kind `list` and `watch` take for policy/v1 PodDisruptionBudgets (across namespaces).
@@ -399,10 +400,7 @@ class WireKubeApi:
         """POST a policy/v1 Eviction of the pod: the API server checks its PodDisruptionBudgets (429 when one allows
         no disruption now, its causes in the message) and deletes it with its own terminationGracePeriodSeconds (no
         gracePeriodSeconds is sent). `uid`: evict only that pod, not another of the same name since (409 then)."""
-        body: JsonObj = {"apiVersion": "policy/v1", "kind": "Eviction",
-                         "metadata": {"name": name, "namespace": namespace}}  # fmt: skip
-        if uid:
-            body["deleteOptions"] = {"preconditions": {"uid": uid}}
+        body = eviction_body(namespace, name, uid)
         what = f"evict pod {namespace}/{name}"
         path = f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}/eviction"
         try:
