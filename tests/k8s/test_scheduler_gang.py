@@ -336,3 +336,61 @@ def test_a_relist_drops_bound_members_deleted_while_the_watch_was_down(
     api.put_pod(member("m2", "g"))  # 1 bound + 1 pending < 3: it must not be bound as if m1 were there
     wait_for("its reason", lambda: s.explain("default/m2").get("code") == "gang_incomplete", 5)
     assert node_of(api, "m2") is None
+
+
+def _partly_bound(api: FakeKubeApi) -> tuple[Scheduler, str]:
+    """A scheduler (not started: its clock is the test's) that follows gang g (minMember 4): m0 bound, m1..m3
+    waiting. Returns it and m3's key."""
+    pod_group(api, "g", 4)
+    _bound_member(api, "m0", "n1", 0)
+    for i in (1, 2, 3):
+        api.put_pod(member(f"m{i}", "g"))
+    s = Scheduler(api, BINPACK)
+    s.gang_partial_seconds = 2.0
+    for obj in api.list("pods")[0]:
+        s.observed("pods", "ADDED", obj)
+    s._gang_info["default/g"] = (0.0, 4, "")
+    return s, "uid-default-m3"
+
+
+def test_a_members_binding_in_flight_holds_off_the_deletion_but_does_not_restart_the_gangs_clock(
+    api: FakeKubeApi,
+) -> None:
+    s, m3 = _partly_bound(api)
+    try:
+        s._check_partial(now=100.0)  # bound short, members waiting: the clock starts
+        with s._cond:  # m3 is placed and its Binding goes out (a webhook that will time out)
+            s._inflight[m3] = s._known[m3]
+            s._gang_bound["default/g"][m3] = ("default", "m3")
+        s._check_partial(now=101.0)
+        s._check_partial(now=102.5)  # past the timeout, but m3's answer may yet make the gang whole
+        assert ("default", "m0") in api.pods
+        with s._cond:  # refused: m3 waits again (as _follow leaves it)
+            s._inflight.pop(m3)
+            s._gang_bound["default/g"].pop(m3)
+        s._check_partial(now=102.6)  # short since 100.0, not since the Binding's answer
+        assert ("default", "m0") not in api.pods
+        [e] = [e for _, e in api.events if e["reason"] == "CorralGangIncomplete"]
+        assert e["involvedObject"]["name"] == "m0"
+    finally:
+        s.close()
+
+
+def test_a_member_being_deleted_no_longer_counts_as_bound_and_wakes_its_gang(api: FakeKubeApi) -> None:
+    s, _ = _partly_bound(api)
+    try:
+        assert set(s._gang_bound["default/g"]) == {"uid-default-m0"}
+        with s._cond:  # the gang's waiting members were placed and do not fit
+            for k in list(s._active):
+                s._unschedulable[k] = s._active.pop(k)
+        m0 = dict(api.pods[("default", "m0")])
+        m0["metadata"] = {**m0["metadata"], "deletionTimestamp": "2026-11-28T00:00:00Z"}
+        s.observed("pods", "MODIFIED", m0)  # Terminating (a grace period): it is going, not bound
+        assert s._gang_bound["default/g"] == {}
+        assert s._unschedulable == {}  # placed again: "3 of 4 members pending ... waiting for 1 more"
+        assert {w.pending.name for w in s._active.values()} == {"default/m1", "default/m2", "default/m3"}
+        s._check_partial(now=100.0)
+        s._check_partial(now=103.0)
+        assert [e for _, e in api.events if e["reason"] == "CorralGangIncomplete"] == []  # not deleted twice
+    finally:
+        s.close()

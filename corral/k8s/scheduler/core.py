@@ -355,6 +355,7 @@ class Scheduler:
         self._gang_info: dict[str, tuple[float, int, str]] = {}
         self._gang_bound: dict[str, dict[str, tuple[str, str]]] = {}  # gang -> pod key -> (namespace, name)
         self._gang_partial: dict[str, float] = {}  # gang -> since when it is bound short of minMember
+        self._gang_rewake: set[str] = set()  # gangs woken while members were being placed: woken again after
 
     @staticmethod
     def check(qps: float, burst: int, batch_window: float, bind_workers: int) -> None:
@@ -475,11 +476,15 @@ class Scheduler:
             self._capacity_freed()
 
     def _gang_observed(self, key: str, obj: JsonObj, bound: bool) -> None:
-        """Follow a gang member's bound state (bound members count towards its minMember)."""
+        """Follow a gang member's bound state (bound members count towards its minMember). A member being deleted
+        (Terminating: its bound part deleted by corral, a rolling restart) no longer counts: the gang is placed
+        again without it, and corral does not delete it twice."""
         ref = gang_of(obj)
         if ref is None:
             return
         meta = obj.get("metadata") or {}
+        if isinstance(meta, Mapping) and meta.get("deletionTimestamp"):
+            bound = False
         with self._cond:
             self._gang_refs.setdefault(ref.key, ref)
             members = self._gang_bound.setdefault(ref.key, {})
@@ -487,11 +492,15 @@ class Scheduler:
                 if key not in members:
                     members[key] = (str(meta.get("namespace") or "default"), str(meta.get("name") or ""))
                     self._gang_wake(ref.key)
-            else:
-                members.pop(key, None)
+            elif members.pop(key, None) is not None:
+                self._gang_wake(ref.key)  # its waiting members need more now: their reason changes
 
     def _gang_wake(self, gang: str) -> None:
-        """Place a gang's waiting members again (a member came or was bound). Under self._cond."""
+        """Place a gang's waiting members again (a member came, was bound or left). Under self._cond. Members being
+        placed now were placed with what was known before: the gang is woken again once they are back (the gangs'
+        watch does it), else a change seen mid-batch is lost and its members keep a stale reason."""
+        if any(w.pending.gang == gang for w in self._inflight.values()):
+            self._gang_rewake.add(gang)
         woke = False
         for k, w in list(self._unschedulable.items()):
             if w.pending.gang == gang:
@@ -684,14 +693,19 @@ class Scheduler:
             except Exception:
                 log.exception("checking partly bound gangs failed")
 
-    def _check_partial(self) -> None:
+    def _check_partial(self, now: float | None = None) -> None:
         """Delete the bound part of a gang that has been bound short of its minMember, with members still waiting,
         for longer than gang_partial_seconds (a Binding refused for good, a kill -9 mid-gang and the rest no longer
-        fits): their controller recreates them and the gang is placed again whole. A gang with members binding is
-        left alone (their answers decide)."""
-        now = time.monotonic()
+        fits): their controller recreates them and the gang is placed again whole. While members are binding the
+        bound part is not deleted (their answers decide), but its clock runs on: a member whose Binding is retried
+        and fails again and again (a webhook that times out) must not keep the gang partly bound for ever."""
+        now = time.monotonic() if now is None else now
         doomed: list[tuple[str, int, int, list[tuple[str, str]]]] = []
         with self._cond:
+            for gang in list(self._gang_rewake):
+                if not any(w.pending.gang == gang for w in self._inflight.values()):
+                    self._gang_rewake.discard(gang)
+                    self._gang_wake(gang)
             if not self._gang_bound:
                 return
             waiting: dict[str, int] = {}
@@ -706,9 +720,11 @@ class Scheduler:
                     self._gang_bound.pop(gang, None)
                     self._gang_partial.pop(gang, None)
                     continue
+                if gang in busy:
+                    continue  # its members binding count as bound: the gang may look whole until they are answered
                 info = self._gang_info.get(gang)
                 short = info is not None and not info[2] and 0 < len(members) < info[1]
-                if not short or gang not in waiting or gang in busy:
+                if not short or gang not in waiting:
                     self._gang_partial.pop(gang, None)
                     continue
                 since = self._gang_partial.setdefault(gang, now)
