@@ -394,3 +394,62 @@ def test_a_member_being_deleted_no_longer_counts_as_bound_and_wakes_its_gang(api
         assert [e for _, e in api.events if e["reason"] == "CorralGangIncomplete"] == []  # not deleted twice
     finally:
         s.close()
+
+
+def test_a_gang_whose_pod_group_is_created_after_its_members_is_placed_once_it_exists(
+    api: FakeKubeApi, run: Callable[..., Scheduler]
+) -> None:
+    s = run()
+    for i in range(2):
+        api.put_pod(member(f"m{i}", "late"))
+    missing = ("gang default/late: PodGroup default/late (scheduling.x-k8s.io/v1alpha1) not found; its members wait "
+               "until it exists")  # fmt: skip
+    wait_for("the reason", lambda: s.explain("default/m0").get("reason") == missing, 5)
+    pod_group(api, "late", 2)  # nothing else changes: no node, no pod event
+    wait_for("both bound", lambda: all(node_of(api, f"m{i}") for i in range(2)), 10)
+
+
+def test_a_pod_group_that_could_not_be_read_is_read_again(
+    api: FakeKubeApi, run: Callable[..., Scheduler], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pod_group(api, "g", 2)
+    real = api.get_pod_group
+    failures = [KubeApiError("get PodGroup default/g: 503: the server is currently unable to handle the request", 503)]
+
+    def flaky(*args: str) -> Any:
+        if failures:
+            raise failures.pop()
+        return real(*args)
+
+    monkeypatch.setattr(api, "get_pod_group", flaky)
+    s = run()
+    for i in range(2):
+        api.put_pod(member(f"m{i}", "g"))
+    wait_for("the reason", lambda: "cannot read PodGroup default/g" in s.explain("default/m0").get("reason", ""), 5)
+    wait_for("both bound", lambda: all(node_of(api, f"m{i}") for i in range(2)), 10)
+
+
+def test_a_gang_with_a_pod_group_error_is_looked_at_again_less_and_less_often(api: FakeKubeApi) -> None:
+    s = Scheduler(api, BINPACK)
+    try:
+        api.put_pod(member("m0", "lost"))
+        s.observed("pods", "ADDED", api.pods[("default", "m0")])
+        steps = []
+        for _ in range(8):
+            with s._cond:
+                batch = list(s._known.values())
+            s._gang_infos(batch)
+            when, step = s._gang_recheck["default/lost"]
+            steps.append(step)
+            with s._cond:
+                s._gang_info["default/lost"] = (0.0, 0, "x")  # stale: read again in the next batch
+        assert steps == [2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0, 60.0]
+        s._gang_recheck_due(now=when - 1)
+        assert s._gang_recheck["default/lost"][0] == when
+        s._gang_recheck_due(now=when)
+        assert s._gang_recheck["default/lost"] == (float("inf"), 60.0)
+        s.observed("pods", "DELETED", api.pods[("default", "m0")])
+        s._gang_recheck_due(now=when)
+        assert "default/lost" not in s._gang_recheck  # no member waits: forgotten
+    finally:
+        s.close()

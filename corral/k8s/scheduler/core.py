@@ -64,6 +64,9 @@ BIND_RETRY_MAX = 10.0
 _TERMINAL = ("Succeeded", "Failed")
 #: A gang's PodGroup is read again when its copy is older than this (seconds).
 GANG_INFO_TTL = 2.0
+#: A gang whose PodGroup could not be used (not found yet, invalid, unreadable) has its waiting members placed again
+#: (and so its PodGroup read again) after GANG_INFO_TTL, then twice as long each time, at most this (seconds).
+GANG_RECHECK_MAX = 60.0
 
 
 def _now_iso() -> str:
@@ -356,6 +359,7 @@ class Scheduler:
         self._gang_bound: dict[str, dict[str, tuple[str, str]]] = {}  # gang -> pod key -> (namespace, name)
         self._gang_partial: dict[str, float] = {}  # gang -> since when it is bound short of minMember
         self._gang_rewake: set[str] = set()  # gangs woken while members were being placed: woken again after
+        self._gang_recheck: dict[str, tuple[float, float]] = {}  # gang with a PodGroup error -> (when, step)
 
     @staticmethod
     def check(qps: float, burst: int, batch_window: float, bind_workers: int) -> None:
@@ -671,7 +675,7 @@ class Scheduler:
                 held = len(self._gang_bound.get(gang, {}))
             if ref is None:
                 continue
-            if cached is None or now - cached[0] > GANG_INFO_TTL:
+            if cached is None or now - cached[0] >= GANG_INFO_TTL:
                 group: JsonObj | None = None
                 error = ""
                 try:
@@ -683,15 +687,37 @@ class Scheduler:
                 cached = (now, n, error or why)
                 with self._cond:
                     self._gang_info[gang] = cached
+                    if cached[2]:  # nothing else tells when the PodGroup is created, mended or readable: look again
+                        _, step = self._gang_recheck.get(gang, (0.0, GANG_INFO_TTL / 2))
+                        step = min(GANG_RECHECK_MAX, step * 2)
+                        self._gang_recheck[gang] = (now + step, step)
+                    else:
+                        self._gang_recheck.pop(gang, None)
             out[gang] = GangInfo(ref, cached[1], held, cached[2])
         return out
 
     def _gang_watch(self) -> None:
         while not self.stop.wait(0.5):
             try:
+                self._gang_recheck_due()
                 self._check_partial()
             except Exception:
                 log.exception("checking partly bound gangs failed")
+
+    def _gang_recheck_due(self, now: float | None = None) -> None:
+        """Wake the gangs whose PodGroup could not be used once their time to look again has come (their members
+        wait in the unschedulable set, and a PodGroup's creation or repair wakes nothing else)."""
+        now = time.monotonic() if now is None else now
+        with self._cond:
+            if not self._gang_recheck:
+                return
+            waiting = {w.pending.gang for w in self._known.values() if w.pending.gang}
+            for gang, (when, step) in list(self._gang_recheck.items()):
+                if gang not in waiting:
+                    del self._gang_recheck[gang]
+                elif now >= when:
+                    self._gang_recheck[gang] = (float("inf"), step)  # until it is read again
+                    self._gang_wake(gang)
 
     def _check_partial(self, now: float | None = None) -> None:
         """Delete the bound part of a gang that has been bound short of its minMember, with members still waiting,
