@@ -69,7 +69,7 @@ from corral.jobs.model import (
 )
 from corral.jobs.usage import Usage
 from corral.model.resources import GpuGrant
-from corral.store.acct import AcctQuery, AcctRecord, SummaryRow, record_of
+from corral.store.acct import AcctColumns, AcctQuery, AcctRecord, SummaryRow, record_of
 from corral.store.base import (
     IDEMPOTENCY_TTL_S,
     JobNotFound,
@@ -567,6 +567,29 @@ class SqliteStore:
         with self._reading("reading the accounts") as conn:
             rows = conn.execute(sql, params).fetchall()
         return [_acct_record(row) for row in rows]
+
+    def acct_columns(self, query: AcctQuery) -> AcctColumns:
+        where, params = _acct_where(query)
+        rows: builtins.list[Any] = []
+        if where is not None:
+            sql = f"SELECT {', '.join(_ACCT_COLUMNS)} FROM acct{where} ORDER BY ended_at, job_id"
+            if query.limit is not None:
+                sql += " LIMIT ?"
+                params.append(query.limit)
+            with self._reading("reading the accounts") as conn:
+                rows = conn.execute(sql, params).fetchall()
+        if not rows:
+            return AcctColumns.of([])
+        ended, job_id, uid, user, queue, name, state, code, submitted, started, elapsed, gpu_milli, ids, *rest = (
+            builtins.list(column) for column in zip(*rows, strict=True)
+        )
+        cpu_milli, util, mem, samples, simulated = rest
+        # a few distinct GPU sets (4 GPUs: at most 16), each parsed once
+        parsed = {text: () if text == "[]" else tuple(int(i) for i in json.loads(text)) for text in set(ids)}
+        return AcctColumns(
+            builtins.list(map(str, job_id)), name, user, uid, queue, state, code, submitted, started, ended, elapsed,
+            gpu_milli, [parsed[text] for text in ids], cpu_milli, util, mem, samples, [bool(s) for s in simulated],
+        )  # fmt: skip
 
     def acct_summary(self, query: AcctQuery) -> builtins.list[SummaryRow]:
         # The whole hours of the window come from acct_hours (a row per hour, user, queue, state and uid: a month of
