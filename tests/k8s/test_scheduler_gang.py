@@ -453,3 +453,50 @@ def test_a_gang_with_a_pod_group_error_is_looked_at_again_less_and_less_often(ap
         assert "default/lost" not in s._gang_recheck  # no member waits: forgotten
     finally:
         s.close()
+
+
+def test_a_members_binding_answered_409_keeps_its_gpus_until_the_pod_is_read_back(
+    api: FakeKubeApi, run: Callable[..., Scheduler], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Binding that landed but whose answer was lost is sent once more by the client on a reused connection; the
+    API server answers that one 409 "already assigned". The GPUs stay charged until the pod is read back: given back
+    at the 409, they went to the next pod while the member was bound on them (a GPU used twice)."""
+    import threading
+
+    pod_group(api, "g", 4)  # fills n1 and n2 (2 GPUs each)
+    real_bind, real_get = api.create_binding, api.get_pod
+    landed: list[tuple[Any, ...]] = []
+    read_back = threading.Event()
+
+    def bind(namespace: str, name: str, uid: str, node: str, annotations: dict[str, str] | None = None) -> None:
+        if name == "m3" and not landed:
+            landed.append((namespace, name, uid, node, annotations))  # its watch event is not here yet
+            raise KubeApiError(f"pod {namespace}/{name} is already assigned to node {node!r}", 409)
+        real_bind(namespace, name, uid, node, annotations)
+
+    def get(namespace: str, name: str) -> Any:
+        if name == "m3":
+            read_back.wait(10)
+        return real_get(namespace, name)
+
+    monkeypatch.setattr(api, "create_binding", bind)
+    monkeypatch.setattr(api, "get_pod", get)
+    s = run()
+    try:
+        for i in range(4):
+            api.put_pod(member(f"m{i}", "g"))
+        wait_for(
+            "three bound and m3's 409",
+            lambda: landed != [] and sum(bool(node_of(api, f"m{i}")) for i in range(3)) == 3,
+            5,
+        )
+        api.put_pod(gpu_pod("x", 1))
+        wait_for("x's reason", lambda: s.explain("default/x").get("state") == "pending", 5)
+        assert node_of(api, "x") is None
+    finally:
+        if landed:
+            real_bind(*landed[0])  # the first Binding's effect: m3 on the GPUs the scheduler chose
+        read_back.set()
+    wait_for("m3 bound", lambda: node_of(api, "m3") is not None, 5)
+    assert node_of(api, "x") is None
+    assert sorted(used_gpus(api)) == sorted(set(used_gpus(api)))

@@ -820,17 +820,20 @@ class Scheduler:
         self.limiter.acquire(self.stop)
         sent = time.perf_counter()
         outcome = "unknown"
-        error = ""
+        error = books = ""
         try:
             self.api.create_binding(w.namespace, w.name, w.uid, d.allocation.node, d.annotations)
             outcome = "bound"
         except KubeApiError as exc:
             outcome = "refused" if exc.status is not None and 400 <= exc.status < 500 else "unknown"
             error = str(exc)
+            # 409 "already assigned" may answer our own Binding, landed and sent again by the client on a reused
+            # connection: the books keep its charge until the pod is read back (_follow), not give it to another pod
+            books = "unknown" if exc.status == 409 else outcome
         except Exception as exc:  # the client's own faults: the answer is unknown
             error = f"{type(exc).__name__}: {exc}"
         took = time.perf_counter() - sent
-        self.state.settle(rec, outcome)
+        self.state.settle(rec, books or outcome)
         self.metrics.binds.labels(outcome).inc()
         self.metrics.bind_latency.observe(took)
         if outcome == "bound":
