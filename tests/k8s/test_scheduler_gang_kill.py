@@ -10,6 +10,7 @@ that holds them at a gate or fails chosen members' Bindings.
 - Bindings that fail on purpose: members' Bindings answered 500 unsent, 409 "already assigned" (someone else bound
   the pod to another node), a connection reset unsent, a reset after the bind landed: the gang ends whole, and a pod
   beside it is bound meanwhile. A member whose Binding is refused for good: the gang ends with none bound.
+- a PodGroup created after its members: they are bound once it exists, with nothing else changing on the plane.
 
 One plane for the module. Skipped where ../shared/k8s/control-plane.sh (or CORRAL_K8S_CONTROL_PLANE) is absent.
 """
@@ -276,3 +277,13 @@ def test_a_member_whose_binding_is_refused_for_good_leaves_none_of_its_gang_boun
     assert proxy.met["never-2"][0] == "refuse*"
     want = "gang default/never: 1 of 4 members pending, needs 4 that fit together; waiting for 3 more"
     wait_for("never-2's reason", lambda: explain(s, "never-2").get("reason") == want)
+
+
+def test_a_gang_whose_pod_group_comes_after_its_members_is_bound_once_it_exists(setup: Setup, clean: Writer) -> None:
+    w, s = clean, setup.scheduler
+    w.create_pods(member(f"late-{i}", "late") for i in range(3))
+    missing = ("gang default/late: PodGroup default/late (scheduling.x-k8s.io/v1alpha1) not found; its members wait "
+               "until it exists")  # fmt: skip
+    wait_for("the reason", lambda: explain(s, "late-0").get("reason") == missing, show=lambda: explain(s, "late-0"))
+    group(w, "late", 3)  # nothing else changes on the plane
+    wait_for("all three bound", lambda: len(bound(w, "late-")) == 3)
