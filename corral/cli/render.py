@@ -27,11 +27,12 @@ from __future__ import annotations
 import os
 import sys
 import unicodedata
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TextIO
 
+TYPE_CHECKING = False  # typing's, without importing typing or dataclasses: `corral ps`'s fast path draws with this
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any, TextIO
+
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
@@ -57,12 +58,29 @@ def escaped(value: object, *, lines: bool = False) -> str:
     return "".join(out)
 
 
-@dataclass(frozen=True)
 class Styled:
-    """corral's own words with a style (Rich's names: "bold red", "green"): printed as they are, never escaped."""
+    """corral's own words with a style (Rich's names: "bold red", "green"): printed as they are, never escaped.
+    A value, as a frozen dataclass would be (written out: dataclasses costs several ms of `corral ps`'s start)."""
 
+    __slots__ = ("style", "text")
     text: str
-    style: str = ""
+    style: str
+
+    def __init__(self, text: str, style: str = "") -> None:
+        object.__setattr__(self, "text", text)
+        object.__setattr__(self, "style", style)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"cannot assign to field {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Styled and (self.text, self.style) == (other.text, other.style)
+
+    def __hash__(self) -> int:
+        return hash((self.text, self.style))
+
+    def __repr__(self) -> str:
+        return f"Styled(text={self.text!r}, style={self.style!r})"
 
 
 def literal(value: object, style: str = "", *, lines: bool = False) -> Text:
