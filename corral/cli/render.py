@@ -127,21 +127,28 @@ class Columns:
 
     def __init__(self, *headers: str) -> None:
         self.headers = headers
-        #: per row, per cell: (text, style, terminal cells): measured once (a listing of 5,000 jobs is 45,000 cells)
-        self.rows: list[tuple[tuple[str, str, int], ...]] = []
+        #: the rows' cells as given: measured when drawn, a column at a time (a listing of 5,000 jobs is 45,000 cells)
+        self.cells: list[tuple[object, ...]] = []
 
     def add_row(self, *cells: object) -> None:
-        self.rows.append(tuple(_measured(c) for c in cells))
+        self.cells.append(cells)
+
+    @property
+    def rows(self) -> list[tuple[tuple[str, str, int], ...]]:
+        """Per row, per cell: (text, style, terminal cells)."""
+        return [tuple(_measured(c) for c in r) for r in self.cells]
 
     def lines(self, *, color: bool, cells: int | None) -> list[str]:
         """The header and a line per row; each cut to `cells` terminal cells unless None."""
+        if cells is None and not color and all(len(r) == len(self.headers) for r in self.cells):
+            return self._plain()
         grid = [tuple((h, "bold", width(h)) for h in self.headers), *self.rows]
         widths = [max(row[i][2] if i < len(row) else 0 for row in grid) for i in range(len(self.headers))]
         gap = self.GAP
         out = []
         for row in grid:
             last_i = len(row) - 1
-            if cells is None and not color:  # piped: no style, no cut; the common case, and the fast one
+            if cells is None and not color:  # piped, rows of a cell too few
                 out.append(
                     gap.join(
                         t if i == last_i else t + " " * (widths[i] - w) for i, (t, _, w) in enumerate(row)
@@ -162,6 +169,30 @@ class Columns:
                 used += len(lead) + text_width
             out.append("".join(pieces).rstrip())
         return out
+
+    def _plain(self) -> list[str]:
+        """Piped: no style, no cut, a row a line; the common case, drawn a column at a time: a column of plain ASCII
+        strings (most of a listing's) is measured and padded by str's own loops (`corral ps` of 5,000 jobs: about
+        a third of the time the same lines took cell by cell)."""
+        last = len(self.headers) - 1
+        columns: list[list[str]] = []
+        for i, column in enumerate(list(zip(*self.cells, strict=True)) or [() for _ in self.headers]):
+            header, header_width = self.headers[i], width(self.headers[i])
+            if set(map(type, column)) <= {str} and all(map(str.isascii, column)) and all(map(str.isprintable, column)):
+                texts: list[str] = list(column)  # all str, as just checked
+                if i == last:
+                    columns.append([header, *texts])
+                    continue
+                cells = max(header_width, max(map(len, texts), default=0))
+                columns.append([header + " " * (cells - header_width), *(t.ljust(cells) for t in texts)])
+                continue
+            measured = [_measured(c) for c in column]
+            if i == last:
+                columns.append([header, *(t for t, _, _ in measured)])
+                continue
+            cells = max(header_width, max((w for _, _, w in measured), default=0))
+            columns.append([header + " " * (cells - header_width), *(t + " " * (cells - w) for t, _, w in measured)])
+        return [line.rstrip() for line in map(self.GAP.join, zip(*columns, strict=True))]
 
 
 def _measured(cell: object) -> tuple[str, str, int]:

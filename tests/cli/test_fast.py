@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from corral.cli import client, fast, transport, wire
+from corral.cli.render import Columns, Styled
 
 SUBMIT_OPTIONS = sorted({*fast.SUBMIT.values, *fast.SUBMIT.flags})
 PS_OPTIONS = sorted({*fast.PS.values, *fast.PS.flags})
@@ -298,3 +299,31 @@ def test_no_daemon_is_said_as_before(tmp_path: Path) -> None:
     code, out, err = run_main(["submit", "--", "true"], tmp_path / "none")
     assert (code, out) == (2, "")
     assert err == f"error: corral serve is not running at {tmp_path / 'none'}\n"
+
+
+@given(
+    st.lists(
+        st.lists(
+            st.one_of(
+                st.text(max_size=6), st.sampled_from(["ok", "名前", "\x1b[2J", "a\tb", "", "ünï"]),
+                st.builds(lambda t: Styled(t, "green"), st.text(max_size=4)),
+                st.integers(), st.none(),
+            ),
+            min_size=3, max_size=3,
+        ),
+        max_size=6,
+    )
+)  # fmt: skip
+def test_a_piped_table_drawn_by_columns_is_the_one_drawn_cell_by_cell(rows: list[list[object]]) -> None:
+    """render.Columns draws a piped table a column at a time (corral ps of 5,000 jobs); the lines are those of the
+    cell-by-cell drawing (which a colour terminal still uses)."""
+    view = Columns("ID", "NAME", "REASON")
+    for r in rows:
+        view.add_row(*r)
+    grid = [tuple((h, "", len(h)) for h in view.headers), *view.rows]
+    widths = [max(row[i][2] for row in grid) for i in range(3)]
+    expected = [
+        "   ".join(t if i == 2 else t + " " * (widths[i] - w) for i, (t, _, w) in enumerate(row)).rstrip()
+        for row in grid
+    ]
+    assert view.lines(color=False, cells=None) == expected
