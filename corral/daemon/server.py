@@ -664,7 +664,8 @@ def serve(
             cpu = time.thread_time()
             try:
                 with lock:
-                    daemon.tick(unlocked=lambda: Released(lock))  # launches run without the lock
+                    # launches run without the lock; a pass whose inputs did not change is left out
+                    daemon.tick(unlocked=lambda: Released(lock), skip_unchanged=True)
             except Exception:  # keep scheduling; the next tick tries again
                 log.exception("tick failed")
             cpu = time.thread_time() - cpu
