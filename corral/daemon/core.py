@@ -84,7 +84,7 @@ MAX_BACKOFF_S = 300.0
 #: the pass stops placing once it has this many, and the rest of a burst waits for the next rounds, so 500
 #: submissions do not hold the lock for seconds (issue 12).
 STARTS_PER_ROUND = 4
-#: With `tick(skip_unchanged=True)` (the server's loop), a round whose inputs are the last round's (the same job
+#: With `Daemon.quiet_rounds` (the server's loop), a round whose inputs are the last round's (the same job
 #: objects waiting and holding, the same GPU sample and queues configuration, nothing started, preempted or ended
 #: since) is not run again for this long: 5,000 waiting jobs cost a round 6-17 ms of CPU five times a second, taken
 #: from the listings and submissions that share the GIL (issue 26, item 7). What only the clock changes (a running
@@ -271,6 +271,9 @@ class Daemon:
         #: The inputs of the latest round that changed nothing (`_same_round`): its time, holding and waiting jobs,
         #: GPU sample and queues configuration; None after a round that started or preempted a job.
         self._quiet: tuple[float, list[Job], list[Job], object, object] | None = None
+        #: Whether `tick` leaves out a pass whose inputs did not change (QUIET_ROUND_S): the server's loop sets it;
+        #: tests and the simulator, which drive rounds themselves, get every pass.
+        self.quiet_rounds = False
         #: Queues, limits and fair share (corral.daemon.queues); one queue without limits when no file is given.
         self.queues = queues if queues is not None else Queues(node)
         #: How jobs are contained, in words (the executor's cgroups, or its "no cgroups: ..." notice; None: not said).
@@ -541,15 +544,12 @@ class Daemon:
         raise InvalidRequest("job", f"job {job_id} already ended ({job.state.value})")
 
     # ---------------------------------------------------------------------------------------------- the loop
-    def tick(
-        self,
-        unlocked: Callable[[], contextlib.AbstractContextManager[object]] | None = None,
-        skip_unchanged: bool = False,
-    ) -> list[str]:
+    def tick(self, unlocked: Callable[[], contextlib.AbstractContextManager[object]] | None = None) -> list[str]:
         """One round: collect exits, schedule, launch. Returns the ids started.
 
-        `skip_unchanged`: exits, controllers, time limits and GPU samples are seen as always, but the scheduling
-        pass is left out when its inputs are those of the last pass, which changed nothing (see QUIET_ROUND_S).
+        With `quiet_rounds` (the server's loop), exits, controllers, time limits and GPU samples are seen as always,
+        but the scheduling pass is left out when its inputs are those of the last pass, which changed nothing (see
+        QUIET_ROUND_S).
 
         `unlocked`: a context in which the daemon's lock is released (the server's loop passes one). The round then
         starts its jobs' supervisors outside the lock: everything is decided and stored (STARTING, with the grant)
@@ -572,7 +572,7 @@ class Daemon:
         if self.watchdog != "off":
             self._watch_memory(holding)
         queued = self.store.list([JobState.QUEUED])
-        if skip_unchanged and self._same_round(holding, queued, now):
+        if self.quiet_rounds and self._same_round(holding, queued, now):
             self.ticked_at = time.monotonic()
             return []
         snapshot = self.snapshot(holding)

@@ -645,6 +645,8 @@ def serve(
             label += "; time-sliced shares (no MPS)" if sharing == "time-slicing" else "; no MPS here"
         label += f"; GPU memory watchdog: {watchdog}"
 
+    daemon.quiet_rounds = True  # a pass whose inputs did not change is left out (core.QUIET_ROUND_S)
+
     def loop() -> None:
         steps = daemon.catch_up()
         while not stop.is_set():
@@ -664,8 +666,7 @@ def serve(
             cpu = time.thread_time()
             try:
                 with lock:
-                    # launches run without the lock; a pass whose inputs did not change is left out
-                    daemon.tick(unlocked=lambda: Released(lock), skip_unchanged=True)
+                    daemon.tick(unlocked=lambda: Released(lock))  # launches run without the lock
             except Exception:  # keep scheduling; the next tick tries again
                 log.exception("tick failed")
             cpu = time.thread_time() - cpu
