@@ -97,11 +97,11 @@ def main() -> None:
             env = {**os.environ, "CORRAL_SOCKET": str(sock)}
             env.pop("CORRAL_URL", None)
             env.pop("PYTHONDONTWRITEBYTECODE", None)  # bytecode cached, as installed
-            time.sleep(2)
+            time.sleep(30)  # the rounds after a burst store each waiting job's reason, a page a round: let them
             began, idle_from = time.monotonic(), process_cpu_ms(server.pid)
-            time.sleep(5)
+            time.sleep(10)
             idle = (process_cpu_ms(server.pid) - idle_from) / (time.monotonic() - began)
-            print(f"the daemon idle with {args.jobs} waiting: {idle:.0f} ms CPU a second (its rounds)")
+            print(f"the daemon idle with {args.jobs} waiting, 30 s on: {idle:.0f} ms CPU a second (its rounds)")
             print(f"code: {code}{'' if fast else ' (no fast path)'}")
             for label, argv in (
                 ("ps", [*cli, "ps"]),
