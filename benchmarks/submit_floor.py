@@ -75,7 +75,11 @@ def main() -> None:
             env["CORRAL_SOCKET"] = str(sock)
             rows = [
                 ("`python -I -S -c pass` (the interpreter alone)", [py, "-I", "-S", "-c", "pass"], env),
-                ("`python -c pass` (with site: the venv's editable-install finder too)", [py, "-c", "pass"], env),
+                (
+                    "`python -c pass` (with site: this environment's .pth files, an editable finder if any)",
+                    [py, "-c", "pass"],
+                    env,
+                ),
             ]
             submit = ["submit", "--gpus", "1", "--", "true"]
             for code in [ROOT, *(args.code or [])]:
