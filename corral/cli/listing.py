@@ -72,18 +72,32 @@ def show(
         jobs = [{**j, "id": f"{j['array_job_id']}_{j['array_task_id']}"} if j.get("array_job_id") else j for j in jobs]
     else:
         jobs = array_rows(jobs)
+    states: dict[str, object] = {}
+    # A job's REASON cell, by (state, reason) for a job never preempted (the cell then depends on nothing else): the
+    # jobs of a long queue mostly share one.
+    reasons: dict[tuple[str, str], str] = {}
     for j in jobs:
-        ended = j["ended"] if "ended" in j else j["state"] in FINAL_STATES
+        state = j["state"]
+        ended = j.get("ended", state in FINAL_STATES)
+        key = (state, j.get("reason") or "")
+        if j.get("preempted"):
+            reason = short_reason(j, now)
+        elif key in reasons:
+            reason = reasons[key]
+        else:
+            reason = reasons[key] = short_reason(j, now)
+        if (cell := states.get(state)) is None:
+            cell = states[state] = state_cell(state)
         row(
             view,
             j["id"],
             j["name"] or "-",
             j["user"],
-            state_cell(j["state"]),
+            cell,
             gpus_text(j),
             ago(j["submitted_at"], now),
             ago(j["finished_at"], now) if ended else "-",
             command_text(j["command"]),
-            short_reason(j, now),
+            reason,
         )
     out.print(view)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import sys
 import unicodedata
+from itertools import repeat
 
 TYPE_CHECKING = False  # typing's, without importing typing or dataclasses: `corral ps`'s fast path draws with this
 if TYPE_CHECKING:
@@ -184,7 +185,7 @@ class Columns:
                     columns.append([header, *texts])
                     continue
                 cells = max(header_width, max(map(len, texts), default=0))
-                columns.append([header + " " * (cells - header_width), *(t.ljust(cells) for t in texts)])
+                columns.append([header + " " * (cells - header_width), *map(str.ljust, texts, repeat(cells))])
                 continue
             measured = [_measured(c) for c in column]
             if i == last:

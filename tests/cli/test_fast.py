@@ -327,3 +327,27 @@ def test_a_piped_table_drawn_by_columns_is_the_one_drawn_cell_by_cell(rows: list
         for row in grid
     ]
     assert view.lines(color=False, cells=None) == expected
+
+
+def test_ps_words_each_reason_once_and_each_row_as_alone(capsys: pytest.CaptureFixture[str]) -> None:
+    """listing.show keeps a REASON cell by (state, reason) for jobs never preempted: every row still reads as
+    views.short_reason words it alone (a preempted job's cell names its preemption)."""
+    from corral.cli import listing
+    from corral.cli.views import short_reason
+
+    now = 1_800_000_000.0
+    base = {"name": "", "user": "ann", "command": ["true"], "gpus": [], "submitted_at": now - 60, "finished_at": None,
+            "array_job_id": "", "array_task_id": None, "array": "", "preempted": None}  # fmt: skip
+    why = "0/1 nodes fit: 1 insufficient GPU (need 4 whole GPUs)"
+    jobs = [
+        {**base, "id": "1", "state": "queued", "reason": why},
+        {**base, "id": "2", "state": "queued", "reason": why, "preempted": {"count": 1, "at": now - 5, "reason": "x"}},
+        {**base, "id": "3", "state": "queued", "reason": why},
+        {**base, "id": "4", "state": "running", "reason": why},
+        {**base, "id": "5", "state": "failed", "reason": "exit code 3", "finished_at": now - 1},
+    ]
+    with mock.patch.dict(os.environ, {"NO_COLOR": "1"}):
+        listing.show([dict(j) for j in jobs], None, None, False, False, now)
+    lines = capsys.readouterr().out.splitlines()[1:]
+    assert [line.rstrip().endswith(short_reason(j, now)) for line, j in zip(lines, jobs, strict=True)] == [True] * 5
+    assert short_reason(jobs[1], now) != short_reason(jobs[0], now)
