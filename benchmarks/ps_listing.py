@@ -30,8 +30,9 @@ CLI = [str(Path(sys.executable).parent / "corral")]  # the console script, as a 
 
 
 def console_script(where: Path, code: Path, module: str) -> list[str]:
-    """A console script as pip writes one, running `module`'s main with `code` first on the path."""
-    where.write_text(f"#!{sys.executable}\nimport re\nimport sys\nsys.path.insert(0, {str(code)!r})\n"
+    """The command as dev.py installs it (pip's console script without its `import re`), running `module`'s main
+    with `code` first on the path."""
+    where.write_text(f"#!{sys.executable}\nimport sys\nsys.path.insert(0, {str(code)!r})\n"
                      f"from {module} import main\nsys.exit(main())\n")  # fmt: skip
     where.chmod(0o755)
     return [str(where)]

@@ -8,7 +8,8 @@ than the wall time. `corral submit` is the CLI as a console script starts it (th
 on the path), against a `corral serve` whose 4 GPUs are held, so the jobs wait (they are cancelled at the end):
 through the fast path (corral.cli.fast, what pyproject's script runs) and through click (corral.cli.main), each with
 the daemon's CPU per submission (its process's CPU over the runs, less what it used idle for as long; it includes
-the scheduling round each submission wakes). The console script is written as pip writes one (it imports re).
+the scheduling round each submission wakes). The console script is written as pip writes one (it imports re), and
+as dev.py installs it (without).
 Run it with the Python of the environment to measure: its `site` (an editable install's finder or not) is part of
 every start.
 """
@@ -100,7 +101,7 @@ def main() -> None:
                         lean = Path(tmp) / f"corral-{len(rows)}"
                         lean.write_text(script.read_text().replace("import re\n", ""))
                         lean.chmod(0o755)
-                        rows.append((f"the same from a script without pip's `import re` ({label})",
+                        rows.append((f"the same as dev.py installs it: without pip's `import re` ({label})",
                                      [str(lean), *submit], env))  # fmt: skip
             subprocess.run([py, "-m", "corral.cli.main", "submit", "--gpus", "4", "--", "sleep", "600"], check=True,
                            stdout=subprocess.DEVNULL, cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)})  # fmt: skip
