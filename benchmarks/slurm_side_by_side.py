@@ -154,9 +154,10 @@ class Corral:
         self.tmp = Path(tempfile.mkdtemp(prefix="corral-vs-slurm-"))
         os.chmod(self.tmp, 0o755)  # the fair-share users reach the socket in it
         self.sock = self.tmp / "corral.sock"
-        self.cli = self.tmp / "corral"  # what a console script does, with this checkout first on the path
+        self.cli = self.tmp / "corral"  # the command as dev.py installs it, with this checkout first on the path
+        entry = "corral.cli.fast" if (ROOT / "corral" / "cli" / "fast.py").exists() else "corral.cli.main"
         self.cli.write_text(f"#!{sys.executable}\nimport sys\nsys.path.insert(0, {str(ROOT)!r})\n"
-                            "from corral.cli.main import main\nmain()\n")  # fmt: skip
+                            f"from {entry} import main\nsys.exit(main())\n")  # fmt: skip
         self.cli.chmod(0o755)
         argv = [sys.executable, "-m", "corral.cli.main", "serve", "--simulate-gpus", "4xH100-80GB",
                 "--state-dir", str(self.tmp / "state"), "--socket", str(self.sock)]  # fmt: skip

@@ -645,6 +645,8 @@ def serve(
             label += "; time-sliced shares (no MPS)" if sharing == "time-slicing" else "; no MPS here"
         label += f"; GPU memory watchdog: {watchdog}"
 
+    daemon.quiet_rounds = True  # a pass whose inputs did not change is left out (core.QUIET_ROUND_S)
+
     def loop() -> None:
         steps = daemon.catch_up()
         while not stop.is_set():
