@@ -80,6 +80,7 @@ def test_the_table_shows_hours_and_marks_simulated_figures(box: Box, monkeypatch
 def test_json_and_csv(box: Box, monkeypatch: pytest.MonkeyPatch) -> None:
     job = run(box, 3600, gpus=1)
     (row,) = json.loads(ok(acct(box, monkeypatch, *SINCE, "--json")))
+    assert list(row) == list(box.client(ALICE).get("/v1/acct").json()[0])  # the API's fields, in its order
     assert row["id"] == job and row["simulated"] is True and row["gpu_hours"] == 1.0
     assert row["ended_at"].startswith("2027-01-15T") and row["elapsed_s"] == 3600
     (few,) = json.loads(ok(acct(box, monkeypatch, *SINCE, "--json", "-o", "id,gpu_util")))
