@@ -15,10 +15,7 @@ A thin-client command (corral.cli.client): click and the standard library, nothi
 
 from __future__ import annotations
 
-import csv
-import queue
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
@@ -220,6 +217,9 @@ class Pages:
         yield page
         if after is None:
             return
+        import queue  # here: a command whose records fit one page (most) never needs them
+        import threading
+
         ahead: queue.Queue[tuple[Records, str | None] | BaseException] = queue.Queue(maxsize=1)
 
         def read_ahead(after: str | None, have: int) -> None:
@@ -245,6 +245,8 @@ def errors(response: Response) -> str:
 
 
 def write_csv(header: list[str], lines: Iterable[Sequence[object]]) -> None:
+    import csv
+
     writer = csv.writer(sys.stdout, lineterminator="\n")
     writer.writerow(header)
     writer.writerows(lines)
