@@ -21,7 +21,8 @@ Rows (what a user types on each side, as a user would: the CLI, from shells):
   fair     two users: fsalice has used all 4 GPUs for 75 s; then, while root's job holds the 4 GPUs for 20 s,
            fsalice submits 8 one-GPU jobs of 10 s, and after them fsbob 8: how many of the first 4 to start are
            fsbob's (fair share: all 4), and each side's recorded usage
-  acct     100,000 ended jobs in the history: `sacct` / `corral acct` of one user's jobs of the last 2 days
+  acct     100,000 ended jobs in the history: `sacct` / `corral acct` of one user's jobs of the last 2 days (as
+           that user, median of 5) and of everyone's 30 days (as root, median of 3), output piped
 corral's arrays (`--array`) and accounting (`corral acct`) come from the branches `arrays` and `acct`; where this
 checkout lacks them, their corral column says "not run".
 """
