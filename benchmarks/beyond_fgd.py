@@ -29,6 +29,8 @@ of issue 16):
                               CPU runs out first (the variants above all have issue 27's rule)
     fgd-priced-gpu-pods-free  pods with GPUs not kept off the hosts kept for multi-GPU pods while free CPU runs out
                               first (pods without GPUs still are; `FgdPriced.keeps_off`, measured and not adopted)
+    fgd-priced-kept-price     the same, but a pod with GPUs pays a price of 20 milli of a GPU's worth on a kept host
+                              instead of ranking it last (`FgdPriced.kept_price_cpu_bound`, measured and not adopted)
 
 `--hashes FILE` appends the sha256 (12 hex digits, as `benchmarks.replay_speed`) of every grant per run, to tell
 which lists a change moved.
@@ -176,10 +178,19 @@ class _PricedGpuPodsFree(FgdPriced):
     gpu_pods_free_cpu_bound = True
 
 
+class _PricedKeptPrice(FgdPriced):
+    """While free CPU runs out first, a kept host costs a pod with GPUs 20 milli of a GPU's worth (a soft price)
+    instead of ranking last (pods without GPUs still keep off)."""
+
+    name = "fgd-priced-kept-price"
+    kept_price_cpu_bound = 20.0
+
+
 ABLATIONS: tuple[type[FgdScarcity], ...] = (
     _FgdFill, _CpuPodsOnly, _NoModelLevel, _Unweighted, _PricedLoose, _PricedNoReserve, _PricedGpuHorizon,
     _PricedIssue16, _PricedTightFirst, _PricedNoMargin, _PricedMarginAll, _PricedMargin2TightFirst,
     _PricedMarginAlways, _PricedWeightedCpuBound, _PricedGpuPodsFree,
+    _PricedKeptPrice,
 )  # fmt: skip
 
 

@@ -6,12 +6,14 @@ multi-GPU pods (pods without GPUs still are)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from corral.model.resources import Request
 from corral.model.snapshot import ClusterSnapshot
 from corral.placement import PlacementConfig, place
 from corral.placement.context import Context
 from corral.placement.filters import evaluate
+from corral.placement.registry import policy_names, register_policy
 from corral.placement.reserve import kept_hosts
 from corral.placement.scarcity import horizons, scarcity_weights
 from corral.placement.scores.fgd_priced import FgdPriced
@@ -111,3 +113,51 @@ def test_pods_with_gpus_keep_off_the_multi_gpu_hosts_while_gpu_milli_runs_out_fi
     d = place(s, gpus(1, cpu=16_000), PlacementConfig(policy="fgd-priced", workload=wl), rng=0)
     assert d.allocation is not None and d.allocation.node.startswith("g2")
     assert "fgd-priced: 2 nodes kept free for multi-GPU pods came last" in d.explanation.notes
+
+
+class _KeptPrice(FgdPriced):
+    name = "test-priced-kept-price"
+    kept_price_cpu_bound = 20.0
+
+
+for _cls in (_GpuPodsFree, _KeptPrice):
+    if _cls.name not in policy_names():
+        register_policy(_cls.name, _cls)
+
+
+def test_the_kept_price_charges_pods_with_gpus_on_kept_hosts_only_while_cpu_runs_out_first() -> None:
+    s, wl = g3_and_g2(), big_tail_cpu_bound()
+    everything = np.arange(len(s), dtype=np.int64)
+    small = gpus(1, cpu=16_000)
+    free, priced = _GpuPodsFree(), _KeptPrice()
+    ctx = context(s, small, wl)
+    # 20 milli on fgd-scarcity's fill gain, at its sigmoid's steepest slope: 20 x 0.999 / 4 / 1000 of a point.
+    assert priced.kept_price(ctx) == 20 * 0.999 * 0.25 / 1000
+    base, got = free.score(ctx, everything), priced.score(ctx, everything)
+    assert (base - got).tolist() == pytest.approx([priced.kept_price(ctx)] * 2 + [0.0, 0.0])  # g3a, g3b: kept
+    # All four nodes tie here: the switch alone takes the first kept host, the price sends the pod to a G2 node.
+    d = place(s, small, PlacementConfig(policy=_GpuPodsFree.name, workload=wl), rng=0)
+    assert d.allocation is not None and d.allocation.node == "g3a"
+    d = place(s, small, PlacementConfig(policy=_KeptPrice.name, workload=wl), rng=0)
+    assert d.allocation is not None and d.allocation.node.startswith("g2")
+    assert (
+        "fgd-priced: 2 nodes kept free for multi-GPU pods cost 20 milli of a GPU's worth more (free CPU runs out first)"
+        in d.explanation.notes
+    )
+    # A pod without GPUs still keeps off them (ranked last, not priced).
+    d = place(s, cpu_only(32_000), PlacementConfig(policy=_KeptPrice.name, workload=wl), rng=0)
+    assert "fgd-priced: 2 nodes kept free for multi-GPU pods came last" in d.explanation.notes
+
+
+def test_the_kept_price_on_a_share_is_milli_of_priced_loss() -> None:
+    shares = normalised([TargetType(1000, 500, 1, None, 0.5), TargetType(32_000, 0, 0, None, 0.5)])
+    s = g3_and_g2()
+    ctx = context(s, gpus(1, 500, cpu=1000), shares)
+    assert _KeptPrice().kept_price(ctx) == 20 * 101 * 1001  # a milli of loss is key 1's step (`priced_order`)
+
+
+def test_the_kept_price_leaves_the_hard_rule_while_gpu_milli_runs_out_first() -> None:
+    typical = (TargetType(12_000, 1000, 1, None, 0.9), TargetType(2_000, 0, 0, None, 0.1))
+    wl = TargetWorkload(typical, (TargetType(120_000, 1000, 8, None, 0.05),))
+    s = g3_and_g2()
+    assert _KeptPrice().keeps_off(context(s, gpus(1, cpu=16_000), wl))

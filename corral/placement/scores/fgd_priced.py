@@ -60,8 +60,12 @@ class FgdPriced(FgdScarcity):
     unweighted_cpu_bound = True  # no scarcity weights while free CPU runs out first (`FgdScarcity._cpu_bound`)
     #: pods with GPUs not kept off the hosts while free CPU runs out first (`keeps_off`; off: issue 27 measured it)
     gpu_pods_free_cpu_bound = False
+    #: > 0: while free CPU runs out first, a pod with GPUs is not ranked below every other node on a kept host but
+    #: pays this price there, in milli of a GPU's worth (`kept_price`; 0: the hard rule; issue 27 measured it)
+    kept_price_cpu_bound = 0.0
 
     _kept = 0  # nodes the last `score` kept for multi-GPU pods (a policy object serves one decision)
+    _priced = False  # and whether they were priced (`kept_price_cpu_bound`) rather than ranked last
 
     def keeps_off(self, ctx: Context) -> bool:
         """Whether this decision's pod keeps off the hosts kept for multi-GPU pods: always where the policy keeps
@@ -72,14 +76,14 @@ class FgdPriced(FgdScarcity):
         break the last 8-GPU hosts (8 such pods fail against fgd's 3), so it is off."""
         if not self.reserve:
             return False
-        if not (ctx.request.wants_gpu and self.gpu_pods_free_cpu_bound):
+        if not (ctx.request.wants_gpu and (self.gpu_pods_free_cpu_bound or self.kept_price_cpu_bound > 0)):
             return True
         h_gpu, h_cpu = self._horizons(ctx)
         return not h_cpu < h_gpu
 
     def score(self, ctx: Context, nodes: IntArray) -> FloatArray:
         scores = super().score(ctx, nodes)
-        self._kept = 0
+        self._kept, self._priced = 0, False
         if self.keeps_off(ctx):
             margin = self.gpu_margin if ctx.request.wants_gpu else self.cpu_margin
             h_gpu, h_cpu = self._horizons(ctx)
@@ -90,7 +94,23 @@ class FgdPriced(FgdScarcity):
             self._kept = int(np.count_nonzero(kept))
             if self._kept:
                 scores = np.where(kept, scores - KEPT_OFF, scores)
+        elif self.reserve and self.kept_price_cpu_bound > 0 and ctx.request.wants_gpu:
+            h_cpu = self._horizons(ctx)[1]
+            kept = kept_hosts(ctx.snapshot, ctx.workload, ctx.request, nodes, self.cpu_horizon, 1.0, h_cpu)
+            self._kept, self._priced = int(np.count_nonzero(kept)), True
+            if self._kept:
+                scores = np.where(kept, scores - self.kept_price(ctx), scores)
         return scores
+
+    def kept_price(self, ctx: Context) -> float:
+        """`kept_price_cpu_bound` milli of a GPU's worth in this pod's score units: for a share, on the priced loss
+        (key 1: a milli of loss is POINTS x TIGHT); for any other pod with GPUs, on fgd-scarcity's fill gain, at
+        its tie-break's steepest slope (0.999 x 1/4 per 1000 milli: the gain goes through sigmoid(gain / 1000)),
+        below FGD's points."""
+        r = ctx.request
+        if r.gpu_count == 1 and not r.whole_gpus and share_prices(ctx.workload) is not None:
+            return self.kept_price_cpu_bound * POINTS * TIGHT
+        return self.kept_price_cpu_bound * TIE_WEIGHT * 0.25 / MILLI_PER_GPU
 
     def notes(self, ctx: Context, node: int, gpus: list[int]) -> list[str]:
         """Why the node: the share's priced loss on its GPU, and how many nodes were kept for multi-GPU pods."""
@@ -103,7 +123,12 @@ class FgdPriced(FgdScarcity):
                 f"fgd-priced: the share costs {prices.size_value(r.gpu_milli):.0f} milli of a GPU's worth; GPU "
                 f"{gpus[0]} had {free} milli free and loses {loss:.0f} more"
             )
-        if self._kept:
+        if self._kept and self._priced:
+            out.append(
+                f"fgd-priced: {self._kept} nodes kept free for multi-GPU pods cost {self.kept_price_cpu_bound:g} milli "
+                "of a GPU's worth more (free CPU runs out first)"
+            )
+        elif self._kept:
             out.append(f"fgd-priced: {self._kept} nodes kept free for multi-GPU pods came last")
         return out
 
