@@ -10,6 +10,9 @@ multi-GPU pods are kept while they run out; fgd-scarcity decides the rest.
     any other pod, then: fgd-scarcity's score
     (while free CPU runs out before free GPU milli, fgd-scarcity's GPU pods' fill gain counts every target type
     fully, without its scarcity weights: `FgdScarcity.unweighted_cpu_bound`, issue 27)
+    (two measured, opt-in forms of key 0 while free CPU runs out first, issue 27: `gpu_pods_free_cpu_bound`, pods
+    with GPUs not kept off; `kept_price_cpu_bound`, pods with GPUs pay a price in milli of a GPU's worth on a kept
+    host instead of ranking it last; both off, each loses a seed the hard rule keeps: docs/beyond-fgd.md)
 
 loss(u, m) is what a GPU with u milli free loses beyond the share's own worth when a share of m milli lands on it,
 priced with the dual prices of the LP that packs the workload's shares best. It is zero where the share continues a
