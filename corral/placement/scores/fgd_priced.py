@@ -66,9 +66,14 @@ class FgdPriced(FgdScarcity):
     #: > 0: while free CPU runs out first, a pod with GPUs is not ranked below every other node on a kept host but
     #: pays this price there, in milli of a GPU's worth (`kept_price`; 0: the hard rule; issue 27 measured it)
     kept_price_cpu_bound = 0.0
+    #: > 0: while free CPU runs out first, a pod with GPUs keeps off the kept hosts only while another feasible node
+    #: is CPU-rich: keeps, after the pod, at least this many times the workload's CPU per GPU milli for its free GPU
+    #: milli (`cpu_rich_elsewhere`; 0: always kept off; issue 27 measured 4)
+    cpu_rich_cpu_bound = 0.0
 
     _kept = 0  # nodes the last `score` kept for multi-GPU pods (a policy object serves one decision)
     _priced = False  # and whether they were priced (`kept_price_cpu_bound`) rather than ranked last
+    _freed = 0  # hosts kept for multi-GPU pods that the pod was not kept off (`cpu_rich_cpu_bound`)
 
     def keeps_off(self, ctx: Context) -> bool:
         """Whether this decision's pod keeps off the hosts kept for multi-GPU pods: always where the policy keeps
@@ -86,7 +91,7 @@ class FgdPriced(FgdScarcity):
 
     def score(self, ctx: Context, nodes: IntArray) -> FloatArray:
         scores = super().score(ctx, nodes)
-        self._kept, self._priced = 0, False
+        self._kept, self._priced, self._freed = 0, False, 0
         if self.keeps_off(ctx):
             margin = self.gpu_margin if ctx.request.wants_gpu else self.cpu_margin
             h_gpu, h_cpu = self._horizons(ctx)
@@ -95,6 +100,9 @@ class FgdPriced(FgdScarcity):
             h = h_cpu if self.cpu_horizon else h_gpu
             kept = kept_hosts(ctx.snapshot, ctx.workload, ctx.request, nodes, self.cpu_horizon, margin, h)
             self._kept = int(np.count_nonzero(kept))
+            rich_test = self._kept and self.cpu_rich_cpu_bound > 0 and ctx.request.wants_gpu and h_cpu < h_gpu
+            if rich_test and not self.cpu_rich_elsewhere(ctx, nodes[~kept]):
+                self._kept, self._freed = 0, self._kept  # every other node would be short of CPU for its GPUs
             if self._kept:
                 scores = np.where(kept, scores - KEPT_OFF, scores)
         elif self.reserve and self.kept_price_cpu_bound > 0 and ctx.request.wants_gpu:
@@ -104,6 +112,21 @@ class FgdPriced(FgdScarcity):
             if self._kept:
                 scores = np.where(kept, scores - self.kept_price(ctx), scores)
         return scores
+
+    def cpu_rich_elsewhere(self, ctx: Context, others: IntArray) -> bool:
+        """Whether one of `others` (the feasible nodes not kept) keeps, once the pod took its CPU and GPU milli,
+        at least `cpu_rich_cpu_bound` x c x its free GPU milli of free CPU, c the target workload's expected CPU per
+        GPU milli over its pods with GPUs: a node where the pod's CPU does not cost that node's GPUs. Where none does,
+        keeping the pod off the kept hosts strands GPUs wherever it lands, and the kept hosts compete on score."""
+        s, r = ctx.snapshot, ctx.request
+        with_gpus = [t for t in ctx.workload.types if t.gpu_count > 0 and t.probability > 0]
+        gpu = sum(t.probability * t.gpu_count * t.gpu_milli for t in with_gpus)
+        if not len(others) or gpu <= 0:
+            return False
+        per_milli = sum(t.probability * t.cpu_milli for t in with_gpus) / gpu
+        cpu_after = s.cpu_free[others] - r.cpu_milli
+        gpu_after = np.maximum(s.gpu_milli_free[others], 0).sum(axis=1) - r.gpu_count * r.gpu_milli
+        return bool(np.any(cpu_after >= self.cpu_rich_cpu_bound * per_milli * gpu_after))
 
     def kept_price(self, ctx: Context) -> float:
         """`kept_price_cpu_bound` milli of a GPU's worth in this pod's score units: for a share, on the priced loss
@@ -133,6 +156,11 @@ class FgdPriced(FgdScarcity):
             )
         elif self._kept:
             out.append(f"fgd-priced: {self._kept} nodes kept free for multi-GPU pods came last")
+        if self._freed:
+            out.append(
+                f"fgd-priced: {self._freed} nodes kept free for multi-GPU pods competed on score: free CPU runs out "
+                "first and every other node would be left short of CPU for its GPUs"
+            )
         return out
 
     _consts = np.array([TIE_WEIGHT, STRIDE, POINTS, TIGHT])  # (`FgdScarcity._consts`)
