@@ -15,10 +15,9 @@ A thin-client command (corral.cli.client): click and the standard library, nothi
 
 from __future__ import annotations
 
-import csv
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -186,31 +185,59 @@ def window(since: str | None, until: str | None, now: float) -> tuple[float | No
     return start, end
 
 
-def pages(socket: Path | None, params: list[tuple[str, Any]], limit: int | None) -> tuple[Records, bool]:
-    """Every record the daemon lists for `params` (at most `limit`), page after page, column by column (a list per
-    field of the API's records); and whether `limit` cut it."""
-    columns: Records = {}
-    after: str | None = None
-    while True:
-        have = len(columns.get("id", ()))
+class Pages:
+    """The records the daemon lists for `params` (at most `limit`), a page at a time, column by column (a list per
+    field of the API's records); `cut` once iterated: whether `limit` cut them.
+
+    Once a page says there is another, the rest are fetched by a thread one page ahead, so that the daemon reads and
+    sends the next page while this process draws the one it has (100,000 records: 10 pages)."""
+
+    def __init__(self, socket: Path | None, params: list[tuple[str, Any]], limit: int | None) -> None:
+        self.socket, self.params, self.limit = socket, params, limit
+        self.cut = False
+
+    def fetch(self, after: str | None, have: int) -> tuple[Records, str | None]:
+        """One page (trimmed to `limit`) and the cursor after it (None: the last)."""
+        limit = self.limit
         want = PAGE if limit is None else min(PAGE, limit + 1 - have)
-        page_params = [*params, ("limit", want), ("layout", "columns")]
+        page_params = [*self.params, ("limit", want), ("layout", "columns")]
         if after is not None:
             page_params.append(("after", after))
-        response = client.call(socket, "GET", "/v1/acct", errors, params=page_params)
+        response = client.call(self.socket, "GET", "/v1/acct", errors, params=page_params)
         page = response.json()
         if isinstance(page, list):  # a daemon from before layout=columns: its rows
             page = {key: [r[key] for r in page] for key in page[0]} if page else {}
-        for key, values in page.items():
-            columns.setdefault(key, []).extend(values)
-        have = len(columns.get("id", ()))
-        if limit is not None and have > limit:
-            for values in columns.values():
-                del values[limit:]
-            return columns, True
-        after = response.headers.get("X-Corral-Next-After")
-        if not after:
-            return columns, False
+        if limit is not None and have + len(page.get("id", ())) > limit:
+            self.cut = True
+            return {key: values[: limit - have] for key, values in page.items()}, None
+        return page, response.headers.get("X-Corral-Next-After") or None
+
+    def __iter__(self) -> Iterator[Records]:
+        page, after = self.fetch(None, 0)
+        yield page
+        if after is None:
+            return
+        import queue  # here: a command whose records fit one page (most) never needs them
+        import threading
+
+        ahead: queue.Queue[tuple[Records, str | None] | BaseException] = queue.Queue(maxsize=1)
+
+        def read_ahead(after: str | None, have: int) -> None:
+            try:
+                while after is not None:
+                    page, after = self.fetch(after, have)
+                    have += len(page.get("id", ()))
+                    ahead.put((page, after))
+            except BaseException as exc:  # a failed request exits (SystemExit): in the main thread, not this one
+                ahead.put(exc)
+
+        threading.Thread(target=read_ahead, args=(after, len(page.get("id", ()))), daemon=True).start()
+        while after is not None:
+            got = ahead.get()
+            if isinstance(got, BaseException):
+                raise got
+            page, after = got
+            yield page
 
 
 def errors(response: Response) -> str:
@@ -218,6 +245,8 @@ def errors(response: Response) -> str:
 
 
 def write_csv(header: list[str], lines: Iterable[Sequence[object]]) -> None:
+    import csv
+
     writer = csv.writer(sys.stdout, lineterminator="\n")
     writer.writerow(header)
     writer.writerows(lines)
@@ -243,17 +272,22 @@ def plain_table(headers: list[str], cells: list[list[object]]) -> str:
     """The table `Terminal.print(Columns)` draws when piped without colour (no style, no cut), the same text to the
     character, drawn a column at a time: 100,000 records in a fraction of the time of a `Columns` row by row.
     `cells` is a list of columns, each a cell a record, as `row` takes them (a `Styled` cell: its text)."""
-    columns = [[header, *each(cell_text, column_cells)] for header, column_cells in zip(headers, cells, strict=True)]
+    return plain_lines(headers, [each(cell_text, column_cells) for column_cells in cells])
+
+
+def plain_lines(headers: list[str], texts: list[list[str]]) -> str:
+    """`plain_table` of cells already made text (`cell_text`)."""
+    columns = [[header, *column] for header, column in zip(headers, texts, strict=True)]
     gap = Columns.GAP
-    if all("".join(texts).isascii() for texts in columns):  # a character a cell: printf's padding
-        widest = [max(map(len, texts)) for texts in columns]
+    if all("".join(column).isascii() for column in columns):  # a character a cell: printf's padding
+        widest = [max(map(len, column)) for column in columns]
         form = gap.join([*(f"%-{w}s" for w in widest[:-1]), "%s"])
-        return "".join((form % line).rstrip() + "\n" for line in zip(*columns, strict=True))
+        return "\n".join([(form % line).rstrip() for line in zip(*columns, strict=True)]) + "\n"
     padded: list[list[str]] = []
-    for texts in columns:
-        widths = [width(t) for t in texts]
+    for column in columns:
+        widths = [width(t) for t in column]
         most = max(widths)
-        padded.append([t + " " * (most - w) for t, w in zip(texts, widths, strict=True)])
+        padded.append([t + " " * (most - w) for t, w in zip(column, widths, strict=True)])
     padded[-1] = columns[-1]
     return "".join(gap.join(line).rstrip() + "\n" for line in zip(*padded, strict=True))
 
@@ -313,11 +347,26 @@ def acct_cmd(
     if summary:
         show_summary(client.call(socket, "GET", "/v1/acct/summary", errors, params=params).json(), as_json, as_csv)
         return
-    columns, cut = pages(socket, params, limit)
-    if cut:  # on stderr, so that --json and --csv stay one document
-        say(client.err, f"more jobs not shown (--limit {limit}): narrow --since/--until, or a larger --limit")
+    found = Pages(socket, params, limit)
+    headers = [FIELDS[f][0] for f in chosen]
+    piped = not (as_json or as_csv or client.out.isatty() or client.out.color())
+    texts: list[list[str]] = [[] for _ in chosen]
+    simulated = False
+    columns: Records = {}
+    for page in found:
+        if not page:
+            continue
+        if piped:  # the common case for 100,000 records: each page made text while the next one comes
+            simulated = simulated or any(page["simulated"])
+            for f, column in zip(chosen, texts, strict=True):
+                column.extend(each(cell_text, FIELDS[f][1](page)))
+            continue
+        for key, values in page.items():
+            columns.setdefault(key, []).extend(values)
     if not columns:
         columns = {key: [] for f in FIELDS.values() for key in f[3]}
+    if found.cut:  # on stderr, so that --json and --csv stay one document
+        say(client.err, f"more jobs not shown (--limit {limit}): narrow --since/--until, or a larger --limit")
     if as_json:
         keys = None if fields is None else [k for f in chosen for k in FIELDS[f][3]]
         client.dump(json_rows(columns, keys))
@@ -327,16 +376,15 @@ def acct_cmd(
         shown = list(dict.fromkeys(shown))
         write_csv(shown, zip(*(FIELDS[f][2](columns) for f in shown), strict=True))
         return
-    headers = [FIELDS[f][0] for f in chosen]
-    cells = [FIELDS[f][1](columns) for f in chosen]
-    if client.out.isatty() or client.out.color():  # cut to the terminal, or styled: drawn row by row
+    if piped:
+        client.out.write_text(plain_lines(headers, texts))
+    else:  # cut to the terminal, or styled: drawn row by row
+        simulated = any(columns["simulated"])
         view = table(*headers)
-        for record in zip(*cells, strict=True):
+        for record in zip(*(FIELDS[f][1](columns) for f in chosen), strict=True):
             row(view, *record)
         client.out.print(view)
-    else:  # piped, the common case for 100,000 records
-        client.out.write_text(plain_table(headers, cells))
-    if any(columns["simulated"]) and {"gpu_util", "gpu_mem"} & set(chosen):
+    if simulated and {"gpu_util", "gpu_mem"} & set(chosen):
         say(client.err, SIMULATED_NOTE)
 
 

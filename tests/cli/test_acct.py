@@ -80,6 +80,7 @@ def test_the_table_shows_hours_and_marks_simulated_figures(box: Box, monkeypatch
 def test_json_and_csv(box: Box, monkeypatch: pytest.MonkeyPatch) -> None:
     job = run(box, 3600, gpus=1)
     (row,) = json.loads(ok(acct(box, monkeypatch, *SINCE, "--json")))
+    assert list(row) == list(box.client(ALICE).get("/v1/acct").json()[0])  # the API's fields, in its order
     assert row["id"] == job and row["simulated"] is True and row["gpu_hours"] == 1.0
     assert row["ended_at"].startswith("2027-01-15T") and row["elapsed_s"] == 3600
     (few,) = json.loads(ok(acct(box, monkeypatch, *SINCE, "--json", "-o", "id,gpu_util")))
@@ -219,3 +220,22 @@ def test_an_older_daemon_without_the_columns_layout(box: Box, monkeypatch: pytes
 
     monkeypatch.setattr(client, "call", rows_only)
     assert [ok(CliRunner().invoke(acct_cli.acct_cmd, argv)) for argv in argvs] == now
+
+
+def test_a_page_that_fails_after_the_first_fails_the_command(box: Box, monkeypatch: pytest.MonkeyPatch) -> None:
+    for _ in range(3):
+        run(box, 60, ticks=1)
+    monkeypatch.setattr(acct_cli, "PAGE", 1)
+    api = box.client(ALICE)
+    calls: list[Any] = []
+
+    def call(_socket: Any, method: str, url: str, describe: Any = None, *_: Any, params: Any = None, **__: Any) -> Any:
+        calls.append(params)
+        if len(calls) == 3:  # the read-ahead thread's second page
+            raise client.fail("corral serve stopped answering")
+        return api.get(url, params=params)
+
+    monkeypatch.setattr(client, "call", call)
+    result = CliRunner().invoke(acct_cli.acct_cmd, [*SINCE])
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.strip() == "error: corral serve stopped answering"

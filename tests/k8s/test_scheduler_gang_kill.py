@@ -10,6 +10,7 @@ that holds them at a gate or fails chosen members' Bindings.
 - Bindings that fail on purpose: members' Bindings answered 500 unsent, 409 "already assigned" (someone else bound
   the pod to another node), a connection reset unsent, a reset after the bind landed: the gang ends whole, and a pod
   beside it is bound meanwhile. A member whose Binding is refused for good: the gang ends with none bound.
+- a PodGroup created after its members: they are bound once it exists, with nothing else changing on the plane.
 
 One plane for the module. Skipped where ../shared/k8s/control-plane.sh (or CORRAL_K8S_CONTROL_PLANE) is absent.
 """
@@ -73,13 +74,13 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         plane.down()
 
 
-def wait_for(what: str, check: Callable[[], bool], timeout: float = 30) -> None:
+def wait_for(what: str, check: Callable[[], bool], timeout: float = 30, show: Callable[[], Any] = str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if check():
             return
         time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out waiting for {what}: {show()}")
 
 
 def _served(w: Writer, path: str) -> bool:
@@ -96,8 +97,9 @@ def group(w: Writer, name: str, min_member: int) -> None:
                            "spec": {"minMember": min_member}})  # fmt: skip
 
 
-def member(name: str, gang: str, gpus: int = 1) -> dict[str, Any]:
+def member(name: str, gang: str, gpus: int = 1, grace: int = 0) -> dict[str, Any]:
     p = pod(name, {"nvidia.com/gpu": str(gpus)}, scheduler="corral", cpu="100m", memory="128Mi")
+    p["spec"]["terminationGracePeriodSeconds"] = grace
     if gang:
         p["metadata"]["labels"] = {"scheduling.x-k8s.io/pod-group": gang}
     return p
@@ -155,13 +157,13 @@ def clean(setup: Setup) -> Iterator[Writer]:
     setup.w.request("DELETE", "/api/v1/namespaces/default/events")
 
 
-def kill_mid_gang(setup: Setup, gang: str, k: int) -> dict[str, str]:
+def kill_mid_gang(setup: Setup, gang: str, k: int, grace: int = 0) -> dict[str, str]:
     """Create a SIZE-member gang, let k of its Bindings through, SIGKILL the scheduler with the other SIZE - k at the
     gate, reset those unsent: the gang is bound k of SIZE. Returns its bound part (name -> node)."""
     w, proxy, s = setup.w, setup.proxy, setup.scheduler
     proxy.hold()
     group(w, gang, SIZE)
-    w.create_pods(member(f"{gang}-{i}", gang) for i in range(SIZE))
+    w.create_pods(member(f"{gang}-{i}", gang, grace=grace) for i in range(SIZE))
     wait_for(f"all {SIZE} Bindings at the gate", lambda: proxy.waiting() == SIZE)
     assert bound(w, f"{gang}-") == {}
     proxy.allow(k)
@@ -192,13 +194,15 @@ def test_after_a_kill_9_mid_gang_the_restarted_scheduler_binds_the_rest_beside_t
     assert told(w, "CorralGangIncomplete") == {}
 
 
-@pytest.mark.parametrize(("k", "how"), [(1, "delete"), (8, "cordon"), (15, "cordon")])
+@pytest.mark.parametrize(("k", "how", "grace"), [(1, "delete", 0), (8, "cordon", 0), (15, "cordon", 30)])
 def test_after_a_kill_9_mid_gang_with_the_room_gone_the_bound_part_is_deleted(
-    setup: Setup, clean: Writer, k: int, how: str
+    setup: Setup, clean: Writer, k: int, how: str, grace: int
 ) -> None:
+    """grace 30: the deleted members stay Terminating (no kubelet here); they no longer count towards the gang, and
+    are deleted once."""
     w, s = clean, setup.scheduler
     gang = f"gone{k}"
-    part = kill_mid_gang(setup, gang, k)
+    part = kill_mid_gang(setup, gang, k, grace)
     used = set(part.values())
     for i in range(NODES):  # the room vanishes while the scheduler is down
         node = f"node-{i}"
@@ -208,20 +212,28 @@ def test_after_a_kill_9_mid_gang_with_the_room_gone_the_bound_part_is_deleted(
             w.request("DELETE", f"/api/v1/nodes/{node}")
     setup.proxy.open()
     s.start()
-    wait_for("the bound part deleted", lambda: not set(part) & set(pods(w)), TIMEOUT_S + 30)
-    assert bound(w, f"{gang}-") == {}
-    assert set(pods(w)) == {f"{gang}-{i}" for i in range(SIZE)} - set(part)
+
+    def deleted() -> bool:
+        now = pods(w)
+        return all(n not in now or now[n]["metadata"].get("deletionTimestamp") for n in part)
+
+    wait_for("the bound part deleted", deleted, TIMEOUT_S + 30)
+    rest = sorted({f"{gang}-{i}" for i in range(SIZE)} - set(part))
+    want = (f"gang default/{gang}: {SIZE - k} of {SIZE} members pending, needs {SIZE} that fit together; "
+            f"waiting for {k} more")  # fmt: skip
+    wait_for("the rest's reason", lambda: explain(s, rest[0]).get("reason") == want, show=lambda: explain(s, rest[0]))
+    got = pods(w)
+    assert not any(got[n]["spec"].get("nodeName") for n in rest)
+    assert set(got) - set(part) == set(rest)
+    assert (set(got) & set(part)) == (set(part) if grace else set())  # Terminating, or gone
     msg = told(w, "CorralGangIncomplete")
     assert set(msg) == set(part)
     assert set(msg.values()) == {
         f"gang default/{gang}: {k} of {SIZE} members bound for {TIMEOUT_S} s and the rest cannot be placed; corral "
         "deletes the bound members so that their controller recreates them and the gang is placed again whole"
     }
-    rest = sorted(set(pods(w)))[0]
-    want = (f"gang default/{gang}: {SIZE - k} of {SIZE} members pending, needs {SIZE} that fit together; "
-            f"waiting for {k} more")  # fmt: skip
-    wait_for("the rest's reason", lambda: explain(s, rest).get("reason") == want)
-    assert bound(w, f"{gang}-") == {}
+    events = w.get("/api/v1/namespaces/default/events")["items"]
+    assert len([e for e in events if e["reason"] == "CorralGangIncomplete"]) == k  # one each: deleted once
 
 
 def test_bindings_that_fail_on_purpose_leave_the_gang_whole_and_hold_nothing_up(setup: Setup, clean: Writer) -> None:
@@ -232,17 +244,19 @@ def test_bindings_that_fail_on_purpose_leave_the_gang_whole_and_hold_nothing_up(
     proxy.fail("fail-7", "reset")
     proxy.fail("fail-10", "landed")
     proxy.fail("fail-13", "refuse", "reset")
+    proxy.fail("fail-15", "refuse", "reset", "conflict")  # 500, then a reset, then bound elsewhere meanwhile: 409
     group(w, "fail", SIZE)
     w.create_pods(member(f"fail-{i}", "fail") for i in range(SIZE))
     w.create_pods([member("solo", "")])
     wait_for("solo bound", lambda: "solo" in bound(w, "solo"))
     wait_for(f"all {SIZE} bound", lambda: len(bound(w, "fail-")) == SIZE)
-    assert {n: proxy.met[n] for n in ("fail-1", "fail-4", "fail-7", "fail-13")} == {
+    assert {n: proxy.met[n] for n in ("fail-1", "fail-4", "fail-7", "fail-13", "fail-15")} == {
         "fail-1": ["refuse", "refuse", "forwarded"], "fail-4": ["conflict"], "fail-7": ["reset", "forwarded"],
-        "fail-13": ["refuse", "reset", "forwarded"]}  # fmt: skip
+        "fail-13": ["refuse", "reset", "forwarded"], "fail-15": ["refuse", "reset", "conflict"]}  # fmt: skip
     # a reset on a reused connection is sent once more by the client: the API server answers 409 (bound already)
     assert proxy.met["fail-10"] in (["landed"], ["landed", "forwarded"])
-    assert bound(w, "fail-4") == {"fail-4": "node-3"}  # bound by someone else: it counts towards the gang
+    got = bound(w, "fail-")
+    assert (got["fail-4"], got["fail-15"]) == ("node-3", "node-3")  # bound by someone else: they count towards it
     no_gpu_twice(w)
     assert told(w, "CorralGangIncomplete") == {}
 
@@ -263,3 +277,13 @@ def test_a_member_whose_binding_is_refused_for_good_leaves_none_of_its_gang_boun
     assert proxy.met["never-2"][0] == "refuse*"
     want = "gang default/never: 1 of 4 members pending, needs 4 that fit together; waiting for 3 more"
     wait_for("never-2's reason", lambda: explain(s, "never-2").get("reason") == want)
+
+
+def test_a_gang_whose_pod_group_comes_after_its_members_is_bound_once_it_exists(setup: Setup, clean: Writer) -> None:
+    w, s = clean, setup.scheduler
+    w.create_pods(member(f"late-{i}", "late") for i in range(3))
+    missing = ("gang default/late: PodGroup default/late (scheduling.x-k8s.io/v1alpha1) not found; its members wait "
+               "until it exists")  # fmt: skip
+    wait_for("the reason", lambda: explain(s, "late-0").get("reason") == missing, show=lambda: explain(s, "late-0"))
+    group(w, "late", 3)  # nothing else changes on the plane
+    wait_for("all three bound", lambda: len(bound(w, "late-")) == 3)

@@ -65,6 +65,9 @@ BIND_RETRY_MAX = 10.0
 _TERMINAL = ("Succeeded", "Failed")
 #: A gang's PodGroup is read again when its copy is older than this (seconds).
 GANG_INFO_TTL = 2.0
+#: A gang whose PodGroup could not be used (not found yet, invalid, unreadable) has its waiting members placed again
+#: (and so its PodGroup read again) after GANG_INFO_TTL, then twice as long each time, at most this (seconds).
+GANG_RECHECK_MAX = 60.0
 
 
 def _now_iso() -> str:
@@ -359,6 +362,8 @@ class Scheduler:
         #: Preemption (scheduler/evict.py), on once `preempting()` is called: evictions, budgets, the holds.
         self.evictions: Evictions | None = None
         self._pdbs: PdbWatch | None = None
+        self._gang_rewake: set[str] = set()  # gangs woken while members were being placed: woken again after
+        self._gang_recheck: dict[str, tuple[float, float]] = {}  # gang with a PodGroup error -> (when, step)
 
     @staticmethod
     def check(qps: float, burst: int, batch_window: float, bind_workers: int) -> None:
@@ -498,11 +503,15 @@ class Scheduler:
             self._capacity_freed()
 
     def _gang_observed(self, key: str, obj: JsonObj, bound: bool) -> None:
-        """Follow a gang member's bound state (bound members count towards its minMember)."""
+        """Follow a gang member's bound state (bound members count towards its minMember). A member being deleted
+        (Terminating: its bound part deleted by corral, a rolling restart) no longer counts: the gang is placed
+        again without it, and corral does not delete it twice."""
         ref = gang_of(obj)
         if ref is None:
             return
         meta = obj.get("metadata") or {}
+        if isinstance(meta, Mapping) and meta.get("deletionTimestamp"):
+            bound = False
         with self._cond:
             self._gang_refs.setdefault(ref.key, ref)
             members = self._gang_bound.setdefault(ref.key, {})
@@ -510,11 +519,15 @@ class Scheduler:
                 if key not in members:
                     members[key] = (str(meta.get("namespace") or "default"), str(meta.get("name") or ""))
                     self._gang_wake(ref.key)
-            else:
-                members.pop(key, None)
+            elif members.pop(key, None) is not None:
+                self._gang_wake(ref.key)  # its waiting members need more now: their reason changes
 
     def _gang_wake(self, gang: str) -> None:
-        """Place a gang's waiting members again (a member came or was bound). Under self._cond."""
+        """Place a gang's waiting members again (a member came, was bound or left). Under self._cond. Members being
+        placed now were placed with what was known before: the gang is woken again once they are back (the gangs'
+        watch does it), else a change seen mid-batch is lost and its members keep a stale reason."""
+        if any(w.pending.gang == gang for w in self._inflight.values()):
+            self._gang_rewake.add(gang)
         woke = False
         for k, w in list(self._unschedulable.items()):
             if w.pending.gang == gang:
@@ -685,7 +698,7 @@ class Scheduler:
                 held = len(self._gang_bound.get(gang, {}))
             if ref is None:
                 continue
-            if cached is None or now - cached[0] > GANG_INFO_TTL:
+            if cached is None or now - cached[0] >= GANG_INFO_TTL:
                 group: JsonObj | None = None
                 error = ""
                 try:
@@ -697,24 +710,51 @@ class Scheduler:
                 cached = (now, n, error or why)
                 with self._cond:
                     self._gang_info[gang] = cached
+                    if cached[2]:  # nothing else tells when the PodGroup is created, mended or readable: look again
+                        _, step = self._gang_recheck.get(gang, (0.0, GANG_INFO_TTL / 2))
+                        step = min(GANG_RECHECK_MAX, step * 2)
+                        self._gang_recheck[gang] = (now + step, step)
+                    else:
+                        self._gang_recheck.pop(gang, None)
             out[gang] = GangInfo(ref, cached[1], held, cached[2])
         return out
 
     def _gang_watch(self) -> None:
         while not self.stop.wait(0.5):
             try:
+                self._gang_recheck_due()
                 self._check_partial()
             except Exception:
                 log.exception("checking partly bound gangs failed")
 
-    def _check_partial(self) -> None:
+    def _gang_recheck_due(self, now: float | None = None) -> None:
+        """Wake the gangs whose PodGroup could not be used once their time to look again has come (their members
+        wait in the unschedulable set, and a PodGroup's creation or repair wakes nothing else)."""
+        now = time.monotonic() if now is None else now
+        with self._cond:
+            if not self._gang_recheck:
+                return
+            waiting = {w.pending.gang for w in self._known.values() if w.pending.gang}
+            for gang, (when, step) in list(self._gang_recheck.items()):
+                if gang not in waiting:
+                    del self._gang_recheck[gang]
+                elif now >= when:
+                    self._gang_recheck[gang] = (float("inf"), step)  # until it is read again
+                    self._gang_wake(gang)
+
+    def _check_partial(self, now: float | None = None) -> None:
         """Delete the bound part of a gang that has been bound short of its minMember, with members still waiting,
         for longer than gang_partial_seconds (a Binding refused for good, a kill -9 mid-gang and the rest no longer
-        fits): their controller recreates them and the gang is placed again whole. A gang with members binding is
-        left alone (their answers decide)."""
-        now = time.monotonic()
+        fits): their controller recreates them and the gang is placed again whole. While members are binding the
+        bound part is not deleted (their answers decide), but its clock runs on: a member whose Binding is retried
+        and fails again and again (a webhook that times out) must not keep the gang partly bound for ever."""
+        now = time.monotonic() if now is None else now
         doomed: list[tuple[str, int, int, list[tuple[str, str]]]] = []
         with self._cond:
+            for gang in list(self._gang_rewake):
+                if not any(w.pending.gang == gang for w in self._inflight.values()):
+                    self._gang_rewake.discard(gang)
+                    self._gang_wake(gang)
             if not self._gang_bound:
                 return
             waiting: dict[str, int] = {}
@@ -729,9 +769,11 @@ class Scheduler:
                     self._gang_bound.pop(gang, None)
                     self._gang_partial.pop(gang, None)
                     continue
+                if gang in busy:
+                    continue  # its members binding count as bound: the gang may look whole until they are answered
                 info = self._gang_info.get(gang)
                 short = info is not None and not info[2] and 0 < len(members) < info[1]
-                if not short or gang not in waiting or gang in busy:
+                if not short or gang not in waiting:
                     self._gang_partial.pop(gang, None)
                     continue
                 since = self._gang_partial.setdefault(gang, now)
@@ -801,17 +843,20 @@ class Scheduler:
         self.limiter.acquire(self.stop)
         sent = time.perf_counter()
         outcome = "unknown"
-        error = ""
+        error = books = ""
         try:
             self.api.create_binding(w.namespace, w.name, w.uid, d.allocation.node, d.annotations)
             outcome = "bound"
         except KubeApiError as exc:
             outcome = "refused" if exc.status is not None and 400 <= exc.status < 500 else "unknown"
             error = str(exc)
+            # 409 "already assigned" may answer our own Binding, landed and sent again by the client on a reused
+            # connection: the books keep its charge until the pod is read back (_follow), not give it to another pod
+            books = "unknown" if exc.status == 409 else outcome
         except Exception as exc:  # the client's own faults: the answer is unknown
             error = f"{type(exc).__name__}: {exc}"
         took = time.perf_counter() - sent
-        self.state.settle(rec, outcome)
+        self.state.settle(rec, books or outcome)
         self.metrics.binds.labels(outcome).inc()
         self.metrics.bind_latency.observe(took)
         if outcome == "bound":
