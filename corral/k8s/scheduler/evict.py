@@ -218,7 +218,7 @@ def eviction_metrics(registry: CollectorRegistry) -> EvictionMetrics:
             registry=registry,
         ),
         Counter(
-            "corral_scheduler_preemptions",
+            "corral_scheduler_preemption_results",
             "Preemptions by how they ended: started, bound (the preemptor bound on what was held for it), refused "
             "(an eviction refused), failed, timeout (the hold's deadline passed), gone (the preemptor left)",
             ["result"],
