@@ -365,6 +365,22 @@ def test_after_a_restart_pods_found_terminating_hold_preemption_back_until_gone(
     assert not ev2.busy()
 
 
+def test_the_round_is_woken_when_a_minimum_runtime_ends(fake: FakeEvictApi, clock: Clock) -> None:
+    wakes: list[int] = []
+    ev = make(fake, clock, wakes)
+    ev.wake_after(30)
+    ev.wake_after(20)  # the soonest wins
+    clock.now += 19
+    ev.tick()
+    assert wakes == []
+    clock.now += 1
+    ev.tick()
+    assert wakes == [1]
+    clock.now += 30
+    ev.tick()
+    assert wakes == [1]  # once
+
+
 def test_start_never_waits_for_the_rate_limit(fake: FakeEvictApi) -> None:
     gate = threading.Event()
 

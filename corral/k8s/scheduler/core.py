@@ -802,6 +802,14 @@ class Scheduler:
         names = {k: f"{b.namespace}/{b.name}" for k, b in bound.items()}
         requests = {k: rec.request for k, rec in state.pods.items() if k in bound}
         r = plan_pods(self.tenancy, pods, state.snapshot, bound, now, gangs, self.evictions, names, requests)
+        if self._evicting is not None and r.plan is not None and not r.plan.preemptions and r.plan.reasons:
+            # pods wait: the round looks again when the next bound pod's minimum runtime ends (it may be preempted
+            # from then; no event of the cluster's would say so)
+            cfg = self.tenancy.config
+            soonest = min((t for b in bound.values() if not b.stopping
+                           and (t := b.started_at + cfg.min_runtime(b.queue)) > now), default=None)  # fmt: skip
+            if soonest is not None:
+                self._evicting.wake_after(soonest - now)
         tenancy = self.tenancy.tenancy
         if r.plan is not None and tenancy is not None:
             self._round_views(r.plan.preemptions, bound, names)
