@@ -22,14 +22,11 @@ from corral.k8s.scheduler.evict import (
     Budget,
     Evictions,
     PdbWatch,
-    reserve_holds,
     selects,
 )
 from corral.k8s.scheduler.wire import PDBS
-from corral.model.errors import AllocationError
 from corral.model.resources import Allocation, GpuGrant
 from corral.tenancy.plan import Preemption
-from tests.builders import cluster, node
 
 GPU = 1000
 
@@ -401,145 +398,6 @@ def test_start_never_waits_for_the_rate_limit(fake: FakeEvictApi) -> None:
         ev.close()
 
 
-def test_the_held_allocation_is_granted_on_the_rounds_snapshot_in_place_of_its_victims() -> None:
-    s = cluster(node("gpu-a").gpus(4).cpu(64).mem(256))
-    s.allocate(alloc("u-v1", (0, 1)))
-    s.allocate(alloc("u-x", (2, 3)))
-    holds = {"u-boss": alloc("u-boss", (0, 1))}
-    assert reserve_holds(s, holds, lambda k: ("u-v1",)) == {}
-    assert "u-v1" not in s.allocations and s.allocations["u-boss"] == holds["u-boss"]
-    with pytest.raises(AllocationError):  # nobody else fits there
-        s.allocate(alloc("u-y", (0,)))
-    # taken meanwhile (another scheduler bound a pod on those GPUs): the hold is broken, said so
-    s2 = cluster(node("gpu-a").gpus(4).cpu(64).mem(256))
-    s2.allocate(alloc("u-kube", (0, 1)))
-    broken = reserve_holds(s2, holds, lambda k: ())
-    assert list(broken) == ["u-boss"] and broken["u-boss"].startswith("what was held for it on gpu-a was taken")
-
-
-class Face:
-    """The k8s face's round, as far as preemption goes, on one node of 4 GPUs: bound pods (the books), waiting pods,
-    `plan_round` with the holds put in (hold_round), bound pods marked (mark_running), the plan's preemptions
-    carried out (carry_out); the API server and kubelet are the test's (a deleted pod's controller re-creates it
-    under the same name with a new UID)."""
-
-    QUEUES = 'min_runtime = "5m"\n[queues.a]\nguarantee = { gpus = 1 }\n[queues.b]\nguarantee = { gpus = 3 }\n'
-
-    def __init__(self, fake: FakeEvictApi, clock: Clock) -> None:
-        from corral.model.resources import GpuBehavior
-        from corral.placement import PlacementConfig
-        from corral.tenancy import RoundConfig, tenancy_for
-        from corral.tenancy.config import parse_queues
-
-        self.clock = clock
-        self.snapshot = cluster(node("gpu-a").gpus(4).cpu(64).mem(256))
-        placement = PlacementConfig(policy="binpack", gpu_behavior=GpuBehavior.UNRESTRICTED)
-        self.config = RoundConfig(placement, parse_queues(self.QUEUES))
-        self.tenancy = tenancy_for(self.config, self.snapshot)
-        self.ev = Evictions(fake, NoLimit(), clock=clock, threads=False)
-        self.running: dict[str, Any] = {}  # uid -> Running
-        self.waiting: dict[str, Any] = {}  # uid -> Work
-        self.names: dict[str, str] = {}  # uid -> pod name
-        self.reasons: dict[str, str] = {}
-        self.made = 0
-
-    def submit(self, name: str, queue: str, n: int) -> str:
-        from corral.tenancy import Work
-        from tests.builders import gpus
-
-        self.made += 1
-        uid = f"u-{name}-{self.made}"
-        self.waiting[uid] = Work(uid, gpus(n), queue=queue, submitted_at=self.clock.now)
-        self.names[uid] = name
-        self.ev.observed("pods", "ADDED", pod_obj(name, uid, node="", labels={"queue": queue}))
-        return uid
-
-    def bind(self, start: Any) -> None:
-        from corral.tenancy import Running
-
-        w = self.waiting.pop(start.job_id)
-        self.snapshot.allocate(start.allocation)
-        self.running[w.id] = Running(w.id, w.request, self.clock.now, start.allocation.gpus, queue=w.queue)
-        self.ev.observed("pods", "MODIFIED", pod_obj(self.names[w.id], w.id, node="gpu-a"))
-
-    def gone(self, uid: str, recreate: bool = True) -> None:
-        r = self.running.pop(uid)
-        self.snapshot.release(uid)
-        self.ev.observed("pods", "DELETED", pod_obj(self.names[uid], uid, deleting=True))
-        if recreate:
-            self.submit(self.names[uid], r.queue, r.request.gpu_count)
-
-    def round(self) -> Any:
-        from corral.k8s.scheduler.evict import carry_out, hold_round, mark_running
-        from corral.tenancy import ClusterView, plan_round
-
-        held = hold_round(self.ev, ClusterView(self.snapshot), list(self.waiting.values()), lambda w: w.id)
-        plan = plan_round(self.config, held.waiting, mark_running(list(self.running.values()), self.ev), held.view,
-                          self.tenancy, self.clock.now, preempt=not self.ev.busy())  # fmt: skip
-        for start in (*held.starts, *plan.starts):
-            self.bind(start)
-        carry_out(plan, self.ev)
-        self.ev.drain()
-        self.reasons = {**plan.reasons, **held.reasons}
-        return plan
-
-    def uid(self, name: str) -> str:
-        return next(u for u, n in sorted(self.names.items(), reverse=True) if n == name)
-
-
-def test_a_queue_below_its_guarantee_reclaims_it_and_no_pod_is_evicted_twice_within_the_minimum_runtime(
-    fake: FakeEvictApi, clock: Clock
-) -> None:
-    """Issue 25's row in process: queue a (guarantee 1 GPU) holds all 4 GPUs; queue b (guarantee 3) wants 3. b's pod
-    evicts a's three latest, the capacity is held for it while they terminate (a's own pod that waits does not take
-    it), it binds on exactly what was held; the evicted pods come back (new UIDs), bind once b's pod is done, and are
-    not preempted again by b's next pod until their own minimum runtime has run from their new bind."""
-    f = Face(fake, clock)
-    for i in range(4):
-        f.submit(f"a{i}", "a", 1)
-        f.round()
-        clock.now += 1
-    assert len(f.running) == 4
-    clock.now += 600  # past their minimum runtime
-    boss = f.submit("b-big", "b", 3)
-    f.round()
-    assert sorted(v[1] for v in fake.evicted) == ["a1", "a2", "a3"]  # the latest started borrowers
-    held = f.ev.held()[boss]
-    # terminating: they keep their GPUs; a pod of a's that waits does not get what is being freed
-    for v in ("a1", "a2", "a3"):
-        f.ev.observed("pods", "MODIFIED", pod_obj(v, f.uid(v), deleting=True))
-    f.gone(f.uid("a1"))
-    small = f.submit("a-small", "a", 1)
-    f.round()
-    assert boss in f.waiting and small in f.waiting
-    assert f.reasons[boss].startswith("preempting: waiting for 2 evicted pod(s) to terminate")
-    f.gone(f.uid("a2"))
-    f.gone(f.uid("a3"))
-    f.round()
-    assert boss in f.running and f.snapshot.allocations[boss] == held  # exactly what was held
-    assert small in f.waiting and not f.ev.busy()
-    assert len(fake.evicted) == 3
-    # b's pod ends; a's re-created pods bind (borrowing), each from its own new bind
-    clock.now += 60
-    f.gone(boss, recreate=False)
-    f.round()
-    assert sorted(f.names[u] for u in f.running) == ["a-small", "a0", "a1", "a2"]  # a1, a2: re-created, new UIDs
-    assert not {v[2] for v in fake.evicted} & f.running.keys()
-    rebound = clock.now
-    clock.now += 30
-    b2 = f.submit("b-next", "b", 3)
-    for _ in range(5):  # round after round within their minimum runtime: nobody is evicted
-        f.round()
-        clock.now += 50
-    assert len(fake.evicted) == 3 and b2 in f.waiting
-    assert "when they have run the minimum runtime of 5m" in f.reasons[b2], f.reasons[b2]
-    clock.now = rebound + 300 + 1
-    f.round()
-    assert len(fake.evicted) == 6  # past it: reclaimed again, each pod evicted once in its own minimum runtime
-    evicted_uids = [v[2] for v in fake.evicted]
-    assert len(set(evicted_uids)) == 6
-
-
 def wait_for(what: str, check: Callable[[], bool], timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -709,8 +567,7 @@ def test_the_queues_round_holds_what_victims_free_and_binds_the_preemptor_on_exa
     what was held once they are all gone."""
     from corral.k8s.scheduler.batch import Bind, Wait
     from corral.k8s.scheduler.core import pending_of
-    from corral.k8s.scheduler.evict import carry_out
-    from corral.k8s.scheduler.tenancy import Bound, Face, plan_pods
+    from corral.k8s.scheduler.tenancy import Bound, Face, plan_pods, victims_of
     from corral.k8s.state import ClusterState
     from corral.model.resources import GpuBehavior
     from corral.placement import PlacementConfig
@@ -745,8 +602,8 @@ def test_the_queues_round_holds_what_victims_free_and_binds_the_preemptor_on_exa
                 o = objs[d.pod.key]
                 bound[d.pod.key] = Bound(o["metadata"]["namespace"], o["metadata"]["name"], d.pod.queue, clock.now)
                 ev.observed("pods", "MODIFIED", {**o, "spec": {**o["spec"], "nodeName": "gpu-a"}})
-        if r.plan is not None:
-            carry_out(r.plan, ev)
+        for pr in r.plan.preemptions if r.plan is not None else ():
+            ev.start(pr, victims_of(pr, bound))  # as Scheduler._round_views
         ev.drain()
         return {d.pod.key: d for d in r.decisions}
 

@@ -17,10 +17,12 @@ freed capacity held for the preemptor until it binds (the `Evictions` seam of co
     grace period + HOLD_MARGIN) passes
 
 While a hold lives, `busy()` is True (one preemption at a time: plan_round(preempt=False)) and the round grants the
-held allocation on its snapshot under the preemptor's key (`reserve_holds`), so no other pod fits there, neither
+held allocation on its snapshot under the preemptor's key (tenancy.plan_pods), so no other pod fits there, neither
 while the victims terminate nor after. `stopping()` names the victims being evicted and every bound pod with a
 deletionTimestamp (no second eviction of a pod already going); `protected()` names the bound pods a budget covers
-that allows no disruption now (the planner never picks them).
+that allows no disruption now (the planner never picks them). Beyond the seam plan_pods reads `victims_of` (released
+on its view: what they hold is the preemptor's), `ready` (every victim gone: the preemptor binds) and `reason`; the
+scheduler asks `wake_after` to look again when the next bound pod's minimum runtime ends.
 
 Minimum runtime is the planner's (Running.started_at, from the pod's bind): a pod its controller re-creates after an
 eviction is a new pod (a new UID) and counts from its own bind; nothing here is keyed by a pod's name.
@@ -36,21 +38,17 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter
 
 from corral.k8s.client import JsonObj, KubeApiError
 from corral.k8s.scheduler.wire import PDBS
-from corral.model.errors import AllocationError
 from corral.model.resources import Allocation
-from corral.model.snapshot import ClusterSnapshot
-from corral.tenancy.model import Running
-from corral.tenancy.plan import ClusterView, Preemption, RoundPlan
-from corral.tenancy.round import Start
+from corral.tenancy.plan import Preemption
 
 log = logging.getLogger("corral.k8s.scheduler.evict")
 
@@ -668,25 +666,6 @@ class Evictions:
             log.warning("pod %s/%s: cannot write its %s event: %s", namespace, name, reason, exc)
 
 
-def reserve_holds(snapshot: ClusterSnapshot, holds: Mapping[str, Allocation],
-                  victims: Callable[[str], Iterable[str]]) -> dict[str, str]:  # fmt: skip
-    """On a round's copy of the books: each hold's victims still there released (what they hold is the preemptor's
-    now) and its allocation granted under the preemptor's key, so that no other pod fits there. Returns the holds
-    that no longer fit (key -> why: something else was bound there meanwhile, by another scheduler)."""
-    broken: dict[str, str] = {}
-    for key, alloc in holds.items():
-        if key in snapshot.allocations:
-            continue  # the preemptor's own Binding is in flight, or it is bound: the books hold it already
-        for uid in victims(key):
-            if uid in snapshot.allocations:
-                snapshot.release(uid)
-        try:
-            snapshot.allocate(alloc)
-        except AllocationError as exc:
-            broken[key] = f"what was held for it on {alloc.node} was taken meanwhile: {exc}"
-    return broken
-
-
 class PdbWatch:
     """policy/v1 PodDisruptionBudgets across namespaces, listed then watched, into `Evictions` (an informer of its
     own: the scheduler's informers follow nodes and pods). A cluster where the scheduler may not read them (no RBAC)
@@ -727,68 +706,3 @@ class PdbWatch:
             except Exception:
                 log.exception("watching PodDisruptionBudgets failed")
                 self.stop.wait(self.retry)
-
-
-# ---------------------------------------------------------------------------------------------------- the round's side
-T = TypeVar("T")
-
-
-def mark_running(running: Sequence[Running], evictions: Any) -> list[Running]:
-    """Bound pods as the planner must see them: those being evicted (or deleted) `stopping`, those a budget protects
-    now not preemptible."""
-    stopping, protected = evictions.stopping(), evictions.protected()
-    if not stopping and not protected:
-        return list(running)
-    out = []
-    for r in running:
-        if r.id in stopping:
-            r = replace(r, stopping=True)
-        elif r.id in protected and r.preemptible:
-            r = replace(r, preemptible=False)
-        out.append(r)
-    return out
-
-
-@dataclass(frozen=True)
-class HeldRound(Generic[T]):
-    """A round's inputs with the holds in them: `view` has every hold granted under its preemptor's key (in place of
-    its victims), `waiting` lacks the preemptors that hold (they are not placed anew), `starts` are the preemptors
-    whose victims are all gone, each on exactly what was held for it, and `reasons` say why the others wait."""
-
-    view: ClusterView
-    waiting: list[T]
-    starts: tuple[Start, ...]
-    reasons: dict[str, str]
-
-
-def hold_round(evictions: Evictions, view: ClusterView, waiting: Sequence[T],
-               key_of: Callable[[T], str]) -> HeldRound[T]:  # fmt: skip
-    """The holds put into a round (see HeldRound); the round then plans on `view` with `waiting`, preempt=not busy."""
-    holds = evictions.held()
-    if not holds:
-        return HeldRound(view, list(waiting), (), {})
-    snapshot = view.snapshot.copy()
-    for key, why in reserve_holds(snapshot, holds, evictions.victims_of).items():
-        evictions.release(key, why)
-    holds = evictions.held()
-    starts: list[Start] = []
-    reasons: dict[str, str] = {}
-    rest: list[T] = []
-    for item in waiting:
-        key = key_of(item)
-        if key not in holds:
-            rest.append(item)
-        elif evictions.ready(key):
-            starts.append(Start(key, holds[key]))
-        else:
-            reasons[key] = evictions.reason(key)
-    return HeldRound(ClusterView(snapshot, view.ends), rest, tuple(starts), reasons)
-
-
-def carry_out(plan: RoundPlan, evictions: Evictions) -> None:
-    """Start the plan's preemptions (never blocks): each victim named as the informer last showed it; a victim
-    already gone is left out (what it held is free already)."""
-    for p in plan.preemptions:
-        victims = [(v, *names) for v in p.victims if (names := evictions.names(v)) is not None]
-        if victims:
-            evictions.start(p, victims)
