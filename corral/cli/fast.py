@@ -230,9 +230,13 @@ def main() -> Any:
     if command is not None:
         try:
             command(args[1:])
+            sys.stdout.flush()
             return 0
         except Fallback:
             pass
+        except BrokenPipeError:  # `corral ps | head`: as click ends then, quietly with status 1
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush at exit
+            return 1
     from corral.cli.main import main as full
 
     return full()

@@ -351,3 +351,30 @@ def test_ps_words_each_reason_once_and_each_row_as_alone(capsys: pytest.CaptureF
     lines = capsys.readouterr().out.splitlines()[1:]
     assert [line.rstrip().endswith(short_reason(j, now)) for line, j in zip(lines, jobs, strict=True)] == [True] * 5
     assert short_reason(jobs[1], now) != short_reason(jobs[0], now)
+
+
+@pytest.mark.parametrize("entry", ["corral.cli.fast", "corral.cli.main"])
+def test_ps_into_a_pipe_closed_early_ends_quietly(tmp_path: Path, entry: str) -> None:
+    """`corral ps | head -1`: the reader gone, status 1 and nothing on stderr, on the fast path as through click."""
+    import subprocess
+    import sys
+
+    page = [
+        {"id": "1", "name": "", "user": "ann", "state": "queued", "command": ["true"], "gpus": [],
+         "submitted_at": 1.0, "finished_at": None, "reason": "", "preempted": None, "array_job_id": "",
+         "array_task_id": None, "array": ""}
+    ]  # fmt: skip
+    daemon = FakeDaemon(tmp_path / "s", [http("200 OK", json.dumps(page).encode())])
+    root = Path(__file__).resolve().parents[2]
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line: every write fails (EPIPE)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", f"import sys\nfrom {entry} import main\nsys.exit(main())", "ps"],
+            stdout=write, stderr=subprocess.PIPE, cwd=tmp_path, timeout=60,
+            env={**os.environ, "PYTHONPATH": str(root), "CORRAL_SOCKET": str(tmp_path / "s"), "NO_COLOR": "1"},
+        )  # fmt: skip
+    finally:
+        os.close(write)
+        daemon.close()
+    assert (done.returncode, done.stderr) == (1, b"")
