@@ -378,3 +378,15 @@ def test_ps_into_a_pipe_closed_early_ends_quietly(tmp_path: Path, entry: str) ->
         os.close(write)
         daemon.close()
     assert (done.returncode, done.stderr) == (1, b"")
+
+
+def test_ctrl_c_is_said_as_click_says_it(tmp_path: Path) -> None:
+    def interrupted(*_: Any) -> Any:
+        raise KeyboardInterrupt
+
+    with mock.patch.object(wire, "exchange", interrupted):
+        fast_result = run_main(["ps"], tmp_path / "s")
+    with mock.patch.object(transport, "exchange", interrupted):  # the click command, interrupted alike
+        done = CliRunner().invoke(client.ps_cmd, [], env={"CORRAL_SOCKET": str(tmp_path / "s")})
+    assert fast_result == (1, "", "\nAborted!\n")
+    assert done.exit_code == 1 and done.output.endswith("Aborted!\n")
