@@ -409,7 +409,7 @@ def test_against_a_live_daemon_the_fast_path_and_click_agree(tmp_path: Path) -> 
         return subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=30)
 
     with serving(tmp_path / "s", tmp_path / "state") as (live, _):
-        live.submit("--gpus", "2", "--", "sleep", "600")  # holds both GPUs: the rest wait
+        hog = live.submit("--gpus", "2", "--", "sleep", "600")  # holds both GPUs: the rest wait
         argv = ["--gpus", "1", "--name", "a b", "-t", "1:30:00", "--priority", "-5", "--", "python", "-c", "print(1)"]
         fast, slow = corral("corral.cli.fast", "submit", *argv), corral("corral.cli.main", "submit", *argv)
         assert fast.returncode == slow.returncode == 0, fast.stderr + slow.stderr
@@ -431,3 +431,4 @@ def test_against_a_live_daemon_the_fast_path_and_click_agree(tmp_path: Path) -> 
             fast, slow = corral("corral.cli.fast", *bad), corral("corral.cli.main", *bad)
             assert (fast.returncode, fast.stdout, fast.stderr) == (slow.returncode, slow.stdout, slow.stderr), bad
             assert fast.returncode == 2 and fast.stderr
+        live.run("cancel", hog)  # a daemon that stops leaves its jobs running
