@@ -15,7 +15,7 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -23,6 +23,9 @@ from corral.model.errors import CorralError, InvalidRequest
 from corral.model.resources import GpuBehavior
 from corral.model.units import parse_cpu_milli, parse_memory_mib
 from corral.placement import GpuReserve, PlacementConfig, TargetWorkload
+
+if TYPE_CHECKING:
+    from corral.tenancy.config import QueuesConfig
 
 RESOURCE_HELP = (
     "Resource to advertise (repeatable or comma-separated; default corral.dev/gpu, corral.dev/gpu-milli, "
@@ -138,6 +141,11 @@ GANG_TIMEOUT_HELP = (
     "Seconds a gang may stay bound short of its minMember (a Binding refused, a restart mid-gang) "
     "before its bound members are deleted for their controller to recreate."
 )
+QUEUES_HELP = (
+    "Queues FILE (TOML, as `corral serve --queues`; a queue's `namespaces = [...]` maps namespaces to it): queue "
+    "order by weighted fair share, guarantees, limits, borrowing, backfill with a reservation, preemption. Without "
+    "it: arrival order, no limits."
+)
 LISTEN_HELP = "Serve GET /metrics, /healthz, /readyz and /explain/NS/POD on HOST:PORT (read-only; '' for none)."
 
 
@@ -164,6 +172,7 @@ def scheduler_cmd(
     listen: Annotated[str, typer.Option(help=LISTEN_HELP)] = "0.0.0.0:9444",
     workload: Annotated[str, typer.Option(help=SCHEDULER_WORKLOAD_HELP)] = "default",
     gang_timeout_s: Annotated[float, typer.Option(help=GANG_TIMEOUT_HELP)] = 30.0,
+    queues: Annotated[str | None, typer.Option(help=QUEUES_HELP)] = None,
 ) -> None:
     """Schedule pods (spec.schedulerName) yourself: corral's engine places them in batches and binds them."""
     from corral.k8s.scheduler.core import Scheduler
@@ -178,8 +187,11 @@ def scheduler_cmd(
         Scheduler.check(qps, burst, batch_window_ms / 1000, bind_workers)
         if not gang_timeout_s > 0:
             raise InvalidRequest("--gang-timeout-s", f"must be > 0, got {gang_timeout_s:g}")
+        queues_config = load_queues(queues) if queues else None
         scheduler = Scheduler(connect(kubeconfig), config, scheduler_name, qps, burst, batch_window_ms / 1000,
-                              bind_workers)  # fmt: skip
+                              bind_workers, queues=queues_config)  # fmt: skip
+        if queues_config is not None:
+            scheduler.preempting()  # the queues' round preempts through the Eviction API (docs/k8s-scheduler.md)
         scheduler.gang_partial_seconds = gang_timeout_s
     except (InvalidRequest, CorralError) as exc:
         raise _fail(str(exc)) from None
@@ -283,6 +295,23 @@ def explain_text(pod: dict[str, Any], events: list[dict[str, Any]]) -> str:
             source = (e.get("source") or {}).get("component") or e.get("reportingComponent") or ""
             lines.append(f"  {when} {e.get('reason')}{times} from {source}: {e.get('message')}")
     return "\n".join(lines)
+
+
+def load_queues(path: str) -> QueuesConfig:
+    """--queues FILE: the queues file, read whole and checked at start-up. Raises CorralError naming the file and
+    the key (QueueConfigError), or InvalidRequest naming the flag when the file cannot be read."""
+    from corral.tenancy.config import MAX_FILE_BYTES, parse_queues
+
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise InvalidRequest("--queues", f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidRequest("--queues", f"{path} is not UTF-8 text") from None
+    return parse_queues(text, path)
 
 
 def load_workload(value: str) -> TargetWorkload | None:

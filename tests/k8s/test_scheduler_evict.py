@@ -5,6 +5,7 @@ real kube-apiserver (tests/k8s/plane.py) the Eviction API refused by a PodDisrup
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -364,6 +365,22 @@ def test_after_a_restart_pods_found_terminating_hold_preemption_back_until_gone(
     assert not ev2.busy()
 
 
+def test_the_round_is_woken_when_a_minimum_runtime_ends(fake: FakeEvictApi, clock: Clock) -> None:
+    wakes: list[int] = []
+    ev = make(fake, clock, wakes)
+    ev.wake_after(30)
+    ev.wake_after(20)  # the soonest wins
+    clock.now += 19
+    ev.tick()
+    assert wakes == []
+    clock.now += 1
+    ev.tick()
+    assert wakes == [1]
+    clock.now += 30
+    ev.tick()
+    assert wakes == [1]  # once
+
+
 def test_start_never_waits_for_the_rate_limit(fake: FakeEvictApi) -> None:
     gate = threading.Event()
 
@@ -682,3 +699,82 @@ def test_the_scheduler_feeds_its_evictions_pods_and_budgets(plane: tuple[Any, st
         policy.delete_namespaced_pod_disruption_budget("kept-pdb", "default")
         core.delete_collection_namespaced_pod("default", grace_period_seconds=0)
         core.delete_node("feed-a")
+
+
+def test_the_queues_round_holds_what_victims_free_and_binds_the_preemptor_on_exactly_it(
+    fake: FakeEvictApi, clock: Clock
+) -> None:
+    """plan_pods (the scheduler's round with queues) with these evictions: queue b reclaims its guarantee from a's
+    borrowers; while they terminate, one by one, nothing else gets what they free; the preemptor binds on exactly
+    what was held once they are all gone."""
+    from corral.k8s.scheduler.batch import Bind, Wait
+    from corral.k8s.scheduler.core import pending_of
+    from corral.k8s.scheduler.evict import carry_out
+    from corral.k8s.scheduler.tenancy import Bound, Face, plan_pods
+    from corral.k8s.state import ClusterState
+    from corral.model.resources import GpuBehavior
+    from corral.placement import PlacementConfig
+    from corral.tenancy.config import parse_queues
+    from tests.k8s.plane import gpu_node
+    from tests.k8s.plane import pod as pod_body
+
+    queues = parse_queues('min_runtime = "5m"\n[queues.a]\nnamespaces = ["team-a"]\nguarantee = { gpus = 1 }\n'
+                          '[queues.b]\nnamespaces = ["team-b"]\nguarantee = { gpus = 3 }\n')  # fmt: skip
+    face = Face.of(queues, PlacementConfig(policy="binpack", gpu_behavior=GpuBehavior.UNRESTRICTED))
+    state = ClusterState()
+    state.replace_nodes([gpu_node("gpu-a", 4)])
+    ev = Evictions(fake, NoLimit(), clock=clock, threads=False)
+    bound: dict[str, Bound] = {}
+    objs: dict[str, JsonObj] = {}
+
+    def submit(ns: str, name: str, gpus: int) -> str:
+        body = pod_body(name, {"nvidia.com/gpu": str(gpus)})
+        body["metadata"].update(namespace=ns, uid=f"u-{name}")
+        objs[f"u-{name}"] = body
+        ev.observed("pods", "ADDED", body)
+        return f"u-{name}"
+
+    def round_() -> dict[str, Any]:
+        pending = [dataclasses.replace(pending_of(o), queue=ns_queue[o["metadata"]["namespace"]],
+                                       namespace=o["metadata"]["namespace"], created=clock.now)
+                   for k, o in objs.items() if k not in bound]  # fmt: skip
+        assert state.snapshot is not None
+        r = plan_pods(face, pending, state.snapshot, bound, clock.now, evictions=ev)
+        for d in r.decisions:
+            if isinstance(d, Bind):
+                o = objs[d.pod.key]
+                bound[d.pod.key] = Bound(o["metadata"]["namespace"], o["metadata"]["name"], d.pod.queue, clock.now)
+                ev.observed("pods", "MODIFIED", {**o, "spec": {**o["spec"], "nodeName": "gpu-a"}})
+        if r.plan is not None:
+            carry_out(r.plan, ev)
+        ev.drain()
+        return {d.pod.key: d for d in r.decisions}
+
+    def gone(key: str) -> None:
+        assert state.snapshot is not None
+        state.snapshot.release(key)
+        del bound[key], objs[key]
+        ev.observed("pods", "DELETED", pod_obj(key[2:], key, deleting=True))
+
+    ns_queue = {"team-a": "a", "team-b": "b"}
+    for i in range(4):
+        submit("team-a", f"a{i}", 1)
+        round_()
+        clock.now += 1
+    assert len(bound) == 4
+    clock.now += 600
+    boss = submit("team-b", "boss", 3)
+    round_()
+    assert sorted(e[1] for e in fake.evicted) == ["a1", "a2", "a3"]
+    held = ev.held()[boss]
+    gone("u-a1")  # one victim gone, two still terminating
+    small = submit("team-a", "small", 1)
+    got = round_()
+    assert isinstance(got[small], Wait) and isinstance(got[boss], Wait)
+    assert got[boss].reason.startswith("preempting: waiting for 2 evicted pod(s) to terminate")
+    gone("u-a2")
+    gone("u-a3")
+    got = round_()
+    assert isinstance(got[boss], Bind) and got[boss].allocation == dataclasses.replace(held, request_id=boss)
+    assert isinstance(got[small], Wait) and not ev.busy()
+    assert len(fake.evicted) == 3

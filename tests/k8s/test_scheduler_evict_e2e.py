@@ -75,7 +75,7 @@ def test_a_queue_below_its_guarantee_reclaims_it_and_no_pod_is_evicted_twice_wit
     assert r["second_waited_after_rebind_s"] >= MIN_RUNTIME, r
     m = setup.scheduler.metrics()
     assert m['corral_scheduler_evictions_total{result="evicted"}'] == r["evictions"]
-    assert m['corral_scheduler_preemptions_total{result="bound"}'] == r["evictions"]
+    assert m['corral_scheduler_preemption_results_total{result="bound"}'] == r["evictions"]
 
 
 def test_a_budget_that_allows_no_disruption_keeps_its_pods_until_it_allows_one(setup: Setup) -> None:

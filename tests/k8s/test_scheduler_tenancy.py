@@ -1,8 +1,144 @@
-"""corral k8s scheduler with queues (issue 25 item 2): in-process tests of the tenancy face."""
+"""corral k8s scheduler with a queues file (issue 25 item 2): in-process tests of the tenancy face.
+
+The pure round (`plan_pods`: pods and the books in, Bind | Wait out) on books read from corral.k8s.fake's
+FakeKubeApi, and the Scheduler's loop on it for what a user sees (condition, /explain, /metrics, the CLI).
+"""
 
 from __future__ import annotations
 
-from corral.k8s.scheduler.tenancy import Evictions, NoEvictions
+import dataclasses
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from corral.k8s.cli import app
+from corral.k8s.fake import FakeKubeApi, pod_object
+from corral.k8s.scheduler.batch import Bind, Pending, Wait
+from corral.k8s.scheduler.core import Scheduler, pending_of
+from corral.k8s.scheduler.http import answer
+from corral.k8s.scheduler.tenancy import (
+    TIME_LIMIT_ANNOTATION,
+    Bound,
+    Evictions,
+    Face,
+    NoEvictions,
+    plan_pods,
+    queue_for,
+    started_at,
+    victims_of,
+)
+from corral.k8s.state import ClusterState, Informer
+from corral.model.resources import Allocation
+from corral.placement import PlacementConfig
+from corral.tenancy.config import QueueConfigError, parse_queues
+from corral.tenancy.plan import Preemption
+from tests.k8s.conftest import gpu_node
+
+BINPACK = PlacementConfig(policy="binpack")
+NOW = 1_800_000_000.0
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def gpu_pod(name: str, gpus: int = 1, namespace: str = "default", labels: Mapping[str, str] | None = None,
+            limit: str | None = None, created: str = "2027-01-01T00:00:00Z",
+            priority: int = 0) -> dict[str, Any]:  # fmt: skip
+    limits = {"nvidia.com/gpu": str(gpus)} if gpus else {}
+    ann = {TIME_LIMIT_ANNOTATION: limit} if limit else {}
+    p = pod_object(name, [{"name": "main", "resources": {"requests": {"cpu": "100m"}, "limits": limits}}],
+                   namespace=namespace, annotations=ann)  # fmt: skip
+    p["spec"]["schedulerName"] = "corral"
+    p["spec"]["priority"] = priority
+    p["metadata"]["labels"] = dict(labels or {})
+    p["metadata"]["creationTimestamp"] = created
+    return p
+
+
+class Cluster:
+    """Books from a FakeKubeApi, the face, and the bound pods of this scheduler: a round is `plan`."""
+
+    def __init__(self, queues: str, nodes: Sequence[tuple[str, int]] = (("n1", 4),)) -> None:
+        self.api = FakeKubeApi()
+        for name, gpus in nodes:
+            self.api.put_node(gpu_node(name, gpus))
+        self.state = ClusterState()
+        Informer(self.api, self.state).sync_once()
+        self.config = parse_queues(queues, "queues.toml")
+        self.face = Face.of(self.config, BINPACK)
+        self.bound: dict[str, Bound] = {}
+
+    def pending(self, obj: dict[str, Any]) -> Pending:
+        from corral.k8s.scheduler.gang import gang_of
+
+        p = pending_of(obj, self.state.gpu_memory)
+        ref = gang_of(obj)
+        meta = obj["metadata"]
+        from corral.k8s.scheduler.tenancy import created_at, time_limit_of
+
+        return dataclasses.replace(p, queue=queue_for(obj, self.config, self.face.by_namespace),
+                                   namespace=meta["namespace"], created=created_at(obj),
+                                   time_limit_s=time_limit_of(obj), gang=ref.key if ref else "")  # fmt: skip
+
+    def plan(self, pods: Sequence[dict[str, Any]], now: float = NOW, evictions: Evictions | None = None,
+             commit: bool = True) -> dict[str, Bind | Wait]:  # fmt: skip
+        """One round; its Binds are bound at once (the books and `bound`), as the scheduler does."""
+        pend = [self.pending(p) for p in pods]
+        by_key = {p["metadata"]["uid"]: p for p in pods}
+        names = {p.key: p.name for p in pend}
+        with self.state.lock:
+            r = plan_pods(self.face, pend, self.state.snapshot, self.bound, now, None, evictions, names)
+        self.last = r
+        if r.plan is not None and evictions is not None:  # carried out as the scheduler does
+            for pr in r.plan.preemptions:
+                evictions.start(pr, victims_of(pr, self.bound))
+        out: dict[str, Bind | Wait] = {}
+        for d in r.decisions:
+            out[d.pod.name.split("/")[1]] = d
+            if isinstance(d, Bind) and commit:
+                obj = by_key[d.pod.key]
+                meta = obj["metadata"]
+                self.bound[d.pod.key] = Bound(meta["namespace"], meta["name"], d.pod.queue, now, d.pod.time_limit_s)
+        return out
+
+    def bind(self, obj: dict[str, Any], start: float, queue: str | None = None) -> None:
+        """A pod bound earlier (its round is not under test): on the books, started at `start`."""
+        d = self.plan([obj], now=start)
+        assert isinstance(d[obj["metadata"]["name"]], Bind), d
+
+
+def binds(out: Mapping[str, Bind | Wait]) -> list[str]:
+    return sorted(k for k, d in out.items() if isinstance(d, Bind))
+
+
+def reason(out: Mapping[str, Bind | Wait], name: str) -> str:
+    d = out[name]
+    assert isinstance(d, Wait), f"{name} was bound"
+    return d.reason
+
+
+# ------------------------------------------------------------------------------------------------ queues
+TWO = """
+min_runtime = "0s"
+[queues.team-a]
+namespaces = ["ns-a"]
+guarantee = { gpus = 2 }
+[queues.team-b]
+namespaces = ["ns-b"]
+guarantee = { gpus = 2 }
+[queues.small]
+limit = { gpus = 1 }
+"""
 
 
 def test_no_evictions_is_the_inert_seam() -> None:
@@ -11,3 +147,235 @@ def test_no_evictions_is_the_inert_seam() -> None:
     assert e.stopping() == frozenset() and e.protected() == frozenset()
     assert dict(e.held()) == {}
     e.bound("uid")
+
+
+def test_a_pods_queue_is_its_label_then_its_namespaces_queue_then_a_queue_of_its_name_then_the_default() -> None:
+    c = parse_queues(TWO + "\n[queues.ns-c]\n", "q.toml")
+    m = {"ns-a": "team-a", "ns-b": "team-b"}
+    assert queue_for(gpu_pod("p", namespace="ns-a"), c, m) == "team-a"
+    assert queue_for(gpu_pod("p", namespace="ns-c"), c, m) == "ns-c"
+    assert queue_for(gpu_pod("p", namespace="other"), c, m) == "default"
+    for label in ("corral.dev/queue", "kueue.x-k8s.io/queue-name", "kai.scheduler/queue"):
+        assert queue_for(gpu_pod("p", namespace="ns-a", labels={label: "small"}), c, m) == "small"
+
+
+def test_a_bad_namespaces_entry_is_refused_naming_the_key() -> None:
+    with pytest.raises(QueueConfigError, match=r"q.toml: queues.a.namespaces: a namespace is 1-63 lower-case"):
+        parse_queues('[queues.a]\nnamespaces = ["Team_A"]\n', "q.toml")
+    with pytest.raises(QueueConfigError, match=r"queues.b.namespaces: namespace 'x' is already mapped to queue 'a'"):
+        parse_queues('[queues.a]\nnamespaces = ["x"]\n[queues.b]\nnamespaces = ["x"]\n', "q.toml")
+    with pytest.raises(QueueConfigError, match=r"queues.a.namespaces: must be a list of namespace names"):
+        parse_queues('[queues.a]\nnamespaces = "x"\n', "q.toml")
+
+
+def test_the_scheduler_refuses_a_bad_queues_file_at_start_up_naming_the_key(tmp_path: Path) -> None:
+    bad = tmp_path / "queues.toml"
+    bad.write_text("[queues.a]\nlimit = { gpus = -1 }\n")
+    r = CliRunner().invoke(app, ["scheduler", "--queues", str(bad), "--listen", ""])
+    assert r.exit_code != 0
+    assert f"{bad}: queues.a.limit.gpus: must not be negative, got -1" in r.output
+    r = CliRunner().invoke(app, ["scheduler", "--queues", str(tmp_path / "none.toml"), "--listen", ""])
+    assert r.exit_code != 0 and "--queues: cannot read" in r.output
+
+
+def test_a_queue_limit_holds_pods_back_and_says_so() -> None:
+    c = Cluster(TWO)
+    pods = [gpu_pod(f"s{i}", labels={"corral.dev/queue": "small"}) for i in range(2)]
+    out = c.plan(pods)
+    assert binds(out) == ["s0"]
+    text = reason(out, "s1")
+    assert text == ("queue small, position 1 of 1; held by limit: queue 'small' is at its limit of 1 GPU (1 GPU in "
+                    "use, the pod asks for 1 GPU)")  # fmt: skip
+
+
+def test_kueue_and_kai_queue_labels_are_enforced_as_corrals() -> None:
+    c = Cluster(TWO)
+    out = c.plan([gpu_pod("k", labels={"kueue.x-k8s.io/queue-name": "small"}),
+                  gpu_pod("i", labels={"kai.scheduler/queue": "small"}, created="2027-01-01T00:00:01Z")])  # fmt: skip
+    assert binds(out) == ["k"]
+    assert "queue small" in reason(out, "i") and "held by limit" in reason(out, "i")
+
+
+def test_a_pod_naming_a_queue_the_file_does_not_have_waits_saying_so() -> None:
+    c = Cluster(TWO)
+    out = c.plan([gpu_pod("x", labels={"corral.dev/queue": "nope"})])
+    assert reason(out, "x") == (
+        "pod default/x: queue 'nope' is not in the queues file queues.toml (queues: default, small, team-a, team-b)"
+    )
+
+
+def test_a_pod_above_its_queues_max_priority_waits_saying_so() -> None:
+    c = Cluster("[queues.a]\nmax_priority = 10\nnamespaces = ['default']\n")
+    out = c.plan([gpu_pod("hi", priority=50)])
+    assert reason(out, "hi") == "pod default/hi: priority 50 is above queue a's max_priority 10"
+
+
+def test_borrowing_stops_at_the_borrow_limit() -> None:
+    c = Cluster("[queues.a]\nnamespaces = ['default']\nguarantee = { gpus = 1 }\nborrow_limit = { gpus = 1 }\n"
+                "[queues.b]\nguarantee = { gpus = 2 }\n")  # fmt: skip
+    out = c.plan([gpu_pod(f"p{i}", created=f"2027-01-01T00:00:0{i}Z") for i in range(3)])
+    assert binds(out) == ["p0", "p1"]  # its guarantee and one borrowed; the rest of b's guarantee is not lent
+    assert reason(out, "p2") == (
+        "queue a, position 1 of 1; held by borrow limit: borrowing: queue 'a' may hold at most 2 GPUs (its guarantee "
+        "plus its borrow limit); 2 GPUs in use, the pod asks for 1 GPU"
+    )
+
+
+def test_fair_share_orders_the_queue_that_used_less_first() -> None:
+    c = Cluster(TWO, nodes=(("n1", 4),))
+    for i in range(3):  # team-a has held three GPUs for an hour
+        c.bind(gpu_pod(f"old{i}", namespace="ns-a"), NOW - 3600)
+    # a's pod is older, but b has used nothing: b's goes first and takes the last GPU
+    out = c.plan([gpu_pod("a1", namespace="ns-a", created="2027-01-01T00:00:00Z"),
+                  gpu_pod("b1", namespace="ns-b", created="2027-01-01T00:10:00Z")])  # fmt: skip
+    assert binds(out) == ["b1"]
+    # (and a, above its guarantee, may not borrow the GPU b's guarantee keeps while b has work)
+    assert reason(out, "a1").startswith("queue team-a, position 1 of 1; held by borrow limit: borrowing: queue "
+                                        "'team-a' is above its guarantee")  # fmt: skip
+
+
+def test_a_big_pod_gets_a_reservation_and_only_pods_that_end_before_it_backfill() -> None:
+    c = Cluster("[queues.q]\nnamespaces = ['default']\n")
+    for i in range(3):
+        c.bind(gpu_pod(f"run{i}", limit="1h"), NOW - 600)  # end at NOW + 3000
+    out = c.plan([gpu_pod("big", 4, created="2027-01-01T00:00:00Z"),
+                  gpu_pod("long", 1, limit="2h", created="2027-01-01T00:00:01Z"),
+                  gpu_pod("short", 1, limit="10m", created="2027-01-01T00:00:02Z")])  # fmt: skip
+    assert binds(out) == ["short"]  # ends before the reservation: backfilled
+    big = reason(out, "big")
+    assert big.startswith("queue q, position 1 of 2; held by no room; estimated start ")
+    assert time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(NOW + 3000)) in big
+    assert reason(out, "long").startswith("queue q, position 2 of 2; held by the reservation of pod default/big: "
+                                          "would delay the reservation of pod default/big")  # fmt: skip
+    (r,) = c.last.plan.reservations if c.last.plan else ()
+    assert r.start == NOW + 3000
+
+
+def test_quota_that_allows_a_pod_no_node_fits_admits_nothing_kueue_4329() -> None:
+    c = Cluster("[queues.q]\nnamespaces = ['default']\nguarantee = { gpus = 8 }\n", nodes=(("n1", 2), ("n2", 2)))
+    out = c.plan([gpu_pod("wide", 4)])
+    text = reason(out, "wide")
+    assert text == "queue q, position 1 of 1; held by no room: 0/2 nodes fit: 2 fewer than 4 eligible GPUs"
+    assert c.state.snapshot is not None and not c.state.snapshot.allocations  # nothing charged, nothing bound
+
+
+def test_two_queues_never_double_book_a_node_in_one_round_kueue_14570() -> None:
+    c = Cluster(TWO, nodes=(("n1", 2), ("n2", 2)))
+    pods = [gpu_pod(f"{ns}-{i}", 2 if i == 0 else 1, namespace=ns, created=f"2027-01-01T00:00:0{i}Z")
+            for ns in ("ns-a", "ns-b") for i in range(3)]  # fmt: skip
+    out = c.plan(pods)
+    bound = [d for d in out.values() if isinstance(d, Bind)]
+    grants = [(d.allocation.node, g.index) for d in bound for g in d.allocation.gpus]
+    assert len(grants) == len(set(grants)) == 4  # every GPU once, none twice
+    assert sum(len(d.allocation.gpus) for d in bound) == 4
+
+
+class Recording(NoEvictions):
+    def __init__(self) -> None:
+        self.started: list[tuple[Preemption, list[tuple[str, str, str]]]] = []
+        self.holds: dict[str, Allocation] = {}
+
+    def start(self, preemption: Preemption, victims: Sequence[tuple[str, str, str]]) -> None:
+        self.started.append((preemption, list(victims)))
+
+    def held(self) -> Mapping[str, Allocation]:
+        return self.holds
+
+
+def test_a_queue_below_its_guarantee_preempts_a_borrower_through_the_evictions() -> None:
+    c = Cluster(TWO)
+    for i in range(4):  # team-a borrows team-b's half
+        c.bind(gpu_pod(f"a{i}", namespace="ns-a"), NOW - 600 + i)
+    ev = Recording()
+    out = c.plan([gpu_pod("b", 2, namespace="ns-b")], evictions=ev)
+    assert reason(out, "b") == ("queue team-b, position 1 of 1; held by its victims to stop (preempting): 0/1 nodes "
+                                "fit: 1 insufficient GPU (need 2 whole GPUs)")  # fmt: skip
+    ((p, victims),) = ev.started
+    assert p.preemptor == "uid-ns-b-b"
+    assert sorted(v[2] for v in victims) == ["a2", "a3"]  # the latest started: the cheapest borrowers
+    assert {v[1] for v in victims} == {"ns-a"}
+    # The victims gone, the capacity held for b is b's: bound there, and nobody else's
+    for v in p.victims:
+        with c.state.lock:
+            assert c.state.snapshot is not None
+            c.state.snapshot.release(v)
+        del c.bound[v]
+    ev.holds = {p.preemptor: p.allocation}
+    newer = gpu_pod("a-new", namespace="ns-a", created="2026-01-01T00:00:00Z")
+    out = c.plan([newer, gpu_pod("b", 2, namespace="ns-b")], evictions=ev)
+    b = out["b"]
+    assert isinstance(b, Bind) and b.allocation.gpus == p.allocation.gpus
+    assert isinstance(out["a-new"], Wait)
+
+
+def test_while_victims_are_still_stopping_the_preemptor_waits_and_nothing_else_takes_its_room() -> None:
+    c = Cluster(TWO)
+    for i in range(4):
+        c.bind(gpu_pod(f"a{i}", namespace="ns-a"), NOW - 600 + i)
+    ev = Recording()
+    c.plan([gpu_pod("b", 2, namespace="ns-b")], evictions=ev)
+    ((p, _),) = ev.started
+    ev.holds = {p.preemptor: p.allocation}
+    out = c.plan([gpu_pod("b", 2, namespace="ns-b")], evictions=ev)
+    assert reason(out, "b") == "preempting: waiting for its victims to stop"
+
+
+def test_a_restart_starts_bound_pods_at_their_start_time() -> None:
+    pod = gpu_pod("p")
+    pod["status"] = {"phase": "Running", "startTime": "2027-01-15T08:00:00Z",
+                     "conditions": [{"type": "PodScheduled", "status": "True",
+                                     "lastTransitionTime": "2027-01-15T07:59:00Z"}]}  # fmt: skip
+    assert started_at(pod) == NOW  # 2027-01-15T08:00:00Z
+    del pod["status"]["startTime"]
+    assert started_at(pod) == NOW - 60  # PodScheduled's transition time, when it has not started yet
+    del pod["status"]["conditions"]
+    assert started_at(pod) is None  # (the scheduler then counts it from when it saw it)
+
+
+# ------------------------------------------------------------------------------------------------ the scheduler
+@pytest.fixture
+def api() -> FakeKubeApi:
+    api = FakeKubeApi()
+    api.put_node(gpu_node("n1", 2))
+    return api
+
+
+@pytest.fixture
+def run(api: FakeKubeApi) -> Iterator[Callable[..., Scheduler]]:
+    started: list[Scheduler] = []
+
+    def start(**kw: Any) -> Scheduler:
+        s = Scheduler(api, BINPACK, batch_window=0.001, **kw)
+        s.start()
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        s.close()
+
+
+def test_the_scheduler_explains_queue_position_hold_and_metrics(
+    api: FakeKubeApi, run: Callable[..., Scheduler]
+) -> None:
+    s = run(queues=parse_queues(TWO, "queues.toml"))
+    api.put_pod(gpu_pod("s0", labels={"corral.dev/queue": "small"}))
+    wait_for("s0 bound", lambda: bool(api.pods[("default", "s0")]["spec"].get("nodeName")))
+    api.put_pod(gpu_pod("s1", labels={"corral.dev/queue": "small"}))
+    wait_for("s1's reason", lambda: s.explain("default/s1").get("state") == "pending")
+    e = s.explain("default/s1")
+    assert e["queue"] == "small" and e["position"] == 1 and e["of"] == 1 and e["held_by"] == "limit"
+    assert e["reason"].startswith("queue small, position 1 of 1; held by limit: ")
+    wait_for("the condition", lambda: any(
+        c.get("type") == "PodScheduled" for c in api.pods[("default", "s1")].get("status", {}).get("conditions", [])
+    ))  # fmt: skip
+    (cond,) = [c for c in api.pods[("default", "s1")]["status"]["conditions"] if c["type"] == "PodScheduled"]
+    assert cond["message"].startswith("queue small, position 1 of 1; held by limit: ")
+    status, _, body = answer(s, "/metrics")
+    text = body.decode()
+    assert status == 200
+    assert 'corral_scheduler_queue_pending_pods{queue="small"} 1.0' in text
+    assert 'corral_scheduler_queue_pending_pods{queue="team-a"} 0.0' in text
+    assert 'corral_scheduler_queue_holding{queue="small",resource="gpu_milli"} 1000.0' in text
+    assert 'corral_scheduler_queue_share{queue="small"}' in text
+    assert "corral_scheduler_preemptions_total" in text

@@ -38,14 +38,32 @@ from typing import Any
 
 from corral.k8s.client import JsonObj, KubeApi, KubeApiError
 from corral.k8s.convert import pod_request
-from corral.k8s.scheduler.batch import INVALID, Bind, Pending, Wait, place_batch
-from corral.k8s.scheduler.evict import Evictions, PdbWatch
+from corral.k8s.scheduler.batch import INVALID, Bind, Decision, Pending, Wait, place_batch
+from corral.k8s.scheduler.evict import Evictions as ApiEvictions
+from corral.k8s.scheduler.evict import PdbWatch
 from corral.k8s.scheduler.gang import GANG_PARTIAL_SECONDS, GangInfo, GangRef, gang_of, min_member, queue_of
 from corral.k8s.scheduler.metrics import SchedulerMetrics
+from corral.k8s.scheduler.tenancy import (
+    Bound,
+    Evictions,
+    Face,
+    Hold,
+    NoEvictions,
+    alloc_request,
+    created_at,
+    plan_pods,
+    queue_for,
+    started_at,
+    time_limit_of,
+    victims_of,
+)
 from corral.k8s.state import ClusterState, Informer, PodRecord
 from corral.model.errors import InvalidRequest
 from corral.model.resources import Constraint, ConstraintOp, Node
 from corral.placement import PlacementConfig
+from corral.tenancy.config import DIMENSIONS as DIMENSION_NAMES
+from corral.tenancy.config import QueuesConfig
+from corral.tenancy.model import Running
 
 log = logging.getLogger("corral.k8s.scheduler")
 
@@ -320,6 +338,9 @@ class Scheduler:
         batch_window: float = 0.005,
         bind_workers: int = 16,
         metrics: SchedulerMetrics | None = None,
+        queues: QueuesConfig | None = None,
+        evictions: Evictions | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.check(qps, burst, batch_window, bind_workers)
         self.api = api
@@ -359,11 +380,20 @@ class Scheduler:
         self._gang_info: dict[str, tuple[float, int, str]] = {}
         self._gang_bound: dict[str, dict[str, tuple[str, str]]] = {}  # gang -> pod key -> (namespace, name)
         self._gang_partial: dict[str, float] = {}  # gang -> since when it is bound short of minMember
-        #: Preemption (scheduler/evict.py), on once `preempting()` is called: evictions, budgets, the holds.
-        self.evictions: Evictions | None = None
-        self._pdbs: PdbWatch | None = None
         self._gang_rewake: set[str] = set()  # gangs woken while members were being placed: woken again after
         self._gang_recheck: dict[str, tuple[float, float]] = {}  # gang with a PodGroup error -> (when, step)
+        #: Tenancy (--queues): the face kept across rounds, the bound pods of this scheduler, the last round's words
+        #: per waiting pod and its Running records (for the ledger when they end), and how evictions are carried out.
+        self.tenancy: Face | None = Face.of(queues, config) if queues is not None else None
+        self.evictions: Evictions = evictions if evictions is not None else NoEvictions()
+        self.clock = clock
+        self._bound: dict[str, Bound] = {}
+        self._holds: dict[str, Hold] = {}
+        self._running: dict[str, Running] = {}
+        #: Preemption through the Eviction API (scheduler/evict.py), once `preempting()` is called: the informer's
+        #: pods and a watch of PodDisruptionBudgets feed it; it is then `evictions` too.
+        self._evicting: ApiEvictions | None = None
+        self._pdbs: PdbWatch | None = None
 
     @staticmethod
     def check(qps: float, burst: int, batch_window: float, bind_workers: int) -> None:
@@ -375,25 +405,26 @@ class Scheduler:
             raise InvalidRequest("--batch-window-ms", f"must be >= 0, got {batch_window * 1000:g}")
 
     # ------------------------------------------------------------------ life
-    def preempting(self) -> Evictions:
+    def preempting(self) -> ApiEvictions:
         """Preemption on (before start()): victims evicted through the Eviction API, PodDisruptionBudgets watched,
         what victims free held for their preemptor (docs/k8s-scheduler.md, Preemption). The round reads it."""
-        if self.evictions is None:
-            self.evictions = Evictions(self.api, self.limiter, wake=self._capacity_freed,  # type: ignore[arg-type]
-                                       metrics=self.metrics.preemption, host=self._host)  # fmt: skip
-            self._pdbs = PdbWatch(self.api, self.evictions)
-        return self.evictions
+        if self._evicting is None:
+            self._evicting = ApiEvictions(self.api, self.limiter, wake=self._capacity_freed,  # type: ignore[arg-type]
+                                          metrics=self.metrics.preemption, host=self._host)  # fmt: skip
+            self._pdbs = PdbWatch(self.api, self._evicting)
+            self.evictions = self._evicting
+        return self._evicting
 
     def start(self) -> None:
         """List nodes and pods (the books from bound pods' annotations) and start watching and placing."""
-        if self._pdbs is not None:
-            self._pdbs.start()
         self.informer.prime()
         self.informer.start()
         self.start_loop()
 
     def start_loop(self) -> None:
         """Start placing (after informer.prime(): the books are whole before the first pod is placed)."""
+        if self._pdbs is not None:
+            self._pdbs.start()
         for target, name in ((self._loop, "corral-schedule"), (self._writer, "corral-reasons"),
                              (self._gang_watch, "corral-gangs")):  # fmt: skip
             t = threading.Thread(target=target, name=name, daemon=True)
@@ -410,8 +441,8 @@ class Scheduler:
         self.informer.close()
         if self._pdbs is not None:
             self._pdbs.close()
-        if self.evictions is not None:
-            self.evictions.close()
+        if self._evicting is not None:
+            self._evicting.close()
         for t in self._threads:
             t.join(timeout=5)
         self._pool.shutdown(wait=True, cancel_futures=True)
@@ -421,8 +452,8 @@ class Scheduler:
         if kind == "nodes":
             self._node_event(event, obj)
             return
-        if self.evictions is not None:
-            self.evictions.observed(kind, event, obj)  # victims gone, preemptors bound, pods' labels for budgets
+        if self._evicting is not None:
+            self._evicting.observed(kind, event, obj)  # victims gone, preemptors bound, pods' labels for budgets
         meta = obj.get("metadata") or {}
         spec = obj.get("spec") or {}
         status = obj.get("status") or {}
@@ -433,6 +464,8 @@ class Scheduler:
         key = pod_key(obj)
         bound = bool(spec.get("nodeName"))
         self._gang_observed(key, obj, bound and event != "DELETED" and status.get("phase") not in _TERMINAL)
+        if self.tenancy is not None:
+            self._tenancy_observed(key, obj, bound and event != "DELETED" and status.get("phase") not in _TERMINAL)
         if event == "DELETED" or status.get("phase") in _TERMINAL:
             self._forget(key)
             if bound:
@@ -453,8 +486,8 @@ class Scheduler:
             return
         from corral.k8s.convert import pod_key
 
-        if self.evictions is not None:
-            self.evictions.listed(kind, items)
+        if self._evicting is not None:
+            self._evicting.listed(kind, items)
         waiting: dict[str, JsonObj] = {}
         seen_bound: set[str] = set()
         for obj in items:
@@ -464,6 +497,8 @@ class Scheduler:
             if spec.get("nodeName") and status.get("phase") not in _TERMINAL and not meta.get("deletionTimestamp"):
                 seen_bound.add(pod_key(obj))
                 self._gang_observed(pod_key(obj), obj, True)
+            if self.tenancy is not None and spec.get("nodeName") and status.get("phase") not in _TERMINAL:
+                self._tenancy_observed(pod_key(obj), obj, True)
             if spec.get("nodeName") or spec.get("schedulerName") != self.name or meta.get("deletionTimestamp"):
                 continue
             if status.get("phase") in _TERMINAL:
@@ -522,6 +557,36 @@ class Scheduler:
             elif members.pop(key, None) is not None:
                 self._gang_wake(ref.key)  # its waiting members need more now: their reason changes
 
+    def _tenancy_observed(self, key: str, obj: JsonObj, bound: bool) -> None:
+        """Follow a bound pod of this scheduler for the queues: its queue, start and time limit (a Running each
+        round); when it ends, its run goes into the fair-share ledger."""
+        assert self.tenancy is not None
+        spec = obj.get("spec") or {}
+        meta = obj.get("metadata") or {}
+        with self._cond:
+            if not bound:
+                b = self._bound.pop(key, None)
+                run = self._running.pop(key, None)
+                if b is not None and run is not None and self.tenancy.tenancy is not None:
+                    self.tenancy.tenancy.record(run, self.clock())  # its ledger is the face's
+                return
+            if spec.get("schedulerName") != self.name:
+                return
+            stopping = bool(meta.get("deletionTimestamp"))
+            b = self._bound.get(key)
+            if b is not None:
+                if stopping and not b.stopping:
+                    self._bound[key] = dataclasses.replace(b, stopping=True)
+                return
+            try:
+                limit = time_limit_of(obj)
+            except InvalidRequest:
+                limit = None
+            cfg = self.tenancy.config
+            self._bound[key] = Bound(str(meta.get("namespace") or "default"), str(meta.get("name") or ""),
+                                     queue_for(obj, cfg, self.tenancy.by_namespace),
+                                     started_at(obj) or self.clock(), limit, stopping)  # fmt: skip
+
     def _gang_wake(self, gang: str) -> None:
         """Place a gang's waiting members again (a member came, was bound or left). Under self._cond. Members being
         placed now were placed with what was known before: the gang is woken again once they are back (the gangs'
@@ -543,6 +608,8 @@ class Scheduler:
         p = pending_of(obj, self.state.gpu_memory)
         ref = gang_of(obj)
         p = dataclasses.replace(p, gang=ref.key if ref else "", queue=queue_of(obj))
+        if self.tenancy is not None:
+            p = self._tenancy_pending(p, obj)
         tol = (obj.get("spec") or {}).get("tolerations") or ()
         tolerations = tuple(t for t in tol if isinstance(t, Mapping)) if isinstance(tol, list) else ()
         w = Waiting(p, str(meta.get("namespace") or "default"), str(meta.get("name") or ""), str(meta.get("uid") or ""),
@@ -558,6 +625,20 @@ class Scheduler:
                 self._gang_wake(ref.key)
             self._cond.notify()
 
+    def _tenancy_pending(self, p: Pending, obj: JsonObj) -> Pending:
+        """A pending pod with what the queues read of it: its queue (label, else namespace's), namespace, age and
+        time limit (a bad corral.dev/time-limit: the pod cannot be scheduled, saying so)."""
+        assert self.tenancy is not None
+        meta = obj.get("metadata") or {}
+        ns = str(meta.get("namespace") or "default")
+        queue = queue_for(obj, self.tenancy.config, self.tenancy.by_namespace)
+        try:
+            limit = time_limit_of(obj)
+        except InvalidRequest as exc:
+            return dataclasses.replace(p, ask=None, error=f"pod {p.name} cannot be scheduled: {exc}", queue=queue,
+                                       namespace=ns)  # fmt: skip
+        return dataclasses.replace(p, queue=queue, namespace=ns, created=created_at(obj), time_limit_s=limit)
+
     def _forget(self, key: str) -> None:
         with self._cond:
             if key in self._inflight:
@@ -568,6 +649,9 @@ class Scheduler:
                 return
             self._active.pop(key, None)
             self._unschedulable.pop(key, None)
+            self._holds.pop(key, None)
+        if self.tenancy is not None:
+            self.evictions.bound(key)
 
     def _capacity_freed(self) -> None:
         with self._cond:
@@ -575,7 +659,9 @@ class Scheduler:
             for w in self._unschedulable.values():
                 if w.unread is not None and w.unread[1] != sizes:  # the GPUs it was read against changed: again
                     p = pending_of(w.unread[0], sizes)
-                    w.pending = dataclasses.replace(p, gang=w.pending.gang, queue=w.pending.queue)
+                    old = w.pending
+                    w.pending = dataclasses.replace(p, gang=old.gang, queue=old.queue, namespace=old.namespace,
+                                                    created=old.created, time_limit_s=old.time_limit_s)  # fmt: skip
                     w.unread = None if p.ask is not None else (w.unread[0], sizes)
             if self._unschedulable:
                 self._retry = True
@@ -601,6 +687,17 @@ class Scheduler:
         if self.batch_window > 0:
             self.stop.wait(self.batch_window)
         with self._cond:
+            if self.tenancy is not None:
+                # A round with queues looks at every waiting pod: the order, the limits and the head's reservation
+                # are the whole queue's (plan_round is built for it: 10,000 pods a round, BENCHMARKS.md).
+                self._retry = False
+                merged = list(self._active.values()) + list(self._unschedulable.values())
+                merged.sort(key=lambda w: w.seq)
+                self._active.clear()
+                self._unschedulable.clear()
+                for w in merged:
+                    self._inflight[w.pending.key] = w
+                return merged
             if self._retry:
                 self._retry = False
                 merged = list(self._active.values()) + list(self._unschedulable.values())
@@ -650,8 +747,11 @@ class Scheduler:
             by_key = {w.pending.key: w for w in todo}
             fenced = [self._fenced_pending(w) for w in todo]
             pods = [p for p, _ in fenced]
-            decisions = (place_batch(pods, state.snapshot, self.config, gangs) if gangs
-                         else place_batch(pods, state.snapshot, self.config))  # fmt: skip
+            if self.tenancy is not None:
+                decisions = self._plan(pods, gangs)
+            else:
+                decisions = (place_batch(pods, state.snapshot, self.config, gangs) if gangs
+                             else place_batch(pods, state.snapshot, self.config))  # fmt: skip
             said = {p.key: text for p, text in fenced if text}
             for d in decisions:
                 w = by_key[d.pod.key]
@@ -661,6 +761,10 @@ class Scheduler:
                                     confirmed=False)  # fmt: skip
                     state.adopt(rec)
                     binds.append((w, d, rec))
+                    if self.tenancy is not None:
+                        with self._cond:
+                            self._bound[w.pending.key] = Bound(w.namespace, w.name, w.pending.queue, self.clock(),
+                                                               w.pending.time_limit_s)  # fmt: skip
                     if w.pending.gang:
                         with self._cond:
                             self._gang_bound.setdefault(w.pending.gang, {})[w.pending.key] = (w.namespace, w.name)
@@ -685,6 +789,51 @@ class Scheduler:
             self._pool.submit(self._bind, w, d, rec)
         for w, _ in waits:
             self._say_why(w)
+
+    def _plan(self, pods: list[Pending], gangs: Mapping[str, GangInfo]) -> list[Decision]:
+        """A round with queues (under the books' lock): plan_pods over every waiting pod, the bound pods of this
+        scheduler as Running; preemptions handed to the evictions; each waiting pod's hold kept for explain and
+        metrics."""
+        assert self.tenancy is not None
+        state = self.state
+        now = self.clock()
+        with self._cond:
+            bound = dict(self._bound)
+        names = {k: f"{b.namespace}/{b.name}" for k, b in bound.items()}
+        requests = {k: rec.request for k, rec in state.pods.items() if k in bound}
+        r = plan_pods(self.tenancy, pods, state.snapshot, bound, now, gangs, self.evictions, names, requests)
+        if self._evicting is not None and r.plan is not None and not r.plan.preemptions and r.plan.reasons:
+            # pods wait: the round looks again when the next bound pod's minimum runtime ends (it may be preempted
+            # from then; no event of the cluster's would say so)
+            cfg = self.tenancy.config
+            soonest = min((t for b in bound.values() if not b.stopping
+                           and (t := b.started_at + cfg.min_runtime(b.queue)) > now), default=None)  # fmt: skip
+            if soonest is not None:
+                self._evicting.wake_after(soonest - now)
+        tenancy = self.tenancy.tenancy
+        if r.plan is not None and tenancy is not None:
+            self._round_views(r.plan.preemptions, bound, names)
+        with self._cond:
+            self._holds = r.holds
+            if state.snapshot is not None:
+                running: dict[str, Running] = {}
+                for k, b in bound.items():
+                    alloc = state.snapshot.allocations.get(k)
+                    if alloc is not None:
+                        running[k] = Running(k, requests.get(k, alloc_request(alloc)), b.started_at, alloc.gpus,
+                                             b.queue, b.namespace)  # fmt: skip
+                self._running = running
+        return r.decisions
+
+    def _round_views(self, preemptions: Any, bound: Mapping[str, Bound], names: Mapping[str, str]) -> None:
+        """Carry out the round's preemptions: each one's victims to the evictions (which never block)."""
+        for pr in preemptions:
+            victims = victims_of(pr, bound)
+            for v in pr.victims:
+                if v in bound:
+                    self.metrics.preemptions.labels(bound[v].queue).inc()
+            log.info("preempting %s for %s", ", ".join(names.get(v, v) for v in pr.victims), pr.preemptor)
+            self.evictions.start(pr, victims)
 
     def _gang_infos(self, batch: list[Waiting]) -> dict[str, GangInfo]:
         """The gangs of a batch: minMember from their PodGroups (read again when older than GANG_INFO_TTL) and how
@@ -910,6 +1059,9 @@ class Scheduler:
             self._inflight.pop(key, None)
             self._known.pop(key, None)
             self._left.discard(key)
+            self._holds.pop(key, None)
+        if self.tenancy is not None:
+            self.evictions.bound(key)  # a preemptor's held capacity ends (bound, or gone)
 
     def _outcome(self, w: Waiting, text: str) -> None:
         with self._cond:
@@ -1042,6 +1194,28 @@ class Scheduler:
                 out[w.code] = out.get(w.code, 0) + 1
             return out
 
+    def queue_views(self) -> dict[str, Any]:
+        """For /metrics: pending pods per queue, each queue's weighted dominant share and holdings (last round's)."""
+        with self._cond:
+            depth: dict[str, int] = {}
+            for w in self._known.values():  # pods without a node (binding ones too)
+                depth[w.pending.queue] = depth.get(w.pending.queue, 0) + 1
+            running = list(self._running.values())
+        face = self.tenancy
+        if face is None:
+            return {"pending": depth, "shares": {}, "holdings": {}}
+        for q in face.config.queues:
+            depth.setdefault(q, 0)
+        t = face.tenancy
+        if t is None:
+            return {"pending": depth, "shares": {}, "holdings": {}}
+        with self.state.lock:
+            rows = t.shares(running, self.clock())["accounts"]
+            holdings = {q: dict(zip(DIMENSION_NAMES, v, strict=True)) for q, v in t.usage.queue.items()}
+        shares = {r["queue"]: float(r["dominant_share"]) / max(float(r["norm_shares"]), 1e-12)
+                  for r in rows if r["user"] is None}  # fmt: skip
+        return {"pending": depth, "shares": shares, "holdings": holdings}
+
     def explain(self, name: str) -> dict[str, Any]:
         """What the scheduler knows of pod "namespace/name": pending (with the reason), binding, bound, or unknown."""
         with self._cond:
@@ -1049,9 +1223,16 @@ class Scheduler:
                 if w.pending.name != name:
                     continue
                 key = w.pending.key
-                extra = {"queue": w.pending.queue}
+                extra: dict[str, Any] = {"queue": w.pending.queue}
                 if w.pending.gang:
                     extra["gang"] = w.pending.gang
+                hold = self._holds.get(key)
+                if hold is not None:
+                    extra["position"] = hold.position
+                    extra["of"] = hold.of
+                    extra["held_by"] = hold.holds
+                    if hold.estimated_start is not None:
+                        extra["estimated_start"] = hold.estimated_start
                 if key in self._inflight:
                     return {"pod": name, "state": "binding", "reason": "", **extra}
                 if key in self._unschedulable:

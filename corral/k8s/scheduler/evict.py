@@ -218,7 +218,7 @@ def eviction_metrics(registry: CollectorRegistry) -> EvictionMetrics:
             registry=registry,
         ),
         Counter(
-            "corral_scheduler_preemptions",
+            "corral_scheduler_preemption_results",
             "Preemptions by how they ended: started, bound (the preemptor bound on what was held for it), refused "
             "(an eviction refused), failed, timeout (the hold's deadline passed), gone (the preemptor left)",
             ["result"],
@@ -268,6 +268,7 @@ class Evictions:
         self._protected: frozenset[str] | None = frozenset()  # None: to compute again
         self._ended: dict[str, str] = {}  # preemptor key -> why its last preemption ended short
         self._quiet_until = -1e18
+        self._wake_at = float("inf")  # wake_after's
         self.metrics = metrics if metrics is not None else eviction_metrics(CollectorRegistry(auto_describe=False))
         self.evictions = self.metrics.evictions
         self.preemptions = self.metrics.preemptions
@@ -372,6 +373,12 @@ class Evictions:
             if hold is not None:
                 self._end(hold, "failed", f"preemption stopped: {why}")
         self.wake()
+
+    def wake_after(self, seconds: float) -> None:
+        """Have the round look again in `seconds` (a bound pod's minimum runtime ends then: a pod that waits may
+        preempt it from that time, and nothing else would wake the round). The soonest asked for wins."""
+        with self._lock:
+            self._wake_at = min(self._wake_at, self.clock() + max(0.0, seconds))
 
     def victims_of(self, key: str) -> tuple[str, ...]:
         """The victims of the preemptor's hold still in the books (their allocations are part of what is held)."""
@@ -535,6 +542,9 @@ class Evictions:
         now = self.clock()
         ended = False
         with self._lock:
+            if now >= self._wake_at:
+                self._wake_at = float("inf")
+                ended = True
             for hold in [h for h in self._holds.values() if now >= h.deadline]:
                 left = ", ".join(f"{ns}/{n}" for ns, n in sorted(hold.victims.values()))
                 if hold.victims:

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from corral.k8s.scheduler.core import Scheduler
-from corral.k8s.scheduler.metrics import PendingCollector
+from corral.k8s.scheduler.metrics import PendingCollector, QueueCollector
 
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 ROUTES = ("/metrics", "/healthz", "/readyz", "/explain/NAMESPACE/POD")
@@ -27,7 +27,10 @@ def answer(scheduler: Scheduler, path: str) -> tuple[int, str, bytes]:
 
     path = path.split("?", 1)[0]
     if path == "/metrics":
-        body = generate_latest(Joined(scheduler.metrics.registry, PendingCollector(scheduler.pending_by_reason)))
+        parts: list[Any] = [scheduler.metrics.registry, PendingCollector(scheduler.pending_by_reason)]
+        if scheduler.tenancy is not None:
+            parts.append(QueueCollector(scheduler.queue_views))
+        body = generate_latest(Joined(*parts))
         return 200, METRICS_TYPE, body
     if path == "/healthz":
         return 200, "application/json", orjson.dumps({"ok": True})

@@ -7,6 +7,7 @@ read from the scheduler's queues at scrape time, so the loop pays nothing for th
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -35,6 +36,44 @@ class PendingCollector:
         for reason, count in sorted(self.read().items()):
             family.add_metric([reason], count)
         yield family
+
+
+#: Holdings' resources as /metrics names them (the queues file's dimensions, in base units).
+HOLDING_RESOURCES = {"gpu_milli": "gpu_milli", "gpu_memory": "gpu_memory_mib", "cpus": "cpu_milli",
+                     "memory": "memory_mib"}  # fmt: skip
+
+
+class QueueCollector:
+    """With a queues file: corral_scheduler_queue_pending_pods{queue}, corral_scheduler_queue_share{queue} (its
+    weighted dominant share: decayed usage over the capacity, divided by its part of the weights) and
+    corral_scheduler_queue_holding{queue,resource}, read at scrape time (Scheduler.queue_views)."""
+
+    def __init__(self, read: Callable[[], Mapping[str, Mapping[str, Any]]]) -> None:
+        self.read = read
+
+    def collect(self) -> Iterator[Metric]:
+        views = self.read()
+        pending = GaugeMetricFamily("corral_scheduler_queue_pending_pods",
+                                    "Pods of this scheduler without a node, by queue", labels=["queue"])  # fmt: skip
+        for q, n in sorted(views.get("pending", {}).items()):
+            pending.add_metric([q], n)
+        yield pending
+        share = GaugeMetricFamily(
+            "corral_scheduler_queue_share",
+            "Each queue's weighted dominant share: its decayed usage's dominant share of the cluster over its part of "
+            "the queues' weights (1: it had exactly its fair part; the queue order serves the lowest first)",
+            labels=["queue"],
+        )
+        for q, v in sorted(views.get("shares", {}).items()):
+            share.add_metric([q], v)
+        yield share
+        holding = GaugeMetricFamily("corral_scheduler_queue_holding",
+                                    "What each queue's bound pods hold, by resource (base units)",
+                                    labels=["queue", "resource"])  # fmt: skip
+        for q, vector in sorted(views.get("holdings", {}).items()):
+            for dim, name in HOLDING_RESOURCES.items():
+                holding.add_metric([q, name], vector.get(dim, 0))
+        yield holding
 
 
 class SchedulerMetrics:
@@ -72,6 +111,12 @@ class SchedulerMetrics:
             "corral_scheduler_events",
             "FailedScheduling events: sent, suppressed (over the per-pod limit), failed (the write failed)",
             ["result"],
+            registry=r,
+        )
+        self.preemptions = Counter(
+            "corral_scheduler_preemptions",
+            "Pods chosen as preemption victims (handed to the evictions), by the victim's queue",
+            ["queue"],
             registry=r,
         )
         self.conditions = Counter(

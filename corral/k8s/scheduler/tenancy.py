@@ -38,8 +38,9 @@ from corral.tenancy.fairshare import UsageLedger
 from corral.tenancy.model import Running, Work
 from corral.tenancy.plan import ClusterView, Preemption, RoundConfig, RoundPlan, plan_round, tenancy_for
 from corral.tenancy.queues import Tenancy
+from corral.tenancy.quota import NOT_PREEMPTIBLE
 from corral.tenancy.reservation import book_fast, expected_end
-from corral.tenancy.round import ShapeCache, clock_text
+from corral.tenancy.round import NO_ROOM_NOW, ShapeCache, clock_text
 
 
 class Evictions(Protocol):
@@ -264,7 +265,7 @@ class Face:
 
 def _kind(reason: str, limited: str | None) -> str:
     if limited is not None:
-        return "guarantee" if "guarantee" in limited or "preemptible" in limited else "limit"
+        return "guarantee" if limited == NOT_PREEMPTIBLE else "borrow limit" if "borrowing" in limited else "limit"
     if reason.startswith("gang"):
         return "gang"
     if reason.startswith("would delay the reservation"):
@@ -331,15 +332,28 @@ def plan_pods(
     by_item = {p.key: p for p in offered}
     held = dict(ev.held())
     # The capacity held for preemptors: taken first by their own pod (once its victims are gone), kept from the rest.
+    # evict.Evictions says which victims each hold is freeing: they are released on the round's view (what they hold
+    # is the preemptor's), so the hold stands whole while they terminate, not only the part already free.
+    victims_of = getattr(ev, "victims_of", None)
+    ready = getattr(ev, "ready", None)
+    said = getattr(ev, "reason", None)
     view = snapshot.copy()
     early: list[tuple[Pending, Allocation]] = []
     for key, kept in held.items():
+        for uid in victims_of(key) if victims_of is not None else ():
+            if uid in view.allocations:
+                view.release(uid)
         # (one that does not fit: its victims have not gone yet, or the books changed; planned with the rest)
         with contextlib.suppress(AllocationError):
             view.allocate(dataclasses.replace(kept, request_id=f"held:{key}"))
     for p in list(offered):
         mine = held.get(p.key)
         if mine is None:
+            continue
+        if ready is not None and not ready(p.key):
+            offered.remove(p)
+            out[p.key] = Wait(p, (said(p.key) if said is not None else "") or "preempting: waiting for its victims "
+                              "to stop", PREEMPTING, False)  # fmt: skip
             continue
         if f"held:{p.key}" in view.allocations:
             view.release(f"held:{p.key}")
@@ -349,7 +363,7 @@ def plan_pods(
             offered.remove(p)
             out[p.key] = Wait(p, "preempting: waiting for its victims to stop", PREEMPTING, False)
             continue
-        view.release(p.key)
+        # kept on the view: the rest of the round is planned beside it (it binds there first)
         early.append((p, dataclasses.replace(mine, request_id=p.key)))
         offered.remove(p)
     items = [p if not p.gang else dataclasses.replace(p) for p in offered]
@@ -376,13 +390,19 @@ def plan_pods(
     for s in plan.starts:
         p = by_item[s.job_id]
         out[p.key] = _bind(p, s.allocation, snapshot)
-    positions = {k: i + 1 for i, k in enumerate(plan.order)}
+    started = {st.job_id for st in plan.starts}
+    in_line = [k for k in plan.order if k not in started]  # the queue order of the pods that still wait
+    positions = {k: i + 1 for i, k in enumerate(in_line)}
+    explained: dict[Any, str] = {}
     reservation = {r.job_id: r for r in plan.reservations}
     preempting = {pr.preemptor for pr in plan.preemptions}
     for p in offered:
         if p.key in out:
             continue
         reason = plan.reasons.get(p.key, "waiting for the next round")
+        if reason == NO_ROOM_NOW and p.ask is not None:
+            # the prefilter's short words: the engine's own, once per shape a round (what a user acts on)
+            reason = _explained(snapshot, p, explained, face)
         reason = _JOB.sub(lambda m: f"pod {names.get(m.group(1), m.group(1))}", reason)
         limited = tenancy.limited.get(p.key)
         kind = _kind(reason, limited)
@@ -391,8 +411,8 @@ def plan_pods(
             kind = f"the reservation of pod {names.get(r.job_id, r.job_id)}" if r is not None else kind
         if p.key in preempting:
             kind = "its victims to stop (preempting)"
-        r = reservation.get(p.key)
-        hold = Hold(p.queue, positions.get(p.key, 0), len(plan.order), kind, r.start if r is not None else None)
+        r = reservation.get(p.key) if p.key not in preempting else None
+        hold = Hold(p.queue, positions.get(p.key, 0), len(in_line), kind, r.start if r is not None else None)
         holds[p.key] = hold
         code = (QUEUE_LIMIT if limited is not None else GANG_INCOMPLETE if kind == "gang" and "queued" in reason
                 else RESERVATION if kind.startswith("the reservation") else PREEMPTING if p.key in preempting
@@ -402,8 +422,35 @@ def plan_pods(
         if p.key in out and isinstance(out[p.key], Wait) and p.key not in holds and p.ask is not None:
             spec = config.queues.get(p.queue)
             if spec is not None:
-                holds[p.key] = Hold(p.queue, 0, len(plan.order), "its own pod spec or its PodGroup")
+                holds[p.key] = Hold(p.queue, 0, len(in_line), "its own pod spec or its PodGroup")
     return TenancyRound([out[p.key] for p in pending], plan, holds)
+
+
+#: The most request shapes a round explains with the engine's words when the prefilter said only NO_ROOM_NOW.
+EXPLAIN_SHAPES = 32
+
+
+def _explained(snapshot: ClusterSnapshot, p: Pending, done: dict[Any, str], face: Face) -> str:
+    from corral.placement import place, render
+
+    assert p.ask is not None
+    shape = p.ask.request.placement_key()
+    if shape in done:
+        return done[shape]
+    if len(done) >= EXPLAIN_SHAPES:
+        return NO_ROOM_NOW
+    try:
+        d = place(snapshot.copy(), p.ask.request, face.round.placement)
+        text = render(d.explanation) if d.allocation is None else NO_ROOM_NOW
+    except InvalidRequest as exc:
+        text = str(exc)
+    done[shape] = text
+    return text
+
+
+def victims_of(preemption: Preemption, bound: Mapping[str, Bound]) -> list[tuple[str, str, str]]:
+    """(uid, namespace, name) of each victim of `preemption` that is a bound pod of this scheduler."""
+    return [(v, bound[v].namespace, bound[v].name) for v in preemption.victims if v in bound]
 
 
 def _bind(p: Pending, alloc: Allocation, snapshot: ClusterSnapshot) -> Bind:
