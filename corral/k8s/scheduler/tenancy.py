@@ -251,6 +251,19 @@ class Face:
     cache: ShapeCache = field(default_factory=ShapeCache)
     tenancy: Tenancy | None = None
     nodes_of: ClusterSnapshot | None = None  # the snapshot its tenancy was made for (capacity)
+    #: Each bound pod's Running, made once while its Bound, grant and eviction state are the same (tens of thousands
+    #: of bound pods a round: BENCHMARKS.md, k8s_round)
+    runs: dict[str, tuple[Bound, Allocation, bool, bool, Running]] = field(default_factory=dict)
+
+    def running(self, key: str, b: Bound, alloc: Allocation, stopping: bool, protected: bool,
+                request: Request | None) -> Running:  # fmt: skip
+        found = self.runs.get(key)
+        if found is not None and found[0] is b and found[1] is alloc and found[2] == stopping and found[3] == protected:
+            return found[4]
+        run = running_of(key, b, alloc, frozenset((key,)) if stopping else frozenset(),
+                         frozenset((key,)) if protected else frozenset(), request)  # fmt: skip
+        self.runs[key] = (b, alloc, stopping, protected, run)
+        return run
 
     @classmethod
     def of(cls, config: QueuesConfig, placement: Any) -> Face:
@@ -357,12 +370,16 @@ def plan_pods(
     running: list[Running] = []
     ends: dict[str, float] = {}
     default = face.round.default_time_limit_s
+    allocations = snapshot.allocations
+    requests = requests or {}
     for key, b in bound.items():
-        granted = snapshot.allocations.get(key)
+        granted = allocations.get(key)
         if granted is None:
             continue
-        running.append(running_of(key, b, granted, stopping, protected, (requests or {}).get(key)))
+        running.append(face.running(key, b, granted, key in stopping, key in protected, requests.get(key)))
         ends[key] = expected_end(b.started_at, b.time_limit_s, default, now)
+    if len(face.runs) > 2 * len(bound) + 64:
+        face.runs = {k: v for k, v in face.runs.items() if k in bound}
     tenancy = face.tenancy_for(snapshot)
 
     def convert(item: Pending) -> Work:
