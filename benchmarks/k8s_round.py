@@ -9,7 +9,8 @@ guaranteed a quarter) so that team-0 holds twice its quarter (a borrower) and te
 A round is `plan_pods` (the scheduler's `_plan` less its locking): queue order by weighted DRF, limits, the pass
 with the head's reservation, and preemption planning. It is timed as the scheduler runs it: the first round (every
 pod converted once: ShapeCache), then `--rounds` more over the same pod objects (the pods' Works cached), each
-round's binds given back after it so that every round sees the same books.
+round's binds given back after it so that every round sees the same books. Preemption is planned (team-3 is below
+its guarantee, team-0 borrows) unless --no-preempt (the scheduler without an evictions implementation).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from corral.k8s.convert import ANN_NODE_GPUS, node_gpus_annotation
 from corral.k8s.fake import node_object, pod_object
 from corral.k8s.scheduler.batch import Bind, Pending
 from corral.k8s.scheduler.core import pending_of
-from corral.k8s.scheduler.tenancy import Bound, Face, plan_pods
+from corral.k8s.scheduler.tenancy import Bound, Face, NoEvictions, plan_pods
 from corral.k8s.state import ClusterState
 from corral.model.resources import Allocation, GpuDevice, GpuGrant
 from corral.placement import PlacementConfig
@@ -83,9 +84,14 @@ def build(nodes: int, pending: int) -> tuple[ClusterState, dict[str, Bound], lis
     return state, bound, pods, face
 
 
-def one_round(state: ClusterState, bound: dict[str, Bound], pods: list[Pending], face: Face) -> tuple[float, int]:
+class Accepting(NoEvictions):
+    """Evictions that carry nothing out but let the round plan preemption (as kpreempt's does)."""
+
+
+def one_round(state: ClusterState, bound: dict[str, Bound], pods: list[Pending], face: Face,
+              preempt: bool = True) -> tuple[float, int]:  # fmt: skip
     t0 = time.perf_counter()
-    r = plan_pods(face, pods, state.snapshot, bound, NOW)
+    r = plan_pods(face, pods, state.snapshot, bound, NOW, None, Accepting() if preempt else NoEvictions())
     took = time.perf_counter() - t0
     starts = [d for d in r.decisions if isinstance(d, Bind)]
     assert state.snapshot is not None
@@ -100,26 +106,30 @@ def main() -> None:
     ap.add_argument("--pending", type=int, default=10000)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--profile", default="")
+    ap.add_argument("--no-preempt", action="store_true", help="plan no preemption (NoEvictions: no evictions seam)")
     a = ap.parse_args()
     t0 = time.perf_counter()
     state, bound, pods, face = build(a.nodes, a.pending)
     print(f"built: {a.nodes} nodes, {len(bound)} bound pods, {len(pods)} pending in {QUEUES} queues "
           f"({time.perf_counter() - t0:.1f} s)")  # fmt: skip
-    first, n = one_round(state, bound, pods, face)
+    preempt = not a.no_preempt
+    first, n = one_round(state, bound, pods, face, preempt)
     print(f"first round (every pod converted): {first * 1000:.0f} ms, {n} binds")
     times = []
     prof = cProfile.Profile() if a.profile else None
     for _ in range(a.rounds):
         if prof:
             prof.enable()
-        took, n = one_round(state, bound, pods, face)
+        took, n = one_round(state, bound, pods, face, preempt)
         if prof:
             prof.disable()
         times.append(took)
     if prof:
         prof.dump_stats(a.profile)
-    print(f"rounds: median {statistics.median(times) * 1000:.0f} ms, max {max(times) * 1000:.0f} ms, {n} binds each "
-          f"({', '.join(f'{t * 1000:.0f}' for t in times)} ms)")  # fmt: skip
+    kind = "with" if preempt else "without"
+    each = ", ".join(f"{t * 1000:.0f}" for t in times)
+    print(f"rounds ({kind} preemption planning): median {statistics.median(times) * 1000:.0f} ms, "
+          f"max {max(times) * 1000:.0f} ms, {n} binds each ({each} ms)")  # fmt: skip
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load "
           f"{os.getloadavg()[0]:.1f}; {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC")  # fmt: skip
 
