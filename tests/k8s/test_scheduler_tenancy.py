@@ -176,7 +176,7 @@ def test_the_scheduler_refuses_a_bad_queues_file_at_start_up_naming_the_key(tmp_
     assert r.exit_code != 0
     assert f"{bad}: queues.a.limit.gpus: must not be negative, got -1" in r.output
     r = CliRunner().invoke(app, ["scheduler", "--queues", str(tmp_path / "none.toml"), "--listen", ""])
-    assert r.exit_code != 0 and "--queues: cannot read" in r.output
+    assert r.exit_code != 0 and f"{tmp_path / 'none.toml'}: cannot read the queues file" in r.output
 
 
 def test_a_queue_limit_holds_pods_back_and_says_so() -> None:
