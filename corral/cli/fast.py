@@ -230,9 +230,16 @@ def main() -> Any:
     if command is not None:
         try:
             command(args[1:])
+            sys.stdout.flush()
             return 0
         except Fallback:
             pass
+        except BrokenPipeError:  # `corral ps | head`: as click ends then, quietly with status 1
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush at exit
+            return 1
+        except KeyboardInterrupt:  # Ctrl-C: as click says it
+            sys.stderr.write("\nAborted!\n")
+            return 1
     from corral.cli.main import main as full
 
     return full()

@@ -298,20 +298,11 @@ def explain_text(pod: dict[str, Any], events: list[dict[str, Any]]) -> str:
 
 
 def load_queues(path: str) -> QueuesConfig:
-    """--queues FILE: the queues file, read whole and checked at start-up. Raises CorralError naming the file and
-    the key (QueueConfigError), or InvalidRequest naming the flag when the file cannot be read."""
-    from corral.tenancy.config import MAX_FILE_BYTES, parse_queues
+    """--queues FILE: the queues file, read (a regular file, as serve reads it) and checked at start-up; CorralError
+    naming the file and the key otherwise."""
+    from corral.queue.config import load_queues as read
 
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        raise InvalidRequest("--queues", f"cannot read {path}: {exc.strerror or exc}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise InvalidRequest("--queues", f"{path} is not UTF-8 text") from None
-    return parse_queues(text, path)
+    return read(Path(path))
 
 
 def load_workload(value: str) -> TargetWorkload | None:

@@ -1,6 +1,3 @@
-"""Moved: the tenancy layer is `corral.tenancy` (docs/tenancy.md). These names stay importable from here while
-other branches still import them; new code imports `corral.tenancy`."""
-
-from corral.tenancy.order import queue_key, queue_order
-
-__all__ = ["queue_key", "queue_order"]
+"""The queues file on disk: `corral.queue.config.load_queues` reads it (the one I/O of the queues' configuration, for
+`corral serve --queues` and `corral k8s scheduler --queues`). Everything else of tenancy is `corral.tenancy`
+(docs/tenancy.md); the names that moved from here are imported from there."""

@@ -1,5 +1,5 @@
 """The queues file: read from disk here (the only I/O of the queues' configuration); parsed and validated by the
-pure `corral.tenancy.config`, whose names stay importable from here (docs/tenancy.md, docs/queues.md)."""
+pure `corral.tenancy.config` (docs/tenancy.md, docs/queues.md)."""
 
 from __future__ import annotations
 
@@ -7,30 +7,7 @@ import os
 import stat
 from pathlib import Path
 
-from corral.tenancy.config import (
-    DEFAULT_HALF_LIFE_S,
-    DEFAULT_MIN_RUNTIME_S,
-    DEFAULT_QUEUE,
-    DIMENSIONS,
-    MAX_DEPTH,
-    MAX_FILE_BYTES,
-    MAX_MIN_RUNTIME_S,
-    MAX_PRINCIPALS,
-    MAX_QUEUES,
-    MAX_TABLES,
-    MAX_WEIGHT,
-    NAMES,
-    Amounts,
-    Principal,
-    QueueConfigError,
-    QueuesConfig,
-    QueueSpec,
-    Vector,
-    check_bounds,
-    parse_queues,
-    validate_against_machine,
-    vector_value,
-)
+from corral.tenancy.config import MAX_FILE_BYTES, QueueConfigError, QueuesConfig, parse_queues
 
 
 def load_queues(path: Path) -> QueuesConfig:
@@ -56,28 +33,4 @@ def load_queues(path: Path) -> QueuesConfig:
     return parse_queues(text, str(path))
 
 
-__all__ = [
-    "DEFAULT_HALF_LIFE_S",
-    "DEFAULT_MIN_RUNTIME_S",
-    "DEFAULT_QUEUE",
-    "DIMENSIONS",
-    "MAX_DEPTH",
-    "MAX_FILE_BYTES",
-    "MAX_MIN_RUNTIME_S",
-    "MAX_PRINCIPALS",
-    "MAX_QUEUES",
-    "MAX_TABLES",
-    "MAX_WEIGHT",
-    "NAMES",
-    "Amounts",
-    "Principal",
-    "QueueConfigError",
-    "QueueSpec",
-    "QueuesConfig",
-    "Vector",
-    "check_bounds",
-    "load_queues",
-    "parse_queues",
-    "validate_against_machine",
-    "vector_value",
-]
+__all__ = ["load_queues"]

@@ -138,14 +138,20 @@ def measure(
     doc)."""
     usage = Usage()
     by_start = sorted(running, key=lambda j: (j.started_at or 0.0, int(j.id) if j.id.isdigit() else 0, j.id))
+    guarantees: dict[str, tuple[Vector, list[int]]] = {}  # per queue, once (a cluster has tens of thousands of jobs)
     for job in by_start:
         q = job.queue
         v = held_of(job)
         usage.charge(q, job.user, groups_of(job.user, job.gid), v)
-        spec = config.queues.get(q)
-        g = spec.guarantee.vector() if spec is not None else ZERO
-        # Only the dimensions it is guaranteed count; a queue guaranteed nothing borrows all it holds.
-        dims = [i for i, x in enumerate(spec.guarantee.values()) if x is not None] if spec is not None else []
+        found = guarantees.get(q)
+        if found is None:
+            spec = config.queues.get(q)
+            # Only the dimensions it is guaranteed count; a queue guaranteed nothing borrows all it holds.
+            found = guarantees[q] = (
+                spec.guarantee.vector() if spec is not None else ZERO,
+                [i for i, x in enumerate(spec.guarantee.values()) if x is not None] if spec is not None else [],
+            )
+        g, dims = found
         after = usage.queue[q]
         if q in usage.borrowed or any(after[i] > g[i] and v[i] > 0 for i in (dims or range(5))):
             usage.borrowing_ids.add(job.id)

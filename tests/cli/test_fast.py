@@ -12,6 +12,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -351,3 +352,83 @@ def test_ps_words_each_reason_once_and_each_row_as_alone(capsys: pytest.CaptureF
     lines = capsys.readouterr().out.splitlines()[1:]
     assert [line.rstrip().endswith(short_reason(j, now)) for line, j in zip(lines, jobs, strict=True)] == [True] * 5
     assert short_reason(jobs[1], now) != short_reason(jobs[0], now)
+
+
+@pytest.mark.parametrize("entry", ["corral.cli.fast", "corral.cli.main"])
+def test_ps_into_a_pipe_closed_early_ends_quietly(tmp_path: Path, entry: str) -> None:
+    """`corral ps | head -1`: the reader gone, status 1 and nothing on stderr, on the fast path as through click."""
+    import subprocess
+    import sys
+
+    page = [
+        {"id": "1", "name": "", "user": "ann", "state": "queued", "command": ["true"], "gpus": [],
+         "submitted_at": 1.0, "finished_at": None, "reason": "", "preempted": None, "array_job_id": "",
+         "array_task_id": None, "array": ""}
+    ]  # fmt: skip
+    daemon = FakeDaemon(tmp_path / "s", [http("200 OK", json.dumps(page).encode())])
+    root = Path(__file__).resolve().parents[2]
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line: every write fails (EPIPE)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", f"import sys\nfrom {entry} import main\nsys.exit(main())", "ps"],
+            stdout=write, stderr=subprocess.PIPE, cwd=tmp_path, timeout=60,
+            env={**os.environ, "PYTHONPATH": str(root), "CORRAL_SOCKET": str(tmp_path / "s"), "NO_COLOR": "1"},
+        )  # fmt: skip
+    finally:
+        os.close(write)
+        daemon.close()
+    assert (done.returncode, done.stderr) == (1, b"")
+
+
+def test_ctrl_c_is_said_as_click_says_it(tmp_path: Path) -> None:
+    def interrupted(*_: Any) -> Any:
+        raise KeyboardInterrupt
+
+    with mock.patch.object(wire, "exchange", interrupted):
+        fast_result = run_main(["ps"], tmp_path / "s")
+    with mock.patch.object(transport, "exchange", interrupted):  # the click command, interrupted alike
+        done = CliRunner().invoke(client.ps_cmd, [], env={"CORRAL_SOCKET": str(tmp_path / "s")})
+    assert fast_result == (1, "", "\nAborted!\n")
+    assert done.exit_code == 1 and done.output.endswith("Aborted!\n")
+
+
+def test_against_a_live_daemon_the_fast_path_and_click_agree(tmp_path: Path) -> None:
+    """A real `corral serve`: submissions through both paths make the same jobs (their stored requests equal), `ps`
+    prints the same table and JSON both ways, and errors (the daemon's and the client's) read the same."""
+    import subprocess
+    import sys
+
+    from tests.api.test_serve import serving
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "CORRAL_SOCKET": str(tmp_path / "s"), "NO_COLOR": "1", "PYTHONPATH": str(root)}
+
+    def corral(entry: str, *args: str) -> subprocess.CompletedProcess[str]:
+        code = f"import sys\nfrom {entry} import main\nsys.argv[0] = 'corral'\nsys.exit(main())"
+        return subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=30)
+
+    with serving(tmp_path / "s", tmp_path / "state") as (live, _):
+        hog = live.submit("--gpus", "2", "--", "sleep", "600")  # holds both GPUs: the rest wait
+        argv = ["--gpus", "1", "--name", "a b", "-t", "1:30:00", "--priority", "-5", "--", "python", "-c", "print(1)"]
+        fast, slow = corral("corral.cli.fast", "submit", *argv), corral("corral.cli.main", "submit", *argv)
+        assert fast.returncode == slow.returncode == 0, fast.stderr + slow.stderr
+        jobs = live.jobs()
+        a, b = jobs[fast.stdout.strip()], jobs[slow.stdout.strip()]
+        for field in ("command", "name", "priority", "request", "state", "queue", "preemptible"):
+            assert a[field] == b[field], field
+        assert corral("corral.cli.fast", "ps", "--json").stdout == corral("corral.cli.main", "ps", "--json").stdout
+        table = corral("corral.cli.fast", "ps", "-a")
+
+        def timeless(text: str) -> list[list[str]]:  # "now", "3s ago": a second may pass between the two runs
+            return [re.sub(r"\b(now|\d+[smhd] ago)\b", "T", line).split() for line in text.splitlines()]
+
+        assert table.returncode == 0
+        assert timeless(table.stdout) == timeless(corral("corral.cli.main", "ps", "-a").stdout)
+        assert [line.split()[0] for line in table.stdout.splitlines()] == ["ID", "1", "2", "3"]
+        for bad in (["submit", "--time-limit", "soon", "--", "true"], ["submit", "--gpus", "0.5", "--", "true"],
+                    ["ps", "--state", "sleepy"], ["submit", "--bogus", "x"]):  # fmt: skip
+            fast, slow = corral("corral.cli.fast", *bad), corral("corral.cli.main", *bad)
+            assert (fast.returncode, fast.stdout, fast.stderr) == (slow.returncode, slow.stdout, slow.stderr), bad
+            assert fast.returncode == 2 and fast.stderr
+        live.run("cancel", hog)  # a daemon that stops leaves its jobs running

@@ -19,6 +19,7 @@ from corral.k8s.cli import app
 from corral.k8s.fake import FakeKubeApi, pod_object
 from corral.k8s.scheduler.batch import Bind, Pending, Wait
 from corral.k8s.scheduler.core import Scheduler, pending_of
+from corral.k8s.scheduler.gang import POD_GROUP_API, POD_GROUP_LABEL, GangInfo, GangRef
 from corral.k8s.scheduler.http import answer
 from corral.k8s.scheduler.tenancy import (
     TIME_LIMIT_ANNOTATION,
@@ -91,13 +92,13 @@ class Cluster:
                                    time_limit_s=time_limit_of(obj), gang=ref.key if ref else "")  # fmt: skip
 
     def plan(self, pods: Sequence[dict[str, Any]], now: float = NOW, evictions: Evictions | None = None,
-             commit: bool = True) -> dict[str, Bind | Wait]:  # fmt: skip
+             commit: bool = True, gangs: Mapping[str, GangInfo] | None = None) -> dict[str, Bind | Wait]:  # fmt: skip
         """One round; its Binds are bound at once (the books and `bound`), as the scheduler does."""
         pend = [self.pending(p) for p in pods]
         by_key = {p["metadata"]["uid"]: p for p in pods}
         names = {p.key: p.name for p in pend}
         with self.state.lock:
-            r = plan_pods(self.face, pend, self.state.snapshot, self.bound, now, None, evictions, names)
+            r = plan_pods(self.face, pend, self.state.snapshot, self.bound, now, gangs, evictions, names)
         self.last = r
         if r.plan is not None and evictions is not None:  # carried out as the scheduler does
             for pr in r.plan.preemptions:
@@ -175,7 +176,7 @@ def test_the_scheduler_refuses_a_bad_queues_file_at_start_up_naming_the_key(tmp_
     assert r.exit_code != 0
     assert f"{bad}: queues.a.limit.gpus: must not be negative, got -1" in r.output
     r = CliRunner().invoke(app, ["scheduler", "--queues", str(tmp_path / "none.toml"), "--listen", ""])
-    assert r.exit_code != 0 and "--queues: cannot read" in r.output
+    assert r.exit_code != 0 and f"{tmp_path / 'none.toml'}: cannot read the queues file" in r.output
 
 
 def test_a_queue_limit_holds_pods_back_and_says_so() -> None:
@@ -268,6 +269,20 @@ def test_two_queues_never_double_book_a_node_in_one_round_kueue_14570() -> None:
     grants = [(d.allocation.node, g.index) for d in bound for g in d.allocation.gpus]
     assert len(grants) == len(set(grants)) == 4  # every GPU once, none twice
     assert sum(len(d.allocation.gpus) for d in bound) == 4
+
+
+def test_a_gang_goes_whole_or_not_at_all_through_the_queues() -> None:
+    c = Cluster("[queues.q]\nnamespaces = ['default']\n", nodes=(("n1", 2), ("n2", 2)))
+    ref = GangRef(POD_GROUP_API, "default", "g")
+    pods = [gpu_pod(f"m{i}", labels={POD_GROUP_LABEL: "g"}, created=f"2027-01-01T00:00:0{i}Z") for i in range(5)]
+    out = c.plan(pods, gangs={"default/g": GangInfo(ref, 5)})
+    assert binds(out) == []  # 5 GPUs asked, 4 there: none bound
+    assert reason(out, "m0").startswith("queue q, position 1 of 5; held by gang: gang: 4 of 5 instances fit")
+    assert c.state.snapshot is not None and not c.state.snapshot.allocations
+    out = c.plan(pods[:4], gangs={"default/g": GangInfo(ref, 4)})
+    assert binds(out) == ["m0", "m1", "m2", "m3"]
+    pending_gang = c.plan([gpu_pod("late", labels={POD_GROUP_LABEL: "h"})], gangs={})
+    assert reason(pending_gang, "late") == "gang default/h: its PodGroup is not known yet"
 
 
 class Recording(NoEvictions):

@@ -10,10 +10,9 @@ import pytest
 
 from corral.model.resources import Request
 from corral.model.snapshot import ClusterSnapshot
-from corral.placement import PlacementConfig, place
+from corral.placement import PlacementConfig, place, registry
 from corral.placement.context import Context
 from corral.placement.filters import evaluate
-from corral.placement.registry import policy_names, register_policy
 from corral.placement.reserve import kept_hosts
 from corral.placement.scarcity import horizons, scarcity_weights
 from corral.placement.scores.fgd_priced import FgdPriced
@@ -120,11 +119,6 @@ class _KeptPrice(FgdPriced):
     kept_price_cpu_bound = 20.0
 
 
-for _cls in (_GpuPodsFree, _KeptPrice):
-    if _cls.name not in policy_names():
-        register_policy(_cls.name, _cls)
-
-
 def test_the_kept_price_charges_pods_with_gpus_on_kept_hosts_only_while_cpu_runs_out_first() -> None:
     s, wl = g3_and_g2(), big_tail_cpu_bound()
     everything = np.arange(len(s), dtype=np.int64)
@@ -168,8 +162,11 @@ class _CpuRich(FgdPriced):
     cpu_rich_cpu_bound = 4.0
 
 
-if _CpuRich.name not in policy_names():
-    register_policy(_CpuRich.name, _CpuRich)
+@pytest.fixture(autouse=True)
+def _variants(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The variants are registered for each test only (the registry's list of policies is itself tested)."""
+    for cls in (_GpuPodsFree, _KeptPrice, _CpuRich):
+        monkeypatch.setitem(registry._REGISTRY, cls.name, cls)
 
 
 def test_pods_with_gpus_keep_off_the_kept_hosts_while_cpu_binds_only_while_a_cpu_rich_node_is_left() -> None:

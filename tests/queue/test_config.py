@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from corral.queue.config import Amounts, QueueConfigError, load_queues, parse_queues, validate_against_machine
+from corral.queue.config import load_queues
+from corral.tenancy.config import Amounts, QueueConfigError, parse_queues, validate_against_machine
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -3,8 +3,10 @@
     serve      an in-process Daemon over simulated GPUs and a fake executor, ticked at every event (its queues file:
                one queue per user, each guaranteed half the machine)
     sim fair   corral.sim.fair.replay, policy fair-backfill-preempt (users' fair share: half the machine each)
-    batch      a plain loop over corral.tenancy.plan_round, as a batch scheduler would call it (`batch_face`: the
-               hook where `corral k8s scheduler`'s batch becomes the third face proper, item 2)
+    batch      a plain loop over corral.tenancy.plan_round, as a batch scheduler would call it (`batch_face`)
+    k8s        `corral k8s scheduler`'s round (corral.k8s.scheduler.tenancy.plan_pods) on pod objects and books read
+               from a fake API server, in process: namespaces u1, u2 (their queues), evictions carried out at once
+               and the preemptor bound on the capacity held for it in the next round at that instant (`k8s_face`)
 
 The workload makes each rule decide once: four 1-GPU jobs of u1 fill the box; u2's 2-GPU job reclaims its half by
 preempting u1's two latest (the cheapest, fewest borrowers); u2's 4-GPU job is the head and gets a reservation; a
@@ -17,9 +19,11 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from corral.daemon.core import Daemon
 from corral.daemon.queues import Queues
@@ -222,6 +226,132 @@ def batch_face(workload: Sequence[Item], plan: Callable[..., object] = plan_roun
     return Decisions(first, starts, reserved, orders)
 
 
+def k8s_face(workload: Sequence[Item]) -> Decisions:
+    """`corral k8s scheduler`'s round over pods: each item a pod of namespace = its user (the queue of that name),
+    activeDeadlineSeconds = its limit, created at its arrival; the books from a fake API server's node of the same
+    4 GPUs. A round's Binds are bound at once; its preemptions go to the evictions, whose victims are deleted at once
+    (recreated by their controller, same name and creation time), and the next round at that instant binds the
+    preemptor on the capacity held for it, as the scheduler does once its victims are gone."""
+    from corral.k8s.convert import ANN_NODE_GPUS, node_gpus_annotation
+    from corral.k8s.fake import FakeKubeApi, node_object
+    from corral.k8s.scheduler.batch import Bind
+    from corral.k8s.scheduler.core import pending_of
+    from corral.k8s.scheduler.tenancy import (
+        Bound,
+        Face,
+        NoEvictions,
+        created_at,
+        plan_pods,
+        time_limit_of,
+        victims_of,
+    )
+    from corral.k8s.state import ClusterState, Informer
+    from corral.model.resources import GpuDevice
+    from corral.tenancy.plan import Preemption
+
+    box = node()
+    api = FakeKubeApi()
+    gpus = tuple(GpuDevice(g.index, g.model, g.memory_mib, f"GPU-{g.index}") for g in box.gpus)
+    api.put_node(node_object("box", str(box.cpu_milli // 1000), f"{box.memory_mib}Mi",
+                             {ANN_NODE_GPUS: node_gpus_annotation(gpus)}))  # fmt: skip
+    state = ClusterState()
+    Informer(api, state).sync_once()
+    face = Face.of(parse_queues(QUEUES, "queues.toml"), CONFIG)
+    items = {i.name: i for i in workload}
+
+    def pod(i: Item) -> dict[str, Any]:
+        limits = {"nvidia.com/gpu": str(i.gpus)}
+        p: dict[str, Any] = {"apiVersion": "v1", "kind": "Pod",
+             "metadata": {"name": i.name, "namespace": i.user, "uid": i.name, "labels": {}, "annotations": {},
+                          "creationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(i.arrival))},
+             "spec": {"schedulerName": "corral", "priority": 0, "activeDeadlineSeconds": i.limit,
+                      "containers": [{"name": "main", "resources": {"requests": {"cpu": "1", "memory": "1Gi"},
+                                                                    "limits": limits}}]},
+             "status": {"phase": "Pending"}}  # fmt: skip
+        return p
+
+    class Evict(NoEvictions):
+        def __init__(self) -> None:
+            self.todo: list[Preemption] = []
+            self.holds: dict[str, Allocation] = {}
+
+        def start(self, preemption: Preemption, victims: Sequence[tuple[str, str, str]]) -> None:
+            self.todo.append(preemption)
+
+        def held(self) -> dict[str, Allocation]:
+            return self.holds
+
+        def bound(self, key: str) -> None:
+            self.holds.pop(key, None)
+
+    ev = Evict()
+    waiting: dict[str, dict[str, Any]] = {}
+    bound: dict[str, Bound] = {}
+    first: dict[str, float] = {}
+    starts: dict[str, int] = {}
+    reserved: dict[str, float] = {}
+    orders: dict[int, tuple[str, ...]] = {}
+    ends: list[tuple[int, str, int]] = []
+    arrivals = sorted(workload, key=lambda i: (i.arrival, i.name))
+    a = 0
+
+    def stop(name: str, t: int, requeue: bool) -> None:
+        b = bound.pop(name)
+        with state.lock:
+            assert state.snapshot is not None
+            alloc = state.snapshot.release(name)
+        i = items[name]
+        assert face.tenancy is not None
+        face.tenancy.record(Running(name, i.request, b.started_at, alloc.gpus, i.user, i.user), float(t))
+        if requeue:
+            waiting[name] = pod(i)
+
+    def round_(t: int, first_round: bool = True) -> tuple[str, ...]:
+        pend = []
+        for obj in waiting.values():
+            p = pending_of(obj, state.gpu_memory)
+            pend.append(dataclasses.replace(p, queue=str(obj["metadata"]["namespace"]),
+                                            namespace=str(obj["metadata"]["namespace"]),
+                                            created=created_at(obj), time_limit_s=time_limit_of(obj)))  # fmt: skip
+        with state.lock:
+            r = plan_pods(face, pend, state.snapshot, bound, float(t), None, ev)
+        # (the round the other faces make at this instant: a later one binds the preemptor, as serve's later ticks)
+        for res in r.plan.reservations if r.plan is not None and first_round else ():
+            reserved.setdefault(res.job_id, res.start)
+        for pr in r.plan.preemptions if r.plan is not None else ():  # carried out as the scheduler does
+            ev.start(pr, victims_of(pr, bound))
+        for d in r.decisions:
+            if isinstance(d, Bind):
+                name = d.pod.key
+                del waiting[name]
+                ev.bound(name)
+                bound[name] = Bound(items[name].user, name, items[name].user, float(t), float(items[name].limit))
+                starts[name] = starts.get(name, 0) + 1
+                first.setdefault(name, float(t))
+                heapq.heappush(ends, (t + items[name].duration, name, starts[name]))
+        return r.plan.order if r.plan is not None else ()
+
+    for _ in range(MAX_INSTANTS):
+        if a == len(arrivals) and not ends:
+            break
+        t = min(([arrivals[a].arrival] if a < len(arrivals) else []) + ([ends[0][0]] if ends else []))
+        while ends and ends[0][0] <= t:
+            _, name, run = heapq.heappop(ends)
+            if name in bound and starts[name] == run:
+                stop(name, t, requeue=False)
+        while a < len(arrivals) and arrivals[a].arrival <= t:
+            waiting[arrivals[a].name] = pod(arrivals[a])
+            a += 1
+        orders[t] = round_(t)
+        while ev.todo:  # the victims go; the preemptor is bound on what was held for it, in the next round
+            p = ev.todo.pop(0)
+            for victim in p.victims:
+                stop(victim, t, requeue=True)
+            ev.holds[p.preemptor] = p.allocation
+            round_(t, first_round=False)
+    return Decisions(first, starts, reserved, orders)
+
+
 # ------------------------------------------------------------------------------------------------ the test
 EXPECTED = Decisions(
     first_start={"h1": 0, "h2": 1, "h3": 2, "h4": 3, "light": 10, "big": 1001, "short": 110},
@@ -235,8 +365,11 @@ def test_serve_sim_fair_and_a_plain_plan_round_make_the_same_decisions(tmp_path:
     sim = sim_face(WORKLOAD)
     batch = batch_face(WORKLOAD)
     serve = serve_face(tmp_path, WORKLOAD)
+    k8s = k8s_face(WORKLOAD)
     assert sim == EXPECTED, "sim fair"
     assert batch == EXPECTED, "plan_round"
+    assert k8s == EXPECTED, "corral k8s scheduler"
+    assert k8s.orders == batch.orders
     assert serve == EXPECTED, "corral serve"
     assert serve.orders == batch.orders  # the same queue order at every instant (fair share, then age)
     # u2 has used less: its job first; then the accounts alternate as each offer adds its projected usage
@@ -249,5 +382,7 @@ def test_without_the_preemptor_the_three_faces_still_agree_and_nobody_is_preempt
     assert sim.starts == {i.name: 1 for i in workload}
     batch = batch_face(workload)
     serve = serve_face(tmp_path, workload)
-    assert batch == sim and serve == sim
+    k8s = k8s_face(workload)
+    assert batch == sim and serve == sim and k8s == sim
+    assert k8s.orders == batch.orders
     assert serve.orders == batch.orders

@@ -5,8 +5,9 @@
                                                               spec.minMember: how many must be bound together
     place_gang(members of one gang in the batch, GangInfo, snapshot)
         -> fewer than minMember (minus those already bound) pending: all wait ("3 of 10 members pending ...")
-        -> each member placed on the snapshot in turn; if at least `need` fit, those are Binds, else every
-           allocation is given back and all wait naming the member that did not fit
+        -> the members placed by corral's one gang placer (corral.tenancy.gang.place_members: in turn, on a copy,
+           up to the first that does not fit); if at least `need` fit, those are Binds (granted on the snapshot),
+           else nothing is granted and all wait naming the member that did not fit
 
 A gang whose bound part is short of minMember (a Binding refused, the scheduler killed mid-gang) is completed by the
 next batch with `held` = its bound members; the scheduler deletes the bound part if it cannot be completed within
@@ -19,8 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from corral.model.errors import InvalidRequest
-from corral.placement import PlacementConfig, place
+from corral.placement import PlacementConfig
 from corral.placement.explain import render
 from corral.placement.reasons import UNRESOLVABLE_BITS
 
@@ -131,6 +131,7 @@ def place_gang(
     cannot be read, which wait with their own reason, and members beyond minMember that did not fit)."""
     from corral.k8s.convert import assignment_annotations, make_assignment
     from corral.k8s.scheduler.batch import INVALID, NO_NODES, Bind, primary_code
+    from corral.tenancy.gang import place_members
 
     name = f"gang {info.ref.key}"
     if info.error:
@@ -151,36 +152,32 @@ def place_gang(
         for p in valid:
             out[p.key] = _wait(p, "corral knows no nodes yet", NO_NODES, False)
         return [out[p.key] for p in members]
-    placed: list[tuple[Pending, Any]] = []
+    # corral's one gang placer (corral.tenancy.gang.place_members): members one after the other on a copy, each
+    # seeing the earlier ones' grants, up to the first that does not fit
+    found = place_members(snapshot, [p.ask.request for p in valid if p.ask is not None], config, None)
+    placed = [(p, d.allocation) for p, d in zip(valid, found.placed, strict=False)]
     first_fail = ""
     unresolvable = False
-    for i, p in enumerate(valid):
-        assert p.ask is not None
-        if len(placed) + (len(valid) - i) < need:
-            break  # too few left to make up the gang
-        try:
-            d = place(snapshot, p.ask.request, config, explain_placed=False)
-        except InvalidRequest as exc:
-            first_fail = first_fail or f"{p.name}: {exc}"
-            unresolvable = True
-            continue
-        if d.allocation is None:
-            if not first_fail:
-                first_fail = f"{p.name}: {render(d.explanation)}"
-                unresolvable = bool(len(d.node_reasons)) and bool((d.node_reasons & UNRESOLVABLE_BITS).all())
-            out[p.key] = _wait(p, f"{name}: beyond minMember and does not fit: {render(d.explanation)}",
-                               primary_code(d.explanation), False)  # fmt: skip
-            continue
-        snapshot.allocate(d.allocation)
-        placed.append((p, d.allocation))
+    if found.fitted < len(valid):
+        stuck = valid[found.fitted]
+        if found.error is not None:
+            first_fail, unresolvable = f"{stuck.name}: {found.error}", True
+        elif found.last is not None:
+            d = found.last
+            first_fail = f"{stuck.name}: {render(d.explanation)}"
+            unresolvable = bool(len(d.node_reasons)) and bool((d.node_reasons & UNRESOLVABLE_BITS).all())
     if len(placed) >= need:
+        beyond = (f"{name}: beyond minMember and does not fit: "
+                  f"{render(found.last.explanation) if found.last is not None else first_fail}")  # fmt: skip
+        code = primary_code(found.last.explanation) if found.last is not None else INVALID
+        for p in valid[found.fitted :]:
+            out[p.key] = _wait(p, beyond, code, False)
         for p, alloc in placed:
-            assert p.ask is not None
+            assert p.ask is not None and alloc is not None
+            snapshot.allocate(alloc)
             assignment = make_assignment(alloc, snapshot.nodes[alloc.node_index], p.ask)
             out[p.key] = Bind(p, alloc, assignment, assignment_annotations(assignment, p.ask.style))
         return [out[p.key] for p in members]
-    for _, alloc in placed:
-        snapshot.release(alloc.request_id)
     reason = f"{head}, needs {need} that fit together; only {len(placed)} fit; {first_fail}"
     for p in valid:
         out[p.key] = _wait(p, reason, GANG_UNFIT, unresolvable)

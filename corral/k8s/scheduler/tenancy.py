@@ -93,6 +93,12 @@ class NoEvictions:
         return None
 
 
+def preempts(evictions: Evictions) -> bool:
+    """Whether preemption is planned at all: not with `NoEvictions` (nothing would carry it out, and a pod would be
+    told it waits for victims that never go)."""
+    return type(evictions) is not NoEvictions  # (a subclass that records or carries out does plan it)
+
+
 # ------------------------------------------------------------------------------------------------ pods -> tenancy
 #: A pod's time limit for planning (backfill, reservations) when it has no activeDeadlineSeconds: "2h", "90m", 3600.
 TIME_LIMIT_ANNOTATION = "corral.dev/time-limit"
@@ -251,6 +257,19 @@ class Face:
     cache: ShapeCache = field(default_factory=ShapeCache)
     tenancy: Tenancy | None = None
     nodes_of: ClusterSnapshot | None = None  # the snapshot its tenancy was made for (capacity)
+    #: Each bound pod's Running, made once while its Bound, grant and eviction state are the same (tens of thousands
+    #: of bound pods a round: BENCHMARKS.md, k8s_round)
+    runs: dict[str, tuple[Bound, Allocation, bool, bool, Running]] = field(default_factory=dict)
+
+    def running(self, key: str, b: Bound, alloc: Allocation, stopping: bool, protected: bool,
+                request: Request | None) -> Running:  # fmt: skip
+        found = self.runs.get(key)
+        if found is not None and found[0] is b and found[1] is alloc and found[2] == stopping and found[3] == protected:
+            return found[4]
+        run = running_of(key, b, alloc, frozenset((key,)) if stopping else frozenset(),
+                         frozenset((key,)) if protected else frozenset(), request)  # fmt: skip
+        self.runs[key] = (b, alloc, stopping, protected, run)
+        return run
 
     @classmethod
     def of(cls, config: QueuesConfig, placement: Any) -> Face:
@@ -346,7 +365,7 @@ def plan_pods(
         # (one that does not fit: its victims have not gone yet, or the books changed; planned with the rest)
         with contextlib.suppress(AllocationError):
             view.allocate(dataclasses.replace(kept, request_id=f"held:{key}"))
-    for p in list(offered):
+    for p in [p for p in offered if p.key in held] if held else ():
         mine = held.get(p.key)
         if mine is None:
             continue
@@ -371,19 +390,26 @@ def plan_pods(
     running: list[Running] = []
     ends: dict[str, float] = {}
     default = face.round.default_time_limit_s
+    allocations = snapshot.allocations
+    requests = requests or {}
     for key, b in bound.items():
-        granted = snapshot.allocations.get(key)
+        granted = allocations.get(key)
         if granted is None:
             continue
-        running.append(running_of(key, b, granted, stopping, protected, (requests or {}).get(key)))
-        ends[key] = expected_end(b.started_at, b.time_limit_s, default, now)
+        running.append(face.running(key, b, granted, key in stopping, key in protected, requests.get(key)))
+        limit = b.time_limit_s
+        ends[key] = (max(now, b.started_at + limit) if limit is not None
+                     else expected_end(b.started_at, None, default, now))  # fmt: skip
+    if len(face.runs) > 2 * len(bound) + 64:
+        face.runs = {k: v for k, v in face.runs.items() if k in bound}
     tenancy = face.tenancy_for(snapshot)
 
     def convert(item: Pending) -> Work:
         return work_of(item, sizes.get(item.gang, 0))
 
+    preempt = preempts(ev) and not ev.busy()
     plan = plan_round(face.round, items, running, ClusterView(view, ends), tenancy, now, work_of=convert,
-                      cache=face.cache, preempt=not ev.busy(), booker=book_fast, prefilter=True)  # fmt: skip
+                      cache=face.cache, preempt=preempt, booker=book_fast, prefilter=True)  # fmt: skip
     holds: dict[str, Hold] = {}
     for p, alloc in early:
         out[p.key] = _bind(p, alloc, snapshot)
@@ -394,6 +420,7 @@ def plan_pods(
     in_line = [k for k in plan.order if k not in started]  # the queue order of the pods that still wait
     positions = {k: i + 1 for i, k in enumerate(in_line)}
     explained: dict[Any, str] = {}
+    words: dict[str, str] = {}  # the plan's words with pods named (a few texts for thousands of pods)
     reservation = {r.job_id: r for r in plan.reservations}
     preempting = {pr.preemptor for pr in plan.preemptions}
     for p in offered:
@@ -403,7 +430,10 @@ def plan_pods(
         if reason == NO_ROOM_NOW and p.ask is not None:
             # the prefilter's short words: the engine's own, once per shape a round (what a user acts on)
             reason = _explained(snapshot, p, explained, face)
-        reason = _JOB.sub(lambda m: f"pod {names.get(m.group(1), m.group(1))}", reason)
+        said = words.get(reason)
+        if said is None:
+            said = words[reason] = _JOB.sub(lambda m: f"pod {names.get(m.group(1), m.group(1))}", reason)
+        reason = said
         limited = tenancy.limited.get(p.key)
         kind = _kind(reason, limited)
         if kind == "reservation":
@@ -440,7 +470,7 @@ def _explained(snapshot: ClusterSnapshot, p: Pending, done: dict[Any, str], face
     if len(done) >= EXPLAIN_SHAPES:
         return NO_ROOM_NOW
     try:
-        d = place(snapshot.copy(), p.ask.request, face.round.placement)
+        d = place(snapshot, p.ask.request, face.round.placement)  # (a decision only: nothing is granted)
         text = render(d.explanation) if d.allocation is None else NO_ROOM_NOW
     except InvalidRequest as exc:
         text = str(exc)

@@ -35,6 +35,8 @@ tightness, then fgd-scarcity's whole score, packed as (1000 - loss) x 1001 + (10
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from corral.model.arrays import FloatArray, IntArray
@@ -44,6 +46,7 @@ from corral.placement.priced_order import POINTS, TIGHT
 from corral.placement.pricing import SharePrices, share_prices
 from corral.placement.reserve import GPU_POD_MARGIN, kept_hosts
 from corral.placement.scores.fgd_scarcity import _NO_KEY, TIE_WEIGHT, FgdScarcity
+from corral.placement.workload import WorkloadKey
 
 #: fgd-scarcity's scores lie in [0, 101); one step of the keys above outweighs any of them.
 STRIDE = 128
@@ -119,13 +122,11 @@ class FgdPriced(FgdScarcity):
         GPU milli over its pods with GPUs: a node where the pod's CPU does not cost that node's GPUs. Where none does,
         keeping the pod off the kept hosts strands GPUs wherever it lands, and the kept hosts compete on score."""
         s, r = ctx.snapshot, ctx.request
-        with_gpus = [t for t in ctx.workload.types if t.gpu_count > 0 and t.probability > 0]
-        gpu = sum(t.probability * t.gpu_count * t.gpu_milli for t in with_gpus)
-        if not len(others) or gpu <= 0:
+        per_milli = _cpu_per_gpu_milli(ctx.workload.key)
+        if not len(others) or per_milli is None:
             return False
-        per_milli = sum(t.probability * t.cpu_milli for t in with_gpus) / gpu
         cpu_after = s.cpu_free[others] - r.cpu_milli
-        gpu_after = np.maximum(s.gpu_milli_free[others], 0).sum(axis=1) - r.gpu_count * r.gpu_milli
+        gpu_after = s.gpu_free_total[others] - r.gpu_count * r.gpu_milli
         return bool(np.any(cpu_after >= self.cpu_rich_cpu_bound * per_milli * gpu_after))
 
     def kept_price(self, ctx: Context) -> float:
@@ -181,6 +182,14 @@ class FgdPriced(FgdScarcity):
             # Keys 1-2 depend only on the GPU's free milli (-1 absent, 0..1000): looked up, the same floats as computed.
             key = _key_table(prices, ctx.request.gpu_milli, tightest_key)[free + 1]
         return (1 if fgd_first else 2), key
+
+
+@lru_cache(maxsize=32)
+def _cpu_per_gpu_milli(key: WorkloadKey) -> float | None:
+    """The target workload's expected CPU milli per GPU milli over its pods with GPUs (None: it has none)."""
+    with_gpus = [t for t in key.types if t.gpu_count > 0 and t.probability > 0]
+    gpu = sum(t.probability * t.gpu_count * t.gpu_milli for t in with_gpus)
+    return sum(t.probability * t.cpu_milli for t in with_gpus) / gpu if gpu > 0 else None
 
 
 def _keys(prices: SharePrices, free: IntArray, milli: int, tightest: bool) -> FloatArray:

@@ -1,0 +1,138 @@
+"""One round of `corral k8s scheduler --queues` at a cluster's scale, in process (issue 25: <= 200 ms).
+
+    PYTHONPATH=. python -m benchmarks.k8s_round [--nodes 5000] [--pending 10000] [--rounds 5] [--profile FILE]
+
+The books: `--nodes` nodes of 8 A100s (as the device plugin publishes them), read by ClusterState; 39,900 pods of
+this scheduler bound (one GPU each; 100 nodes keep one GPU free), spread over 4 queues (namespaces team-0..3, each
+guaranteed a quarter) so that team-0 holds twice its quarter (a borrower) and team-3 half of its quarter. Pending:
+`--pending` pods over the 4 queues (their namespaces), of 1, 2, 4 and 8 GPUs (4:3:2:1), each with a time limit.
+A round is `plan_pods` (the scheduler's `_plan` less its locking): queue order by weighted DRF, limits, the pass
+with the head's reservation, and preemption planning. It is timed as the scheduler runs it: the first round (every
+pod converted once: ShapeCache), then `--rounds` more over the same pod objects (the pods' Works cached), each
+round's binds given back after it so that every round sees the same books. Preemption is planned (team-3 is below
+its guarantee, team-0 borrows) unless --no-preempt (the scheduler without an evictions implementation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import datetime
+import os
+import platform
+import statistics
+import time
+from typing import Any
+
+from corral.k8s.convert import ANN_NODE_GPUS, node_gpus_annotation
+from corral.k8s.fake import node_object, pod_object
+from corral.k8s.scheduler.batch import Bind, Pending
+from corral.k8s.scheduler.core import pending_of
+from corral.k8s.scheduler.tenancy import Bound, Face, NoEvictions, plan_pods
+from corral.k8s.state import ClusterState
+from corral.model.resources import Allocation, GpuDevice, GpuGrant
+from corral.placement import PlacementConfig
+from corral.tenancy.config import parse_queues
+
+GPUS = 8
+QUEUES = 4
+NOW = 1_800_000_000.0
+
+
+def queues_file(queues: int, gpus_total: int) -> str:
+    share = gpus_total // queues
+    out = ['min_runtime = "5m"']
+    for q in range(queues):
+        out.append(f'[queues.team-{q}]\nnamespaces = ["team-{q}"]\nguarantee = {{ gpus = {share} }}')
+    return "\n".join(out) + "\n"
+
+
+def build(nodes: int, pending: int) -> tuple[ClusterState, dict[str, Bound], list[Pending], Face]:
+    objs = []
+    for n in range(nodes):
+        gpus = tuple(GpuDevice(j, "A100", 81920, f"GPU-n{n}-{j}") for j in range(GPUS))
+        objs.append(node_object(f"n{n}", "128", "1024Gi", {ANN_NODE_GPUS: node_gpus_annotation(gpus)}))
+    state = ClusterState()
+    state.replace_nodes(objs)
+    s = state.snapshot
+    assert s is not None
+    face = Face.of(parse_queues(queues_file(QUEUES, nodes * GPUS)), PlacementConfig(policy="binpack"))
+    bound: dict[str, Bound] = {}
+    # who holds what: team-0 twice its quarter, team-1 and team-2 their quarter, team-3 the rest
+    quarter = nodes * GPUS // QUEUES
+    weights = [2 * quarter, quarter, quarter]
+    k = 0
+    for n in range(nodes):
+        for j in range(GPUS - (1 if n < 100 else 0)):
+            q = next((i for i, w in enumerate(weights) if k < sum(weights[: i + 1])), QUEUES - 1)
+            key = f"bound-{k}"
+            i = s.index[f"n{n}"]
+            s.allocate(Allocation(request_id=key, node=f"n{n}", node_index=i, cpu_milli=1000, memory_mib=4096,
+                                  gpus=(GpuGrant(j, 1000, 81920),), tag=0, share_owner=""))  # fmt: skip
+            bound[key] = Bound(f"team-{q}", key, f"team-{q}", NOW - 3600 + (k % 3000), 4 * 3600.0)
+            k += 1
+    sizes = (1, 1, 1, 1, 2, 2, 2, 4, 4, 8)
+    pods: list[Pending] = []
+    for i in range(pending):
+        q = i % QUEUES
+        size = sizes[i % len(sizes)]
+        resources = {"requests": {"cpu": "1", "memory": "4Gi"}, "limits": {"nvidia.com/gpu": str(size)}}
+        obj: dict[str, Any] = pod_object(f"p{i}", [{"name": "main", "resources": resources}], namespace=f"team-{q}")
+        p = pending_of(obj, state.gpu_memory)
+        pods.append(Pending(p.key, p.name, p.ask, queue=f"team-{q}", namespace=f"team-{q}", created=NOW - pending + i,
+                            time_limit_s=3600.0 * (1 + i % 4)))  # fmt: skip
+    return state, bound, pods, face
+
+
+class Accepting(NoEvictions):
+    """Evictions that carry nothing out but let the round plan preemption (as kpreempt's does)."""
+
+
+def one_round(state: ClusterState, bound: dict[str, Bound], pods: list[Pending], face: Face,
+              preempt: bool = True) -> tuple[float, int]:  # fmt: skip
+    t0 = time.perf_counter()
+    r = plan_pods(face, pods, state.snapshot, bound, NOW, None, Accepting() if preempt else NoEvictions())
+    took = time.perf_counter() - t0
+    starts = [d for d in r.decisions if isinstance(d, Bind)]
+    assert state.snapshot is not None
+    for d in starts:  # given back: every round sees the same books
+        state.snapshot.release(d.allocation.request_id)
+    return took, len(starts)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, default=5000)
+    ap.add_argument("--pending", type=int, default=10000)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--profile", default="")
+    ap.add_argument("--no-preempt", action="store_true", help="plan no preemption (NoEvictions: no evictions seam)")
+    a = ap.parse_args()
+    t0 = time.perf_counter()
+    state, bound, pods, face = build(a.nodes, a.pending)
+    print(f"built: {a.nodes} nodes, {len(bound)} bound pods, {len(pods)} pending in {QUEUES} queues "
+          f"({time.perf_counter() - t0:.1f} s)")  # fmt: skip
+    preempt = not a.no_preempt
+    first, n = one_round(state, bound, pods, face, preempt)
+    print(f"first round (every pod converted): {first * 1000:.0f} ms, {n} binds")
+    times = []
+    prof = cProfile.Profile() if a.profile else None
+    for _ in range(a.rounds):
+        if prof:
+            prof.enable()
+        took, n = one_round(state, bound, pods, face, preempt)
+        if prof:
+            prof.disable()
+        times.append(took)
+    if prof:
+        prof.dump_stats(a.profile)
+    kind = "with" if preempt else "without"
+    each = ", ".join(f"{t * 1000:.0f}" for t in times)
+    print(f"rounds ({kind} preemption planning): median {statistics.median(times) * 1000:.0f} ms, "
+          f"max {max(times) * 1000:.0f} ms, {n} binds each ({each} ms)")  # fmt: skip
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load "
+          f"{os.getloadavg()[0]:.1f}; {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
