@@ -22,8 +22,6 @@ from benchmarks.k8s_reclaim import GPUS, NODES, Cluster, namespaces, queues_file
 from tests.k8s.plane import Plane, gpu_node
 
 MIN_RUNTIME = 4.0
-# the queues' round (corral/k8s/scheduler/tenancy.py, `--queues`) is what plans preemptions
-pytest.importorskip("corral.k8s.scheduler.tenancy", reason="the scheduler's queues (issue 25, ktenancy) not here yet")
 
 
 @dataclass
