@@ -12,6 +12,8 @@ that holds them at a gate or fails chosen members' Bindings.
   beside it is bound meanwhile. A member whose Binding is refused for good: the gang ends with none bound.
 - a PodGroup created after its members: they are bound once it exists, with nothing else changing on the plane.
 
+The kill cases at k = 8 run again on a second scheduler with --queues (the tenancy round places the gang).
+
 One plane for the module. Skipped where ../shared/k8s/control-plane.sh (or CORRAL_K8S_CONTROL_PLANE) is absent.
 """
 
@@ -46,6 +48,10 @@ class Setup:
     w: Writer
     proxy: BindingProxy
     scheduler: SchedulerProcess  # through the proxy, --gang-timeout-s TIMEOUT_S
+    queued: SchedulerProcess  # the same with --queues (the tenancy round): --scheduler-name corral-q
+
+    def of(self, queues: bool) -> SchedulerProcess:
+        return self.queued if queues else self.scheduler
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +60,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     plane = Plane.find(where)
     if plane is None:
         pytest.skip("no control plane here (../shared/k8s/control-plane.sh, openssl, curl, xz)")
-    s: SchedulerProcess | None = None
+    started: list[SchedulerProcess] = []
     try:
         kubeconfig = plane.up()
         w = Writer(kubeconfig)
@@ -63,14 +69,22 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         w.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
         wait_for("the PodGroup CRD to be served", lambda: _served(w, PG))
         w.create_nodes(gpu_node(f"node-{i}", GPUS) for i in range(NODES))
+        (where / "queues.toml").write_text('[queues.default]\nnamespaces = ["default"]\n')
         with BindingProxy(kubeconfig) as proxy:
-            s = SchedulerProcess(proxy.kubeconfig(where / "proxy-kubeconfig"), where / "scheduler.log",
-                                 "--policy", "binpack", "--gang-timeout-s", str(TIMEOUT_S))  # fmt: skip
-            s.start()
-            yield Setup(plane, w, proxy, s)
+            config = proxy.kubeconfig(where / "proxy-kubeconfig")
+            args = ("--policy", "binpack", "--gang-timeout-s", str(TIMEOUT_S))
+            s = SchedulerProcess(config, where / "scheduler.log", *args)
+            q = SchedulerProcess(config, where / "queued.log", *args, "--scheduler-name", "corral-q", "--queues",
+                                 str(where / "queues.toml"))  # fmt: skip
+            for p in (s, q):
+                p.start(wait=False)
+                started.append(p)
+            for p in (s, q):
+                p.wait_ready()
+            yield Setup(plane, w, proxy, s, q)
     finally:
-        if s is not None:
-            s.stop()
+        for p in started:
+            p.stop()
         plane.down()
 
 
@@ -97,8 +111,9 @@ def group(w: Writer, name: str, min_member: int) -> None:
                            "spec": {"minMember": min_member}})  # fmt: skip
 
 
-def member(name: str, gang: str, gpus: int = 1, grace: int = 0) -> dict[str, Any]:
-    p = pod(name, {"nvidia.com/gpu": str(gpus)}, scheduler="corral", cpu="100m", memory="128Mi")
+def member(name: str, gang: str, gpus: int = 1, grace: int = 0, queues: bool = False) -> dict[str, Any]:
+    p = pod(name, {"nvidia.com/gpu": str(gpus)}, scheduler="corral-q" if queues else "corral", cpu="100m",
+            memory="128Mi")  # fmt: skip
     p["spec"]["terminationGracePeriodSeconds"] = grace
     if gang:
         p["metadata"]["labels"] = {"scheduling.x-k8s.io/pod-group": gang}
@@ -157,13 +172,13 @@ def clean(setup: Setup) -> Iterator[Writer]:
     setup.w.request("DELETE", "/api/v1/namespaces/default/events")
 
 
-def kill_mid_gang(setup: Setup, gang: str, k: int, grace: int = 0) -> dict[str, str]:
+def kill_mid_gang(setup: Setup, gang: str, k: int, grace: int = 0, queues: bool = False) -> dict[str, str]:
     """Create a SIZE-member gang, let k of its Bindings through, SIGKILL the scheduler with the other SIZE - k at the
     gate, reset those unsent: the gang is bound k of SIZE. Returns its bound part (name -> node)."""
-    w, proxy, s = setup.w, setup.proxy, setup.scheduler
+    w, proxy, s = setup.w, setup.proxy, setup.of(queues)
     proxy.hold()
     group(w, gang, SIZE)
-    w.create_pods(member(f"{gang}-{i}", gang, grace=grace) for i in range(SIZE))
+    w.create_pods(member(f"{gang}-{i}", gang, grace=grace, queues=queues) for i in range(SIZE))
     wait_for(f"all {SIZE} Bindings at the gate", lambda: proxy.waiting() == SIZE)
     assert bound(w, f"{gang}-") == {}
     proxy.allow(k)
@@ -176,13 +191,13 @@ def kill_mid_gang(setup: Setup, gang: str, k: int, grace: int = 0) -> dict[str, 
     return part
 
 
-@pytest.mark.parametrize("k", [1, 8, 15])
+@pytest.mark.parametrize(("k", "queues"), [(1, False), (8, False), (15, False), (8, True)])
 def test_after_a_kill_9_mid_gang_the_restarted_scheduler_binds_the_rest_beside_the_bound_part(
-    setup: Setup, clean: Writer, k: int
+    setup: Setup, clean: Writer, k: int, queues: bool
 ) -> None:
-    w, s = clean, setup.scheduler
-    gang = f"room{k}"
-    part = kill_mid_gang(setup, gang, k)
+    w, s = clean, setup.of(queues)
+    gang = f"room{k}{'q' if queues else ''}"
+    part = kill_mid_gang(setup, gang, k, queues=queues)
     uids = {n: p["metadata"]["uid"] for n, p in pods(w).items() if n in part}
     setup.proxy.open()
     s.start()
@@ -194,15 +209,18 @@ def test_after_a_kill_9_mid_gang_the_restarted_scheduler_binds_the_rest_beside_t
     assert told(w, "CorralGangIncomplete") == {}
 
 
-@pytest.mark.parametrize(("k", "how", "grace"), [(1, "delete", 0), (8, "cordon", 0), (15, "cordon", 30)])
+@pytest.mark.parametrize(
+    ("k", "how", "grace", "queues"),
+    [(1, "delete", 0, False), (8, "cordon", 0, False), (15, "cordon", 30, False), (8, "cordon", 30, True)],
+)
 def test_after_a_kill_9_mid_gang_with_the_room_gone_the_bound_part_is_deleted(
-    setup: Setup, clean: Writer, k: int, how: str, grace: int
+    setup: Setup, clean: Writer, k: int, how: str, grace: int, queues: bool
 ) -> None:
     """grace 30: the deleted members stay Terminating (no kubelet here); they no longer count towards the gang, and
-    are deleted once."""
-    w, s = clean, setup.scheduler
-    gang = f"gone{k}"
-    part = kill_mid_gang(setup, gang, k, grace)
+    are deleted once. queues: the same through the tenancy round (its reasons are its own: only its code is read)."""
+    w, s = clean, setup.of(queues)
+    gang = f"gone{k}{'q' if queues else ''}"
+    part = kill_mid_gang(setup, gang, k, grace, queues)
     used = set(part.values())
     for i in range(NODES):  # the room vanishes while the scheduler is down
         node = f"node-{i}"
@@ -221,7 +239,12 @@ def test_after_a_kill_9_mid_gang_with_the_room_gone_the_bound_part_is_deleted(
     rest = sorted({f"{gang}-{i}" for i in range(SIZE)} - set(part))
     want = (f"gang default/{gang}: {SIZE - k} of {SIZE} members pending, needs {SIZE} that fit together; "
             f"waiting for {k} more")  # fmt: skip
-    wait_for("the rest's reason", lambda: explain(s, rest[0]).get("reason") == want, show=lambda: explain(s, rest[0]))
+    if queues:
+        wait_for("the rest's code", lambda: explain(s, rest[0]).get("code") == "gang_incomplete",
+                 show=lambda: explain(s, rest[0]))  # fmt: skip
+    else:
+        wait_for("the rest's reason", lambda: explain(s, rest[0]).get("reason") == want,
+                 show=lambda: explain(s, rest[0]))  # fmt: skip
     got = pods(w)
     assert not any(got[n]["spec"].get("nodeName") for n in rest)
     assert set(got) - set(part) == set(rest)
