@@ -51,11 +51,6 @@ def _group(w: Writer, name: str, n: int) -> None:
                            "metadata": {"name": name, "namespace": "default"}, "spec": {"minMember": n}})  # fmt: skip
 
 
-def _condition(p: dict[str, Any]) -> str:
-    conds = (p.get("status") or {}).get("conditions") or []
-    return str(next((c.get("message") or "" for c in conds if c.get("type") == "PodScheduled"), ""))
-
-
 def whole(w: Writer, run: str, size: int = 64) -> dict[str, Any]:
     gang = f"whole-{run}"
     _group(w, gang, size)
@@ -74,19 +69,27 @@ def whole(w: Writer, run: str, size: int = 64) -> dict[str, Any]:
             "bound_before_last": early, "whole_after_last_s": round(took, 3)}  # fmt: skip
 
 
-def wait_then_all(w: Writer, run: str, first_nodes: list[str], more_nodes: list[str]) -> dict[str, Any]:
+def wait_then_all(w: Writer, sched: SchedulerProcess, run: str, first_nodes: list[str],
+                  more_nodes: list[str]) -> dict[str, Any]:  # fmt: skip
     gang = f"wait-{run}"
     _group(w, gang, 10)
     watch = BindWatch(w, run, 10)
     try:
         w.create_pods(_member(f"{gang}-{i}", gang, 8, run) for i in range(10))
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # all ten say the gang is whole and does not fit (a condition is
-            pods = w.pods(label=f"corral.dev/bench-run={run}")  # rewritten at most every 10 s: this takes a while)
-            if len(pods) == 10 and all("10 of 10 members pending" in _condition(p) for p in pods):
-                break
-            time.sleep(0.2)
-        said = _condition(pods[0])
+
+        def why(i: int) -> dict[str, Any]:
+            out: dict[str, Any] = sched.get(f"/explain/default/{gang}-{i}").json()
+            return out
+
+        # all ten pending on the whole gang, not on members still to come (the scheduler's /explain: the pods'
+        # conditions are rewritten at most every 10 s)
+        _until(
+            "the gang placed whole and refused",
+            lambda: all(
+                why(i).get("state") == "pending" and why(i).get("code") != "gang_incomplete" for i in range(10)
+            ),
+        )
+        said = str(why(0).get("reason"))
         bound_while_5 = len(watch.bound)
         w.create_nodes(gpu_node(n, 8) for n in more_nodes[:-1])
         last = time.monotonic()
@@ -158,6 +161,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--write", type=Path, help="append the results to this file (BENCHMARKS.md)")
+    ap.add_argument("--queues", action="store_true", help="both schedulers with --queues (one queue: the round)")
     args = ap.parse_args()
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="corral-k8s-gangs-") as tmp:
@@ -174,12 +178,16 @@ def main() -> None:
                      if d and d["kind"] == "CustomResourceDefinition"]  # fmt: skip
             w.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
             time.sleep(2)  # the CRD is served a moment after it is created
-            sched = SchedulerProcess(plane.kubeconfig, where / "scheduler.log", "--policy", "binpack")
+            queues: tuple[str, ...] = ()
+            if args.queues:
+                (where / "queues.toml").write_text('[queues.default]\nnamespaces = ["default"]\n')
+                queues = ("--queues", str(where / "queues.toml"))
+            sched = SchedulerProcess(plane.kubeconfig, where / "scheduler.log", "--policy", "binpack", *queues)
             sched.start(wait=True)
             proxy = stack.enter_context(BindingProxy(plane.kubeconfig))
             gate = SchedulerProcess(proxy.kubeconfig(where / "gate-kubeconfig"), where / "gate.log", "--policy",
                                     "binpack", "--scheduler-name", "corral-gate", "--gang-timeout-s",
-                                    str(GATE_TIMEOUT_S))  # fmt: skip
+                                    str(GATE_TIMEOUT_S), *queues)  # fmt: skip
             gate.start(wait=True)
             for k in range(args.runs):
                 w.create_nodes(gpu_node(f"room-{k}-{i}", 8) for i in range(32))
@@ -189,7 +197,7 @@ def main() -> None:
                     w.request("DELETE", f"/api/v1/nodes/room-{k}-{i}")
                 first = [f"five-{k}-{i}" for i in range(5)]
                 w.create_nodes(gpu_node(n, 8) for n in first)
-                rows.append(wait_then_all(w, f"w{k}", first, [f"more-{k}-{i}" for i in range(5)]))
+                rows.append(wait_then_all(w, sched, f"w{k}", first, [f"more-{k}-{i}" for i in range(5)]))
                 print(rows[-1], flush=True)
                 for n in first:
                     w.request("DELETE", f"/api/v1/nodes/{n}")
@@ -208,7 +216,8 @@ def main() -> None:
             plane.down()
     if args.write:
         when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-        lines = [f"\n### Run of {when} ({machine()})\n", "| what | result |", "|---|---|"]
+        mode = "--queues (one queue, the tenancy round)" if args.queues else "no --queues"
+        lines = [f"\n### Run of {when}, {mode} ({machine()})\n", "| what | result |", "|---|---|"]
         for r in rows:
             if "whole_after_start_s" in r:
                 res = (f"{r['bound_at_kill']}/{r['pods']} bound at the kill; {r['bound_at_end']}/{r['pods']} bound "
