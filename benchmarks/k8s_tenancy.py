@@ -129,8 +129,6 @@ def main() -> None:
                     clean(w)
                     b0 = r.bound_at.get("ns-b/b0")
                     a_before = sum(1 for k, t in r.bound_at.items() if k.startswith("ns-a/") and t < (b0 or 1e9))
-                        1 for k, t in r.bound_at.items() if k.startswith("ns-a/") and b0 is not None and t < b0
-                    )
                     print(f"[{label}] fair: ns-b's first pod (arrived 1.0 s) bound at "
                           f"{'never' if b0 is None else f'{b0:.1f} s'}, after {a_before} of ns-a's 24")  # fmt: skip
                 finally:
