@@ -4,7 +4,8 @@
 
 One plane (tests/k8s/plane.py: etcd + kube-apiserver, no kubelet), one node of 4 GPUs. Pods never run there, so this
 script is their kubelet: a pod bound for its duration (annotation bench/duration) is deleted (grace 0), which frees
-its GPUs as a pod that ends. Each scenario runs twice, with `--queues` and without (arrival order, micro-batches).
+its GPUs as a pod that ends. Each scenario runs twice, with `--queues` and without (arrival order, micro-batches);
+fair first (starvation's stream would make ns-b the heavier user, and DRF would then rightly serve ns-a first).
 
 starvation  1-GPU pods of 2 s (activeDeadlineSeconds 2) arrive every 0.5 s for 15 s in ns-b; at 1 s a 4-GPU pod of
             2 s arrives. With queues it is the head: its reservation is when the running pods end, pods behind it
@@ -116,6 +117,12 @@ def main() -> None:
                 s = SchedulerProcess(kubeconfig, where / f"scheduler-{len(extra)}.log", "--policy", "binpack", *extra)
                 s.start(wait=True)
                 try:
+                    r = fair(w)
+                    clean(w)
+                    b0 = r.bound_at.get("ns-b/b0")
+                    a_before = sum(1 for k, t in r.bound_at.items() if k.startswith("ns-a/") and t < (b0 or 1e9))
+                    print(f"[{label}] fair: ns-b's first pod (arrived 1.0 s) bound at "
+                          f"{'never' if b0 is None else f'{b0:.1f} s'}, after {a_before} of ns-a's 24")  # fmt: skip
                     r = starvation(w)
                     clean(w)
                     big, est = r.bound_at.get("ns-b/big"), r.estimate.get("ns-b/big")
@@ -125,12 +132,6 @@ def main() -> None:
                           f"{'never' if big is None else f'{big:.1f} s'}; its first estimated start "
                           f"{'none' if est is None else f'{est:.1f} s'}; 1-GPU pods that arrived after it and were "
                           f"bound before it: {behind}")  # fmt: skip
-                    r = fair(w)
-                    clean(w)
-                    b0 = r.bound_at.get("ns-b/b0")
-                    a_before = sum(1 for k, t in r.bound_at.items() if k.startswith("ns-a/") and t < (b0 or 1e9))
-                    print(f"[{label}] fair: ns-b's first pod (arrived 1.0 s) bound at "
-                          f"{'never' if b0 is None else f'{b0:.1f} s'}, after {a_before} of ns-a's 24")  # fmt: skip
                 finally:
                     s.stop()
         finally:
