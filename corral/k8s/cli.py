@@ -279,8 +279,10 @@ def explain_text(pod: dict[str, Any], events: list[dict[str, Any]]) -> str:
     elif conditions and conditions[0].get("status") == "False":
         c = conditions[0]
         lines.append(f"{name}: pending ({c.get('reason') or 'no reason'}, since {c.get('lastTransitionTime')})")
-        lines.append(f"  {c.get('message') or ''}")
-        lines.append(_queue_line(pod))
+        message = str(c.get("message") or "")
+        lines.append(f"  {message}")
+        if not message.startswith("queue "):  # (with --queues the message names the queue the scheduler resolved)
+            lines.append(_queue_line(pod))
     else:
         who = spec.get("schedulerName") or "default-scheduler"
         lines.append(f"{name}: pending, not looked at yet by its scheduler ({who})")

@@ -112,7 +112,10 @@ def test_the_standalone_mode_runs_corrals_scheduler_with_the_agreed_flags_and_rb
     flags = dict(zip(cmd[3::2], cmd[4::2], strict=True))
     assert flags == {"--scheduler-name": "corral-scheduler", "--policy": "fgd-priced", "--behavior": "preferential",
                      "--qps": "50", "--burst": "100", "--batch-window-ms": "5", "--bind-workers": "16",
-                     "--listen": "0.0.0.0:9444"}  # fmt: skip
+                     "--listen": "0.0.0.0:9444", "--queues": ""}  # fmt: skip
+    # scheduler.queues: '' runs without queues; the file comes from an optional ConfigMap (docs/k8s-scheduler.md)
+    assert pod["volumes"] == [{"name": "queues", "configMap": {"name": "corral-queues", "optional": True}}]
+    assert c["volumeMounts"] == [{"name": "queues", "mountPath": "/etc/corral/queues", "readOnly": True}]
     assert [(p["name"], p["containerPort"]) for p in c["ports"]] == [("http", 9444)]
     assert deploy["spec"]["template"]["metadata"]["annotations"] == {
         "prometheus.io/scrape": "true", "prometheus.io/port": "9444", "prometheus.io/path": "/metrics"}  # fmt: skip

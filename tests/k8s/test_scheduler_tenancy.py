@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from corral.k8s.cli import app
+from corral.k8s.cli import app, explain_text
 from corral.k8s.fake import FakeKubeApi, pod_object
 from corral.k8s.scheduler.batch import Bind, Pending, Wait
 from corral.k8s.scheduler.core import Scheduler, pending_of
@@ -394,3 +394,12 @@ def test_the_scheduler_explains_queue_position_hold_and_metrics(
     assert 'corral_scheduler_queue_holding{queue="small",resource="gpu_milli"} 1000.0' in text
     assert 'corral_scheduler_queue_share{queue="small"}' in text
     assert "corral_scheduler_preemptions_total" in text
+
+
+def test_corral_k8s_explain_shows_the_queue_position_hold_and_estimated_start_from_the_condition() -> None:
+    pod = gpu_pod("big", 4, namespace="ns-b")
+    message = ("queue team-b, position 1 of 3; held by no room; estimated start 2027-01-15 08:50:00 UTC: 0/1 nodes "
+               "fit: 1 insufficient GPU (need 4 whole GPUs)")  # fmt: skip
+    pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                    "message": message, "lastTransitionTime": "2027-01-15T08:00:00Z"}]  # fmt: skip
+    assert explain_text(pod, []) == (f"ns-b/big: pending (Unschedulable, since 2027-01-15T08:00:00Z)\n  {message}")
