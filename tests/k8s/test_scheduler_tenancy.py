@@ -403,3 +403,27 @@ def test_corral_k8s_explain_shows_the_queue_position_hold_and_estimated_start_fr
     pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                                     "message": message, "lastTransitionTime": "2027-01-15T08:00:00Z"}]  # fmt: skip
     assert explain_text(pod, []) == (f"ns-b/big: pending (Unschedulable, since 2027-01-15T08:00:00Z)\n  {message}")
+
+
+def test_with_queues_a_pod_is_told_again_only_when_its_words_change(
+    api: FakeKubeApi, run: Callable[..., Scheduler]
+) -> None:
+    s = run(queues=parse_queues(TWO, "queues.toml"))
+    api.put_pod(gpu_pod("s0", labels={"corral.dev/queue": "small"}))
+    wait_for("s0 bound", lambda: bool(api.pods[("default", "s0")]["spec"].get("nodeName")))
+    api.put_pod(gpu_pod("s1", labels={"corral.dev/queue": "small"}))
+
+    def told(name: str) -> int:
+        return sum(1 for _, e in list(api.events) if e["involvedObject"]["name"] == name)
+
+    wait_for("s1's event", lambda: told("s1") == 1)
+    for i in range(3):  # rounds in which s1's words stay the same
+        name = f"x{i}"
+        api.put_pod(gpu_pod(name, gpus=0, namespace="ns-a"))
+
+        def bound(name: str = name) -> bool:
+            return bool(api.pods[("ns-a", name)]["spec"].get("nodeName"))
+
+        wait_for(f"{name} bound", bound)
+    assert s.explain("default/s1")["held_by"] == "limit"
+    assert told("s1") == 1

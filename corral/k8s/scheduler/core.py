@@ -741,14 +741,19 @@ class Scheduler:
                 self._inflight.pop(w.pending.key, None)
                 if not self._left_while_placed(w):
                     self._later(w)
+            told: list[Waiting] = []
             for w, d in waits:
                 self._inflight.pop(w.pending.key, None)
                 if not self._left_while_placed(w) and w.pending.key in self._known:
+                    # With queues every waiting pod is in every round: only a pod whose words changed is told
+                    # again (its condition and an event), or thousands of unchanged reasons would be rewritten.
+                    if self.tenancy is None or w.reason != d.reason:
+                        told.append(w)
                     w.reason, w.code = d.reason, d.code
                     self._unschedulable[w.pending.key] = w
         for w, d, rec in binds:
             self._pool.submit(self._bind, w, d, rec)
-        for w, _ in waits:
+        for w in told if self.tenancy is not None else [w for w, _ in waits]:
             self._say_why(w)
 
     def _plan(self, pods: list[Pending], gangs: Mapping[str, GangInfo]) -> list[Decision]:
