@@ -427,3 +427,26 @@ def test_with_queues_a_pod_is_told_again_only_when_its_words_change(
         wait_for(f"{name} bound", bound)
     assert s.explain("default/s1")["held_by"] == "limit"
     assert told("s1") == 1
+
+
+def test_after_a_restart_fair_share_is_rebuilt_from_the_bound_pods_start_times(
+    api: FakeKubeApi, run: Callable[..., Scheduler]
+) -> None:
+    # Before the restart: ns-a's pod has run for an hour on one GPU (its status.startTime), the other GPU is free.
+    held = gpu_pod("old", namespace="ns-a")
+    held["spec"]["nodeName"] = "n1"
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 3600))
+    held["status"] = {"phase": "Running", "startTime": started}
+    api.put_pod(held)
+    # ns-a's pending pod is older than ns-b's; ns-b has used nothing: after the restart b goes first
+    api.put_pod(gpu_pod("a1", namespace="ns-a", created="2027-01-01T00:00:00Z"))
+    api.put_pod(gpu_pod("b1", namespace="ns-b", created="2027-01-01T00:10:00Z"))
+    fair = "min_runtime = '0s'\n[queues.team-a]\nnamespaces = ['ns-a']\n[queues.team-b]\nnamespaces = ['ns-b']\n"
+    s = run(queues=parse_queues(fair, "queues.toml"))
+    wait_for("b1 bound", lambda: bool(api.pods[("ns-b", "b1")]["spec"].get("nodeName")))
+    assert not api.pods[("ns-a", "a1")]["spec"].get("nodeName")
+    assert s.explain("ns-a/a1")["queue"] == "team-a"
+    assert s.tenancy is not None and s.tenancy.tenancy is not None
+    rows = {r["queue"]: r for r in s.tenancy.tenancy.shares(list(s._running.values()), time.time())["accounts"]
+            if r["user"] is None}  # fmt: skip
+    assert rows["team-a"]["usage"]["gpu_milli"] == pytest.approx(1000 * 3600, rel=0.01)  # an hour of one GPU
