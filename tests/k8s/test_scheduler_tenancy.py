@@ -450,3 +450,17 @@ def test_after_a_restart_fair_share_is_rebuilt_from_the_bound_pods_start_times(
     rows = {r["queue"]: r for r in s.tenancy.tenancy.shares(list(s._running.values()), time.time())["accounts"]
             if r["user"] is None}  # fmt: skip
     assert rows["team-a"]["usage"]["gpu_milli"] == pytest.approx(1000 * 3600, rel=0.01)  # an hour of one GPU
+
+
+def test_a_pod_gone_while_the_watch_was_down_leaves_the_queues_at_the_next_list(
+    api: FakeKubeApi, run: Callable[..., Scheduler]
+) -> None:
+    s = run(queues=parse_queues(TWO, "queues.toml"))
+    api.put_pod(gpu_pod("p", namespace="ns-a"))
+    wait_for("p bound", lambda: bool(api.pods[("ns-a", "p")]["spec"].get("nodeName")))
+    api.put_pod(gpu_pod("nudge", gpus=0))  # one more round, which counts p as running
+    wait_for("nudge bound", lambda: bool(api.pods[("default", "nudge")]["spec"].get("nodeName")))
+    assert "uid-ns-a-p" in s._bound and "uid-ns-a-p" in s._running
+    s.listed("pods", [])  # a relist after the watch was down: p is gone
+    assert "uid-ns-a-p" not in s._bound and "uid-ns-a-p" not in s._running
+    assert s.tenancy is not None and s.tenancy.ledger.accounts() == [("queue", "team-a"), ("user", "team-a", "ns-a")]

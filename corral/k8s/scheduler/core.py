@@ -459,6 +459,7 @@ class Scheduler:
 
         waiting: dict[str, JsonObj] = {}
         seen_bound: set[str] = set()
+        holding: set[str] = set()
         for obj in items:
             spec, meta, status = obj.get("spec"), obj.get("metadata"), obj.get("status") or {}
             if not isinstance(spec, dict) or not isinstance(meta, dict) or not isinstance(status, dict):
@@ -468,6 +469,7 @@ class Scheduler:
                 self._gang_observed(pod_key(obj), obj, True)
             if self.tenancy is not None and spec.get("nodeName") and status.get("phase") not in _TERMINAL:
                 self._tenancy_observed(pod_key(obj), obj, True)
+                holding.add(pod_key(obj))  # (terminating ones too: they hold their GPUs until they are gone)
             if spec.get("nodeName") or spec.get("schedulerName") != self.name or meta.get("deletionTimestamp"):
                 continue
             if status.get("phase") in _TERMINAL:
@@ -480,6 +482,10 @@ class Scheduler:
                 for k in [k for k in members if k not in seen_bound and k not in self._inflight]:
                     del members[k]
             gone = [k for k in self._known if k not in waiting and k not in self._inflight]
+            # bound pods of ours deleted (or ended) while the watch was down: their runs go into the ledger
+            ended = [k for k in self._bound if k not in holding and k not in self._inflight]
+        for key in ended if self.tenancy is not None else ():
+            self._tenancy_observed(key, {}, False)
         for key in gone:
             self._forget(key)
         for key, obj in waiting.items():
