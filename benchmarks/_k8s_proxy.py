@@ -153,6 +153,7 @@ class FailingProxy:
             h.wfile.flush()
         except (OSError, urllib3.exceptions.HTTPError):
             h.close_connection = True
+            resp.close()  # a watch cut mid-stream (its client killed): unread chunks must not reach the next request
         finally:
             resp.release_conn()
 

@@ -1,6 +1,11 @@
 """Job arrays at scale (issue 26, item 2): one submission of 10,000 tasks, and a round with 10,000 waiting tasks.
 
     python -m benchmarks.bench_arrays [--tasks 10000] [--rounds 10] [--write BENCHMARKS.md]
+    python -m benchmarks.bench_arrays --ack [--repeat 9]
+
+`--ack`: only the acknowledgement, by the array's size (a single job; arrays of 1, 100, 1,000 and 10,000 tasks):
+the median wall and CPU time of `--repeat` submissions each, in-process as below, each on a daemon whose other
+tasks were cancelled (so the store, not the queue, grows): what the daemon adds to a CLI's start per task.
 
 Submission: `POST /v1/jobs` with `"array": "0-9999"` through the API (in-process, the daemon core over an SQLite
 store in a temporary folder, fsync on as in `corral serve`), timed from the request to the answer; beside it the
@@ -100,6 +105,26 @@ def submission(tasks: int, singles: int) -> dict[str, float]:
     return out
 
 
+def acks(repeat: int) -> dict[str, tuple[float, float]]:
+    """Per size: the median (wall, CPU) seconds from the request to the answer of `repeat` submissions."""
+    sizes = {"a single job": None, "an array of 1": "0", "of 100": "0-99", "of 1,000": "0-999", "of 10,000": "0-9999"}
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        world = World(Path(tmp))
+        world.api.post("/v1/jobs", json=body())  # warm: the first request builds the app's routes
+        samples: dict[str, list[tuple[float, float]]] = {label: [] for label in sizes}
+        for _ in range(repeat):
+            for label, text in sizes.items():  # alternating, so that a burst of load falls on each alike
+                wall, cpu = time.perf_counter(), time.process_time()
+                r = world.api.post("/v1/jobs", json=body() if text is None else body(array=text))
+                samples[label].append((time.perf_counter() - wall, time.process_time() - cpu))
+                assert r.status_code == 201, r.text
+                world.api.post(f"/v1/jobs/{r.json()['id']}/cancel")
+        for label, got in samples.items():
+            out[label] = (statistics.median(w for w, _ in got), statistics.median(c for _, c in got))
+    return out
+
+
 def world_with(folder: Path, tasks: int, how: str) -> World:
     """A daemon with `tasks` waiting 1-GPU jobs (`how`: singles, array, throttled) behind one holding all 4 GPUs."""
     world = World(folder)
@@ -156,7 +181,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--singles", type=int, default=1000, help="single submissions to compare with (fsync each)")
     parser.add_argument("--write", type=Path, default=None)
+    parser.add_argument("--ack", action="store_true", help="only the acknowledgement, by the array's size")
+    parser.add_argument("--repeat", type=int, default=9, help="--ack: submissions of each size")
     args = parser.parse_args(argv)
+    if args.ack:
+        load = os.getloadavg()
+        got = acks(args.repeat)
+        print(f"acknowledged in (median of {args.repeat}, wall / CPU; load {load[0]:.1f} before, "
+              f"{os.getloadavg()[0]:.1f} after):")  # fmt: skip
+        for label, (wall, cpu) in got.items():
+            print(f"  {label}: {wall * 1000:.1f} / {cpu * 1000:.1f} ms")
+        return
     load = os.getloadavg()
     subs = [submission(args.tasks, args.singles if k == 0 else 0) for k in range(3)]
     sub = {

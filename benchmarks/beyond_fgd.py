@@ -29,6 +29,11 @@ of issue 16):
                               CPU runs out first (the variants above all have issue 27's rule)
     fgd-priced-gpu-pods-free  pods with GPUs not kept off the hosts kept for multi-GPU pods while free CPU runs out
                               first (pods without GPUs still are; `FgdPriced.keeps_off`, measured and not adopted)
+    fgd-priced-kept-price     the same, but a pod with GPUs pays a price of 20 milli of a GPU's worth on a kept host
+                              instead of ranking it last (`FgdPriced.kept_price_cpu_bound`, measured and not adopted)
+    fgd-priced-cpu-rich       while free CPU runs out first, a pod with GPUs keeps off the kept hosts only while some
+                              other node would keep 4x the workload's CPU per GPU milli for its free GPU milli
+                              (`FgdPriced.cpu_rich_cpu_bound`, measured and not adopted)
 
 `--hashes FILE` appends the sha256 (12 hex digits, as `benchmarks.replay_speed`) of every grant per run, to tell
 which lists a change moved.
@@ -176,10 +181,27 @@ class _PricedGpuPodsFree(FgdPriced):
     gpu_pods_free_cpu_bound = True
 
 
+class _PricedKeptPrice(FgdPriced):
+    """While free CPU runs out first, a kept host costs a pod with GPUs 20 milli of a GPU's worth (a soft price)
+    instead of ranking last (pods without GPUs still keep off)."""
+
+    name = "fgd-priced-kept-price"
+    kept_price_cpu_bound = 20.0
+
+
+class _PricedCpuRich(FgdPriced):
+    """While free CPU runs out first, a pod with GPUs keeps off the kept hosts only while a CPU-rich node is left
+    elsewhere (4x the workload's CPU per GPU milli for its free GPU milli)."""
+
+    name = "fgd-priced-cpu-rich"
+    cpu_rich_cpu_bound = 4.0
+
+
 ABLATIONS: tuple[type[FgdScarcity], ...] = (
     _FgdFill, _CpuPodsOnly, _NoModelLevel, _Unweighted, _PricedLoose, _PricedNoReserve, _PricedGpuHorizon,
     _PricedIssue16, _PricedTightFirst, _PricedNoMargin, _PricedMarginAll, _PricedMargin2TightFirst,
     _PricedMarginAlways, _PricedWeightedCpuBound, _PricedGpuPodsFree,
+    _PricedKeptPrice, _PricedCpuRich,
 )  # fmt: skip
 
 

@@ -233,10 +233,15 @@ def burst_phase(args: argparse.Namespace, code: Path, queues: bool) -> None:
         start = began if k == 0 else ends[k - 1]
         slices.append(f"{len(chunk) / (chunk[-1] - start):.0f}")
     label = ("queues on" if queues else "no queues") + (", jobs start as they come" if args.runnable else "")
-    longest = f"; longest lock hold {stats['longest_ms']:.0f} ms" if stats else ""
+    # per holder: the teardown's cancel of every job (cancel_many) is not the burst's
+    holds = "".join(
+        f"; longest lock hold {v['longest_ms']:.0f} ms ({holder.split(' in ')[-1].rsplit('.', 1)[-1]}, {v['holds']})"
+        for holder, v in (stats or {}).get("by_holder", {}).items()
+        if v["longest_ms"] >= 10
+    )
     print(f"burst of {len(ends)}, 4 processes, {label} (load {at}): {len(ends) / took:.0f}/s overall; "
           f"per 1,000: {', '.join(slices)}/s; the daemon's CPU {cpu / len(ends) * 1000:.2f} ms a submission"
-          f"{longest}")  # fmt: skip
+          f"{holds}")  # fmt: skip
 
 
 def main() -> None:

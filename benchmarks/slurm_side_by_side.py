@@ -21,7 +21,8 @@ Rows (what a user types on each side, as a user would: the CLI, from shells):
   fair     two users: fsalice has used all 4 GPUs for 75 s; then, while root's job holds the 4 GPUs for 20 s,
            fsalice submits 8 one-GPU jobs of 10 s, and after them fsbob 8: how many of the first 4 to start are
            fsbob's (fair share: all 4), and each side's recorded usage
-  acct     100,000 ended jobs in the history: `sacct` / `corral acct` of one user's jobs of the last 2 days
+  acct     100,000 ended jobs in the history: `sacct` / `corral acct` of one user's jobs of the last 2 days (as
+           that user, median of 5) and of everyone's 30 days (as root, median of 3), output piped
 corral's arrays (`--array`) and accounting (`corral acct`) come from the branches `arrays` and `acct`; where this
 checkout lacks them, their corral column says "not run".
 """
@@ -154,9 +155,10 @@ class Corral:
         self.tmp = Path(tempfile.mkdtemp(prefix="corral-vs-slurm-"))
         os.chmod(self.tmp, 0o755)  # the fair-share users reach the socket in it
         self.sock = self.tmp / "corral.sock"
-        self.cli = self.tmp / "corral"  # what a console script does, with this checkout first on the path
+        self.cli = self.tmp / "corral"  # the command as dev.py installs it, with this checkout first on the path
+        entry = "corral.cli.fast" if (ROOT / "corral" / "cli" / "fast.py").exists() else "corral.cli.main"
         self.cli.write_text(f"#!{sys.executable}\nimport sys\nsys.path.insert(0, {str(ROOT)!r})\n"
-                            "from corral.cli.main import main\nmain()\n")  # fmt: skip
+                            f"from {entry} import main\nsys.exit(main())\n")  # fmt: skip
         self.cli.chmod(0o755)
         argv = [sys.executable, "-m", "corral.cli.main", "serve", "--simulate-gpus", "4xH100-80GB",
                 "--state-dir", str(self.tmp / "state"), "--socket", str(self.sock)]  # fmt: skip

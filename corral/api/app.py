@@ -595,10 +595,7 @@ def create_app(
         else:
             jobs = daemon.store.query(query)  # a read of the store: no need to wait for a scheduling round
         headers = {"X-Corral-Next-After": jobs[-1].id} if jobs and len(jobs) == limit else {}
-        rows = [job_row(j) for j in jobs]  # JobOut's fields, without a model a row
-        if wanted is not None:
-            rows = [{k: r[k] for k in wanted} for r in rows]
-        body = orjson.dumps(rows)
+        body = orjson.dumps([job_row(j, wanted) for j in jobs])  # JobOut's fields (those asked), no model a row
         return Response(body, media_type="application/json", headers=headers)
 
     @app.post("/v1/jobs/cancel", response_model=CancelManyOut)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
@@ -255,10 +255,16 @@ JobRow = create_model(  # type: ignore[call-overload]
 )
 
 
-def job_row(job: Job) -> dict[str, Any]:
+def job_row(job: Job, fields: Sequence[str] | None = None) -> dict[str, Any]:
     """`JobOut.of(job).model_dump()` built directly, for a listing: a page of 10,000 jobs through pydantic models
     costs about 80 ms of the daemon's time (16 us a job), this about a tenth of that. The same keys, values and types
-    (tests/api/test_list_and_bulk_cancel.py holds them equal); a field added to JobOut is added here too."""
+    (tests/api/test_list_and_bulk_cancel.py holds them equal); a field added to JobOut is added here and to ROW.
+
+    `fields` (JobOut's names, in its order): only those, each built alone by ROW (`corral ps` asks for 13 of 33: a
+    page of 5,000 rows in 15 ms instead of 24). A whole row is written out here, which is faster than ROW's 33 calls
+    (26 ms instead of 34); the tests hold the two equal, field by field."""
+    if fields is not None:
+        return {name: ROW_FIELD[name](job) for name in fields}
     spec = job.spec
     r = spec.request
     uuids = job.gpu_uuids
@@ -316,6 +322,80 @@ def job_row(job: Job) -> dict[str, Any]:
         "array": spec.array.spec.text if spec.array is not None else "",
         "array_tasks": None,
     }
+
+
+def _gpus(job: Job) -> list[dict[str, Any]]:
+    uuids = job.gpu_uuids
+    return [
+        {"index": g.index, "uuid": uuids[i] if i < len(uuids) else "", "milli": g.milli, "memory_mib": g.memory_mib}
+        for i, g in enumerate(job.gpus)
+    ]
+
+
+def _request(job: Job) -> dict[str, Any]:
+    spec = job.spec
+    r = spec.request
+    return {
+        "cpu_milli": r.cpu_milli,
+        "memory_mib": r.memory_mib,
+        "gpu_count": r.gpu_count,
+        "gpu_milli": r.gpu_milli,
+        "gpu_memory_mib": r.gpu_memory_mib,
+        "gpu_models": None if r.gpu_models is None else sorted(clean(m) for m in r.gpu_models),
+        "time_limit_s": _float(spec.time_limit_s),
+        "retries": spec.retries,
+        "cwd": clean(spec.cwd),
+        "env_count": len(spec.env),
+    }
+
+
+def _preempted(job: Job) -> dict[str, Any] | None:
+    p = job.preempted
+    return None if p is None else {"count": p.count, "at": float(p.at), "reason": p.reason}
+
+
+#: A listing row's fields in JobOut's order, each a function of the job: the one place a row's values are written.
+ROW: tuple[tuple[str, Callable[[Job], Any]], ...] = (
+    ("id", lambda j: j.id),
+    ("name", lambda j: clean(j.spec.name)),
+    ("user", lambda j: clean(j.spec.user)),
+    ("state", lambda j: j.state.value),
+    ("command", lambda j: [clean(a) for a in j.spec.command]),
+    ("priority", lambda j: j.spec.request.priority),
+    ("submitted_at", lambda j: float(j.submitted_at)),
+    ("started_at", lambda j: _float(j.started_at)),
+    ("finished_at", lambda j: _float(j.finished_at)),
+    ("exit_code", lambda j: j.exit_code),
+    ("attempts", lambda j: j.attempts),
+    ("gpus", _gpus),
+    ("reason", lambda j: clean(j.reason)),
+    ("origin", lambda j: clean(j.spec.origin)),
+    ("queue", lambda j: clean(j.spec.queue)),
+    ("request", _request),
+    ("log_path", lambda j: None),
+    ("preemptible", lambda j: j.spec.preemptible),
+    ("preempted", _preempted),
+    ("instances", lambda j: j.spec.instances),
+    ("gang", lambda j: j.spec.gang),
+    ("dependency", lambda j: dependency.text(j.spec.dependency)),
+    ("kill_on_invalid_dep", lambda j: j.spec.kill_on_invalid_dep),
+    ("held_by", lambda j: clean(j.spec.held_by)),
+    (
+        "history",
+        lambda j: [
+            {"at": float(c.at), "by": clean(c.by), "field": c.field, "old": clean(c.old), "new": clean(c.new)}
+            for c in j.spec.history
+        ],
+    ),
+    ("script", lambda j: None if j.spec.script is None else script_row(j)),
+    ("output", lambda j: clean(j.spec.output)),
+    ("error", lambda j: clean(j.spec.error)),
+    ("array_job_id", lambda j: j.spec.array.job_id if j.spec.array is not None else ""),
+    ("array_task_id", lambda j: j.spec.array.task if j.spec.array is not None else None),
+    ("array", lambda j: j.spec.array.spec.text if j.spec.array is not None else ""),
+    ("array_tasks", lambda j: None),
+)
+ROW_FIELD = dict(ROW)
 
 
 class CancelManyIn(BaseModel):

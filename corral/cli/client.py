@@ -25,32 +25,24 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket as sock_module
 import sys
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import click
 
-from corral.cli.render import Styled, Terminal, error_line, row, say, table
+from corral.cli import listing, wire
+from corral.cli.listing import FINAL_STATES
+from corral.cli.listing import STATE_STYLES as STATE_STYLES  # its names before (corral.cli.acct's)
+from corral.cli.listing import state_cell as state_cell
+from corral.cli.render import Terminal, error_line, row, say, table
 from corral.cli.transport import AnswerLost, Endpoint, NotConnected, Response, request
-from corral.cli.views import (
-    FLAGS,
-    ago,
-    array_rows,
-    change_text,
-    command_text,
-    explain_text,
-    flag_error,
-    gpus_text,
-    iso_times,
-    short_reason,
-    show_lines,
-)
-from corral.jobs.environment import admitted_environment
+from corral.cli.views import FLAGS, change_text, explain_text, flag_error, iso_times, show_lines
+from corral.cli.wire import PS_FIELDS as PS_FIELDS  # its names before
+from corral.cli.wire import RECENT_S as RECENT_S
+from corral.cli.wire import BadInput
 
 EXIT_BAD_INPUT = 2
 EXIT_SERVER = 1
@@ -90,14 +82,12 @@ SOCKET_NAME = "corral.sock"
 
 def default_state_dir() -> Path:
     """A user's own daemon's state: $CORRAL_STATE_DIR, else ~/.local/state/corral."""
-    env = os.environ.get("CORRAL_STATE_DIR")
-    return Path(env) if env else Path.home() / ".local" / "state" / "corral"
+    return Path(wire.default_state_dir())
 
 
 def runtime_dir() -> Path:
     """Where a shared (root) daemon's socket is: $CORRAL_RUNTIME_DIR, else /run/corral."""
-    env = os.environ.get("CORRAL_RUNTIME_DIR")
-    return Path(env) if env else SYSTEM_RUNTIME_DIR
+    return Path(wire.runtime_dir())
 
 
 def serve_locations(state_dir: Path | None, socket: Path | None, runtime: Path | None, root: bool) -> tuple[Path, Path]:
@@ -125,31 +115,11 @@ def serve_locations(state_dir: Path | None, socket: Path | None, runtime: Path |
     return state, (runtime if runtime is not None else state) / SOCKET_NAME
 
 
-def _answers(path: Path) -> bool:
-    probe = sock_module.socket(sock_module.AF_UNIX, sock_module.SOCK_STREAM)
-    try:
-        probe.settimeout(2)
-        probe.connect(str(path))
-        return True
-    except OSError:
-        return False
-    finally:
-        probe.close()
-
-
 def locate_socket() -> tuple[Path, list[Path]]:
     """The daemon's socket, and every place looked at: $CORRAL_SOCKET if set; else your own daemon's
     (STATE_DIR/corral.sock) when one answers there, else a shared daemon's (RUNTIME_DIR/corral.sock)."""
-    env = os.environ.get("CORRAL_SOCKET")
-    if env:
-        return Path(env), [Path(env)]
-    personal, shared = default_state_dir() / SOCKET_NAME, runtime_dir() / SOCKET_NAME
-    looked = [personal, shared]
-    if personal.exists() and _answers(personal):
-        return personal, looked
-    if shared.exists():
-        return shared, looked
-    return personal, looked
+    path, looked = wire.locate_socket()
+    return Path(path), [Path(p) for p in looked]
 
 
 def socket_for(socket_opt: Path | None) -> Path:
@@ -238,20 +208,6 @@ def call(
 
 def dump(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2) + "\n")
-
-
-FINAL_STATES = {"succeeded", "failed", "cancelled", "lost"}
-#: How a state shows on a colour terminal: what needs a look (failed, lost) stands out, what is over recedes.
-STATE_STYLES = {
-    "queued": "yellow", "starting": "cyan", "running": "bold green", "succeeded": "green", "failed": "bold red",
-    "cancelled": "dim", "lost": "bold magenta",
-}  # fmt: skip
-
-
-def state_cell(state: str) -> object:
-    """A job's state for a table: corral's own word with its colour; anything else (a newer daemon's) literal."""
-    style = STATE_STYLES.get(state)
-    return Styled(state, style) if style is not None else state
 
 
 #: `corral wait`'s and `corral logs -f`'s exit status for a job that ended without an exit code of its own.
@@ -385,7 +341,7 @@ def submit_cmd(
         output=output, error=error, array=array,
     ) | extra  # fmt: skip
     # One key per submission: a retry after a lost answer gets the job the first attempt made, not a second one.
-    key = {"Idempotency-Key": str(uuid.uuid4())}
+    key = {"Idempotency-Key": wire.idempotency_key()}
     job = call(socket, "POST", "/v1/jobs", describe, json=body, headers=key, retries=SUBMIT_RETRIES).json()
     sys.stdout.write(f"{job['id']}\n")
 
@@ -408,118 +364,32 @@ def _directive_errors(origins: Mapping[str, Any], script: str) -> Callable[[Resp
 
 
 def gpu_count(text: str | None) -> int | None:
-    """`--gpus`: a whole number of GPUs. 0.5 is a share, which --gpu-fraction asks for (a corral error, not click's)."""
-    if text is None:
-        return None
-    value = text.strip()
-    if value.isdigit():
-        return int(value)
+    """`--gpus`: a whole number of GPUs (corral.cli.wire.gpu_count); exits with its error."""
     try:
-        share = float(value)
-    except ValueError:
-        raise fail(f"--gpus: a whole number of GPUs, got {text!r}") from None
-    if 0 < share < 1:
-        raise fail(
-            f"--gpus: a whole number of GPUs, got {text!r}; for a share of one GPU use --gpu-fraction {value} "
-            "(with --gpu-memory for its memory)"
-        )
-    raise fail(f"--gpus: a whole number of GPUs, got {text!r}")
+        return wire.gpu_count(text)
+    except BadInput as exc:
+        raise fail(str(exc)) from None
 
 
-def gres_gpus(text: str) -> tuple[int, str]:
-    """`--gres gpu:N` or `gpu:MODEL:N` (Slurm's generic resources; GPUs are the only kind here): (N, MODEL or "")."""
-    parts = text.strip().split(":")
-    if parts[0] != "gpu" or not 2 <= len(parts) <= 3 or not parts[-1].isdigit() or not all(parts):
-        raise fail(f"--gres: give gpu:N or gpu:MODEL:N (GPUs are the only generic resource here), got {text!r}")
-    return int(parts[-1]), parts[1] if len(parts) == 3 else ""
-
-
-def submit_body(
-    command: tuple[str, ...],
-    gpus: str | int | None,
-    gpu_fraction: float | None,
-    gpu_memory: str | None,
-    cpus: str,
-    memory: str,
-    gpu_model: tuple[str, ...],
-    priority: int,
-    name: str,
-    queue: str | None,
-    retries: int,
-    time_limit: str | None,
-    no_preempt: bool,
-    instances: int,
-    gang: bool,
-    gres: str | None = None,
-    dependency: str | None = None,
-    kill_on_invalid_dep: bool = False,
-    output: str | None = None,
-    error: str | None = None,
-    array: str | None = None,
-) -> dict[str, Any]:
-    """The body of `POST /v1/jobs` for `corral submit`'s options (tests/api/test_first_day.py sends every mix).
-    Slurm's spellings become corral's here: `--gres gpu:MODEL:N` is --gpus N --gpu-model MODEL."""
-    count = gpu_count(str(gpus) if gpus is not None else None)
-    if gres is not None:
-        if gpus is not None:
-            raise fail("--gres: give the GPUs once: --gpus N or --gres gpu:N, not both")
-        count, model = gres_gpus(gres)
-        gpu_model = (*gpu_model, model) if model else gpu_model
-    return {
-        "command": list(command),
-        "gpus": count,
-        "gpu_fraction": gpu_fraction,
-        "gpu_memory": gpu_memory,
-        "cpus": cpus,
-        "memory": memory,
-        "gpu_model": list(gpu_model),
-        "priority": priority,
-        "name": name,
-        **({"queue": queue} if queue is not None else {}),  # absent: an older daemon takes the request as before
-        "retries": retries,
-        "time_limit": time_limit,
-        "preemptible": not no_preempt,
-        "instances": instances,
-        "gang": gang,
-        # absent unless asked: an older daemon takes the request as before
-        **({"dependency": dependency} if dependency is not None else {}),
-        **({"kill_on_invalid_dep": True} if kill_on_invalid_dep else {}),
-        **({"output": output} if output is not None else {}),
-        **({"error": error} if error is not None else {}),
-        **({"array": array} if array is not None else {}),
-        # the rule of corral.jobs.environment: never corral's own variables (CORRAL_TOKEN), never the login's agents
-        "env": admitted_environment(os.environ),
-        "cwd": os.getcwd(),
-    }
+def submit_body(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    """The body of `POST /v1/jobs` for `corral submit`'s options: corral.cli.wire.submit_body, the fast path's too
+    (tests/api/test_first_day.py sends every mix); exits with its error."""
+    try:
+        return wire.submit_body(*args, **kwargs)
+    except BadInput as exc:
+        raise fail(str(exc)) from None
 
 
 def since_time(value: str, now: float) -> float:
-    """`--since`: a duration ago ("90", "45m", "2h") or a date and time ("2026-11-26", "2026-11-26T17:00")."""
-    from datetime import datetime
-
+    """`--since`: a duration ago or a date and time (corral.cli.wire.since_time); exits with its error."""
     try:
-        return datetime.fromisoformat(value).timestamp()
-    except ValueError:
-        pass
-    from corral.model.errors import InvalidRequest
-    from corral.model.units import parse_duration_seconds
-
-    try:
-        return now - parse_duration_seconds(value, "--since")
-    except InvalidRequest as exc:
-        raise fail(
-            f"--since: give a duration ago (45m, 2h) or a date and time (2026-11-26T17:00): {exc.message}"
-        ) from None
-
-
-#: `corral ps` hides jobs that ended longer ago than this, unless --all, --state or --since says otherwise.
-RECENT_S = 3600.0
+        return wire.since_time(value, now)
+    except BadInput as exc:
+        raise fail(str(exc)) from None
 
 
 #: `corral ps` asks the daemon for this many jobs a request (its most), and for as many pages as it takes.
-PS_PAGE = 10000
-#: What `corral ps`'s table shows of a job (its --json: every field).
-PS_FIELDS = "id,name,user,state,command,submitted_at,finished_at,gpus,reason,preempted,array_job_id,array_task_id,array"
+PS_PAGE = wire.PS_PAGE
 
 
 def list_pages(
@@ -527,19 +397,12 @@ def list_pages(
 ) -> tuple[list[dict[str, Any]], str | None]:
     """Every job the daemon lists for `params` (at most `limit`), page after page from `after`; and, when `limit` cut
     the list, the id to page on from (None: nothing left out)."""
-    jobs: list[dict[str, Any]] = []
-    while True:
-        # With a limit, one job more than it shows: whether any was left out (a full page alone does not say).
-        want = PS_PAGE if limit is None else min(PS_PAGE, limit + 1 - len(jobs))
-        page_params = [*params, ("limit", want)] + ([("after", after)] if after is not None else [])
+
+    def fetch(page_params: list[tuple[str, str | int | float]]) -> tuple[list[dict[str, Any]], str | None]:
         response = call(socket, "GET", "/v1/jobs", flag_errors, params=page_params)
-        jobs.extend(response.json())
-        if limit is not None and len(jobs) > limit:
-            del jobs[limit:]
-            return jobs, jobs[-1]["id"]
-        after = response.headers.get("X-Corral-Next-After")
-        if not after:
-            return jobs, None
+        return response.json(), response.headers.get("X-Corral-Next-After") or None
+
+    return listing.pages(fetch, params, limit, after, PS_PAGE)
 
 
 @click.command("ps")
@@ -589,49 +452,12 @@ def ps_cmd(
     shows at most N (and says how to page on with --after). Times are relative here (3m ago) and ISO 8601 with
     --json."""
     now = time.time()
-    params: list[tuple[str, str | int | float]] = [("state", s) for s in state]
-    if everyone:
-        params.append(("all", "true"))
-    elif not state and since is None:
-        params.append(("ended_after", now - RECENT_S))
-    for key, value in (("user", user), ("name", name)):
-        if value is not None:
-            params.append((key, value))
-    if since is not None:
-        params.append(("since", since_time(since, now)))
-    if newest:
-        params.append(("order", "newest"))
-    if array_ref is not None:
-        params.append(("array", array_ref))
-        expand = True
-    if not as_json:  # the table's fields only: under half the bytes to send, decode and read
-        params.append(("fields", PS_FIELDS))
+    try:
+        params = wire.ps_params(everyone, state, user, name, since, newest, array_ref, as_json, now)
+    except BadInput as exc:
+        raise fail(str(exc)) from None
     jobs, more = list_pages(socket, params, limit, after)
-    if more:  # on stderr, so that --json output stays one JSON document
-        say(err, f"more jobs not shown (--limit {limit}): the next ones with --after {more}, or a larger --limit")
-    if as_json:
-        dump(iso_times(jobs))
-        return
-    view = table("ID", "NAME", "USER", "STATE", "GPUS", "SUBMITTED", "ENDED", "COMMAND", "REASON")
-    if expand:  # each task as ID_TASK
-        jobs = [{**j, "id": f"{j['array_job_id']}_{j['array_task_id']}"} if j.get("array_job_id") else j for j in jobs]
-    else:
-        jobs = array_rows(jobs)
-    for j in jobs:
-        ended = j["ended"] if "ended" in j else j["state"] in FINAL_STATES
-        row(
-            view,
-            j["id"],
-            j["name"] or "-",
-            j["user"],
-            state_cell(j["state"]),
-            gpus_text(j),
-            ago(j["submitted_at"], now),
-            ago(j["finished_at"], now) if ended else "-",
-            command_text(j["command"]),
-            short_reason(j, now),
-        )
-    out.print(view)
+    listing.show(jobs, more, limit, expand or array_ref is not None, as_json, now)
 
 
 @click.command("show")

@@ -10,7 +10,9 @@ pydantic, which costs more to import than the rest of such a command together. T
 policies, sim, k8s) load the daemon, the engine, the simulator or the Kubernetes client anyway; they stay with
 Typer, and the root hands them their arguments untouched (`corral sim --help` is Typer's).
 
-`app` is what pyproject's `corral` script calls; `app(...)` runs the command line. For the rest it is the Typer app
+pyproject's `corral` script calls corral.cli.fast:main, which answers the common forms of `corral submit` and
+`corral ps` without click and hands every other command line to `main` here, untouched. `app` is what it called
+before (and what scripts installed then still call); `app(...)` runs the command line. For the rest it is the Typer app
 of the Typer-written commands (typer.testing.CliRunner drives those through it), built on first use.
 tests/cli/test_startup.py checks what a thin-client command imports.
 """

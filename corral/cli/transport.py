@@ -9,13 +9,14 @@ Why not httpx (the daemon's tests use it): importing it costs about 120 ms, near
 may take from start to exit. Over the Unix socket (every command on the daemon's machine) the request is written and
 its answer read here, on a plain socket: http.client costs about 20 ms to import (it imports email.parser and ssl),
 a fifth of what a `corral submit` costs in all, and 4 shells submitting at once spend most of their time starting
-Python (issue 26, item 7). Over TCP (CORRAL_URL, maybe https), http.client does it, imported then. Each call opens
-one connection and closes it: a command makes one request (a few for `logs -f`, seconds apart).
+Python (issue 26, item 7). The socket's side (exchange, parse) is corral.cli.wire's, which `corral submit` and
+`corral ps` use directly on their fast path (corral.cli.fast). Over TCP (CORRAL_URL, maybe https), http.client does
+it, imported then. Each call opens one connection and closes it: a command makes one request (a few for `logs -f`,
+seconds apart).
 """
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -25,25 +26,14 @@ if TYPE_CHECKING:
     import http.client
 
 from corral import __version__
+from corral.cli.wire import CUT_SHORT, TIMEOUT, AnswerLost, NotConnected, TransportError, exchange, why
 
-#: Seconds to wait for the connection and then for each read of the answer (as with httpx's timeout=30 before).
-TIMEOUT = 30.0
+__all__ = ["CUT_SHORT", "TIMEOUT", "AnswerLost", "Endpoint", "Headers", "NotConnected", "Response", "TransportError"]
+
 USER_AGENT = f"corral-cli/{__version__}"
 #: Characters left as they are in a request's path: RFC 3986's pchar and "/", and "%" so that a path quoted by its
 #: caller (an app id) is not quoted twice. Anything else (a space, a control character in a job id) is %-escaped.
 _PATH_SAFE = "/%:@!$&'()*+,;=-._~"
-
-
-class TransportError(Exception):
-    """The request could not be made or its answer not read; `str()` says why in one line."""
-
-
-class NotConnected(TransportError):
-    """No connection: nothing was sent."""
-
-
-class AnswerLost(TransportError):
-    """Connected and (maybe) sent, but no complete answer came back."""
 
 
 @dataclass(frozen=True)
@@ -178,14 +168,10 @@ def request(
         except (OSError, http.client.HTTPException) as exc:
             if isinstance(exc, http.client.RemoteDisconnected | http.client.IncompleteRead):
                 raise AnswerLost(CUT_SHORT) from None
-            raise AnswerLost(_why(exc)) from None
+            raise AnswerLost(why(exc)) from None
         return Response(answer.status, Headers(answer.getheaders()), content)
     finally:
         conn.close()
-
-
-#: What AnswerLost says when the daemon closed the connection before its whole answer came.
-CUT_SHORT = "the connection closed before the whole answer came"
 
 
 def _dumps(value: Any) -> bytes:
@@ -202,85 +188,7 @@ def _dumps(value: Any) -> bytes:
 
 
 def _over_unix(path: str, method: str, where: str, body: bytes | None, headers: dict[str, str]) -> Response:
-    """One HTTP/1.1 request over the daemon's Unix socket, written and read here (see the module's docstring):
-    `Connection: close`, so the answer ends where the daemon closes the connection, and its Content-Length (or its
-    chunks) says whether it all came."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.settimeout(TIMEOUT)
-        try:
-            sock.connect(path)
-        except TimeoutError:
-            raise AnswerLost("timed out connecting") from None
-        except OSError as exc:
-            raise NotConnected(exc.strerror or str(exc)) from None
-        lines = [f"{method} {where} HTTP/1.1", "Host: corral", "Connection: close"]
-        lines += [f"{name}: {value}" for name, value in headers.items()]
-        if body is not None or method in ("POST", "PUT", "PATCH"):
-            lines.append(f"Content-Length: {len(body or b'')}")
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1", "strict")
-        chunks: list[bytes] = []
-        try:
-            sock.sendall(head + (body or b""))
-            while chunk := sock.recv(1 << 16):
-                chunks.append(chunk)
-        except TimeoutError:
-            raise AnswerLost(f"no answer in {TIMEOUT:g} s") from None
-        except OSError as exc:
-            if not chunks:
-                raise AnswerLost(_why(exc)) from None
-            # e.g. a reset after the whole answer came (the daemon closed with our request's bytes unread)
-    finally:
-        sock.close()
-    return _parse(b"".join(chunks))
-
-
-def _parse(raw: bytes) -> Response:
-    """An HTTP/1.1 answer read to its end; AnswerLost if it is not whole."""
-    head, sep, rest = raw.partition(b"\r\n\r\n")
-    if not sep:
-        raise AnswerLost(CUT_SHORT)
-    status_line, *header_lines = head.decode("latin-1").split("\r\n")
-    version, _, code = status_line.partition(" ")
-    if not version.startswith("HTTP/") or not code[:3].isdigit():
-        raise AnswerLost(f"not an HTTP answer: {status_line[:80]!r}")
-    pairs = []
-    for line in header_lines:
-        name, colon, value = line.partition(":")
-        if colon:
-            pairs.append((name.strip(), value.strip()))
-    found = Headers(pairs)
-    if found.get("Transfer-Encoding", "").lower() == "chunked":
-        content = _unchunk(rest)
-    else:
-        length = found.get("Content-Length")
-        if length is not None and (not length.isdigit() or len(rest) < int(length)):
-            raise AnswerLost(CUT_SHORT)
-        content = rest if length is None else rest[: int(length)]
-    return Response(int(code[:3]), found, content)
-
-
-def _unchunk(data: bytes) -> bytes:
-    parts: list[bytes] = []
-    at = 0
-    while True:
-        end = data.find(b"\r\n", at)
-        if end < 0:
-            raise AnswerLost(CUT_SHORT)
-        try:
-            size = int(data[at:end].split(b";")[0], 16)
-        except ValueError:
-            raise AnswerLost("a malformed chunk in the answer") from None
-        if size == 0:
-            return b"".join(parts)
-        start = end + 2
-        if len(data) < start + size + 2:
-            raise AnswerLost(CUT_SHORT)
-        parts.append(data[start : start + size])
-        at = start + size + 2
-
-
-def _why(exc: BaseException) -> str:
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror.lower()
-    return str(exc) or type(exc).__name__
+    """One HTTP/1.1 request over the daemon's Unix socket, written and read by corral.cli.wire (the fast path's
+    too): `Connection: close`, and its Content-Length (or its chunks) says whether the whole answer came."""
+    status, pairs, content = exchange(path, method, where, body, headers)
+    return Response(status, Headers(pairs), content)

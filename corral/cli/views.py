@@ -22,7 +22,10 @@ import shlex
 import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+
+TYPE_CHECKING = False  # typing's, without importing typing: `corral ps`'s fast path draws with this module
+if TYPE_CHECKING:
+    from typing import Any
 
 #: What a table shows of a reason: one line, this many characters at most (`show` and `explain` show it all).
 REASON_CELLS = 60

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import operator
 import re
 import threading
 import time
@@ -83,6 +84,12 @@ MAX_BACKOFF_S = 300.0
 #: the pass stops placing once it has this many, and the rest of a burst waits for the next rounds, so 500
 #: submissions do not hold the lock for seconds (issue 12).
 STARTS_PER_ROUND = 4
+#: With `Daemon.quiet_rounds` (the server's loop), a round whose inputs are the last round's (the same job
+#: objects waiting and holding, the same GPU sample and queues configuration, nothing started, preempted or ended
+#: since) is not run again for this long: 5,000 waiting jobs cost a round 6-17 ms of CPU five times a second, taken
+#: from the listings and submissions that share the GIL (issue 26, item 7). What only the clock changes (a running
+#: job's minimum runtime passing, a reservation moving) is seen within this time.
+QUIET_ROUND_S = 1.0
 WATCHDOG_MODES = ("off", "warn", "kill")
 #: Jobs read per step of a restart's catch-up (`Daemon.catch_up`): each step holds the daemon's lock once, for
 #: milliseconds (about 10-20 ms on the 2-core development machine; 100 ms at a load of 10), however long the history.
@@ -261,6 +268,12 @@ class Daemon:
         self.preemption_rules = preemption_rules
         #: Victims signalled and not yet exited: victim id -> (preemptor id, kill deadline). One preemption at a time.
         self._preempting: dict[str, tuple[str, float]] = {}
+        #: The inputs of the latest round that changed nothing (`_same_round`): its time, holding and waiting jobs,
+        #: GPU sample and queues configuration; None after a round that started or preempted a job.
+        self._quiet: tuple[float, list[Job], list[Job], object, object] | None = None
+        #: Whether `tick` leaves out a pass whose inputs did not change (QUIET_ROUND_S): the server's loop sets it;
+        #: tests and the simulator, which drive rounds themselves, get every pass.
+        self.quiet_rounds = False
         #: Queues, limits and fair share (corral.daemon.queues); one queue without limits when no file is given.
         self.queues = queues if queues is not None else Queues(node)
         #: How jobs are contained, in words (the executor's cgroups, or its "no cgroups: ..." notice; None: not said).
@@ -534,6 +547,10 @@ class Daemon:
     def tick(self, unlocked: Callable[[], contextlib.AbstractContextManager[object]] | None = None) -> list[str]:
         """One round: collect exits, schedule, launch. Returns the ids started.
 
+        With `quiet_rounds` (the server's loop), exits, controllers, time limits and GPU samples are seen as always,
+        but the scheduling pass is left out when its inputs are those of the last pass, which changed nothing (see
+        QUIET_ROUND_S).
+
         `unlocked`: a context in which the daemon's lock is released (the server's loop passes one). The round then
         starts its jobs' supervisors outside the lock: everything is decided and stored (STARTING, with the grant)
         under it, and only the process launches, which take milliseconds each, happen without it, so API calls
@@ -554,8 +571,11 @@ class Daemon:
         self.usage.observe(holding, self.gpu_use, now)
         if self.watchdog != "off":
             self._watch_memory(holding)
-        snapshot = self.snapshot(holding)
         queued = self.store.list([JobState.QUEUED])
+        if self.quiet_rounds and self._same_round(holding, queued, now):
+            self.ticked_at = time.monotonic()
+            return []
+        snapshot = self.snapshot(holding)
         # Jobs whose dependencies do not hold yet are not offered: neither scheduled nor counted in a queue's order.
         waiting, blocked = self._dependencies(queued, holding)
         on_hold = {j.id: held_reason(j) for j in queued if j.spec.held_by}
@@ -617,8 +637,29 @@ class Daemon:
                 started.append(job.id)
                 busy.update(spec.gpu_uuids)
         self._stop_idle_mps(busy)
+        quiet = not prepared and not decided.preemptions
+        self._quiet = (now, list(holding), queued, self.gpu_use, self.queues.config) if quiet else None
         self.ticked_at = time.monotonic()
         return started
+
+    def _same_round(self, holding: list[Job], queued: list[Job], now: float) -> bool:
+        """Whether a scheduling pass now would see what the last one saw, which changed nothing: the same job
+        objects (the store's copies are replaced, never changed, on every write) waiting and holding, the same GPU
+        sample and queues configuration, no exit, preemption or write waiting to be stored; within QUIET_ROUND_S."""
+        last = self._quiet
+        if last is None or not 0 <= now - last[0] < QUIET_ROUND_S:
+            return False
+        if self._exits or self._preempting or self._unrecorded or self._requeue or self._store_failing:
+            return False
+        _, was_holding, was_queued, gpu_use, config = last
+        return (
+            gpu_use is self.gpu_use
+            and config is self.queues.config
+            and len(was_holding) == len(holding)
+            and len(was_queued) == len(queued)
+            and all(map(operator.is_, was_holding, holding))
+            and all(map(operator.is_, was_queued, queued))
+        )
 
     def _say_ending(self) -> None:
         """Jobs the executor holds although their supervisor is gone (their cgroup still has processes, being

@@ -33,6 +33,7 @@ import atexit
 import base64
 import contextlib
 import fcntl
+import gc
 import io
 import ipaddress
 import logging
@@ -45,7 +46,7 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -123,18 +124,50 @@ class ServeError(CorralError):
     """`corral serve` cannot start; the message says what to do."""
 
 
-def round_rest(cpu_s: float) -> float:
-    """Seconds from the end of a round that used `cpu_s` seconds of CPU to the start of the next, at the least.
+def round_rest(cpu_s: float, held_s: float = 0.0) -> float:
+    """Seconds from the end of a round to the start of the next, at the least: 3 times the more of the CPU it used
+    (`cpu_s`) and the time it held the daemon's lock (`held_s`, its launches' waits on their supervisors left out:
+    they run without the lock).
 
     A burst of submissions wakes the loop for each one, and a round looks at the whole queue: the next round waits
     3 c after the last, so scheduling takes at most a quarter of the CPU (and of the GIL the submissions need) under
-    a burst, however long the queue makes a round, while a quick round is followed at once. Counted in the round's
-    CPU, not its wall time: the jobs' launches in a round wait on their supervisors, not on the CPU, and a loaded
-    machine stretches a round's wall time without it costing the submissions more. (The rest was the wall time's,
-    and nothing past 0.2 s from a round's start: a round past 0.2 s, which a queue of thousands with queues on reaches
-    on a busy machine, was followed by the next at once, and a burst's submissions lost half their rate: issue 26,
-    item 7.)"""
-    return min(MAX_ROUND_REST_S, REST_PER_ROUND_CPU * cpu_s)
+    a burst, however long the queue makes a round, while a quick round is followed at once. And at most a quarter of
+    the lock's time, which each submission needs: on a loaded machine a round holds the lock for several times its
+    CPU (waiting for a core and for the GIL), and paced by its CPU alone the rounds held the lock most of the time
+    and a burst of 5,000 submissions with queues on lost 40 % of its rate (169/s against 193-295/s, issue 26, item 7).
+    Launches do not count: they wait on their supervisors without the lock, and counting them slowed an array's
+    1,000 starts. (Before either: nothing past 0.2 s from a round's start; a round past 0.2 s, which a queue of
+    thousands with queues on reaches on a busy machine, was followed by the next at once.)"""
+    return min(MAX_ROUND_REST_S, REST_PER_ROUND_CPU * max(cpu_s, held_s))
+
+
+def start_frozen() -> int:
+    """Put what the start made out of the garbage collector's sight (`gc.freeze`); returns how many objects.
+
+    Modules, classes, FastAPI's routes and pydantic's schemas (hundreds of thousands of objects) live as long as the
+    process, and every full collection walked them all: 50-70 ms of CPU, which fell under the daemon's lock when a
+    round or a restart's catch-up was the code that allocated the most (issue 26, item 7: a catch-up's hold of
+    545 ms at a load of 5; none over 30 ms with them frozen). Objects are still freed by their reference counts; the
+    start's few cycles of garbage are kept (a collection first would cost the restart's first answer 50-70 ms)."""
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
+class _LetGo:
+    """`Released` for a round's launches, counting the seconds the lock was let go."""
+
+    def __init__(self, lock: threading.Lock, clock: Callable[[], float] = time.monotonic) -> None:
+        self.lock, self.clock = lock, clock
+        self.seconds = 0.0
+
+    @contextlib.contextmanager
+    def __call__(self) -> Iterator[None]:
+        began = self.clock()
+        try:
+            with Released(self.lock):
+                yield
+        finally:
+            self.seconds += self.clock() - began
 
 
 # ------------------------------------------------------------------------------------------------ peer credentials
@@ -645,6 +678,8 @@ def serve(
             label += "; time-sliced shares (no MPS)" if sharing == "time-slicing" else "; no MPS here"
         label += f"; GPU memory watchdog: {watchdog}"
 
+    daemon.quiet_rounds = True  # a pass whose inputs did not change is left out (core.QUIET_ROUND_S)
+
     def loop() -> None:
         steps = daemon.catch_up()
         while not stop.is_set():
@@ -662,16 +697,22 @@ def serve(
             stop.wait(CATCH_UP_PAUSE_S)
         while not stop.is_set():
             cpu = time.thread_time()
+            let_go = _LetGo(lock)
+            held = 0.0
             try:
                 with lock:
-                    daemon.tick(unlocked=lambda: Released(lock))  # launches run without the lock
+                    began = time.monotonic()
+                    try:
+                        daemon.tick(unlocked=let_go)  # launches run without the lock
+                    finally:
+                        held = time.monotonic() - began - let_go.seconds
             except Exception:  # keep scheduling; the next tick tries again
                 log.exception("tick failed")
             cpu = time.thread_time() - cpu
             ended = time.monotonic()
             woken.wait(tick_s)
             woken.clear()
-            rest = round_rest(cpu) - (time.monotonic() - ended)
+            rest = round_rest(cpu, held) - (time.monotonic() - ended)
             if rest > 0:
                 stop.wait(rest)
 
@@ -751,6 +792,7 @@ def serve(
     sys.stderr.flush()
     _log_to_stderr(held)
 
+    start_frozen()
     ticker.start()
     dashboard.start()
     pruner = Pruner(store, retention_s) if retention_s is not None else None
@@ -783,6 +825,7 @@ def serve(
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         state_lock.close()  # the last thing: nothing of this daemon touches the state directory after it
+        gc.unfreeze()  # serve() run in a longer process (tests): what it froze may be collected again
         finished.set()
     if exit_process:
         _exit_now()

@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import os
 import pwd
-from collections.abc import Mapping
+
+TYPE_CHECKING = False  # typing's, without importing collections: `corral submit`'s fast path imports this module
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 

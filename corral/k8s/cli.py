@@ -190,6 +190,8 @@ def scheduler_cmd(
         queues_config = load_queues(queues) if queues else None
         scheduler = Scheduler(connect(kubeconfig), config, scheduler_name, qps, burst, batch_window_ms / 1000,
                               bind_workers, queues=queues_config)  # fmt: skip
+        if queues_config is not None:
+            scheduler.preempting()  # the queues' round preempts through the Eviction API (docs/k8s-scheduler.md)
         scheduler.gang_partial_seconds = gang_timeout_s
     except (InvalidRequest, CorralError) as exc:
         raise _fail(str(exc)) from None

@@ -135,8 +135,13 @@ class RealKubeApi:
             resp.release_conn()
         return data
 
+    def _lister(self, kind: str) -> Any:
+        if kind == "poddisruptionbudgets":  # preemption's (corral.k8s.scheduler.evict)
+            return self._client.PolicyV1Api(self.core.api_client).list_pod_disruption_budget_for_all_namespaces
+        return self.core.list_node if kind == "nodes" else self.core.list_pod_for_all_namespaces
+
     def list(self, kind: str, field_selector: str = "") -> tuple[list[JsonObj], str]:
-        fn = self.core.list_node if kind == "nodes" else self.core.list_pod_for_all_namespaces
+        fn = self._lister(kind)
         body = _loads(self._body(f"list {kind}", fn, field_selector=field_selector or None))
         return list(body.get("items") or []), str(body.get("metadata", {}).get("resourceVersion", ""))
 
@@ -144,7 +149,7 @@ class RealKubeApi:
         # The stream is read here, not through kubernetes.watch.Watch: corral wants the objects as JSON (Watch would
         # build model objects first), and a watch must end as soon as `stop` is set, not at the next event (Watch
         # checks its stop flag only between events, and a quiet cluster may send none for minutes).
-        fn = self.core.list_node if kind == "nodes" else self.core.list_pod_for_all_namespaces
+        fn = self._lister(kind)
         resp = self._call(f"watch {kind}", fn, watch=True, resource_version=resource_version or None,
                           timeout_seconds=WATCH_SECONDS)  # fmt: skip
         done = threading.Event()
@@ -208,6 +213,11 @@ class RealKubeApi:
             raise KubeApiError(f"{what}: {resp.status} {resp.reason}: {_status_message(data)}", resp.status)
         return data
 
+    def evict_pod(self, namespace: str, name: str, uid: str = "") -> None:
+        """As WireKubeApi.evict_pod: a policy/v1 Eviction, the pod's own grace period, `uid` as a precondition."""
+        path = f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}/eviction"
+        self._post(f"evict pod {namespace}/{name}", path, eviction_body(namespace, name, uid))
+
     def patch_node_metadata(self, name: str, annotations: dict[str, str], labels: dict[str, str]) -> None:
         body = {"metadata": {"annotations": annotations, "labels": labels}}
         self._body(f"annotate node {name}", self.core.patch_node, name, body)
@@ -246,6 +256,15 @@ class RealKubeApi:
         fn = self.core.list_namespaced_event
         body = _loads(self._body(f"list events in {namespace}", fn, namespace, field_selector=field_selector or None))
         return list(body.get("items") or [])
+
+
+def eviction_body(namespace: str, name: str, uid: str) -> JsonObj:
+    """A policy/v1 Eviction of pod `namespace/name`: no gracePeriodSeconds (the pod's own applies), its `uid` (where
+    known) as a precondition, so a pod made again under that name is not evicted."""
+    body: JsonObj = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
+    if uid:
+        body["deleteOptions"] = {"preconditions": {"uid": uid}}
+    return body
 
 
 def binding_body(namespace: str, name: str, uid: str, node: str, annotations: dict[str, str] | None) -> JsonObj:

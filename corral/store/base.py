@@ -26,7 +26,7 @@ from corral.jobs.model import FINAL_STATES, TRANSITIONS, InvalidTransition, Job,
 from corral.jobs.usage import Usage
 from corral.model.errors import CorralError, InvalidRequest
 from corral.model.resources import GpuGrant
-from corral.store.acct import AcctQuery, AcctRecord, SummaryRow
+from corral.store.acct import AcctColumns, AcctQuery, AcctRecord, SummaryRow
 
 
 class JobNotFound(InvalidRequest):
@@ -208,6 +208,10 @@ class Store(Protocol):
     def acct(self, query: AcctQuery) -> builtins.list[AcctRecord]:
         """One page of the records that match `query`, by end time then id. Cost follows the page and the records the
         filters select (the SQL store reads them from indexes by end time), not the whole history."""
+        ...
+
+    def acct_columns(self, query: AcctQuery) -> AcctColumns:
+        """`acct`'s page column by column (the same records in the same order): no object per record."""
         ...
 
     def acct_summary(self, query: AcctQuery) -> builtins.list[SummaryRow]:

@@ -9,7 +9,7 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from corral.jobs.model import FINAL_STATES, Job, JobSpec, JobState, check_admissible, spec_from_json, spec_to_json
-from corral.store.acct import AcctQuery, AcctRecord, SummaryRow, record_of, summarize
+from corral.store.acct import AcctColumns, AcctQuery, AcctRecord, SummaryRow, record_of, summarize
 from corral.store.base import (
     IDEMPOTENCY_TTL_S,
     JobNotFound,
@@ -160,6 +160,9 @@ class MemoryStore:
     def acct(self, query: AcctQuery) -> builtins.list[AcctRecord]:
         found = sorted(self._records(query), key=lambda r: (r.ended_at, int(r.id)))
         return found if query.limit is None else found[: query.limit]
+
+    def acct_columns(self, query: AcctQuery) -> AcctColumns:
+        return AcctColumns.of(self.acct(query))
 
     def acct_summary(self, query: AcctQuery) -> builtins.list[SummaryRow]:
         return summarize(self._records(query))

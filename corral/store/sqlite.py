@@ -69,7 +69,7 @@ from corral.jobs.model import (
 )
 from corral.jobs.usage import Usage
 from corral.model.resources import GpuGrant
-from corral.store.acct import AcctQuery, AcctRecord, SummaryRow, record_of
+from corral.store.acct import AcctColumns, AcctQuery, AcctRecord, SummaryRow, record_of
 from corral.store.base import (
     IDEMPOTENCY_TTL_S,
     JobNotFound,
@@ -287,6 +287,8 @@ _COLUMNS = (
     "usage",
 )
 _SELECT = f"SELECT {', '.join(_COLUMNS)} FROM jobs"
+#: Ids per `WHERE id IN (...)` read of a listing's jobs not in the memory copy (SQLite's limit on parameters: 32,766).
+_IDS_PER_READ = 500
 
 
 class SqliteStore:
@@ -473,16 +475,24 @@ class SqliteStore:
                 return []
             where.append("id < ?" if query.newest_first else "id > ?")
             params.append(cursor)
-        sql = _SELECT + (f" WHERE {' AND '.join(where)}" if where else "")
+        sql = "SELECT id FROM jobs" + (f" WHERE {' AND '.join(where)}" if where else "")
         sql += " ORDER BY id DESC" if query.newest_first else " ORDER BY id"
         if query.limit is not None:
             sql += " LIMIT ?"
             params.append(query.limit)
         with self._read("listing jobs"):
             self._sync()
-            rows = self._conn.execute(sql, params).fetchall()
+            # The page's ids first: its active jobs are in the memory copy, and only the others' rows (the spec, with
+            # its environment: kilobytes a job) are read and decoded. 5,000 waiting jobs: 3 ms, not 13.
+            ids = [row[0] for row in self._conn.execute(sql, params)]
             active = self._active
-            return [active.get(row[0]) or self._decode(row) for row in rows]
+            missing = [i for i in ids if i not in active]
+            decoded: dict[int, Job] = {}
+            for at in range(0, len(missing), _IDS_PER_READ):
+                chunk = missing[at : at + _IDS_PER_READ]
+                for row in self._conn.execute(f"{_SELECT} WHERE id IN ({', '.join('?' * len(chunk))})", chunk):
+                    decoded[row[0]] = self._decode(row)
+            return [job for i in ids if (job := active.get(i) or decoded.get(i)) is not None]
 
     def transition(
         self, job_id: str, to: JobState, *, expect: Collection[JobState] | None = None, **fields: Any
@@ -567,6 +577,29 @@ class SqliteStore:
         with self._reading("reading the accounts") as conn:
             rows = conn.execute(sql, params).fetchall()
         return [_acct_record(row) for row in rows]
+
+    def acct_columns(self, query: AcctQuery) -> AcctColumns:
+        where, params = _acct_where(query)
+        rows: builtins.list[Any] = []
+        if where is not None:
+            sql = f"SELECT {', '.join(_ACCT_COLUMNS)} FROM acct{where} ORDER BY ended_at, job_id"
+            if query.limit is not None:
+                sql += " LIMIT ?"
+                params.append(query.limit)
+            with self._reading("reading the accounts") as conn:
+                rows = conn.execute(sql, params).fetchall()
+        if not rows:
+            return AcctColumns.of([])
+        ended, job_id, uid, user, queue, name, state, code, submitted, started, elapsed, gpu_milli, ids, *rest = (
+            builtins.list(column) for column in zip(*rows, strict=True)
+        )
+        cpu_milli, util, mem, samples, simulated = rest
+        # a few distinct GPU sets (4 GPUs: at most 16), each parsed once
+        parsed = {text: () if text == "[]" else tuple(int(i) for i in json.loads(text)) for text in set(ids)}
+        return AcctColumns(
+            builtins.list(map(str, job_id)), name, user, uid, queue, state, code, submitted, started, ended, elapsed,
+            gpu_milli, [parsed[text] for text in ids], cpu_milli, util, mem, samples, [bool(s) for s in simulated],
+        )  # fmt: skip
 
     def acct_summary(self, query: AcctQuery) -> builtins.list[SummaryRow]:
         # The whole hours of the window come from acct_hours (a row per hour, user, queue, state and uid: a month of

@@ -154,3 +154,21 @@ def test_bad_input_gets_a_422_naming_the_field(box: Box) -> None:
     )
     assert error(box, "/v1/acct", 422, limit=0)[0] == "limit"
     assert error(box, "/v1/acct", 422, limit=10**6)[0] == "limit"
+
+
+def test_the_columns_layout_has_the_rows_values_field_by_field(box: Box) -> None:
+    jobs = [run(box, 3600, gpus=2, cpus="4", name="resnet"), run(box, 60, exit_code=3, ticks=0), run(box, 90, gpus=1)]
+    cancelled = box.submit(ALICE, gpus=1)  # cancelled before a round starts it
+    assert box.client().post(f"/v1/jobs/{cancelled}/cancel").status_code == 200
+    for params in ({}, {"limit": 2}, {"state": "failed"}):
+        rows = acct(box, **params)
+        r = box.client().get("/v1/acct", params={**params, "layout": "columns"})
+        assert r.status_code == 200, r.text
+        columns = r.json()
+        assert list(columns) == list(rows[0])  # AcctOut's fields, in order
+        assert [dict(zip(columns, values, strict=True)) for values in zip(*columns.values(), strict=True)] == rows
+        rows_page = box.client().get("/v1/acct", params=params)
+        assert r.headers.get("X-Corral-Next-After") == rows_page.headers.get("X-Corral-Next-After")
+    assert {r["id"] for r in acct(box)} == {*jobs, cancelled}
+    field, message = error(box, "/v1/acct", 422, layout="table")
+    assert (field, message) == ("layout", "Input should be 'rows' or 'columns'")

@@ -176,6 +176,11 @@ def test_a_listings_rows_are_jobouts_fields_exactly(world: World) -> None:
         row, model = job_row(job), JobOut.of(job).model_dump()
         assert row == model and list(row) == list(model)
         assert [type(v) for v in row.values()] == [type(v) for v in model.values()]
+        # a listing's `fields=`: each field built alone (ROW), the same as the whole row's
+        alone = job_row(job, list(JobOut.model_fields))
+        assert alone == row and list(alone) == list(row)
+        assert [type(v) for v in alone.values()] == [type(v) for v in row.values()]
+        assert job_row(job, ["state", "id"]) == {"state": row["state"], "id": row["id"]}
     listed = alice.get("/v1/jobs").json()
     assert listed == [JobOut.of(j).model_dump(mode="json") for j in jobs[:-1] if j.spec.user == "alice"]
 

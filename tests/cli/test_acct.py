@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from click.testing import CliRunner, Result
 
 from corral.cli import acct as acct_cli
 from corral.cli import client
+from corral.cli.render import Columns, Styled
 from tests.api.test_acct import run
 from tests.api.test_api import ALICE, BOB, ROOT
 from tests.api.test_read_views import T0, Box
@@ -78,6 +80,7 @@ def test_the_table_shows_hours_and_marks_simulated_figures(box: Box, monkeypatch
 def test_json_and_csv(box: Box, monkeypatch: pytest.MonkeyPatch) -> None:
     job = run(box, 3600, gpus=1)
     (row,) = json.loads(ok(acct(box, monkeypatch, *SINCE, "--json")))
+    assert list(row) == list(box.client(ALICE).get("/v1/acct").json()[0])  # the API's fields, in its order
     assert row["id"] == job and row["simulated"] is True and row["gpu_hours"] == 1.0
     assert row["ended_at"].startswith("2027-01-15T") and row["elapsed_s"] == 3600
     (few,) = json.loads(ok(acct(box, monkeypatch, *SINCE, "--json", "-o", "id,gpu_util")))
@@ -169,3 +172,70 @@ def test_bad_input_gets_a_clear_error(box: Box, monkeypatch: pytest.MonkeyPatch)
         "error: --state: must be one of cancelled, failed, lost, succeeded (the states of jobs that ended; completed "
         "is succeeded), got 'running'"
     )
+
+
+def test_the_piped_table_is_the_one_columns_draws(box: Box, monkeypatch: pytest.MonkeyPatch) -> None:
+    # drawn a column at a time when piped: the same text as a Columns table row by row, for any cell
+    headers = ["ID", "NAME", "STATE", "EXIT", "LAST"]
+    cells: list[list[object]] = [
+        ["7", "12", "1234567"],
+        ["[/bold]\x1b[2J", "训练作业", ""],
+        [Styled("succeeded", "green"), "weird\tstate", Styled("failed", "red")],
+        [0, None, 137],
+        ["", "-", "x"],
+    ]
+    for chosen in (range(5), [0, 2, 3], [1, 4], [0]):
+        view = Columns(*(headers[i] for i in chosen))
+        for record in zip(*(cells[i] for i in chosen), strict=True):
+            view.add_row(*record)
+        expected = "".join(line + "\n" for line in view.lines(color=False, cells=None))
+        assert acct_cli.plain_table([headers[i] for i in chosen], [cells[i] for i in chosen]) == expected
+    assert acct_cli.plain_table(["ID", "NAME"], [[], []]) == "ID   NAME\n"
+    # and through the command: piped, and styled for a terminal (FORCE_COLOR), the same text
+    run(box, 3600, gpus=2, name="训练")
+    run(box, 60, exit_code=3, ticks=0, name="[/bold]")
+    run(box, 90)
+    piped = ok(acct(box, monkeypatch, *SINCE))
+    assert "训练" in piped and "[/bold]" in piped
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    styled = ok(acct(box, monkeypatch, *SINCE))
+    assert styled != piped and re.sub(r"\x1b\[[0-9;]*m", "", styled) == piped
+
+
+def test_an_older_daemon_without_the_columns_layout(box: Box, monkeypatch: pytest.MonkeyPatch) -> None:
+    for _ in range(3):
+        run(box, 3600, gpus=1)
+    run(box, 60, exit_code=3, ticks=0)
+    monkeypatch.setattr(acct_cli, "PAGE", 3)
+    argvs = [[*SINCE], [*SINCE, "--csv", "-o", "id,gpu_ids,started,gpu_util"], [*SINCE, "--json"]]
+    now = [ok(acct(box, monkeypatch, *argv)) for argv in argvs]
+    api = box.client(ALICE)
+
+    def rows_only(
+        _socket: Any, method: str, url: str, describe: Any = None, *_: Any, params: Any = None, **__: Any
+    ) -> Any:
+        answer = api.get(url, params=[(k, v) for k, v in params if k != "layout"])  # as a daemon that ignores it
+        assert answer.status_code == 200 and isinstance(answer.json(), list)
+        return answer
+
+    monkeypatch.setattr(client, "call", rows_only)
+    assert [ok(CliRunner().invoke(acct_cli.acct_cmd, argv)) for argv in argvs] == now
+
+
+def test_a_page_that_fails_after_the_first_fails_the_command(box: Box, monkeypatch: pytest.MonkeyPatch) -> None:
+    for _ in range(3):
+        run(box, 60, ticks=1)
+    monkeypatch.setattr(acct_cli, "PAGE", 1)
+    api = box.client(ALICE)
+    calls: list[Any] = []
+
+    def call(_socket: Any, method: str, url: str, describe: Any = None, *_: Any, params: Any = None, **__: Any) -> Any:
+        calls.append(params)
+        if len(calls) == 3:  # the read-ahead thread's second page
+            raise client.fail("corral serve stopped answering")
+        return api.get(url, params=params)
+
+    monkeypatch.setattr(client, "call", call)
+    result = CliRunner().invoke(acct_cli.acct_cmd, [*SINCE])
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.strip() == "error: corral serve stopped answering"

@@ -123,8 +123,17 @@ exit 3
 
 
 def ended(corral: Corral, job: str) -> str:
-    """The job's final state, once it has one (with its reason, to say why when it is not the one expected)."""
-    wait_for(f"job {job} to end", lambda: corral.state(job) in ("succeeded", "failed", "cancelled"), timeout=60)
+    """The job's final state, once it has one (with its reason, to say why when it is not the one expected). A
+    failure with a retry left is not final: the daemon stores FAILED, then the job's return to the queue, and a
+    look between the two writes (a loaded machine) sees "failed"."""
+
+    def final() -> bool:
+        found = corral.jobs()[job]
+        if found["state"] == "failed":
+            return bool(found["attempts"] > found["request"]["retries"])
+        return found["state"] in ("succeeded", "cancelled")
+
+    wait_for(f"job {job} to end", final, timeout=60)
     found = corral.jobs()[job]
     return str(found["state"]) if found["state"] == "succeeded" else f"{found['state']}: {found['reason']}"
 

@@ -6,6 +6,7 @@ the libraries only they need; the API does not borrow from the CLI."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -154,3 +155,61 @@ def test_shell_completion_of_commands_and_options() -> None:
 
     assert complete("corral p") == ["ps", "place", "policies"]
     assert complete("corral ps --s") == ["--state", "--since", "--socket"]
+
+
+#: What `corral submit` and `corral ps` must not load on the fast path (corral.cli.fast): click and what it costs,
+#: and the standard modules the slower path needs (each a few ms of a start that is the floor of 4 shells' rate).
+NOT_ON_THE_FAST_PATH = (
+    "click", "dataclasses", "inspect", "typing", "socket", "json", "orjson", "uuid", "http", "urllib", "pathlib",
+    "corral.cli.main", "corral.cli.client", "corral.cli.transport", "rich", "typer",
+)  # fmt: skip
+
+
+def on_the_fast_path(modules: list[str]) -> list[str]:
+    return [m for m in modules if any(m == n or m.startswith(n + ".") for n in NOT_ON_THE_FAST_PATH)]
+
+
+@pytest.mark.parametrize(
+    ("argv", "answer"),
+    [
+        (["submit", "--gpus", "1", "--name", "x", "--", "true"], b'{"id": "7"}'),
+        (["ps"], b"[]"),
+        (["ps", "-a", "--state", "pending", "-u", "root"], b"[]"),  # --json: json writes it
+    ],
+)
+def test_the_fast_path_loads_neither_click_nor_dataclasses(tmp_path: Path, argv: list[str], answer: bytes) -> None:
+    """The console script's entry point (corral.cli.fast) against a socket that answers: no click, no dataclasses,
+    typing, socket, json, uuid (the ps table's own views and render, and re with them, are fine)."""
+    from tests.cli.test_fast import FakeDaemon, http
+
+    sock = tmp_path / "s"
+    daemon = FakeDaemon(sock, [http("201 Created", answer)])
+    # loaded_after's probe imports json itself: this one reports with repr; -S: what site loads (an editable
+    # install's finder: pathlib, urllib) is the environment's, not the command's
+    probe = (
+        f"import sys\nsys.argv = ['corral', *{argv!r}]\nfrom corral.cli.fast import main\nmain()\n"
+        "sys.__stdout__.write('\\n' + repr(sorted(sys.modules)) + '\\n')\n"
+    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-S", "-c", probe], capture_output=True, text=True, timeout=60, cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT), "CORRAL_SOCKET": str(sock)},
+        )  # fmt: skip
+    finally:
+        daemon.close()
+    assert done.returncode == 0, done.stderr
+    modules = list(ast.literal_eval(done.stdout.strip().splitlines()[-1]))
+    assert daemon.requests, "nothing was sent"
+    assert "corral.cli.fast" in modules
+    assert on_the_fast_path(modules) == []
+    assert heavy(modules) == []
+    if argv[0] == "submit":  # nothing but corral's own three modules and what they need of the core
+        assert [m for m in modules if m.startswith("corral")] == [
+            "corral", "corral.cli", "corral.cli.fast", "corral.cli.wire", "corral.jobs", "corral.jobs.environment"
+        ]  # fmt: skip
+        assert "re" not in modules and "collections" not in modules
+
+
+def test_the_console_script_is_the_fast_path() -> None:
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts == {"corral": "corral.cli.fast:main"}

@@ -136,6 +136,8 @@ def test_the_standalone_mode_runs_corrals_scheduler_with_the_agreed_flags_and_rb
         ("", "pods/status"): {"patch"},
         ("", "events"): {"create", "patch"},
         ("events.k8s.io", "events"): {"create", "patch"},
+        ("", "pods/eviction"): {"create"},  # preemption through the Eviction API
+        ("policy", "poddisruptionbudgets"): {"get", "list", "watch"},  # budgets watched: their pods never picked
     }
     binding = docs[("ClusterRoleBinding", "corral-scheduler")]
     assert binding["roleRef"]["name"] == "corral-scheduler"

@@ -184,7 +184,8 @@ def test_the_standalone_manifests_create_in_one_pass_and_grant_what_the_schedule
     """The standalone mode's manifests (corral-standalone.yaml's, into a namespace of their own: with no
     controller-manager here the extender test's deleted namespace stays Terminating), created in one pass in file
     order; its ServiceAccount (a token of its own) lists nodes and pods, binds with the assignment in the Binding,
-    sets a pod's PodScheduled condition, writes core and events.k8s.io Events, and may not patch a pod itself."""
+    sets a pod's PodScheduled condition, writes core and events.k8s.io Events, reads PodDisruptionBudgets, evicts a
+    pod through the Eviction API, and may not patch a pod itself."""
     ns = "corral-sa"
     docs = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
             *documents(render_chart(namespace=ns, overrides=PLAIN["corral-standalone.yaml"]))]  # fmt: skip
@@ -223,8 +224,13 @@ def test_the_standalone_manifests_create_in_one_pass_and_grant_what_the_schedule
         with pytest.raises(client.ApiException) as denied:
             sched.patch_namespaced_pod("pending-probe", "default", {"metadata": {"labels": {"x": "y"}}})
         assert denied.value.status == 403
-        for name in ("sched-probe", "pending-probe"):
-            core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+        # preemption: the budgets read (listed and watched), a victim evicted through the Eviction API
+        budgets = client.PolicyV1Api(token_api)
+        assert budgets.list_pod_disruption_budget_for_all_namespaces(watch=False).items is not None
+        sched.create_namespaced_pod_eviction("sched-probe", "default", client.V1Eviction(
+            metadata=client.V1ObjectMeta(name="sched-probe", namespace="default")))  # fmt: skip
+        assert "sched-probe" not in [p.metadata.name for p in core.list_namespaced_pod("default").items]
+        core.delete_namespaced_pod("pending-probe", "default", grace_period_seconds=0)
         core.delete_node("sched-node")
     finally:
         delete_all(admin, docs)

@@ -336,3 +336,167 @@ def test_a_relist_drops_bound_members_deleted_while_the_watch_was_down(
     api.put_pod(member("m2", "g"))  # 1 bound + 1 pending < 3: it must not be bound as if m1 were there
     wait_for("its reason", lambda: s.explain("default/m2").get("code") == "gang_incomplete", 5)
     assert node_of(api, "m2") is None
+
+
+def _partly_bound(api: FakeKubeApi) -> tuple[Scheduler, str]:
+    """A scheduler (not started: its clock is the test's) that follows gang g (minMember 4): m0 bound, m1..m3
+    waiting. Returns it and m3's key."""
+    pod_group(api, "g", 4)
+    _bound_member(api, "m0", "n1", 0)
+    for i in (1, 2, 3):
+        api.put_pod(member(f"m{i}", "g"))
+    s = Scheduler(api, BINPACK)
+    s.gang_partial_seconds = 2.0
+    for obj in api.list("pods")[0]:
+        s.observed("pods", "ADDED", obj)
+    s._gang_info["default/g"] = (0.0, 4, "")
+    return s, "uid-default-m3"
+
+
+def test_a_members_binding_in_flight_holds_off_the_deletion_but_does_not_restart_the_gangs_clock(
+    api: FakeKubeApi,
+) -> None:
+    s, m3 = _partly_bound(api)
+    try:
+        s._check_partial(now=100.0)  # bound short, members waiting: the clock starts
+        with s._cond:  # m3 is placed and its Binding goes out (a webhook that will time out)
+            s._inflight[m3] = s._known[m3]
+            s._gang_bound["default/g"][m3] = ("default", "m3")
+        s._check_partial(now=101.0)
+        s._check_partial(now=102.5)  # past the timeout, but m3's answer may yet make the gang whole
+        assert ("default", "m0") in api.pods
+        with s._cond:  # refused: m3 waits again (as _follow leaves it)
+            s._inflight.pop(m3)
+            s._gang_bound["default/g"].pop(m3)
+        s._check_partial(now=102.6)  # short since 100.0, not since the Binding's answer
+        assert ("default", "m0") not in api.pods
+        [e] = [e for _, e in api.events if e["reason"] == "CorralGangIncomplete"]
+        assert e["involvedObject"]["name"] == "m0"
+    finally:
+        s.close()
+
+
+def test_a_member_being_deleted_no_longer_counts_as_bound_and_wakes_its_gang(api: FakeKubeApi) -> None:
+    s, _ = _partly_bound(api)
+    try:
+        assert set(s._gang_bound["default/g"]) == {"uid-default-m0"}
+        with s._cond:  # the gang's waiting members were placed and do not fit
+            for k in list(s._active):
+                s._unschedulable[k] = s._active.pop(k)
+        m0 = dict(api.pods[("default", "m0")])
+        m0["metadata"] = {**m0["metadata"], "deletionTimestamp": "2026-11-28T00:00:00Z"}
+        s.observed("pods", "MODIFIED", m0)  # Terminating (a grace period): it is going, not bound
+        assert s._gang_bound["default/g"] == {}
+        assert s._unschedulable == {}  # placed again: "3 of 4 members pending ... waiting for 1 more"
+        assert {w.pending.name for w in s._active.values()} == {"default/m1", "default/m2", "default/m3"}
+        s._check_partial(now=100.0)
+        s._check_partial(now=103.0)
+        assert [e for _, e in api.events if e["reason"] == "CorralGangIncomplete"] == []  # not deleted twice
+    finally:
+        s.close()
+
+
+def test_a_gang_whose_pod_group_is_created_after_its_members_is_placed_once_it_exists(
+    api: FakeKubeApi, run: Callable[..., Scheduler]
+) -> None:
+    s = run()
+    for i in range(2):
+        api.put_pod(member(f"m{i}", "late"))
+    missing = ("gang default/late: PodGroup default/late (scheduling.x-k8s.io/v1alpha1) not found; its members wait "
+               "until it exists")  # fmt: skip
+    wait_for("the reason", lambda: s.explain("default/m0").get("reason") == missing, 5)
+    pod_group(api, "late", 2)  # nothing else changes: no node, no pod event
+    wait_for("both bound", lambda: all(node_of(api, f"m{i}") for i in range(2)), 10)
+
+
+def test_a_pod_group_that_could_not_be_read_is_read_again(
+    api: FakeKubeApi, run: Callable[..., Scheduler], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pod_group(api, "g", 2)
+    real = api.get_pod_group
+    failures = [KubeApiError("get PodGroup default/g: 503: the server is currently unable to handle the request", 503)]
+
+    def flaky(*args: str) -> Any:
+        if failures:
+            raise failures.pop()
+        return real(*args)
+
+    monkeypatch.setattr(api, "get_pod_group", flaky)
+    s = run()
+    for i in range(2):
+        api.put_pod(member(f"m{i}", "g"))
+    wait_for("the reason", lambda: "cannot read PodGroup default/g" in s.explain("default/m0").get("reason", ""), 5)
+    wait_for("both bound", lambda: all(node_of(api, f"m{i}") for i in range(2)), 10)
+
+
+def test_a_gang_with_a_pod_group_error_is_looked_at_again_less_and_less_often(api: FakeKubeApi) -> None:
+    s = Scheduler(api, BINPACK)
+    try:
+        api.put_pod(member("m0", "lost"))
+        s.observed("pods", "ADDED", api.pods[("default", "m0")])
+        steps = []
+        for _ in range(8):
+            with s._cond:
+                batch = list(s._known.values())
+            s._gang_infos(batch)
+            when, step = s._gang_recheck["default/lost"]
+            steps.append(step)
+            with s._cond:
+                s._gang_info["default/lost"] = (0.0, 0, "x")  # stale: read again in the next batch
+        assert steps == [2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0, 60.0]
+        s._gang_recheck_due(now=when - 1)
+        assert s._gang_recheck["default/lost"][0] == when
+        s._gang_recheck_due(now=when)
+        assert s._gang_recheck["default/lost"] == (float("inf"), 60.0)
+        s.observed("pods", "DELETED", api.pods[("default", "m0")])
+        s._gang_recheck_due(now=when)
+        assert "default/lost" not in s._gang_recheck  # no member waits: forgotten
+    finally:
+        s.close()
+
+
+def test_a_members_binding_answered_409_keeps_its_gpus_until_the_pod_is_read_back(
+    api: FakeKubeApi, run: Callable[..., Scheduler], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Binding that landed but whose answer was lost is sent once more by the client on a reused connection; the
+    API server answers that one 409 "already assigned". The GPUs stay charged until the pod is read back: given back
+    at the 409, they went to the next pod while the member was bound on them (a GPU used twice)."""
+    import threading
+
+    pod_group(api, "g", 4)  # fills n1 and n2 (2 GPUs each)
+    real_bind, real_get = api.create_binding, api.get_pod
+    landed: list[tuple[Any, ...]] = []
+    read_back = threading.Event()
+
+    def bind(namespace: str, name: str, uid: str, node: str, annotations: dict[str, str] | None = None) -> None:
+        if name == "m3" and not landed:
+            landed.append((namespace, name, uid, node, annotations))  # its watch event is not here yet
+            raise KubeApiError(f"pod {namespace}/{name} is already assigned to node {node!r}", 409)
+        real_bind(namespace, name, uid, node, annotations)
+
+    def get(namespace: str, name: str) -> Any:
+        if name == "m3":
+            read_back.wait(10)
+        return real_get(namespace, name)
+
+    monkeypatch.setattr(api, "create_binding", bind)
+    monkeypatch.setattr(api, "get_pod", get)
+    s = run()
+    try:
+        for i in range(4):
+            api.put_pod(member(f"m{i}", "g"))
+        wait_for(
+            "three bound and m3's 409",
+            lambda: landed != [] and sum(bool(node_of(api, f"m{i}")) for i in range(3)) == 3,
+            5,
+        )
+        api.put_pod(gpu_pod("x", 1))
+        wait_for("x's reason", lambda: s.explain("default/x").get("state") == "pending", 5)
+        assert node_of(api, "x") is None
+    finally:
+        if landed:
+            real_bind(*landed[0])  # the first Binding's effect: m3 on the GPUs the scheduler chose
+        read_back.set()
+    wait_for("m3 bound", lambda: node_of(api, "m3") is not None, 5)
+    assert node_of(api, "x") is None
+    assert sorted(used_gpus(api)) == sorted(set(used_gpus(api)))

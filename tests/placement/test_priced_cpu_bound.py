@@ -6,10 +6,11 @@ multi-GPU pods (pods without GPUs still are)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from corral.model.resources import Request
 from corral.model.snapshot import ClusterSnapshot
-from corral.placement import PlacementConfig, place
+from corral.placement import PlacementConfig, place, registry
 from corral.placement.context import Context
 from corral.placement.filters import evaluate
 from corral.placement.reserve import kept_hosts
@@ -111,3 +112,88 @@ def test_pods_with_gpus_keep_off_the_multi_gpu_hosts_while_gpu_milli_runs_out_fi
     d = place(s, gpus(1, cpu=16_000), PlacementConfig(policy="fgd-priced", workload=wl), rng=0)
     assert d.allocation is not None and d.allocation.node.startswith("g2")
     assert "fgd-priced: 2 nodes kept free for multi-GPU pods came last" in d.explanation.notes
+
+
+class _KeptPrice(FgdPriced):
+    name = "test-priced-kept-price"
+    kept_price_cpu_bound = 20.0
+
+
+def test_the_kept_price_charges_pods_with_gpus_on_kept_hosts_only_while_cpu_runs_out_first() -> None:
+    s, wl = g3_and_g2(), big_tail_cpu_bound()
+    everything = np.arange(len(s), dtype=np.int64)
+    small = gpus(1, cpu=16_000)
+    free, priced = _GpuPodsFree(), _KeptPrice()
+    ctx = context(s, small, wl)
+    # 20 milli on fgd-scarcity's fill gain, at its sigmoid's steepest slope: 20 x 0.999 / 4 / 1000 of a point.
+    assert priced.kept_price(ctx) == 20 * 0.999 * 0.25 / 1000
+    base, got = free.score(ctx, everything), priced.score(ctx, everything)
+    assert (base - got).tolist() == pytest.approx([priced.kept_price(ctx)] * 2 + [0.0, 0.0])  # g3a, g3b: kept
+    # All four nodes tie here: the switch alone takes the first kept host, the price sends the pod to a G2 node.
+    d = place(s, small, PlacementConfig(policy=_GpuPodsFree.name, workload=wl), rng=0)
+    assert d.allocation is not None and d.allocation.node == "g3a"
+    d = place(s, small, PlacementConfig(policy=_KeptPrice.name, workload=wl), rng=0)
+    assert d.allocation is not None and d.allocation.node.startswith("g2")
+    assert (
+        "fgd-priced: 2 nodes kept free for multi-GPU pods cost 20 milli of a GPU's worth more (free CPU runs out first)"
+        in d.explanation.notes
+    )
+    # A pod without GPUs still keeps off them (ranked last, not priced).
+    d = place(s, cpu_only(32_000), PlacementConfig(policy=_KeptPrice.name, workload=wl), rng=0)
+    assert "fgd-priced: 2 nodes kept free for multi-GPU pods came last" in d.explanation.notes
+
+
+def test_the_kept_price_on_a_share_is_milli_of_priced_loss() -> None:
+    shares = normalised([TargetType(1000, 500, 1, None, 0.5), TargetType(32_000, 0, 0, None, 0.5)])
+    s = g3_and_g2()
+    ctx = context(s, gpus(1, 500, cpu=1000), shares)
+    assert _KeptPrice().kept_price(ctx) == 20 * 101 * 1001  # a milli of loss is key 1's step (`priced_order`)
+
+
+def test_the_kept_price_leaves_the_hard_rule_while_gpu_milli_runs_out_first() -> None:
+    typical = (TargetType(12_000, 1000, 1, None, 0.9), TargetType(2_000, 0, 0, None, 0.1))
+    wl = TargetWorkload(typical, (TargetType(120_000, 1000, 8, None, 0.05),))
+    s = g3_and_g2()
+    assert _KeptPrice().keeps_off(context(s, gpus(1, cpu=16_000), wl))
+
+
+class _CpuRich(FgdPriced):
+    name = "test-priced-cpu-rich"
+    cpu_rich_cpu_bound = 4.0
+
+
+@pytest.fixture(autouse=True)
+def _variants(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The variants are registered for each test only (the registry's list of policies is itself tested)."""
+    for cls in (_GpuPodsFree, _KeptPrice, _CpuRich):
+        monkeypatch.setitem(registry._REGISTRY, cls.name, cls)
+
+
+def test_pods_with_gpus_keep_off_the_kept_hosts_while_cpu_binds_only_while_a_cpu_rich_node_is_left() -> None:
+    wl, small = big_tail_cpu_bound(), gpus(1, cpu=16_000)
+    # The workload's pods with GPUs take 16 milli of CPU per GPU milli: rich = 4 x 16 x free GPU milli after the pod.
+    # g2a / g2b keep 80 cores for 7 GPUs (needs 448): not rich, so the kept hosts g3a / g3b compete on score.
+    s = g3_and_g2()
+    everything = np.arange(len(s), dtype=np.int64)
+    assert not _CpuRich().cpu_rich_elsewhere(context(s, small, wl), everything[2:])
+    d = place(s, small, PlacementConfig(policy=_CpuRich.name, workload=wl), rng=0)
+    assert d.allocation is not None and d.allocation.node == "g3a"  # all tie; fgd-priced would take a G2 node
+    assert d.explanation.notes == (
+        "fgd-priced: 2 nodes kept free for multi-GPU pods competed on score: free CPU runs out first and every other "
+        "node would be left short of CPU for its GPUs",
+    )
+    # A 96-core node with 2 GPUs keeps 80 cores for 1 GPU (needs 64): rich, so the kept hosts come last again.
+    s = cluster(node("g3a").gpus(8).cpu(128), node("g3b").gpus(8).cpu(128), node("g2a").gpus(8).cpu(96),
+                node("g2b").gpus(8).cpu(96), node("r").gpus(2).cpu(96))  # fmt: skip
+    assert _CpuRich().cpu_rich_elsewhere(context(s, small, wl), np.arange(2, 5, dtype=np.int64))
+    d = place(s, small, PlacementConfig(policy=_CpuRich.name, workload=wl), rng=0)
+    assert d.allocation is not None and not d.allocation.node.startswith("g3")
+    assert d.explanation.notes == ("fgd-priced: 2 nodes kept free for multi-GPU pods came last",)
+
+
+def test_the_cpu_rich_test_leaves_the_hard_rule_while_gpu_milli_runs_out_first() -> None:
+    typical = (TargetType(12_000, 1000, 1, None, 0.9), TargetType(2_000, 0, 0, None, 0.1))
+    wl = TargetWorkload(typical, (TargetType(120_000, 1000, 8, None, 0.05),))
+    d = place(g3_and_g2(), gpus(1, cpu=16_000), PlacementConfig(policy=_CpuRich.name, workload=wl), rng=0)
+    assert d.allocation is not None and d.allocation.node.startswith("g2")
+    assert d.explanation.notes == ("fgd-priced: 2 nodes kept free for multi-GPU pods came last",)

@@ -15,7 +15,7 @@ from corral.jobs.usage import Usage
 from corral.model.errors import InvalidRequest
 from corral.model.resources import GpuGrant, Request
 from corral.store import MemoryStore, SqliteStore, Store, StoreError
-from corral.store.acct import AcctQuery, check_window, cursor_text, parse_cursor, record_of, summarize
+from corral.store.acct import AcctColumns, AcctQuery, check_window, cursor_text, parse_cursor, record_of, summarize
 
 Q, S, R = JobState.QUEUED, JobState.STARTING, JobState.RUNNING
 OK, FAILED, CANCELLED = JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED
@@ -246,3 +246,25 @@ def test_sqlite_accounting_reads_do_not_wait_for_the_daemons_writes(tmp_path: Pa
     store.close()
     with pytest.raises(StoreError):
         store.acct(AcctQuery())
+
+
+def test_columns_are_the_records_of_the_same_page(store: Store) -> None:
+    use = Usage(samples=10, gpu_util_pct=41.5, gpu_mem_peak_mib=2048, simulated=True)
+    made = [
+        run(
+            store, spec(gpus=2, cpus=4000), 100.0, 400.0, usage=use, grants=(GpuGrant(1, 1000, 0), GpuGrant(3, 500, 0))
+        ),
+        run(store, spec("bob", 1001, gpus=0), 200.0, 300.0, FAILED),
+        run(store, spec(), 150.0, 500.0),
+    ]
+    cancelled = store.add(spec(), now=50.0)
+    store.transition(cancelled.id, CANCELLED, reason="cancelled")
+    for query in (AcctQuery(), AcctQuery(uid=1000), AcctQuery(limit=2), AcctQuery(after=(300.0, int(made[1])))):
+        columns = store.acct_columns(query)
+        records = store.acct(query)
+        assert columns == AcctColumns.of(records) and columns.records() == records
+        assert len(columns) == len(records) and columns.cursor == records[-1].cursor
+        assert columns.gpu_hours == [r.gpu_hours for r in records]
+        assert columns.cpu_hours == [r.cpu_hours for r in records]
+    assert store.acct_columns(AcctQuery()).gpu_ids == [(), (), (1, 3), (0,)]
+    assert len(store.acct_columns(AcctQuery(states=()))) == 0 and len(store.acct_columns(AcctQuery(since=1e6))) == 0

@@ -39,6 +39,8 @@ from typing import Any
 from corral.k8s.client import JsonObj, KubeApi, KubeApiError
 from corral.k8s.convert import pod_request
 from corral.k8s.scheduler.batch import INVALID, Bind, Decision, Pending, Wait, place_batch
+from corral.k8s.scheduler.evict import Evictions as ApiEvictions
+from corral.k8s.scheduler.evict import PdbWatch
 from corral.k8s.scheduler.gang import GANG_PARTIAL_SECONDS, GangInfo, GangRef, gang_of, min_member, queue_of
 from corral.k8s.scheduler.metrics import SchedulerMetrics
 from corral.k8s.scheduler.tenancy import (
@@ -81,6 +83,9 @@ BIND_RETRY_MAX = 10.0
 _TERMINAL = ("Succeeded", "Failed")
 #: A gang's PodGroup is read again when its copy is older than this (seconds).
 GANG_INFO_TTL = 2.0
+#: A gang whose PodGroup could not be used (not found yet, invalid, unreadable) has its waiting members placed again
+#: (and so its PodGroup read again) after GANG_INFO_TTL, then twice as long each time, at most this (seconds).
+GANG_RECHECK_MAX = 60.0
 
 
 def _now_iso() -> str:
@@ -375,6 +380,8 @@ class Scheduler:
         self._gang_info: dict[str, tuple[float, int, str]] = {}
         self._gang_bound: dict[str, dict[str, tuple[str, str]]] = {}  # gang -> pod key -> (namespace, name)
         self._gang_partial: dict[str, float] = {}  # gang -> since when it is bound short of minMember
+        self._gang_rewake: set[str] = set()  # gangs woken while members were being placed: woken again after
+        self._gang_recheck: dict[str, tuple[float, float]] = {}  # gang with a PodGroup error -> (when, step)
         #: Tenancy (--queues): the face kept across rounds, the bound pods of this scheduler, the last round's words
         #: per waiting pod and its Running records (for the ledger when they end), and how evictions are carried out.
         self.tenancy: Face | None = Face.of(queues, config) if queues is not None else None
@@ -383,6 +390,10 @@ class Scheduler:
         self._bound: dict[str, Bound] = {}
         self._holds: dict[str, Hold] = {}
         self._running: dict[str, Running] = {}
+        #: Preemption through the Eviction API (scheduler/evict.py), once `preempting()` is called: the informer's
+        #: pods and a watch of PodDisruptionBudgets feed it; it is then `evictions` too.
+        self._evicting: ApiEvictions | None = None
+        self._pdbs: PdbWatch | None = None
 
     @staticmethod
     def check(qps: float, burst: int, batch_window: float, bind_workers: int) -> None:
@@ -394,6 +405,16 @@ class Scheduler:
             raise InvalidRequest("--batch-window-ms", f"must be >= 0, got {batch_window * 1000:g}")
 
     # ------------------------------------------------------------------ life
+    def preempting(self) -> ApiEvictions:
+        """Preemption on (before start()): victims evicted through the Eviction API, PodDisruptionBudgets watched,
+        what victims free held for their preemptor (docs/k8s-scheduler.md, Preemption). The round reads it."""
+        if self._evicting is None:
+            self._evicting = ApiEvictions(self.api, self.limiter, wake=self._capacity_freed,  # type: ignore[arg-type]
+                                          metrics=self.metrics.preemption, host=self._host)  # fmt: skip
+            self._pdbs = PdbWatch(self.api, self._evicting)
+            self.evictions = self._evicting
+        return self._evicting
+
     def start(self) -> None:
         """List nodes and pods (the books from bound pods' annotations) and start watching and placing."""
         self.informer.prime()
@@ -402,6 +423,8 @@ class Scheduler:
 
     def start_loop(self) -> None:
         """Start placing (after informer.prime(): the books are whole before the first pod is placed)."""
+        if self._pdbs is not None:
+            self._pdbs.start()
         for target, name in ((self._loop, "corral-schedule"), (self._writer, "corral-reasons"),
                              (self._gang_watch, "corral-gangs")):  # fmt: skip
             t = threading.Thread(target=target, name=name, daemon=True)
@@ -416,6 +439,10 @@ class Scheduler:
         with self._write_cond:
             self._write_cond.notify_all()
         self.informer.close()
+        if self._pdbs is not None:
+            self._pdbs.close()
+        if self._evicting is not None:
+            self._evicting.close()
         for t in self._threads:
             t.join(timeout=5)
         self._pool.shutdown(wait=True, cancel_futures=True)
@@ -425,6 +452,8 @@ class Scheduler:
         if kind == "nodes":
             self._node_event(event, obj)
             return
+        if self._evicting is not None:
+            self._evicting.observed(kind, event, obj)  # victims gone, preemptors bound, pods' labels for budgets
         meta = obj.get("metadata") or {}
         spec = obj.get("spec") or {}
         status = obj.get("status") or {}
@@ -457,6 +486,8 @@ class Scheduler:
             return
         from corral.k8s.convert import pod_key
 
+        if self._evicting is not None:
+            self._evicting.listed(kind, items)
         waiting: dict[str, JsonObj] = {}
         seen_bound: set[str] = set()
         holding: set[str] = set()
@@ -513,11 +544,15 @@ class Scheduler:
             self._capacity_freed()
 
     def _gang_observed(self, key: str, obj: JsonObj, bound: bool) -> None:
-        """Follow a gang member's bound state (bound members count towards its minMember)."""
+        """Follow a gang member's bound state (bound members count towards its minMember). A member being deleted
+        (Terminating: its bound part deleted by corral, a rolling restart) no longer counts: the gang is placed
+        again without it, and corral does not delete it twice."""
         ref = gang_of(obj)
         if ref is None:
             return
         meta = obj.get("metadata") or {}
+        if isinstance(meta, Mapping) and meta.get("deletionTimestamp"):
+            bound = False
         with self._cond:
             self._gang_refs.setdefault(ref.key, ref)
             members = self._gang_bound.setdefault(ref.key, {})
@@ -525,8 +560,8 @@ class Scheduler:
                 if key not in members:
                     members[key] = (str(meta.get("namespace") or "default"), str(meta.get("name") or ""))
                     self._gang_wake(ref.key)
-            else:
-                members.pop(key, None)
+            elif members.pop(key, None) is not None:
+                self._gang_wake(ref.key)  # its waiting members need more now: their reason changes
 
     def _tenancy_observed(self, key: str, obj: JsonObj, bound: bool) -> None:
         """Follow a bound pod of this scheduler for the queues: its queue, start and time limit (a Running each
@@ -559,7 +594,11 @@ class Scheduler:
                                      started_at(obj) or self.clock(), limit, stopping)  # fmt: skip
 
     def _gang_wake(self, gang: str) -> None:
-        """Place a gang's waiting members again (a member came or was bound). Under self._cond."""
+        """Place a gang's waiting members again (a member came, was bound or left). Under self._cond. Members being
+        placed now were placed with what was known before: the gang is woken again once they are back (the gangs'
+        watch does it), else a change seen mid-batch is lost and its members keep a stale reason."""
+        if any(w.pending.gang == gang for w in self._inflight.values()):
+            self._gang_rewake.add(gang)
         woke = False
         for k, w in list(self._unschedulable.items()):
             if w.pending.gang == gang:
@@ -774,6 +813,14 @@ class Scheduler:
         names = {k: f"{b.namespace}/{b.name}" for k, b in bound.items()}
         requests = {k: rec.request for k, rec in state.pods.items() if k in bound}
         r = plan_pods(self.tenancy, pods, state.snapshot, bound, now, gangs, self.evictions, names, requests)
+        if self._evicting is not None and r.plan is not None and not r.plan.preemptions and r.plan.reasons:
+            # pods wait: the round looks again when the next bound pod's minimum runtime ends (it may be preempted
+            # from then; no event of the cluster's would say so)
+            cfg = self.tenancy.config
+            soonest = min((t for b in bound.values() if not b.stopping
+                           and (t := b.started_at + cfg.min_runtime(b.queue)) > now), default=None)  # fmt: skip
+            if soonest is not None:
+                self._evicting.wake_after(soonest - now)
         tenancy = self.tenancy.tenancy
         if r.plan is not None and tenancy is not None:
             self._round_views(r.plan.preemptions, bound, names)
@@ -811,7 +858,7 @@ class Scheduler:
                 held = len(self._gang_bound.get(gang, {}))
             if ref is None:
                 continue
-            if cached is None or now - cached[0] > GANG_INFO_TTL:
+            if cached is None or now - cached[0] >= GANG_INFO_TTL:
                 group: JsonObj | None = None
                 error = ""
                 try:
@@ -823,24 +870,51 @@ class Scheduler:
                 cached = (now, n, error or why)
                 with self._cond:
                     self._gang_info[gang] = cached
+                    if cached[2]:  # nothing else tells when the PodGroup is created, mended or readable: look again
+                        _, step = self._gang_recheck.get(gang, (0.0, GANG_INFO_TTL / 2))
+                        step = min(GANG_RECHECK_MAX, step * 2)
+                        self._gang_recheck[gang] = (now + step, step)
+                    else:
+                        self._gang_recheck.pop(gang, None)
             out[gang] = GangInfo(ref, cached[1], held, cached[2])
         return out
 
     def _gang_watch(self) -> None:
         while not self.stop.wait(0.5):
             try:
+                self._gang_recheck_due()
                 self._check_partial()
             except Exception:
                 log.exception("checking partly bound gangs failed")
 
-    def _check_partial(self) -> None:
+    def _gang_recheck_due(self, now: float | None = None) -> None:
+        """Wake the gangs whose PodGroup could not be used once their time to look again has come (their members
+        wait in the unschedulable set, and a PodGroup's creation or repair wakes nothing else)."""
+        now = time.monotonic() if now is None else now
+        with self._cond:
+            if not self._gang_recheck:
+                return
+            waiting = {w.pending.gang for w in self._known.values() if w.pending.gang}
+            for gang, (when, step) in list(self._gang_recheck.items()):
+                if gang not in waiting:
+                    del self._gang_recheck[gang]
+                elif now >= when:
+                    self._gang_recheck[gang] = (float("inf"), step)  # until it is read again
+                    self._gang_wake(gang)
+
+    def _check_partial(self, now: float | None = None) -> None:
         """Delete the bound part of a gang that has been bound short of its minMember, with members still waiting,
         for longer than gang_partial_seconds (a Binding refused for good, a kill -9 mid-gang and the rest no longer
-        fits): their controller recreates them and the gang is placed again whole. A gang with members binding is
-        left alone (their answers decide)."""
-        now = time.monotonic()
+        fits): their controller recreates them and the gang is placed again whole. While members are binding the
+        bound part is not deleted (their answers decide), but its clock runs on: a member whose Binding is retried
+        and fails again and again (a webhook that times out) must not keep the gang partly bound for ever."""
+        now = time.monotonic() if now is None else now
         doomed: list[tuple[str, int, int, list[tuple[str, str]]]] = []
         with self._cond:
+            for gang in list(self._gang_rewake):
+                if not any(w.pending.gang == gang for w in self._inflight.values()):
+                    self._gang_rewake.discard(gang)
+                    self._gang_wake(gang)
             if not self._gang_bound:
                 return
             waiting: dict[str, int] = {}
@@ -855,9 +929,11 @@ class Scheduler:
                     self._gang_bound.pop(gang, None)
                     self._gang_partial.pop(gang, None)
                     continue
+                if gang in busy:
+                    continue  # its members binding count as bound: the gang may look whole until they are answered
                 info = self._gang_info.get(gang)
                 short = info is not None and not info[2] and 0 < len(members) < info[1]
-                if not short or gang not in waiting or gang in busy:
+                if not short or gang not in waiting:
                     self._gang_partial.pop(gang, None)
                     continue
                 since = self._gang_partial.setdefault(gang, now)
@@ -927,17 +1003,20 @@ class Scheduler:
         self.limiter.acquire(self.stop)
         sent = time.perf_counter()
         outcome = "unknown"
-        error = ""
+        error = books = ""
         try:
             self.api.create_binding(w.namespace, w.name, w.uid, d.allocation.node, d.annotations)
             outcome = "bound"
         except KubeApiError as exc:
             outcome = "refused" if exc.status is not None and 400 <= exc.status < 500 else "unknown"
             error = str(exc)
+            # 409 "already assigned" may answer our own Binding, landed and sent again by the client on a reused
+            # connection: the books keep its charge until the pod is read back (_follow), not give it to another pod
+            books = "unknown" if exc.status == 409 else outcome
         except Exception as exc:  # the client's own faults: the answer is unknown
             error = f"{type(exc).__name__}: {exc}"
         took = time.perf_counter() - sent
-        self.state.settle(rec, outcome)
+        self.state.settle(rec, books or outcome)
         self.metrics.binds.labels(outcome).inc()
         self.metrics.bind_latency.observe(took)
         if outcome == "bound":

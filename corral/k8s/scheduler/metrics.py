@@ -12,6 +12,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from corral.k8s.scheduler.evict import eviction_metrics
+
 #: A Binding's round trip, and a pod's time from first seen to bound: a few ms on a quiet plane, seconds when the rate
 #: limit holds writes back.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
@@ -120,3 +122,4 @@ class SchedulerMetrics:
         self.conditions = Counter(
             "corral_scheduler_condition_patches", "PodScheduled condition patches, by result", ["result"], registry=r
         )
+        self.preemption = eviction_metrics(r)  # evictions and preemptions by result (corral.k8s.scheduler.evict)

@@ -351,15 +351,28 @@ def plan_pods(
     by_item = {p.key: p for p in offered}
     held = dict(ev.held())
     # The capacity held for preemptors: taken first by their own pod (once its victims are gone), kept from the rest.
+    # evict.Evictions says which victims each hold is freeing: they are released on the round's view (what they hold
+    # is the preemptor's), so the hold stands whole while they terminate, not only the part already free.
+    victims_of = getattr(ev, "victims_of", None)
+    ready = getattr(ev, "ready", None)
+    said = getattr(ev, "reason", None)
     view = snapshot.copy()
     early: list[tuple[Pending, Allocation]] = []
     for key, kept in held.items():
+        for uid in victims_of(key) if victims_of is not None else ():
+            if uid in view.allocations:
+                view.release(uid)
         # (one that does not fit: its victims have not gone yet, or the books changed; planned with the rest)
         with contextlib.suppress(AllocationError):
             view.allocate(dataclasses.replace(kept, request_id=f"held:{key}"))
     for p in [p for p in offered if p.key in held] if held else ():
         mine = held.get(p.key)
         if mine is None:
+            continue
+        if ready is not None and not ready(p.key):
+            offered.remove(p)
+            out[p.key] = Wait(p, (said(p.key) if said is not None else "") or "preempting: waiting for its victims "
+                              "to stop", PREEMPTING, False)  # fmt: skip
             continue
         if f"held:{p.key}" in view.allocations:
             view.release(f"held:{p.key}")
@@ -369,6 +382,7 @@ def plan_pods(
             offered.remove(p)
             out[p.key] = Wait(p, "preempting: waiting for its victims to stop", PREEMPTING, False)
             continue
+        # kept on the view: the rest of the round is planned beside it (it binds there first)
         early.append((p, dataclasses.replace(mine, request_id=p.key)))
         offered.remove(p)
     items = [p if not p.gang else dataclasses.replace(p) for p in offered]

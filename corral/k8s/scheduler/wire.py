@@ -40,8 +40,11 @@ from corral.k8s.client import (
     _loads,
     _status_message,
     binding_body,
+    eviction_body,
 )
 
+#: The kind `list` and `watch` take for policy/v1 PodDisruptionBudgets (across namespaces).
+PDBS = "poddisruptionbudgets"
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 TIMEOUT = 30.0
 #: How long an in-cluster token read from its file is used before the file is read again.
@@ -309,6 +312,8 @@ class WireKubeApi:
 
     @staticmethod
     def _path(kind: str) -> str:
+        if kind == PDBS:
+            return "/apis/policy/v1/poddisruptionbudgets"
         return "/api/v1/nodes" if kind == "nodes" else "/api/v1/pods"
 
     # ------------------------------------------------------------------ KubeApi
@@ -391,6 +396,20 @@ class WireKubeApi:
         path = f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}"
         self._call(f"delete pod {namespace}/{name}", "DELETE", path)
 
+    def evict_pod(self, namespace: str, name: str, uid: str = "") -> None:
+        """POST a policy/v1 Eviction of the pod: the API server checks its PodDisruptionBudgets (429 when one allows
+        no disruption now, its causes in the message) and deletes it with its own terminationGracePeriodSeconds (no
+        gracePeriodSeconds is sent). `uid`: evict only that pod, not another of the same name since (409 then)."""
+        body = eviction_body(namespace, name, uid)
+        what = f"evict pod {namespace}/{name}"
+        path = f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}/eviction"
+        try:
+            status, data = self.request("POST", path, body)
+        except KubeApiError as exc:
+            raise KubeApiError(f"{what}: {exc}") from None
+        if status >= 400:
+            raise KubeApiError(f"{what}: {status}: {status_causes(data)}", status)
+
     def patch_node_metadata(self, name: str, annotations: dict[str, str], labels: dict[str, str]) -> None:
         self._call(f"annotate node {name}", "PATCH", f"/api/v1/nodes/{quote(name)}",
                    {"metadata": {"annotations": annotations, "labels": labels}},
@@ -415,6 +434,20 @@ class WireKubeApi:
             idle, self._idle = self._idle, []
         for c in idle:
             c.close()
+
+
+def status_causes(data: bytes) -> str:
+    """A Status answer's message with its details' causes (an Eviction's 429 names the disruption budget there:
+    "Cannot evict pod as it would violate the pod's disruption budget. (The disruption budget db needs 2 healthy
+    pods and has 2 currently)")."""
+    message = _status_message(data)
+    try:
+        status = _loads(data)
+        causes = (status.get("details") or {}).get("causes") or []
+        said = [str(c.get("message") or c.get("reason")) for c in causes if isinstance(c, dict)]
+    except Exception:  # no Status: its body as it came is the message
+        return message
+    return f"{message} ({'; '.join(said)})" if said else message
 
 
 def _shut_on_stop(conn: Conn, stop: threading.Event, done: threading.Event) -> None:

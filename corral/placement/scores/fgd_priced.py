@@ -10,6 +10,9 @@ multi-GPU pods are kept while they run out; fgd-scarcity decides the rest.
     any other pod, then: fgd-scarcity's score
     (while free CPU runs out before free GPU milli, fgd-scarcity's GPU pods' fill gain counts every target type
     fully, without its scarcity weights: `FgdScarcity.unweighted_cpu_bound`, issue 27)
+    (two measured, opt-in forms of key 0 while free CPU runs out first, issue 27: `gpu_pods_free_cpu_bound`, pods
+    with GPUs not kept off; `kept_price_cpu_bound`, pods with GPUs pay a price in milli of a GPU's worth on a kept
+    host instead of ranking it last; both off, each loses a seed the hard rule keeps: docs/beyond-fgd.md)
 
 loss(u, m) is what a GPU with u milli free loses beyond the share's own worth when a share of m milli lands on it,
 priced with the dual prices of the LP that packs the workload's shares best. It is zero where the share continues a
@@ -32,6 +35,8 @@ tightness, then fgd-scarcity's whole score, packed as (1000 - loss) x 1001 + (10
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from corral.model.arrays import FloatArray, IntArray
@@ -41,6 +46,7 @@ from corral.placement.priced_order import POINTS, TIGHT
 from corral.placement.pricing import SharePrices, share_prices
 from corral.placement.reserve import GPU_POD_MARGIN, kept_hosts
 from corral.placement.scores.fgd_scarcity import _NO_KEY, TIE_WEIGHT, FgdScarcity
+from corral.placement.workload import WorkloadKey
 
 #: fgd-scarcity's scores lie in [0, 101); one step of the keys above outweighs any of them.
 STRIDE = 128
@@ -60,8 +66,17 @@ class FgdPriced(FgdScarcity):
     unweighted_cpu_bound = True  # no scarcity weights while free CPU runs out first (`FgdScarcity._cpu_bound`)
     #: pods with GPUs not kept off the hosts while free CPU runs out first (`keeps_off`; off: issue 27 measured it)
     gpu_pods_free_cpu_bound = False
+    #: > 0: while free CPU runs out first, a pod with GPUs is not ranked below every other node on a kept host but
+    #: pays this price there, in milli of a GPU's worth (`kept_price`; 0: the hard rule; issue 27 measured it)
+    kept_price_cpu_bound = 0.0
+    #: > 0: while free CPU runs out first, a pod with GPUs keeps off the kept hosts only while another feasible node
+    #: is CPU-rich: keeps, after the pod, at least this many times the workload's CPU per GPU milli for its free GPU
+    #: milli (`cpu_rich_elsewhere`; 0: always kept off; issue 27 measured 4)
+    cpu_rich_cpu_bound = 0.0
 
     _kept = 0  # nodes the last `score` kept for multi-GPU pods (a policy object serves one decision)
+    _priced = False  # and whether they were priced (`kept_price_cpu_bound`) rather than ranked last
+    _freed = 0  # hosts kept for multi-GPU pods that the pod was not kept off (`cpu_rich_cpu_bound`)
 
     def keeps_off(self, ctx: Context) -> bool:
         """Whether this decision's pod keeps off the hosts kept for multi-GPU pods: always where the policy keeps
@@ -72,14 +87,14 @@ class FgdPriced(FgdScarcity):
         break the last 8-GPU hosts (8 such pods fail against fgd's 3), so it is off."""
         if not self.reserve:
             return False
-        if not (ctx.request.wants_gpu and self.gpu_pods_free_cpu_bound):
+        if not (ctx.request.wants_gpu and (self.gpu_pods_free_cpu_bound or self.kept_price_cpu_bound > 0)):
             return True
         h_gpu, h_cpu = self._horizons(ctx)
         return not h_cpu < h_gpu
 
     def score(self, ctx: Context, nodes: IntArray) -> FloatArray:
         scores = super().score(ctx, nodes)
-        self._kept = 0
+        self._kept, self._priced, self._freed = 0, False, 0
         if self.keeps_off(ctx):
             margin = self.gpu_margin if ctx.request.wants_gpu else self.cpu_margin
             h_gpu, h_cpu = self._horizons(ctx)
@@ -88,9 +103,41 @@ class FgdPriced(FgdScarcity):
             h = h_cpu if self.cpu_horizon else h_gpu
             kept = kept_hosts(ctx.snapshot, ctx.workload, ctx.request, nodes, self.cpu_horizon, margin, h)
             self._kept = int(np.count_nonzero(kept))
+            rich_test = self._kept and self.cpu_rich_cpu_bound > 0 and ctx.request.wants_gpu and h_cpu < h_gpu
+            if rich_test and not self.cpu_rich_elsewhere(ctx, nodes[~kept]):
+                self._kept, self._freed = 0, self._kept  # every other node would be short of CPU for its GPUs
             if self._kept:
                 scores = np.where(kept, scores - KEPT_OFF, scores)
+        elif self.reserve and self.kept_price_cpu_bound > 0 and ctx.request.wants_gpu:
+            h_cpu = self._horizons(ctx)[1]
+            kept = kept_hosts(ctx.snapshot, ctx.workload, ctx.request, nodes, self.cpu_horizon, 1.0, h_cpu)
+            self._kept, self._priced = int(np.count_nonzero(kept)), True
+            if self._kept:
+                scores = np.where(kept, scores - self.kept_price(ctx), scores)
         return scores
+
+    def cpu_rich_elsewhere(self, ctx: Context, others: IntArray) -> bool:
+        """Whether one of `others` (the feasible nodes not kept) keeps, once the pod took its CPU and GPU milli,
+        at least `cpu_rich_cpu_bound` x c x its free GPU milli of free CPU, c the target workload's expected CPU per
+        GPU milli over its pods with GPUs: a node where the pod's CPU does not cost that node's GPUs. Where none does,
+        keeping the pod off the kept hosts strands GPUs wherever it lands, and the kept hosts compete on score."""
+        s, r = ctx.snapshot, ctx.request
+        per_milli = _cpu_per_gpu_milli(ctx.workload.key)
+        if not len(others) or per_milli is None:
+            return False
+        cpu_after = s.cpu_free[others] - r.cpu_milli
+        gpu_after = s.gpu_free_total[others] - r.gpu_count * r.gpu_milli
+        return bool(np.any(cpu_after >= self.cpu_rich_cpu_bound * per_milli * gpu_after))
+
+    def kept_price(self, ctx: Context) -> float:
+        """`kept_price_cpu_bound` milli of a GPU's worth in this pod's score units: for a share, on the priced loss
+        (key 1: a milli of loss is POINTS x TIGHT); for any other pod with GPUs, on fgd-scarcity's fill gain, at
+        its tie-break's steepest slope (0.999 x 1/4 per 1000 milli: the gain goes through sigmoid(gain / 1000)),
+        below FGD's points."""
+        r = ctx.request
+        if r.gpu_count == 1 and not r.whole_gpus and share_prices(ctx.workload) is not None:
+            return self.kept_price_cpu_bound * POINTS * TIGHT
+        return self.kept_price_cpu_bound * TIE_WEIGHT * 0.25 / MILLI_PER_GPU
 
     def notes(self, ctx: Context, node: int, gpus: list[int]) -> list[str]:
         """Why the node: the share's priced loss on its GPU, and how many nodes were kept for multi-GPU pods."""
@@ -103,8 +150,18 @@ class FgdPriced(FgdScarcity):
                 f"fgd-priced: the share costs {prices.size_value(r.gpu_milli):.0f} milli of a GPU's worth; GPU "
                 f"{gpus[0]} had {free} milli free and loses {loss:.0f} more"
             )
-        if self._kept:
+        if self._kept and self._priced:
+            out.append(
+                f"fgd-priced: {self._kept} nodes kept free for multi-GPU pods cost {self.kept_price_cpu_bound:g} milli "
+                "of a GPU's worth more (free CPU runs out first)"
+            )
+        elif self._kept:
             out.append(f"fgd-priced: {self._kept} nodes kept free for multi-GPU pods came last")
+        if self._freed:
+            out.append(
+                f"fgd-priced: {self._freed} nodes kept free for multi-GPU pods competed on score: free CPU runs out "
+                "first and every other node would be left short of CPU for its GPUs"
+            )
         return out
 
     _consts = np.array([TIE_WEIGHT, STRIDE, POINTS, TIGHT])  # (`FgdScarcity._consts`)
@@ -125,6 +182,14 @@ class FgdPriced(FgdScarcity):
             # Keys 1-2 depend only on the GPU's free milli (-1 absent, 0..1000): looked up, the same floats as computed.
             key = _key_table(prices, ctx.request.gpu_milli, tightest_key)[free + 1]
         return (1 if fgd_first else 2), key
+
+
+@lru_cache(maxsize=32)
+def _cpu_per_gpu_milli(key: WorkloadKey) -> float | None:
+    """The target workload's expected CPU milli per GPU milli over its pods with GPUs (None: it has none)."""
+    with_gpus = [t for t in key.types if t.gpu_count > 0 and t.probability > 0]
+    gpu = sum(t.probability * t.gpu_count * t.gpu_milli for t in with_gpus)
+    return sum(t.probability * t.cpu_milli for t in with_gpus) / gpu if gpu > 0 else None
 
 
 def _keys(prices: SharePrices, free: IntArray, milli: int, tightest: bool) -> FloatArray:
