@@ -464,3 +464,22 @@ def test_a_pod_gone_while_the_watch_was_down_leaves_the_queues_at_the_next_list(
     s.listed("pods", [])  # a relist after the watch was down: p is gone
     assert "uid-ns-a-p" not in s._bound and "uid-ns-a-p" not in s._running
     assert s.tenancy is not None and s.tenancy.ledger.accounts() == [("queue", "team-a"), ("user", "team-a", "ns-a")]
+
+
+def test_pods_created_in_one_second_are_ordered_as_they_came_not_by_uid() -> None:
+    api = FakeKubeApi()
+    api.put_node(gpu_node("n1", 4))
+    s = Scheduler(api, BINPACK, batch_window=0.001, queues=parse_queues("[queues.q]\nnamespaces = ['default']\n"))
+    s.start()
+    try:
+        for i in range(3):
+            api.put_pod(gpu_pod(f"run{i}", limit="1h"))
+        wait_for("runs bound", lambda: all(api.pods[("default", f"run{i}")]["spec"].get("nodeName") for i in range(3)))
+        second = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        api.put_pod(gpu_pod("zbig", 4, created=second))  # the same creationTimestamp as the next; its UID sorts after
+        wait_for("zbig's reservation", lambda: "estimated start" in s.explain("default/zbig").get("reason", ""))
+        api.put_pod(gpu_pod("along", 1, limit="2h", created=second))
+        wait_for("along's words", lambda: s.explain("default/along").get("state") in ("pending", "bound"))
+        assert s.explain("default/along")["held_by"] == "the reservation of pod default/zbig"
+    finally:
+        s.close()

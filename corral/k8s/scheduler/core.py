@@ -643,7 +643,12 @@ class Scheduler:
         except InvalidRequest as exc:
             return dataclasses.replace(p, ask=None, error=f"pod {p.name} cannot be scheduled: {exc}", queue=queue,
                                        namespace=ns)  # fmt: skip
-        return dataclasses.replace(p, queue=queue, namespace=ns, created=created_at(obj), time_limit_s=limit)
+        # Its age for the queue order: creationTimestamp is to the second, so pods created in one second would tie
+        # (and go by UID, at random): within that second, the time this scheduler saw it orders them as they came.
+        created = created_at(obj)
+        seen = self.clock()
+        created = min(max(seen, created), created + 0.999) if created else seen
+        return dataclasses.replace(p, queue=queue, namespace=ns, created=created, time_limit_s=limit)
 
     def _forget(self, key: str) -> None:
         with self._cond:
