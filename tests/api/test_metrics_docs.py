@@ -8,10 +8,11 @@ import re
 import threading
 import types
 from pathlib import Path
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from corral.k8s.scheduler.metrics import PendingCollector, SchedulerMetrics
+from corral.k8s.scheduler.metrics import PendingCollector, QueueCollector, SchedulerMetrics
 from corral.metrics import DevicePluginMetrics, ExtenderCollector, ExtenderMetrics, Joined, render_daemon, render_text
 from tests.daemon.test_gpu_use import World
 
@@ -43,7 +44,9 @@ def every_metric(tmp_path: Path) -> dict[str, str]:
     text = render_daemon(daemon, jobs=True) + render_text(Joined(extender.registry, ExtenderCollector(state)))
     text += render_text(DevicePluginMetrics())
     scheduler = SchedulerMetrics()
-    text += render_text(Joined(scheduler.registry, PendingCollector(lambda: {"insufficient_gpu": 1})))
+    views: dict[str, dict[str, Any]] = {"pending": {"q": 1}, "shares": {"q": 0.5}, "holdings": {"q": {"gpu_milli": 1}}}
+    text += render_text(Joined(scheduler.registry, PendingCollector(lambda: {"insufficient_gpu": 1}),
+                               QueueCollector(lambda: views)))  # fmt: skip
     return exposed(text.decode())
 
 

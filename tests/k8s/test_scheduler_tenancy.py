@@ -403,3 +403,83 @@ def test_corral_k8s_explain_shows_the_queue_position_hold_and_estimated_start_fr
     pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                                     "message": message, "lastTransitionTime": "2027-01-15T08:00:00Z"}]  # fmt: skip
     assert explain_text(pod, []) == (f"ns-b/big: pending (Unschedulable, since 2027-01-15T08:00:00Z)\n  {message}")
+
+
+def test_with_queues_a_pod_is_told_again_only_when_its_words_change(
+    api: FakeKubeApi, run: Callable[..., Scheduler]
+) -> None:
+    s = run(queues=parse_queues(TWO, "queues.toml"))
+    api.put_pod(gpu_pod("s0", labels={"corral.dev/queue": "small"}))
+    wait_for("s0 bound", lambda: bool(api.pods[("default", "s0")]["spec"].get("nodeName")))
+    api.put_pod(gpu_pod("s1", labels={"corral.dev/queue": "small"}))
+
+    def told(name: str) -> int:
+        return sum(1 for _, e in list(api.events) if e["involvedObject"]["name"] == name)
+
+    wait_for("s1's event", lambda: told("s1") == 1)
+    for i in range(3):  # rounds in which s1's words stay the same
+        name = f"x{i}"
+        api.put_pod(gpu_pod(name, gpus=0, namespace="ns-a"))
+
+        def bound(name: str = name) -> bool:
+            return bool(api.pods[("ns-a", name)]["spec"].get("nodeName"))
+
+        wait_for(f"{name} bound", bound)
+    assert s.explain("default/s1")["held_by"] == "limit"
+    assert told("s1") == 1
+
+
+def test_after_a_restart_fair_share_is_rebuilt_from_the_bound_pods_start_times(
+    api: FakeKubeApi, run: Callable[..., Scheduler]
+) -> None:
+    # Before the restart: ns-a's pod has run for an hour on one GPU (its status.startTime), the other GPU is free.
+    held = gpu_pod("old", namespace="ns-a")
+    held["spec"]["nodeName"] = "n1"
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 3600))
+    held["status"] = {"phase": "Running", "startTime": started}
+    api.put_pod(held)
+    # ns-a's pending pod is older than ns-b's; ns-b has used nothing: after the restart b goes first
+    api.put_pod(gpu_pod("a1", namespace="ns-a", created="2027-01-01T00:00:00Z"))
+    api.put_pod(gpu_pod("b1", namespace="ns-b", created="2027-01-01T00:10:00Z"))
+    fair = "min_runtime = '0s'\n[queues.team-a]\nnamespaces = ['ns-a']\n[queues.team-b]\nnamespaces = ['ns-b']\n"
+    s = run(queues=parse_queues(fair, "queues.toml"))
+    wait_for("b1 bound", lambda: bool(api.pods[("ns-b", "b1")]["spec"].get("nodeName")))
+    assert not api.pods[("ns-a", "a1")]["spec"].get("nodeName")
+    assert s.explain("ns-a/a1")["queue"] == "team-a"
+    assert s.tenancy is not None and s.tenancy.tenancy is not None
+    rows = {r["queue"]: r for r in s.tenancy.tenancy.shares(list(s._running.values()), time.time())["accounts"]
+            if r["user"] is None}  # fmt: skip
+    assert rows["team-a"]["usage"]["gpu_milli"] == pytest.approx(1000 * 3600, rel=0.01)  # an hour of one GPU
+
+
+def test_a_pod_gone_while_the_watch_was_down_leaves_the_queues_at_the_next_list(
+    api: FakeKubeApi, run: Callable[..., Scheduler]
+) -> None:
+    s = run(queues=parse_queues(TWO, "queues.toml"))
+    api.put_pod(gpu_pod("p", namespace="ns-a"))
+    wait_for("p bound", lambda: bool(api.pods[("ns-a", "p")]["spec"].get("nodeName")))
+    api.put_pod(gpu_pod("nudge", gpus=0))  # one more round, which counts p as running
+    wait_for("nudge bound", lambda: bool(api.pods[("default", "nudge")]["spec"].get("nodeName")))
+    assert "uid-ns-a-p" in s._bound and "uid-ns-a-p" in s._running
+    s.listed("pods", [])  # a relist after the watch was down: p is gone
+    assert "uid-ns-a-p" not in s._bound and "uid-ns-a-p" not in s._running
+    assert s.tenancy is not None and s.tenancy.ledger.accounts() == [("queue", "team-a"), ("user", "team-a", "ns-a")]
+
+
+def test_pods_created_in_one_second_are_ordered_as_they_came_not_by_uid() -> None:
+    api = FakeKubeApi()
+    api.put_node(gpu_node("n1", 4))
+    s = Scheduler(api, BINPACK, batch_window=0.001, queues=parse_queues("[queues.q]\nnamespaces = ['default']\n"))
+    s.start()
+    try:
+        for i in range(3):
+            api.put_pod(gpu_pod(f"run{i}", limit="1h"))
+        wait_for("runs bound", lambda: all(api.pods[("default", f"run{i}")]["spec"].get("nodeName") for i in range(3)))
+        second = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        api.put_pod(gpu_pod("zbig", 4, created=second))  # the same creationTimestamp as the next; its UID sorts after
+        wait_for("zbig's reservation", lambda: "estimated start" in s.explain("default/zbig").get("reason", ""))
+        api.put_pod(gpu_pod("along", 1, limit="2h", created=second))
+        wait_for("along's words", lambda: s.explain("default/along").get("state") in ("pending", "bound"))
+        assert s.explain("default/along")["held_by"] == "the reservation of pod default/zbig"
+    finally:
+        s.close()

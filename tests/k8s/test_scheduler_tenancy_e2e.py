@@ -36,13 +36,13 @@ class Setup:
     scheduler: SchedulerProcess
 
 
-def wait_for(what: str, check: Callable[[], bool], timeout: float = 20) -> None:
+def wait_for(what: str, check: Callable[[], bool], timeout: float = 20, show: Callable[[], object] = str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if check():
             return
         time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out waiting for {what}: {show()}")
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +121,9 @@ def test_a_4_gpu_pod_behind_1_gpu_pods_starts_at_its_reservation(setup: Setup) -
     assert condition(w, "ns-b", "big").startswith("queue team-b, position 1 of 1; held by no room; estimated start")
     # a pod that would run past the reservation waits, naming it; the free GPU stays free for big
     w.create_pods([gpu_pod("long", "ns-b", 1, deadline=7200)], namespace="ns-b")
-    wait_for("long's condition", lambda: "held by the reservation of pod ns-b/big" in condition(w, "ns-b", "long"))
+    wait_for("long's condition", lambda: "held by the reservation of pod ns-b/big" in condition(w, "ns-b", "long"),
+             show=lambda: (condition(w, "ns-b", "long"), node_of(w, "ns-b", "long"), setup.scheduler.get(
+                 "/explain/ns-b/long").json(), [node_of(w, "ns-b", f"run{i}") for i in range(3)]))  # fmt: skip
     assert not node_of(w, "ns-b", "long")
     delete_now(w, "ns-b", [f"run{i}" for i in range(3)])
     wait_for("big bound once the runs end", lambda: bool(node_of(w, "ns-b", "big")))

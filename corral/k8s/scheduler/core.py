@@ -490,6 +490,7 @@ class Scheduler:
             self._evicting.listed(kind, items)
         waiting: dict[str, JsonObj] = {}
         seen_bound: set[str] = set()
+        holding: set[str] = set()
         for obj in items:
             spec, meta, status = obj.get("spec"), obj.get("metadata"), obj.get("status") or {}
             if not isinstance(spec, dict) or not isinstance(meta, dict) or not isinstance(status, dict):
@@ -499,6 +500,7 @@ class Scheduler:
                 self._gang_observed(pod_key(obj), obj, True)
             if self.tenancy is not None and spec.get("nodeName") and status.get("phase") not in _TERMINAL:
                 self._tenancy_observed(pod_key(obj), obj, True)
+                holding.add(pod_key(obj))  # (terminating ones too: they hold their GPUs until they are gone)
             if spec.get("nodeName") or spec.get("schedulerName") != self.name or meta.get("deletionTimestamp"):
                 continue
             if status.get("phase") in _TERMINAL:
@@ -511,6 +513,10 @@ class Scheduler:
                 for k in [k for k in members if k not in seen_bound and k not in self._inflight]:
                     del members[k]
             gone = [k for k in self._known if k not in waiting and k not in self._inflight]
+            # bound pods of ours deleted (or ended) while the watch was down: their runs go into the ledger
+            ended = [k for k in self._bound if k not in holding and k not in self._inflight]
+        for key in ended if self.tenancy is not None else ():
+            self._tenancy_observed(key, {}, False)
         for key in gone:
             self._forget(key)
         for key, obj in waiting.items():
@@ -637,7 +643,12 @@ class Scheduler:
         except InvalidRequest as exc:
             return dataclasses.replace(p, ask=None, error=f"pod {p.name} cannot be scheduled: {exc}", queue=queue,
                                        namespace=ns)  # fmt: skip
-        return dataclasses.replace(p, queue=queue, namespace=ns, created=created_at(obj), time_limit_s=limit)
+        # Its age for the queue order: creationTimestamp is to the second, so pods created in one second would tie
+        # (and go by UID, at random): within that second, the time this scheduler saw it orders them as they came.
+        created = created_at(obj)
+        seen = self.clock()
+        created = min(max(seen, created), created + 0.999) if created else seen
+        return dataclasses.replace(p, queue=queue, namespace=ns, created=created, time_limit_s=limit)
 
     def _forget(self, key: str) -> None:
         with self._cond:
@@ -780,14 +791,19 @@ class Scheduler:
                 self._inflight.pop(w.pending.key, None)
                 if not self._left_while_placed(w):
                     self._later(w)
+            told: list[Waiting] = []
             for w, d in waits:
                 self._inflight.pop(w.pending.key, None)
                 if not self._left_while_placed(w) and w.pending.key in self._known:
+                    # With queues every waiting pod is in every round: only a pod whose words changed is told
+                    # again (its condition and an event), or thousands of unchanged reasons would be rewritten.
+                    if self.tenancy is None or w.reason != d.reason:
+                        told.append(w)
                     w.reason, w.code = d.reason, d.code
                     self._unschedulable[w.pending.key] = w
         for w, d, rec in binds:
             self._pool.submit(self._bind, w, d, rec)
-        for w, _ in waits:
+        for w in told if self.tenancy is not None else [w for w, _ in waits]:
             self._say_why(w)
 
     def _plan(self, pods: list[Pending], gangs: Mapping[str, GangInfo]) -> list[Decision]:
