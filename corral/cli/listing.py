@@ -90,7 +90,7 @@ def column_pages(
         page, after = fetch([*params, ("limit", want)] + ([("after", after)] if after is not None else []))
         columns = columns_of(page)
         if not jobs:
-            jobs = columns
+            jobs = {key: list(values) for key, values in columns.items()}  # its own lists: the page's stay as sent
         else:
             for key, values in columns.items():
                 jobs.setdefault(key, []).extend(values)
