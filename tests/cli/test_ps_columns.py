@@ -181,7 +181,8 @@ def test_ps_asks_for_columns_and_prints_an_older_daemons_rows_the_same(tmp_path:
          "array_task_id": None, "array": ""},
         {"id": "2", "name": "w", "user": "ann", "state": "queued", "command": ["true"], "gpus": [],
          "submitted_at": NOW - 60, "finished_at": None,
-         "reason": "0/1 nodes fit: 1 insufficient GPU (need 4 whole GPUs)", "preempted": None, "array_job_id": "", "array_task_id": None, "array": ""},
+         "reason": "0/1 nodes fit: 1 insufficient GPU (need 4 whole GPUs)", "preempted": None, "array_job_id": "",
+         "array_task_id": None, "array": ""},
     ]  # fmt: skip
     printed_by: dict[str, str] = {}
     for layout, page in (("rows", rows), ("columns", listing.columns_of(rows))):
