@@ -205,7 +205,7 @@ def test_a_listings_rows_are_jobouts_fields_exactly(world: World) -> None:
     assert alice.patch(f"/v1/jobs/{waiting[0]}", json={"priority": 3}).status_code == 200
     jobs = world.daemon.store.query(JobQuery())
     assert any(j.spec.held_by and j.spec.history for j in jobs)
-    odd = dataclasses.replace(jobs[0].spec, name="\udc80odd")  # a lone surrogate, stored by an older corral
+    odd = dataclasses.replace(jobs[0].spec, name="\udc80odd", command=("é", "\udc80"))  # stored by an older corral
     jobs.append(dataclasses.replace(jobs[0], spec=odd, preempted=Preempted(2, 5.0, "by job 9"), gpu_uuids=("GPU-a",)))
     assert {j.state for j in jobs} >= {JobState.RUNNING, JobState.QUEUED, JobState.CANCELLED}
     for job in jobs:
