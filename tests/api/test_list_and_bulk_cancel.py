@@ -7,6 +7,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from fastapi.testclient import TestClient
 
@@ -219,11 +220,12 @@ def test_a_listings_rows_are_jobouts_fields_exactly(world: World) -> None:
         assert job_row(job, ["state", "id"]) == {"state": row["state"], "id": row["id"]}
     listed = alice.get("/v1/jobs").json()
     assert listed == [JobOut.of(j).model_dump(mode="json") for j in jobs[:-1] if j.spec.user == "alice"]
-    # layout=columns: each field built a column at a time (COLUMN), the rows' values and types in the rows' order
-    columns = job_columns(jobs)
+    # layout=columns: each field built a column at a time (COLUMN), the rows' values and types in the rows' order, as
+    # JSON (a command is sent from its tuple)
+    columns = orjson.loads(orjson.dumps(job_columns(jobs)))
     assert list(columns) == list(JobOut.model_fields)
     for name, values in columns.items():
-        rows = [job_row(j)[name] for j in jobs]
+        rows = [orjson.loads(orjson.dumps(job_row(j)[name])) for j in jobs]
         assert values == rows and [type(v) for v in values] == [type(v) for v in rows], name
     assert job_columns(jobs, ["id", "state"]) == {"id": [j.id for j in jobs], "state": [j.state.value for j in jobs]}
 
