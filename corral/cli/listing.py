@@ -129,16 +129,12 @@ def _ago_seconds(seconds: int | None) -> str:
     return f"{duration_text(seconds)} ago" if seconds > 0 else f"in {duration_text(seconds)}"
 
 
-def each(
-    convert: Callable[[Any], object], values: Sequence[Any], key: Callable[[Any], Any] = lambda v: v
-) -> list[object]:
-    """`convert` of every value, worded once per distinct `key(value)`."""
-    keys = list(map(key, values))
-    done: dict[Any, object] = {}
-    for k, value in zip(keys, values, strict=True):
-        if k not in done:
-            done[k] = convert(value)
-    return [done[k] for k in keys]
+def each(convert: Callable[[Any], object], keys: Sequence[Any]) -> list[object]:
+    """`convert(key)` of every key, worded once a distinct key (the loops over the keys are dict's and map's)."""
+    done: dict[Any, object] = dict.fromkeys(keys)
+    for key in done:
+        done[key] = convert(key)
+    return list(map(done.__getitem__, keys))
 
 
 def show(jobs: Jobs, more: str | None, limit: int | None, expand: bool, as_json: bool, now: float) -> None:
@@ -165,7 +161,8 @@ def show(jobs: Jobs, more: str | None, limit: int | None, expand: bool, as_json:
     # A job's REASON cell, by (state, reason) for a job never preempted (the cell then depends on nothing else): the
     # jobs of a long queue mostly share one. A preempted job's names its preemption.
     reason_cells = each(
-        lambda sr: short_reason({"state": sr[0], "reason": sr[1]}, now), list(zip(states, reasons, strict=True))
+        lambda state_reason: short_reason(dict(zip(("state", "reason"), state_reason, strict=True)), now),
+        list(zip(states, reasons, strict=True)),
     )
     for i in (i for i, p in enumerate(preempted) if p):
         reason_cells[i] = short_reason({k: values[i] for k, values in jobs.items()}, now)
@@ -181,7 +178,7 @@ def show(jobs: Jobs, more: str | None, limit: int | None, expand: bool, as_json:
             [t if s in FINAL_STATES else None for t, s in zip(jobs.get("finished_at") or nothing, states, strict=True)],
             now,
         ),
-        each(command_text, jobs.get("command") or [], tuple),
+        each(command_text, list(map(tuple, jobs.get("command") or []))),
         reason_cells,
     )
     out.print(view)

@@ -201,8 +201,8 @@ class Columns:
         columns: list[list[str]] = []
         for i, column in enumerate(given):
             header, header_width = self.headers[i], width(self.headers[i])
-            if set(map(type, column)) <= {str} and all(map(str.isascii, column)) and all(map(str.isprintable, column)):
-                texts: list[str] = list(column)  # all str, as just checked
+            if set(map(type, column)) <= {str} and (joined := "".join(column)).isascii() and joined.isprintable():
+                texts: Sequence[str] = column  # all str, as just checked
                 if i == last:
                     columns.append([header, *texts])
                     continue
@@ -267,7 +267,7 @@ class Terminal:
         """A `Columns` table, drawn here; anything else through Rich's `Console.print`."""
         if isinstance(renderable, Columns):
             cells = self.width() if self.isatty() else None
-            self.write_text("".join(line + "\n" for line in renderable.lines(color=self.color(), cells=cells)))
+            self.write_text("\n".join([*renderable.lines(color=self.color(), cells=cells), ""]))
             return
         self.console.print(renderable, **kwargs)
 
