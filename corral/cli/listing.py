@@ -114,7 +114,7 @@ def pages(
 def ago_column(times: Sequence[float | None], now: float) -> list[str]:
     """`views.ago(t, now)` of each time, worded once a distinct whole second: ago's text depends on the whole
     seconds of now - t alone (0: "now"; N > 0: "N's duration ago"; N < 0: "in ..."), and a queue's jobs share a few
-    hundred of those (tests/cli/test_fast.py holds the two equal)."""
+    hundred of those (tests/cli/test_ps_columns.py holds the two equal)."""
     seconds = [None if t is None else int(now - t) for t in times]
     words = {s: _ago_seconds(s) for s in set(seconds)}
     return [words[s] for s in seconds]
