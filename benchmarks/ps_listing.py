@@ -4,7 +4,9 @@
 
 Starts `corral serve --simulate-gpus 4xH100-80GB` in a temporary directory, runs one 4-GPU job that holds every GPU,
 submits JOBS more 4-GPU jobs behind it over HTTP (4 threads), then times `corral ps` (all rows), `ps --json` and the
-API's pages alone, each RUNS times: the median and the spread. Compare `squeue` (0.06-0.07 s on this machine type).
+API's pages alone (every field; the table's fields; those as columns, `layout=columns`, what `ps` reads), each RUNS
+times: the median and the spread. Compare `squeue` (0.05-0.07 s on this machine type; benchmarks/slurm_side_by_side.py
+--rows list runs both).
 The CLI is the console script beside this Python (corral.cli.fast: `ps` without click), and `ps` through click
 (corral.cli.main) for comparison; `--code DIR` runs the daemon and the CLI of another checkout (e.g. before a change:
 `git archive COMMIT corral | tar -x -C DIR`) as a console script would. Also printed: the CPU time of each `ps`
@@ -126,6 +128,14 @@ def main() -> None:
                 answer = request(endpoint, "GET", "/v1/jobs", params={"limit": 10000, "fields": PS_FIELDS})
                 took.append(time.perf_counter() - t0)
             print(f"{'  with ps fields':18} median {statistics.median(took):.3f} s, {len(answer.content) / 1e6:.2f} MB")
+            took = []
+            for _ in range(args.runs):
+                t0 = time.perf_counter()
+                answer = request(
+                    endpoint, "GET", "/v1/jobs", params={"limit": 10000, "fields": PS_FIELDS, "layout": "columns"}
+                )
+                took.append(time.perf_counter() - t0)
+            print(f"{'  as columns':18} median {statistics.median(took):.3f} s, {len(answer.content) / 1e6:.2f} MB")
             print(f"load after: {os.getloadavg()[0]:.1f}")
             request(endpoint, "POST", f"/v1/jobs/{hog}/cancel")  # a daemon that stops leaves its jobs running
         finally:

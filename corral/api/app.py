@@ -4,6 +4,7 @@
     GET  /v1/jobs                      the caller's jobs (root: everyone's), oldest first, 1000 at most a page;
          &state=&user=&name=&since=&limit=&order=newest&after=ID&fields=   filters, paging (X-Corral-Next-After)
          &array=ID | ID_[1-5]          a job array's tasks, or some of them (docs/arrays.md)
+         &layout=columns               the page as a list per field ({"id": [...], "state": [...]}): `corral ps`
     POST /v1/jobs/cancel               bulk cancel: {"ids": [...]} | {"state": "queued"} | {"name": "..."}
     {id} in the routes below: a job, an array's task (12_7); an array's id, or a range of its tasks (12_[1-5]), in
     cancel, hold, release, PATCH (each task) and explain (its tasks counted, then the first waiting task's)
@@ -61,6 +62,7 @@ from corral.api.schemas import (
     ExplainOut,
     GpuOut,
     HolderOut,
+    JobColumns,
     JobOut,
     JobRow,
     ReservationOut,
@@ -68,6 +70,7 @@ from corral.api.schemas import (
     TokenIn,
     TokenOut,
     UpdateIn,
+    job_columns,
     job_row,
     unknown_field,
 )
@@ -555,7 +558,7 @@ def create_app(
             raise HTTPException(403, {"field": "user", "message": "only root can see or cancel other users' jobs"})
         return None, who.uid
 
-    @app.get("/v1/jobs", response_model=list[JobRow])
+    @app.get("/v1/jobs", response_model=list[JobRow] | JobColumns)
     def list_jobs(
         who: Caller,
         everyone: Annotated[bool, Query(alias="all")] = False,
@@ -569,6 +572,7 @@ def create_app(
         order: Literal["oldest", "newest"] = "oldest",
         fields: str | None = None,
         array: str | None = None,
+        layout: Literal["rows", "columns"] = "rows",
     ) -> Response:
         """The caller's jobs (root: everyone's, as squeue shows an admin; `user=NAME` one user's), oldest first
         (`order=newest`: newest first), at most `limit` (default 1000). Filters: `state` (repeatable or
@@ -576,7 +580,9 @@ def create_app(
         ended, or ended at or after that time). A full page carries `X-Corral-Next-After`: pass it as `after` for the
         next page. (`all=true` is kept for older clients: root sees everyone's without it.) `fields=id,state,...`:
         only those of each job's fields (a table's few: `corral ps` asks for ten, under half the bytes). `array=ID`
-        (or `ID_[1-5]`, `ID_7`): only those tasks of an array (docs/arrays.md)."""
+        (or `ID_[1-5]`, `ID_7`): only those tasks of an array (docs/arrays.md). `layout=columns`: the page as one
+        object of the fields, each a list of the jobs' values in order (`{"id": ["7", "9"], "state": [...]}`): the same
+        values, the names once and no object a job on either side (what `corral ps` reads)."""
         user_name, uid = scope(who, everyone or who.root, user)  # a listing: root's default is everyone's
         wanted = list_fields(fields)
         for field, value in (("since", since), ("ended_after", ended_after)):
@@ -595,7 +601,10 @@ def create_app(
         else:
             jobs = daemon.store.query(query)  # a read of the store: no need to wait for a scheduling round
         headers = {"X-Corral-Next-After": jobs[-1].id} if jobs and len(jobs) == limit else {}
-        body = orjson.dumps([job_row(j, wanted) for j in jobs])  # JobOut's fields (those asked), no model a row
+        if layout == "columns":
+            body = orjson.dumps(job_columns(jobs, wanted))
+        else:
+            body = orjson.dumps([job_row(j, wanted) for j in jobs])  # JobOut's fields (those asked), no model a row
         return Response(body, media_type="application/json", headers=headers)
 
     @app.post("/v1/jobs/cancel", response_model=CancelManyOut)

@@ -398,6 +398,77 @@ ROW: tuple[tuple[str, Callable[[Job], Any]], ...] = (
 ROW_FIELD = dict(ROW)
 
 
+def _each(field: Callable[[Job], Any]) -> Callable[[Sequence[Job]], list[Any]]:
+    return lambda jobs: list(map(field, jobs))
+
+
+def _texts(texts: list[str]) -> list[str]:
+    """A column of text as ROW writes it: `clean` only where a value is not ASCII (a listing's texts nearly never)."""
+    return texts if all(map(str.isascii, texts)) else list(map(clean, texts))
+
+
+def _commands(jobs: Sequence[Job]) -> list[Sequence[str]]:
+    """The jobs' commands: their own tuples (orjson writes a tuple as an array), no new list a job."""
+    commands: list[Sequence[str]] = [j.spec.command for j in jobs]
+    if all(map(str.isascii, map("".join, commands))):
+        return commands
+    return [[clean(a) for a in command] for command in commands]
+
+
+#: The GPUs of a job that holds none, one list for all of a page's: sent at once, never changed.
+_NO_GPUS: list[dict[str, Any]] = []
+
+
+def _array_column(part: Callable[[array.ArrayTask], Any], none: Any) -> Callable[[Sequence[Job]], list[Any]]:
+    def column(jobs: Sequence[Job]) -> list[Any]:
+        tasks = [j.spec.array for j in jobs]
+        if not any(tasks):
+            return [none] * len(tasks)
+        return [none if t is None else part(t) for t in tasks]
+
+    return column
+
+
+#: A listing's fields a column at a time (`GET /v1/jobs?layout=columns`): each a function of the page's jobs giving
+#: ROW's values of them in order, as JSON writes them (tests/api/test_list_and_bulk_cancel.py holds the two equal,
+#: field by field). The fields `corral ps` asks for are written out as comprehensions, a field at a time, and make
+#: no new container a job (a command is its spec's tuple, no GPUs one shared list): 5,000 jobs in about 3 ms, against
+#: 15 for the rows, and nothing for the garbage collector, whose full passes over the daemon's heap a page of 10,000
+#: new lists and dicts set off every few listings (6 ms a listing on average, measured). The rest are ROW's function
+#: mapped over the jobs.
+COLUMN: dict[str, Callable[[Sequence[Job]], list[Any]]] = {
+    **{name: _each(field) for name, field in ROW},
+    "id": lambda jobs: [j.id for j in jobs],
+    "name": lambda jobs: _texts([j.spec.name for j in jobs]),
+    "user": lambda jobs: _texts([j.spec.user for j in jobs]),
+    "reason": lambda jobs: _texts([j.reason for j in jobs]),
+    "state": lambda jobs: [j.state._value_ for j in jobs],  # the member's value without Enum's property
+    "command": _commands,
+    "submitted_at": lambda jobs: [float(j.submitted_at) for j in jobs],
+    "finished_at": lambda jobs: [None if (t := j.finished_at) is None else float(t) for j in jobs],
+    "gpus": lambda jobs: [_gpus(j) if j.gpus else _NO_GPUS for j in jobs],
+    "preempted": lambda jobs: [None if j.preempted is None else _preempted(j) for j in jobs],
+    "array_job_id": _array_column(lambda t: t.job_id, ""),
+    "array_task_id": _array_column(lambda t: t.task, None),
+    "array": _array_column(lambda t: t.spec.text, ""),
+}
+
+
+def job_columns(jobs: Sequence[Job], fields: Sequence[str] | None = None) -> dict[str, list[Any]]:
+    """A listing's page as columns: each of JobOut's fields (or those asked, in JobOut's order), a list of the
+    jobs' values in order; the values of `job_row`, without an object a job on either side of the wire."""
+    return {name: COLUMN[name](jobs) for name in (JobOut.model_fields if fields is None else fields)}
+
+
+#: `layout=columns`'s answer in the OpenAPI spec: JobOut's fields, each a list of the page's values (none required,
+#: as `fields=id,state` leaves the others out).
+JobColumns = create_model(  # type: ignore[call-overload]
+    "JobColumns",
+    __doc__="A page of jobs as columns: each of JobOut's fields (those asked), a list of the jobs' values in order.",
+    **{name: (list[info.annotation] | None, None) for name, info in JobOut.model_fields.items()},  # type: ignore[name-defined]
+)
+
+
 class CancelManyIn(BaseModel):
     """Which jobs to cancel: `ids`, or those in `state` and/or with `name` (all given must hold)."""
 

@@ -397,12 +397,17 @@ def list_pages(
 ) -> tuple[list[dict[str, Any]], str | None]:
     """Every job the daemon lists for `params` (at most `limit`), page after page from `after`; and, when `limit` cut
     the list, the id to page on from (None: nothing left out)."""
+    return listing.pages(jobs_fetch(socket), params, limit, after, PS_PAGE)
 
-    def fetch(page_params: list[tuple[str, str | int | float]]) -> tuple[list[dict[str, Any]], str | None]:
+
+def jobs_fetch(socket: Path | None) -> listing.Fetch:
+    """One page of `GET /v1/jobs`: (its jobs, as columns with layout=columns, else rows; the next page's cursor)."""
+
+    def fetch(page_params: list[tuple[str, str | int | float]]) -> tuple[Any, str | None]:
         response = call(socket, "GET", "/v1/jobs", flag_errors, params=page_params)
         return response.json(), response.headers.get("X-Corral-Next-After") or None
 
-    return listing.pages(fetch, params, limit, after, PS_PAGE)
+    return fetch
 
 
 @click.command("ps")
@@ -456,7 +461,7 @@ def ps_cmd(
         params = wire.ps_params(everyone, state, user, name, since, newest, array_ref, as_json, now)
     except BadInput as exc:
         raise fail(str(exc)) from None
-    jobs, more = list_pages(socket, params, limit, after)
+    jobs, more = listing.column_pages(jobs_fetch(socket), params, limit, after, PS_PAGE)
     listing.show(jobs, more, limit, expand or array_ref is not None, as_json, now)
 
 

@@ -2,7 +2,8 @@
 little more; every other command line handed, untouched, to the click command line (corral.cli.main).
 
     corral submit [OPTIONS] [--] COMMAND...   parsed here  ->  wire.submit_body  ->  POST /v1/jobs over the socket
-    corral ps [OPTIONS]                       parsed here  ->  wire.ps_params  ->  GET /v1/jobs pages  ->  listing.show
+    corral ps [OPTIONS]                       parsed here  ->  wire.ps_params  ->  GET /v1/jobs pages, a list per
+                                              field (layout=columns)  ->  listing.show, a column at a time
     anything else                             corral.cli.main (click): help, errors, batch scripts, CORRAL_URL
 
 Why (issue 26, item 7): four shells submitting at once spend nearly all their time starting Python. click, with the
@@ -205,7 +206,7 @@ def ps(args: Sequence[str]) -> None:
     path = socket_path(p)
     headers = {"User-Agent": USER_AGENT, "Accept": "application/json, */*"}
 
-    def fetch(page: list[wire.Param]) -> tuple[list[dict[str, Any]], str | None]:
+    def fetch(page: list[wire.Param]) -> tuple[Any, str | None]:
         try:
             status, pairs, content = wire.exchange(path, "GET", f"/v1/jobs?{wire.query(page)}", None, headers)
             if status >= 300:
@@ -216,7 +217,7 @@ def ps(args: Sequence[str]) -> None:
 
     from corral.cli import listing
 
-    jobs, more = listing.pages(fetch, params, p["limit"], p["after"])
+    jobs, more = listing.column_pages(fetch, params, p["limit"], p["after"])
     listing.show(jobs, more, p["limit"], p["expand"] or p["array_ref"] is not None, p["as_json"], now)
 
 

@@ -130,19 +130,41 @@ class Columns:
         self.headers = headers
         #: the rows' cells as given: measured when drawn, a column at a time (a listing of 5,000 jobs is 45,000 cells)
         self.cells: list[tuple[object, ...]] = []
+        #: or the cells as add_columns gave them, a list per column (until a row is added or asked for)
+        self._columns: Sequence[Sequence[object]] | None = None
 
     def add_row(self, *cells: object) -> None:
+        self._rows()
         self.cells.append(cells)
+
+    def add_columns(self, *columns: Sequence[object]) -> None:
+        """The rows' cells a column at a time, a list of cells per header (`corral ps`: no tuple a row is made to
+        draw them piped); rows added after are added below them."""
+        if len(columns) != len(self.headers) or len({len(c) for c in columns}) > 1:
+            raise ValueError(f"{len(self.headers)} columns of as many cells each, got {[len(c) for c in columns]}")
+        if self.cells or self._columns is not None:
+            self._rows().extend(zip(*columns, strict=True))
+        else:
+            self._columns = columns  # kept as given: while set, `cells` is empty
+
+    def _rows(self) -> list[tuple[object, ...]]:
+        """`cells`, with columns given by add_columns made rows (once)."""
+        if self._columns is not None:
+            self.cells = [*zip(*self._columns, strict=True), *self.cells]
+            self._columns = None
+        return self.cells
 
     @property
     def rows(self) -> list[tuple[tuple[str, str, int], ...]]:
         """Per row, per cell: (text, style, terminal cells)."""
-        return [tuple(_measured(c) for c in r) for r in self.cells]
+        return [tuple(_measured(c) for c in r) for r in self._rows()]
 
     def lines(self, *, color: bool, cells: int | None) -> list[str]:
         """The header and a line per row; each cut to `cells` terminal cells unless None."""
+        if cells is None and not color and self._columns is not None:  # (cells is then empty)
+            return self._plain(self._columns)
         if cells is None and not color and all(len(r) == len(self.headers) for r in self.cells):
-            return self._plain()
+            return self._plain(list(zip(*self.cells, strict=True)) or [() for _ in self.headers])
         grid = [tuple((h, "bold", width(h)) for h in self.headers), *self.rows]
         widths = [max(row[i][2] if i < len(row) else 0 for row in grid) for i in range(len(self.headers))]
         gap = self.GAP
@@ -171,16 +193,16 @@ class Columns:
             out.append("".join(pieces).rstrip())
         return out
 
-    def _plain(self) -> list[str]:
-        """Piped: no style, no cut, a row a line; the common case, drawn a column at a time: a column of plain ASCII
-        strings (most of a listing's) is measured and padded by str's own loops (`corral ps` of 5,000 jobs: about
-        a third of the time the same lines took cell by cell)."""
+    def _plain(self, given: Sequence[Sequence[Any]]) -> list[str]:
+        """Piped: no style, no cut, a row a line; the common case, drawn a column at a time (`given`, a list of cells
+        per column): a column of plain ASCII strings (most of a listing's) is measured and padded by str's own loops
+        (`corral ps` of 5,000 jobs: about a third of the time the same lines took cell by cell)."""
         last = len(self.headers) - 1
         columns: list[list[str]] = []
-        for i, column in enumerate(list(zip(*self.cells, strict=True)) or [() for _ in self.headers]):
+        for i, column in enumerate(given):
             header, header_width = self.headers[i], width(self.headers[i])
-            if set(map(type, column)) <= {str} and all(map(str.isascii, column)) and all(map(str.isprintable, column)):
-                texts: list[str] = list(column)  # all str, as just checked
+            if set(map(type, column)) <= {str} and (joined := "".join(column)).isascii() and joined.isprintable():
+                texts: Sequence[str] = column  # all str, as just checked
                 if i == last:
                     columns.append([header, *texts])
                     continue
@@ -245,7 +267,7 @@ class Terminal:
         """A `Columns` table, drawn here; anything else through Rich's `Console.print`."""
         if isinstance(renderable, Columns):
             cells = self.width() if self.isatty() else None
-            self.write_text("".join(line + "\n" for line in renderable.lines(color=self.color(), cells=cells)))
+            self.write_text("\n".join([*renderable.lines(color=self.color(), cells=cells), ""]))
             return
         self.console.print(renderable, **kwargs)
 

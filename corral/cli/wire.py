@@ -192,6 +192,7 @@ def ps_params(
         params.append(("array", array_ref))
     if not as_json:  # the table's fields only: under half the bytes to send, decode and read
         params.append(("fields", PS_FIELDS))
+    params.append(("layout", "columns"))  # a list per field: the names once, no object a job (an older daemon: rows)
     return params
 
 

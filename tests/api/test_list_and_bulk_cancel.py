@@ -7,10 +7,11 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from fastapi.testclient import TestClient
 
-from corral.api.schemas import JobOut, job_row
+from corral.api.schemas import JobOut, job_columns, job_row
 from corral.cli import client
 from corral.daemon.core import Daemon
 from corral.executor.fake import FakeExecutor
@@ -81,6 +82,42 @@ def test_list_pages_with_a_cursor_and_a_default_limit(world: World) -> None:
     assert len(page.json()) == 1000 and page.headers["X-Corral-Next-After"] == "1003"
     assert len(alice.get("/v1/jobs", params={"after": "1003"}).json()) == 7
     assert len(root.get("/v1/jobs", params={"all": "true", "limit": 10000}).json()) == 1010
+
+
+def test_a_listing_as_columns_is_the_rows_a_field_at_a_time(world: World) -> None:
+    """`layout=columns` (what `corral ps` reads): the rows' fields, each a list of the page's values in order, with
+    the same filters, fields, pages (X-Corral-Next-After) and an array's tasks; an empty page has its fields' empty
+    lists."""
+    alice, _, root = fill(world)
+    array = submit(alice, gpus=1, array="0-3", name="arr")["id"]
+    world.tick()
+
+    def as_rows(columns: dict[str, list[Any]]) -> list[dict[str, Any]]:
+        return [dict(zip(columns, values, strict=True)) for values in zip(*columns.values(), strict=True)]
+
+    for who, params in (
+        (alice, {}),
+        (alice, {"fields": client.PS_FIELDS}),
+        (alice, {"limit": 3, "order": "newest", "after": "6"}),
+        (alice, {"state": "queued", "fields": "state,id"}),
+        (alice, {"array": f"{array}_[1-2]", "fields": "id,array_job_id,array_task_id,array"}),
+        (root, {"limit": 4}),
+        (alice, {"since": 4e9, "fields": "id,reason"}),
+    ):
+        rows = who.get("/v1/jobs", params=params)
+        columns = who.get("/v1/jobs", params={**params, "layout": "columns"})
+        assert columns.status_code == 200, columns.text
+        assert as_rows(columns.json()) == rows.json()
+        assert columns.headers.get("X-Corral-Next-After") == rows.headers.get("X-Corral-Next-After")
+        if rows.json():
+            assert list(columns.json()) == list(rows.json()[0])
+    empty = alice.get("/v1/jobs", params={"since": 4e9, "fields": "id,reason", "layout": "columns"}).json()
+    assert empty == {"id": [], "reason": []}
+    tasks = alice.get("/v1/jobs", params={"array": array, "fields": "id,array_task_id", "layout": "columns"}).json()
+    assert tasks["array_task_id"] == [0, 1, 2, 3]
+    bad = alice.get("/v1/jobs", params={"layout": "grid"})
+    assert bad.status_code == 422
+    assert bad.json() == {"detail": {"field": "layout", "message": "Input should be 'rows' or 'columns'"}}
 
 
 def test_list_refuses_what_it_cannot_understand(world: World) -> None:
@@ -169,7 +206,7 @@ def test_a_listings_rows_are_jobouts_fields_exactly(world: World) -> None:
     assert alice.patch(f"/v1/jobs/{waiting[0]}", json={"priority": 3}).status_code == 200
     jobs = world.daemon.store.query(JobQuery())
     assert any(j.spec.held_by and j.spec.history for j in jobs)
-    odd = dataclasses.replace(jobs[0].spec, name="\udc80odd")  # a lone surrogate, stored by an older corral
+    odd = dataclasses.replace(jobs[0].spec, name="\udc80odd", command=("é", "\udc80"))  # stored by an older corral
     jobs.append(dataclasses.replace(jobs[0], spec=odd, preempted=Preempted(2, 5.0, "by job 9"), gpu_uuids=("GPU-a",)))
     assert {j.state for j in jobs} >= {JobState.RUNNING, JobState.QUEUED, JobState.CANCELLED}
     for job in jobs:
@@ -183,6 +220,14 @@ def test_a_listings_rows_are_jobouts_fields_exactly(world: World) -> None:
         assert job_row(job, ["state", "id"]) == {"state": row["state"], "id": row["id"]}
     listed = alice.get("/v1/jobs").json()
     assert listed == [JobOut.of(j).model_dump(mode="json") for j in jobs[:-1] if j.spec.user == "alice"]
+    # layout=columns: each field built a column at a time (COLUMN), the rows' values and types in the rows' order, as
+    # JSON (a command is sent from its tuple)
+    columns = orjson.loads(orjson.dumps(job_columns(jobs)))
+    assert list(columns) == list(JobOut.model_fields)
+    for name, values in columns.items():
+        rows = [orjson.loads(orjson.dumps(job_row(j)[name])) for j in jobs]
+        assert values == rows and [type(v) for v in values] == [type(v) for v in rows], name
+    assert job_columns(jobs, ["id", "state"]) == {"id": [j.id for j in jobs], "state": [j.state.value for j in jobs]}
 
 
 def test_a_listing_gives_only_the_fields_asked_for(world: World) -> None:

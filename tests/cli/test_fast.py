@@ -348,7 +348,7 @@ def test_ps_words_each_reason_once_and_each_row_as_alone(capsys: pytest.CaptureF
         {**base, "id": "5", "state": "failed", "reason": "exit code 3", "finished_at": now - 1},
     ]
     with mock.patch.dict(os.environ, {"NO_COLOR": "1"}):
-        listing.show([dict(j) for j in jobs], None, None, False, False, now)
+        listing.show(listing.columns_of([dict(j) for j in jobs]), None, None, False, False, now)
     lines = capsys.readouterr().out.splitlines()[1:]
     assert [line.rstrip().endswith(short_reason(j, now)) for line, j in zip(lines, jobs, strict=True)] == [True] * 5
     assert short_reason(jobs[1], now) != short_reason(jobs[0], now)
