@@ -267,7 +267,6 @@ def job_row(job: Job, fields: Sequence[str] | None = None) -> dict[str, Any]:
         return {name: ROW_FIELD[name](job) for name in fields}
     spec = job.spec
     r = spec.request
-    uuids = job.gpu_uuids
     preempted = job.preempted
     return {
         "id": job.id,
@@ -281,25 +280,11 @@ def job_row(job: Job, fields: Sequence[str] | None = None) -> dict[str, Any]:
         "finished_at": _float(job.finished_at),
         "exit_code": job.exit_code,
         "attempts": job.attempts,
-        "gpus": [
-            {"index": g.index, "uuid": uuids[i] if i < len(uuids) else "", "milli": g.milli, "memory_mib": g.memory_mib}
-            for i, g in enumerate(job.gpus)
-        ],
+        "gpus": _gpus(job),
         "reason": clean(job.reason),
         "origin": clean(spec.origin),
         "queue": clean(spec.queue),
-        "request": {
-            "cpu_milli": r.cpu_milli,
-            "memory_mib": r.memory_mib,
-            "gpu_count": r.gpu_count,
-            "gpu_milli": r.gpu_milli,
-            "gpu_memory_mib": r.gpu_memory_mib,
-            "gpu_models": None if r.gpu_models is None else sorted(clean(m) for m in r.gpu_models),
-            "time_limit_s": _float(spec.time_limit_s),
-            "retries": spec.retries,
-            "cwd": clean(spec.cwd),
-            "env_count": len(spec.env),
-        },
+        "request": _request(job),
         "log_path": None,
         "preemptible": spec.preemptible,
         "preempted": None
