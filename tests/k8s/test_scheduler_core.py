@@ -21,6 +21,7 @@ from corral.k8s.convert import ANN_ASSIGNMENT, Assignment, GpuSlot, assignment_a
 from corral.k8s.fake import FakeKubeApi, node_object, pod_object
 from corral.k8s.scheduler import batch as batch_mod
 from corral.k8s.scheduler import core as core_mod
+from corral.k8s.scheduler import events
 from corral.k8s.scheduler.batch import INVALID, NO_NODES, Bind, Wait, place_batch
 from corral.k8s.scheduler.core import EVENTS_PER_WINDOW, Scheduler, TokenBucket, pending_of
 from corral.k8s.scheduler.http import answer
@@ -319,7 +320,7 @@ def test_messages_longer_than_the_limit_are_cut(api: FakeKubeApi, run: Callable[
     api.put_pod(p)
     wait_for("its event", lambda: bool(api.events))
     message = api.events[0][1]["message"]
-    assert len(message) == core_mod.MESSAGE_MAX and message.endswith("...")
+    assert len(message) == events.MESSAGE_MAX and message.endswith("...")
 
 
 # ---------------------------------------------------------------------------------------------------- read views

@@ -33,12 +33,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from corral.k8s.client import JsonObj, KubeApi, KubeApiError
 from corral.k8s.convert import pod_request
 from corral.k8s.scheduler.batch import INVALID, Bind, Decision, Pending, Wait, place_batch
+from corral.k8s.scheduler.events import event_body, now_iso, pod_ref, short
 from corral.k8s.scheduler.evict import Evictions as ApiEvictions
 from corral.k8s.scheduler.evict import PdbWatch
 from corral.k8s.scheduler.gang import GANG_PARTIAL_SECONDS, GangInfo, GangRef, gang_of, min_member, queue_of
@@ -67,7 +67,6 @@ from corral.tenancy.model import Running
 
 log = logging.getLogger("corral.k8s.scheduler")
 
-COMPONENT = "corral-scheduler"
 #: Most pods placed in one batch: a burst of thousands is cut so that the first Bindings travel while the rest place.
 BATCH_MAX = 256
 #: FailedScheduling events per pod in any EVENT_WINDOW seconds.
@@ -76,7 +75,6 @@ EVENT_WINDOW = 60.0
 #: A pod's PodScheduled condition is patched when its reason changes, at most once in this many seconds.
 CONDITION_EVERY = 10.0
 #: What a condition or event message may hold (the API server's events.k8s.io limit is 1 KiB).
-MESSAGE_MAX = 1024
 #: Delay before a pod whose Binding failed is placed again: this x 2^(failures-1), at most BIND_RETRY_MAX.
 BIND_RETRY = 0.05
 BIND_RETRY_MAX = 10.0
@@ -86,14 +84,6 @@ GANG_INFO_TTL = 2.0
 #: A gang whose PodGroup could not be used (not found yet, invalid, unreadable) has its waiting members placed again
 #: (and so its PodGroup read again) after GANG_INFO_TTL, then twice as long each time, at most this (seconds).
 GANG_RECHECK_MAX = 60.0
-
-
-def _now_iso() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _short(text: str) -> str:
-    return text if len(text) <= MESSAGE_MAX else text[: MESSAGE_MAX - 3] + "..."
 
 
 class TokenBucket:
@@ -960,15 +950,10 @@ class Scheduler:
                         log.warning("gang %s: cannot delete pod %s/%s: %s", gang, ns, name, exc)
 
     def _tell_pod(self, namespace: str, name: str, reason: str, message: str) -> None:
-        now = _now_iso()
-        event = {"apiVersion": "v1", "kind": "Event", "metadata": {"generateName": f"{name}.", "namespace": namespace},
-                 "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": name, "namespace": namespace},
-                 "reason": reason, "message": _short(message), "type": "Warning",
-                 "source": {"component": COMPONENT}, "reportingComponent": COMPONENT, "reportingInstance": self._host,
-                 "firstTimestamp": now, "lastTimestamp": now, "count": 1}  # fmt: skip
+        body = event_body(namespace, pod_ref(namespace, name), reason, short(message), "Warning", self._host)
         self.limiter.acquire(self.stop)
         try:
-            self.api.create_event(namespace, event)
+            self.api.create_event(namespace, body)
         except KubeApiError as exc:
             log.warning("pod %s/%s: cannot write its event: %s", namespace, name, exc)
 
@@ -1122,7 +1107,7 @@ class Scheduler:
         with self._cond:
             if w.pending.key not in self._unschedulable:
                 return  # placed or gone meanwhile
-            message = _short(w.reason)
+            message = short(w.reason)
         now = time.monotonic()
         if message != w.written and now - w.written_at < CONDITION_EVERY:
             with self._write_cond:
@@ -1130,7 +1115,7 @@ class Scheduler:
                     w.due = True
                     heapq.heappush(self._due, (w.written_at + CONDITION_EVERY, w.seq, w))
         elif message != w.written:
-            w.since = w.since or _now_iso()
+            w.since = w.since or now_iso()
             condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message,
                          "lastProbeTime": None, "lastTransitionTime": w.since}  # fmt: skip
             self.limiter.acquire(self.stop)
@@ -1159,40 +1144,16 @@ class Scheduler:
     def _tell_node(self, name: str, why: str) -> None:
         """A Warning event on a node corral ignores (cluster-scoped objects' events live in "default")."""
         self.limiter.acquire(self.stop)
-        now = _now_iso()
-        event = {"apiVersion": "v1", "kind": "Event", "metadata": {"generateName": f"{name}.", "namespace": "default"},
-                 "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": name},
-                 "reason": "CorralIgnoresNode", "message": _short(why), "type": "Warning",
-                 "source": {"component": COMPONENT}, "reportingComponent": COMPONENT, "reportingInstance": self._host,
-                 "firstTimestamp": now, "lastTimestamp": now, "count": 1}  # fmt: skip
+        node = {"apiVersion": "v1", "kind": "Node", "name": name}
+        body = event_body("default", node, "CorralIgnoresNode", short(why), "Warning", self._host)
         try:
-            self.api.create_event("default", event)
+            self.api.create_event("default", body)
         except KubeApiError as exc:
             log.warning("node %s: cannot write its event: %s", name, exc)
 
     def _event(self, w: Waiting, message: str) -> JsonObj:
-        now = _now_iso()
-        return {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{w.name}.", "namespace": w.namespace},
-            "involvedObject": {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "name": w.name,
-                "namespace": w.namespace,
-                "uid": w.uid,
-            },
-            "reason": "FailedScheduling",
-            "message": message,
-            "type": "Warning",
-            "source": {"component": COMPONENT},
-            "reportingComponent": COMPONENT,
-            "reportingInstance": self._host,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
+        return event_body(w.namespace, pod_ref(w.namespace, w.name, w.uid), "FailedScheduling", message, "Warning",
+                     self._host)  # fmt: skip
 
     # ------------------------------------------------------------------ read views
     def pending_by_reason(self) -> dict[str, int]:

@@ -40,19 +40,18 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter
 
 from corral.k8s.client import JsonObj, KubeApiError
+from corral.k8s.scheduler.events import event_body, pod_ref, short
 from corral.k8s.scheduler.wire import PDBS
 from corral.model.resources import Allocation
 from corral.tenancy.plan import Preemption
 
 log = logging.getLogger("corral.k8s.scheduler.evict")
 
-COMPONENT = "corral-scheduler"
 #: Seconds a hold outlives its victims' longest grace period: the preemptor binds within it once they are gone.
 HOLD_MARGIN = 30.0
 #: Seconds no preemption starts after one was refused or failed (a budget's 429): no storm of evictions elsewhere.
@@ -65,8 +64,6 @@ DEFAULT_GRACE = 30.0
 #: How often the worker looks at the holds' deadlines and the watch of budgets retries.
 TICK = 0.5
 RETRY = 2.0
-#: What an Event's message may hold.
-MESSAGE_MAX = 1024
 _TERMINAL = ("Succeeded", "Failed")
 _WHY = {
     "guarantee": "its queue is below its guarantee and this pod's queue borrows above its own",
@@ -90,14 +87,6 @@ class ListWatchApi(Protocol):
 
 class Limiter(Protocol):
     def acquire(self, stop: threading.Event | None = None) -> None: ...
-
-
-def _now_iso() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _short(text: str) -> str:
-    return text if len(text) <= MESSAGE_MAX else text[: MESSAGE_MAX - 3] + "..."
 
 
 # ---------------------------------------------------------------------------------------------------- budgets
@@ -653,15 +642,10 @@ class Evictions:
         self._post(lambda: self._event(namespace, name, reason, message, type_))
 
     def _event(self, namespace: str, name: str, reason: str, message: str, type_: str) -> None:
-        now = _now_iso()
-        event = {"apiVersion": "v1", "kind": "Event", "metadata": {"generateName": f"{name}.", "namespace": namespace},
-                 "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": name, "namespace": namespace},
-                 "reason": reason, "message": _short(message), "type": type_,
-                 "source": {"component": COMPONENT}, "reportingComponent": COMPONENT, "reportingInstance": self.host,
-                 "firstTimestamp": now, "lastTimestamp": now, "count": 1}  # fmt: skip
+        body = event_body(namespace, pod_ref(namespace, name), reason, short(message), type_, self.host)
         self.limiter.acquire(self.stop)
         try:
-            self.api.create_event(namespace, event)
+            self.api.create_event(namespace, body)
         except KubeApiError as exc:
             log.warning("pod %s/%s: cannot write its %s event: %s", namespace, name, reason, exc)
 
