@@ -566,7 +566,8 @@ class SqliteStore:
                 out.append(new)
         return out
 
-    def acct(self, query: AcctQuery) -> builtins.list[AcctRecord]:
+    def _acct_rows(self, query: AcctQuery) -> builtins.list[Any]:
+        """The acct table's rows the query selects, in end order (_ACCT_COLUMNS each)."""
         where, params = _acct_where(query)
         if where is None:
             return []
@@ -575,19 +576,13 @@ class SqliteStore:
             sql += " LIMIT ?"
             params.append(query.limit)
         with self._reading("reading the accounts") as conn:
-            rows = conn.execute(sql, params).fetchall()
-        return [_acct_record(row) for row in rows]
+            return conn.execute(sql, params).fetchall()
+
+    def acct(self, query: AcctQuery) -> builtins.list[AcctRecord]:
+        return [_acct_record(row) for row in self._acct_rows(query)]
 
     def acct_columns(self, query: AcctQuery) -> AcctColumns:
-        where, params = _acct_where(query)
-        rows: builtins.list[Any] = []
-        if where is not None:
-            sql = f"SELECT {', '.join(_ACCT_COLUMNS)} FROM acct{where} ORDER BY ended_at, job_id"
-            if query.limit is not None:
-                sql += " LIMIT ?"
-                params.append(query.limit)
-            with self._reading("reading the accounts") as conn:
-                rows = conn.execute(sql, params).fetchall()
+        rows = self._acct_rows(query)
         if not rows:
             return AcctColumns.of([])
         ended, job_id, uid, user, queue, name, state, code, submitted, started, elapsed, gpu_milli, ids, *rest = (
