@@ -87,18 +87,23 @@ def gang_of(obj: Mapping[str, Any]) -> GangRef | None:
     return None
 
 
-def queue_of(obj: Mapping[str, Any]) -> str:
-    """The queue a pod names (corral.dev/queue, kueue.x-k8s.io/queue-name, kai.scheduler/queue), else its namespace."""
-    meta = obj.get("metadata") or {}
-    if not isinstance(meta, Mapping):
-        return "default"
+def queue_label(meta: Mapping[str, Any]) -> str | None:
+    """The queue a pod's labels name (corral.dev/queue, then kueue.x-k8s.io/queue-name, then kai.scheduler/queue)."""
     labels = meta.get("labels") or {}
     if isinstance(labels, Mapping):
         for label in QUEUE_LABELS:
             value = labels.get(label)
             if isinstance(value, str) and value:
                 return value
-    return str(meta.get("namespace") or "default")
+    return None
+
+
+def queue_of(obj: Mapping[str, Any]) -> str:
+    """The queue a pod names (corral.dev/queue, kueue.x-k8s.io/queue-name, kai.scheduler/queue), else its namespace."""
+    meta = obj.get("metadata") or {}
+    if not isinstance(meta, Mapping):
+        return "default"
+    return queue_label(meta) or str(meta.get("namespace") or "default")
 
 
 def min_member(ref: GangRef, group: Mapping[str, Any] | None) -> tuple[int, str]:

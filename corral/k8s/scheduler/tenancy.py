@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 from corral.k8s.convert import assignment_annotations, make_assignment
 from corral.k8s.scheduler.batch import INVALID, NO_NODES, Bind, Decision, Pending, Wait
-from corral.k8s.scheduler.gang import GANG_INCOMPLETE, GANG_INVALID, QUEUE_LABELS, GangInfo
+from corral.k8s.scheduler.gang import GANG_INCOMPLETE, GANG_INVALID, GangInfo, queue_label
 from corral.model.errors import AllocationError, InvalidRequest
 from corral.model.resources import Allocation, Request
 from corral.model.snapshot import ClusterSnapshot
@@ -121,12 +121,9 @@ def queue_for(obj: Mapping[str, Any], config: QueuesConfig, by_namespace: Mappin
     meta = obj.get("metadata") or {}
     if not isinstance(meta, Mapping):
         return config.default_queue
-    labels = meta.get("labels") or {}
-    if isinstance(labels, Mapping):
-        for label in QUEUE_LABELS:
-            value = labels.get(label)
-            if isinstance(value, str) and value:
-                return value
+    labelled = queue_label(meta)
+    if labelled is not None:
+        return labelled
     ns = str(meta.get("namespace") or "default")
     found = by_namespace.get(ns)
     if found is not None:
