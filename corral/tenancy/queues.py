@@ -27,6 +27,7 @@ import numpy as np
 
 from corral.tenancy.config import QueuesConfig, Vector
 from corral.tenancy.fairshare import (
+    _LN2,
     RESOURCES,
     FloatArray,
     Offer,
@@ -89,11 +90,51 @@ class Tenancy:
         self.started: set[str] = set()  # the jobs the last round started (no longer waiting)
         self.waiting_accounts: set[Hashable] = set()  # ("user", queue, user) of the last round's waiting jobs
         self._gid_of: dict[str, int] = {}  # each user's primary gid, as their jobs carry it (for group weights)
+        #: Per running job (by id, while it is the same frozen Running): its quota vector and fair-share amount. A
+        #: cluster has tens of thousands of running pods a round (BENCHMARKS.md, k8s_round).
+        self._held: dict[str, tuple[Running, Vector, np.ndarray]] = {}
+        #: The last `measure` and the accounts' running amounts, with the running jobs they were made of (their ids
+        #: in order, and the configuration): reused while the same jobs run, as most rounds of a cluster see.
+        #: (The jobs themselves are kept with their ids, so that no id is reused by another object meanwhile.)
+        self._measured: tuple[list[int], QueuesConfig, Usage, list[Running]] | None = None
+        self._grouped: tuple[list[int], dict[tuple[str, ...], tuple[np.ndarray, list[float]]], list[Running]] | None
+        self._grouped = None
 
     def forget(self) -> None:
         """Drop what was kept for earlier rounds (a new configuration)."""
         self._offers.clear()
         self._projected.clear()
+        self._held.clear()
+        self._measured = None
+        self._grouped = None
+
+    def _holds(self, job: Running) -> tuple[Running, Vector, np.ndarray]:
+        """(job, its quota vector (quota.held), its fair-share amount (held_vector)), made once per Running."""
+        found = self._held.get(job.id)
+        if found is None or found[0] is not job:
+            found = self._held[job.id] = (job, held(job, self._gpu_memory_of), self.held_vector(job))
+        return found
+
+    def _prune(self, holding: Sequence[Running]) -> None:
+        if len(self._held) > 2 * len(holding) + 64:
+            live = {j.id for j in holding}
+            self._held = {k: v for k, v in self._held.items() if k in live}
+
+    def _measure(self, holding: Sequence[Running]) -> Usage:
+        """quota.measure of `holding`, reused (copied: a round's Gate charges its starts to it) while the same
+        Running objects run under the same configuration. Not with a face's own Unix groups (they may change
+        between rounds without a job changing)."""
+        mine = type(self).groups_of is Tenancy.groups_of
+        ids = [id(j) for j in holding] if mine else []
+        last = self._measured
+        if mine and last is not None and last[1] is self.config and last[0] == ids:
+            u = last[2]
+        else:
+            u = measure(self.config, holding, lambda j: self._holds(j)[1], self.groups_of)
+            self._prune(holding)
+            self._measured = (ids, self.config, u, list(holding)) if mine else None
+        return Usage(dict(u.queue), dict(u.queue_user), dict(u.queue_group), dict(u.user), dict(u.group),
+                     dict(u.running), set(u.borrowing_ids), dict(u.queue_of_borrower), dict(u.borrowed))  # fmt: skip
 
     def groups_of(self, user: str, gid: int) -> tuple[str, ...]:
         """The names of a user's groups (none here; a face that knows them overrides this)."""
@@ -179,16 +220,46 @@ class Tenancy:
             (self.ledger if ledger is None else ledger).record(account, a, job.started_at, finished_at)
 
     def usages(self, holding: Sequence[Running], now: float) -> dict[tuple[str, ...], np.ndarray]:
-        """Decayed usage per account (queue and (queue, user)), running jobs included."""
-        running: dict[tuple[str, ...], list[tuple[np.ndarray, float]]] = {}
-        for j in holding:
-            if j.started_at is None:
-                continue
-            a = self.held_vector(j)
-            running.setdefault(("queue", j.queue), []).append((a, j.started_at))
-            running.setdefault(("user", j.queue, j.user), []).append((a, j.started_at))
-        accounts = {a for a in self.ledger.accounts() if isinstance(a, tuple)} | set(running)
-        return {acc: self.ledger.usage(acc, now, running.get(acc, ())) for acc in accounts}
+        """Decayed usage per account (queue and (queue, user)), running jobs included.
+
+        Each account's running jobs are kept as one array of amounts (rows in `holding`'s order) while the same
+        jobs run; their decayed usage is added in that order (a cumulative sum: the same float additions, in the
+        same order, as UsageLedger.usage's loop, so every share and every order is the same to the last bit)."""
+        ids = [id(j) for j in holding]
+        last = self._grouped
+        if last is not None and last[0] == ids:
+            grouped = last[1]
+        else:
+            rows: dict[tuple[str, ...], tuple[list[np.ndarray], list[float]]] = {}
+            for j in holding:
+                if j.started_at is None:
+                    continue
+                a = self._holds(j)[2]
+                accs: tuple[tuple[str, ...], ...] = (("queue", j.queue), ("user", j.queue, j.user))
+                for acc in accs:
+                    row = rows.get(acc)
+                    if row is None:
+                        row = rows[acc] = ([], [])
+                    row[0].append(a)
+                    row[1].append(j.started_at)
+            grouped = {acc: (np.array(r[0], dtype=np.float64), r[1]) for acc, r in rows.items()}
+            self._prune(holding)
+            self._grouped = (ids, grouped, list(holding))
+        ledger = self.ledger
+        h = ledger.half_life_s
+        scale = h / _LN2
+        out: dict[tuple[str, ...], np.ndarray] = {}
+        for acc in {a for a in ledger.accounts() if isinstance(a, tuple)} | set(grouped):
+            total = ledger.usage(acc, now)
+            found = grouped.get(acc)
+            if found is not None:
+                amounts, starts = found
+                # running_usage's factor, per job in Python's own float arithmetic (numpy's power may differ by
+                # an ulp), then the rows added to the total one by one, in order
+                factors = np.array([scale * (1.0 - 2.0 ** (-max(0.0, now - t) / h)) for t in starts])
+                total = np.cumsum(np.vstack((total, amounts * factors[:, None])), axis=0)[-1]
+            out[acc] = total
+        return out
 
     # ---------------------------------------------------------------------------------------------- a round
     def plan_queues(
@@ -198,8 +269,7 @@ class Tenancy:
         """The order and the gate of one pass over the works `waiting` (id -> queue), with `holding` running and
         `free` free (quota.free_of); None without a queues file (priority, then age, no limits)."""
         config = self.config
-        memory_of = self._gpu_memory_of
-        self.usage = measure(config, holding, lambda j: held(j, memory_of), self.groups_of)
+        self.usage = self._measure(holding)
         queue_of_id = dict(waiting)
         self.queue_of_id = queue_of_id
         started: set[str] = set()

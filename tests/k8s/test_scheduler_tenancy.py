@@ -28,6 +28,7 @@ from corral.k8s.scheduler.tenancy import (
     Face,
     NoEvictions,
     plan_pods,
+    pod_words,
     queue_for,
     started_at,
     victims_of,
@@ -277,7 +278,9 @@ def test_a_gang_goes_whole_or_not_at_all_through_the_queues() -> None:
     pods = [gpu_pod(f"m{i}", labels={POD_GROUP_LABEL: "g"}, created=f"2027-01-01T00:00:0{i}Z") for i in range(5)]
     out = c.plan(pods, gangs={"default/g": GangInfo(ref, 5)})
     assert binds(out) == []  # 5 GPUs asked, 4 there: none bound
-    assert reason(out, "m0").startswith("queue q, position 1 of 5; held by gang: gang: 4 of 5 instances fit")
+    assert reason(out, "m0") == ("queue q, position 1 of 5; held by gang default/g: 4 of 5 instances fit (PodGroup "
+                                 "default/g: all its members start or none); instance 5: 0/2 nodes fit: 2 "
+                                 "insufficient GPU (need 1 whole GPU)")  # fmt: skip
     assert c.state.snapshot is not None and not c.state.snapshot.allocations
     out = c.plan(pods[:4], gangs={"default/g": GangInfo(ref, 4)})
     assert binds(out) == ["m0", "m1", "m2", "m3"]
@@ -333,6 +336,33 @@ def test_while_victims_are_still_stopping_the_preemptor_waits_and_nothing_else_t
     ev.holds = {p.preemptor: p.allocation}
     out = c.plan([gpu_pod("b", 2, namespace="ns-b")], evictions=ev)
     assert reason(out, "b") == "preempting: waiting for its victims to stop"
+
+
+def test_a_preemptor_held_by_the_minimum_runtime_is_told_the_pods_by_name() -> None:
+    c = Cluster(TWO.replace('min_runtime = "0s"', 'min_runtime = "1h"'))
+    for i in range(4):  # team-a borrows team-b's half, all started within the hour
+        c.bind(gpu_pod(f"a{i}", namespace="ns-a"), NOW - 600 + i)
+    ev = Recording()
+    out = c.plan([gpu_pod("b", 2, namespace="ns-b")], evictions=ev)
+    assert ev.started == []
+    said = reason(out, "b")
+    assert "; it may preempt pods ns-a/a2, ns-a/a3 from " in said, said  # not "jobs uid-ns-a-a2, uid-ns-a-a3"
+    assert "uid-" not in said and " job" not in said
+    assert said.endswith("when they have run the minimum runtime of 1h (docs/preemption.md)"), said
+
+
+def test_the_plans_words_name_pods_and_podgroups() -> None:
+    def name_of(key: str) -> str:
+        return {"u1": "ns/a", "u2": "ns/b"}.get(key, key)
+
+    said = pod_words("it may preempt job u1 from 08:00, when", "", name_of)
+    assert said == "it may preempt pod ns/a from 08:00, when"
+    assert (pod_words("would delay the reservation of job u2", "", name_of)
+            == "would delay the reservation of pod ns/b")  # fmt: skip
+    assert (pod_words("gang: 2 of 3 instances queued; they start together once all are", "ns/g", name_of)
+            == "2 of 3 instances queued; they start together once all are")  # fmt: skip
+    assert (pod_words("gang: instance job u1: GPU count must be >= 0", "ns/g", name_of)
+            == "instance pod ns/a: GPU count must be >= 0")  # fmt: skip
 
 
 def test_a_restart_starts_bound_pods_at_their_start_time() -> None:

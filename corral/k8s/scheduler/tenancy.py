@@ -289,7 +289,31 @@ def _kind(reason: str, limited: str | None) -> str:
     return "no room"
 
 
-_JOB = re.compile(r"\bjob ([0-9A-Za-z/_.:-]+)")
+_ID = r"[0-9A-Za-z/_.:-]*[0-9A-Za-z_]"  # (not the colon or full stop after it)
+_JOB = re.compile(rf"\bjob ({_ID})")
+#: Protected.text's "it may preempt job(s) UID, UID from ..." (tenancy's words for any face).
+_JOBS = re.compile(rf"\bjobs? ({_ID}(?:, {_ID})*) from ")
+#: The round's gang words: "gang: ..." and serve's Marathon wording of all or none.
+_GANG = "gang: "
+_MARATHON = "(the app asked for corral.gang: all start or none)"
+
+
+def pod_words(reason: str, gang: str, name_of: Any) -> str:
+    """The plan's words as a pod's reason: pods named (namespace/name, by `name_of(key)`) where the plan names jobs
+    by id, "pods" for "jobs", and a gang's words naming its PodGroup (`gang`: "namespace/name") without the word
+    "gang" twice or serve's Marathon wording."""
+
+    def many(m: re.Match[str]) -> str:
+        ids = m.group(1).split(", ")
+        return f"pod{'s' if len(ids) > 1 else ''} {', '.join(name_of(i) for i in ids)} from "
+
+    out = _JOBS.sub(many, reason)
+    out = _JOB.sub(lambda m: f"pod {name_of(m.group(1))}", out)
+    if gang and out.startswith(_GANG):
+        out = out[len(_GANG):]
+    if gang:
+        out = out.replace(_MARATHON, f"(PodGroup {gang}: all its members start or none)")
+    return out
 
 
 def plan_pods(
@@ -417,7 +441,14 @@ def plan_pods(
     in_line = [k for k in plan.order if k not in started]  # the queue order of the pods that still wait
     positions = {k: i + 1 for i, k in enumerate(in_line)}
     explained: dict[Any, str] = {}
-    words: dict[str, str] = {}  # the plan's words with pods named (a few texts for thousands of pods)
+    words: dict[tuple[str, str], str] = {}  # the plan's words with pods named (a few texts for thousands of pods)
+
+    def name_of(key: str) -> str:
+        found = names.get(key)
+        if found is not None:
+            return found
+        b = bound.get(key)
+        return f"{b.namespace}/{b.name}" if b is not None else key
     reservation = {r.job_id: r for r in plan.reservations}
     preempting = {pr.preemptor for pr in plan.preemptions}
     for p in offered:
@@ -427,12 +458,14 @@ def plan_pods(
         if reason == NO_ROOM_NOW and p.ask is not None:
             # the prefilter's short words: the engine's own, once per shape a round (what a user acts on)
             reason = _explained(snapshot, p, explained, face)
-        said = words.get(reason)
+        kind = _kind(reason, tenancy.limited.get(p.key))
+        said = words.get((reason, p.gang))
         if said is None:
-            said = words[reason] = _JOB.sub(lambda m: f"pod {names.get(m.group(1), m.group(1))}", reason)
+            said = words[(reason, p.gang)] = pod_words(reason, p.gang, name_of)
         reason = said
         limited = tenancy.limited.get(p.key)
-        kind = _kind(reason, limited)
+        if kind == "gang" and p.gang:
+            kind = f"gang {p.gang}"
         if kind == "reservation":
             r = next(iter(plan.reservations), None)
             kind = f"the reservation of pod {names.get(r.job_id, r.job_id)}" if r is not None else kind
@@ -441,7 +474,8 @@ def plan_pods(
         r = reservation.get(p.key) if p.key not in preempting else None
         hold = Hold(p.queue, positions.get(p.key, 0), len(in_line), kind, r.start if r is not None else None)
         holds[p.key] = hold
-        code = (QUEUE_LIMIT if limited is not None else GANG_INCOMPLETE if kind == "gang" and "queued" in reason
+        gang_short = kind.startswith("gang") and "queued" in reason
+        code = (QUEUE_LIMIT if limited is not None else GANG_INCOMPLETE if gang_short
                 else RESERVATION if kind.startswith("the reservation") else PREEMPTING if p.key in preempting
                 else "unschedulable")  # fmt: skip
         out[p.key] = Wait(p, f"{hold.text()}: {reason}", code, p.key in plan.unresolvable)
