@@ -19,7 +19,7 @@ allocate took.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +68,10 @@ def _nbytes(value: Any) -> int:
     if fields is not None:
         return sum(_nbytes(v) for v in fields.values())
     return 0
+
+
+#: The memo entries that depend only on the static columns (kept by copies).
+_STATIC_MEMO = frozenset(("static", "constraint", "static-bits"))
 
 
 class Memo(OrderedDict[Any, Any]):
@@ -125,6 +129,24 @@ class ClusterSnapshot:
         "tag_counts",
         "gpu_owner",
         "gpu_owner_shares",
+    )
+
+    #: The columns nothing changes once the snapshot is built: shared by copies (a write to one would change every
+    #: copy: nothing writes them after __init__; not made read-only only because numba's typed kernels take them).
+    STATIC_COLUMNS = frozenset(
+        (
+            "rank",
+            "cpu_cap",
+            "mem_cap",
+            "gpu_count",
+            "gpu_model",
+            "gpu_mem_cap",
+            "gpu_numa",
+            "gpu_switch",
+            "nvlink",
+            "has_topology",
+            "gpu_present",
+        )
     )
 
     def __init__(self, nodes: Sequence[Node], ranks: Sequence[int] | None = None) -> None:
@@ -371,6 +393,43 @@ class ClusterSnapshot:
         self.version[i] += 1
         return alloc
 
+    def release_many(self, request_ids: Iterable[str]) -> list[Allocation]:
+        """`release` of each allocation in turn, in one pass: the columns end exactly as after the releases one by
+        one (they only add up), with one numpy update per column instead of a few per allocation (a preemption
+        search or a reservation releases thousands on a cluster). Raises AllocationError, changing nothing, when an
+        id is not granted or is named twice."""
+        ids = list(request_ids)
+        if len(ids) < 8:
+            return [self.release(r) for r in ids]
+        held = self.allocations
+        missing = next((r for r in ids if r not in held), None)
+        if missing is not None:
+            raise AllocationError(f"allocation {missing!r} is not granted")
+        if len(set(ids)) != len(ids):
+            raise AllocationError("an allocation is named twice")
+        out = [held.pop(r) for r in ids]
+        node = np.fromiter((a.node_index for a in out), dtype=np.int64, count=len(out))
+        np.add.at(self.cpu_free, node, np.fromiter((a.cpu_milli for a in out), dtype=np.int64, count=len(out)))
+        np.add.at(self.mem_free, node, np.fromiter((a.memory_mib for a in out), dtype=np.int64, count=len(out)))
+        np.subtract.at(self.tag_counts, (node, np.fromiter((a.tag + 1 for a in out), np.int64, len(out))), 1)
+        np.add.at(self.version, node, 1)
+        grants = [(a.node_index, g.index, g.milli, g.memory_mib, bool(a.share_owner)) for a in out for g in a.gpus]
+        if grants:
+            g_node, g_gpu, g_milli, g_mem, g_shared = (np.array([g[c] for g in grants], dtype=np.int64)
+                                                       for c in range(5))  # fmt: skip
+            np.add.at(self.gpu_milli_free, (g_node, g_gpu), g_milli)
+            np.add.at(self.gpu_mem_free, (g_node, g_gpu), g_mem)
+            np.add.at(self.gpu_free_total, g_node, g_milli)
+            shared = g_shared.astype(np.bool_)
+            if shared.any():
+                np.subtract.at(self.gpu_owner_shares, (g_node[shared], g_gpu[shared]), 1)
+                gone = self.gpu_owner_shares[g_node[shared], g_gpu[shared]] == 0
+                self.gpu_owner[g_node[shared][gone], g_gpu[shared][gone]] = -1
+            rows = np.unique(g_node)
+            whole = (self.gpu_milli_free[rows] == MILLI_PER_GPU) & (self.gpu_mem_free[rows] == self.gpu_mem_cap[rows])
+            self.gpu_full_free[rows] = np.count_nonzero(whole, axis=1)
+        return out
+
     def _recount_full_free(self, i: int) -> None:
         # "Fully free" = nothing of the GPU is granted, neither compute nor memory.
         row_m = self.gpu_milli_free[i]
@@ -378,16 +437,28 @@ class ClusterSnapshot:
             np.count_nonzero((row_m == MILLI_PER_GPU) & (self.gpu_mem_free[i] == self.gpu_mem_cap[i]))
         )
 
-    def copy(self) -> ClusterSnapshot:
-        """An independent copy (arrays and allocations), sharing only the immutable node objects."""
+    def copy(self, allocations: bool = True) -> ClusterSnapshot:
+        """An independent copy of what allocate/release change, sharing what they never change: the node objects,
+        the static columns (read-only: STATIC_COLUMNS) and the memo's static masks.
+
+        `allocations=False`: a what-if copy with no allocation records (its arrays are the books'; nothing can be
+        released from it by id), for probes that only ask where a request would fit: a cluster's books hold tens of
+        thousands of allocations, and copying their map cost more than the arrays (k8s_round, BENCHMARKS.md)."""
         other = ClusterSnapshot.__new__(ClusterSnapshot)
+        static = self.STATIC_COLUMNS
         for key, value in self.__dict__.items():
             if isinstance(value, np.ndarray):
-                setattr(other, key, value.copy())
-            elif key in ("allocations", "owner_ids"):
+                setattr(other, key, value if key in static else value.copy())
+            elif key == "allocations":
+                setattr(other, key, dict(value) if allocations else {})
+            elif key == "owner_ids":
                 setattr(other, key, dict(value))
             elif key == "memo":
-                setattr(other, key, Memo())
+                memo = Memo()
+                for k, v in value.items():  # (oldest first, as they were used)
+                    if isinstance(k, tuple) and k and k[0] in _STATIC_MEMO:
+                        memo[k] = v
+                setattr(other, key, memo)
             else:
                 setattr(other, key, value)
         return other

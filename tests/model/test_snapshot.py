@@ -142,3 +142,66 @@ def test_share_owners_keep_to_their_gpus() -> None:
     s.release("a2")
     assert int(s.gpu_owner[0, 0]) == -1
     s.allocate(Allocation("b", "a", 0, 0, 0, (GpuGrant(0, 300, 0),), -1, share_owner="bob"))
+
+
+def _busy(seed: int) -> tuple[ClusterSnapshot, list[str]]:
+    """Three 4-GPU nodes filled at random with whole GPUs, shares (some owned) and CPU-only allocations."""
+    rng = np.random.default_rng(seed)
+    s = cluster(*(node(f"n{i}").gpus(4, memory_gib=16).cpu(64).mem(256) for i in range(3)))
+    ids: list[str] = []
+    for k in range(40):
+        i = int(rng.integers(3))
+        kind = int(rng.integers(3))
+        j = int(rng.integers(4))
+        owner = "" if kind != 1 or rng.random() < 0.5 else f"o{int(rng.integers(2))}"
+        gpus = () if kind == 2 else (GpuGrant(j, 1000, 16384),) if kind == 0 else (GpuGrant(j, 250, 1024),)
+        tag = 0 if kind == 2 else 1 if kind == 0 else -1
+        a = Allocation(f"a{k}", f"n{i}", i, int(rng.integers(1, 4)) * 500, 1024, gpus, tag, share_owner=owner)
+        try:
+            s.allocate(a)
+        except AllocationError:
+            continue
+        ids.append(a.request_id)
+    return s, ids
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_release_many_is_the_releases_one_by_one(seed: int) -> None:
+    s, ids = _busy(seed)
+    assert len(ids) >= 16
+    rng = np.random.default_rng(seed + 100)
+    chosen = [ids[i] for i in rng.permutation(len(ids))[: int(rng.integers(8, len(ids)))]]
+    one, many = s.copy(), s.copy()
+    for r in chosen:
+        one.release(r)
+    got = many.release_many(chosen)
+    assert [a.request_id for a in got] == chosen
+    assert_same(columns(one), columns(many))
+    assert np.array_equal(one.version, many.version)
+    assert one.allocations == many.allocations
+    for a in reversed(got):  # what was released can be granted again: back to the start
+        many.allocate(a)
+    assert_same(columns(s), columns(many))
+
+
+def test_release_many_refuses_whole() -> None:
+    s, ids = _busy(1)
+    before = columns(s)
+    with pytest.raises(AllocationError, match="allocation 'nope' is not granted"):
+        s.release_many([*ids[:10], "nope"])
+    with pytest.raises(AllocationError, match="named twice"):
+        s.release_many([*ids[:10], ids[0]])
+    assert_same(before, columns(s))
+    assert set(s.allocations) == set(ids)
+
+
+def test_copies_share_only_what_never_changes() -> None:
+    s, ids = _busy(2)
+    c = s.copy()
+    for key in ClusterSnapshot.STATIC_COLUMNS:
+        assert getattr(c, key) is getattr(s, key)
+    for key in (*COLUMNS, "version", "gpu_util"):
+        assert getattr(c, key) is not getattr(s, key)
+    probe = s.copy(allocations=False)
+    assert probe.allocations == {} and set(s.allocations) == set(ids)
+    assert_same(columns(s), columns(probe))
