@@ -110,13 +110,24 @@ class Rules:
 
     def why(self, preemptor: Work, victim: Running) -> str | None:
         """Why `preemptor` may preempt `victim` ("priority" or "guarantee"), None when it may not."""
-        if not victim.preemptible or victim.stopping or not self.borrowing(victim):
-            return None
-        if self.outranks(preemptor, victim):
-            return "priority"
-        if self.below_guarantee(preemptor):
-            return "guarantee"
-        return None
+        return self.whys(preemptor)(victim)
+
+    def whys(self, preemptor: Work) -> Callable[[Running], str | None]:
+        """`why` for one preemptor over many victims: what depends on the preemptor alone (whether its queue is
+        below its guarantee) is asked once, not once per running job (tens of thousands on a cluster)."""
+        below: list[bool] = []  # asked at most once, and only when a victim needs it (as `why` always did)
+        borrowing, outranks = self.borrowing, self.outranks
+
+        def why(victim: Running) -> str | None:
+            if not victim.preemptible or victim.stopping or not borrowing(victim):
+                return None
+            if outranks(preemptor, victim):
+                return "priority"
+            if not below:
+                below.append(self.below_guarantee(preemptor))
+            return "guarantee" if below[0] else None
+
+        return why
 
 
 @dataclass(frozen=True)
@@ -175,16 +186,25 @@ def choose(
     # Cheapest first: the search tries sets in this order, so within one size the first fits tend to be cheap.
     victims.sort(key=lambda v: (v.gpu_seconds, v.seconds, -int(v.job.id) if v.job.id.isdigit() else 0))
     calls = 0
+    # One scratch copy for the whole search: a trial releases its victims on it, places, and grants them back (a
+    # copy per trial cost more than the placement on a cluster's books: k8s_round, BENCHMARKS.md); what the engine
+    # memoised for the copy stays valid for the nodes a trial did not touch.
+    left = snapshot.copy()
 
     def fits(chosen: Sequence[Victim]) -> Allocation | None:
         nonlocal calls
         calls += 1
-        left = snapshot.copy()
-        for v in chosen:
-            left.release(v.job.id)
-        return _grant(left, preemptor, request, config)
+        gone = left.release_many([v.job.id for v in chosen])
+        try:
+            return _grant(left, preemptor, request, config)
+        finally:
+            for a in reversed(gone):
+                left.allocate(a)
 
-    everything = fits(victims)
+    every = snapshot.copy()  # (every candidate gone: released once, on a copy of its own)
+    every.release_many([v.job.id for v in victims])
+    calls += 1
+    everything = _grant(every, preemptor, request, config)
     if everything is None:
         return None  # never preempt for a job that then cannot start
     if fits(()) is not None:
@@ -251,11 +271,14 @@ def candidates(
 ) -> list[Victim]:
     """The running jobs `preemptor` may preempt by the rules, protected by their minimum runtime or not."""
     out: list[Victim] = []
+    held = snapshot.allocations
+    why = rules.whys(preemptor)
     for job in running:
-        why = rules.why(preemptor, job)
-        if why is not None and job.id in snapshot.allocations:
-            gpu_s, s = cost(job, now)
-            out.append(Victim(job, why, s, gpu_s, rules.min_runtime(job)))
+        if job.id in held:
+            reason = why(job)
+            if reason is not None:
+                gpu_s, s = cost(job, now)
+                out.append(Victim(job, reason, s, gpu_s, rules.min_runtime(job)))
     return out
 
 

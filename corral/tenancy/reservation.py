@@ -92,29 +92,34 @@ def expected_end(started_at: float | None, time_limit_s: float | None, default_s
 
 
 def book(
-    snapshot: ClusterSnapshot, request: Request, ends: Mapping[str, float], config: PlacementConfig
+    snapshot: ClusterSnapshot,
+    request: Request,
+    ends: Mapping[str, float],
+    config: PlacementConfig,
+    floor: float = -math.inf,
 ) -> Booking | None:
     """The earliest reservation for `request` (its `id` is the job's) as the jobs in `ends` (allocation id -> expected
     end) leave `snapshot`; None when it does not fit even once they have all ended (e.g. memory other processes
-    hold). Leaves `snapshot` unchanged."""
+    hold). Leaves `snapshot` unchanged. `floor`: an end before it counts as at it (`book_fast`'s first time)."""
     future = snapshot.copy()
-    leaving = sorted((end, job_id) for job_id, end in ends.items() if job_id in future.allocations)
+    held = future.allocations
+    by_end: dict[float, list[str]] = {}
+    for job_id, end in ends.items():
+        if job_id in held:
+            by_end.setdefault(max(end, floor), []).append(job_id)
     released: list[tuple[float, Allocation]] = []
     rng = np.random.default_rng(0)  # its own seed: planning must not change the daemon's draws
-    i = 0
-    while i < len(leaving):
-        t = leaving[i][0]
-        while i < len(leaving) and leaving[i][0] <= t:
-            released.append((leaving[i][0], future.release(leaving[i][1])))
-            i += 1
+    for t in sorted(by_end):
+        released.extend((t, a) for a in future.release_many(by_end[t]))
         decision = place(future, request, config, rng)
         if decision.allocation is None:
             continue
         grant = decision.allocation
         future.allocate(grant)
         reserved = set(grant.gpu_indices)
-        freeing = [a.request_id for _, a in released if reserved & set(a.gpu_indices)]
-        waits = tuple(freeing) if freeing else tuple(a.request_id for _, a in released)
+        at = grant.node_index
+        freeing = sorted((e, a.request_id) for e, a in released if a.node_index == at and reserved & set(a.gpu_indices))
+        waits = tuple(r for _, r in freeing or sorted((e, a.request_id) for e, a in released))
         return Booking(Reservation(request.id, t, grant, waits), future, snapshot)
     return None
 
@@ -155,25 +160,27 @@ def book_fast(
     T (free resources only grow), so the first T where it fits is found with log2(ends) placements, and `book` is
     handed ends where every one before that T is moved to the last T where it does not fit: it then places twice,
     at the same T, by the same rule."""
-    times = sorted({e for job, e in ends.items() if job in snapshot.allocations})
+    held = snapshot.allocations
+    rows = [(a, e) for job, e in ends.items() if (a := held.get(job)) is not None]
+    times = sorted({e for _, e in rows})
     if len(times) <= 2:
         return book(snapshot, request, ends, config)
 
     # The running jobs' holdings as columns, so each probe frees the jobs ending by T with a few vectorised adds
     # instead of one `release` per job (a probe only answers "fits or not": `book` makes the reservation).
-    allocs = [(snapshot.allocations[job], e) for job, e in ends.items() if job in snapshot.allocations]
-    if any(a.share_owner for a, _ in allocs):
+    if any(a.share_owner for a, _ in rows):
         return book(snapshot, request, ends, config)
-    end = np.array([e for _, e in allocs])
-    node = np.array([a.node_index for a, _ in allocs], dtype=np.int64)
-    cpu = np.array([a.cpu_milli for a, _ in allocs], dtype=np.int64)
-    mem = np.array([a.memory_mib for a, _ in allocs], dtype=np.int64)
-    tag = np.array([a.tag + 1 for a, _ in allocs], dtype=np.int64)
-    grants = [(i, a.node_index, g.index, g.milli, g.memory_mib) for i, (a, _) in enumerate(allocs) for g in a.gpus]
+    count = len(rows)
+    end = np.fromiter((e for _, e in rows), dtype=np.float64, count=count)
+    node = np.fromiter((a.node_index for a, _ in rows), dtype=np.int64, count=count)
+    cpu = np.fromiter((a.cpu_milli for a, _ in rows), dtype=np.int64, count=count)
+    mem = np.fromiter((a.memory_mib for a, _ in rows), dtype=np.int64, count=count)
+    tag = np.fromiter((a.tag + 1 for a, _ in rows), dtype=np.int64, count=count)
+    grants = [(i, a.node_index, g.index, g.milli, g.memory_mib) for i, (a, _) in enumerate(rows) for g in a.gpus]
     g_job, g_node, g_gpu, g_milli, g_mem = (np.array([g[c] for g in grants], dtype=np.int64) for c in range(5))
 
     def fits(i: int) -> bool:
-        future = snapshot.copy()
+        future = snapshot.copy(allocations=False)  # (a probe: only where it would fit)
         gone = end <= times[i]
         np.add.at(future.cpu_free, node[gone], cpu[gone])
         np.add.at(future.mem_free, node[gone], mem[gone])
@@ -199,8 +206,7 @@ def book_fast(
             lo = mid + 1
     if lo == 0:
         return book(snapshot, request, ends, config)
-    before = times[lo - 1]
-    return book(snapshot, request, {job: max(e, before) for job, e in ends.items()}, config)
+    return book(snapshot, request, ends, config, floor=times[lo - 1])
 
 
 #: How a round finds the head's reservation: `book`, or `book_fast` (the same reservation on a cluster).
