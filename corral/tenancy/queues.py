@@ -97,7 +97,9 @@ class Tenancy:
         #: in order, and the configuration): reused while the same jobs run, as most rounds of a cluster see.
         #: (The jobs themselves are kept with their ids, so that no id is reused by another object meanwhile.)
         self._measured: tuple[list[int], QueuesConfig, Usage, list[Running]] | None = None
-        self._grouped: tuple[list[int], dict[tuple[str, ...], tuple[np.ndarray, list[float]]], list[Running]] | None
+        self._grouped: (
+            tuple[list[int], dict[tuple[str, ...], tuple[np.ndarray, np.ndarray]], list[float], list[Running]] | None
+        )
         self._grouped = None
 
     def forget(self) -> None:
@@ -228,36 +230,40 @@ class Tenancy:
         ids = [id(j) for j in holding]
         last = self._grouped
         if last is not None and last[0] == ids:
-            grouped = last[1]
+            grouped, starts = last[1], last[2]
         else:
-            rows: dict[tuple[str, ...], tuple[list[np.ndarray], list[float]]] = {}
-            for j in holding:
-                if j.started_at is None:
-                    continue
-                a = self._holds(j)[2]
-                accs: tuple[tuple[str, ...], ...] = (("queue", j.queue), ("user", j.queue, j.user))
-                for acc in accs:
-                    row = rows.get(acc)
-                    if row is None:
-                        row = rows[acc] = ([], [])
-                    row[0].append(a)
-                    row[1].append(j.started_at)
-            grouped = {acc: (np.array(r[0], dtype=np.float64), r[1]) for acc, r in rows.items()}
+            started = [j for j in holding if j.started_at is not None]
+            starts = [t for j in started if (t := j.started_at) is not None]
+            holds = self._holds
+            amounts = np.array([holds(j)[2] for j in started], dtype=np.float64) if started else np.zeros((0, 1))
+            pairs: dict[tuple[str, str], int] = {}
+            pair = np.fromiter((pairs.setdefault((j.queue, j.user), len(pairs)) for j in started), np.int64,
+                               len(started))  # fmt: skip
+            by_queue: dict[str, list[int]] = {}
+            for (q, _), c in pairs.items():
+                by_queue.setdefault(q, []).append(c)
+            # each account's rows in `holding`'s order (np.flatnonzero keeps it)
+            grouped = {("queue", q): (amounts[rows], rows) for q, cs in by_queue.items()
+                       if len(rows := np.flatnonzero(np.isin(pair, cs)))}  # fmt: skip
+            for (q, user), c in pairs.items():
+                rows = np.flatnonzero(pair == c)
+                grouped[("user", q, user)] = (amounts[rows], rows)
             self._prune(holding)
-            self._grouped = (ids, grouped, list(holding))
+            self._grouped = (ids, grouped, starts, list(holding))
         ledger = self.ledger
         h = ledger.half_life_s
         scale = h / _LN2
+        # running_usage's factor, per job in Python's own float arithmetic (numpy's power may differ by an ulp), once
+        # per job a round (its queue's account and its user's share it)
+        factors = np.array([scale * (1.0 - 2.0 ** (-max(0.0, now - t) / h)) for t in starts], dtype=np.float64)
         out: dict[tuple[str, ...], np.ndarray] = {}
         for acc in {a for a in ledger.accounts() if isinstance(a, tuple)} | set(grouped):
             total = ledger.usage(acc, now)
             found = grouped.get(acc)
             if found is not None:
-                amounts, starts = found
-                # running_usage's factor, per job in Python's own float arithmetic (numpy's power may differ by
-                # an ulp), then the rows added to the total one by one, in order
-                factors = np.array([scale * (1.0 - 2.0 ** (-max(0.0, now - t) / h)) for t in starts])
-                total = np.cumsum(np.vstack((total, amounts * factors[:, None])), axis=0)[-1]
+                amounts_of, rows = found
+                # the rows added to the total one by one, in order
+                total = np.cumsum(np.vstack((total, amounts_of * factors[rows][:, None])), axis=0)[-1]
             out[acc] = total
         return out
 

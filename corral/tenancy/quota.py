@@ -26,6 +26,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from corral.model.resources import MILLI_PER_GPU, Request
 from corral.model.snapshot import ClusterSnapshot
 from corral.tenancy.config import DIMENSIONS, Amounts, QueuesConfig, QueueSpec, Vector, vector_value
@@ -135,22 +137,43 @@ def measure(
     groups_of: GroupsOf,
 ) -> Usage:
     """The holdings of `running` jobs (each charged to its `queue`), and which of them are borrowing (see the module
-    doc)."""
+    doc). A cluster's tens of thousands of jobs are summed as columns (`_measure_columns`), one machine's few one by
+    one (`_measure_jobs`): the same Usage either way."""
+    by_start = sorted(running, key=_start_key)
+    if len(by_start) >= COLUMNS_FROM:
+        return _measure_columns(config, by_start, held_of, groups_of)
+    return _measure_jobs(config, by_start, held_of, groups_of)
+
+
+#: From how many running jobs `measure` sums columns rather than job by job.
+COLUMNS_FROM = 512
+
+
+def _start_key(j: Running) -> tuple[float, int, str]:
+    return (j.started_at or 0.0, int(j.id) if j.id.isdigit() else 0, j.id)
+
+
+def _guarantee(config: QueuesConfig, q: str) -> tuple[Vector, list[int]]:
+    """A queue's guarantee as a vector and the dimensions it is guaranteed (none: a queue guaranteed nothing, or
+    not in the file, borrows all it holds)."""
+    spec = config.queues.get(q)
+    if spec is None:
+        return ZERO, []
+    return spec.guarantee.vector(), [i for i, x in enumerate(spec.guarantee.values()) if x is not None]
+
+
+def _measure_jobs(
+    config: QueuesConfig, by_start: Sequence[Running], held_of: Callable[[Running], Vector], groups_of: GroupsOf
+) -> Usage:
     usage = Usage()
-    by_start = sorted(running, key=lambda j: (j.started_at or 0.0, int(j.id) if j.id.isdigit() else 0, j.id))
-    guarantees: dict[str, tuple[Vector, list[int]]] = {}  # per queue, once (a cluster has tens of thousands of jobs)
+    guarantees: dict[str, tuple[Vector, list[int]]] = {}  # per queue, once
     for job in by_start:
         q = job.queue
         v = held_of(job)
         usage.charge(q, job.user, groups_of(job.user, job.gid), v)
         found = guarantees.get(q)
         if found is None:
-            spec = config.queues.get(q)
-            # Only the dimensions it is guaranteed count; a queue guaranteed nothing borrows all it holds.
-            found = guarantees[q] = (
-                spec.guarantee.vector() if spec is not None else ZERO,
-                [i for i, x in enumerate(spec.guarantee.values()) if x is not None] if spec is not None else [],
-            )
+            found = guarantees[q] = _guarantee(config, q)
         g, dims = found
         after = usage.queue[q]
         if q in usage.borrowed or any(after[i] > g[i] and v[i] > 0 for i in (dims or range(5))):
@@ -158,6 +181,54 @@ def measure(
             usage.queue_of_borrower[job.id] = q
             over_g = tuple(max(0, after[i] - g[i]) for i in range(5))
             usage.borrowed[q] = (over_g[0], over_g[1], over_g[2], over_g[3], over_g[4])
+    return usage
+
+
+def _measure_columns(
+    config: QueuesConfig, by_start: Sequence[Running], held_of: Callable[[Running], Vector], groups_of: GroupsOf
+) -> Usage:
+    """`_measure_jobs` with the sums as numpy columns: per (queue, user, gid) the jobs' vectors added with np.add.at
+    (integers: exact in any order), and per queue the first job in start order whose start put it above its
+    guarantee found on the queue's cumulative sum; that job and every later one of the queue borrow."""
+    n = len(by_start)
+    vec = np.array([held_of(j) for j in by_start], dtype=np.int64).reshape(n, 5)
+    codes: dict[tuple[str, str, int], int] = {}
+    code = np.fromiter((codes.setdefault((j.queue, j.user, j.gid), len(codes)) for j in by_start), np.int64, n)
+    sums = np.zeros((len(codes), 5), dtype=np.int64)
+    np.add.at(sums, code, vec)
+    counts = np.bincount(code, minlength=len(codes))
+    usage = Usage()
+    # the accounts in the order the job-by-job sum first meets them (the maps' order is the same too)
+    for (q, user, gid), c in codes.items():
+        row = [int(x) for x in sums[c]]
+        t: Vector = (row[0], row[1], row[2], row[3], row[4])
+        usage.queue[q] = add(usage.queue.get(q, ZERO), t)
+        usage.queue_user[(q, user)] = add(usage.queue_user.get((q, user), ZERO), t)
+        usage.user[user] = add(usage.user.get(user, ZERO), t)
+        for g in groups_of(user, gid):
+            usage.queue_group[(q, g)] = add(usage.queue_group.get((q, g), ZERO), t)
+            usage.group[g] = add(usage.group.get(g, ZERO), t)
+        usage.running[q] = usage.running.get(q, 0) + int(counts[c])
+    queue_codes: dict[str, list[int]] = {}
+    for account, c in codes.items():
+        queue_codes.setdefault(account[0], []).append(c)
+    for q, cs in queue_codes.items():
+        rows = np.flatnonzero(np.isin(code, cs))  # the queue's jobs, in start order
+        mine = vec[rows]
+        cum = np.cumsum(mine, axis=0)
+        guarantee, dims = _guarantee(config, q)
+        d = dims or list(range(5))
+        g_arr = np.array(guarantee, dtype=np.int64)
+        over_now = ((cum[:, d] > g_arr[d]) & (mine[:, d] > 0)).any(axis=1)
+        first = int(np.argmax(over_now)) if over_now.any() else -1
+        if first < 0:
+            continue
+        for i in rows[first:]:
+            jid = by_start[int(i)].id
+            usage.borrowing_ids.add(jid)
+            usage.queue_of_borrower[jid] = q
+        over_g = np.maximum(0, cum[-1] - g_arr)
+        usage.borrowed[q] = (int(over_g[0]), int(over_g[1]), int(over_g[2]), int(over_g[3]), int(over_g[4]))
     return usage
 
 

@@ -1,0 +1,87 @@
+"""A cluster's tens of thousands of running jobs are summed as numpy columns; one machine's few job by job. The two
+must give the same holdings, the same borrowers and the same order of accounts (issue 25: the k8s round's scale)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from corral.model.resources import GpuGrant, Request
+from corral.tenancy import quota
+from corral.tenancy.config import Vector, parse_queues
+from corral.tenancy.fairshare import amount
+from corral.tenancy.model import Running
+from corral.tenancy.queues import Tenancy
+
+QUEUES = parse_queues(
+    "[queues.a]\nguarantee = { gpus = 6 }\n[queues.b]\nguarantee = { gpus = 3, cpus = 40 }\n[queues.c]\n",
+    "q.toml",
+)
+
+
+def jobs(seed: int, n: int) -> list[Running]:
+    """Running jobs over queues a, b, c and one not in the file, users u0-u3 (two gids for u0), starts with ties."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        k = int(rng.integers(0, 3))
+        gpus = tuple(GpuGrant(j, 1000 if k else 500, 0 if k else 4096) for j in range(k))
+        r = Request(cpu_milli=int(rng.integers(1, 16)) * 1000, memory_mib=1024 * int(rng.integers(1, 8)),
+                    gpu_count=k, gpu_milli=1000 if k else 0)  # fmt: skip
+        user = f"u{int(rng.integers(0, 4))}"
+        queue = ("a", "b", "c", "elsewhere")[int(rng.integers(0, 4))]
+        jid = str(i) if rng.random() < 0.5 else f"job-{i}"
+        start = float(rng.integers(0, n // 3 + 1))
+        out.append(Running(jid, r, start, gpus, queue, user, gid=int(rng.integers(0, 2)) if user == "u0" else 7))
+    return out
+
+
+def groups(user: str, gid: int) -> tuple[str, ...]:
+    return ("lab", f"g{gid}") if user in ("u0", "u1") else ()
+
+
+def held(job: Running) -> Vector:
+    return quota.held(job, lambda i: 81920)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_measure_by_columns_is_measure_job_by_job(seed: int) -> None:
+    running = jobs(seed, 600)
+    by_start = sorted(running, key=quota._start_key)
+    one = quota._measure_jobs(QUEUES, by_start, held, groups)
+    many = quota._measure_columns(QUEUES, by_start, held, groups)
+    assert one.borrowing_ids and one.borrowing_ids != {j.id for j in running}  # some borrow, not all
+    for name in ("queue", "queue_user", "queue_group", "user", "group", "running", "borrowed"):
+        a, b = getattr(one, name), getattr(many, name)
+        assert a == b, name
+    for name in ("queue", "queue_user", "user", "running"):  # what lists them shows them in the same order
+        assert list(getattr(one, name)) == list(getattr(many, name)), name
+    assert one.borrowing_ids == many.borrowing_ids
+    assert one.queue_of_borrower == many.queue_of_borrower
+    # and `measure` takes the columns from COLUMNS_FROM jobs on
+    assert len(running) >= quota.COLUMNS_FROM
+    assert quota.measure(QUEUES, running, held, groups).borrowing_ids == one.borrowing_ids
+
+
+def test_usages_are_the_ledgers_sums_to_the_last_bit() -> None:
+    """Tenancy.usages groups a round's running jobs per account as columns (kept while the same jobs run); each
+    account's decayed usage is exactly UsageLedger.usage's job-by-job sum, with or without history, and with none
+    running (serve's first round)."""
+    t = Tenancy(QUEUES, amount(8000, 8 * 81920, 64000, 512 * 1024), 81920, lambda i: 81920)
+    assert t.usages([], 100.0) == {}
+    running = jobs(3, 300) + [Running("waiting", Request(gpu_count=1, gpu_milli=1000), None, (), "a", "u1")]
+    t.record(running[0], 50.0)  # some history: a finished run of the first job's accounts
+    now = 2_000.0
+    for _ in range(2):  # made, then kept
+        got = t.usages(running, now)
+        for acc in {("queue", j.queue) for j in running if j.started_at is not None} | {
+            ("user", j.queue, j.user) for j in running if j.started_at is not None
+        }:
+            mine = [
+                (t.held_vector(j), j.started_at)
+                for j in running
+                if j.started_at is not None and (("queue", j.queue) == acc or ("user", j.queue, j.user) == acc)
+            ]
+            want = t.ledger.usage(acc, now, [(a, s) for a, s in mine if s is not None])
+            assert np.array_equal(got[acc], want), acc
+        now += 60.0
