@@ -6,8 +6,10 @@ The books: `--nodes` nodes of 8 A100s (as the device plugin publishes them), rea
 this scheduler bound (one GPU each; 100 nodes keep one GPU free), spread over 4 queues (namespaces team-0..3, each
 guaranteed a quarter) so that team-0 holds twice its quarter (a borrower) and team-3 half of its quarter. Pending:
 `--pending` pods over the 4 queues (their namespaces), of 1, 2, 4 and 8 GPUs (4:3:2:1), each with a time limit.
-A round is `plan_pods` (the scheduler's `_plan` less its locking): queue order by weighted DRF, limits, the pass
-with the head's reservation, and preemption planning. It is timed as the scheduler runs it: the first round (every
+A round is the scheduler's `_plan` less its locking: the copy of the bound pods, `plan_pods` (queue order by weighted
+DRF, limits, the pass with the head's reservation, preemption planning, each waiting pod's words) and `settle` (the
+face's records kept from the collector's full scans once made, as the scheduler does). It is timed as the scheduler
+runs it: the first round (every
 pod converted once: ShapeCache), then `--rounds` more over the same pod objects (the pods' Works cached), each
 round's binds given back after it so that every round sees the same books. Preemption is planned (team-3 is below
 its guarantee, team-0 borrows) unless --no-preempt (the scheduler without an evictions implementation).
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import datetime
+import gc
 import os
 import platform
 import statistics
@@ -28,7 +31,7 @@ from corral.k8s.convert import ANN_NODE_GPUS, node_gpus_annotation
 from corral.k8s.fake import node_object, pod_object
 from corral.k8s.scheduler.batch import Bind, Pending
 from corral.k8s.scheduler.core import pending_of
-from corral.k8s.scheduler.tenancy import Bound, Face, NoEvictions, plan_pods
+from corral.k8s.scheduler.tenancy import Bound, BoundRequests, Face, NoEvictions, plan_pods, settle
 from corral.k8s.state import ClusterState
 from corral.model.resources import Allocation, GpuDevice, GpuGrant
 from corral.placement import PlacementConfig
@@ -89,14 +92,43 @@ class Accepting(NoEvictions):
 
 
 def one_round(state: ClusterState, bound: dict[str, Bound], pods: list[Pending], face: Face,
-              preempt: bool = True) -> tuple[float, int]:  # fmt: skip
+              preempt: bool = True, now: float = NOW, churn: bool = False) -> tuple[float, int]:  # fmt: skip
+    """The scheduler's `_plan` less its locks: the copy of the bound pods, plan_pods, the collector's settling.
+
+    Without `churn` the round's binds are given back (every round sees the same books). With it they stay bound
+    (and leave `pods`), and as many GPUs of the oldest bound pods of the borrowing queue end (their runs go into
+    the fair-share ledger, as the scheduler records them): the next round sees a changed running set, as a
+    scheduler does when pods come and go."""
     t0 = time.perf_counter()
-    r = plan_pods(face, pods, state.snapshot, bound, NOW, None, Accepting() if preempt else NoEvictions())
+    now_bound = dict(bound)
+    r = plan_pods(face, pods, state.snapshot, now_bound, now, None, Accepting() if preempt else NoEvictions(), None,
+                  BoundRequests(state.pods, now_bound))  # fmt: skip
+    settle(face)
     took = time.perf_counter() - t0
     starts = [d for d in r.decisions if isinstance(d, Bind)]
-    assert state.snapshot is not None
-    for d in starts:  # given back: every round sees the same books
-        state.snapshot.release(d.allocation.request_id)
+    snapshot = state.snapshot
+    assert snapshot is not None
+    if not churn:
+        for d in starts:  # given back: every round sees the same books
+            snapshot.release(d.allocation.request_id)
+        return took, len(starts)
+    gone = {d.pod.key for d in starts}
+    pods[:] = [p for p in pods if p.key not in gone]
+    freed = 0
+    for d in starts:
+        p = d.pod
+        bound[p.key] = Bound(p.namespace, p.name, p.queue, now, p.time_limit_s)
+        freed += len(d.allocation.gpus)
+    tenancy = face.tenancy
+    for key in [k for k, b in bound.items() if b.queue == "team-0"]:
+        if freed <= 0:
+            break
+        alloc = snapshot.release(key)
+        run = r.running.get(key)
+        if run is not None and tenancy is not None:
+            tenancy.record(run, now)
+        del bound[key]
+        freed -= len(alloc.gpus)
     return took, len(starts)
 
 
@@ -106,6 +138,7 @@ def main() -> None:
     ap.add_argument("--pending", type=int, default=10000)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--profile", default="")
+    ap.add_argument("--churn", action="store_true", help="binds stay and as many GPUs of old pods end, each round")
     ap.add_argument("--no-preempt", action="store_true", help="plan no preemption (NoEvictions: no evictions seam)")
     a = ap.parse_args()
     t0 = time.perf_counter()
@@ -113,20 +146,22 @@ def main() -> None:
     print(f"built: {a.nodes} nodes, {len(bound)} bound pods, {len(pods)} pending in {QUEUES} queues "
           f"({time.perf_counter() - t0:.1f} s)")  # fmt: skip
     preempt = not a.no_preempt
+    gc.collect()  # as the scheduler does once its books are read (corral/k8s/cli.py)
+    gc.freeze()
     first, n = one_round(state, bound, pods, face, preempt)
     print(f"first round (every pod converted): {first * 1000:.0f} ms, {n} binds")
     times = []
     prof = cProfile.Profile() if a.profile else None
-    for _ in range(a.rounds):
+    for i in range(a.rounds):
         if prof:
             prof.enable()
-        took, n = one_round(state, bound, pods, face, preempt)
+        took, n = one_round(state, bound, pods, face, preempt, NOW + 2.0 * (i + 1) if a.churn else NOW, a.churn)
         if prof:
             prof.disable()
         times.append(took)
     if prof:
         prof.dump_stats(a.profile)
-    kind = "with" if preempt else "without"
+    kind = ("with" if preempt else "without") + (", 100 pods' churn a round" if a.churn else "")
     each = ", ".join(f"{t * 1000:.0f}" for t in times)
     print(f"rounds ({kind} preemption planning): median {statistics.median(times) * 1000:.0f} ms, "
           f"max {max(times) * 1000:.0f} ms, {n} binds each ({each} ms)")  # fmt: skip

@@ -45,14 +45,15 @@ from corral.k8s.scheduler.gang import GANG_PARTIAL_SECONDS, GangInfo, GangRef, g
 from corral.k8s.scheduler.metrics import SchedulerMetrics
 from corral.k8s.scheduler.tenancy import (
     Bound,
+    BoundRequests,
     Evictions,
     Face,
     Hold,
     NoEvictions,
-    alloc_request,
     created_at,
     plan_pods,
     queue_for,
+    settle,
     started_at,
     time_limit_of,
     victims_of,
@@ -805,40 +806,34 @@ class Scheduler:
         now = self.clock()
         with self._cond:
             bound = dict(self._bound)
-        names = {k: f"{b.namespace}/{b.name}" for k, b in bound.items()}
-        requests = {k: rec.request for k, rec in state.pods.items() if k in bound}
-        r = plan_pods(self.tenancy, pods, state.snapshot, bound, now, gangs, self.evictions, names, requests)
-        if self._evicting is not None and r.plan is not None and not r.plan.preemptions and r.plan.reasons:
+        # (no per-round maps of the tens of thousands of bound pods: the face names them and reads their requests
+        # only when it needs to)
+        r = plan_pods(self.tenancy, pods, state.snapshot, bound, now, gangs, self.evictions, None,
+                      BoundRequests(state.pods, bound))  # fmt: skip
+        waiting = r.plan is not None and not r.plan.preemptions and r.plan.reasons
+        if self._evicting is not None and waiting and r.wake_at is not None:
             # pods wait: the round looks again when the next bound pod's minimum runtime ends (it may be preempted
             # from then; no event of the cluster's would say so)
-            cfg = self.tenancy.config
-            soonest = min((t for b in bound.values() if not b.stopping
-                           and (t := b.started_at + cfg.min_runtime(b.queue)) > now), default=None)  # fmt: skip
-            if soonest is not None:
-                self._evicting.wake_after(soonest - now)
+            self._evicting.wake_after(r.wake_at - now)
         tenancy = self.tenancy.tenancy
         if r.plan is not None and tenancy is not None:
-            self._round_views(r.plan.preemptions, bound, names)
+            self._round_views(r.plan.preemptions, bound)
         with self._cond:
             self._holds = r.holds
             if state.snapshot is not None:
-                running: dict[str, Running] = {}
-                for k, b in bound.items():
-                    alloc = state.snapshot.allocations.get(k)
-                    if alloc is not None:
-                        running[k] = Running(k, requests.get(k, alloc_request(alloc)), b.started_at, alloc.gpus,
-                                             b.queue, b.namespace)  # fmt: skip
-                self._running = running
+                self._running = r.running
+        settle(self.tenancy)
         return r.decisions
 
-    def _round_views(self, preemptions: Any, bound: Mapping[str, Bound], names: Mapping[str, str]) -> None:
+    def _round_views(self, preemptions: Any, bound: Mapping[str, Bound]) -> None:
         """Carry out the round's preemptions: each one's victims to the evictions (which never block)."""
         for pr in preemptions:
             victims = victims_of(pr, bound)
             for v in pr.victims:
                 if v in bound:
                     self.metrics.preemptions.labels(bound[v].queue).inc()
-            log.info("preempting %s for %s", ", ".join(names.get(v, v) for v in pr.victims), pr.preemptor)
+            log.info("preempting %s for %s", ", ".join(f"{bound[v].namespace}/{bound[v].name}" if v in bound else v
+                                                        for v in pr.victims), pr.preemptor)  # fmt: skip
             self.evictions.start(pr, victims)
 
     def _gang_infos(self, batch: list[Waiting]) -> dict[str, GangInfo]:

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -199,6 +200,27 @@ def running_of(key: str, b: Bound, alloc: Allocation, stopping: frozenset[str], 
                    b.namespace, preemptible=key not in protected, stopping=b.stopping or key in stopping)  # fmt: skip
 
 
+class BoundRequests(Mapping[str, Request]):
+    """The books' request of each bound pod (`pods`: key -> a record with `.request`), read when the face makes a
+    pod's Running (once per bound pod), not copied into a map every round."""
+
+    def __init__(self, pods: Mapping[str, Any], bound: Mapping[str, Bound]) -> None:
+        self._pods = pods
+        self._bound = bound
+
+    def __getitem__(self, key: str) -> Request:
+        rec = self._pods.get(key) if key in self._bound else None
+        if rec is None:
+            raise KeyError(key)
+        return rec.request  # type: ignore[no-any-return]
+
+    def __iter__(self) -> Iterator[str]:
+        return (k for k in self._bound if k in self._pods)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
 def alloc_request(alloc: Allocation) -> Request:
     gpus = alloc.gpus
     milli = gpus[0].milli if gpus else 0
@@ -240,6 +262,14 @@ class TenancyRound:
     decisions: list[Decision]  # one per pending pod, in the order given
     plan: RoundPlan | None  # None: nothing was offered
     holds: dict[str, Hold] = field(default_factory=dict)  # pod key -> why it waits (pods that wait)
+    running: dict[str, Running] = field(default_factory=dict)  # the bound pods in the books, as the round saw them
+    #: The earliest time after `now` at which a bound pod (not being stopped) passes its minimum runtime: a pod that
+    #: waits may preempt it from then, and no event of the cluster's says so (None: none)
+    wake_at: float | None = None
+
+
+#: A bound pod's cached Running: (its Bound, grant, stopping, protected, Running, fixed end or None, protected until)
+RunEntry = tuple[Bound, Allocation, bool, bool, Running, float | None, float]
 
 
 @dataclass
@@ -254,19 +284,26 @@ class Face:
     cache: ShapeCache = field(default_factory=ShapeCache)
     tenancy: Tenancy | None = None
     nodes_of: ClusterSnapshot | None = None  # the snapshot its tenancy was made for (capacity)
-    #: Each bound pod's Running, made once while its Bound, grant and eviction state are the same (tens of thousands
-    #: of bound pods a round: BENCHMARKS.md, k8s_round)
-    runs: dict[str, tuple[Bound, Allocation, bool, bool, Running]] = field(default_factory=dict)
+    #: Each bound pod's Running, made once while its Bound, grant and eviction state are the same, with its fixed
+    #: expected end (None: no time limit) and the end of its minimum runtime (tens of thousands of bound pods a
+    #: round: BENCHMARKS.md, k8s_round)
+    runs: dict[str, RunEntry] = field(default_factory=dict)
+    made: int = 0  # Running records made since `settle` last froze them
 
     def running(self, key: str, b: Bound, alloc: Allocation, stopping: bool, protected: bool,
-                request: Request | None) -> Running:  # fmt: skip
+                request: Request | None) -> RunEntry:  # fmt: skip
+        """The cached entry of a bound pod: (its Bound, grant, stopping, protected, Running, end, protected until)."""
         found = self.runs.get(key)
         if found is not None and found[0] is b and found[1] is alloc and found[2] == stopping and found[3] == protected:
-            return found[4]
+            return found
         run = running_of(key, b, alloc, frozenset((key,)) if stopping else frozenset(),
                          frozenset((key,)) if protected else frozenset(), request)  # fmt: skip
-        self.runs[key] = (b, alloc, stopping, protected, run)
-        return run
+        limit = b.time_limit_s
+        entry = (b, alloc, stopping, protected, run, None if limit is None else b.started_at + limit,
+                 b.started_at + self.config.min_runtime(b.queue))  # fmt: skip
+        self.runs[key] = entry
+        self.made += 1
+        return entry
 
     @classmethod
     def of(cls, config: QueuesConfig, placement: Any) -> Face:
@@ -277,6 +314,23 @@ class Face:
             self.tenancy = tenancy_for(self.round, snapshot, self.ledger)
             self.nodes_of = snapshot
         return self.tenancy
+
+
+#: Running records made since the collector last froze them, past which `settle` freezes them.
+FREEZE_RUNS = 10_000
+
+
+def settle(face: Face) -> bool:
+    """Keep the face's long-lived records out of the collector's full scans, as the start-up keeps the books'
+    (`gc.freeze`, corral/k8s/cli.py): a Running per bound pod lives as long as its pod runs, and with tens of
+    thousands of them each full scan cost a round 60-130 ms (k8s_round, BENCHMARKS.md). Done once more than
+    FREEZE_RUNS were made since the last time (after the first round, then as pods come); True when it froze."""
+    if face.made <= FREEZE_RUNS:
+        return False
+    gc.collect()
+    gc.freeze()
+    face.made = 0
+    return True
 
 
 def _kind(reason: str, limited: str | None) -> str:
@@ -310,7 +364,7 @@ def pod_words(reason: str, gang: str, name_of: Any) -> str:
     out = _JOBS.sub(many, reason)
     out = _JOB.sub(lambda m: f"pod {name_of(m.group(1))}", out)
     if gang and out.startswith(_GANG):
-        out = out[len(_GANG):]
+        out = out[len(_GANG) :]
     if gang:
         out = out.replace(_MARATHON, f"(PodGroup {gang}: all its members start or none)")
     return out
@@ -409,20 +463,32 @@ def plan_pods(
     items = [p if not p.gang else dataclasses.replace(p) for p in offered]
     stopping, protected = ev.stopping(), ev.protected()
     running: list[Running] = []
+    running_by: dict[str, Running] = {}
     ends: dict[str, float] = {}
     default = face.round.default_time_limit_s
     allocations = snapshot.allocations
     requests = requests or {}
+    wake_at: float | None = None
+    entry_of = face.running
+    runs = face.runs
     for key, b in bound.items():
         granted = allocations.get(key)
         if granted is None:
             continue
-        running.append(face.running(key, b, granted, key in stopping, key in protected, requests.get(key)))
-        limit = b.time_limit_s
-        ends[key] = (max(now, b.started_at + limit) if limit is not None
-                     else expected_end(b.started_at, None, default, now))  # fmt: skip
-    if len(face.runs) > 2 * len(bound) + 64:
-        face.runs = {k: v for k, v in face.runs.items() if k in bound}
+        st, pr = key in stopping, key in protected
+        found = runs.get(key)
+        if found is None or found[0] is not b or found[1] is not granted or found[2] != st or found[3] != pr:
+            found = entry_of(key, b, granted, st, pr, requests.get(key))
+        run = found[4]
+        running.append(run)
+        running_by[key] = run
+        end = found[5]
+        ends[key] = (end if end > now else now) if end is not None else expected_end(b.started_at, None, default, now)
+        until = found[6]
+        if until > now and not b.stopping and (wake_at is None or until < wake_at):
+            wake_at = until
+    if len(runs) > 2 * len(bound) + 64:
+        face.runs = {k: v for k, v in runs.items() if k in bound}
     tenancy = face.tenancy_for(snapshot)
 
     def convert(item: Pending) -> Work:
@@ -449,42 +515,53 @@ def plan_pods(
             return found
         b = bound.get(key)
         return f"{b.namespace}/{b.name}" if b is not None else key
+
     reservation = {r.job_id: r for r in plan.reservations}
     preempting = {pr.preemptor for pr in plan.preemptions}
+    first = next(iter(plan.reservations), None)
+    reasons, limited_of = plan.reasons, tenancy.limited
+    n_line = len(in_line)
+    # A round's thousands of waiting pods share a few (reason, gang, limit) texts: each is worded once
+    worded: dict[tuple[str, str, str | None], tuple[str, str, str]] = {}
     for p in offered:
-        if p.key in out:
+        key = p.key
+        if key in out:
             continue
-        reason = plan.reasons.get(p.key, "waiting for the next round")
+        reason = reasons.get(key, "waiting for the next round")
         if reason == NO_ROOM_NOW and p.ask is not None:
             # the prefilter's short words: the engine's own, once per shape a round (what a user acts on)
             reason = _explained(snapshot, p, explained, face)
-        kind = _kind(reason, tenancy.limited.get(p.key))
-        said = words.get((reason, p.gang))
-        if said is None:
-            said = words[(reason, p.gang)] = pod_words(reason, p.gang, name_of)
-        reason = said
-        limited = tenancy.limited.get(p.key)
-        if kind == "gang" and p.gang:
-            kind = f"gang {p.gang}"
-        if kind == "reservation":
-            r = next(iter(plan.reservations), None)
-            kind = f"the reservation of pod {names.get(r.job_id, r.job_id)}" if r is not None else kind
-        if p.key in preempting:
+        limited = limited_of.get(key)
+        texts = worded.get((reason, p.gang, limited))
+        if texts is None:
+            kind = _kind(reason, limited)
+            said = words.get((reason, p.gang))
+            if said is None:
+                said = words[(reason, p.gang)] = pod_words(reason, p.gang, name_of)
+            if kind == "gang" and p.gang:
+                kind = f"gang {p.gang}"
+            if kind == "reservation":
+                kind = f"the reservation of pod {names.get(first.job_id, first.job_id)}" if first is not None else kind
+            gang_short = kind.startswith("gang") and "queued" in said
+            code = (QUEUE_LIMIT if limited is not None else GANG_INCOMPLETE if gang_short
+                    else RESERVATION if kind.startswith("the reservation") else "unschedulable")  # fmt: skip
+            texts = worded[(reason, p.gang, limited)] = (said, kind, code)
+        said, kind, code = texts
+        r = None
+        if key in preempting:
             kind = "its victims to stop (preempting)"
-        r = reservation.get(p.key) if p.key not in preempting else None
-        hold = Hold(p.queue, positions.get(p.key, 0), len(in_line), kind, r.start if r is not None else None)
-        holds[p.key] = hold
-        gang_short = kind.startswith("gang") and "queued" in reason
-        code = (QUEUE_LIMIT if limited is not None else GANG_INCOMPLETE if gang_short
-                else RESERVATION if kind.startswith("the reservation") else PREEMPTING if p.key in preempting
-                else "unschedulable")  # fmt: skip
-        out[p.key] = Wait(p, f"{hold.text()}: {reason}", code, p.key in plan.unresolvable)
+            code = code if limited is not None else PREEMPTING
+        else:
+            r = reservation.get(key)
+        hold = Hold(p.queue, positions.get(key, 0), n_line, kind, r.start if r is not None else None)
+        holds[key] = hold
+        out[key] = Wait(p, f"{hold.text()}: {said}", code, key in plan.unresolvable)
     for p in pending:
         if p.key in out and isinstance(out[p.key], Wait) and p.key not in holds and p.ask is not None:
             spec = config.queues.get(p.queue)
             if spec is not None:
                 holds[p.key] = Hold(p.queue, 0, len(in_line), "its own pod spec or its PodGroup")
-    return TenancyRound([out[p.key] for p in pending], plan, holds)
+    return TenancyRound([out[p.key] for p in pending], plan, holds, running_by, wake_at)
 
 
 #: The most request shapes a round explains with the engine's words when the prefilter said only NO_ROOM_NOW.
@@ -521,4 +598,15 @@ def _bind(p: Pending, alloc: Allocation, snapshot: ClusterSnapshot) -> Bind:
     return Bind(p, alloc, assignment, assignment_annotations(assignment, p.ask.style))
 
 
-__all__ = ["Bound", "Evictions", "Face", "Hold", "NoEvictions", "TenancyRound", "plan_pods", "queue_for"]
+__all__ = [
+    "Bound",
+    "BoundRequests",
+    "Evictions",
+    "Face",
+    "Hold",
+    "NoEvictions",
+    "TenancyRound",
+    "plan_pods",
+    "queue_for",
+    "settle",
+]
