@@ -96,6 +96,9 @@ class Rules:
     outranks: Callable[[Work, Running], bool] = higher_priority
     may_borrow: Callable[[Work], bool] = _always
     min_runtime: Callable[[Running], float] = _no_min_runtime
+    #: The running jobs `borrowing` may accept, found without asking it job by job (a cluster's tens of thousands):
+    #: a superset of them, in `running`'s order; None: every job is asked.
+    borrowers: Callable[[Sequence[Running]], Sequence[Running]] | None = None
 
     def protected_until(self, victim: Running) -> float:
         """Until when `victim` may not be preempted: its (re)start plus its minimum runtime (-inf: not protected)."""
@@ -273,7 +276,7 @@ def candidates(
     out: list[Victim] = []
     held = snapshot.allocations
     why = rules.whys(preemptor)
-    for job in running:
+    for job in rules.borrowers(running) if rules.borrowers is not None else running:
         if job.id in held:
             reason = why(job)
             if reason is not None:

@@ -42,9 +42,11 @@ from corral.tenancy.fairshare import (
 from corral.tenancy.model import Running, Work
 from corral.tenancy.preemption import Rules
 from corral.tenancy.quota import (
+    COLUMNS_FROM,
     NOT_PREEMPTIBLE,
     ZERO,
     Gate,
+    JobColumns,
     Usage,
     add,
     below_guarantee,
@@ -52,8 +54,10 @@ from corral.tenancy.quota import (
     demand,
     held,
     measure,
+    measure_columns,
     over_guarantee,
     queue_rows,
+    start_key,
 )
 from corral.tenancy.round import RoundQueues
 
@@ -101,6 +105,10 @@ class Tenancy:
             tuple[list[int], dict[tuple[str, ...], tuple[np.ndarray, np.ndarray]], list[float], list[Running]] | None
         )
         self._grouped = None
+        #: The running jobs as columns (quota.JobColumns, plus each one's fair-share amount and start), with their ids
+        #: and each id's row: a round takes the rows of the jobs the last one held and reads only the new ones.
+        self._cols: tuple[JobColumns, np.ndarray, np.ndarray, list[int], dict[int, int]] | None = None
+        self._account_numbers: dict[tuple[str, str, int], int] = {}
 
     def forget(self) -> None:
         """Drop what was kept for earlier rounds (a new configuration)."""
@@ -109,6 +117,7 @@ class Tenancy:
         self._held.clear()
         self._measured = None
         self._grouped = None
+        self._cols = None
 
     def _holds(self, job: Running) -> tuple[Running, Vector, np.ndarray]:
         """(job, its quota vector (quota.held), its fair-share amount (held_vector)), made once per Running."""
@@ -122,6 +131,51 @@ class Tenancy:
             live = {j.id for j in holding}
             self._held = {k: v for k, v in self._held.items() if k in live}
 
+    def _columns(self, holding: Sequence[Running]) -> tuple[JobColumns, np.ndarray, np.ndarray]:
+        """`holding` as columns: (JobColumns, fair-share amounts (n x 4), starts (NaN: not started)). The rows of jobs
+        the last call had (the same Running objects) are taken from its columns; only new jobs are read (a round of
+        a cluster sees tens of thousands of jobs, a few of them new)."""
+        ids = [id(j) for j in holding]
+        last = self._cols
+        if last is not None and last[3] == ids:
+            return last[0], last[1], last[2]
+        n = len(holding)
+        numbers = self._account_numbers
+        if len(numbers) > 4 * n + 1024:  # accounts no job holds any more
+            numbers.clear()
+            last = None
+        vec = np.zeros((n, 5), dtype=np.int64)
+        code = np.zeros(n, dtype=np.int64)
+        amt = np.zeros((n, len(amount())), dtype=np.float64)
+        starts = np.full(n, np.nan)
+        keys: list[tuple[float, int, str] | None] = [None] * n
+        fresh: list[int] | range = range(n)
+        if last is not None:
+            index = last[4]
+            take = np.fromiter((index.get(i, -1) for i in ids), np.int64, n)
+            have = take >= 0
+            rows = take[have]
+            cols0 = last[0]
+            vec[have] = cols0.vec[rows]
+            code[have] = cols0.code[rows]
+            amt[have] = last[1][rows]
+            starts[have] = last[2][rows]
+            keys = [cols0.keys[t] if t >= 0 else None for t in take.tolist()]
+            fresh = np.flatnonzero(~have).tolist()
+        holds = self._holds
+        for i in fresh:
+            j = holding[i]
+            _, v, a = holds(j)
+            vec[i] = v
+            amt[i] = a
+            keys[i] = start_key(j)
+            code[i] = numbers.setdefault((j.queue, j.user, j.gid), len(numbers))
+            if j.started_at is not None:
+                starts[i] = j.started_at
+        cols = JobColumns(list(holding), vec, keys, code, list(numbers))  # type: ignore[arg-type]
+        self._cols = (cols, amt, starts, ids, {i: r for r, i in enumerate(ids)})
+        return cols, amt, starts
+
     def _measure(self, holding: Sequence[Running]) -> Usage:
         """quota.measure of `holding`, reused (copied: a round's Gate charges its starts to it) while the same
         Running objects run under the same configuration. Not with a face's own Unix groups (they may change
@@ -132,7 +186,10 @@ class Tenancy:
         if mine and last is not None and last[1] is self.config and last[0] == ids:
             u = last[2]
         else:
-            u = measure(self.config, holding, lambda j: self._holds(j)[1], self.groups_of)
+            if len(holding) >= COLUMNS_FROM:
+                u = measure_columns(self.config, self._columns(holding)[0], self.groups_of)
+            else:
+                u = measure(self.config, holding, lambda j: self._holds(j)[1], self.groups_of)
             self._prune(holding)
             self._measured = (ids, self.config, u, list(holding)) if mine else None
         return Usage(dict(u.queue), dict(u.queue_user), dict(u.queue_group), dict(u.user), dict(u.group),
@@ -180,9 +237,13 @@ class Tenancy:
             spec = self.config.queues.get(work.queue)
             return spec is not None and below_guarantee(spec, self.usage)
 
+        def borrowers(running: Sequence[Running]) -> list[Running]:
+            ids = self.usage.borrowing_ids
+            return [j for j in running if j.id in ids]
+
         return Rules(
             borrowing=is_borrowing, below_guarantee=is_below, may_borrow=self.within_guarantee,
-            min_runtime=self.min_runtime_of,
+            min_runtime=self.min_runtime_of, borrowers=borrowers,
         )  # fmt: skip
 
     def min_runtime_of(self, job: Running) -> float:
@@ -232,13 +293,13 @@ class Tenancy:
         if last is not None and last[0] == ids:
             grouped, starts = last[1], last[2]
         else:
-            started = [j for j in holding if j.started_at is not None]
-            starts = [t for j in started if (t := j.started_at) is not None]
-            holds = self._holds
-            amounts = np.array([holds(j)[2] for j in started], dtype=np.float64) if started else np.zeros((0, 1))
+            cols, amounts_all, starts_all = self._columns(holding)
+            started = np.flatnonzero(~np.isnan(starts_all))  # (in `holding`'s order)
+            starts = starts_all[started].tolist()
+            amounts = amounts_all[started]
             pairs: dict[tuple[str, str], int] = {}
-            pair = np.fromiter((pairs.setdefault((j.queue, j.user), len(pairs)) for j in started), np.int64,
-                               len(started))  # fmt: skip
+            pair_of = np.array([pairs.setdefault((q, user), len(pairs)) for q, user, _ in cols.accounts] or [0])
+            pair = pair_of[cols.code[started]]
             by_queue: dict[str, list[int]] = {}
             for (q, _), c in pairs.items():
                 by_queue.setdefault(q, []).append(c)
@@ -247,7 +308,8 @@ class Tenancy:
                        if len(rows := np.flatnonzero(np.isin(pair, cs)))}  # fmt: skip
             for (q, user), c in pairs.items():
                 rows = np.flatnonzero(pair == c)
-                grouped[("user", q, user)] = (amounts[rows], rows)
+                if len(rows):
+                    grouped[("user", q, user)] = (amounts[rows], rows)
             self._prune(holding)
             self._grouped = (ids, grouped, starts, list(holding))
         ledger = self.ledger

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 
 from corral.model.resources import MILLI_PER_GPU, Request
 from corral.model.snapshot import ClusterSnapshot
@@ -137,20 +138,40 @@ def measure(
     groups_of: GroupsOf,
 ) -> Usage:
     """The holdings of `running` jobs (each charged to its `queue`), and which of them are borrowing (see the module
-    doc). A cluster's tens of thousands of jobs are summed as columns (`_measure_columns`), one machine's few one by
+    doc). A cluster's tens of thousands of jobs are summed as columns (`measure_columns`), one machine's few one by
     one (`_measure_jobs`): the same Usage either way."""
-    by_start = sorted(running, key=_start_key)
-    if len(by_start) >= COLUMNS_FROM:
-        return _measure_columns(config, by_start, held_of, groups_of)
-    return _measure_jobs(config, by_start, held_of, groups_of)
+    if len(running) >= COLUMNS_FROM:
+        return measure_columns(config, JobColumns.of(running, held_of), groups_of)
+    return _measure_jobs(config, sorted(running, key=start_key), held_of, groups_of)
 
 
 #: From how many running jobs `measure` sums columns rather than job by job.
 COLUMNS_FROM = 512
 
 
-def _start_key(j: Running) -> tuple[float, int, str]:
+def start_key(j: Running) -> tuple[float, int, str]:
+    """The order `measure` charges jobs in: by start, then numeric id, then id."""
     return (j.started_at or 0.0, int(j.id) if j.id.isdigit() else 0, j.id)
+
+
+@dataclass
+class JobColumns:
+    """Running jobs as columns, in one order: each one's quota vector (`held`), start key and account, the account a
+    number into `accounts` ((queue, user, gid)). A face keeps them between rounds (Tenancy._columns)."""
+
+    jobs: list[Running]
+    vec: npt.NDArray[np.int64]  # n x 5
+    keys: list[tuple[float, int, str]]
+    code: npt.NDArray[np.int64]  # n
+    accounts: list[tuple[str, str, int]]
+
+    @classmethod
+    def of(cls, running: Sequence[Running], held_of: Callable[[Running], Vector]) -> JobColumns:
+        n = len(running)
+        numbers: dict[tuple[str, str, int], int] = {}
+        code = np.fromiter((numbers.setdefault((j.queue, j.user, j.gid), len(numbers)) for j in running), np.int64, n)
+        vec = np.array([held_of(j) for j in running], dtype=np.int64).reshape(n, 5)
+        return cls(list(running), vec, [start_key(j) for j in running], code, list(numbers))
 
 
 def _guarantee(config: QueuesConfig, q: str) -> tuple[Vector, list[int]]:
@@ -184,22 +205,24 @@ def _measure_jobs(
     return usage
 
 
-def _measure_columns(
-    config: QueuesConfig, by_start: Sequence[Running], held_of: Callable[[Running], Vector], groups_of: GroupsOf
-) -> Usage:
-    """`_measure_jobs` with the sums as numpy columns: per (queue, user, gid) the jobs' vectors added with np.add.at
-    (integers: exact in any order), and per queue the first job in start order whose start put it above its
-    guarantee found on the queue's cumulative sum; that job and every later one of the queue borrow."""
-    n = len(by_start)
-    vec = np.array([held_of(j) for j in by_start], dtype=np.int64).reshape(n, 5)
-    codes: dict[tuple[str, str, int], int] = {}
-    code = np.fromiter((codes.setdefault((j.queue, j.user, j.gid), len(codes)) for j in by_start), np.int64, n)
-    sums = np.zeros((len(codes), 5), dtype=np.int64)
+def measure_columns(config: QueuesConfig, cols: JobColumns, groups_of: GroupsOf) -> Usage:
+    """`_measure_jobs` over columns: per account the jobs' vectors added with np.add.at (integers: exact in any
+    order), and per queue the first job in start order whose start put it above its guarantee found on the queue's
+    cumulative sum; that job and every later one of the queue borrow. The maps list their accounts in the order the
+    job-by-job sum first meets them."""
+    keys = cols.keys
+    order = np.array(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.int64)
+    vec = cols.vec[order]
+    code = cols.code[order]
+    sums = np.zeros((len(cols.accounts), 5), dtype=np.int64)
     np.add.at(sums, code, vec)
-    counts = np.bincount(code, minlength=len(codes))
+    counts = np.bincount(code, minlength=len(cols.accounts))
+    present, first_row = np.unique(code, return_index=True)
+    met = [int(c) for c in present[np.argsort(first_row, kind="stable")]]
     usage = Usage()
-    # the accounts in the order the job-by-job sum first meets them (the maps' order is the same too)
-    for (q, user, gid), c in codes.items():
+    queue_codes: dict[str, list[int]] = {}
+    for c in met:
+        q, user, gid = cols.accounts[c]
         row = [int(x) for x in sums[c]]
         t: Vector = (row[0], row[1], row[2], row[3], row[4])
         usage.queue[q] = add(usage.queue.get(q, ZERO), t)
@@ -209,9 +232,8 @@ def _measure_columns(
             usage.queue_group[(q, g)] = add(usage.queue_group.get((q, g), ZERO), t)
             usage.group[g] = add(usage.group.get(g, ZERO), t)
         usage.running[q] = usage.running.get(q, 0) + int(counts[c])
-    queue_codes: dict[str, list[int]] = {}
-    for account, c in codes.items():
-        queue_codes.setdefault(account[0], []).append(c)
+        queue_codes.setdefault(q, []).append(c)
+    jobs = cols.jobs
     for q, cs in queue_codes.items():
         rows = np.flatnonzero(np.isin(code, cs))  # the queue's jobs, in start order
         mine = vec[rows]
@@ -220,11 +242,11 @@ def _measure_columns(
         d = dims or list(range(5))
         g_arr = np.array(guarantee, dtype=np.int64)
         over_now = ((cum[:, d] > g_arr[d]) & (mine[:, d] > 0)).any(axis=1)
-        first = int(np.argmax(over_now)) if over_now.any() else -1
-        if first < 0:
+        if not over_now.any():
             continue
-        for i in rows[first:]:
-            jid = by_start[int(i)].id
+        first = int(np.argmax(over_now))
+        for i in order[rows[first:]].tolist():
+            jid = jobs[i].id
             usage.borrowing_ids.add(jid)
             usage.queue_of_borrower[jid] = q
         over_g = np.maximum(0, cum[-1] - g_arr)

@@ -18,10 +18,11 @@ one copy of the snapshot per pass (plus one per start, since starts change `view
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from corral.model.errors import AllocationError
 from corral.model.resources import MILLI_PER_GPU, Allocation, Request
@@ -100,17 +101,27 @@ def book(
 ) -> Booking | None:
     """The earliest reservation for `request` (its `id` is the job's) as the jobs in `ends` (allocation id -> expected
     end) leave `snapshot`; None when it does not fit even once they have all ended (e.g. memory other processes
-    hold). Leaves `snapshot` unchanged. `floor`: an end before it counts as at it (`book_fast`'s first time)."""
-    future = snapshot.copy()
-    held = future.allocations
+    hold). Leaves `snapshot` unchanged. `floor`: an end before it counts as at it."""
+    held = snapshot.allocations
     by_end: dict[float, list[str]] = {}
     for job_id, end in ends.items():
         if job_id in held:
             by_end.setdefault(max(end, floor), []).append(job_id)
+    return _book(snapshot, request, ((t, by_end[t]) for t in sorted(by_end)), config)
+
+
+def _book(
+    snapshot: ClusterSnapshot,
+    request: Request,
+    leaving: Iterable[tuple[float, Sequence[str]]],
+    config: PlacementConfig,
+) -> Booking | None:
+    """`book` over the jobs leaving at each time, earliest first: after each time's jobs are released, a placement."""
+    future = snapshot.copy()
     released: list[tuple[float, Allocation]] = []
     rng = np.random.default_rng(0)  # its own seed: planning must not change the daemon's draws
-    for t in sorted(by_end):
-        released.extend((t, a) for a in future.release_many(by_end[t]))
+    for t, jobs in leaving:
+        released.extend((t, a) for a in future.release_many(jobs))
         decision = place(future, request, config, rng)
         if decision.allocation is None:
             continue
@@ -150,8 +161,54 @@ def intersect(now: ClusterSnapshot, shadow: ClusterSnapshot) -> ClusterSnapshot:
     return both
 
 
+class Holdings:
+    """The running jobs' holdings as columns (node, CPU, memory, tag, and per GPU index its milli and memory), kept
+    between rounds: a job whose Allocation object the last round had keeps its row, only new ones are read (a
+    cluster's tens of thousands of jobs, a few new a round). One per face (`FastBooker`)."""
+
+    def __init__(self) -> None:
+        self._allocs: list[Allocation] = []
+        self._row: dict[int, int] = {}
+        self._cols: tuple[npt.NDArray[np.int64], ...] = ()
+        self._gpus = 0
+
+    def of(self, allocs: list[Allocation], gpus: int) -> tuple[npt.NDArray[np.int64], ...]:
+        """(node, cpu, memory, tag + 1, share owner or not, GPU milli (n x gpus), GPU memory (n x gpus))."""
+        n = len(allocs)
+        if self._cols and self._gpus == gpus and allocs == self._allocs:  # (the same objects: identity, at once)
+            return self._cols
+        node, cpu, mem, tag, shared = (np.zeros(n, dtype=np.int64) for _ in range(5))
+        g_milli, g_mem = np.zeros((n, gpus), dtype=np.int64), np.zeros((n, gpus), dtype=np.int64)
+        fresh: list[int] | range = range(n)
+        if self._cols and self._gpus == gpus:
+            row = self._row
+            take = np.fromiter((row.get(id(a), -1) for a in allocs), np.int64, n)
+            have = take >= 0
+            rows = take[have]
+            for out, old in zip((node, cpu, mem, tag, shared, g_milli, g_mem), self._cols, strict=True):
+                out[have] = old[rows]
+            fresh = np.flatnonzero(~have).tolist()
+        for i in fresh:
+            a = allocs[i]
+            node[i], cpu[i], mem[i], tag[i] = a.node_index, a.cpu_milli, a.memory_mib, a.tag + 1
+            shared[i] = bool(a.share_owner)
+            for g in a.gpus:
+                g_milli[i, g.index] += g.milli
+                g_mem[i, g.index] += g.memory_mib
+        # (the allocations themselves are kept, so that no id is reused by another object meanwhile)
+        self._allocs = allocs
+        self._row = {id(a): i for i, a in enumerate(allocs)}
+        self._cols = (node, cpu, mem, tag, shared, g_milli, g_mem)
+        self._gpus = gpus
+        return self._cols
+
+
 def book_fast(
-    snapshot: ClusterSnapshot, request: Request, ends: Mapping[str, float], config: PlacementConfig
+    snapshot: ClusterSnapshot,
+    request: Request,
+    ends: Mapping[str, float],
+    config: PlacementConfig,
+    holdings: Holdings | None = None,
 ) -> Booking | None:
     """`book`, with the expected end it starts at found by bisection first.
 
@@ -159,39 +216,39 @@ def book_fast(
     placements a round for a cluster's. Whether the request fits once the jobs ending by T have left only grows with
     T (free resources only grow), so the first T where it fits is found with log2(ends) placements, and `book` is
     handed ends where every one before that T is moved to the last T where it does not fit: it then places twice,
-    at the same T, by the same rule."""
+    at the same T, by the same rule. `holdings`: the columns kept between rounds (FastBooker)."""
     held = snapshot.allocations
-    rows = [(a, e) for job, e in ends.items() if (a := held.get(job)) is not None]
-    times = sorted({e for _, e in rows})
+    allocs: list[Allocation] = []
+    end_of: list[float] = []
+    for job, e in ends.items():
+        a = held.get(job)
+        if a is not None:
+            allocs.append(a)
+            end_of.append(e)
+    end = np.array(end_of, dtype=np.float64)
+    times = np.unique(end)
     if len(times) <= 2:
         return book(snapshot, request, ends, config)
 
     # The running jobs' holdings as columns, so each probe frees the jobs ending by T with a few vectorised adds
     # instead of one `release` per job (a probe only answers "fits or not": `book` makes the reservation).
-    if any(a.share_owner for a, _ in rows):
+    node, cpu, mem, tag, shared, g_milli, g_mem = (holdings or Holdings()).of(allocs, snapshot.max_gpus)
+    if shared.any():
         return book(snapshot, request, ends, config)
-    count = len(rows)
-    end = np.fromiter((e for _, e in rows), dtype=np.float64, count=count)
-    node = np.fromiter((a.node_index for a, _ in rows), dtype=np.int64, count=count)
-    cpu = np.fromiter((a.cpu_milli for a, _ in rows), dtype=np.int64, count=count)
-    mem = np.fromiter((a.memory_mib for a, _ in rows), dtype=np.int64, count=count)
-    tag = np.fromiter((a.tag + 1 for a, _ in rows), dtype=np.int64, count=count)
-    grants = [(i, a.node_index, g.index, g.milli, g.memory_mib) for i, (a, _) in enumerate(rows) for g in a.gpus]
-    g_job, g_node, g_gpu, g_milli, g_mem = (np.array([g[c] for g in grants], dtype=np.int64) for c in range(5))
 
     def fits(i: int) -> bool:
         future = snapshot.copy(allocations=False)  # (a probe: only where it would fit)
         gone = end <= times[i]
-        np.add.at(future.cpu_free, node[gone], cpu[gone])
-        np.add.at(future.mem_free, node[gone], mem[gone])
-        np.subtract.at(future.tag_counts, (node[gone], tag[gone]), 1)
-        if len(grants):
-            sel = gone[g_job]
-            np.add.at(future.gpu_milli_free, (g_node[sel], g_gpu[sel]), g_milli[sel])
-            np.add.at(future.gpu_mem_free, (g_node[sel], g_gpu[sel]), g_mem[sel])
-            np.add.at(future.gpu_free_total, g_node[sel], g_milli[sel])
-            whole = future.gpu_present & (future.gpu_milli_free == MILLI_PER_GPU)
-            future.gpu_full_free = (whole & (future.gpu_mem_free == future.gpu_mem_cap)).sum(axis=1).astype(np.int64)
+        at = node[gone]
+        np.add.at(future.cpu_free, at, cpu[gone])
+        np.add.at(future.mem_free, at, mem[gone])
+        np.subtract.at(future.tag_counts, (at, tag[gone]), 1)
+        milli = g_milli[gone]
+        np.add.at(future.gpu_milli_free, at, milli)
+        np.add.at(future.gpu_mem_free, at, g_mem[gone])
+        np.add.at(future.gpu_free_total, at, milli.sum(axis=1))
+        whole = future.gpu_present & (future.gpu_milli_free == MILLI_PER_GPU)
+        future.gpu_full_free = (whole & (future.gpu_mem_free == future.gpu_mem_cap)).sum(axis=1).astype(np.int64)
         future.version += 1
         return place(future, request, config, np.random.default_rng(0)).placed
 
@@ -204,9 +261,28 @@ def book_fast(
             hi = mid
         else:
             lo = mid + 1
-    if lo == 0:
-        return book(snapshot, request, ends, config)
-    return book(snapshot, request, ends, config, floor=times[lo - 1])
+    # `book` from the last end where it does not fit (every job ending by then released at once), from the columns
+    ids = [a.request_id for a in allocs]
+    first = lo - 1 if lo > 0 else 0
+
+    def leaving() -> Iterator[tuple[float, list[str]]]:
+        yield float(times[first]), [ids[i] for i in np.flatnonzero(end <= times[first]).tolist()]
+        for t in times[first + 1 :]:
+            yield float(t), [ids[i] for i in np.flatnonzero(end == t).tolist()]
+
+    return _book(snapshot, request, leaving(), config)
+
+
+class FastBooker:
+    """`book_fast` with its columns kept between rounds: one per face (a Booker)."""
+
+    def __init__(self) -> None:
+        self.holdings = Holdings()
+
+    def __call__(
+        self, snapshot: ClusterSnapshot, request: Request, ends: Mapping[str, float], config: PlacementConfig
+    ) -> Booking | None:
+        return book_fast(snapshot, request, ends, config, self.holdings)
 
 
 #: How a round finds the head's reservation: `book`, or `book_fast` (the same reservation on a cluster).

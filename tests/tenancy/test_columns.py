@@ -47,9 +47,9 @@ def held(job: Running) -> Vector:
 @pytest.mark.parametrize("seed", range(8))
 def test_measure_by_columns_is_measure_job_by_job(seed: int) -> None:
     running = jobs(seed, 600)
-    by_start = sorted(running, key=quota._start_key)
+    by_start = sorted(running, key=quota.start_key)
     one = quota._measure_jobs(QUEUES, by_start, held, groups)
-    many = quota._measure_columns(QUEUES, by_start, held, groups)
+    many = quota.measure_columns(QUEUES, quota.JobColumns.of(running, held), groups)
     assert one.borrowing_ids and one.borrowing_ids != {j.id for j in running}  # some borrow, not all
     for name in ("queue", "queue_user", "queue_group", "user", "group", "running", "borrowed"):
         a, b = getattr(one, name), getattr(many, name)
@@ -69,7 +69,7 @@ def test_usages_are_the_ledgers_sums_to_the_last_bit() -> None:
     running (serve's first round)."""
     t = Tenancy(QUEUES, amount(8000, 8 * 81920, 64000, 512 * 1024), 81920, lambda i: 81920)
     assert t.usages([], 100.0) == {}
-    running = jobs(3, 300) + [Running("waiting", Request(gpu_count=1, gpu_milli=1000), None, (), "a", "u1")]
+    running = [*jobs(3, 300), Running("waiting", Request(gpu_count=1, gpu_milli=1000), None, (), "a", "u1")]
     t.record(running[0], 50.0)  # some history: a finished run of the first job's accounts
     now = 2_000.0
     for _ in range(2):  # made, then kept

@@ -40,7 +40,7 @@ from corral.tenancy.model import Running, Work
 from corral.tenancy.plan import ClusterView, Preemption, RoundConfig, RoundPlan, plan_round, tenancy_for
 from corral.tenancy.queues import Tenancy
 from corral.tenancy.quota import NOT_PREEMPTIBLE
-from corral.tenancy.reservation import book_fast, expected_end
+from corral.tenancy.reservation import FastBooker, expected_end
 from corral.tenancy.round import NO_ROOM_NOW, ShapeCache, clock_text
 
 
@@ -289,6 +289,7 @@ class Face:
     #: round: BENCHMARKS.md, k8s_round)
     runs: dict[str, RunEntry] = field(default_factory=dict)
     made: int = 0  # Running records made since `settle` last froze them
+    booker: FastBooker = field(default_factory=FastBooker)  # the head's reservation, its columns kept between rounds
 
     def running(self, key: str, b: Bound, alloc: Allocation, stopping: bool, protected: bool,
                 request: Request | None) -> RunEntry:  # fmt: skip
@@ -496,7 +497,7 @@ def plan_pods(
 
     preempt = preempts(ev) and not ev.busy()
     plan = plan_round(face.round, items, running, ClusterView(view, ends), tenancy, now, work_of=convert,
-                      cache=face.cache, preempt=preempt, booker=book_fast, prefilter=True)  # fmt: skip
+                      cache=face.cache, preempt=preempt, booker=face.booker, prefilter=True)  # fmt: skip
     holds: dict[str, Hold] = {}
     for p, alloc in early:
         out[p.key] = _bind(p, alloc, snapshot)

@@ -53,7 +53,7 @@ from corral.tenancy.fairshare import (
 )
 from corral.tenancy.model import Running, Work
 from corral.tenancy.preemption import Rules, choose
-from corral.tenancy.reservation import Reservation, book_fast
+from corral.tenancy.reservation import FastBooker, Reservation
 from corral.tenancy.round import ShapeCache, schedule
 
 POLICIES = ("fifo", "fifo-backfill", "fair-backfill", "fair-backfill-preempt")
@@ -167,6 +167,7 @@ class _Sim:
             for j in self.jobs
         ]
         self.shapes_seen = ShapeCache()
+        self.booker = FastBooker()  # the head's reservation, the running jobs' columns kept between rounds
         self.pending_u = np.zeros((u, 4))
         self.run_start = np.full(n, np.nan)
         self.first_start = np.full(n, np.nan)
@@ -297,7 +298,7 @@ class _Sim:
         # fair shares); grants go into the snapshot as they are decided.
         plan = schedule(
             self.snapshot, [self.works[k] for k in order], self.config, now, self.rng, cache=self.shapes_seen,
-            ends=ends, ordered=True, words=False, booker=book_fast, prefilter=True,
+            ends=ends, ordered=True, words=False, booker=self.booker, prefilter=True,
         )  # fmt: skip
         for st in plan.starts:
             self.start(self.index[st.job_id], st.allocation, now, allocated=True)

@@ -1,0 +1,71 @@
+"""The head's reservation on a cluster: book_fast (bisection, columns kept between rounds) books exactly what book
+does, and a reservation waits only for jobs on its own node."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from corral.model.resources import Allocation, GpuGrant
+from corral.model.snapshot import ClusterSnapshot
+from corral.placement import PlacementConfig, place
+from corral.tenancy.reservation import FastBooker, book, book_fast
+from tests.builders import cluster, gpus, node
+
+CONFIG = PlacementConfig(policy="binpack")
+
+
+def busy(seed: int, nodes: int = 12) -> tuple[ClusterSnapshot, dict[str, float]]:
+    """`nodes` 4-GPU nodes filled with 1-, 2- and 4-GPU jobs (some CPU-only), each with an expected end."""
+    rng = np.random.default_rng(seed)
+    s = cluster(*(node(f"n{i}").gpus(4).cpu(32).mem(128) for i in range(nodes)))
+    ends: dict[str, float] = {}
+    for k in range(nodes * 6):
+        size = int(rng.choice([0, 1, 1, 2, 4]))
+        d = place(s, gpus(size, cpu=2000, id=f"j{k}") if size else gpus(1, cpu=2000, id=f"j{k}"), CONFIG, rng)
+        if d.allocation is None:
+            continue
+        a = d.allocation
+        if not size:  # a CPU-only job where a GPU job would have gone
+            a = Allocation(a.request_id, a.node, a.node_index, a.cpu_milli, a.memory_mib, (), 0)
+        s.allocate(a)
+        ends[a.request_id] = float(rng.integers(1, 40)) * 60.0
+    return s, ends
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_book_fast_books_what_book_does(seed: int) -> None:
+    s, ends = busy(seed)
+    booker = FastBooker()
+    for size in (1, 2, 4):
+        want = book(s, gpus(size, id="head"), ends, CONFIG)
+        for got in (book_fast(s, gpus(size, id="head"), ends, CONFIG), booker(s, gpus(size, id="head"), ends, CONFIG)):
+            assert (want is None) == (got is None)
+            if want is not None and got is not None:
+                assert got.reservation == want.reservation
+                assert got.shadow.allocations == want.shadow.allocations
+    # the columns kept between rounds follow the books: a job ends, another starts, ends move
+    gone = next(iter(ends))
+    s.release(gone)
+    del ends[gone]
+    d = place(s, gpus(1, id="new"), CONFIG, np.random.default_rng(0))
+    if d.allocation is not None:
+        s.allocate(d.allocation)
+        ends["new"] = 600.0
+    ends = {k: e + 30.0 for k, e in ends.items()}
+    for size in (1, 2, 4):
+        want = book(s, gpus(size, id="head"), ends, CONFIG)
+        got = booker(s, gpus(size, id="head"), ends, CONFIG)
+        assert (want is None) == (got is None)
+        if want is not None and got is not None:
+            assert got.reservation == want.reservation
+
+
+def test_a_reservation_waits_only_for_jobs_on_its_node() -> None:
+    """GPU 0 of both nodes ends at 10 min; the reservation is on one node, so only that node's job is named."""
+    s = cluster(node("a").gpus(1), node("b").gpus(1))
+    for name, i in (("a", 0), ("b", 1)):
+        s.allocate(Allocation(f"on-{name}", name, i, 1000, 1024, (GpuGrant(0, 1000, 81920),), 1))
+    b = book(s, gpus(1, id="head"), {"on-a": 600.0, "on-b": 600.0}, CONFIG)
+    assert b is not None
+    assert b.reservation.waits_for == (f"on-{b.reservation.allocation.node}",)
