@@ -37,6 +37,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
+from typing import NamedTuple
 
 import numpy as np
 
@@ -133,13 +134,20 @@ class Rules:
         return why
 
 
-@dataclass(frozen=True)
-class Victim:
+class Victim(NamedTuple):
+    """A running job a preemptor may stop (a tuple: a cluster's search makes tens of thousands a round)."""
+
     job: Running
     why: str  # "priority" | "guarantee"
     seconds: float  # run time lost: now - started_at
     gpu_seconds: float  # the same, times the GPUs it holds (shares as fractions)
     min_runtime_s: float = 0.0  # what it had to run first (Rules.min_runtime), said in its words
+
+    @property
+    def free_from(self) -> float:
+        """When its minimum runtime ends (Rules.protected_until: -inf when it never started)."""
+        started = self.job.started_at
+        return -math.inf if started is None else started + self.min_runtime_s
 
 
 @dataclass(frozen=True)
@@ -166,7 +174,32 @@ def _grant(left: ClusterSnapshot, preemptor: Work, request: Request, config: Pla
     rng = np.random.default_rng(0)
     if preemptor.instances > 1:  # a gang: all its instances must fit on what the victims leave
         return place_gang(left, request, preemptor.instances, config, rng).allocation
-    return place(left, request, config, rng).allocation
+    # (where it fits is all a trial asks: no explanation composed)
+    return place(left, request, config, rng, explain_placed=False, explain_refused=False).allocation
+
+
+class Bound:
+    """What releasing victims could free on a node at most, for a preemptor of whole GPUs (one instance): its fully
+    free GPUs plus every GPU the victims touch, its free CPU and memory plus theirs. A set below the request in any
+    of them cannot make room, so the search does not place it (the result is the same; the budget goes further)."""
+
+    def __init__(self, snapshot: ClusterSnapshot, request: Request) -> None:
+        self.snapshot = snapshot
+        self.request = request
+
+    def could(self, node: int, chosen: Sequence[Victim]) -> bool:
+        s, r, held = self.snapshot, self.request, self.snapshot.allocations
+        gpus = cpu = mem = 0
+        for v in chosen:
+            a = held[v.job.id]
+            gpus += len(a.gpus)
+            cpu += a.cpu_milli
+            mem += a.memory_mib
+        return (
+            int(s.gpu_full_free[node]) + gpus >= r.gpu_count
+            and int(s.cpu_free[node]) + cpu >= r.cpu_milli
+            and int(s.mem_free[node]) + mem >= r.memory_mib
+        )
 
 
 def choose(
@@ -183,7 +216,7 @@ def choose(
     named by its holder's id (`Running.id`)."""
     rules = rules or Rules()
     request = preemptor.placing
-    victims = [v for v in candidates(snapshot, preemptor, running, now, rules) if rules.protected_until(v.job) <= now]
+    victims = [v for v in candidates(snapshot, preemptor, running, now, rules) if v.free_from <= now]
     if not victims:
         return None
     # Cheapest first: the search tries sets in this order, so within one size the first fits tend to be cheap.
@@ -213,8 +246,12 @@ def choose(
     if fits(()) is not None:
         return None  # it fits as things are (e.g. something ended since the pass): nothing to stop
     best: tuple[tuple[int, float, float], tuple[Victim, ...], Allocation] | None = None
-    nodes = _nodes(snapshot, victims, everything)
+    # (a cluster's whole-GPU preemptor: sets that could not make room are not placed)
+    # (one machine: the search as it always was)
+    bound = Bound(snapshot, request) if request.whole_gpus and preemptor.instances <= 1 and len(snapshot) > 1 else None
+    nodes = _nodes(snapshot, victims, everything, bound)
     for on_node in nodes:
+        node = snapshot.allocations[on_node[0].job.id].node_index
         for k in range(1, len(on_node) + 1):
             if best is not None and k > best[0][0]:
                 break  # a node with fewer victims won already
@@ -222,6 +259,8 @@ def choose(
             for chosen in combinations(on_node, k):
                 if calls >= budget:
                     break
+                if bound is not None and not bound.could(node, chosen):
+                    continue
                 grant = fits(chosen)
                 if grant is not None:
                     found = True
@@ -252,15 +291,21 @@ def choose(
     return Choice(preemptor, best[1], best[2], calls, said)
 
 
-def _nodes(snapshot: ClusterSnapshot, victims: Sequence[Victim], everything: Allocation) -> list[list[Victim]]:
+def _nodes(
+    snapshot: ClusterSnapshot, victims: Sequence[Victim], everything: Allocation, bound: Bound | None = None
+) -> list[list[Victim]]:
     """The candidates grouped by node, fewest then cheapest first, at most PREEMPT_NODES nodes; one machine: one
     group. On a cluster a single preemptor's grant lies on one node, so only victims there can make room for it
-    there; the node the preemptor took with every candidate gone comes first among equals."""
+    there; the node the preemptor took with every candidate gone comes first among equals. With `bound`, a node
+    where even all its candidates gone could not make room is left out (it would only spend the search's budget)."""
     by_node: dict[int, list[Victim]] = {}
+    held = snapshot.allocations
     for v in victims:
-        by_node.setdefault(snapshot.allocations[v.job.id].node_index, []).append(v)
+        by_node.setdefault(held[v.job.id].node_index, []).append(v)
     if len(by_node) == 1:
         return list(by_node.values())
+    if bound is not None:
+        by_node = {i: vs for i, vs in by_node.items() if bound.could(i, vs) or i == everything.node_index}
 
     def rank(item: tuple[int, list[Victim]]) -> tuple[int, float, float, int, int]:
         i, vs = item

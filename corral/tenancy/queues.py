@@ -392,9 +392,16 @@ class Tenancy:
             for account in accounts:
                 acc: tuple[str, str, str] = account  # type: ignore[assignment]
                 active.setdefault(acc[1], set()).add(acc[2])
-            for j in holding:
-                active.setdefault(j.queue, set()).add(j.user)
-                self._gid_of[j.user] = j.gid
+            # the running jobs' accounts: each (queue, user, gid) once, in the order of its last job in `holding`
+            # (a user's gid is its last job's, as a walk of every job leaves it)
+            cols = self._columns(holding)[0]
+            if len(cols.code):
+                present, from_end = np.unique(cols.code[::-1], return_index=True)
+                last = len(cols.code) - 1 - from_end
+                for c in present[np.argsort(last, kind="stable")].tolist():
+                    q, user, gid = cols.accounts[c]
+                    active.setdefault(q, set()).add(user)
+                    self._gid_of[user] = gid
             qw = {q: (config.queues[q].weight if q in config.queues else 1.0) for q in active}
             total_q = sum(qw.values()) or 1.0
             uw: dict[tuple[str, str], float] = {}

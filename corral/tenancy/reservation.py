@@ -122,7 +122,7 @@ def _book(
     rng = np.random.default_rng(0)  # its own seed: planning must not change the daemon's draws
     for t, jobs in leaving:
         released.extend((t, a) for a in future.release_many(jobs))
-        decision = place(future, request, config, rng)
+        decision = place(future, request, config, rng, explain_placed=False, explain_refused=False)  # (a grant only)
         if decision.allocation is None:
             continue
         grant = decision.allocation
@@ -250,7 +250,9 @@ def book_fast(
         whole = future.gpu_present & (future.gpu_milli_free == MILLI_PER_GPU)
         future.gpu_full_free = (whole & (future.gpu_mem_free == future.gpu_mem_cap)).sum(axis=1).astype(np.int64)
         future.version += 1
-        return place(future, request, config, np.random.default_rng(0)).placed
+        return place(
+            future, request, config, np.random.default_rng(0), explain_placed=False, explain_refused=False
+        ).placed
 
     if not fits(len(times) - 1):
         return None

@@ -101,11 +101,23 @@ class ShapeCache:
     def __init__(self) -> None:
         self.entries: dict[str, _Entry] = {}
         self.shapes: dict[Hashable, int] = {}  # shape -> its index
+        #: The same entries by their object's identity (the entry keeps its object, so no id is reused meanwhile):
+        #: a face's item found without making its Work again (a cluster's 10,000 pending pods a round)
+        self._by_object: dict[int, _Entry] = {}
+
+    def known(self, item: object) -> _Entry | None:
+        """The entry made for this very object, if any (without converting it)."""
+        found = self._by_object.get(id(item))
+        return found if found is not None and found.source is item else None
 
     def entry(self, item: T, work_of: Callable[[T], Work]) -> _Entry:
+        found = self._by_object.get(id(item))
+        if found is not None and found.source is item:
+            return found
         work = work_of(item)
         found = self.entries.get(work.id)
         if found is not None and found.source is item:
+            self._by_object[id(item)] = found
             return found
         request = work.request
         shape = (
@@ -116,22 +128,22 @@ class ShapeCache:
         index = self.shapes.setdefault(shape, len(self.shapes))
         made = _Entry(item, work, queue_key(work), index, request.wants_gpu, work.gang)
         self.entries[work.id] = made
+        self._by_object[id(item)] = made
         return made
 
     def work(self, item: T, work_of: Callable[[T], Work]) -> Work:
         """`item`'s Work: the one made for this very object, or a new one (kept)."""
-        found = self.entries.get(getattr(item, "id", ""))
-        if found is not None and found.source is item:
-            return found.work
         return self.entry(item, work_of).work
 
     def prune(self, keep: int) -> None:
         """Forget jobs that have left the queue once the cache holds more than twice `keep` of them."""
-        if len(self.entries) > 2 * keep + 64:
+        if len(self.entries) > 2 * keep + 64 or len(self._by_object) > 2 * keep + 64:
             self.entries.clear()
+            self._by_object.clear()
         if len(self.shapes) > 4 * keep + 1024:
             self.shapes.clear()
             self.entries.clear()
+            self._by_object.clear()
 
 
 def _place(

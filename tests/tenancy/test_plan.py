@@ -17,6 +17,7 @@ from corral.model.snapshot import ClusterSnapshot
 from corral.placement import PlacementConfig, place
 from corral.tenancy import ClusterView, RoundConfig, Running, Work, plan_round
 from corral.tenancy.config import parse_queues
+from corral.tenancy.preemption import choose
 from corral.tenancy.round import may_fit
 from tests.builders import cluster, gpus, node
 
@@ -76,6 +77,24 @@ def test_preemption_on_a_cluster_takes_the_node_with_the_fewest_victims() -> Non
     [p] = plan.preemptions
     assert (p.preemptor, p.victims) == ("hi", ("b1",))  # one victim beats two cheaper ones
     assert p.allocation.node == "b" and p.why == {"b1": "priority"}
+
+
+def test_the_search_places_no_set_that_could_not_make_room() -> None:
+    """Ten nodes each hold one low-priority 1-GPU job beside three GPUs of higher priority; one node holds four
+    low-priority 1-GPU jobs. The fewest-victims-first order would try the ten first, each a placement that cannot
+    fit a 4-GPU preemptor, until the budget ran out; they are not tried, and the four jobs are found at once."""
+    s = cluster(*(node(f"n{i:02d}").gpus(4).cpu(64) for i in range(11)))
+    running = []
+    for i in range(10):
+        running.append(run_on(s, f"low{i}", gpus(1), float(i)))
+        running.append(run_on(s, f"high{i}", gpus(3, priority=9), 0.0))
+    running += [run_on(s, f"four{k}", gpus(1), 100.0 + k) for k in range(4)]
+    assert {s.allocations[f"four{k}"].node for k in range(4)} == {"n10"}
+    choice = choose(s, work("hi", gpus(4, priority=5)), running, CONFIG, NOW, budget=8)
+    assert choice is not None
+    assert sorted(v.job.id for v in choice.victims) == ["four0", "four1", "four2", "four3"]
+    assert choice.allocation.node == "n10"
+    assert choice.placements <= 4  # every candidate gone, none gone, the one set of four (the rest not placed)
 
 
 def test_a_victim_in_its_minimum_runtime_is_named_with_the_time_it_may_go() -> None:

@@ -422,8 +422,6 @@ def plan_pods(
                 continue
             sizes[p.gang] = max(1, info.min_member - info.held)
         offered.append(p)
-    # A gang short of members waits whole (tenancy's group check says so, without a placement).
-    items: list[Any] = [p if not p.gang else dataclasses.replace(p) for p in offered]
     by_item = {p.key: p for p in offered}
     held = dict(ev.held())
     # The capacity held for preemptors: taken first by their own pod (once its victims are gone), kept from the rest.
@@ -461,7 +459,8 @@ def plan_pods(
         # kept on the view: the rest of the round is planned beside it (it binds there first)
         early.append((p, dataclasses.replace(mine, request_id=p.key)))
         offered.remove(p)
-    items = [p if not p.gang else dataclasses.replace(p) for p in offered]
+    # A gang short of members waits whole (tenancy's group check says so, without a placement).
+    items: list[Any] = [p if not p.gang else dataclasses.replace(p) for p in offered]
     stopping, protected = ev.stopping(), ev.protected()
     running: list[Running] = []
     running_by: dict[str, Running] = {}
@@ -573,7 +572,8 @@ def _explained(snapshot: ClusterSnapshot, p: Pending, done: dict[Any, str], face
     from corral.placement import place, render
 
     assert p.ask is not None
-    shape = p.ask.request.placement_key()
+    known = face.cache.known(p)  # (its shape's number, made when the round took it: no key built per pod)
+    shape: Any = known.shape if known is not None else p.ask.request.placement_key()
     if shape in done:
         return done[shape]
     if len(done) >= EXPLAIN_SHAPES:
