@@ -107,7 +107,7 @@ def book(
     for job_id, end in ends.items():
         if job_id in held:
             by_end.setdefault(max(end, floor), []).append(job_id)
-    return _book(snapshot, request, ((t, by_end[t]) for t in sorted(by_end)), config)
+    return _book(snapshot, request, ((t, by_end[t]) for t in sorted(by_end)), config, ends)
 
 
 def _book(
@@ -115,8 +115,10 @@ def _book(
     request: Request,
     leaving: Iterable[tuple[float, Sequence[str]]],
     config: PlacementConfig,
+    ends: Mapping[str, float],
 ) -> Booking | None:
-    """`book` over the jobs leaving at each time, earliest first: after each time's jobs are released, a placement."""
+    """`book` over the jobs leaving at each time, earliest first: after each time's jobs are released, a placement.
+    The jobs it waits for are named by their own ends (`ends`), earliest first."""
     future = snapshot.copy()
     released: list[tuple[float, Allocation]] = []
     rng = np.random.default_rng(0)  # its own seed: planning must not change the daemon's draws
@@ -129,8 +131,8 @@ def _book(
         future.allocate(grant)
         reserved = set(grant.gpu_indices)
         at = grant.node_index
-        freeing = sorted((e, a.request_id) for e, a in released if a.node_index == at and reserved & set(a.gpu_indices))
-        waits = tuple(r for _, r in freeing or sorted((e, a.request_id) for e, a in released))
+        freeing = [a.request_id for _, a in released if a.node_index == at and reserved & set(a.gpu_indices)]
+        waits = tuple(sorted(freeing or [a.request_id for _, a in released], key=lambda r: (ends[r], r)))
         return Booking(Reservation(request.id, t, grant, waits), future, snapshot)
     return None
 
@@ -236,17 +238,26 @@ def book_fast(
     if shared.any():
         return book(snapshot, request, ends, config)
 
+    n, width = len(snapshot), snapshot.max_gpus
+    tags = snapshot.tag_counts.shape[1]
+    per_gpu = (node[:, None] * width + np.arange(width)[None, :]).ravel()  # each job's GPUs' cells, flat
+
+    def summed(cells: npt.NDArray[np.int64], values: npt.NDArray[np.int64], size: int) -> npt.NDArray[np.int64]:
+        # np.bincount adds in float64: exact for these integers (each well below 2**53)
+        return np.bincount(cells, weights=values, minlength=size).astype(np.int64)
+
     def fits(i: int) -> bool:
         future = snapshot.copy(allocations=False)  # (a probe: only where it would fit)
         gone = end <= times[i]
         at = node[gone]
-        np.add.at(future.cpu_free, at, cpu[gone])
-        np.add.at(future.mem_free, at, mem[gone])
-        np.subtract.at(future.tag_counts, (at, tag[gone]), 1)
-        milli = g_milli[gone]
-        np.add.at(future.gpu_milli_free, at, milli)
-        np.add.at(future.gpu_mem_free, at, g_mem[gone])
-        np.add.at(future.gpu_free_total, at, milli.sum(axis=1))
+        future.cpu_free += summed(at, cpu[gone], n)
+        future.mem_free += summed(at, mem[gone], n)
+        future.tag_counts -= summed(at * tags + tag[gone], np.ones(len(at), dtype=np.int64), n * tags).reshape(n, tags)
+        cells = per_gpu.reshape(-1, width)[gone].ravel()
+        milli = summed(cells, g_milli[gone].ravel(), n * width).reshape(n, width)
+        future.gpu_milli_free += milli
+        future.gpu_mem_free += summed(cells, g_mem[gone].ravel(), n * width).reshape(n, width)
+        future.gpu_free_total += milli.sum(axis=1)
         whole = future.gpu_present & (future.gpu_milli_free == MILLI_PER_GPU)
         future.gpu_full_free = (whole & (future.gpu_mem_free == future.gpu_mem_cap)).sum(axis=1).astype(np.int64)
         future.version += 1
@@ -256,8 +267,13 @@ def book_fast(
 
     if not fits(len(times) - 1):
         return None
-    lo, hi = 0, len(times) - 1  # invariant: fits(hi); everything before lo does not fit
-    while lo < hi:
+    lo, hi = _earliest(snapshot, request, times, end, node, g_milli, g_mem), len(times) - 1
+    if lo < hi:  # the bound is mostly the answer: tried first
+        if fits(lo):
+            hi = lo
+        else:
+            lo += 1
+    while lo < hi:  # invariant: fits(hi); everything before lo does not fit
         mid = (lo + hi) // 2
         if fits(mid):
             hi = mid
@@ -272,7 +288,39 @@ def book_fast(
         for t in times[first + 1 :]:
             yield float(t), [ids[i] for i in np.flatnonzero(end == t).tolist()]
 
-    return _book(snapshot, request, leaving(), config)
+    return _book(snapshot, request, leaving(), config, ends)
+
+
+def _earliest(
+    snapshot: ClusterSnapshot,
+    request: Request,
+    times: npt.NDArray[np.float64],
+    end: npt.NDArray[np.float64],
+    node: npt.NDArray[np.int64],
+    g_milli: npt.NDArray[np.int64],
+    g_mem: npt.NDArray[np.int64],
+) -> int:
+    """The first of `times` at which some node could have the request's whole GPUs free (0: no bound): a GPU is
+    whole once it is whole now, or every job holding part of it is among those leaving, at the last of their ends
+    (held by anything else, it never is). Before that no placement can fit, so the search starts there."""
+    k = request.gpu_count
+    width = snapshot.max_gpus
+    if not request.whole_gpus or not 0 < k <= width:
+        return 0
+    n = len(snapshot)
+    held = (g_milli > 0) | (g_mem > 0)
+    jobs, gpu = np.nonzero(held)
+    cells = node[jobs] * width + gpu
+    last = np.full(n * width, -np.inf)
+    np.maximum.at(last, cells, end[jobs])
+    milli = np.bincount(cells, weights=g_milli[jobs, gpu], minlength=n * width).reshape(n, width)
+    mem = np.bincount(cells, weights=g_mem[jobs, gpu], minlength=n * width).reshape(n, width)
+    cap = snapshot.gpu_mem_cap
+    whole_now = snapshot.gpu_present & (snapshot.gpu_milli_free == MILLI_PER_GPU) & (snapshot.gpu_mem_free == cap)
+    leaving = (milli == MILLI_PER_GPU - snapshot.gpu_milli_free) & (mem == cap - snapshot.gpu_mem_free)
+    free_at = np.where(whole_now, -np.inf, np.where(snapshot.gpu_present & leaving, last.reshape(n, width), np.inf))
+    bound = float(np.sort(free_at, axis=1)[:, k - 1].min())
+    return min(int(np.searchsorted(times, bound, side="left")), len(times) - 1)
 
 
 class FastBooker:

@@ -16,13 +16,15 @@ CONFIG = PlacementConfig(policy="binpack")
 
 
 def busy(seed: int, nodes: int = 12) -> tuple[ClusterSnapshot, dict[str, float]]:
-    """`nodes` 4-GPU nodes filled with 1-, 2- and 4-GPU jobs (some CPU-only), each with an expected end."""
+    """`nodes` 4-GPU nodes filled with 1-, 2- and 4-GPU jobs, halves of GPUs and CPU-only jobs, each with an
+    expected end."""
     rng = np.random.default_rng(seed)
     s = cluster(*(node(f"n{i}").gpus(4).cpu(32).mem(128) for i in range(nodes)))
     ends: dict[str, float] = {}
     for k in range(nodes * 6):
-        size = int(rng.choice([0, 1, 1, 2, 4]))
-        d = place(s, gpus(size, cpu=2000, id=f"j{k}") if size else gpus(1, cpu=2000, id=f"j{k}"), CONFIG, rng)
+        size = int(rng.choice([0, 1, 1, 2, 4, -1]))  # -1: half a GPU (a share, no owner)
+        ask = gpus(1, milli=500, cpu=2000, id=f"j{k}") if size < 0 else gpus(max(size, 1), cpu=2000, id=f"j{k}")
+        d = place(s, ask, CONFIG, rng)
         if d.allocation is None:
             continue
         a = d.allocation

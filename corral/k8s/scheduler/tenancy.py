@@ -25,7 +25,7 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from corral.k8s.convert import assignment_annotations, make_assignment
 from corral.k8s.scheduler.batch import INVALID, NO_NODES, Bind, Decision, Pending, Wait
@@ -237,9 +237,9 @@ def work_of(p: Pending, gang_size: int = 0) -> Work:
 
 
 # ------------------------------------------------------------------------------------------------ one round
-@dataclass(frozen=True)
-class Hold:
-    """Why a pod waits, in the words a user asks for: its queue, its position, what holds it, when it may start."""
+class Hold(NamedTuple):
+    """Why a pod waits, in the words a user asks for: its queue, its position, what holds it, when it may start.
+    (A tuple: a round makes one per waiting pod, ten thousand of them.)"""
 
     queue: str
     position: int  # 1-based, in the round's queue order (0: not offered)
@@ -248,13 +248,17 @@ class Hold:
     estimated_start: float | None = None  # its reservation's start, when it has one
 
     def text(self) -> str:
-        where = f"queue {self.queue}"
-        if self.position:
-            where += f", position {self.position} of {self.of}"
-        out = f"{where}; held by {self.holds}"
+        out = held_text(self.queue, self.position, self.of, self.holds)
         if self.estimated_start is not None:
             out += f"; estimated start {clock_text(self.estimated_start)}"
         return out
+
+
+def held_text(queue: str, position: int, of: int, holds: str) -> str:
+    """A waiting pod's words before its reason: "queue Q, position i of n; held by H" (Hold.text, less a start)."""
+    if position:
+        return f"queue {queue}, position {position} of {of}; held by {holds}"
+    return f"queue {queue}; held by {holds}"
 
 
 @dataclass(frozen=True)
@@ -520,6 +524,7 @@ def plan_pods(
     preempting = {pr.preemptor for pr in plan.preemptions}
     first = next(iter(plan.reservations), None)
     reasons, limited_of = plan.reasons, tenancy.limited
+    unresolvable = plan.unresolvable
     n_line = len(in_line)
     # A round's thousands of waiting pods share a few (reason, gang, limit) texts: each is worded once
     worded: dict[tuple[str, str, str | None], tuple[str, str, str]] = {}
@@ -547,15 +552,20 @@ def plan_pods(
                     else RESERVATION if kind.startswith("the reservation") else "unschedulable")  # fmt: skip
             texts = worded[(reason, p.gang, limited)] = (said, kind, code)
         said, kind, code = texts
-        r = None
-        if key in preempting:
-            kind = "its victims to stop (preempting)"
-            code = code if limited is not None else PREEMPTING
-        else:
-            r = reservation.get(key)
-        hold = Hold(p.queue, positions.get(key, 0), n_line, kind, r.start if r is not None else None)
-        holds[key] = hold
-        out[key] = Wait(p, f"{hold.text()}: {said}", code, key in plan.unresolvable)
+        if key in preempting or key in reservation:  # (one or two pods a round)
+            r = None
+            if key in preempting:
+                kind = "its victims to stop (preempting)"
+                code = code if limited is not None else PREEMPTING
+            else:
+                r = reservation[key]
+            hold = Hold(p.queue, positions.get(key, 0), n_line, kind, r.start if r is not None else None)
+            holds[key] = hold
+            out[key] = Wait(p, f"{hold.text()}: {said}", code, key in unresolvable)
+            continue
+        at = positions.get(key, 0)
+        holds[key] = Hold(p.queue, at, n_line, kind)
+        out[key] = Wait(p, f"{held_text(p.queue, at, n_line, kind)}: {said}", code, key in unresolvable)
     for p in pending:
         if p.key in out and isinstance(out[p.key], Wait) and p.key not in holds and p.ask is not None:
             spec = config.queues.get(p.queue)
