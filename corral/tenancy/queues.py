@@ -131,11 +131,13 @@ class Tenancy:
             live = {j.id for j in holding}
             self._held = {k: v for k, v in self._held.items() if k in live}
 
-    def _columns(self, holding: Sequence[Running]) -> tuple[JobColumns, np.ndarray, np.ndarray]:
+    def _columns(
+        self, holding: Sequence[Running], ids: list[int] | None = None
+    ) -> tuple[JobColumns, np.ndarray, np.ndarray]:
         """`holding` as columns: (JobColumns, fair-share amounts (n x 4), starts (NaN: not started)). The rows of jobs
         the last call had (the same Running objects) are taken from its columns; only new jobs are read (a round of
-        a cluster sees tens of thousands of jobs, a few of them new)."""
-        ids = [id(j) for j in holding]
+        a cluster sees tens of thousands of jobs, a few of them new). `ids`: the jobs' ids, if the caller has them."""
+        ids = ids if ids is not None else [id(j) for j in holding]
         last = self._cols
         if last is not None and last[3] == ids:
             return last[0], last[1], last[2]
@@ -176,18 +178,18 @@ class Tenancy:
         self._cols = (cols, amt, starts, ids, {i: r for r, i in enumerate(ids)})
         return cols, amt, starts
 
-    def _measure(self, holding: Sequence[Running]) -> Usage:
+    def _measure(self, holding: Sequence[Running], ids: list[int] | None = None) -> Usage:
         """quota.measure of `holding`, reused (copied: a round's Gate charges its starts to it) while the same
         Running objects run under the same configuration. Not with a face's own Unix groups (they may change
         between rounds without a job changing)."""
         mine = type(self).groups_of is Tenancy.groups_of
-        ids = [id(j) for j in holding] if mine else []
+        ids = (ids if ids is not None else [id(j) for j in holding]) if mine else []
         last = self._measured
         if mine and last is not None and last[1] is self.config and last[0] == ids:
             u = last[2]
         else:
             if len(holding) >= COLUMNS_FROM:
-                u = measure_columns(self.config, self._columns(holding)[0], self.groups_of)
+                u = measure_columns(self.config, self._columns(holding, ids or None)[0], self.groups_of)
             else:
                 u = measure(self.config, holding, lambda j: self._holds(j)[1], self.groups_of)
             self._prune(holding)
@@ -282,18 +284,20 @@ class Tenancy:
         for account in (("queue", job.queue), ("user", job.queue, job.user)):
             (self.ledger if ledger is None else ledger).record(account, a, job.started_at, finished_at)
 
-    def usages(self, holding: Sequence[Running], now: float) -> dict[tuple[str, ...], np.ndarray]:
+    def usages(
+        self, holding: Sequence[Running], now: float, ids: list[int] | None = None
+    ) -> dict[tuple[str, ...], np.ndarray]:
         """Decayed usage per account (queue and (queue, user)), running jobs included.
 
         Each account's running jobs are kept as one array of amounts (rows in `holding`'s order) while the same
         jobs run; their decayed usage is added in that order (a cumulative sum: the same float additions, in the
         same order, as UsageLedger.usage's loop, so every share and every order is the same to the last bit)."""
-        ids = [id(j) for j in holding]
+        ids = ids if ids is not None else [id(j) for j in holding]
         last = self._grouped
         if last is not None and last[0] == ids:
             grouped, starts = last[1], last[2]
         else:
-            cols, amounts_all, starts_all = self._columns(holding)
+            cols, amounts_all, starts_all = self._columns(holding, ids)
             started = np.flatnonzero(~np.isnan(starts_all))  # (in `holding`'s order)
             starts = starts_all[started].tolist()
             amounts = amounts_all[started]
@@ -337,7 +341,8 @@ class Tenancy:
         """The order and the gate of one pass over the works `waiting` (id -> queue), with `holding` running and
         `free` free (quota.free_of); None without a queues file (priority, then age, no limits)."""
         config = self.config
-        self.usage = self._measure(holding)
+        ids = [id(j) for j in holding]  # (once a round: the caches below compare them)
+        self.usage = self._measure(holding, ids)
         queue_of_id = dict(waiting)
         self.queue_of_id = queue_of_id
         started: set[str] = set()
@@ -345,7 +350,7 @@ class Tenancy:
         if not self.active:
             self.limited = {}
             return None
-        usages = self.usages(holding, now)
+        usages = self.usages(holding, now, ids)
         cap = decayed_capacity(self.capacity, config.half_life_s)
         h = config.half_life_s
         gate = Gate(config, self.usage, free, set(queue_of_id.values()), self.groups_of)
@@ -394,7 +399,7 @@ class Tenancy:
                 active.setdefault(acc[1], set()).add(acc[2])
             # the running jobs' accounts: each (queue, user, gid) once, in the order of its last job in `holding`
             # (a user's gid is its last job's, as a walk of every job leaves it)
-            cols = self._columns(holding)[0]
+            cols = self._columns(holding, ids)[0]
             if len(cols.code):
                 present, from_end = np.unique(cols.code[::-1], return_index=True)
                 last = len(cols.code) - 1 - from_end

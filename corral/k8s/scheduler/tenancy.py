@@ -579,15 +579,16 @@ EXPLAIN_SHAPES = 32
 
 
 def _explained(snapshot: ClusterSnapshot, p: Pending, done: dict[Any, str], face: Face) -> str:
-    from corral.placement import place, render
-
     assert p.ask is not None
     known = face.cache.known(p)  # (its shape's number, made when the round took it: no key built per pod)
     shape: Any = known.shape if known is not None else p.ask.request.placement_key()
-    if shape in done:
-        return done[shape]
+    found = done.get(shape)
+    if found is not None:
+        return found
     if len(done) >= EXPLAIN_SHAPES:
         return NO_ROOM_NOW
+    from corral.placement import place, render
+
     try:
         d = place(snapshot, p.ask.request, face.round.placement)  # (a decision only: nothing is granted)
         text = render(d.explanation) if d.allocation is None else NO_ROOM_NOW
