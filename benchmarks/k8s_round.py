@@ -31,7 +31,15 @@ from corral.k8s.convert import ANN_NODE_GPUS, node_gpus_annotation
 from corral.k8s.fake import node_object, pod_object
 from corral.k8s.scheduler.batch import Bind, Pending
 from corral.k8s.scheduler.core import pending_of
-from corral.k8s.scheduler.tenancy import Bound, BoundRequests, Face, NoEvictions, plan_pods, settle
+from corral.k8s.scheduler.tenancy import (
+    Bound,
+    BoundRequests,
+    Face,
+    NoEvictions,
+    collector_for_rounds,
+    plan_pods,
+    settle,
+)
 from corral.k8s.state import ClusterState
 from corral.model.resources import Allocation, GpuDevice, GpuGrant
 from corral.placement import PlacementConfig
@@ -148,6 +156,7 @@ def main() -> None:
     preempt = not a.no_preempt
     gc.collect()  # as the scheduler does once its books are read (corral/k8s/cli.py)
     gc.freeze()
+    collector_for_rounds()
     first, n = one_round(state, bound, pods, face, preempt)
     print(f"first round (every pod converted): {first * 1000:.0f} ms, {n} binds")
     times = []

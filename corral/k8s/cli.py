@@ -204,6 +204,7 @@ def scheduler_cmd(
     # What the policy needs (numba's kernels for fgd, scipy for fgd-priced's prices: seconds) loads while the books
     # are listed, not under the books' lock at the first batch.
     from corral.k8s.scheduler.core import warm_up
+    from corral.k8s.scheduler.tenancy import collector_for_rounds
 
     warm = threading.Thread(target=warm_up, args=(config,), name="corral-warm-up", daemon=True)
     warm.start()
@@ -217,6 +218,7 @@ def scheduler_cmd(
         # Thousands of long-lived node and pod objects: keep them out of the collector's full scans
         gc.collect()
         gc.freeze()
+        collector_for_rounds()
         scheduler.informer.start()
         scheduler.start_loop()
         state = scheduler.state

@@ -62,6 +62,22 @@ from corral.tenancy.quota import (
 from corral.tenancy.round import RoundQueues
 
 
+class _Store:
+    """Every running job `Tenancy._columns` has read, a row each (by the Running object's id; the objects are kept,
+    so no id is reused by another object meanwhile)."""
+
+    def __init__(self) -> None:
+        self.slot: dict[int, int] = {}
+        self.jobs: list[Running] = []
+        self.keys: list[tuple[float, int, str]] = []
+        self.vec = np.zeros((0, 5), dtype=np.int64)
+        self.amt = np.zeros((0, len(amount())), dtype=np.float64)
+        self.starts = np.zeros(0, dtype=np.float64)
+        self.code = np.zeros(0, dtype=np.int64)
+        self.ranked: list[int] = []  # the rows by start key (quota.start_key)
+        self.rank = np.zeros(0, dtype=np.int64)  # each row's place in `ranked`
+
+
 class Tenancy:
     """One face's queues: the configuration, the usage ledger, and what the last round left (for views)."""
 
@@ -107,7 +123,8 @@ class Tenancy:
         self._grouped = None
         #: The running jobs as columns (quota.JobColumns, plus each one's fair-share amount and start), with their ids
         #: and each id's row: a round takes the rows of the jobs the last one held and reads only the new ones.
-        self._cols: tuple[JobColumns, np.ndarray, np.ndarray, list[int], dict[int, int]] | None = None
+        self._cols: tuple[JobColumns, np.ndarray, np.ndarray, list[int]] | None = None
+        self._store = _Store()
         self._account_numbers: dict[tuple[str, str, int], int] = {}
 
     def forget(self) -> None:
@@ -118,6 +135,7 @@ class Tenancy:
         self._measured = None
         self._grouped = None
         self._cols = None
+        self._store = _Store()
 
     def _holds(self, job: Running) -> tuple[Running, Vector, np.ndarray]:
         """(job, its quota vector (quota.held), its fair-share amount (held_vector)), made once per Running."""
@@ -134,49 +152,55 @@ class Tenancy:
     def _columns(
         self, holding: Sequence[Running], ids: list[int] | None = None
     ) -> tuple[JobColumns, np.ndarray, np.ndarray]:
-        """`holding` as columns: (JobColumns, fair-share amounts (n x 4), starts (NaN: not started)). The rows of jobs
-        the last call had (the same Running objects) are taken from its columns; only new jobs are read (a round of
-        a cluster sees tens of thousands of jobs, a few of them new). `ids`: the jobs' ids, if the caller has them."""
+        """`holding` as columns: (JobColumns, fair-share amounts (n x 4), starts (NaN: not started)). Each Running
+        object is read once into a row of a store that only grows (compacted when mostly stale); a round gathers its
+        jobs' rows (a cluster's tens of thousands of jobs, a few new a round). `ids`: the jobs' ids, if made."""
         ids = ids if ids is not None else [id(j) for j in holding]
         last = self._cols
         if last is not None and last[3] == ids:
             return last[0], last[1], last[2]
         n = len(holding)
+        store = self._store
+        if len(store.jobs) > 2 * n + 1024 or len(self._account_numbers) > 4 * n + 1024:
+            store = self._store = _Store()
+            self._account_numbers = {}
         numbers = self._account_numbers
-        if len(numbers) > 4 * n + 1024:  # accounts no job holds any more
-            numbers.clear()
-            last = None
-        vec = np.zeros((n, 5), dtype=np.int64)
-        code = np.zeros(n, dtype=np.int64)
-        amt = np.zeros((n, len(amount())), dtype=np.float64)
-        starts = np.full(n, np.nan)
-        keys: list[tuple[float, int, str] | None] = [None] * n
-        fresh: list[int] | range = range(n)
-        if last is not None:
-            index = last[4]
-            take = np.fromiter((index.get(i, -1) for i in ids), np.int64, n)
-            have = take >= 0
-            rows = take[have]
-            cols0 = last[0]
-            vec[have] = cols0.vec[rows]
-            code[have] = cols0.code[rows]
-            amt[have] = last[1][rows]
-            starts[have] = last[2][rows]
-            keys = [cols0.keys[t] if t >= 0 else None for t in take.tolist()]
-            fresh = np.flatnonzero(~have).tolist()
-        holds = self._holds
-        for i in fresh:
-            j = holding[i]
-            _, v, a = holds(j)
-            vec[i] = v
-            amt[i] = a
-            keys[i] = start_key(j)
-            code[i] = numbers.setdefault((j.queue, j.user, j.gid), len(numbers))
-            if j.started_at is not None:
-                starts[i] = j.started_at
-        cols = JobColumns(list(holding), vec, keys, code, list(numbers))  # type: ignore[arg-type]
-        self._cols = (cols, amt, starts, ids, {i: r for r, i in enumerate(ids)})
-        return cols, amt, starts
+        slot = store.slot
+        rows = np.fromiter((slot.get(i, -1) for i in ids), np.int64, n)
+        fresh = np.flatnonzero(rows < 0).tolist()
+        if fresh:
+            start, k = len(store.jobs), len(fresh)
+            vec = np.zeros((k, 5), dtype=np.int64)
+            amt = np.zeros((k, len(amount())), dtype=np.float64)
+            starts = np.full(k, np.nan)
+            code = np.zeros(k, dtype=np.int64)
+            holds = self._holds
+            for r, i in enumerate(fresh):
+                j = holding[i]
+                slot[ids[i]] = start + r
+                store.jobs.append(j)
+                _, v, a = holds(j)
+                vec[r] = v
+                amt[r] = a
+                store.keys.append(start_key(j))
+                code[r] = numbers.setdefault((j.queue, j.user, j.gid), len(numbers))
+                if j.started_at is not None:
+                    starts[r] = j.started_at
+            store.vec = np.concatenate((store.vec, vec))
+            store.amt = np.concatenate((store.amt, amt))
+            store.starts = np.concatenate((store.starts, starts))
+            store.code = np.concatenate((store.code, code))
+            rows[fresh] = np.arange(start, start + k)
+            # (the rows already ranked are one sorted run: the sort merges the new ones into it)
+            store.ranked = sorted(store.ranked + list(range(start, start + k)), key=store.keys.__getitem__)
+            store.rank = np.empty(len(store.ranked), dtype=np.int64)
+            store.rank[store.ranked] = np.arange(len(store.ranked))
+        # start keys never tie between two jobs (the id is in them), so ordering by rank is their sort
+        order = np.argsort(store.rank[rows], kind="stable").astype(np.int64)
+        cols = JobColumns(list(holding), store.vec[rows], [], store.code[rows], list(numbers), order)
+        out = (cols, store.amt[rows], store.starts[rows])
+        self._cols = (*out, ids)
+        return out
 
     def _measure(self, holding: Sequence[Running], ids: list[int] | None = None) -> Usage:
         """quota.measure of `holding`, reused (copied: a round's Gate charges its starts to it) while the same

@@ -161,9 +161,10 @@ class JobColumns:
 
     jobs: list[Running]
     vec: npt.NDArray[np.int64]  # n x 5
-    keys: list[tuple[float, int, str]]
+    keys: list[tuple[float, int, str]]  # (may be empty when `order` is given)
     code: npt.NDArray[np.int64]  # n
     accounts: list[tuple[str, str, int]]
+    order: npt.NDArray[np.int64] | None = None  # the rows in start order (by their keys), when the maker knows it
 
     @classmethod
     def of(cls, running: Sequence[Running], held_of: Callable[[Running], Vector]) -> JobColumns:
@@ -211,7 +212,9 @@ def measure_columns(config: QueuesConfig, cols: JobColumns, groups_of: GroupsOf)
     cumulative sum; that job and every later one of the queue borrow. The maps list their accounts in the order the
     job-by-job sum first meets them."""
     keys = cols.keys
-    order = np.array(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.int64)
+    order = cols.order
+    if order is None:
+        order = np.array(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.int64)
     vec = cols.vec[order]
     code = cols.code[order]
     sums = np.zeros((len(cols.accounts), 5), dtype=np.int64)

@@ -165,44 +165,51 @@ def intersect(now: ClusterSnapshot, shadow: ClusterSnapshot) -> ClusterSnapshot:
 
 class Holdings:
     """The running jobs' holdings as columns (node, CPU, memory, tag, and per GPU index its milli and memory), kept
-    between rounds: a job whose Allocation object the last round had keeps its row, only new ones are read (a
-    cluster's tens of thousands of jobs, a few new a round). One per face (`FastBooker`)."""
+    between rounds: each Allocation object read once into a row of a store that only grows (compacted when mostly
+    stale); a round gathers its jobs' rows (a cluster's tens of thousands of jobs, a few new a round). One per face
+    (`FastBooker`)."""
 
     def __init__(self) -> None:
-        self._allocs: list[Allocation] = []
-        self._row: dict[int, int] = {}
-        self._cols: tuple[npt.NDArray[np.int64], ...] = ()
-        self._gpus = 0
+        self._slot: dict[int, int] = {}  # id(allocation) -> its row in the store
+        self._objs: list[Allocation] = []  # the store's allocations (kept: no id is reused by another object)
+        self._store: tuple[npt.NDArray[np.int64], ...] = ()
+        self._gpus = -1
+        self._last: tuple[list[Allocation], tuple[npt.NDArray[np.int64], ...]] | None = None
 
     def of(self, allocs: list[Allocation], gpus: int) -> tuple[npt.NDArray[np.int64], ...]:
         """(node, cpu, memory, tag + 1, share owner or not, GPU milli (n x gpus), GPU memory (n x gpus))."""
+        last = self._last
+        if last is not None and self._gpus == gpus and allocs == last[0]:  # (the same objects: identity, at once)
+            return last[1]
         n = len(allocs)
-        if self._cols and self._gpus == gpus and allocs == self._allocs:  # (the same objects: identity, at once)
-            return self._cols
-        node, cpu, mem, tag, shared = (np.zeros(n, dtype=np.int64) for _ in range(5))
-        g_milli, g_mem = np.zeros((n, gpus), dtype=np.int64), np.zeros((n, gpus), dtype=np.int64)
-        fresh: list[int] | range = range(n)
-        if self._cols and self._gpus == gpus:
-            row = self._row
-            take = np.fromiter((row.get(id(a), -1) for a in allocs), np.int64, n)
-            have = take >= 0
-            rows = take[have]
-            for out, old in zip((node, cpu, mem, tag, shared, g_milli, g_mem), self._cols, strict=True):
-                out[have] = old[rows]
-            fresh = np.flatnonzero(~have).tolist()
-        for i in fresh:
-            a = allocs[i]
-            node[i], cpu[i], mem[i], tag[i] = a.node_index, a.cpu_milli, a.memory_mib, a.tag + 1
-            shared[i] = bool(a.share_owner)
-            for g in a.gpus:
-                g_milli[i, g.index] += g.milli
-                g_mem[i, g.index] += g.memory_mib
-        # (the allocations themselves are kept, so that no id is reused by another object meanwhile)
-        self._allocs = allocs
-        self._row = {id(a): i for i, a in enumerate(allocs)}
-        self._cols = (node, cpu, mem, tag, shared, g_milli, g_mem)
-        self._gpus = gpus
-        return self._cols
+        if self._gpus != gpus or len(self._objs) > 2 * n + 1024:
+            self._slot, self._objs, self._gpus = {}, [], gpus
+            self._store = tuple(np.zeros(0, dtype=np.int64) for _ in range(5)) + tuple(
+                np.zeros((0, gpus), dtype=np.int64) for _ in range(2)
+            )
+        slot = self._slot
+        rows = np.fromiter((slot.get(id(a), -1) for a in allocs), np.int64, n)
+        fresh = np.flatnonzero(rows < 0).tolist()
+        if fresh:
+            start = len(self._objs)
+            k = len(fresh)
+            node, cpu, mem, tag, shared = (np.zeros(k, dtype=np.int64) for _ in range(5))
+            g_milli, g_mem = np.zeros((k, gpus), dtype=np.int64), np.zeros((k, gpus), dtype=np.int64)
+            for r, i in enumerate(fresh):
+                a = allocs[i]
+                slot[id(a)] = start + r
+                self._objs.append(a)
+                node[r], cpu[r], mem[r], tag[r] = a.node_index, a.cpu_milli, a.memory_mib, a.tag + 1
+                shared[r] = bool(a.share_owner)
+                for g in a.gpus:
+                    g_milli[r, g.index] += g.milli
+                    g_mem[r, g.index] += g.memory_mib
+            added = (node, cpu, mem, tag, shared, g_milli, g_mem)
+            self._store = tuple(np.concatenate((old, new)) for old, new in zip(self._store, added, strict=True))
+            rows[fresh] = np.arange(start, start + k)
+        cols = tuple(column[rows] for column in self._store)
+        self._last = (allocs, cols)
+        return cols
 
 
 def book_fast(

@@ -3,6 +3,8 @@ must give the same holdings, the same borrowers and the same order of accounts (
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -85,3 +87,27 @@ def test_usages_are_the_ledgers_sums_to_the_last_bit() -> None:
             want = t.ledger.usage(acc, now, [(a, s) for a, s in mine if s is not None])
             assert np.array_equal(got[acc], want), acc
         now += 60.0
+
+
+def test_the_kept_columns_follow_jobs_that_come_and_go() -> None:
+    """A face's Tenancy keeps its running jobs' rows between rounds; as jobs end and start (and the store is
+    compacted), its holdings, borrowers and usages stay those of a fresh, job-by-job count."""
+    t = Tenancy(QUEUES, amount(8000, 8 * 81920, 64000, 512 * 1024), 81920, lambda i: 81920)
+    pool = jobs(11, 3000)
+    running = pool[:900]
+    rng = np.random.default_rng(5)
+    stored = []
+    for step in range(6):
+        got = t._measure(running)
+        want = quota._measure_jobs(QUEUES, sorted(running, key=quota.start_key), held, groups)
+        assert (got.queue, got.queue_user, got.borrowing_ids) == (want.queue, want.queue_user, want.borrowing_ids)
+        usages = t.usages(running, 5000.0 + step)
+        for acc in [("queue", q) for q in {j.queue for j in running}]:
+            mine = [(t.held_vector(j), s) for j in running if j.queue == acc[1] and (s := j.started_at) is not None]
+            assert np.array_equal(usages[acc], t.ledger.usage(acc, 5000.0 + step, mine)), (step, acc)
+        # some end, some start (new objects), the rest keep running in a new list
+        stored.append(len(t._store.jobs))
+        keep = [j for j in running if rng.random() > 0.6]
+        fresh = pool[900 + step * 350 : 900 + (step + 1) * 350]
+        running = keep + fresh
+    assert any(b < a for a, b in itertools.pairwise(stored))  # the store was compacted on the way

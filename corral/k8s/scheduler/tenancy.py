@@ -323,6 +323,17 @@ class Face:
 
 #: Running records made since the collector last froze them, past which `settle` freezes them.
 FREEZE_RUNS = 10_000
+#: Allocations between the collector's youngest collections in the scheduler's process (Python's default: 700).
+YOUNG_COLLECTION = 50_000
+
+
+def collector_for_rounds() -> None:
+    """Set the scheduler process's collector for its rounds: a round makes tens of thousands of short-lived objects
+    (a pod's words, its Wait), and with Python's default threshold the youngest generation was collected about 30
+    times a round, 12-20 ms of a 200 ms round (k8s_round, BENCHMARKS.md); most of them are freed by their count
+    before a collection at YOUNG_COLLECTION allocations sees them. Cycles are still collected."""
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(YOUNG_COLLECTION, older, oldest)
 
 
 def settle(face: Face) -> bool:
@@ -618,6 +629,7 @@ __all__ = [
     "Hold",
     "NoEvictions",
     "TenancyRound",
+    "collector_for_rounds",
     "plan_pods",
     "queue_for",
     "settle",
