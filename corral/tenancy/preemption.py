@@ -357,23 +357,85 @@ def protected(
     rules: Rules,
 ) -> Protected | None:
     """When `choose` found nothing: the earliest time preemption would let the preemptor fit, counting the
-    candidates still in their minimum runtime as they come out of it (None: it would not help even then)."""
+    candidates still in their minimum runtime as they come out of it (None: it would not help even then).
+
+    The candidates come out in order; whether the preemptor fits once the first k are out (with those free now)
+    only grows with k, so the fewest is found by bisection. On a cluster, a single preemptor of whole GPUs fits on
+    one node: the earliest time is the earliest any one node has room (`_protected_on_nodes`), and only that node's
+    candidates are named."""
     found = candidates(snapshot, preemptor, running, now, rules)
-    waiting = sorted(
-        (v for v in found if rules.protected_until(v.job) > now), key=lambda v: rules.protected_until(v.job)
-    )
+    waiting = sorted((v for v in found if v.free_from > now), key=lambda v: v.free_from)
     if not waiting:
         return None
-    free = [v for v in found if rules.protected_until(v.job) <= now]
-    for k in range(1, len(waiting) + 1):
+    free = [v for v in found if v.free_from <= now]
+    request = preemptor.placing
+    if len(snapshot) > 1 and preemptor.instances <= 1 and request.whole_gpus:
+        return _protected_on_nodes(snapshot, preemptor, request, free, waiting, config)
+
+    def fits(k: int) -> bool:
         left = snapshot.copy()
-        for v in free + waiting[:k]:
-            left.release(v.job.id)
-        if _grant(left, preemptor, preemptor.placing, config) is not None:
-            chosen = waiting[:k]
-            at = rules.protected_until(chosen[-1].job)
-            return Protected(at, tuple(v.job.id for v in chosen), max(v.min_runtime_s for v in chosen))
-    return None
+        left.release_many([v.job.id for v in free + waiting[:k]])
+        return _grant(left, preemptor, request, config) is not None
+
+    if not fits(len(waiting)):
+        return None
+    lo, hi = 1, len(waiting)  # fits(hi); fewer than lo do not fit
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return _protected_by(waiting[:lo])
+
+
+def _protected_by(chosen: Sequence[Victim]) -> Protected:
+    return Protected(chosen[-1].free_from, tuple(v.job.id for v in chosen), max(v.min_runtime_s for v in chosen))
+
+
+def _protected_on_nodes(
+    snapshot: ClusterSnapshot,
+    preemptor: Work,
+    request: Request,
+    free: Sequence[Victim],
+    waiting: Sequence[Victim],
+    config: PlacementConfig,
+) -> Protected | None:
+    """`protected` on a cluster: per node, the fewest of its candidates (in the order they come out) that could
+    make room (`Bound`); the nodes by that time, each placed in turn (at most PREEMPT_NODES placements) until one
+    fits and no node left could be earlier."""
+    held = snapshot.allocations
+    free_on: dict[int, list[Victim]] = {}
+    for v in free:
+        free_on.setdefault(held[v.job.id].node_index, []).append(v)
+    waiting_on: dict[int, list[Victim]] = {}
+    for v in waiting:
+        waiting_on.setdefault(held[v.job.id].node_index, []).append(v)
+    bound = Bound(snapshot, request)
+    options: list[tuple[float, int, int]] = []  # (the time it could first fit, node, how many of its candidates)
+    for i, ws in waiting_on.items():
+        base = free_on.get(i, [])
+        for k in range(1, len(ws) + 1):
+            if bound.could(i, [*base, *ws[:k]]):
+                options.append((ws[k - 1].free_from, i, k))
+                break
+    options.sort()
+    best: tuple[float, list[Victim]] | None = None
+    tries = 0
+    for at, i, first in options:
+        if (best is not None and at >= best[0]) or tries >= PREEMPT_NODES:
+            break
+        ws, base = waiting_on[i], free_on.get(i, [])
+        for k in range(first, len(ws) + 1):
+            if (best is not None and ws[k - 1].free_from >= best[0]) or tries >= PREEMPT_NODES:
+                break
+            tries += 1
+            left = snapshot.copy()
+            left.release_many([v.job.id for v in [*base, *ws[:k]]])
+            if _grant(left, preemptor, request, config) is not None:
+                best = (ws[k - 1].free_from, ws[:k])
+                break
+    return _protected_by(best[1]) if best is not None else None
 
 
 def words(preemptor: Work, victim: Victim, now: float) -> str:

@@ -9,6 +9,7 @@ import dataclasses
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,7 +18,7 @@ from corral.model.snapshot import ClusterSnapshot
 from corral.placement import PlacementConfig, place
 from corral.tenancy import ClusterView, RoundConfig, Running, Work, plan_round
 from corral.tenancy.config import parse_queues
-from corral.tenancy.preemption import choose
+from corral.tenancy.preemption import Rules, candidates, choose, protected
 from corral.tenancy.round import may_fit
 from tests.builders import cluster, gpus, node
 
@@ -141,3 +142,37 @@ def test_the_package_imports_no_face_no_clock_and_no_io() -> None:
         assert [m for m in names if not m.startswith(allowed)] == [], path.name
         calls = {n.func.attr for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
         assert not calls & {"time", "monotonic", "now", "sleep", "open", "read_text", "Thread"}, path.name
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_time_a_protected_preemption_helps_is_the_scans_and_names_one_nodes_pods(seed: int) -> None:
+    """Every borrower is within its minimum runtime: `protected` says when preemption first helps. On a cluster it
+    looks node by node; the time must be the one a scan of all the candidates in the order they come out finds
+    (release the first k everywhere, place), and the pods it names lie on one node and make room there."""
+    rng = np.random.default_rng(seed)
+    s = cluster(*(node(f"n{i}").gpus(4).cpu(64) for i in range(6)))
+    running = [
+        run_on(s, f"j{k}", gpus(int(rng.choice([1, 1, 2]))), NOW - float(rng.integers(0, 250))) for k in range(9)
+    ]
+    while s.gpu_full_free.sum():  # the rest held by jobs of a higher priority than the head's: never victims
+        running.append(run_on(s, f"hp{len(running)}", gpus(1, priority=9), NOW - 1000.0))
+    assert place(s, gpus(4, id="hi", priority=5), CONFIG, np.random.default_rng(0)).allocation is None
+    rules = Rules(min_runtime=lambda job: 300.0)
+    head = work("hi", gpus(4, priority=5))
+    got = protected(s, head, running, CONFIG, NOW, rules)
+    # the scan, as protected did it before it went node by node
+    victims = sorted((v for v in candidates(s, head, running, NOW, rules)), key=lambda v: v.free_from)
+    want = None
+    for k in range(1, len(victims) + 1):
+        left = s.copy()
+        left.release_many([v.job.id for v in victims[:k]])
+        if place(left, head.placing, CONFIG, np.random.default_rng(0)).allocation is not None:
+            want = victims[k - 1].free_from
+            break
+    assert (got is None) == (want is None)
+    if got is not None:
+        assert got.at == want
+        assert len({s.allocations[j].node for j in got.job_ids}) == 1
+        left = s.copy()
+        left.release_many(list(got.job_ids))
+        assert place(left, head.placing, CONFIG, np.random.default_rng(0)).allocation is not None
