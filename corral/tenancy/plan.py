@@ -36,7 +36,7 @@ from corral.placement import PlacementConfig
 from corral.tenancy.config import QueuesConfig
 from corral.tenancy.fairshare import UsageLedger, amount
 from corral.tenancy.model import Running, Work
-from corral.tenancy.preemption import Rules, choose, protected
+from corral.tenancy.preemption import Rules, candidates, choose, protected
 from corral.tenancy.queues import Tenancy
 from corral.tenancy.quota import NOT_PREEMPTIBLE, free_of
 from corral.tenancy.reservation import DEFAULT_TIME_LIMIT_S, Booker, Reservation, book
@@ -167,15 +167,16 @@ def plan_round(
             and not head.gang  # one member's room is not the gang's: a gang does not preempt (yet)
             and (head.preemptible or rules.may_borrow(head))
         ):
-            candidates = [r for r in running if not r.stopping]
-            choice = choose(snapshot, head, candidates, config.placement, now, rules)
+            eligible = [r for r in running if not r.stopping]
+            found = candidates(snapshot, head, eligible, now, rules)  # (once: choose, then protected)
+            choice = choose(snapshot, head, eligible, config.placement, now, rules, found=found)
             if choice is not None:
                 ids = tuple(v.job.id for v in choice.victims)
                 why = {v.job.id: v.why for v in choice.victims}
                 lost = {v.job.id: v.gpu_seconds for v in choice.victims}
                 preemptions.append(Preemption(head.id, ids, choice.allocation, why, choice.words, lost))
             else:
-                later = protected(snapshot, head, candidates, config.placement, now, rules)
+                later = protected(snapshot, head, eligible, config.placement, now, rules, found)
                 if later is not None:
                     reasons[head.id] += f"; {later.text()}"
     reservation = () if plan.reservation is None else (plan.reservation,)

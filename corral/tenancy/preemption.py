@@ -210,13 +210,15 @@ def choose(
     now: float,
     rules: Rules | None = None,
     budget: int = SEARCH_BUDGET,
+    found: Sequence[Victim] | None = None,
 ) -> Choice | None:
     """The fewest, then cheapest, running jobs whose release lets the preemptor's request be placed on `snapshot`;
     None when no eligible set does (then nothing is preempted). `snapshot` is not changed; each allocation in it is
-    named by its holder's id (`Running.id`)."""
+    named by its holder's id (`Running.id`). `found`: `candidates(...)`, when the caller has them."""
     rules = rules or Rules()
     request = preemptor.placing
-    victims = [v for v in candidates(snapshot, preemptor, running, now, rules) if v.free_from <= now]
+    found = found if found is not None else candidates(snapshot, preemptor, running, now, rules)
+    victims = [v for v in found if v.free_from <= now]
     if not victims:
         return None
     # Cheapest first: the search tries sets in this order, so within one size the first fits tend to be cheap.
@@ -246,8 +248,8 @@ def choose(
     if fits(()) is not None:
         return None  # it fits as things are (e.g. something ended since the pass): nothing to stop
     best: tuple[tuple[int, float, float], tuple[Victim, ...], Allocation] | None = None
-    # (a cluster's whole-GPU preemptor: sets that could not make room are not placed)
-    # (one machine: the search as it always was)
+    # (a cluster's whole-GPU preemptor: sets that could not make room are not placed; one machine: the search as
+    # it always was)
     bound = Bound(snapshot, request) if request.whole_gpus and preemptor.instances <= 1 and len(snapshot) > 1 else None
     nodes = _nodes(snapshot, victims, everything, bound)
     for on_node in nodes:
@@ -255,7 +257,7 @@ def choose(
         for k in range(1, len(on_node) + 1):
             if best is not None and k > best[0][0]:
                 break  # a node with fewer victims won already
-            found = False
+            fit = False
             for chosen in combinations(on_node, k):
                 if calls >= budget:
                     break
@@ -263,11 +265,11 @@ def choose(
                     continue
                 grant = fits(chosen)
                 if grant is not None:
-                    found = True
+                    fit = True
                     price = (k, sum(v.gpu_seconds for v in chosen), sum(v.seconds for v in chosen))
                     if best is None or price < best[0]:
                         best = (price, chosen, grant)
-            if found or calls >= budget:
+            if fit or calls >= budget:
                 break
         if calls >= budget:
             break
@@ -355,15 +357,17 @@ def protected(
     config: PlacementConfig,
     now: float,
     rules: Rules,
+    found: Sequence[Victim] | None = None,
 ) -> Protected | None:
     """When `choose` found nothing: the earliest time preemption would let the preemptor fit, counting the
-    candidates still in their minimum runtime as they come out of it (None: it would not help even then).
+    candidates still in their minimum runtime as they come out of it (None: it would not help even then). `found`:
+    `candidates(...)`, when the caller has them.
 
     The candidates come out in order; whether the preemptor fits once the first k are out (with those free now)
     only grows with k, so the fewest is found by bisection. On a cluster, a single preemptor of whole GPUs fits on
     one node: the earliest time is the earliest any one node has room (`_protected_on_nodes`), and only that node's
     candidates are named."""
-    found = candidates(snapshot, preemptor, running, now, rules)
+    found = found if found is not None else candidates(snapshot, preemptor, running, now, rules)
     waiting = sorted((v for v in found if v.free_from > now), key=lambda v: v.free_from)
     if not waiting:
         return None
