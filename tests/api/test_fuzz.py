@@ -7,6 +7,8 @@ through their states while the fuzzer talks to it.
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import tempfile
 import threading
 from pathlib import Path
@@ -31,6 +33,7 @@ from tests.api.test_api import ALICE, AsPeer
 def make_app(peers: bool = False) -> AsPeer:
     """corral's API over a real daemon; `peers`: with the Metronome, Chronos and Marathon routes mounted too."""
     state = Path(tempfile.mkdtemp(prefix="corral-fuzz-"))
+    atexit.register(shutil.rmtree, state, True)  # (made at import, by every worker that collects this file)
     node = parse_simulated_inventory("2xA100-80GB")[0]
     daemon = Daemon(SqliteStore(state / "jobs.db"), FakeExecutor(), node, PlacementConfig(), state)
     lock = threading.Lock()
