@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -69,6 +70,15 @@ def _nbytes(value: Any) -> int:
         return sum(_nbytes(v) for v in fields.values())
     return 0
 
+
+_NODE_INDEX = attrgetter("node_index")
+_CPU = attrgetter("cpu_milli")
+_MEMORY = attrgetter("memory_mib")
+_TAG = attrgetter("tag")
+_GPUS = attrgetter("gpus")
+_INDEX = attrgetter("index")
+_MILLI = attrgetter("milli")
+_MIB = attrgetter("memory_mib")
 
 #: The memo entries that depend only on the static columns (kept by copies).
 _STATIC_MEMO = frozenset(("static", "constraint", "static-bits"))
@@ -408,19 +418,23 @@ class ClusterSnapshot:
         if len(set(ids)) != len(ids):
             raise AllocationError("an allocation is named twice")
         out = [held.pop(r) for r in ids]
-        node = np.fromiter((a.node_index for a in out), dtype=np.int64, count=len(out))
-        np.add.at(self.cpu_free, node, np.fromiter((a.cpu_milli for a in out), dtype=np.int64, count=len(out)))
-        np.add.at(self.mem_free, node, np.fromiter((a.memory_mib for a in out), dtype=np.int64, count=len(out)))
-        np.subtract.at(self.tag_counts, (node, np.fromiter((a.tag + 1 for a in out), np.int64, len(out))), 1)
+        n = len(out)
+        node = np.fromiter(map(_NODE_INDEX, out), dtype=np.int64, count=n)
+        np.add.at(self.cpu_free, node, np.fromiter(map(_CPU, out), dtype=np.int64, count=n))
+        np.add.at(self.mem_free, node, np.fromiter(map(_MEMORY, out), dtype=np.int64, count=n))
+        np.subtract.at(self.tag_counts, (node, np.fromiter(map(_TAG, out), dtype=np.int64, count=n) + 1), 1)
         np.add.at(self.version, node, 1)
-        grants = [(a.node_index, g.index, g.milli, g.memory_mib, bool(a.share_owner)) for a in out for g in a.gpus]
-        if grants:
-            g_node, g_gpu, g_milli, g_mem, g_shared = (np.array([g[c] for g in grants], dtype=np.int64)
-                                                       for c in range(5))  # fmt: skip
+        per = np.fromiter(map(len, map(_GPUS, out)), dtype=np.int64, count=n)  # grants per allocation
+        if per.any():
+            grants = [g for a in out for g in a.gpus]
+            m = len(grants)
+            g_node = np.repeat(node, per)
+            g_gpu = np.fromiter(map(_INDEX, grants), dtype=np.int64, count=m)
+            g_milli = np.fromiter(map(_MILLI, grants), dtype=np.int64, count=m)
             np.add.at(self.gpu_milli_free, (g_node, g_gpu), g_milli)
-            np.add.at(self.gpu_mem_free, (g_node, g_gpu), g_mem)
+            np.add.at(self.gpu_mem_free, (g_node, g_gpu), np.fromiter(map(_MIB, grants), dtype=np.int64, count=m))
             np.add.at(self.gpu_free_total, g_node, g_milli)
-            shared = g_shared.astype(np.bool_)
+            shared = np.repeat(np.fromiter((bool(a.share_owner) for a in out), dtype=np.bool_, count=n), per)
             if shared.any():
                 np.subtract.at(self.gpu_owner_shares, (g_node[shared], g_gpu[shared]), 1)
                 gone = self.gpu_owner_shares[g_node[shared], g_gpu[shared]] == 0

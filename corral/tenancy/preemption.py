@@ -142,6 +142,7 @@ class Victim(NamedTuple):
     seconds: float  # run time lost: now - started_at
     gpu_seconds: float  # the same, times the GPUs it holds (shares as fractions)
     min_runtime_s: float = 0.0  # what it had to run first (Rules.min_runtime), said in its words
+    grant: Allocation | None = None  # what it holds in the snapshot it was found in
 
     @property
     def free_from(self) -> float:
@@ -191,7 +192,7 @@ class Bound:
         s, r, held = self.snapshot, self.request, self.snapshot.allocations
         gpus = cpu = mem = 0
         for v in chosen:
-            a = held[v.job.id]
+            a = v.grant if v.grant is not None else held[v.job.id]
             gpus += len(a.gpus)
             cpu += a.cpu_milli
             mem += a.memory_mib
@@ -303,7 +304,7 @@ def _nodes(
     by_node: dict[int, list[Victim]] = {}
     held = snapshot.allocations
     for v in victims:
-        by_node.setdefault(held[v.job.id].node_index, []).append(v)
+        by_node.setdefault((v.grant if v.grant is not None else held[v.job.id]).node_index, []).append(v)
     if len(by_node) == 1:
         return list(by_node.values())
     if bound is not None:
@@ -324,11 +325,12 @@ def candidates(
     held = snapshot.allocations
     why = rules.whys(preemptor)
     for job in rules.borrowers(running) if rules.borrowers is not None else running:
-        if job.id in held:
+        grant = held.get(job.id)
+        if grant is not None:
             reason = why(job)
             if reason is not None:
                 gpu_s, s = cost(job, now)
-                out.append(Victim(job, reason, s, gpu_s, rules.min_runtime(job)))
+                out.append(Victim(job, reason, s, gpu_s, rules.min_runtime(job), grant))
     return out
 
 
