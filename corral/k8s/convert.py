@@ -58,6 +58,8 @@ NVIDIA_GPUCORES = "nvidia.com/gpucores"
 #: HAMi's share resources beside nvidia.com/gpu: a pod that gives any of them is of the "hami" style.
 HAMI_RESOURCES = (NVIDIA_GPUMEM, NVIDIA_GPUMEM_PERCENT, NVIDIA_GPUCORES)
 KETI_MPSGPU = "keti.com/mpsgpu"
+#: The phases of a pod that has ended: it holds nothing any more.
+TERMINAL_PHASES = frozenset(("Succeeded", "Failed"))
 
 #: Every GPU resource corral understands, by style.
 STYLES: dict[str, tuple[str, ...]] = {

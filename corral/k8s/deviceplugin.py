@@ -45,6 +45,7 @@ from corral.k8s.convert import (
     LABEL_GPU_COUNT,
     LABEL_GPU_MODEL,
     NVIDIA_GPU,
+    TERMINAL_PHASES,
     Assignment,
     GpuSlot,
     extended_amount,
@@ -180,7 +181,7 @@ class PodFinder:
             candidates: list[tuple[str, str, JsonObj, str, Assignment, bool]] = []
             for pod in pods:
                 meta = pod.get("metadata") or {}
-                if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                if (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
                     continue
                 try:
                     assignment = parse_assignment(meta.get("annotations"))

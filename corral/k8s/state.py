@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from corral.k8s.client import JsonObj, KubeApi, KubeApiError
 from corral.k8s.convert import (
+    TERMINAL_PHASES,
     Assignment,
     allocation_of,
     gpu_memory_by_model,
@@ -41,8 +42,6 @@ from corral.model.resources import Allocation, Node, Request
 from corral.model.snapshot import ClusterSnapshot
 
 log = logging.getLogger("corral.k8s.state")
-
-_TERMINAL = {"Succeeded", "Failed"}
 
 
 @dataclass(frozen=True)
@@ -231,7 +230,7 @@ class ClusterState:
         meta = obj.get("metadata") or {}
         if not isinstance(spec, dict) or not isinstance(status, dict) or not isinstance(meta, dict):
             return "gone", None
-        if status.get("phase") in _TERMINAL:
+        if status.get("phase") in TERMINAL_PHASES:
             return "gone", None
         node = spec.get("nodeName")
         if not node:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from corral.k8s.client import JsonObj, KubeApi, KubeApiError
-from corral.k8s.convert import pod_request
+from corral.k8s.convert import TERMINAL_PHASES, pod_request
 from corral.k8s.scheduler.batch import INVALID, Bind, Decision, Pending, Wait, place_batch
 from corral.k8s.scheduler.events import event_body, now_iso, pod_ref, short
 from corral.k8s.scheduler.evict import Evictions as ApiEvictions
@@ -79,7 +79,6 @@ CONDITION_EVERY = 10.0
 #: Delay before a pod whose Binding failed is placed again: this x 2^(failures-1), at most BIND_RETRY_MAX.
 BIND_RETRY = 0.05
 BIND_RETRY_MAX = 10.0
-_TERMINAL = ("Succeeded", "Failed")
 #: A gang's PodGroup is read again when its copy is older than this (seconds).
 GANG_INFO_TTL = 2.0
 #: A gang whose PodGroup could not be used (not found yet, invalid, unreadable) has its waiting members placed again
@@ -454,10 +453,11 @@ class Scheduler:
 
         key = pod_key(obj)
         bound = bool(spec.get("nodeName"))
-        self._gang_observed(key, obj, bound and event != "DELETED" and status.get("phase") not in _TERMINAL)
+        running = bound and event != "DELETED" and status.get("phase") not in TERMINAL_PHASES
+        self._gang_observed(key, obj, running)
         if self.tenancy is not None:
-            self._tenancy_observed(key, obj, bound and event != "DELETED" and status.get("phase") not in _TERMINAL)
-        if event == "DELETED" or status.get("phase") in _TERMINAL:
+            self._tenancy_observed(key, obj, running)
+        if event == "DELETED" or status.get("phase") in TERMINAL_PHASES:
             self._forget(key)
             if bound:
                 self._capacity_freed()
@@ -486,15 +486,19 @@ class Scheduler:
             spec, meta, status = obj.get("spec"), obj.get("metadata"), obj.get("status") or {}
             if not isinstance(spec, dict) or not isinstance(meta, dict) or not isinstance(status, dict):
                 continue
-            if spec.get("nodeName") and status.get("phase") not in _TERMINAL and not meta.get("deletionTimestamp"):
+            if (
+                spec.get("nodeName")
+                and status.get("phase") not in TERMINAL_PHASES
+                and not meta.get("deletionTimestamp")
+            ):
                 seen_bound.add(pod_key(obj))
                 self._gang_observed(pod_key(obj), obj, True)
-            if self.tenancy is not None and spec.get("nodeName") and status.get("phase") not in _TERMINAL:
+            if self.tenancy is not None and spec.get("nodeName") and status.get("phase") not in TERMINAL_PHASES:
                 self._tenancy_observed(pod_key(obj), obj, True)
                 holding.add(pod_key(obj))  # (terminating ones too: they hold their GPUs until they are gone)
             if spec.get("nodeName") or spec.get("schedulerName") != self.name or meta.get("deletionTimestamp"):
                 continue
-            if status.get("phase") in _TERMINAL:
+            if status.get("phase") in TERMINAL_PHASES:
                 continue
             waiting[pod_key(obj)] = obj
         with self._cond:

@@ -45,6 +45,7 @@ from typing import Any, Protocol
 from prometheus_client import CollectorRegistry, Counter
 
 from corral.k8s.client import JsonObj, KubeApiError
+from corral.k8s.convert import TERMINAL_PHASES
 from corral.k8s.scheduler.events import event_body, pod_ref, short
 from corral.k8s.scheduler.wire import PDBS
 from corral.model.resources import Allocation
@@ -64,7 +65,6 @@ DEFAULT_GRACE = 30.0
 #: How often the worker looks at the holds' deadlines and the watch of budgets retries.
 TICK = 0.5
 RETRY = 2.0
-_TERMINAL = ("Succeeded", "Failed")
 _WHY = {
     "guarantee": "its queue is below its guarantee and this pod's queue borrows above its own",
     "priority": "it has a higher priority",
@@ -385,7 +385,7 @@ class Evictions:
         if not uid:
             return
         status = obj.get("status") or {}
-        gone = event == "DELETED" or (isinstance(status, dict) and status.get("phase") in _TERMINAL)
+        gone = event == "DELETED" or (isinstance(status, dict) and status.get("phase") in TERMINAL_PHASES)
         woke = False
         with self._lock:
             old = self._pods.get(uid)
@@ -431,7 +431,7 @@ class Evictions:
             meta = obj.get("metadata") or {}
             status = obj.get("status") or {}
             uid = str(meta.get("uid") or "") if isinstance(meta, dict) else ""
-            if not uid or (isinstance(status, dict) and status.get("phase") in _TERMINAL):
+            if not uid or (isinstance(status, dict) and status.get("phase") in TERMINAL_PHASES):
                 continue
             pod = _pod(obj)
             if pod is not None:
