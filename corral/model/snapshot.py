@@ -418,6 +418,12 @@ class ClusterSnapshot:
         if len(set(ids)) != len(ids):
             raise AllocationError("an allocation is named twice")
         out = [held.pop(r) for r in ids]
+        self.release_held(out)
+        return out
+
+    def release_held(self, out: Sequence[Allocation]) -> None:
+        """What `release_many` does to the columns, for allocations this snapshot keeps no record of (a what-if copy,
+        `copy(allocations=False)`): each must be held here. Nothing is checked."""
         n = len(out)
         node = np.fromiter(map(_NODE_INDEX, out), dtype=np.int64, count=n)
         np.add.at(self.cpu_free, node, np.fromiter(map(_CPU, out), dtype=np.int64, count=n))
@@ -442,7 +448,6 @@ class ClusterSnapshot:
             rows = np.unique(g_node)
             whole = (self.gpu_milli_free[rows] == MILLI_PER_GPU) & (self.gpu_mem_free[rows] == self.gpu_mem_cap[rows])
             self.gpu_full_free[rows] = np.count_nonzero(whole, axis=1)
-        return out
 
     def _recount_full_free(self, i: int) -> None:
         # "Fully free" = nothing of the GPU is granted, neither compute nor memory.

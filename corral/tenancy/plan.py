@@ -167,16 +167,16 @@ def plan_round(
             and not head.gang  # one member's room is not the gang's: a gang does not preempt (yet)
             and (head.preemptible or rules.may_borrow(head))
         ):
-            eligible = [r for r in running if not r.stopping]
-            found = candidates(snapshot, head, eligible, now, rules)  # (once: choose, then protected)
-            choice = choose(snapshot, head, eligible, config.placement, now, rules, found=found)
+            # (a job being stopped is never a candidate; found once, for choose and then protected)
+            found = candidates(snapshot, head, running, now, rules)
+            choice = choose(snapshot, head, running, config.placement, now, rules, found=found)
             if choice is not None:
                 ids = tuple(v.job.id for v in choice.victims)
                 why = {v.job.id: v.why for v in choice.victims}
                 lost = {v.job.id: v.gpu_seconds for v in choice.victims}
                 preemptions.append(Preemption(head.id, ids, choice.allocation, why, choice.words, lost))
             else:
-                later = protected(snapshot, head, eligible, config.placement, now, rules, found)
+                later = protected(snapshot, head, running, config.placement, now, rules, found)
                 if later is not None:
                     reasons[head.id] += f"; {later.text()}"
     reservation = () if plan.reservation is None else (plan.reservation,)

@@ -240,8 +240,9 @@ def choose(
             for a in reversed(gone):
                 left.allocate(a)
 
-    every = snapshot.copy()  # (every candidate gone: released once, on a copy of its own)
-    every.release_many([v.job.id for v in victims])
+    every = snapshot.copy(allocations=False)  # (every candidate gone: released once, on a what-if copy)
+    held = snapshot.allocations
+    every.release_held([v.grant if v.grant is not None else held[v.job.id] for v in victims])
     calls += 1
     everything = _grant(every, preemptor, request, config)
     if everything is None:
@@ -258,12 +259,19 @@ def choose(
         for k in range(1, len(on_node) + 1):
             if best is not None and k > best[0][0]:
                 break  # a node with fewer victims won already
+            same = best is not None and k == best[0][0]
+            if same and best is not None and sum(v.gpu_seconds for v in on_node[:k]) > best[0][1]:
+                break  # its k cheapest already lose more GPU time: no set of k here is cheaper
             fit = False
             for chosen in combinations(on_node, k):
                 if calls >= budget:
                     break
                 if bound is not None and not bound.could(node, chosen):
                     continue
+                if same and best is not None:
+                    price = (k, sum(v.gpu_seconds for v in chosen), sum(v.seconds for v in chosen))
+                    if not price < best[0]:
+                        continue  # it could not replace the best: not placed (the budget goes further)
                 grant = fits(chosen)
                 if grant is not None:
                     fit = True

@@ -182,6 +182,9 @@ def test_release_many_is_the_releases_one_by_one(seed: int) -> None:
     for a in reversed(got):  # what was released can be granted again: back to the start
         many.allocate(a)
     assert_same(columns(s), columns(many))
+    probe = s.copy(allocations=False)  # a what-if copy: the same columns, from the allocations themselves
+    probe.release_held([s.allocations[r] for r in chosen])
+    assert_same(columns(one), columns(probe))
 
 
 def test_release_many_refuses_whole() -> None:

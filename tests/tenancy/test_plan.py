@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -176,3 +177,39 @@ def test_the_time_a_protected_preemption_helps_is_the_scans_and_names_one_nodes_
         left = s.copy()
         left.release_many(list(got.job_ids))
         assert place(left, head.placing, CONFIG, np.random.default_rng(0)).allocation is not None
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_search_finds_the_cheapest_set_it_could(seed: int) -> None:
+    """On a small full cluster, with a budget that lets it look everywhere, the victims `choose` picks cost what the
+    cheapest set that makes room costs (fewest jobs, then least GPU time, then least time), found by trying every
+    set of victims on every node: sets it skips without a placement (could not make room, could not be cheaper)
+    never hide a cheaper one."""
+    rng = np.random.default_rng(100 + seed)
+    s = cluster(*(node(f"n{i}").gpus(4).cpu(64) for i in range(4)))
+    running: list[Running] = []
+    while s.gpu_full_free.sum():
+        size = int(rng.choice([1, 1, 2]))
+        prio = int(rng.choice([0, 0, 9]))  # some of a higher priority than the preemptor's: never victims
+        if size > int(s.gpu_full_free.max()):
+            size = 1
+        running.append(run_on(s, f"j{len(running)}", gpus(size, priority=prio), NOW - float(rng.integers(400, 4000))))
+    head = work("hi", gpus(int(rng.choice([2, 3, 4])), priority=5))
+    rules = Rules()
+    choice = choose(s, head, running, CONFIG, NOW, rules, budget=10**6)
+    found = candidates(s, head, running, NOW, rules)
+    best = None
+    for i in range(len(s)):
+        mine = sorted((v for v in found if s.allocations[v.job.id].node_index == i),
+                      key=lambda v: (v.gpu_seconds, v.seconds))  # fmt: skip
+        for k in range(1, len(mine) + 1):
+            for chosen in itertools.combinations(mine, k):
+                left = s.copy()
+                left.release_many([v.job.id for v in chosen])
+                if place(left, head.placing, CONFIG, np.random.default_rng(0)).allocation is not None:
+                    price = (k, sum(v.gpu_seconds for v in chosen), sum(v.seconds for v in chosen))
+                    best = price if best is None or price < best else best
+    assert (choice is None) == (best is None)
+    if choice is not None and best is not None:
+        got = (len(choice.victims), sum(v.gpu_seconds for v in choice.victims), sum(v.seconds for v in choice.victims))
+        assert got[0] == best[0] and got[1:] == pytest.approx(best[1:])
