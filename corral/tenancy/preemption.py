@@ -419,12 +419,16 @@ def _protected_on_nodes(
     make room (`Bound`); the nodes by that time, each placed in turn (at most PREEMPT_NODES placements) until one
     fits and no node left could be earlier."""
     held = snapshot.allocations
+
+    def grant(v: Victim) -> Allocation:
+        return v.grant if v.grant is not None else held[v.job.id]
+
     free_on: dict[int, list[Victim]] = {}
     for v in free:
-        free_on.setdefault(held[v.job.id].node_index, []).append(v)
+        free_on.setdefault(grant(v).node_index, []).append(v)
     waiting_on: dict[int, list[Victim]] = {}
     for v in waiting:
-        waiting_on.setdefault(held[v.job.id].node_index, []).append(v)
+        waiting_on.setdefault(grant(v).node_index, []).append(v)
     bound = Bound(snapshot, request)
     options: list[tuple[float, int, int]] = []  # (the time it could first fit, node, how many of its candidates)
     for i, ws in waiting_on.items():
@@ -444,8 +448,8 @@ def _protected_on_nodes(
             if (best is not None and ws[k - 1].free_from >= best[0]) or tries >= PREEMPT_NODES:
                 break
             tries += 1
-            left = snapshot.copy()
-            left.release_many([v.job.id for v in [*base, *ws[:k]]])
+            left = snapshot.copy(allocations=False)  # (a what-if copy)
+            left.release_held([grant(v) for v in [*base, *ws[:k]]])
             if _grant(left, preemptor, request, config) is not None:
                 best = (ws[k - 1].free_from, ws[:k])
                 break

@@ -140,7 +140,7 @@ def _book(
 def intersect(now: ClusterSnapshot, shadow: ClusterSnapshot) -> ClusterSnapshot:
     """A snapshot whose free resources are, per node and GPU, the smaller of `now`'s and `shadow`'s. A GPU whose
     shares belong to different owners in the two is not offered at all."""
-    both = now.copy()
+    both = now.copy(allocations=False)  # (a view to place on: no job is released from it by id)
     both.cpu_free = np.minimum(now.cpu_free, shadow.cpu_free)
     both.mem_free = np.minimum(now.mem_free, shadow.mem_free)
     both.gpu_milli_free = np.minimum(now.gpu_milli_free, shadow.gpu_milli_free)
