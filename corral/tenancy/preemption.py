@@ -100,6 +100,8 @@ class Rules:
     #: The running jobs `borrowing` may accept, found without asking it job by job (a cluster's tens of thousands):
     #: a superset of them, in `running`'s order; None: every job is asked.
     borrowers: Callable[[Sequence[Running]], Sequence[Running]] | None = None
+    #: `candidates` worked out at once (a face's columns), or None when it cannot: then the rules are asked job by job
+    victims: Callable[[Work, Sequence[Running], float, ClusterSnapshot], list[Victim] | None] | None = None
 
     def protected_until(self, victim: Running) -> float:
         """Until when `victim` may not be preempted: its (re)start plus its minimum runtime (-inf: not protected)."""
@@ -329,6 +331,10 @@ def candidates(
     snapshot: ClusterSnapshot, preemptor: Work, running: Sequence[Running], now: float, rules: Rules
 ) -> list[Victim]:
     """The running jobs `preemptor` may preempt by the rules, protected by their minimum runtime or not."""
+    if rules.victims is not None:
+        found = rules.victims(preemptor, running, now, snapshot)
+        if found is not None:
+            return found
     out: list[Victim] = []
     held = snapshot.allocations
     why = rules.whys(preemptor)

@@ -120,6 +120,8 @@ class Usage:
     borrowing_ids: set[str] = field(default_factory=set)
     queue_of_borrower: dict[str, str] = field(default_factory=dict)  # borrowing job id -> its queue
     borrowed: dict[str, Vector] = field(default_factory=dict)  # per queue: what it holds above its guarantee
+    #: measure_columns': which of the measured jobs (in the order given) borrow, as a mask (None: not measured so)
+    borrowing_rows: npt.NDArray[np.bool_] | None = None
 
     def charge(self, queue: str, user: str, groups: Iterable[str], v: Vector) -> None:
         self.queue[queue] = add(self.queue.get(queue, ZERO), v)
@@ -223,6 +225,7 @@ def measure_columns(config: QueuesConfig, cols: JobColumns, groups_of: GroupsOf)
     present, first_row = np.unique(code, return_index=True)
     met = [int(c) for c in present[np.argsort(first_row, kind="stable")]]
     usage = Usage()
+    usage.borrowing_rows = np.zeros(len(cols.jobs), dtype=np.bool_)
     queue_codes: dict[str, list[int]] = {}
     for c in met:
         q, user, gid = cols.accounts[c]
@@ -248,6 +251,7 @@ def measure_columns(config: QueuesConfig, cols: JobColumns, groups_of: GroupsOf)
         if not over_now.any():
             continue
         first = int(np.argmax(over_now))
+        usage.borrowing_rows[order[rows[first:]]] = True
         for i in order[rows[first:]].tolist():
             jid = jobs[i].id
             usage.borrowing_ids.add(jid)

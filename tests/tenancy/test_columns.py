@@ -3,17 +3,21 @@ must give the same holdings, the same borrowers and the same order of accounts (
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
 import pytest
 
 from corral.model.resources import GpuGrant, Request
+from corral.placement import PlacementConfig, place
 from corral.tenancy import quota
 from corral.tenancy.config import Vector, parse_queues
 from corral.tenancy.fairshare import amount
-from corral.tenancy.model import Running
+from corral.tenancy.model import Running, Work
+from corral.tenancy.preemption import candidates
 from corral.tenancy.queues import Tenancy
+from tests.builders import cluster, node
 
 QUEUES = parse_queues(
     "[queues.a]\nguarantee = { gpus = 6 }\n[queues.b]\nguarantee = { gpus = 3, cpus = 40 }\n[queues.c]\n",
@@ -111,3 +115,47 @@ def test_the_kept_columns_follow_jobs_that_come_and_go() -> None:
         fresh = pool[900 + step * 350 : 900 + (step + 1) * 350]
         running = keep + fresh
     assert any(b < a for a, b in itertools.pairwise(stored))  # the store was compacted on the way
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_candidates_from_the_columns_are_the_rules_job_by_job(seed: int) -> None:
+    """With a cluster's running jobs measured as columns, `preemption.candidates` takes them from the columns
+    (Rules.victims): the same victims, in the same order, with the same reasons, run time lost (to the bit) and
+    minimum runtimes, as asking the rules job by job; preemptors of each priority, from each queue."""
+    rng = np.random.default_rng(seed)
+    queues = parse_queues(
+        'min_runtime = "5m"\n[queues.a]\nguarantee = { gpus = 6 }\nmin_runtime = "10m"\n'
+        "[queues.b]\nguarantee = { gpus = 3, cpus = 40 }\n[queues.c]\n",
+        "q.toml",
+    )
+    t = Tenancy(queues, amount(8000, 8 * 81920, 64000, 512 * 1024), 81920, lambda i: 81920)
+    s = cluster(*(node(f"n{i}").gpus(8).cpu(256).mem(2048) for i in range(200)))
+    running: list[Running] = []
+    for j in jobs(seed, 700):
+        prio = int(rng.choice([0, 0, 5, 9]))
+        r = dataclasses.replace(
+            j,
+            request=dataclasses.replace(j.request, priority=prio),
+            preemptible=bool(rng.random() > 0.2),
+            stopping=bool(rng.random() < 0.1),
+        )
+        d = place(s, dataclasses.replace(r.request, id=r.id), PlacementConfig(policy="binpack"), rng)
+        if d.allocation is None:
+            continue
+        s.allocate(d.allocation)
+        running.append(dataclasses.replace(r, gpus=d.allocation.gpus) if r.gpus else r)
+    assert len(running) >= quota.COLUMNS_FROM
+    t.plan_queues({}, running, (0, 0, 0, 0, 0), 10_000.0, 3600.0)  # the round measures them as columns
+    rules = t.preemption_rules()
+    assert rules.victims is not None
+    head = Work("head", Request(gpu_count=1, gpu_milli=1000, priority=10), "c", "u9")
+    assert rules.victims(head, running, 10_000.0, s) is not None  # the columns describe these jobs
+    one_by_one = dataclasses.replace(rules, victims=None)
+    for queue in ("a", "b", "c"):
+        for prio in (0, 5, 10):
+            head = Work("head", Request(gpu_count=1, gpu_milli=1000, priority=prio), queue, "u9")
+            fast = candidates(s, head, running, 10_000.0, rules)
+            slow = candidates(s, head, running, 10_000.0, one_by_one)
+            assert fast == slow, (queue, prio)
+    assert any(candidates(s, Work("h", Request(gpu_count=1, gpu_milli=1000, priority=10), "c", "u9"), running,
+                          10_000.0, rules))  # fmt: skip
