@@ -146,6 +146,10 @@ class Victim(NamedTuple):
     min_runtime_s: float = 0.0  # what it had to run first (Rules.min_runtime), said in its words
     grant: Allocation | None = None  # what it holds in the snapshot it was found in
 
+    def held_in(self, snapshot: ClusterSnapshot) -> Allocation:
+        """What it holds in `snapshot` (the grant it was found with, else the snapshot's record of it)."""
+        return self.grant if self.grant is not None else snapshot.allocations[self.job.id]
+
     @property
     def free_from(self) -> float:
         """When its minimum runtime ends (Rules.protected_until: -inf when it never started)."""
@@ -191,10 +195,10 @@ class Bound:
         self.request = request
 
     def could(self, node: int, chosen: Sequence[Victim]) -> bool:
-        s, r, held = self.snapshot, self.request, self.snapshot.allocations
+        s, r = self.snapshot, self.request
         gpus = cpu = mem = 0
         for v in chosen:
-            a = v.grant if v.grant is not None else held[v.job.id]
+            a = v.held_in(s)
             gpus += len(a.gpus)
             cpu += a.cpu_milli
             mem += a.memory_mib
@@ -243,8 +247,7 @@ def choose(
                 left.allocate(a)
 
     every = snapshot.copy(allocations=False)  # (every candidate gone: released once, on a what-if copy)
-    held = snapshot.allocations
-    every.release_held([v.grant if v.grant is not None else held[v.job.id] for v in victims])
+    every.release_held([v.held_in(snapshot) for v in victims])
     calls += 1
     everything = _grant(every, preemptor, request, config)
     if everything is None:
@@ -257,12 +260,11 @@ def choose(
     bound = Bound(snapshot, request) if request.whole_gpus and preemptor.instances <= 1 and len(snapshot) > 1 else None
     nodes = _nodes(snapshot, victims, everything, bound)
     for on_node in nodes:
-        node = snapshot.allocations[on_node[0].job.id].node_index
+        node = on_node[0].held_in(snapshot).node_index
         for k in range(1, len(on_node) + 1):
             if best is not None and k > best[0][0]:
                 break  # a node with fewer victims won already
-            same = best is not None and k == best[0][0]
-            if same and best is not None and sum(v.gpu_seconds for v in on_node[:k]) > best[0][1]:
+            if best is not None and k == best[0][0] and sum(v.gpu_seconds for v in on_node[:k]) > best[0][1]:
                 break  # its k cheapest already lose more GPU time: no set of k here is cheaper
             fit = False
             for chosen in combinations(on_node, k):
@@ -270,16 +272,13 @@ def choose(
                     break
                 if bound is not None and not bound.could(node, chosen):
                     continue
-                if same and best is not None:
-                    price = (k, sum(v.gpu_seconds for v in chosen), sum(v.seconds for v in chosen))
-                    if not price < best[0]:
-                        continue  # it could not replace the best: not placed (the budget goes further)
+                price = (k, sum(v.gpu_seconds for v in chosen), sum(v.seconds for v in chosen))
+                if best is not None and not price < best[0]:
+                    continue  # it could not replace the best: not placed (the budget goes further)
                 grant = fits(chosen)
                 if grant is not None:
                     fit = True
-                    price = (k, sum(v.gpu_seconds for v in chosen), sum(v.seconds for v in chosen))
-                    if best is None or price < best[0]:
-                        best = (price, chosen, grant)
+                    best = (price, chosen, grant)
             if fit or calls >= budget:
                 break
         if calls >= budget:
@@ -312,9 +311,8 @@ def _nodes(
     there; the node the preemptor took with every candidate gone comes first among equals. With `bound`, a node
     where even all its candidates gone could not make room is left out (it would only spend the search's budget)."""
     by_node: dict[int, list[Victim]] = {}
-    held = snapshot.allocations
     for v in victims:
-        by_node.setdefault((v.grant if v.grant is not None else held[v.job.id]).node_index, []).append(v)
+        by_node.setdefault(v.held_in(snapshot).node_index, []).append(v)
     if len(by_node) == 1:
         return list(by_node.values())
     if bound is not None:
@@ -393,8 +391,8 @@ def protected(
         return _protected_on_nodes(snapshot, preemptor, request, free, waiting, config)
 
     def fits(k: int) -> bool:
-        left = snapshot.copy()
-        left.release_many([v.job.id for v in free + waiting[:k]])
+        left = snapshot.copy(allocations=False)  # (a what-if copy)
+        left.release_held([v.held_in(snapshot) for v in [*free, *waiting[:k]]])
         return _grant(left, preemptor, request, config) is not None
 
     if not fits(len(waiting)):
@@ -424,17 +422,12 @@ def _protected_on_nodes(
     """`protected` on a cluster: per node, the fewest of its candidates (in the order they come out) that could
     make room (`Bound`); the nodes by that time, each placed in turn (at most PREEMPT_NODES placements) until one
     fits and no node left could be earlier."""
-    held = snapshot.allocations
-
-    def grant(v: Victim) -> Allocation:
-        return v.grant if v.grant is not None else held[v.job.id]
-
     free_on: dict[int, list[Victim]] = {}
     for v in free:
-        free_on.setdefault(grant(v).node_index, []).append(v)
+        free_on.setdefault(v.held_in(snapshot).node_index, []).append(v)
     waiting_on: dict[int, list[Victim]] = {}
     for v in waiting:
-        waiting_on.setdefault(grant(v).node_index, []).append(v)
+        waiting_on.setdefault(v.held_in(snapshot).node_index, []).append(v)
     bound = Bound(snapshot, request)
     options: list[tuple[float, int, int]] = []  # (the time it could first fit, node, how many of its candidates)
     for i, ws in waiting_on.items():
@@ -455,7 +448,7 @@ def _protected_on_nodes(
                 break
             tries += 1
             left = snapshot.copy(allocations=False)  # (a what-if copy)
-            left.release_held([grant(v) for v in [*base, *ws[:k]]])
+            left.release_held([v.held_in(snapshot) for v in [*base, *ws[:k]]])
             if _grant(left, preemptor, request, config) is not None:
                 best = (ws[k - 1].free_from, ws[:k])
                 break

@@ -113,9 +113,6 @@ class Tenancy:
         self.started: set[str] = set()  # the jobs the last round started (no longer waiting)
         self.waiting_accounts: set[Hashable] = set()  # ("user", queue, user) of the last round's waiting jobs
         self._gid_of: dict[str, int] = {}  # each user's primary gid, as their jobs carry it (for group weights)
-        #: Per running job (by id, while it is the same frozen Running): its quota vector and fair-share amount. A
-        #: cluster has tens of thousands of running pods a round (BENCHMARKS.md, k8s_round).
-        self._held: dict[str, tuple[Running, Vector, np.ndarray]] = {}
         #: The last `measure` and the accounts' running amounts, with the running jobs they were made of (their ids
         #: in order, and the configuration): reused while the same jobs run, as most rounds of a cluster see.
         #: (The jobs themselves are kept with their ids, so that no id is reused by another object meanwhile.)
@@ -124,36 +121,20 @@ class Tenancy:
             tuple[list[int], dict[tuple[str, ...], tuple[np.ndarray, np.ndarray]], list[float], list[Running]] | None
         )
         self._grouped = None
-        #: The running jobs as columns (quota.JobColumns, plus each one's fair-share amount and start), with their ids
-        #: and each id's row: a round takes the rows of the jobs the last one held and reads only the new ones.
-        self._cols: tuple[JobColumns, np.ndarray, np.ndarray, list[int]] | None = None
+        #: The last `_columns`: (quota.JobColumns, each job's fair-share amount, its start, the jobs' ids, their rows
+        #: in the store); a round takes the rows of the jobs the last one held and reads only the new ones.
+        self._cols: tuple[JobColumns, np.ndarray, np.ndarray, list[int], np.ndarray] | None = None
         self._store = _Store()
-        self._rows = np.zeros(0, dtype=np.int64)  # the last `_columns` call's rows in the store
-        #: the last measured jobs' ids and which of them borrow (measure_columns; None: measured job by job)
-        self._measured_of: tuple[list[int], np.ndarray | None] | None = None
         self._account_numbers: dict[tuple[str, str, int], int] = {}
 
     def forget(self) -> None:
         """Drop what was kept for earlier rounds (a new configuration)."""
         self._offers.clear()
         self._projected.clear()
-        self._held.clear()
         self._measured = None
         self._grouped = None
         self._cols = None
         self._store = _Store()
-
-    def _holds(self, job: Running) -> tuple[Running, Vector, np.ndarray]:
-        """(job, its quota vector (quota.held), its fair-share amount (held_vector)), made once per Running."""
-        found = self._held.get(job.id)
-        if found is None or found[0] is not job:
-            found = self._held[job.id] = (job, held(job, self._gpu_memory_of), self.held_vector(job))
-        return found
-
-    def _prune(self, holding: Sequence[Running]) -> None:
-        if len(self._held) > 2 * len(holding) + 64:
-            live = {j.id for j in holding}
-            self._held = {k: v for k, v in self._held.items() if k in live}
 
     def _columns(
         self, holding: Sequence[Running], ids: list[int] | None = None
@@ -182,14 +163,13 @@ class Tenancy:
             code = np.zeros(k, dtype=np.int64)
             priority = np.zeros(k, dtype=np.int64)
             victim = np.zeros(k, dtype=np.bool_)
-            holds = self._holds
+            memory_of = self._gpu_memory_of
             for r, i in enumerate(fresh):
                 j = holding[i]
                 slot[ids[i]] = start + r
                 store.jobs.append(j)
-                _, v, a = holds(j)
-                vec[r] = v
-                amt[r] = a
+                vec[r] = held(j, memory_of)
+                amt[r] = self.held_vector(j)
                 store.keys.append(start_key(j))
                 code[r] = numbers.setdefault((j.queue, j.user, j.gid), len(numbers))
                 if j.started_at is not None:
@@ -211,8 +191,7 @@ class Tenancy:
         order = np.argsort(store.rank[rows], kind="stable").astype(np.int64)
         cols = JobColumns(list(holding), store.vec[rows], [], store.code[rows], list(numbers), order)
         out = (cols, store.amt[rows], store.starts[rows])
-        self._cols = (*out, ids)
-        self._rows = rows
+        self._cols = (*out, ids, rows)
         return out
 
     def _measure(self, holding: Sequence[Running], ids: list[int] | None = None) -> Usage:
@@ -228,10 +207,9 @@ class Tenancy:
             if len(holding) >= COLUMNS_FROM:
                 u = measure_columns(self.config, self._columns(holding, ids or None)[0], self.groups_of)
             else:
-                u = measure(self.config, holding, lambda j: self._holds(j)[1], self.groups_of)
-            self._prune(holding)
+                memory_of = self._gpu_memory_of
+                u = measure(self.config, holding, lambda j: held(j, memory_of), self.groups_of)
             self._measured = (ids, self.config, u, list(holding)) if mine else None
-        self._measured_of = (ids, u.borrowing_rows) if mine else None
         return Usage(dict(u.queue), dict(u.queue_user), dict(u.queue_group), dict(u.user), dict(u.group),
                      dict(u.running), set(u.borrowing_ids), dict(u.queue_of_borrower), dict(u.borrowed),
                      u.borrowing_rows)  # fmt: skip
@@ -305,17 +283,16 @@ class Tenancy:
         runtime, as numpy columns; a Victim made only for each of them (tens of thousands of running pods a round).
         None where the columns do not describe `running` (then the rules are asked job by job)."""
         ids = [id(j) for j in running]
-        measured = self._measured_of
-        if len(running) < COLUMNS_FROM or measured is None or measured[1] is None or measured[0] != ids:
+        measured, last = self._measured, self._cols
+        if len(running) < COLUMNS_FROM or measured is None or measured[0] != ids or last is None or last[3] != ids:
             return None
-        last = self._cols
-        if last is None or last[3] != ids:
+        borrowing = measured[2].borrowing_rows
+        if borrowing is None:
             return None
-        cols, _, starts = last[0], last[1], last[2]
-        rows = self._rows
+        cols, starts, rows = last[0], last[2], last[4]
         store = self._store
         outranks = store.priority[rows] < preemptor.priority  # (higher_priority: strictly)
-        may = store.victim[rows] & measured[1]
+        may = store.victim[rows] & borrowing
         # (whether its queue is below its guarantee is asked only when a victim needs it, as Rules.whys does)
         chosen = np.flatnonzero(may if not outranks[may].all() and is_below(preemptor) else may & outranks)
         started = starts[chosen]
@@ -400,7 +377,6 @@ class Tenancy:
                 rows = np.flatnonzero(pair == c)
                 if len(rows):
                     grouped[("user", q, user)] = (amounts[rows], rows)
-            self._prune(holding)
             self._grouped = (ids, grouped, starts, list(holding))
         ledger = self.ledger
         h = ledger.half_life_s

@@ -93,20 +93,16 @@ def expected_end(started_at: float | None, time_limit_s: float | None, default_s
 
 
 def book(
-    snapshot: ClusterSnapshot,
-    request: Request,
-    ends: Mapping[str, float],
-    config: PlacementConfig,
-    floor: float = -math.inf,
+    snapshot: ClusterSnapshot, request: Request, ends: Mapping[str, float], config: PlacementConfig
 ) -> Booking | None:
     """The earliest reservation for `request` (its `id` is the job's) as the jobs in `ends` (allocation id -> expected
     end) leave `snapshot`; None when it does not fit even once they have all ended (e.g. memory other processes
-    hold). Leaves `snapshot` unchanged. `floor`: an end before it counts as at it."""
+    hold). Leaves `snapshot` unchanged."""
     held = snapshot.allocations
     by_end: dict[float, list[str]] = {}
     for job_id, end in ends.items():
         if job_id in held:
-            by_end.setdefault(max(end, floor), []).append(job_id)
+            by_end.setdefault(end, []).append(job_id)
     return _book(snapshot, request, ((t, by_end[t]) for t in sorted(by_end)), config, ends)
 
 

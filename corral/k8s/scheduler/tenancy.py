@@ -295,12 +295,10 @@ class Face:
     made: int = 0  # Running records made since `settle` last froze them
     booker: FastBooker = field(default_factory=FastBooker)  # the head's reservation, its columns kept between rounds
 
-    def running(self, key: str, b: Bound, alloc: Allocation, stopping: bool, protected: bool,
-                request: Request | None) -> RunEntry:  # fmt: skip
-        """The cached entry of a bound pod: (its Bound, grant, stopping, protected, Running, end, protected until)."""
-        found = self.runs.get(key)
-        if found is not None and found[0] is b and found[1] is alloc and found[2] == stopping and found[3] == protected:
-            return found
+    def enter(self, key: str, b: Bound, alloc: Allocation, stopping: bool, protected: bool,
+              request: Request | None) -> RunEntry:  # fmt: skip
+        """A bound pod's entry made and kept: (its Bound, grant, stopping, protected, Running, end, protected until).
+        plan_pods makes one when the kept one is not for this Bound, grant and eviction state."""
         run = running_of(key, b, alloc, frozenset((key,)) if stopping else frozenset(),
                          frozenset((key,)) if protected else frozenset(), request)  # fmt: skip
         limit = b.time_limit_s
@@ -484,7 +482,7 @@ def plan_pods(
     allocations = snapshot.allocations
     requests = requests or {}
     wake_at: float | None = None
-    entry_of = face.running
+    enter = face.enter
     runs = face.runs
     for key, b in bound.items():
         granted = allocations.get(key)
@@ -493,7 +491,7 @@ def plan_pods(
         st, pr = key in stopping, key in protected
         found = runs.get(key)
         if found is None or found[0] is not b or found[1] is not granted or found[2] != st or found[3] != pr:
-            found = entry_of(key, b, granted, st, pr, requests.get(key))
+            found = enter(key, b, granted, st, pr, requests.get(key))
         run = found[4]
         running.append(run)
         running_by[key] = run
