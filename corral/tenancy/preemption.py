@@ -34,13 +34,15 @@ priority may preempt preemptible jobs of lower priority, and that is all.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
-from typing import NamedTuple
+from typing import NamedTuple, overload
 
 import numpy as np
+import numpy.typing as npt
 
+from corral.model.holdings import Holdings, give_back
 from corral.model.resources import Allocation, Request
 from corral.model.snapshot import ClusterSnapshot
 from corral.placement import PlacementConfig, place
@@ -100,8 +102,9 @@ class Rules:
     #: The running jobs `borrowing` may accept, found without asking it job by job (a cluster's tens of thousands):
     #: a superset of them, in `running`'s order; None: every job is asked.
     borrowers: Callable[[Sequence[Running]], Sequence[Running]] | None = None
-    #: `candidates` worked out at once (a face's columns), or None when it cannot: then the rules are asked job by job
-    victims: Callable[[Work, Sequence[Running], float, ClusterSnapshot], list[Victim] | None] | None = None
+    #: `candidates` worked out at once (a face's columns, as a Pool), or None when it cannot: then the rules are
+    #: asked job by job
+    victims: Callable[[Work, Sequence[Running], float, ClusterSnapshot], Sequence[Victim] | None] | None = None
 
     def protected_until(self, victim: Running) -> float:
         """Until when `victim` may not be preempted: its (re)start plus its minimum runtime (-inf: not protected)."""
@@ -157,6 +160,98 @@ class Victim(NamedTuple):
         return -math.inf if started is None else started + self.min_runtime_s
 
 
+class Pool(Sequence[Victim]):
+    """Candidates as columns (`Rules.victims` on a cluster's tens of thousands of running jobs): the same victims,
+    in the same order, as a list of them, but a Victim is made only when it is read. `choose` and `protected` rank
+    and bound the nodes from the columns, and read the victims of the few nodes they search.
+
+    `jobs`, `grants`: each candidate and what it holds in the snapshot it was found in; `priority`: whether it may
+    be preempted for priority (else for the guarantee); `seconds`, `gpu_seconds`, `min_runtime_s`: as Victim's;
+    `started`: its (re)start (NaN: never started)."""
+
+    def __init__(
+        self,
+        jobs: list[Running],
+        grants: list[Allocation],
+        priority: npt.NDArray[np.bool_],
+        seconds: npt.NDArray[np.float64],
+        gpu_seconds: npt.NDArray[np.float64],
+        min_runtime_s: npt.NDArray[np.float64],
+        started: npt.NDArray[np.float64],
+        holdings: Holdings | None = None,
+        gpus: int = 0,
+    ) -> None:
+        self.jobs, self.grants = jobs, grants
+        self.priority, self.seconds, self.gpu_seconds = priority, seconds, gpu_seconds
+        self.min_runtime_s = min_runtime_s
+        # Victim.free_from, element by element
+        self.free_from = np.where(np.isnan(started), -np.inf, started + min_runtime_s)
+        #: what each holds (Holdings' columns, kept between rounds by the face's `holdings`): node, CPU, memory,
+        #: tag + 1, share owner or not, GPU milli and memory per GPU index, grants
+        self.held = (holdings or Holdings()).of(grants, gpus)
+        self.node, self.cpu, self.mem, self.gpus = self.held[0], self.held[1], self.held[2], self.held[7]
+        self._made: dict[int, Victim] = {}
+
+    def give_back(self, future: ClusterSnapshot, rows: npt.NDArray[np.int64]) -> None:
+        """Release what these rows hold on `future`, a what-if copy (as `release_held` of their grants)."""
+        node, cpu, mem, tag, shared, g_milli, g_mem, _ = (column[rows] for column in self.held)
+        if shared.any():
+            future.release_held([self.grants[i] for i in rows.tolist()])
+        else:
+            give_back(future, node, cpu, mem, tag, g_milli, g_mem)
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    @overload
+    def __getitem__(self, i: int) -> Victim: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Victim]: ...
+    def __getitem__(self, i: int | slice) -> Victim | list[Victim]:
+        if isinstance(i, slice):
+            return self.victims(range(len(self))[i])
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        made = self._made.get(i)
+        if made is None:
+            why = "priority" if self.priority[i] else "guarantee"
+            made = Victim(self.jobs[i], why, float(self.seconds[i]), float(self.gpu_seconds[i]),
+                          float(self.min_runtime_s[i]), self.grants[i])  # fmt: skip
+            self._made[i] = made
+        return made
+
+    def __iter__(self) -> Iterator[Victim]:
+        return (self[i] for i in range(len(self)))
+
+    def victims(self, rows: Sequence[int] | npt.NDArray[np.int64]) -> list[Victim]:
+        """The victims of these rows, in their order."""
+        return [self[i] for i in (rows.tolist() if isinstance(rows, np.ndarray) else rows)]
+
+    def cheapest_first(self, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """`rows` in `choose`'s order: run time lost in GPU-seconds, then seconds, then the larger numeric id (a
+        stable sort, as `choose`'s)."""
+        ids = [self.jobs[i].id for i in rows.tolist()]
+        if any(i.isdigit() and len(i) > 18 for i in ids):  # (beyond int64: the key as Python compares it)
+            return np.array(sorted(rows.tolist(), key=lambda i: _cheap(self[i])), dtype=np.int64)
+        tie = np.fromiter((-int(i) if i.isdigit() else 0 for i in ids), dtype=np.int64, count=len(ids))
+        return rows[np.lexsort((tie, self.seconds[rows], self.gpu_seconds[rows]))]
+
+
+def _cheap(v: Victim) -> tuple[float, float, int]:
+    """`choose`'s order of victims: the run time they lose, cheapest first (GPU-seconds, then seconds)."""
+    return (v.gpu_seconds, v.seconds, -int(v.job.id) if v.job.id.isdigit() else 0)
+
+
+def _total(values: Iterator[float] | Sequence[float]) -> float:
+    """A sum added up in order, one by one (as np.bincount adds a column's weights, on every Python)."""
+    out = 0.0
+    for x in values:
+        out += x
+    return out
+
+
 @dataclass(frozen=True)
 class Choice:
     preemptor: Work
@@ -208,6 +303,20 @@ class Bound:
             and int(s.mem_free[node]) + mem >= r.memory_mib
         )
 
+    def could_any(self, node: int, victims: Sequence[Victim], k: int) -> bool:
+        """Whether some `k` of `victims` could make room (`could` for each k-set is False when this is): the k
+        largest of each resource together, a bound no k-set exceeds."""
+        s, r = self.snapshot, self.request
+        held = [v.held_in(s) for v in victims]
+        top = sorted((len(a.gpus) for a in held), reverse=True)[:k]
+        cpu = sorted((a.cpu_milli for a in held), reverse=True)[:k]
+        mem = sorted((a.memory_mib for a in held), reverse=True)[:k]
+        return (
+            int(s.gpu_full_free[node]) + sum(top) >= r.gpu_count
+            and int(s.cpu_free[node]) + sum(cpu) >= r.cpu_milli
+            and int(s.mem_free[node]) + sum(mem) >= r.memory_mib
+        )
+
 
 def choose(
     snapshot: ClusterSnapshot,
@@ -225,11 +334,19 @@ def choose(
     rules = rules or Rules()
     request = preemptor.placing
     found = found if found is not None else candidates(snapshot, preemptor, running, now, rules)
-    victims = [v for v in found if v.free_from <= now]
-    if not victims:
-        return None
+    # (a cluster's whole-GPU preemptor: sets that could not make room are not placed; one machine: the search as
+    # it always was)
+    bound = Bound(snapshot, request) if request.whole_gpus and preemptor.instances <= 1 and len(snapshot) > 1 else None
     # Cheapest first: the search tries sets in this order, so within one size the first fits tend to be cheap.
-    victims.sort(key=lambda v: (v.gpu_seconds, v.seconds, -int(v.job.id) if v.job.id.isdigit() else 0))
+    pool = found if isinstance(found, Pool) and bound is not None else None
+    if pool is not None:  # (from the columns: a Victim made only for the nodes searched)
+        rows = pool.cheapest_first(np.flatnonzero(pool.free_from <= now))
+        if not len(rows):
+            return None
+    else:
+        victims = sorted((v for v in found if v.free_from <= now), key=_cheap)
+        if not victims:
+            return None
     calls = 0
     # One scratch copy for the whole search: a trial releases its victims on it, places, and grants them back (a
     # copy per trial cost more than the placement on a cluster's books: k8s_round, BENCHMARKS.md); what the engine
@@ -247,7 +364,10 @@ def choose(
                 left.allocate(a)
 
     every = snapshot.copy(allocations=False)  # (every candidate gone: released once, on a what-if copy)
-    every.release_held([v.held_in(snapshot) for v in victims])
+    if pool is not None:
+        pool.give_back(every, rows)
+    else:
+        every.release_held([v.held_in(snapshot) for v in victims])
     calls += 1
     everything = _grant(every, preemptor, request, config)
     if everything is None:
@@ -255,10 +375,8 @@ def choose(
     if fits(()) is not None:
         return None  # it fits as things are (e.g. something ended since the pass): nothing to stop
     best: tuple[tuple[int, float, float], tuple[Victim, ...], Allocation] | None = None
-    # (a cluster's whole-GPU preemptor: sets that could not make room are not placed; one machine: the search as
-    # it always was)
-    bound = Bound(snapshot, request) if request.whole_gpus and preemptor.instances <= 1 and len(snapshot) > 1 else None
-    nodes = _nodes(snapshot, victims, everything, bound)
+    nodes = _pool_nodes(snapshot, pool, rows, everything, bound) if pool is not None else (
+        _nodes(snapshot, victims, everything, bound))  # fmt: skip
     for on_node in nodes:
         node = on_node[0].held_in(snapshot).node_index
         for k in range(1, len(on_node) + 1):
@@ -266,6 +384,8 @@ def choose(
                 break  # a node with fewer victims won already
             if best is not None and k == best[0][0] and sum(v.gpu_seconds for v in on_node[:k]) > best[0][1]:
                 break  # its k cheapest already lose more GPU time: no set of k here is cheaper
+            if bound is not None and not bound.could_any(node, on_node, k):
+                continue  # no k of them could make room: none is tried (a node of eight 1-GPU pods: 254 sets)
             fit = False
             for chosen in combinations(on_node, k):
                 if calls >= budget:
@@ -320,15 +440,47 @@ def _nodes(
 
     def rank(item: tuple[int, list[Victim]]) -> tuple[int, float, float, int, int]:
         i, vs = item
-        return (len(vs), sum(v.gpu_seconds for v in vs), sum(v.seconds for v in vs), i != everything.node_index, i)
+        return (len(vs), _total([v.gpu_seconds for v in vs]), _total([v.seconds for v in vs]),
+                i != everything.node_index, i)  # fmt: skip
 
     return [vs for _, vs in sorted(by_node.items(), key=rank)[:PREEMPT_NODES]]
 
 
+def _pool_nodes(
+    snapshot: ClusterSnapshot, pool: Pool, rows: npt.NDArray[np.int64], everything: Allocation, bound: Bound | None
+) -> list[list[Victim]]:
+    """`_nodes` from the columns: the victims of `rows` (in that order) grouped, bounded and ranked per node with
+    numpy, and made only for the nodes returned. (Sums add in order, as `_nodes`'s.)"""
+    node = pool.node[rows]
+    n = len(snapshot)
+    count = np.bincount(node, minlength=n)
+    present = np.flatnonzero(count)
+    if len(present) == 1:
+        return [pool.victims(rows)]
+
+    def summed(values: npt.NDArray[np.int64] | npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        out: npt.NDArray[np.float64] = np.bincount(node, weights=values[rows], minlength=n)  # type: ignore[assignment]
+        return out
+
+    if bound is not None:
+        s, r = bound.snapshot, bound.request
+        could = (
+            (s.gpu_full_free + summed(pool.gpus).astype(np.int64) >= r.gpu_count)
+            & (s.cpu_free + summed(pool.cpu).astype(np.int64) >= r.cpu_milli)
+            & (s.mem_free + summed(pool.mem).astype(np.int64) >= r.memory_mib)
+        )
+        present = present[could[present] | (present == everything.node_index)]
+    gpu_s, sec = summed(pool.gpu_seconds)[present], summed(pool.seconds)[present]
+    ranked = present[np.lexsort((present, present != everything.node_index, sec, gpu_s, count[present]))]
+    ranked = ranked[:PREEMPT_NODES]
+    return [pool.victims(rows[node == i]) for i in ranked.tolist()]
+
+
 def candidates(
     snapshot: ClusterSnapshot, preemptor: Work, running: Sequence[Running], now: float, rules: Rules
-) -> list[Victim]:
-    """The running jobs `preemptor` may preempt by the rules, protected by their minimum runtime or not."""
+) -> Sequence[Victim]:
+    """The running jobs `preemptor` may preempt by the rules, protected by their minimum runtime or not (a Pool
+    when the rules work them out from columns)."""
     if rules.victims is not None:
         found = rules.victims(preemptor, running, now, snapshot)
         if found is not None:
@@ -382,12 +534,15 @@ def protected(
     one node: the earliest time is the earliest any one node has room (`_protected_on_nodes`), and only that node's
     candidates are named."""
     found = found if found is not None else candidates(snapshot, preemptor, running, now, rules)
+    request = preemptor.placing
+    on_nodes = len(snapshot) > 1 and preemptor.instances <= 1 and request.whole_gpus
+    if on_nodes and isinstance(found, Pool):
+        return _protected_in_pool(snapshot, preemptor, request, found, now, config)
     waiting = sorted((v for v in found if v.free_from > now), key=lambda v: v.free_from)
     if not waiting:
         return None
     free = [v for v in found if v.free_from <= now]
-    request = preemptor.placing
-    if len(snapshot) > 1 and preemptor.instances <= 1 and request.whole_gpus:
+    if on_nodes:
         return _protected_on_nodes(snapshot, preemptor, request, free, waiting, config)
 
     def fits(k: int) -> bool:
@@ -437,12 +592,76 @@ def _protected_on_nodes(
                 options.append((ws[k - 1].free_from, i, k))
                 break
     options.sort()
+    return _protected_search(snapshot, preemptor, request, options, waiting_on.__getitem__,
+                             lambda i: free_on.get(i, []), config)  # fmt: skip
+
+
+def _protected_in_pool(
+    snapshot: ClusterSnapshot, preemptor: Work, request: Request, pool: Pool, now: float, config: PlacementConfig
+) -> Protected | None:
+    """`_protected_on_nodes` from the columns: each node's fewest waiting candidates that could make room, found
+    with running sums per node; Victims made only for the nodes placed."""
+    free_from = pool.free_from
+    rows = np.flatnonzero(free_from > now)
+    if not len(rows):
+        return None
+    rows = rows[np.argsort(free_from[rows], kind="stable")]  # the order they come out (as `protected` sorts)
+    free = np.flatnonzero(free_from <= now)
+    n = len(snapshot)
+    node = pool.node[rows]
+    by_node = np.argsort(node, kind="stable")  # each node's waiting candidates together, in the order they come out
+    grouped, nodes = rows[by_node], node[by_node]
+    starts = np.flatnonzero(np.r_[True, nodes[1:] != nodes[:-1]])
+    first = np.repeat(starts, np.diff(np.r_[starts, len(nodes)]))  # each row's group's first position
+
+    def room(values: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        # what the node's free candidates and its first k waiting ones hold, at each of its waiting candidates
+        base = np.bincount(pool.node[free], weights=values[free], minlength=n).astype(np.int64)
+        run = np.cumsum(values[grouped])
+        out: npt.NDArray[np.int64] = base[nodes] + run - np.r_[0, run][first]
+        return out
+
+    s = snapshot
+    could = (
+        (s.gpu_full_free[nodes] + room(pool.gpus) >= request.gpu_count)
+        & (s.cpu_free[nodes] + room(pool.cpu) >= request.cpu_milli)
+        & (s.mem_free[nodes] + room(pool.mem) >= request.memory_mib)
+    )
+    hit = np.flatnonzero(could)
+    found_at = hit[np.r_[True, nodes[hit][1:] != nodes[hit][:-1]]] if len(hit) else hit  # each node's first
+    at, on, k = free_from[grouped[found_at]], nodes[found_at], found_at - first[found_at] + 1
+    options = [(float(at[j]), int(on[j]), int(k[j])) for j in np.lexsort((k, on, at)).tolist()]
+    end = dict(zip(starts.tolist(), np.r_[starts[1:], len(nodes)].tolist(), strict=True))
+    where = {int(nodes[a]): (a, end[a]) for a in starts.tolist()}
+    free_node = pool.node[free]
+
+    def waiting_on(i: int) -> list[Victim]:
+        a, b = where[i]
+        return pool.victims(grouped[a:b])
+
+    def free_on(i: int) -> list[Victim]:
+        return pool.victims(free[free_node == i])
+
+    return _protected_search(snapshot, preemptor, request, options, waiting_on, free_on, config)
+
+
+def _protected_search(
+    snapshot: ClusterSnapshot,
+    preemptor: Work,
+    request: Request,
+    options: Sequence[tuple[float, int, int]],
+    waiting_on: Callable[[int], list[Victim]],
+    free_on: Callable[[int], list[Victim]],
+    config: PlacementConfig,
+) -> Protected | None:
+    """The nodes by the time they could first make room (`options`: (time, node, how many of its waiting
+    candidates), earliest first), each placed in turn until one fits and no node left could be earlier."""
     best: tuple[float, list[Victim]] | None = None
     tries = 0
     for at, i, first in options:
         if (best is not None and at >= best[0]) or tries >= PREEMPT_NODES:
             break
-        ws, base = waiting_on[i], free_on.get(i, [])
+        ws, base = waiting_on(i), free_on(i)
         for k in range(first, len(ws) + 1):
             if (best is not None and ws[k - 1].free_from >= best[0]) or tries >= PREEMPT_NODES:
                 break

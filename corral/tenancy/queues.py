@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from corral.model.holdings import Holdings
 from corral.model.snapshot import ClusterSnapshot
 from corral.tenancy.config import QueuesConfig, Vector
 from corral.tenancy.fairshare import (
@@ -41,7 +42,7 @@ from corral.tenancy.fairshare import (
     share_rows,
 )
 from corral.tenancy.model import Running, Work
-from corral.tenancy.preemption import Rules, Victim
+from corral.tenancy.preemption import Pool, Rules, Victim
 from corral.tenancy.quota import (
     COLUMNS_FROM,
     NOT_PREEMPTIBLE,
@@ -125,6 +126,7 @@ class Tenancy:
         #: in the store); a round takes the rows of the jobs the last one held and reads only the new ones.
         self._cols: tuple[JobColumns, np.ndarray, np.ndarray, list[int], np.ndarray] | None = None
         self._store = _Store()
+        self._holdings = Holdings()  # what the preemption candidates hold, as columns kept between rounds
         self._account_numbers: dict[tuple[str, str, int], int] = {}
 
     def forget(self) -> None:
@@ -135,6 +137,7 @@ class Tenancy:
         self._grouped = None
         self._cols = None
         self._store = _Store()
+        self._holdings = Holdings()
 
     def _columns(
         self, holding: Sequence[Running], ids: list[int] | None = None
@@ -261,7 +264,7 @@ class Tenancy:
             return [j for j in running if j.id in ids]
 
         def victims(preemptor: Work, running: Sequence[Running], now: float, snapshot: ClusterSnapshot) -> (
-            list[Victim] | None
+            Sequence[Victim] | None
         ):  # fmt: skip
             return self._victims(preemptor, running, now, snapshot, is_below)
 
@@ -277,10 +280,11 @@ class Tenancy:
         now: float,
         snapshot: ClusterSnapshot,
         is_below: Callable[[Work], bool],
-    ) -> list[Victim] | None:
+    ) -> Pool | None:
         """`preemption.candidates` under these rules from the round's columns: which running jobs may be victims
         (preemptible, not being stopped, borrowing, and outranked or reclaimed from), their run time lost and minimum
-        runtime, as numpy columns; a Victim made only for each of them (tens of thousands of running pods a round).
+        runtime, as numpy columns (a Pool: a Victim is made only for the few a search reads; tens of thousands of
+        running pods a round).
         None where the columns do not describe `running` (then the rules are asked job by job)."""
         ids = [id(j) for j in running]
         measured, last = self._measured, self._cols
@@ -300,16 +304,17 @@ class Tenancy:
         # operations, element by element)
         seconds = np.where(np.isnan(started), 0.0, np.maximum(0.0, now - np.nan_to_num(started, nan=now)))
         gpu_seconds = seconds * cols.vec[chosen, 0] / 1000
-        queue_min = {c: self.config.min_runtime(q) for c, (q, _, _) in enumerate(cols.accounts)}
+        queue_min = np.array([self.config.min_runtime(q) for q, _, _ in cols.accounts], dtype=np.float64)
         held = snapshot.allocations
-        out: list[Victim] = []
-        for i, s, g, c, o in zip(chosen.tolist(), seconds.tolist(), gpu_seconds.tolist(), cols.code[chosen].tolist(),
-                                 outranks[chosen].tolist(), strict=True):  # fmt: skip
-            job = running[i]
-            grant = held.get(job.id)
-            if grant is not None:
-                out.append(Victim(job, "priority" if o else "guarantee", s, g, queue_min[c], grant))
-        return out
+        jobs = [running[i] for i in chosen.tolist()]
+        found = [held.get(job.id) for job in jobs]
+        grants = [g for g in found if g is not None]
+        if len(grants) < len(found):  # (one not in the snapshot is no candidate)
+            kept = np.array([g is not None for g in found], dtype=np.bool_)
+            chosen, seconds, gpu_seconds = chosen[kept], seconds[kept], gpu_seconds[kept]
+            jobs = [j for j, g in zip(jobs, found, strict=True) if g is not None]
+        return Pool(jobs, grants, outranks[chosen], seconds, gpu_seconds, queue_min[cols.code[chosen]],
+                    starts[chosen], self._holdings, snapshot.max_gpus)  # fmt: skip
 
     def min_runtime_of(self, job: Running) -> float:
         """How long `job` runs after it (re)started before it may be preempted: its queue's `min_runtime`."""

@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from corral.model.errors import AllocationError
+from corral.model.holdings import Holdings, give_back
 from corral.model.resources import MILLI_PER_GPU, Allocation, Request
 from corral.model.snapshot import ClusterSnapshot
 from corral.placement import PlacementConfig, place
@@ -159,55 +160,6 @@ def intersect(now: ClusterSnapshot, shadow: ClusterSnapshot) -> ClusterSnapshot:
     return both
 
 
-class Holdings:
-    """The running jobs' holdings as columns (node, CPU, memory, tag, and per GPU index its milli and memory), kept
-    between rounds: each Allocation object read once into a row of a store that only grows (compacted when mostly
-    stale); a round gathers its jobs' rows (a cluster's tens of thousands of jobs, a few new a round). One per face
-    (`FastBooker`)."""
-
-    def __init__(self) -> None:
-        self._slot: dict[int, int] = {}  # id(allocation) -> its row in the store
-        self._objs: list[Allocation] = []  # the store's allocations (kept: no id is reused by another object)
-        self._store: tuple[npt.NDArray[np.int64], ...] = ()
-        self._gpus = -1
-        self._last: tuple[list[Allocation], tuple[npt.NDArray[np.int64], ...]] | None = None
-
-    def of(self, allocs: list[Allocation], gpus: int) -> tuple[npt.NDArray[np.int64], ...]:
-        """(node, cpu, memory, tag + 1, share owner or not, GPU milli (n x gpus), GPU memory (n x gpus))."""
-        last = self._last
-        if last is not None and self._gpus == gpus and allocs == last[0]:  # (the same objects: identity, at once)
-            return last[1]
-        n = len(allocs)
-        if self._gpus != gpus or len(self._objs) > 2 * n + 1024:
-            self._slot, self._objs, self._gpus = {}, [], gpus
-            self._store = tuple(np.zeros(0, dtype=np.int64) for _ in range(5)) + tuple(
-                np.zeros((0, gpus), dtype=np.int64) for _ in range(2)
-            )
-        slot = self._slot
-        rows = np.fromiter((slot.get(id(a), -1) for a in allocs), np.int64, n)
-        fresh = np.flatnonzero(rows < 0).tolist()
-        if fresh:
-            start = len(self._objs)
-            k = len(fresh)
-            node, cpu, mem, tag, shared = (np.zeros(k, dtype=np.int64) for _ in range(5))
-            g_milli, g_mem = np.zeros((k, gpus), dtype=np.int64), np.zeros((k, gpus), dtype=np.int64)
-            for r, i in enumerate(fresh):
-                a = allocs[i]
-                slot[id(a)] = start + r
-                self._objs.append(a)
-                node[r], cpu[r], mem[r], tag[r] = a.node_index, a.cpu_milli, a.memory_mib, a.tag + 1
-                shared[r] = bool(a.share_owner)
-                for g in a.gpus:
-                    g_milli[r, g.index] += g.milli
-                    g_mem[r, g.index] += g.memory_mib
-            added = (node, cpu, mem, tag, shared, g_milli, g_mem)
-            self._store = tuple(np.concatenate((old, new)) for old, new in zip(self._store, added, strict=True))
-            rows[fresh] = np.arange(start, start + k)
-        cols = tuple(column[rows] for column in self._store)
-        self._last = (allocs, cols)
-        return cols
-
-
 def book_fast(
     snapshot: ClusterSnapshot,
     request: Request,
@@ -237,33 +189,14 @@ def book_fast(
 
     # The running jobs' holdings as columns, so each probe frees the jobs ending by T with a few vectorised adds
     # instead of one `release` per job (a probe only answers "fits or not": `book` makes the reservation).
-    node, cpu, mem, tag, shared, g_milli, g_mem = (holdings or Holdings()).of(allocs, snapshot.max_gpus)
+    node, cpu, mem, tag, shared, g_milli, g_mem, _ = (holdings or Holdings()).of(allocs, snapshot.max_gpus)
     if shared.any():
         return book(snapshot, request, ends, config)
-
-    n, width = len(snapshot), snapshot.max_gpus
-    tags = snapshot.tag_counts.shape[1]
-    per_gpu = (node[:, None] * width + np.arange(width)[None, :]).ravel()  # each job's GPUs' cells, flat
-
-    def summed(cells: npt.NDArray[np.int64], values: npt.NDArray[np.int64], size: int) -> npt.NDArray[np.int64]:
-        # np.bincount adds in float64: exact for these integers (each well below 2**53)
-        return np.bincount(cells, weights=values, minlength=size).astype(np.int64)
 
     def fits(i: int) -> bool:
         future = snapshot.copy(allocations=False)  # (a probe: only where it would fit)
         gone = end <= times[i]
-        at = node[gone]
-        future.cpu_free += summed(at, cpu[gone], n)
-        future.mem_free += summed(at, mem[gone], n)
-        future.tag_counts -= summed(at * tags + tag[gone], np.ones(len(at), dtype=np.int64), n * tags).reshape(n, tags)
-        cells = per_gpu.reshape(-1, width)[gone].ravel()
-        milli = summed(cells, g_milli[gone].ravel(), n * width).reshape(n, width)
-        future.gpu_milli_free += milli
-        future.gpu_mem_free += summed(cells, g_mem[gone].ravel(), n * width).reshape(n, width)
-        future.gpu_free_total += milli.sum(axis=1)
-        whole = future.gpu_present & (future.gpu_milli_free == MILLI_PER_GPU)
-        future.gpu_full_free = (whole & (future.gpu_mem_free == future.gpu_mem_cap)).sum(axis=1).astype(np.int64)
-        future.version += 1
+        give_back(future, node[gone], cpu[gone], mem[gone], tag[gone], g_milli[gone], g_mem[gone])
         return place(
             future, request, config, np.random.default_rng(0), explain_placed=False, explain_refused=False
         ).placed

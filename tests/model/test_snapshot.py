@@ -9,6 +9,7 @@ import numpy.typing as npt
 import pytest
 
 from corral.model.errors import AllocationError, InvalidRequest
+from corral.model.holdings import Holdings, give_back
 from corral.model.resources import Allocation, GpuGrant
 from corral.model.snapshot import ClusterSnapshot
 from tests.builders import cluster, node
@@ -208,3 +209,26 @@ def test_copies_share_only_what_never_changes() -> None:
     probe = s.copy(allocations=False)
     assert probe.allocations == {} and set(s.allocations) == set(ids)
     assert_same(columns(s), columns(probe))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_giving_back_holdings_columns_is_release_held(seed: int) -> None:
+    """`holdings.give_back` (a reservation's probe, a preemption search's every-candidate-gone copy) leaves the
+    columns exactly as `release_held` of the same allocations; the Holdings columns are each allocation's own, kept
+    between calls (a second call with the same objects reads nothing again) and follow allocations that change."""
+    s, ids = _busy(seed)
+    rng = np.random.default_rng(seed + 200)
+    unowned = [r for r in ids if not s.allocations[r].share_owner]
+    chosen = [unowned[i] for i in rng.permutation(len(unowned))[: int(rng.integers(4, len(unowned)))]]
+    allocs = [s.allocations[r] for r in chosen]
+    holdings = Holdings()
+    cols = holdings.of(allocs, s.max_gpus)
+    assert holdings.of(list(allocs), s.max_gpus) is cols
+    assert cols[7].tolist() == [len(a.gpus) for a in allocs] and not cols[4].any()
+    want, got = s.copy(allocations=False), s.copy(allocations=False)
+    want.release_held(allocs)
+    give_back(got, cols[0], cols[1], cols[2], cols[3], cols[5], cols[6])
+    assert_same(columns(want), columns(got))
+    assert np.array_equal(want.version, got.version)
+    again = holdings.of(allocs[1:] + allocs[:1], s.max_gpus)  # the same objects in another order: their own rows
+    assert all(np.array_equal(a, np.roll(b, -1, axis=0)) for a, b in zip(again, cols, strict=True))

@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from typing import Any
 
 import numpy as np
 import pytest
 
 from corral.model.resources import GpuGrant, Request
+from corral.model.snapshot import ClusterSnapshot
 from corral.placement import PlacementConfig, place
-from corral.tenancy import quota
+from corral.tenancy import preemption, quota
 from corral.tenancy.config import Vector, parse_queues
 from corral.tenancy.fairshare import amount
 from corral.tenancy.model import Running, Work
-from corral.tenancy.preemption import candidates
+from corral.tenancy.preemption import Pool, candidates, choose, protected
 from corral.tenancy.queues import Tenancy
 from tests.builders import cluster, node
 
@@ -156,6 +158,79 @@ def test_the_candidates_from_the_columns_are_the_rules_job_by_job(seed: int) -> 
             head = Work("head", Request(gpu_count=1, gpu_milli=1000, priority=prio), queue, "u9")
             fast = candidates(s, head, running, 10_000.0, rules)
             slow = candidates(s, head, running, 10_000.0, one_by_one)
-            assert fast == slow, (queue, prio)
+            assert isinstance(fast, Pool)
+            assert list(fast) == slow, (queue, prio)
+            assert fast[-1:] == slow[-1:] and (not slow or fast[0] == slow[0])
     assert any(candidates(s, Work("h", Request(gpu_count=1, gpu_milli=1000, priority=10), "c", "u9"), running,
                           10_000.0, rules))  # fmt: skip
+
+
+def _busy_cluster(seed: int, started: tuple[float, float]) -> tuple[Tenancy, ClusterSnapshot, list[Running]]:
+    """130 nodes of 8 GPUs, full: jobs of 1, 2 and 4 GPUs of queues a (a borrower), b and c, started in `started`,
+    some of a higher priority, some not preemptible; measured as columns by a round."""
+    rng = np.random.default_rng(seed)
+    queues = parse_queues(
+        'min_runtime = "5m"\n[queues.a]\nguarantee = { gpus = 40 }\n[queues.b]\nguarantee = { gpus = 300 }\n'
+        "[queues.c]\nguarantee = { gpus = 140 }\n",
+        "q.toml",
+    )
+    s = cluster(*(node(f"n{i}").gpus(8).cpu(int(rng.choice([64, 256]))).mem(2048) for i in range(130)))
+    t = Tenancy(queues, amount(1040 * 1000, 1040 * 81920, 130 * 256 * 1000, 130 * 2048 * 1024), 81920, lambda i: 81920)
+    running: list[Running] = []
+    k = 0
+    while s.gpu_full_free.sum():
+        size = int(rng.choice([1, 1, 1, 1, 1, 2, 4]))
+        if size > int(s.gpu_full_free.max()):
+            size = 1
+        queue = ("a", "a", "a", "c")[int(rng.integers(0, 4))]
+        r = Request(cpu_milli=1000 * int(rng.integers(1, 24)), memory_mib=1024, gpu_count=size, gpu_milli=1000,
+                    priority=int(rng.choice([0, 0, 0, 9])), id=str(k) if k % 3 else f"pod-{k}")  # fmt: skip
+        d = place(s, r, PlacementConfig(policy="binpack"), rng)
+        if d.allocation is None:  # (the CPU of a 64-core node ran out first)
+            r = dataclasses.replace(r, cpu_milli=0, gpu_count=1)
+            d = place(s, r, PlacementConfig(policy="binpack"), rng)
+        assert d.allocation is not None
+        s.allocate(d.allocation)
+        start = float(rng.uniform(*started))
+        running.append(Running(r.id, r, start, d.allocation.gpus, queue, f"u{k % 5}", preemptible=k % 11 != 0))
+        k += 1
+    assert len(running) >= quota.COLUMNS_FROM
+    t.plan_queues({}, running, (0, 0, 0, 0, 0), 10_000.0, 3600.0)
+    return t, s, running
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_search_from_the_columns_is_the_search_over_the_list(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`choose` and `protected` handed the candidates as columns (a Pool: the nodes ranked and bounded with numpy,
+    Victims made only for the nodes searched) decide exactly as handed the same candidates as a list: the same
+    victims, the same grant, the same number of placements, the same words; and the same protected time and pods,
+    from the same nodes in the same order, each with the same fewest candidates that could make room."""
+    searched: list[list[tuple[float, int, int]]] = []
+    search = preemption._protected_search
+
+    def recorded(*args: Any) -> Any:
+        searched.append(list(args[3]))
+        return search(*args)
+
+    monkeypatch.setattr(preemption, "_protected_search", recorded)
+    for started, size in (((2_000.0, 9_600.0), 8), ((2_000.0, 9_600.0), 4), ((9_000.0, 9_900.0), 8),
+                          ((9_750.0, 9_990.0), 8), ((9_750.0, 9_990.0), 2)):  # fmt: skip
+        t, s, running = _busy_cluster(seed, started)
+        rules = t.preemption_rules()
+        for prio in (0, 5):
+            head = Work("head", Request(cpu_milli=8000, memory_mib=1024, gpu_count=size, gpu_milli=1000,
+                                        priority=prio), "b", "u9")  # fmt: skip
+            pool = candidates(s, head, running, 10_000.0, rules)
+            assert isinstance(pool, Pool) and len(pool) > 100
+            listed = list(pool)
+            fast = choose(s, head, running, PlacementConfig(policy="binpack"), 10_000.0, rules, found=pool)
+            slow = choose(s, head, running, PlacementConfig(policy="binpack"), 10_000.0, rules, found=listed)
+            assert fast == slow, (started, size, prio)
+            searched.clear()
+            later = protected(s, head, running, PlacementConfig(policy="binpack"), 10_000.0, rules, pool)
+            assert later == protected(s, head, running, PlacementConfig(policy="binpack"), 10_000.0, rules, listed)
+            assert len(searched) in (0, 2) and searched[:1] == searched[1:]  # (none: no candidate is protected)
+            if started[0] > 9_700.0:  # every victim protected: no choice, but a time it helps
+                assert fast is None and later is not None and len(searched[0]) > 10
+            elif size == 4 or prio == 0:
+                assert fast is not None

@@ -480,7 +480,7 @@ def plan_pods(
     ends: dict[str, float] = {}
     default = face.round.default_time_limit_s
     allocations = snapshot.allocations
-    requests = requests or {}
+    requests = requests if requests is not None else {}  # (a BoundRequests counts 40,000 pods for its truth)
     wake_at: float | None = None
     enter = face.enter
     runs = face.runs
