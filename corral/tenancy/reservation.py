@@ -175,14 +175,12 @@ def book_fast(
     handed ends where every one before that T is moved to the last T where it does not fit: it then places twice,
     at the same T, by the same rule. `holdings`: the columns kept between rounds (FastBooker)."""
     held = snapshot.allocations
-    allocs: list[Allocation] = []
-    end_of: list[float] = []
-    for job, e in ends.items():
-        a = held.get(job)
-        if a is not None:
-            allocs.append(a)
-            end_of.append(e)
-    end = np.array(end_of, dtype=np.float64)
+    ids = list(ends)  # (a cluster's tens of thousands: read without a Python loop where none is missing)
+    end = np.fromiter(ends.values(), dtype=np.float64, count=len(ids))
+    if ends.keys() - held.keys():  # ends of allocations not in the snapshot are left out
+        kept = np.fromiter((i in held for i in ids), dtype=np.bool_, count=len(ids))
+        end, ids = end[kept], [i for i in ids if i in held]
+    allocs: list[Allocation] = list(map(held.__getitem__, ids))
     times = np.unique(end)
     if len(times) <= 2:
         return book(snapshot, request, ends, config)
@@ -216,7 +214,6 @@ def book_fast(
         else:
             lo = mid + 1
     # `book` from the last end where it does not fit (every job ending by then released at once), from the columns
-    ids = [a.request_id for a in allocs]
     first = lo - 1 if lo > 0 else 0
 
     def leaving() -> Iterator[tuple[float, list[str]]]:

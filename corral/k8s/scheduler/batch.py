@@ -69,8 +69,11 @@ class Bind:
     annotations: dict[str, str]
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False, slots=True)
 class Wait:
+    """(Not frozen: a round with queues makes one per waiting pod, ten thousand of them, and a frozen dataclass's
+    __init__ costs three times as much. Nothing changes one once made.)"""
+
     pod: Pending
     reason: str  # the engine's explanation, one line
     code: str  # a small fixed set (a Reason's name, INVALID, NO_NODES, IMPOSSIBLE): the pending-pods metric's label
