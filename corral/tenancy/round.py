@@ -365,9 +365,19 @@ def schedule(
             if len(failed) == shapes:
                 break
             continue
+        beside = booking is not None and outlives
         placements += 1
         try:
-            decision = _place(snapshot, request, job.instances, config, generator)
+            # One that runs past the reservation's start must fit beside it: placed there first (what is free
+            # beside it is free now, so a fit there is a start); only where it does not fit there is it placed on
+            # what is free now, to tell "no room now" from "would delay the reservation". (Each shape fails once.)
+            decision = _place(booking.view() if beside else snapshot, request, job.instances, config, generator)
+            if beside and decision.allocation is None:
+                placements += 1
+                now_decision = _place(snapshot, request, job.instances, config, generator)
+                if now_decision.allocation is None:
+                    decision = now_decision
+                    beside = False  # no room now: its words are the engine's, as for any job
         except InvalidRequest as exc:  # e.g. a GPU model this machine no longer has: can never start
             failed[entry.shape] = (str(exc), True)
             reasons[job.id] = str(exc)
@@ -375,23 +385,18 @@ def schedule(
             if len(failed) == shapes:
                 break
             continue
-        if booking is not None and outlives and decision.allocation is not None:
-            # It fits now; it runs past the reservation's start, so it must fit beside it too. (Tried now first:
-            # what does not fit now fits nowhere, so a long queue that cannot start costs one call per shape.)
-            placements += 1
-            decision = _place(booking.view(), request, job.instances, config, generator)
-            if decision.allocation is None:
-                r = booking.reservation
-                gpus = ", ".join(map(str, r.allocation.gpu_indices)) or "none"
-                delays[entry.shape] = (
-                    # No time in these words: a reason that changed every round would be rewritten for every
-                    # such job every round. `explain` gives the reservation's start.
-                    f"would delay the reservation of job {r.job_id} (GPUs {gpus}): a job behind it starts first "
-                    "only if it ends before the reservation starts (by its time limit, or the default) or fits "
-                    "beside it"
-                )
-                reasons[job.id] = delays[entry.shape]
-                continue
+        if beside and booking is not None and decision.allocation is None:
+            r = booking.reservation
+            gpus = ", ".join(map(str, r.allocation.gpu_indices)) or "none"
+            delays[entry.shape] = (
+                # No time in these words: a reason that changed every round would be rewritten for every
+                # such job every round. `explain` gives the reservation's start.
+                f"would delay the reservation of job {r.job_id} (GPUs {gpus}): a job behind it starts first "
+                "only if it ends before the reservation starts (by its time limit, or the default) or fits "
+                "beside it"
+            )
+            reasons[job.id] = delays[entry.shape]
+            continue
         if decision.allocation is not None:
             take(entry, Start(job.id, decision.allocation, decision.explanation.notes), end, outlives)
             continue

@@ -102,9 +102,22 @@ def test_a_long_job_that_fits_beside_the_reservation_starts() -> None:
     assert r is not None and r.start == 100.0 and set(r.allocation.gpu_indices) == {0, 1}
     assert [st.job_id for st in plan.starts] == ["11", "12"]  # GPU 3 and CPU the reservation does not need
     assert plan.starts[0].allocation.gpu_indices == (3,)
-    # Jobs 11 and 12 outlive the reservation's start, so the engine placed each twice (now, and beside the
-    # reservation); the only shape that could not be placed is the head's (what /metrics counts as unschedulable)
-    assert plan.placements == 5 and plan.unplaced == 1
+    # Jobs 11 and 12 outlive the reservation's start: each placed once, beside the reservation (what is free beside
+    # it is free now); the only shape that could not be placed is the head's (what /metrics counts as unschedulable)
+    assert plan.placements == 3 and plan.unplaced == 1
+
+
+def test_a_long_job_with_no_room_even_now_is_told_so_not_that_it_would_delay() -> None:
+    """A job that outlives the reservation and does not fit beside it is placed on what is free now too: where it
+    does not fit there either, its words are the engine's (no room), not the reservation's."""
+    s = box(4)
+    running(s, job(1), job(2), job(3))  # GPU 3 free
+    queue = [job(10, gpus=2, t=1), job(11, gpus=2, t=2, limit=1000, cpu=2000), job(12, t=3, limit=1000)]
+    plan = schedule(s, queue, CONFIG, now=10, ends={"1": 100.0, "2": 100.0, "3": 5000.0})
+    assert plan.reservation is not None and plan.reservation.job_id == "10"
+    assert "would delay" not in plan.waiting["11"] and "GPU" in plan.waiting["11"], plan.waiting["11"]
+    assert [st.job_id for st in plan.starts] == ["12"]
+    assert plan.placements == 4  # the head; job 11 beside it, then now; job 12 beside it
 
 
 def test_cpu_the_reservation_needs_is_not_backfilled_past_its_start() -> None:
