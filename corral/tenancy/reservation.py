@@ -77,7 +77,8 @@ class Booking:
                     return
                 except AllocationError:
                     pass
-        self._view = None
+        if self._view is not None:  # only its node changed: that row of the view made again, not the whole view
+            intersect_row(self._view, self.now, self.shadow, allocation.node_index)
 
 
 def expected_end(started_at: float | None, time_limit_s: float | None, default_s: float, now: float) -> float:
@@ -134,16 +135,31 @@ def _book(
     return None
 
 
-def intersect(now: ClusterSnapshot, shadow: ClusterSnapshot) -> ClusterSnapshot:
-    """A snapshot whose free resources are, per node and GPU, the smaller of `now`'s and `shadow`'s. A GPU whose
-    shares belong to different owners in the two is not offered at all."""
-    both = now.copy(allocations=False)  # (a view to place on: no job is released from it by id)
-    both.cpu_free = np.minimum(now.cpu_free, shadow.cpu_free)
-    both.mem_free = np.minimum(now.mem_free, shadow.mem_free)
-    both.gpu_milli_free = np.minimum(now.gpu_milli_free, shadow.gpu_milli_free)
-    both.gpu_mem_free = np.minimum(now.gpu_mem_free, shadow.gpu_mem_free)
+def intersect_row(both: ClusterSnapshot, now: ClusterSnapshot, shadow: ClusterSnapshot, i: int) -> None:
+    """Node `i` of `both` (an `intersect` of the two) made again from them, after one of them changed there."""
+    static = now.STATIC_COLUMNS
+    for key, value in now.__dict__.items():
+        if isinstance(value, np.ndarray) and key not in static and key != "version":
+            getattr(both, key)[i] = value[i]
+    both.cpu_free[i] = min(now.cpu_free[i], shadow.cpu_free[i])
+    both.mem_free[i] = min(now.mem_free[i], shadow.mem_free[i])
+    both.gpu_milli_free[i] = np.minimum(now.gpu_milli_free[i], shadow.gpu_milli_free[i])
+    both.gpu_mem_free[i] = np.minimum(now.gpu_mem_free[i], shadow.gpu_mem_free[i])
+    _owners(
+        both, shadow, [i] * int(np.count_nonzero(shadow.gpu_owner[i] >= 0)), np.flatnonzero(shadow.gpu_owner[i] >= 0)
+    )
+    present = both.gpu_present[i]
+    both.gpu_free_total[i] = int(np.where(present, both.gpu_milli_free[i], 0).sum())
+    whole = present & (both.gpu_milli_free[i] == MILLI_PER_GPU) & (both.gpu_mem_free[i] == both.gpu_mem_cap[i])
+    both.gpu_full_free[i] = int(whole.sum())
+    both.version[i] += 1
+
+
+def _owners(both: ClusterSnapshot, shadow: ClusterSnapshot, rows: Iterable[int], gpus: Iterable[int]) -> None:
+    """The share owners of `shadow`'s owned GPUs (rows, gpus) carried into `both`: where `both`'s GPU has no owner
+    it takes the shadow's; where it has another, the GPU is not offered at all."""
     names = {v: k for k, v in shadow.owner_ids.items()}
-    for i, j in zip(*np.nonzero(shadow.gpu_owner >= 0), strict=True):
+    for i, j in zip(rows, gpus, strict=True):
         theirs = both.owner_id(names[int(shadow.gpu_owner[i, j])])
         mine = int(both.gpu_owner[i, j])
         if mine == -1:
@@ -152,6 +168,17 @@ def intersect(now: ClusterSnapshot, shadow: ClusterSnapshot) -> ClusterSnapshot:
         elif mine != theirs:
             both.gpu_milli_free[i, j] = 0
             both.gpu_mem_free[i, j] = 0
+
+
+def intersect(now: ClusterSnapshot, shadow: ClusterSnapshot) -> ClusterSnapshot:
+    """A snapshot whose free resources are, per node and GPU, the smaller of `now`'s and `shadow`'s. A GPU whose
+    shares belong to different owners in the two is not offered at all."""
+    both = now.copy(allocations=False)  # (a view to place on: no job is released from it by id)
+    both.cpu_free = np.minimum(now.cpu_free, shadow.cpu_free)
+    both.mem_free = np.minimum(now.mem_free, shadow.mem_free)
+    both.gpu_milli_free = np.minimum(now.gpu_milli_free, shadow.gpu_milli_free)
+    both.gpu_mem_free = np.minimum(now.gpu_mem_free, shadow.gpu_mem_free)
+    _owners(both, shadow, *np.nonzero(shadow.gpu_owner >= 0))
     present = both.gpu_present
     both.gpu_free_total = np.where(present, both.gpu_milli_free, 0).sum(axis=1).astype(np.int64)
     whole = present & (both.gpu_milli_free == MILLI_PER_GPU) & (both.gpu_mem_free == both.gpu_mem_cap)

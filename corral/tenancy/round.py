@@ -371,7 +371,8 @@ def schedule(
             # One that runs past the reservation's start must fit beside it: placed there first (what is free
             # beside it is free now, so a fit there is a start); only where it does not fit there is it placed on
             # what is free now, to tell "no room now" from "would delay the reservation". (Each shape fails once.)
-            decision = _place(booking.view() if beside else snapshot, request, job.instances, config, generator)
+            space = booking.view() if beside and booking is not None else snapshot
+            decision = _place(space, request, job.instances, config, generator)
             if beside and decision.allocation is None:
                 placements += 1
                 now_decision = _place(snapshot, request, job.instances, config, generator)

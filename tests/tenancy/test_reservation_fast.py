@@ -9,7 +9,7 @@ import pytest
 from corral.model.resources import Allocation, GpuGrant
 from corral.model.snapshot import ClusterSnapshot
 from corral.placement import PlacementConfig, place
-from corral.tenancy.reservation import FastBooker, book, book_fast
+from corral.tenancy.reservation import FastBooker, book, book_fast, intersect
 from tests.builders import cluster, gpus, node
 
 CONFIG = PlacementConfig(policy="binpack")
@@ -72,3 +72,38 @@ def test_a_reservation_waits_only_for_jobs_on_its_node() -> None:
     b = book(s, gpus(1, id="head"), {"on-a": 600.0, "on-b": 600.0}, CONFIG)
     assert b is not None
     assert b.reservation.waits_for == (f"on-{b.reservation.allocation.node}",)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_view_beside_a_reservation_follows_each_start_row_by_row(seed: int) -> None:
+    """After each start (one that outlives the reservation, granted in both books, or one that ends before it, in
+    `now` only) the view a backfilled job is placed on is exactly `intersect(now, shadow)` made afresh, in every
+    column the engine reads, though only the started job's node was made again; shares of an owner included."""
+    s, ends = busy(seed)
+    for j in list(ends)[::3]:  # room for starts
+        s.release(j)
+        del ends[j]
+    for i in range(0, len(s), 3):  # some shares of an owner where half GPUs are free
+        d = place(s, gpus(1, milli=250, id=f"own{i}", share_owner="team"), CONFIG, np.random.default_rng(i))
+        if d.allocation is not None:
+            s.allocate(d.allocation)
+            ends[d.allocation.request_id] = 600.0
+    booking = book(s, gpus(4, id="head"), ends, CONFIG)
+    assert booking is not None
+    rng = np.random.default_rng(seed)
+    started = 0
+    for k in range(40):
+        outlives = bool(rng.random() < 0.5)
+        owner = "team" if rng.random() < 0.3 else ""
+        ask = gpus(1, milli=250 if owner else 1000, cpu=1000, id=f"new{k}", share_owner=owner)
+        d = place(booking.view() if outlives else booking.now, ask, CONFIG, rng)
+        if d.allocation is None:
+            continue
+        booking.now.allocate(d.allocation)
+        booking.took(d.allocation, outlives)
+        started += 1
+        view, fresh = booking.view(), intersect(booking.now, booking.shadow)
+        for column in ("cpu_free", "mem_free", "gpu_milli_free", "gpu_mem_free", "gpu_free_total", "gpu_full_free",
+                       "tag_counts", "gpu_owner", "gpu_owner_shares"):  # fmt: skip
+            assert np.array_equal(getattr(view, column), getattr(fresh, column)), (k, column)
+    assert started >= 10
