@@ -226,15 +226,17 @@ def book_fast(
             future, request, config, np.random.default_rng(0), explain_placed=False, explain_refused=False
         ).placed
 
-    if not fits(len(times) - 1):
-        return None
+    # (no probe with every job gone first: where nothing ever fits, the search ends at the last end and `book`
+    # finds nothing there either; one whole-GPU request no node can ever hold is known without a placement)
     lo, hi = _earliest(snapshot, request, times, end, node, g_milli, g_mem), len(times) - 1
+    if lo > hi:
+        return None
     if lo < hi:  # the bound is mostly the answer: tried first
         if fits(lo):
             hi = lo
         else:
             lo += 1
-    while lo < hi:  # invariant: fits(hi); everything before lo does not fit
+    while lo < hi:  # invariant: fits(hi) unless nothing fits; everything before lo does not fit
         mid = (lo + hi) // 2
         if fits(mid):
             hi = mid
@@ -262,7 +264,8 @@ def _earliest(
 ) -> int:
     """The first of `times` at which some node could have the request's whole GPUs free (0: no bound): a GPU is
     whole once it is whole now, or every job holding part of it is among those leaving, at the last of their ends
-    (held by anything else, it never is). Before that no placement can fit, so the search starts there."""
+    (held by anything else, it never is). Before that no placement can fit, so the search starts there;
+    len(times) when no node ever could."""
     k = request.gpu_count
     width = snapshot.max_gpus
     if not request.whole_gpus or not 0 < k <= width:
@@ -280,7 +283,7 @@ def _earliest(
     leaving = (milli == MILLI_PER_GPU - snapshot.gpu_milli_free) & (mem == cap - snapshot.gpu_mem_free)
     free_at = np.where(whole_now, -np.inf, np.where(snapshot.gpu_present & leaving, last.reshape(n, width), np.inf))
     bound = float(np.sort(free_at, axis=1)[:, k - 1].min())
-    return min(int(np.searchsorted(times, bound, side="left")), len(times) - 1)
+    return int(np.searchsorted(times, bound, side="left"))  # len(times): never (held by what never ends)
 
 
 class FastBooker:

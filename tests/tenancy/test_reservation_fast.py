@@ -107,3 +107,29 @@ def test_the_view_beside_a_reservation_follows_each_start_row_by_row(seed: int) 
                        "tag_counts", "gpu_owner", "gpu_owner_shares"):  # fmt: skip
             assert np.array_equal(getattr(view, column), getattr(fresh, column)), (k, column)
     assert started >= 10
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_book_fast_finds_nothing_where_book_finds_nothing(seed: int) -> None:
+    """Where only some jobs are expected to end (the rest hold their GPUs for good, as pods of other schedulers do),
+    a request may never fit: book_fast books nothing exactly where book books nothing, for whole GPUs (known
+    without a placement) and for shares and CPU (the search runs to the last end), and the same where it fits."""
+    s, ends = busy(seed)
+    rng = np.random.default_rng(seed)
+    nothing = 0
+    held = s.allocations
+    for name, some in (
+        ("CPU-only jobs", {j: e for j, e in ends.items() if not held[j].gpus}),
+        ("even nodes", {j: e for j, e in ends.items() if held[j].node_index % 2 == 0}),
+        ("half", {j: e for j, e in ends.items() if rng.random() < 0.5}),
+    ):
+        keep = name
+        for ask in (gpus(4, id="head"), gpus(2, id="head"), gpus(1, milli=500, cpu=30000, id="head"),
+                    gpus(1, cpu=31000, id="head")):  # fmt: skip
+            want = book(s, ask, some, CONFIG)
+            got = book_fast(s, ask, some, CONFIG)
+            assert (want is None) == (got is None), (keep, ask)
+            if want is not None and got is not None:
+                assert got.reservation == want.reservation
+            nothing += want is None
+    assert nothing >= 2
