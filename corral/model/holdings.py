@@ -4,6 +4,8 @@ per allocation (corral.tenancy.reservation's probes, corral.tenancy.preemption's
 
 from __future__ import annotations
 
+from itertools import repeat
+
 import numpy as np
 import numpy.typing as npt
 
@@ -38,7 +40,7 @@ class Holdings:
                 + (np.zeros(0, dtype=np.int64),)
             )
         slot = self._slot
-        rows = np.fromiter((slot.get(id(a), -1) for a in allocs), np.int64, n)
+        rows = np.fromiter(map(slot.get, map(id, allocs), repeat(-1)), np.int64, n)  # (no Python loop)
         fresh = np.flatnonzero(rows < 0).tolist()
         if fresh:
             start = len(self._objs)

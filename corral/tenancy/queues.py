@@ -19,8 +19,10 @@ overrides (serve reads the system's; by default a user is in no group).
 
 from __future__ import annotations
 
+from bisect import insort
 from collections import Counter
 from collections.abc import Callable, Hashable, Mapping, Sequence
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -156,7 +158,7 @@ class Tenancy:
             self._account_numbers = {}
         numbers = self._account_numbers
         slot = store.slot
-        rows = np.fromiter((slot.get(i, -1) for i in ids), np.int64, n)
+        rows = np.fromiter(map(slot.get, ids, repeat(-1)), np.int64, n)  # (no Python loop: tens of thousands)
         fresh = np.flatnonzero(rows < 0).tolist()
         if fresh:
             start, k = len(store.jobs), len(fresh)
@@ -186,8 +188,11 @@ class Tenancy:
             store.starts = np.concatenate((store.starts, starts))
             store.code = np.concatenate((store.code, code))
             rows[fresh] = np.arange(start, start + k)
-            # (the rows already ranked are one sorted run: the sort merges the new ones into it)
-            store.ranked = sorted(store.ranked + list(range(start, start + k)), key=store.keys.__getitem__)
+            if k * 64 < len(store.ranked):  # a few new jobs among many: each put in its place
+                for row in range(start, start + k):
+                    insort(store.ranked, row, key=store.keys.__getitem__)
+            else:  # (the rows already ranked are one sorted run: the sort merges the new ones into it)
+                store.ranked = sorted(store.ranked + list(range(start, start + k)), key=store.keys.__getitem__)
             store.rank = np.empty(len(store.ranked), dtype=np.int64)
             store.rank[store.ranked] = np.arange(len(store.ranked))
         # start keys never tie between two jobs (the id is in them), so ordering by rank is their sort
