@@ -103,18 +103,25 @@ def test_the_kept_columns_follow_jobs_that_come_and_go() -> None:
     running = pool[:900]
     rng = np.random.default_rng(5)
     stored = []
-    for step in range(6):
+    taken = 900
+    for step in range(10):
         got = t._measure(running)
+        ranked = [t._store.keys[r] for r in t._store.ranked]  # the store's rows by start key, new ones merged in
+        assert all(a < b for a, b in itertools.pairwise(ranked)) and len(ranked) == len(t._store.jobs)
         want = quota._measure_jobs(QUEUES, sorted(running, key=quota.start_key), held, groups)
         assert (got.queue, got.queue_user, got.borrowing_ids) == (want.queue, want.queue_user, want.borrowing_ids)
         usages = t.usages(running, 5000.0 + step)
         for acc in [("queue", q) for q in {j.queue for j in running}]:
             mine = [(t.held_vector(j), s) for j in running if j.queue == acc[1] and (s := j.started_at) is not None]
             assert np.array_equal(usages[acc], t.ledger.usage(acc, 5000.0 + step, mine)), (step, acc)
-        # some end, some start (new objects), the rest keep running in a new list
+        # some end, some start (new objects), the rest keep running in a new list; every other round only a few
+        # start among many (each put in its place in the ranked store, not the whole store sorted again)
         stored.append(len(t._store.jobs))
-        keep = [j for j in running if rng.random() > 0.6]
-        fresh = pool[900 + step * 350 : 900 + (step + 1) * 350]
+        few = step % 2 == 1
+        keep = [j for j in running if rng.random() > (0.01 if few else 0.6)]
+        k = 3 if few else 350
+        fresh = pool[taken : taken + k]
+        taken += k
         running = keep + fresh
     assert any(b < a for a, b in itertools.pairwise(stored))  # the store was compacted on the way
 
