@@ -11,8 +11,8 @@ reason new) and the rounds after it.
 
 Backfill with a reservation (issue 14): the same queue behind a 4-GPU head on a machine whose 8 GPUs are held by
 jobs with time limits (distinct expected ends), two of them free: the pass books the head's reservation, then checks
-every job that fits now against it (a second placement on the reservation's view for those that run past its
-start), with the jobs' own time limits drawn from a few values.
+every job that fits now against it (those that run past its start placed on the reservation's view, and on what is
+free now only where they do not fit there), with the jobs' own time limits drawn from a few values.
 
 Queues and fair share (issue 14): the backfill case with its jobs spread over 40 users in 4 queues (a guarantee, a
 limit, a per-user limit, weights), a usage history of 2,000 finished jobs in the fair-share ledger: the pass orders

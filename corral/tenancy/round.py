@@ -216,11 +216,17 @@ NO_ROOM_NOW = "no node has room for it now"
 
 def may_fit(snapshot: ClusterSnapshot, request: Request) -> bool:
     """A necessary condition for `request` to fit now: some node has its CPU, its memory and as many GPUs as it asks
-    for with its GPU milli free (models and GPU memory are left to `place`). Far cheaper than a failed `place` on a
-    cluster (sim fair's openb replay: fair-backfill 124 s without it, 40 s with it, BENCHMARKS.md)."""
+    for wholly free (whole GPUs), or with its GPU milli and memory free (a share; models are left to `place`). Far
+    cheaper than a failed `place` on a cluster (sim fair's openb replay: fair-backfill 124 s without it, 40 s with
+    it, BENCHMARKS.md)."""
     ok = (snapshot.cpu_free >= request.cpu_milli) & (snapshot.mem_free >= request.memory_mib)
-    if request.gpu_count:
-        ok &= np.count_nonzero(snapshot.gpu_milli_free >= request.gpu_milli, axis=1) >= request.gpu_count
+    if request.gpu_count and request.whole_gpus:  # whole GPUs are granted only where nothing of them is held
+        ok &= snapshot.gpu_full_free >= request.gpu_count
+    elif request.gpu_count:  # a share: its milli and its memory free on one GPU, of at least its minimum memory
+        gpu = (snapshot.gpu_milli_free >= request.gpu_milli) & (snapshot.gpu_mem_free >= request.gpu_memory_mib)
+        if request.min_gpu_memory_mib:
+            gpu &= snapshot.gpu_mem_cap >= request.min_gpu_memory_mib
+        ok &= np.count_nonzero(gpu, axis=1) >= request.gpu_count
     return bool(ok.any())
 
 
@@ -365,12 +371,14 @@ def schedule(
             if len(failed) == shapes:
                 break
             continue
-        beside = booking is not None and outlives
+        # One that runs past the reservation's start must fit beside it: placed there first (what is free beside it
+        # is free now, so a fit there is a start); only where it does not fit there is it placed on what is free
+        # now, to tell "no room now" from "would delay the reservation". One that fails the necessary test now
+        # (may_fit; already passed with the prefilter) is placed on what is free now only. (Each shape fails once.)
+        beside = (booking is not None and outlives
+                  and ((prefilter and job.instances == 1) or may_fit(snapshot, request)))  # fmt: skip
         placements += 1
         try:
-            # One that runs past the reservation's start must fit beside it: placed there first (what is free
-            # beside it is free now, so a fit there is a start); only where it does not fit there is it placed on
-            # what is free now, to tell "no room now" from "would delay the reservation". (Each shape fails once.)
             space = booking.view() if beside and booking is not None else snapshot
             decision = _place(space, request, job.instances, config, generator)
             if beside and decision.allocation is None:

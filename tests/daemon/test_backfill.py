@@ -117,7 +117,7 @@ def test_a_long_job_with_no_room_even_now_is_told_so_not_that_it_would_delay() -
     assert plan.reservation is not None and plan.reservation.job_id == "10"
     assert "would delay" not in plan.waiting["11"] and "GPU" in plan.waiting["11"], plan.waiting["11"]
     assert [st.job_id for st in plan.starts] == ["12"]
-    assert plan.placements == 4  # the head; job 11 beside it, then now; job 12 beside it
+    assert plan.placements == 3  # the head; job 11 on what is free now only (no room by the necessary test); job 12
 
 
 def test_cpu_the_reservation_needs_is_not_backfilled_past_its_start() -> None:
