@@ -98,11 +98,14 @@ def cgroup_pids(leaf: str) -> list[int]:
     return pids
 
 
-def signal_cgroup(leaf: str, sig: int) -> None:
-    """`sig` to every process of the cgroup (a SIGTERM reaches setsid'd children too, not only the job's group)."""
+def signal_cgroup(leaf: str, sig: int, signalled_group: int | None = None) -> None:
+    """`sig` to every process of the cgroup (a SIGTERM reaches setsid'd children too, not only the job's group), but
+    not to those of `signalled_group`, the job's process group that was just sent it: a process that handles SIGTERM
+    must get it once (a shell's trap ran twice, saving its work twice)."""
     for pid in cgroup_pids(leaf):
-        try:  # noqa: SIM105 - contextlib is one more import at every start
-            os.kill(pid, sig)
+        try:
+            if signalled_group is None or os.getpgid(pid) != signalled_group:
+                os.kill(pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
 
@@ -389,7 +392,7 @@ def terminate(pid: int, leaf: str | None, sig: signal.Signals) -> None:
     if leaf and sig == signal.SIGKILL:
         kill_cgroup(leaf)
     elif leaf:
-        signal_cgroup(leaf, sig)
+        signal_cgroup(leaf, sig, pid)
 
 
 def read_all(fd: int) -> bytes:

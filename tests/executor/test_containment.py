@@ -129,6 +129,47 @@ def test_a_job_trapping_sigterm_gets_it_then_is_killed_with_its_children(ex: Loc
     assert "got TERM" in spec.log_path.read_text()  # asked politely first, setsid or not
 
 
+def test_sigterm_reaches_each_process_of_a_job_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cancel's SIGTERM goes to the job's process group and to every process of its cgroup outside that group (a
+    setsid'd child): each process is sent it once. (Sent to the group and again to each process of the cgroup, a
+    shell's trap ran twice when the second came after the first was handled: the preempted job saved its work
+    twice, tests/daemon/test_preemption.py.)"""
+    import subprocess
+
+    from corral.executor import _supervise
+
+    # the job: a shell leading its own process group, with a child in that group
+    leader = subprocess.Popen(["sh", "-c", "sleep 30 & echo $!; wait"], start_new_session=True, stdout=subprocess.PIPE)
+    assert leader.stdout is not None
+    member = int(leader.stdout.readline())
+    apart = subprocess.Popen(["sleep", "30"], start_new_session=True)  # a setsid'd grandchild: a group of its own
+    real_killpg = os.killpg
+    try:
+        leaf = tmp_path / "leaf"
+        (leaf / "sub").mkdir(parents=True)  # shaped like a cgroup: the job's processes listed in its files
+        (leaf / "cgroup.procs").write_text(f"{leader.pid}\n{member}\n")
+        (leaf / "sub" / "cgroup.procs").write_text(f"{apart.pid}\n")
+        got: dict[int, int] = {}
+
+        def killpg(pgid: int, sig: int) -> None:
+            for pid in (leader.pid, member, apart.pid):
+                if os.getpgid(pid) == pgid:
+                    got[pid] = got.get(pid, 0) + 1
+
+        def kill(pid: int, sig: int) -> None:
+            got[pid] = got.get(pid, 0) + 1
+
+        monkeypatch.setattr(os, "killpg", killpg)
+        monkeypatch.setattr(os, "kill", kill)
+        _supervise.terminate(leader.pid, str(leaf), signal.SIGTERM)
+        assert got == {leader.pid: 1, member: 1, apart.pid: 1}
+    finally:
+        real_killpg(leader.pid, signal.SIGKILL)
+        real_killpg(apart.pid, signal.SIGKILL)
+        leader.wait()
+        apart.wait()
+
+
 @needs_cgroups
 def test_what_a_job_leaves_behind_when_it_exits_is_killed(ex: LocalExecutor, tmp_path: Path) -> None:
     pidfile = tmp_path / "left.pid"
