@@ -539,6 +539,49 @@ def test_a_reason_that_changes_soon_after_is_written_when_its_interval_is_up(
     assert len([c for c in api.calls if c[0] == "patch_pod_status"]) == 2
 
 
+def test_a_move_in_its_queue_sends_no_event_and_is_written_later_than_a_new_reason(
+    api: FakeKubeApi, run: Callable[..., Scheduler], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With queues every waiting pod's words name its place ("position i of n"), which moves whenever a pod arrives
+    or starts: a move alone sends no FailedScheduling event, and its condition waits CONDITION_POSITION_EVERY (not
+    CONDITION_EVERY); a new reason is written and told as before, the move's wait notwithstanding."""
+    monkeypatch.setattr(core_mod, "CONDITION_EVERY", 0.0)
+    monkeypatch.setattr(core_mod, "CONDITION_POSITION_EVERY", 3600.0)
+    monkeypatch.setattr(core_mod, "EVENTS_PER_WINDOW", 100)  # (not the per-pod limit: the rule for a move)
+    s = run()
+    api.put_pod(gpu_pod("big", 4))
+    wait_for("the first condition", lambda: bool(api.pods[("default", "big")]["status"].get("conditions")))
+    wait_for("its event", lambda: any(e["involvedObject"]["name"] == "big" for _, e in api.events))
+    w = s._unschedulable[api.pods[("default", "big")]["metadata"]["uid"]]
+
+    def told(reason: str) -> tuple[int, int, str]:
+        with s._cond:
+            w.reason = reason
+        s.write_reason(w)
+        [c] = api.pods[("default", "big")]["status"]["conditions"]
+        patches = len([x for x in api.calls if x[0] == "patch_pod_status" and x[2] == "big"])
+        return patches, len([e for _, e in api.events if e["involvedObject"]["name"] == "big"]), str(c["message"])
+
+    p0, e0, _ = told("queue q, position 2 of 5; held by no room: A")
+    assert told("queue q, position 1 of 6; held by no room: A") == (
+        p0,
+        e0,
+        "queue q, position 2 of 5; held by no room: A",
+    )
+    assert told("queue q, position 1 of 6; held by the limit: B") == (
+        p0 + 1,
+        e0 + 1,
+        "queue q, position 1 of 6; held by the limit: B",
+    )
+    moved = told("queue q; held by the limit: B")  # out of line: its place alone changed
+    assert moved == (p0 + 1, e0 + 1, "queue q, position 1 of 6; held by the limit: B")
+    monkeypatch.setattr(core_mod, "CONDITION_POSITION_EVERY", 0.0)  # (its wait is up)
+    assert told("queue q, position 3 of 7; held by the limit: B") == (
+        p0 + 2, e0 + 1, "queue q, position 3 of 7; held by the limit: B")  # fmt: skip
+    assert told("queue q, position 3 of 7; held by the limit: B")[1] == e0 + 1  # still a move since its last event
+    assert told("queue q, position 1 of 6; held by the limit: B")[1] == e0 + 2  # its last event's words: as before
+
+
 def _required(*terms: list[dict[str, Any]], kind: str = "matchExpressions") -> dict[str, Any]:
     return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
         "nodeSelectorTerms": [{kind: t} for t in terms]}}}  # fmt: skip

@@ -75,6 +75,15 @@ EVENTS_PER_WINDOW = 3
 EVENT_WINDOW = 60.0
 #: A pod's PodScheduled condition is patched when its reason changes, at most once in this many seconds.
 CONDITION_EVERY = 10.0
+#: ... and when only its place in its queue changed ("position i of n": every waiting pod's, whenever a pod arrives
+#: or starts), at most once in one to two times this many (`corral k8s explain` and /explain say it live): a queue
+#: of 10,000 pods rewrote 1,000 conditions a second, and that work (the API server's, and the scheduler's own for
+#: the watch events it brings back) slowed the rounds on a shared machine (benchmarks/k8s_round_plane.py: a minute
+#: still let the writes' bursts stretch one round in ten past 200 ms). Such a change sends no event.
+CONDITION_POSITION_EVERY = 300.0
+#: The queue position in a waiting pod's words (tenancy.held_text): what differs between two messages that say the
+#: same thing about a pod whose place in line moved.
+_POSITION = re.compile(r", position \d+ of \d+;")
 #: What a condition or event message may hold (the API server's events.k8s.io limit is 1 KiB).
 #: Delay before a pod whose Binding failed is placed again: this x 2^(failures-1), at most BIND_RETRY_MAX.
 BIND_RETRY = 0.05
@@ -137,7 +146,9 @@ class Waiting:
     written_at: float = -1e9
     since: str = ""  # when its condition first said Unschedulable (lastTransitionTime)
     due: bool = False  # a condition write waits for CONDITION_EVERY to be up
+    due_at: float = 0.0  # (until then)
     events: list[float] = field(default_factory=list)  # when its FailedScheduling events were sent
+    evented: str = ""  # the last event's message
     #: A pod corral could not read, kept with the cluster's GPU sizes it was read against: read again once those
     #: change (a HAMi percentage of GPU memory needs a GPU of its type to exist). None for a pod that was read.
     unread: tuple[JsonObj, dict[str, int]] | None = None
@@ -1108,11 +1119,16 @@ class Scheduler:
                 return  # placed or gone meanwhile
             message = short(w.reason)
         now = time.monotonic()
-        if message != w.written and now - w.written_at < CONDITION_EVERY:
+        gist = _POSITION.sub(";", message)
+        moved = message != w.written and gist == _POSITION.sub(";", w.written)  # only its place in line changed
+        # (a move's wait spread over one to two CONDITION_POSITION_EVERY by the pod's number: a queue's pods all move
+        # at once, and their writes, and the watch events they bring back, would come due at once)
+        every = CONDITION_POSITION_EVERY * (1 + (w.seq % 64) / 64) if moved else CONDITION_EVERY
+        if message != w.written and now - w.written_at < every:
             with self._write_cond:
-                if not w.due:
-                    w.due = True
-                    heapq.heappush(self._due, (w.written_at + CONDITION_EVERY, w.seq, w))
+                if not w.due or w.written_at + every < w.due_at:  # (a real change is not held to a move's wait)
+                    w.due, w.due_at = True, w.written_at + every
+                    heapq.heappush(self._due, (w.due_at, w.seq, w))
         elif message != w.written:
             w.since = w.since or now_iso()
             condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message,
@@ -1125,13 +1141,14 @@ class Scheduler:
             except KubeApiError as exc:
                 self.metrics.conditions.labels("failed").inc()
                 log.warning("pod %s: cannot set its PodScheduled condition: %s", w.pending.name, exc)
-        if not event:
-            return
+        if not event or (message != w.evented and gist == _POSITION.sub(";", w.evented)):
+            return  # (its place in line alone changed since its last event: no news for another)
         w.events = [t for t in w.events if now - t < EVENT_WINDOW]
         if len(w.events) >= EVENTS_PER_WINDOW:
             self.metrics.events.labels("suppressed").inc()
             return
         w.events.append(now)
+        w.evented = message
         self.limiter.acquire(self.stop)
         try:
             self.api.create_event(w.namespace, self._event(w, message))
