@@ -107,6 +107,9 @@ class Cluster:
         out: dict[str, Bind | Wait] = {}
         for d in r.decisions:
             out[d.pod.name.split("/")[1]] = d
+            hold = r.holds.get(d.pod.key)
+            if isinstance(d, Wait) and hold is not None and hold.holds != "its own pod spec or its PodGroup":
+                assert d.reason.startswith(f"{hold.text()}: "), (hold, d.reason)  # every pod's words, however made
             if isinstance(d, Bind) and commit:
                 obj = by_key[d.pod.key]
                 meta = obj["metadata"]

@@ -537,6 +537,9 @@ def plan_pods(
     n_line = len(in_line)
     # A round's thousands of waiting pods share a few (reason, gang, limit) texts: each is worded once
     worded: dict[tuple[str, str, str | None], tuple[str, str, str]] = {}
+    # ... and per queue the pieces of each text around the pod's position (head, tail, the words at position 0)
+    pieces: dict[tuple[str, str, str, str | None], tuple[str, str, str]] = {}
+    entry_of = face.cache.known
     for p in offered:
         key = p.key
         if key in out:
@@ -544,8 +547,18 @@ def plan_pods(
         reason = reasons.get(key, "waiting for the next round")
         if reason == NO_ROOM_NOW and p.ask is not None:
             # the prefilter's short words: the engine's own, once per shape a round (what a user acts on)
-            reason = _explained(snapshot, p, explained, face)
+            entry = entry_of(p)
+            worded_shape = explained.get(entry.shape) if entry is not None else None
+            reason = worded_shape if worded_shape is not None else _explained(snapshot, p, explained, face)
         limited = limited_of.get(key)
+        if key not in preempting and key not in reservation:  # (all but one or two pods a round)
+            at = positions.get(key, 0)
+            piece = pieces.get((p.queue, reason, p.gang, limited))
+            if piece is not None:
+                _, kind, code = worded[(reason, p.gang, limited)]
+                holds[key] = Hold(p.queue, at, n_line, kind)
+                out[key] = Wait(p, f"{piece[0]}{at}{piece[1]}" if at else piece[2], code, key in unresolvable)
+                continue
         texts = worded.get((reason, p.gang, limited))
         if texts is None:
             kind = _kind(reason, limited)
@@ -573,6 +586,8 @@ def plan_pods(
             out[key] = Wait(p, f"{hold.text()}: {said}", code, key in unresolvable)
             continue
         at = positions.get(key, 0)
+        head, tail = f"queue {p.queue}, position ", f" of {n_line}; held by {kind}: {said}"
+        pieces[(p.queue, reason, p.gang, limited)] = (head, tail, f"{held_text(p.queue, 0, n_line, kind)}: {said}")
         holds[key] = Hold(p.queue, at, n_line, kind)
         out[key] = Wait(p, f"{held_text(p.queue, at, n_line, kind)}: {said}", code, key in unresolvable)
     for p in pending:
