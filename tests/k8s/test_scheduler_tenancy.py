@@ -24,6 +24,7 @@ from corral.k8s.scheduler.http import answer
 from corral.k8s.scheduler.tenancy import (
     TIME_LIMIT_ANNOTATION,
     Bound,
+    BoundRequests,
     Evictions,
     Face,
     NoEvictions,
@@ -516,3 +517,60 @@ def test_pods_created_in_one_second_are_ordered_as_they_came_not_by_uid() -> Non
         assert s.explain("default/along")["held_by"] == "the reservation of pod default/zbig"
     finally:
         s.close()
+
+
+def test_a_round_over_the_same_bound_pods_reuses_their_part_and_decides_the_same() -> None:
+    """Where the bound pods and their grants are as last round (a full cluster whose queue grows: nothing starts),
+    the round takes their Running records, ends and wake from what the last one kept: the same words, plan,
+    running pods, ends (pods without a time limit included) and wake as a face that walks them all."""
+    import benchmarks.k8s_round as kr
+    from corral.k8s.scheduler import tenancy as face_mod
+
+    state, bound, pods, face = kr.build(40, 60)
+    later = kr.NOW + 200.0
+    for i, k in enumerate(list(bound)):  # without a time limit, past their end by `later`, in their minimum runtime
+        b = bound[k]
+        limit = None if i % 5 == 0 else 1800.0 if i % 3 == 0 else b.time_limit_s
+        bound[k] = dataclasses.replace(b, time_limit_s=limit, started_at=later - 100 if i % 7 == 0 else b.started_at)
+        if i % 11 == 0:  # being stopped: its minimum runtime wakes nothing
+            bound[k] = dataclasses.replace(bound[k], started_at=later - 200, stopping=True)
+    s = state.snapshot
+    assert s is not None
+
+    def round_at(f: Face, now: float) -> Any:
+        r = plan_pods(f, pods, s, dict(bound), now, None, kr.Accepting(), None, BoundRequests(state.pods, bound))
+        for d in r.decisions:  # given back: the same books next round
+            if isinstance(d, Bind):
+                s.release(d.allocation.request_id)
+        return r
+
+    round_at(face, kr.NOW)
+    kept = face.bound_round
+    assert kept is not None
+    walks: list[int] = []
+    real = face_mod._bound_round
+
+    def counted(*a: Any) -> Any:
+        walks.append(1)
+        return real(*a)
+
+    try:
+        face_mod._bound_round = counted  # type: ignore[assignment]
+        again = round_at(face, later)
+        assert walks == [] and face.bound_round is kept  # (no walk: the kept part)
+        fresh_face = Face.of(face.config, face.round.placement)
+        fresh = round_at(fresh_face, later)
+        assert walks == [1]
+    finally:
+        face_mod._bound_round = real
+    assert [d.reason for d in again.decisions if isinstance(d, Wait)] == [
+        d.reason for d in fresh.decisions if isinstance(d, Wait)]  # fmt: skip
+    assert again.running == fresh.running and again.wake_at == fresh.wake_at and again.wake_at is not None
+    assert again.plan is not None and fresh.plan is not None and again.plan.reservations == fresh.plan.reservations
+    walked = real(Face.of(face.config, face.round.placement), dict(bound), s.allocations, frozenset(), frozenset(),
+                  BoundRequests(state.pods, bound), later, face.round.default_time_limit_s)  # fmt: skip
+    assert kept.ends(later) == walked[2] and kept.wake(later) == walked[3]
+    first = next(iter(bound))
+    bound[first] = dataclasses.replace(bound[first], started_at=bound[first].started_at - 1.0)  # it changed: walked
+    round_at(face, later)
+    assert face.bound_round is not kept

@@ -23,9 +23,12 @@ import dataclasses
 import gc
 import re
 from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple, Protocol
+
+import numpy as np
 
 from corral.k8s.convert import assignment_annotations, make_assignment
 from corral.k8s.scheduler.batch import INVALID, NO_NODES, Bind, Decision, Pending, Wait
@@ -294,6 +297,7 @@ class Face:
     runs: dict[str, RunEntry] = field(default_factory=dict)
     made: int = 0  # Running records made since `settle` last froze them
     booker: FastBooker = field(default_factory=FastBooker)  # the head's reservation, its columns kept between rounds
+    bound_round: BoundRound | None = None  # the bound pods' part of the last round, while they stay as they were
 
     def enter(self, key: str, b: Bound, alloc: Allocation, stopping: bool, protected: bool,
               request: Request | None) -> RunEntry:  # fmt: skip
@@ -382,6 +386,97 @@ def pod_words(reason: str, gang: str, name_of: Any) -> str:
     if gang:
         out = out.replace(_MARATHON, f"(PodGroup {gang}: all its members start or none)")
     return out
+
+
+#: (the bound pods as Running, by pod key, their expected ends, the earliest end of a minimum runtime after now)
+BoundPart = tuple[list[Running], dict[str, Running], dict[str, float], float | None]
+
+
+class BoundRound:
+    """The bound pods' part of a round, kept for the next one while the same pods hold the same grants: the Bound
+    map it was made from and each pod's entry (compared at C speed, by identity, next round), the Running records,
+    and, made when first reused, each pod's expected end and end of minimum runtime as columns (a round's ends and
+    wake depend on its time)."""
+
+    def __init__(self, bound: Mapping[str, Bound], stopping: AbstractSet[str], protected: AbstractSet[str],
+                 running: list[Running], running_by: dict[str, Running], entries: list[RunEntry],
+                 default: float) -> None:  # fmt: skip
+        self.bound, self.missing = dict(bound), len(bound) - len(entries)
+        self.stopping, self.protected = stopping, protected
+        self.running, self.running_by, self.entries, self.default = running, running_by, entries, default
+        self.keys = list(running_by)
+        self._columns: tuple[list[Allocation], Any, list[tuple[int, float | None]], Any, Any] | None = None
+
+    def columns(self) -> tuple[list[Allocation], Any, list[tuple[int, float | None]], Any, Any]:
+        """(grants, fixed ends (NaN: no time limit), (row, start) of those without one, ends of minimum runtime,
+        whether each wakes a round (not being stopped))."""
+        if self._columns is None:
+            e = self.entries
+            self._columns = (
+                [x[1] for x in e],
+                np.array([np.nan if x[5] is None else x[5] for x in e], dtype=np.float64),
+                [(i, x[0].started_at) for i, x in enumerate(e) if x[5] is None],
+                np.array([x[6] for x in e], dtype=np.float64),
+                ~np.array([x[0].stopping for x in e], dtype=np.bool_),
+            )
+        return self._columns
+
+    def same(self, bound: Mapping[str, Bound], allocations: Mapping[str, Allocation], stopping: AbstractSet[str],
+             protected: AbstractSet[str]) -> bool:  # fmt: skip
+        """Whether a round over `bound` would make this part again: the same Bound objects, every one of them in the
+        books with the same grant object as then, and the same pods being stopped and protected."""
+        return (self.missing == 0 and self.bound == bound and self.stopping == stopping
+                and self.protected == protected
+                and list(map(allocations.get, self.keys)) == self.columns()[0])  # fmt: skip
+
+    def ends(self, now: float) -> dict[str, float]:
+        """Each pod's expected end at `now` (as the walk computes it: its fixed end, not before now)."""
+        _, fixed, open_, _, _ = self.columns()
+        values = np.maximum(fixed, now).tolist()  # (a NaN, no time limit, is filled below)
+        for i, started in open_:
+            values[i] = expected_end(started, None, self.default, now)
+        return dict(zip(self.keys, values, strict=True))
+
+    def wake(self, now: float) -> float | None:
+        _, _, _, until, wakes = self.columns()
+        later = until[(until > now) & wakes]
+        return float(later.min()) if len(later) else None
+
+
+def _bound_round(face: Face, bound: Mapping[str, Bound], allocations: Mapping[str, Allocation],
+                 stopping: AbstractSet[str], protected: AbstractSet[str], requests: Mapping[str, Request] | None,
+                 now: float, default: float) -> BoundPart:  # fmt: skip
+    """The bound pods in the books as Running (each pod's entry made again where its Bound, grant or eviction state
+    changed), their expected ends, and the earliest end of a minimum runtime after `now`; kept on the face."""
+    running: list[Running] = []
+    running_by: dict[str, Running] = {}
+    ends: dict[str, float] = {}
+    entries: list[RunEntry] = []
+    requests = requests if requests is not None else {}  # (a BoundRequests counts 40,000 pods for its truth)
+    wake_at: float | None = None
+    enter = face.enter
+    runs = face.runs
+    for key, b in bound.items():
+        granted = allocations.get(key)
+        if granted is None:
+            continue
+        st, pr = key in stopping, key in protected
+        found = runs.get(key)
+        if found is None or found[0] is not b or found[1] is not granted or found[2] != st or found[3] != pr:
+            found = enter(key, b, granted, st, pr, requests.get(key))
+        entries.append(found)
+        run = found[4]
+        running.append(run)
+        running_by[key] = run
+        end = found[5]
+        ends[key] = (end if end > now else now) if end is not None else expected_end(b.started_at, None, default, now)
+        until = found[6]
+        if until > now and not b.stopping and (wake_at is None or until < wake_at):
+            wake_at = until
+    if len(runs) > 2 * len(bound) + 64:
+        face.runs = {k: v for k, v in runs.items() if k in bound}
+    face.bound_round = BoundRound(bound, stopping, protected, running, running_by, entries, default)
+    return running, dict(running_by), ends, wake_at
 
 
 def plan_pods(
@@ -475,33 +570,17 @@ def plan_pods(
     # A gang short of members waits whole (tenancy's group check says so, without a placement).
     items: list[Any] = [p if not p.gang else dataclasses.replace(p) for p in offered]
     stopping, protected = ev.stopping(), ev.protected()
-    running: list[Running] = []
-    running_by: dict[str, Running] = {}
-    ends: dict[str, float] = {}
     default = face.round.default_time_limit_s
     allocations = snapshot.allocations
-    requests = requests if requests is not None else {}  # (a BoundRequests counts 40,000 pods for its truth)
-    wake_at: float | None = None
-    enter = face.enter
-    runs = face.runs
-    for key, b in bound.items():
-        granted = allocations.get(key)
-        if granted is None:
-            continue
-        st, pr = key in stopping, key in protected
-        found = runs.get(key)
-        if found is None or found[0] is not b or found[1] is not granted or found[2] != st or found[3] != pr:
-            found = enter(key, b, granted, st, pr, requests.get(key))
-        run = found[4]
-        running.append(run)
-        running_by[key] = run
-        end = found[5]
-        ends[key] = (end if end > now else now) if end is not None else expected_end(b.started_at, None, default, now)
-        until = found[6]
-        if until > now and not b.stopping and (wake_at is None or until < wake_at):
-            wake_at = until
-    if len(runs) > 2 * len(bound) + 64:
-        face.runs = {k: v for k, v in runs.items() if k in bound}
+    last_round = face.bound_round
+    if last_round is not None and last_round.same(bound, allocations, stopping, protected):
+        # The same bound pods with the same grants as last round (a full cluster's queue: pods arrive, none starts):
+        # their Running records, and their ends and wake from columns kept with them, without a walk of them all.
+        running, running_by = list(last_round.running), dict(last_round.running_by)
+        ends, wake_at = last_round.ends(now), last_round.wake(now)
+    else:
+        running, running_by, ends, wake_at = _bound_round(face, bound, allocations, stopping, protected, requests,
+                                                          now, default)  # fmt: skip
     tenancy = face.tenancy_for(snapshot)
 
     def convert(item: Pending) -> Work:
