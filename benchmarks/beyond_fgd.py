@@ -34,6 +34,9 @@ of issue 16):
     fgd-priced-cpu-rich       while free CPU runs out first, a pod with GPUs keeps off the kept hosts only while some
                               other node would keep 4x the workload's CPU per GPU milli for its free GPU milli
                               (`FgdPriced.cpu_rich_cpu_bound`, measured and not adopted)
+    fgd-priced-pack-first     while free CPU runs out first, no pod breaks a node with every GPU free while a broken
+                              node of the same shape can take it (`FgdPriced.pack_first_cpu_bound`, measured and not
+                              adopted)
 
 `--hashes FILE` appends the sha256 (12 hex digits, as `benchmarks.replay_speed`) of every grant per run, to tell
 which lists a change moved.
@@ -197,11 +200,19 @@ class _PricedCpuRich(FgdPriced):
     cpu_rich_cpu_bound = 4.0
 
 
+class _PricedPackFirst(FgdPriced):
+    """While free CPU runs out first, no pod breaks a node with every GPU free while a node of the same shape that
+    is already broken can take it (`FgdPriced.breaks_intact`)."""
+
+    name = "fgd-priced-pack-first"
+    pack_first_cpu_bound = True
+
+
 ABLATIONS: tuple[type[FgdScarcity], ...] = (
     _FgdFill, _CpuPodsOnly, _NoModelLevel, _Unweighted, _PricedLoose, _PricedNoReserve, _PricedGpuHorizon,
     _PricedIssue16, _PricedTightFirst, _PricedNoMargin, _PricedMarginAll, _PricedMargin2TightFirst,
     _PricedMarginAlways, _PricedWeightedCpuBound, _PricedGpuPodsFree,
-    _PricedKeptPrice, _PricedCpuRich,
+    _PricedKeptPrice, _PricedCpuRich, _PricedPackFirst,
 )  # fmt: skip
 
 

@@ -15,9 +15,9 @@ from corral.placement.context import Context
 from corral.placement.filters import evaluate
 from corral.placement.reserve import kept_hosts
 from corral.placement.scarcity import horizons, scarcity_weights
-from corral.placement.scores.fgd_priced import FgdPriced
+from corral.placement.scores.fgd_priced import KEPT_OFF, FgdPriced
 from corral.placement.workload import TargetType, TargetWorkload
-from tests.builders import cluster, cpu_only, gpus, node
+from tests.builders import cluster, commit, cpu_only, gpus, node
 from tests.placement.test_properties import normalised
 
 
@@ -197,3 +197,47 @@ def test_the_cpu_rich_test_leaves_the_hard_rule_while_gpu_milli_runs_out_first()
     d = place(g3_and_g2(), gpus(1, cpu=16_000), PlacementConfig(policy=_CpuRich.name, workload=wl), rng=0)
     assert d.allocation is not None and d.allocation.node.startswith("g2")
     assert d.explanation.notes == ("fgd-priced: 2 nodes kept free for multi-GPU pods came last",)
+
+
+class _PackFirst(FgdPriced):
+    name = "test-priced-pack-first"
+    pack_first_cpu_bound = True
+
+
+def test_pack_first_breaks_no_whole_node_while_a_broken_one_of_its_shape_fits(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(registry._REGISTRY, _PackFirst.name, _PackFirst)
+    # Four 8-GPU 96-core nodes and a 4-GPU node; the pods without GPUs take 32 cores: free CPU runs out first.
+    s = cluster(*(node(f"n{i}").gpus(8).cpu(96) for i in range(4)), node("q").gpus(4).cpu(96))
+    wl = workload(32)
+    h_gpu, h_cpu = horizons(s, wl)
+    assert h_cpu < h_gpu
+    everything = np.arange(len(s), dtype=np.int64)
+    small = gpus(1, cpu=2000)
+    assert not _PackFirst().breaks_intact(context(s, small, wl), everything).any()  # nothing broken yet
+    first = commit(s, place(s, small, PlacementConfig(policy=_PackFirst.name, workload=wl), rng=0))
+    assert first.allocation is not None and first.allocation.node == "n0"
+    # n1-n3 (whole, the shape of the broken n0) are ranked after every node that breaks nothing; q (another
+    # shape, no broken node of its own) is not.
+    ctx = context(s, small, wl)
+    assert _PackFirst().breaks_intact(ctx, everything).tolist() == [False, True, True, True, False]
+    packed, plain = _PackFirst().score(ctx, everything), FgdPriced().score(context(s, small, wl), everything)
+    assert np.array_equal(packed, plain - np.array([0, 1, 1, 1, 0]) * KEPT_OFF / 2)
+    d = place(s, gpus(1, cpu=2000, id="second"), PlacementConfig(policy=_PackFirst.name, workload=wl), rng=0)
+    assert d.allocation is not None and d.allocation.node == "n0"
+    assert d.explanation.notes == (
+        "fgd-priced: 3 nodes with every GPU free came after the broken nodes of their shape (free CPU runs out first)",
+    )
+
+
+def test_pack_first_leaves_fgd_priced_while_gpu_milli_runs_out_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(registry._REGISTRY, _PackFirst.name, _PackFirst)
+    s = cluster(*(node(f"n{i}").gpus(8).cpu(256) for i in range(4)))
+    wl = workload(2)
+    h_gpu, h_cpu = horizons(s, wl)
+    assert not h_cpu < h_gpu
+    for i in range(6):
+        pod = gpus(1, cpu=2000, id=f"p{i}")
+        a = place(s, pod, PlacementConfig(policy=_PackFirst.name, workload=wl), rng=0)
+        b = place(s, pod, PlacementConfig(policy="fgd-priced", workload=wl), rng=0)
+        assert a.allocation == b.allocation and a.explanation.notes == b.explanation.notes
+        commit(s, a)

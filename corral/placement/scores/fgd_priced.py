@@ -39,7 +39,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from corral.model.arrays import FloatArray, IntArray
+from corral.model.arrays import BoolArray, FloatArray, IntArray
 from corral.model.resources import MILLI_PER_GPU
 from corral.placement.context import Context
 from corral.placement.priced_order import POINTS, TIGHT
@@ -73,10 +73,14 @@ class FgdPriced(FgdScarcity):
     #: is CPU-rich: keeps, after the pod, at least this many times the workload's CPU per GPU milli for its free GPU
     #: milli (`cpu_rich_elsewhere`; 0: always kept off; issue 27 measured 4)
     cpu_rich_cpu_bound = 0.0
+    #: while free CPU runs out first, a pod does not break a node with all its GPUs free (and more GPUs than the pod
+    #: asks) while a node of the same shape already broken can take it (`breaks_intact`; issue 27 measured it)
+    pack_first_cpu_bound = False
 
     _kept = 0  # nodes the last `score` kept for multi-GPU pods (a policy object serves one decision)
     _priced = False  # and whether they were priced (`kept_price_cpu_bound`) rather than ranked last
     _freed = 0  # hosts kept for multi-GPU pods that the pod was not kept off (`cpu_rich_cpu_bound`)
+    _packed = 0  # intact nodes ranked after a broken node of their shape (`pack_first_cpu_bound`)
 
     def keeps_off(self, ctx: Context) -> bool:
         """Whether this decision's pod keeps off the hosts kept for multi-GPU pods: always where the policy keeps
@@ -94,7 +98,7 @@ class FgdPriced(FgdScarcity):
 
     def score(self, ctx: Context, nodes: IntArray) -> FloatArray:
         scores = super().score(ctx, nodes)
-        self._kept, self._priced, self._freed = 0, False, 0
+        self._kept, self._priced, self._freed, self._packed = 0, False, 0, 0
         if self.keeps_off(ctx):
             margin = self.gpu_margin if ctx.request.wants_gpu else self.cpu_margin
             h_gpu, h_cpu = self._horizons(ctx)
@@ -108,6 +112,13 @@ class FgdPriced(FgdScarcity):
                 self._kept, self._freed = 0, self._kept  # every other node would be short of CPU for its GPUs
             if self._kept:
                 scores = np.where(kept, scores - KEPT_OFF, scores)
+        if self.pack_first_cpu_bound and len(nodes):
+            h_gpu, h_cpu = self._horizons(ctx)
+            if h_cpu < h_gpu:
+                intact = self.breaks_intact(ctx, nodes)
+                self._packed = int(np.count_nonzero(intact))
+                if self._packed:
+                    scores = np.where(intact, scores - KEPT_OFF / 2, scores)
         elif self.reserve and self.kept_price_cpu_bound > 0 and ctx.request.wants_gpu:
             h_cpu = self._horizons(ctx)[1]
             kept = kept_hosts(ctx.snapshot, ctx.workload, ctx.request, nodes, self.cpu_horizon, 1.0, h_cpu)
@@ -128,6 +139,22 @@ class FgdPriced(FgdScarcity):
         cpu_after = s.cpu_free[others] - r.cpu_milli
         gpu_after = s.gpu_free_total[others] - r.gpu_count * r.gpu_milli
         return bool(np.any(cpu_after >= self.cpu_rich_cpu_bound * per_milli * gpu_after))
+
+    def breaks_intact(self, ctx: Context, nodes: IntArray) -> BoolArray:
+        """Of `nodes`, those the pod would break: all their GPUs free and more of them than the pod asks, while
+        another of `nodes` of the same shape (CPU, GPUs, model) already has a GPU in use. Ranked after every node
+        that breaks nothing, they keep whole nodes for multi-GPU pods where FGD's look-ahead would spread one pod
+        over each (issue 27: on cpu235 seed 43 fgd-priced broke 33 of the 39 128-core 8-GPU nodes with one 1-GPU
+        pod each within 2 % arrived; fgd kept 35 whole at 10 %)."""
+        s, r = ctx.snapshot, ctx.request
+        gc = s.gpu_count[nodes]
+        intact = (s.gpu_free_total[nodes] == gc * MILLI_PER_GPU) & (gc > r.gpu_count)
+        if not intact.any() or intact.all():
+            return np.zeros(len(nodes), dtype=np.bool_)
+        shape = (s.cpu_cap[nodes] * 64 + gc) * 1024 + s.gpu_model[nodes, 0] + 1
+        broken = shape[~intact & (gc > 0)]
+        out: BoolArray = intact & np.isin(shape, broken)
+        return out
 
     def kept_price(self, ctx: Context) -> float:
         """`kept_price_cpu_bound` milli of a GPU's worth in this pod's score units: for a share, on the priced loss
@@ -161,6 +188,11 @@ class FgdPriced(FgdScarcity):
             out.append(
                 f"fgd-priced: {self._freed} nodes kept free for multi-GPU pods competed on score: free CPU runs out "
                 "first and every other node would be left short of CPU for its GPUs"
+            )
+        if self._packed:
+            out.append(
+                f"fgd-priced: {self._packed} nodes with every GPU free came after the broken nodes of their shape "
+                "(free CPU runs out first)"
             )
         return out
 
