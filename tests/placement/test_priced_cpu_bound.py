@@ -201,7 +201,12 @@ def test_the_cpu_rich_test_leaves_the_hard_rule_while_gpu_milli_runs_out_first()
 
 class _PackFirst(FgdPriced):
     name = "test-priced-pack-first"
-    pack_first_cpu_bound = True
+    pack_first_always = True  # whenever free CPU runs out first (the GPU milli test is tested below)
+
+
+class _NoPack(FgdPriced):
+    name = "test-priced-no-pack"
+    pack_first_cpu_bound = False
 
 
 def test_pack_first_breaks_no_whole_node_while_a_broken_one_of_its_shape_fits(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -220,7 +225,7 @@ def test_pack_first_breaks_no_whole_node_while_a_broken_one_of_its_shape_fits(mo
     # shape, no broken node of its own) is not.
     ctx = context(s, small, wl)
     assert _PackFirst().breaks_intact(ctx, everything).tolist() == [False, True, True, True, False]
-    packed, plain = _PackFirst().score(ctx, everything), FgdPriced().score(context(s, small, wl), everything)
+    packed, plain = _PackFirst().score(ctx, everything), _NoPack().score(context(s, small, wl), everything)
     assert np.array_equal(packed, plain - np.array([0, 1, 1, 1, 0]) * KEPT_OFF / 2)
     d = place(s, gpus(1, cpu=2000, id="second"), PlacementConfig(policy=_PackFirst.name, workload=wl), rng=0)
     assert d.allocation is not None and d.allocation.node == "n0"
@@ -241,3 +246,23 @@ def test_pack_first_leaves_fgd_priced_while_gpu_milli_runs_out_first(monkeypatch
         b = place(s, pod, PlacementConfig(policy="fgd-priced", workload=wl), rng=0)
         assert a.allocation == b.allocation and a.explanation.notes == b.explanation.notes
         commit(s, a)
+
+
+def test_fgd_priced_packs_first_only_while_cpu_strands_less_gpu_milli_than_the_multi_gpu_pods_need() -> None:
+    # 8-GPU nodes of 96 cores; 1-GPU pods of 2 cores and pods without GPUs of `cores`, and 8-GPU pods in the tail.
+    def wl(cores: int) -> TargetWorkload:
+        typical = (TargetType(2_000, 1000, 1, None, 0.5), TargetType(cores * 1000, 0, 0, None, 0.5))
+        return TargetWorkload(typical, (TargetType(16_000, 1000, 8, None, 0.05),))
+
+    s = cluster(*(node(f"n{i}").gpus(8).cpu(96) for i in range(4)))
+    pod = gpus(1, cpu=2000)
+    # 16 cores: the 384 cores go after 42.7 pods, the 32 GPUs (0.5 GPU per typical pod) after 64: 10.7 GPUs idle,
+    # less than the 8-GPU pods' 0.4 GPU per pod x 42.7 (17.1 GPUs): keep whole nodes whole.
+    h_gpu, h_cpu = horizons(s, wl(16))
+    assert h_cpu < h_gpu and (h_gpu - h_cpu) * 500 < h_cpu * 400
+    assert FgdPriced().packs_first(context(s, pod, wl(16)))
+    # 64 cores: the cores go after 11.6 pods, 26.2 GPUs idle then, more than the 8-GPU pods' 4.7: the fill gain decides.
+    h_gpu, h_cpu = horizons(s, wl(64))
+    assert h_cpu < h_gpu and (h_gpu - h_cpu) * 500 > h_cpu * 400
+    assert not FgdPriced().packs_first(context(s, pod, wl(64)))
+    assert _PackFirst().packs_first(context(s, pod, wl(64)))

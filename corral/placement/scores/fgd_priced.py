@@ -73,9 +73,11 @@ class FgdPriced(FgdScarcity):
     #: is CPU-rich: keeps, after the pod, at least this many times the workload's CPU per GPU milli for its free GPU
     #: milli (`cpu_rich_elsewhere`; 0: always kept off; issue 27 measured 4)
     cpu_rich_cpu_bound = 0.0
-    #: while free CPU runs out first, a pod does not break a node with all its GPUs free (and more GPUs than the pod
-    #: asks) while a node of the same shape already broken can take it (`breaks_intact`; issue 27 measured it)
-    pack_first_cpu_bound = False
+    #: while free CPU runs out first but strands less GPU milli than the multi-GPU pods still need (`packs_first`), a
+    #: pod does not break a node with all its GPUs free while a node of the same shape already broken can take it
+    #: (`breaks_intact`; issue 27)
+    pack_first_cpu_bound = True
+    pack_first_always = False  # the same whenever free CPU runs out first (`fgd-priced-pack-always`, the ablation)
 
     _kept = 0  # nodes the last `score` kept for multi-GPU pods (a policy object serves one decision)
     _priced = False  # and whether they were priced (`kept_price_cpu_bound`) rather than ranked last
@@ -112,19 +114,17 @@ class FgdPriced(FgdScarcity):
                 self._kept, self._freed = 0, self._kept  # every other node would be short of CPU for its GPUs
             if self._kept:
                 scores = np.where(kept, scores - KEPT_OFF, scores)
-        if self.pack_first_cpu_bound and len(nodes):
-            h_gpu, h_cpu = self._horizons(ctx)
-            if h_cpu < h_gpu:
-                intact = self.breaks_intact(ctx, nodes)
-                self._packed = int(np.count_nonzero(intact))
-                if self._packed:
-                    scores = np.where(intact, scores - KEPT_OFF / 2, scores)
         elif self.reserve and self.kept_price_cpu_bound > 0 and ctx.request.wants_gpu:
             h_cpu = self._horizons(ctx)[1]
             kept = kept_hosts(ctx.snapshot, ctx.workload, ctx.request, nodes, self.cpu_horizon, 1.0, h_cpu)
             self._kept, self._priced = int(np.count_nonzero(kept)), True
             if self._kept:
                 scores = np.where(kept, scores - self.kept_price(ctx), scores)
+        if self.pack_first_cpu_bound and len(nodes) and self.packs_first(ctx):
+            intact = self.breaks_intact(ctx, nodes)
+            self._packed = int(np.count_nonzero(intact))
+            if self._packed:
+                scores = np.where(intact, scores - KEPT_OFF / 2, scores)
         return scores
 
     def cpu_rich_elsewhere(self, ctx: Context, others: IntArray) -> bool:
@@ -139,6 +139,20 @@ class FgdPriced(FgdScarcity):
         cpu_after = s.cpu_free[others] - r.cpu_milli
         gpu_after = s.gpu_free_total[others] - r.gpu_count * r.gpu_milli
         return bool(np.any(cpu_after >= self.cpu_rich_cpu_bound * per_milli * gpu_after))
+
+    def packs_first(self, ctx: Context) -> bool:
+        """Whether this decision keeps whole nodes whole (`breaks_intact`): while free CPU runs out first, and the
+        GPU milli that its running out would leave idle, (H_gpu - H_cpu) x the workload's GPU milli per pod, is less
+        than the multi-GPU pods' GPU milli over the pods still to fit, H_cpu x their GPU milli per pod. Where CPU runs
+        out well first, GPUs will be idle anyway and spreading pods over whole nodes costs nothing (the fill gain
+        decides, as before); where the two run out nearly together, each whole node broken is an 8-GPU pod lost."""
+        h_gpu, h_cpu = self._horizons(ctx)
+        if not h_cpu < h_gpu:
+            return False
+        if self.pack_first_always:
+            return True
+        per_pod = ctx.snapshot.memo.get(("per-pod", ctx.workload.key))  # (GPU milli, CPU) per pod: `horizons`
+        return per_pod is not None and (h_gpu - h_cpu) * per_pod[0] < h_cpu * _multi_gpu_milli(ctx.workload.key)
 
     def breaks_intact(self, ctx: Context, nodes: IntArray) -> BoolArray:
         """Of `nodes`, those the pod would break: all their GPUs free and more of them than the pod asks, while
@@ -222,6 +236,14 @@ def _cpu_per_gpu_milli(key: WorkloadKey) -> float | None:
     with_gpus = [t for t in key.types if t.gpu_count > 0 and t.probability > 0]
     gpu = sum(t.probability * t.gpu_count * t.gpu_milli for t in with_gpus)
     return sum(t.probability * t.cpu_milli for t in with_gpus) / gpu if gpu > 0 else None
+
+
+@lru_cache(maxsize=32)
+def _multi_gpu_milli(key: WorkloadKey) -> float:
+    """The target workload's expected GPU milli per pod in its multi-GPU types (the tail's included, as the kept
+    hosts count them)."""
+    types = (*key.types, *key.tail)
+    return sum(t.probability * t.gpu_count * t.gpu_milli for t in types if t.gpu_count >= 2 and t.probability > 0)
 
 
 def _keys(prices: SharePrices, free: IntArray, milli: int, tightest: bool) -> FloatArray:
