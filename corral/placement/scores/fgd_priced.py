@@ -52,6 +52,7 @@ from corral.placement.workload import WorkloadKey
 STRIDE = 128
 #: Subtracted from the score of a host kept for multi-GPU pods: below every other node's score.
 KEPT_OFF = float(1 << 28)
+_NODE_SHAPES = ("fgd-priced", "node-shapes")  # memo key: a shape id per node (`FgdPriced.breaks_intact`)
 
 
 class FgdPriced(FgdScarcity):
@@ -161,13 +162,22 @@ class FgdPriced(FgdScarcity):
         over each (issue 27: on cpu235 seed 43 fgd-priced broke 33 of the 39 128-core 8-GPU nodes with one 1-GPU
         pod each within 2 % arrived; fgd kept 35 whole at 10 %)."""
         s, r = ctx.snapshot, ctx.request
+        shapes: tuple[IntArray, IntArray, int] | None = s.memo.get(_NODE_SHAPES)
+        if shapes is None:  # static: a shape id per node, its whole GPU milli, the number of shapes
+            key = np.stack([s.cpu_cap, s.gpu_count, s.gpu_model[:, 0] if s.gpu_model.shape[1] else s.gpu_count])
+            _, ids = np.unique(key, axis=1, return_inverse=True)
+            ids = ids.reshape(-1).astype(np.int64)
+            shapes = (ids, s.gpu_count * MILLI_PER_GPU, int(ids.max()) + 1 if len(ids) else 0)
+            s.memo[_NODE_SHAPES] = shapes
+        ids, whole, n_shapes = shapes
         gc = s.gpu_count[nodes]
-        intact = (s.gpu_free_total[nodes] == gc * MILLI_PER_GPU) & (gc > r.gpu_count)
-        if not intact.any() or intact.all():
+        free = s.gpu_free_total[nodes]
+        intact = (free == whole[nodes]) & (gc > r.gpu_count)
+        broken = (free < whole[nodes]) & (gc > 0)
+        if not intact.any() or not broken.any():
             return np.zeros(len(nodes), dtype=np.bool_)
-        shape = (s.cpu_cap[nodes] * 64 + gc) * 1024 + s.gpu_model[nodes, 0] + 1
-        broken = shape[~intact & (gc > 0)]
-        out: BoolArray = intact & np.isin(shape, broken)
+        has_broken = np.bincount(ids[nodes[broken]], minlength=n_shapes) > 0
+        out: BoolArray = intact & has_broken[ids[nodes]]
         return out
 
     def kept_price(self, ctx: Context) -> float:
