@@ -2,6 +2,8 @@
 multi-GPU pods are kept while they run out; fgd-scarcity decides the rest.
 
     every pod:  0. a node kept for multi-GPU pods comes after every other feasible node    (`placement.reserve`)
+               0'. while CPU and GPU run out nearly together (`packs_first`), a node with every GPU free comes
+                   after every node that breaks nothing while a broken node of its shape fits (`breaks_intact`)
     a share of one GPU, per fitting GPU g (u_g free milli, m the share's milli), then:
                 1. loss(u_g, m), rounded to whole milli, lowest first                     (`placement.pricing`)
                 2. FGD's integer points on that GPU, highest first                    (`placement.priced_order`)
@@ -29,8 +31,9 @@ enough of those nodes empty.
 
 Each decision's notes say it in words: what the share costs and what its GPU loses, and how many nodes were kept.
 Keys 1-4 are packed into one float (`priced_order`), at most about 1.02e8, which keeps fgd-scarcity's fraction to
-better than 1e-7; key 0 subtracts 2^28. (With `fgd_first` off, the order issue 7 left, kept for the ablation: 1, the
-tightness, then fgd-scarcity's whole score, packed as (1000 - loss) x 1001 + (1000 - u), times 128, plus the score.)
+better than 1e-7; key 0 subtracts 2^28, key 0' 2^27. (With `fgd_first` off, the order issue 7 left, kept for the
+ablation: 1, the tightness, then fgd-scarcity's whole score, packed as (1000 - loss) x 1001 + (1000 - u), times 128,
+plus the score.)
 """
 
 from __future__ import annotations
