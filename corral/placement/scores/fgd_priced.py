@@ -48,6 +48,7 @@ from corral.placement.context import Context
 from corral.placement.priced_order import POINTS, TIGHT
 from corral.placement.pricing import SharePrices, share_prices
 from corral.placement.reserve import GPU_POD_MARGIN, kept_hosts
+from corral.placement.scarcity import horizons
 from corral.placement.scores.fgd_scarcity import _NO_KEY, TIE_WEIGHT, FgdScarcity
 from corral.placement.workload import WorkloadKey
 
@@ -155,7 +156,11 @@ class FgdPriced(FgdScarcity):
             return False
         if self.pack_first_always:
             return True
-        per_pod = ctx.snapshot.memo.get(("per-pod", ctx.workload.key))  # (GPU milli, CPU) per pod: `horizons`
+        key = ("per-pod", ctx.workload.key)  # (GPU milli, CPU) per pod, as `scarcity.horizons` memoises it
+        per_pod: tuple[float, float] | None = ctx.snapshot.memo.get(key)
+        if per_pod is None:  # evicted since this decision's horizons: computed again
+            horizons(ctx.snapshot, ctx.workload)
+            per_pod = ctx.snapshot.memo.get(key)
         return per_pod is not None and (h_gpu - h_cpu) * per_pod[0] < h_cpu * _multi_gpu_milli(ctx.workload.key)
 
     def breaks_intact(self, ctx: Context, nodes: IntArray) -> BoolArray:
