@@ -34,6 +34,10 @@ of issue 16):
     fgd-priced-cpu-rich       while free CPU runs out first, a pod with GPUs keeps off the kept hosts only while some
                               other node would keep 4x the workload's CPU per GPU milli for its free GPU milli
                               (`FgdPriced.cpu_rich_cpu_bound`, measured and not adopted)
+    fgd-priced-no-pack        without issue 27's pack-first rule (`FgdPriced.pack_first_cpu_bound`): fgd-priced as it
+                              was before it
+    fgd-priced-pack-always    pack-first whenever free CPU runs out first, not only while it strands less GPU milli
+                              than the multi-GPU pods need (`FgdPriced.pack_first_always`)
 
 `--hashes FILE` appends the sha256 (12 hex digits, as `benchmarks.replay_speed`) of every grant per run, to tell
 which lists a change moved.
@@ -172,6 +176,7 @@ class _PricedWeightedCpuBound(FgdPriced):
 
     name = "fgd-priced-issue27"
     unweighted_cpu_bound = False
+    pack_first_cpu_bound = False  # as measured (docs/beyond-fgd.md)
 
 
 class _PricedGpuPodsFree(FgdPriced):
@@ -179,6 +184,7 @@ class _PricedGpuPodsFree(FgdPriced):
 
     name = "fgd-priced-gpu-pods-free"
     gpu_pods_free_cpu_bound = True
+    pack_first_cpu_bound = False  # as measured (docs/beyond-fgd.md)
 
 
 class _PricedKeptPrice(FgdPriced):
@@ -187,6 +193,7 @@ class _PricedKeptPrice(FgdPriced):
 
     name = "fgd-priced-kept-price"
     kept_price_cpu_bound = 20.0
+    pack_first_cpu_bound = False  # as measured (docs/beyond-fgd.md)
 
 
 class _PricedCpuRich(FgdPriced):
@@ -195,13 +202,28 @@ class _PricedCpuRich(FgdPriced):
 
     name = "fgd-priced-cpu-rich"
     cpu_rich_cpu_bound = 4.0
+    pack_first_cpu_bound = False  # as measured (docs/beyond-fgd.md)
+
+
+class _PricedNoPack(FgdPriced):
+    """fgd-priced before issue 27's pack-first rule: whole nodes are broken where the fill gain says so."""
+
+    name = "fgd-priced-no-pack"
+    pack_first_cpu_bound = False
+
+
+class _PricedPackAlways(FgdPriced):
+    """Pack-first whenever free CPU runs out first (`FgdPriced.breaks_intact`), however much GPU milli that strands."""
+
+    name = "fgd-priced-pack-always"
+    pack_first_always = True
 
 
 ABLATIONS: tuple[type[FgdScarcity], ...] = (
     _FgdFill, _CpuPodsOnly, _NoModelLevel, _Unweighted, _PricedLoose, _PricedNoReserve, _PricedGpuHorizon,
     _PricedIssue16, _PricedTightFirst, _PricedNoMargin, _PricedMarginAll, _PricedMargin2TightFirst,
     _PricedMarginAlways, _PricedWeightedCpuBound, _PricedGpuPodsFree,
-    _PricedKeptPrice, _PricedCpuRich,
+    _PricedKeptPrice, _PricedCpuRich, _PricedNoPack, _PricedPackAlways,
 )  # fmt: skip
 
 

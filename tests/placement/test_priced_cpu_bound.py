@@ -15,9 +15,9 @@ from corral.placement.context import Context
 from corral.placement.filters import evaluate
 from corral.placement.reserve import kept_hosts
 from corral.placement.scarcity import horizons, scarcity_weights
-from corral.placement.scores.fgd_priced import FgdPriced
+from corral.placement.scores.fgd_priced import KEPT_OFF, FgdPriced
 from corral.placement.workload import TargetType, TargetWorkload
-from tests.builders import cluster, cpu_only, gpus, node
+from tests.builders import cluster, commit, cpu_only, gpus, node
 from tests.placement.test_properties import normalised
 
 
@@ -197,3 +197,72 @@ def test_the_cpu_rich_test_leaves_the_hard_rule_while_gpu_milli_runs_out_first()
     d = place(g3_and_g2(), gpus(1, cpu=16_000), PlacementConfig(policy=_CpuRich.name, workload=wl), rng=0)
     assert d.allocation is not None and d.allocation.node.startswith("g2")
     assert d.explanation.notes == ("fgd-priced: 2 nodes kept free for multi-GPU pods came last",)
+
+
+class _PackFirst(FgdPriced):
+    name = "test-priced-pack-first"
+    pack_first_always = True  # whenever free CPU runs out first (the GPU milli test is tested below)
+
+
+class _NoPack(FgdPriced):
+    name = "test-priced-no-pack"
+    pack_first_cpu_bound = False
+
+
+def test_pack_first_breaks_no_whole_node_while_a_broken_one_of_its_shape_fits(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(registry._REGISTRY, _PackFirst.name, _PackFirst)
+    # Four 8-GPU 96-core nodes and a 4-GPU node; the pods without GPUs take 32 cores: free CPU runs out first.
+    s = cluster(*(node(f"n{i}").gpus(8).cpu(96) for i in range(4)), node("q").gpus(4).cpu(96))
+    wl = workload(32)
+    h_gpu, h_cpu = horizons(s, wl)
+    assert h_cpu < h_gpu
+    everything = np.arange(len(s), dtype=np.int64)
+    small = gpus(1, cpu=2000)
+    assert not _PackFirst().breaks_intact(context(s, small, wl), everything).any()  # nothing broken yet
+    first = commit(s, place(s, small, PlacementConfig(policy=_PackFirst.name, workload=wl), rng=0))
+    assert first.allocation is not None and first.allocation.node == "n0"
+    # n1-n3 (whole, the shape of the broken n0) are ranked after every node that breaks nothing; q (another
+    # shape, no broken node of its own) is not.
+    ctx = context(s, small, wl)
+    assert _PackFirst().breaks_intact(ctx, everything).tolist() == [False, True, True, True, False]
+    packed, plain = _PackFirst().score(ctx, everything), _NoPack().score(context(s, small, wl), everything)
+    assert np.array_equal(packed, plain - np.array([0, 1, 1, 1, 0]) * KEPT_OFF / 2)
+    d = place(s, gpus(1, cpu=2000, id="second"), PlacementConfig(policy=_PackFirst.name, workload=wl), rng=0)
+    assert d.allocation is not None and d.allocation.node == "n0"
+    assert d.explanation.notes == (
+        "fgd-priced: 3 nodes with every GPU free came after the broken nodes of their shape (free CPU runs out first)",
+    )
+
+
+def test_pack_first_leaves_fgd_priced_while_gpu_milli_runs_out_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(registry._REGISTRY, _PackFirst.name, _PackFirst)
+    s = cluster(*(node(f"n{i}").gpus(8).cpu(256) for i in range(4)))
+    wl = workload(2)
+    h_gpu, h_cpu = horizons(s, wl)
+    assert not h_cpu < h_gpu
+    for i in range(6):
+        pod = gpus(1, cpu=2000, id=f"p{i}")
+        a = place(s, pod, PlacementConfig(policy=_PackFirst.name, workload=wl), rng=0)
+        b = place(s, pod, PlacementConfig(policy="fgd-priced", workload=wl), rng=0)
+        assert a.allocation == b.allocation and a.explanation.notes == b.explanation.notes
+        commit(s, a)
+
+
+def test_fgd_priced_packs_first_only_while_cpu_strands_less_gpu_milli_than_the_multi_gpu_pods_need() -> None:
+    # 8-GPU nodes of 96 cores; 1-GPU pods of 2 cores and pods without GPUs of `cores`, and 8-GPU pods in the tail.
+    def wl(cores: int) -> TargetWorkload:
+        typical = (TargetType(2_000, 1000, 1, None, 0.5), TargetType(cores * 1000, 0, 0, None, 0.5))
+        return TargetWorkload(typical, (TargetType(16_000, 1000, 8, None, 0.05),))
+
+    s = cluster(*(node(f"n{i}").gpus(8).cpu(96) for i in range(4)))
+    pod = gpus(1, cpu=2000)
+    # 16 cores: the 384 cores go after 42.7 pods, the 32 GPUs (0.5 GPU per typical pod) after 64: 10.7 GPUs idle,
+    # less than the 8-GPU pods' 0.4 GPU per pod x 42.7 (17.1 GPUs): keep whole nodes whole.
+    h_gpu, h_cpu = horizons(s, wl(16))
+    assert h_cpu < h_gpu and (h_gpu - h_cpu) * 500 < h_cpu * 400
+    assert FgdPriced().packs_first(context(s, pod, wl(16)))
+    # 64 cores: the cores go after 11.6 pods, 26.2 GPUs idle then, more than the 8-GPU pods' 4.7: the fill gain decides.
+    h_gpu, h_cpu = horizons(s, wl(64))
+    assert h_cpu < h_gpu and (h_gpu - h_cpu) * 500 > h_cpu * 400
+    assert not FgdPriced().packs_first(context(s, pod, wl(64)))
+    assert _PackFirst().packs_first(context(s, pod, wl(64)))

@@ -2,6 +2,8 @@
 multi-GPU pods are kept while they run out; fgd-scarcity decides the rest.
 
     every pod:  0. a node kept for multi-GPU pods comes after every other feasible node    (`placement.reserve`)
+               0'. while CPU and GPU run out nearly together (`packs_first`), a node with every GPU free comes
+                   after every node that breaks nothing while a broken node of its shape fits (`breaks_intact`)
     a share of one GPU, per fitting GPU g (u_g free milli, m the share's milli), then:
                 1. loss(u_g, m), rounded to whole milli, lowest first                     (`placement.pricing`)
                 2. FGD's integer points on that GPU, highest first                    (`placement.priced_order`)
@@ -29,8 +31,9 @@ enough of those nodes empty.
 
 Each decision's notes say it in words: what the share costs and what its GPU loses, and how many nodes were kept.
 Keys 1-4 are packed into one float (`priced_order`), at most about 1.02e8, which keeps fgd-scarcity's fraction to
-better than 1e-7; key 0 subtracts 2^28. (With `fgd_first` off, the order issue 7 left, kept for the ablation: 1, the
-tightness, then fgd-scarcity's whole score, packed as (1000 - loss) x 1001 + (1000 - u), times 128, plus the score.)
+better than 1e-7; key 0 subtracts 2^28, key 0' 2^27. (With `fgd_first` off, the order issue 7 left, kept for the
+ablation: 1, the tightness, then fgd-scarcity's whole score, packed as (1000 - loss) x 1001 + (1000 - u), times 128,
+plus the score.)
 """
 
 from __future__ import annotations
@@ -39,12 +42,13 @@ from functools import lru_cache
 
 import numpy as np
 
-from corral.model.arrays import FloatArray, IntArray
+from corral.model.arrays import BoolArray, FloatArray, IntArray
 from corral.model.resources import MILLI_PER_GPU
 from corral.placement.context import Context
 from corral.placement.priced_order import POINTS, TIGHT
 from corral.placement.pricing import SharePrices, share_prices
 from corral.placement.reserve import GPU_POD_MARGIN, kept_hosts
+from corral.placement.scarcity import horizons
 from corral.placement.scores.fgd_scarcity import _NO_KEY, TIE_WEIGHT, FgdScarcity
 from corral.placement.workload import WorkloadKey
 
@@ -52,6 +56,7 @@ from corral.placement.workload import WorkloadKey
 STRIDE = 128
 #: Subtracted from the score of a host kept for multi-GPU pods: below every other node's score.
 KEPT_OFF = float(1 << 28)
+_NODE_SHAPES = ("fgd-priced", "node-shapes")  # memo key: a shape id per node (`FgdPriced.breaks_intact`)
 
 
 class FgdPriced(FgdScarcity):
@@ -73,10 +78,16 @@ class FgdPriced(FgdScarcity):
     #: is CPU-rich: keeps, after the pod, at least this many times the workload's CPU per GPU milli for its free GPU
     #: milli (`cpu_rich_elsewhere`; 0: always kept off; issue 27 measured 4)
     cpu_rich_cpu_bound = 0.0
+    #: while free CPU runs out first but strands less GPU milli than the multi-GPU pods still need (`packs_first`), a
+    #: pod does not break a node with all its GPUs free while a node of the same shape already broken can take it
+    #: (`breaks_intact`; issue 27)
+    pack_first_cpu_bound = True
+    pack_first_always = False  # the same whenever free CPU runs out first (`fgd-priced-pack-always`, the ablation)
 
     _kept = 0  # nodes the last `score` kept for multi-GPU pods (a policy object serves one decision)
     _priced = False  # and whether they were priced (`kept_price_cpu_bound`) rather than ranked last
     _freed = 0  # hosts kept for multi-GPU pods that the pod was not kept off (`cpu_rich_cpu_bound`)
+    _packed = 0  # intact nodes ranked after a broken node of their shape (`pack_first_cpu_bound`)
 
     def keeps_off(self, ctx: Context) -> bool:
         """Whether this decision's pod keeps off the hosts kept for multi-GPU pods: always where the policy keeps
@@ -94,7 +105,7 @@ class FgdPriced(FgdScarcity):
 
     def score(self, ctx: Context, nodes: IntArray) -> FloatArray:
         scores = super().score(ctx, nodes)
-        self._kept, self._priced, self._freed = 0, False, 0
+        self._kept, self._priced, self._freed, self._packed = 0, False, 0, 0
         if self.keeps_off(ctx):
             margin = self.gpu_margin if ctx.request.wants_gpu else self.cpu_margin
             h_gpu, h_cpu = self._horizons(ctx)
@@ -114,6 +125,11 @@ class FgdPriced(FgdScarcity):
             self._kept, self._priced = int(np.count_nonzero(kept)), True
             if self._kept:
                 scores = np.where(kept, scores - self.kept_price(ctx), scores)
+        if self.pack_first_cpu_bound and len(nodes) and self.packs_first(ctx):
+            intact = self.breaks_intact(ctx, nodes)
+            self._packed = int(np.count_nonzero(intact))
+            if self._packed:
+                scores = np.where(intact, scores - KEPT_OFF / 2, scores)
         return scores
 
     def cpu_rich_elsewhere(self, ctx: Context, others: IntArray) -> bool:
@@ -128,6 +144,49 @@ class FgdPriced(FgdScarcity):
         cpu_after = s.cpu_free[others] - r.cpu_milli
         gpu_after = s.gpu_free_total[others] - r.gpu_count * r.gpu_milli
         return bool(np.any(cpu_after >= self.cpu_rich_cpu_bound * per_milli * gpu_after))
+
+    def packs_first(self, ctx: Context) -> bool:
+        """Whether this decision keeps whole nodes whole (`breaks_intact`): while free CPU runs out first, and the
+        GPU milli that its running out would leave idle, (H_gpu - H_cpu) x the workload's GPU milli per pod, is less
+        than the multi-GPU pods' GPU milli over the pods still to fit, H_cpu x their GPU milli per pod. Where CPU runs
+        out well first, GPUs will be idle anyway and spreading pods over whole nodes costs nothing (the fill gain
+        decides, as before); where the two run out nearly together, each whole node broken is an 8-GPU pod lost."""
+        h_gpu, h_cpu = self._horizons(ctx)
+        if not h_cpu < h_gpu:
+            return False
+        if self.pack_first_always:
+            return True
+        key = ("per-pod", ctx.workload.key)  # (GPU milli, CPU) per pod, as `scarcity.horizons` memoises it
+        per_pod: tuple[float, float] | None = ctx.snapshot.memo.get(key)
+        if per_pod is None:  # evicted since this decision's horizons: computed again
+            horizons(ctx.snapshot, ctx.workload)
+            per_pod = ctx.snapshot.memo.get(key)
+        return per_pod is not None and (h_gpu - h_cpu) * per_pod[0] < h_cpu * _multi_gpu_milli(ctx.workload.key)
+
+    def breaks_intact(self, ctx: Context, nodes: IntArray) -> BoolArray:
+        """Of `nodes`, those the pod would break: all their GPUs free and more of them than the pod asks, while
+        another of `nodes` of the same shape (CPU, GPUs, model) already has a GPU in use. Ranked after every node
+        that breaks nothing, they keep whole nodes for multi-GPU pods where FGD's look-ahead would spread one pod
+        over each (issue 27: on cpu235 seed 43 fgd-priced broke 33 of the 39 128-core 8-GPU nodes with one 1-GPU
+        pod each within 2 % arrived; fgd kept 35 whole at 10 %)."""
+        s, r = ctx.snapshot, ctx.request
+        shapes: tuple[IntArray, IntArray, int] | None = s.memo.get(_NODE_SHAPES)
+        if shapes is None:  # static: a shape id per node, its whole GPU milli, the number of shapes
+            key = np.stack([s.cpu_cap, s.gpu_count, s.gpu_model[:, 0] if s.gpu_model.shape[1] else s.gpu_count])
+            _, ids = np.unique(key, axis=1, return_inverse=True)
+            ids = ids.reshape(-1).astype(np.int64)
+            shapes = (ids, s.gpu_count * MILLI_PER_GPU, int(ids.max()) + 1 if len(ids) else 0)
+            s.memo[_NODE_SHAPES] = shapes
+        ids, whole, n_shapes = shapes
+        gc = s.gpu_count[nodes]
+        free = s.gpu_free_total[nodes]
+        intact = (free == whole[nodes]) & (gc > r.gpu_count)
+        broken = (free < whole[nodes]) & (gc > 0)
+        if not intact.any() or not broken.any():
+            return np.zeros(len(nodes), dtype=np.bool_)
+        has_broken = np.bincount(ids[nodes[broken]], minlength=n_shapes) > 0
+        out: BoolArray = intact & has_broken[ids[nodes]]
+        return out
 
     def kept_price(self, ctx: Context) -> float:
         """`kept_price_cpu_bound` milli of a GPU's worth in this pod's score units: for a share, on the priced loss
@@ -162,6 +221,11 @@ class FgdPriced(FgdScarcity):
                 f"fgd-priced: {self._freed} nodes kept free for multi-GPU pods competed on score: free CPU runs out "
                 "first and every other node would be left short of CPU for its GPUs"
             )
+        if self._packed:
+            out.append(
+                f"fgd-priced: {self._packed} nodes with every GPU free came after the broken nodes of their shape "
+                "(free CPU runs out first)"
+            )
         return out
 
     _consts = np.array([TIE_WEIGHT, STRIDE, POINTS, TIGHT])  # (`FgdScarcity._consts`)
@@ -190,6 +254,14 @@ def _cpu_per_gpu_milli(key: WorkloadKey) -> float | None:
     with_gpus = [t for t in key.types if t.gpu_count > 0 and t.probability > 0]
     gpu = sum(t.probability * t.gpu_count * t.gpu_milli for t in with_gpus)
     return sum(t.probability * t.cpu_milli for t in with_gpus) / gpu if gpu > 0 else None
+
+
+@lru_cache(maxsize=32)
+def _multi_gpu_milli(key: WorkloadKey) -> float:
+    """The target workload's expected GPU milli per pod in its multi-GPU types (the tail's included, as the kept
+    hosts count them)."""
+    types = (*key.types, *key.tail)
+    return sum(t.probability * t.gpu_count * t.gpu_milli for t in types if t.gpu_count >= 2 and t.probability > 0)
 
 
 def _keys(prices: SharePrices, free: IntArray, milli: int, tightest: bool) -> FloatArray:
