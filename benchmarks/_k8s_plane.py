@@ -7,6 +7,7 @@
                       before the process is created, so start-up counts)
     plain_config      kube-scheduler's configuration for the comparison: the chart's profile without the extender,
                       under a scheduler name of its own, with the client's QPS and burst given
+    plane_in          a plane up in a temporary folder for the length of a `with` (down after, whatever happened)
 
 The plane's own `gpu_node` and `pod` builders (tests/k8s/plane.py) make the objects.
 """
@@ -19,6 +20,7 @@ import signal
 import ssl
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -32,7 +34,7 @@ import orjson
 import urllib3
 import yaml
 
-from tests.k8s.plane import chart_scheduler_config
+from tests.k8s.plane import Plane, chart_scheduler_config
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The label every benchmark pod carries, so that a watch follows one run's pods only.
@@ -272,3 +274,18 @@ def labelled(pod: dict[str, Any], run: str) -> dict[str, Any]:
 def chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
     for i in range(0, len(items), size):
         yield items[i : i + size]
+
+
+@contextlib.contextmanager
+def plane_in(prefix: str) -> Iterator[tuple[Plane, Path]]:
+    """(a plane started in a temporary folder, the folder) for a benchmark's run; the plane is taken down after."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        where = Path(tmp)
+        plane = Plane.find(where / "plane")
+        if plane is None:
+            raise SystemExit("no control plane: set CORRAL_K8S_CONTROL_PLANE to control-plane.sh")
+        try:
+            plane.up()
+            yield plane, where
+        finally:
+            plane.down()

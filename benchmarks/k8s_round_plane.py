@@ -23,17 +23,15 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
-from benchmarks._k8s_plane import SchedulerProcess, Writer
+from benchmarks._k8s_plane import SchedulerProcess, Writer, plane_in
 from benchmarks.k8s_round import QUEUES, queues_file
 from benchmarks.k8s_standalone import CORRAL, machine
 from corral.k8s.convert import Assignment, GpuSlot, assignment_annotations
-from tests.k8s.plane import Plane, gpu_node, pod
+from tests.k8s.plane import gpu_node, pod
 
 GPUS = 8
 GPU_MEMORY = 81920
@@ -116,14 +114,10 @@ def main() -> None:
     ap.add_argument("--pending", type=int, default=10000)
     ap.add_argument("--trickle", type=int, default=20)
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="corral-k8s-round-") as tmp:
-        where = Path(tmp)
-        plane = Plane.find(where / "plane")
-        if plane is None:
-            raise SystemExit("no control plane: set CORRAL_K8S_CONTROL_PLANE to control-plane.sh")
+    with plane_in("corral-k8s-round-") as (plane, where):
         proc: SchedulerProcess | None = None
         try:
-            w = Writer(plane.up(), threads=16)
+            w = Writer(plane.kubeconfig, threads=16)
             for q in range(QUEUES):
                 w.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                                          "metadata": {"name": f"team-{q}"}})  # fmt: skip
@@ -170,7 +164,6 @@ def main() -> None:
         finally:
             if proc is not None:
                 proc.stop()
-            plane.down()
 
 
 if __name__ == "__main__":
