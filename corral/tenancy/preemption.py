@@ -37,7 +37,7 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
-from typing import NamedTuple, overload
+from typing import Any, NamedTuple, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -289,33 +289,34 @@ class Bound:
         self.snapshot = snapshot
         self.request = request
 
-    def could(self, node: int, chosen: Sequence[Victim]) -> bool:
+    def room(self, node: Any, gpus: Any, cpu: Any, mem: Any) -> Any:
+        """Whether `node` (or each of an array of nodes) would have the request's whole GPUs, CPU and memory with
+        `gpus` more whole GPUs and `cpu` and `mem` more free (scalars or arrays alike)."""
         s, r = self.snapshot, self.request
+        return (
+            (s.gpu_full_free[node] + gpus >= r.gpu_count)
+            & (s.cpu_free[node] + cpu >= r.cpu_milli)
+            & (s.mem_free[node] + mem >= r.memory_mib)
+        )
+
+    def could(self, node: int, chosen: Sequence[Victim]) -> bool:
+        s = self.snapshot
         gpus = cpu = mem = 0
         for v in chosen:
             a = v.held_in(s)
             gpus += len(a.gpus)
             cpu += a.cpu_milli
             mem += a.memory_mib
-        return (
-            int(s.gpu_full_free[node]) + gpus >= r.gpu_count
-            and int(s.cpu_free[node]) + cpu >= r.cpu_milli
-            and int(s.mem_free[node]) + mem >= r.memory_mib
-        )
+        return bool(self.room(node, gpus, cpu, mem))
 
     def could_any(self, node: int, victims: Sequence[Victim], k: int) -> bool:
         """Whether some `k` of `victims` could make room (`could` for each k-set is False when this is): the k
         largest of each resource together, a bound no k-set exceeds."""
-        s, r = self.snapshot, self.request
-        held = [v.held_in(s) for v in victims]
+        held = [v.held_in(self.snapshot) for v in victims]
         top = sorted((len(a.gpus) for a in held), reverse=True)[:k]
         cpu = sorted((a.cpu_milli for a in held), reverse=True)[:k]
         mem = sorted((a.memory_mib for a in held), reverse=True)[:k]
-        return (
-            int(s.gpu_full_free[node]) + sum(top) >= r.gpu_count
-            and int(s.cpu_free[node]) + sum(cpu) >= r.cpu_milli
-            and int(s.mem_free[node]) + sum(mem) >= r.memory_mib
-        )
+        return bool(self.room(node, sum(top), sum(cpu), sum(mem)))
 
 
 def choose(
@@ -463,13 +464,8 @@ def _pool_nodes(
         return out
 
     if bound is not None:
-        s, r = bound.snapshot, bound.request
-        could = (
-            (s.gpu_full_free + summed(pool.gpus).astype(np.int64) >= r.gpu_count)
-            & (s.cpu_free + summed(pool.cpu).astype(np.int64) >= r.cpu_milli)
-            & (s.mem_free + summed(pool.mem).astype(np.int64) >= r.memory_mib)
-        )
-        present = present[could[present] | (present == everything.node_index)]
+        freed = (summed(column).astype(np.int64)[present] for column in (pool.gpus, pool.cpu, pool.mem))
+        present = present[bound.room(present, *freed) | (present == everything.node_index)]
     gpu_s, sec = summed(pool.gpu_seconds)[present], summed(pool.seconds)[present]
     ranked = present[np.lexsort((present, present != everything.node_index, sec, gpu_s, count[present]))]
     ranked = ranked[:PREEMPT_NODES]
@@ -614,19 +610,14 @@ def _protected_in_pool(
     starts = np.flatnonzero(np.r_[True, nodes[1:] != nodes[:-1]])
     first = np.repeat(starts, np.diff(np.r_[starts, len(nodes)]))  # each row's group's first position
 
-    def room(values: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    def freed(values: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         # what the node's free candidates and its first k waiting ones hold, at each of its waiting candidates
         base = np.bincount(pool.node[free], weights=values[free], minlength=n).astype(np.int64)
         run = np.cumsum(values[grouped])
         out: npt.NDArray[np.int64] = base[nodes] + run - np.r_[0, run][first]
         return out
 
-    s = snapshot
-    could = (
-        (s.gpu_full_free[nodes] + room(pool.gpus) >= request.gpu_count)
-        & (s.cpu_free[nodes] + room(pool.cpu) >= request.cpu_milli)
-        & (s.mem_free[nodes] + room(pool.mem) >= request.memory_mib)
-    )
+    could = Bound(snapshot, request).room(nodes, freed(pool.gpus), freed(pool.cpu), freed(pool.mem))
     hit = np.flatnonzero(could)
     found_at = hit[np.r_[True, nodes[hit][1:] != nodes[hit][:-1]]] if len(hit) else hit  # each node's first
     at, on, k = free_from[grouped[found_at]], nodes[found_at], found_at - first[found_at] + 1

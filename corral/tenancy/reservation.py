@@ -141,25 +141,29 @@ def intersect_row(both: ClusterSnapshot, now: ClusterSnapshot, shadow: ClusterSn
     for key, value in now.__dict__.items():
         if isinstance(value, np.ndarray) and key not in static and key != "version":
             getattr(both, key)[i] = value[i]
-    both.cpu_free[i] = min(now.cpu_free[i], shadow.cpu_free[i])
-    both.mem_free[i] = min(now.mem_free[i], shadow.mem_free[i])
-    both.gpu_milli_free[i] = np.minimum(now.gpu_milli_free[i], shadow.gpu_milli_free[i])
-    both.gpu_mem_free[i] = np.minimum(now.gpu_mem_free[i], shadow.gpu_mem_free[i])
-    _owners(
-        both, shadow, [i] * int(np.count_nonzero(shadow.gpu_owner[i] >= 0)), np.flatnonzero(shadow.gpu_owner[i] >= 0)
-    )
-    present = both.gpu_present[i]
-    both.gpu_free_total[i] = int(np.where(present, both.gpu_milli_free[i], 0).sum())
-    whole = present & (both.gpu_milli_free[i] == MILLI_PER_GPU) & (both.gpu_mem_free[i] == both.gpu_mem_cap[i])
-    both.gpu_full_free[i] = int(whole.sum())
-    both.version[i] += 1
+    _intersect_rows(both, now, shadow, slice(i, i + 1))
 
 
-def _owners(both: ClusterSnapshot, shadow: ClusterSnapshot, rows: Iterable[int], gpus: Iterable[int]) -> None:
-    """The share owners of `shadow`'s owned GPUs (rows, gpus) carried into `both`: where `both`'s GPU has no owner
-    it takes the shadow's; where it has another, the GPU is not offered at all."""
+def intersect(now: ClusterSnapshot, shadow: ClusterSnapshot) -> ClusterSnapshot:
+    """A snapshot whose free resources are, per node and GPU, the smaller of `now`'s and `shadow`'s. A GPU whose
+    shares belong to different owners in the two is not offered at all."""
+    both = now.copy(allocations=False)  # (a view to place on: no job is released from it by id)
+    _intersect_rows(both, now, shadow, slice(None))
+    return both
+
+
+def _intersect_rows(both: ClusterSnapshot, now: ClusterSnapshot, shadow: ClusterSnapshot, rows: slice) -> None:
+    """`intersect` on the nodes of `rows`, where `both` holds `now`'s columns: the smaller free resources, the
+    shadow's share owners (where `both`'s GPU has none; one of another owner is not offered at all), the totals
+    counted again, and the version moved (what the engine memoised for `now` does not hold here)."""
+    both.cpu_free[rows] = np.minimum(now.cpu_free[rows], shadow.cpu_free[rows])
+    both.mem_free[rows] = np.minimum(now.mem_free[rows], shadow.mem_free[rows])
+    both.gpu_milli_free[rows] = np.minimum(now.gpu_milli_free[rows], shadow.gpu_milli_free[rows])
+    both.gpu_mem_free[rows] = np.minimum(now.gpu_mem_free[rows], shadow.gpu_mem_free[rows])
     names = {v: k for k, v in shadow.owner_ids.items()}
-    for i, j in zip(rows, gpus, strict=True):
+    first = rows.start or 0
+    for r, j in zip(*np.nonzero(shadow.gpu_owner[rows] >= 0), strict=True):
+        i = first + int(r)
         theirs = both.owner_id(names[int(shadow.gpu_owner[i, j])])
         mine = int(both.gpu_owner[i, j])
         if mine == -1:
@@ -168,23 +172,11 @@ def _owners(both: ClusterSnapshot, shadow: ClusterSnapshot, rows: Iterable[int],
         elif mine != theirs:
             both.gpu_milli_free[i, j] = 0
             both.gpu_mem_free[i, j] = 0
-
-
-def intersect(now: ClusterSnapshot, shadow: ClusterSnapshot) -> ClusterSnapshot:
-    """A snapshot whose free resources are, per node and GPU, the smaller of `now`'s and `shadow`'s. A GPU whose
-    shares belong to different owners in the two is not offered at all."""
-    both = now.copy(allocations=False)  # (a view to place on: no job is released from it by id)
-    both.cpu_free = np.minimum(now.cpu_free, shadow.cpu_free)
-    both.mem_free = np.minimum(now.mem_free, shadow.mem_free)
-    both.gpu_milli_free = np.minimum(now.gpu_milli_free, shadow.gpu_milli_free)
-    both.gpu_mem_free = np.minimum(now.gpu_mem_free, shadow.gpu_mem_free)
-    _owners(both, shadow, *np.nonzero(shadow.gpu_owner >= 0))
-    present = both.gpu_present
-    both.gpu_free_total = np.where(present, both.gpu_milli_free, 0).sum(axis=1).astype(np.int64)
-    whole = present & (both.gpu_milli_free == MILLI_PER_GPU) & (both.gpu_mem_free == both.gpu_mem_cap)
-    both.gpu_full_free = whole.sum(axis=1).astype(np.int64)
-    both.version += 1  # what the engine memoised for `now` does not hold here
-    return both
+    present = both.gpu_present[rows]
+    both.gpu_free_total[rows] = np.where(present, both.gpu_milli_free[rows], 0).sum(axis=1)
+    whole = present & (both.gpu_milli_free[rows] == MILLI_PER_GPU) & (both.gpu_mem_free[rows] == both.gpu_mem_cap[rows])
+    both.gpu_full_free[rows] = whole.sum(axis=1)
+    both.version[rows] += 1
 
 
 def book_fast(
