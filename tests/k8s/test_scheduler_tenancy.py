@@ -525,6 +525,7 @@ def test_a_round_over_the_same_bound_pods_reuses_their_part_and_decides_the_same
     running pods, ends (pods without a time limit included) and wake as a face that walks them all."""
     import benchmarks.k8s_round as kr
     from corral.k8s.scheduler import tenancy as face_mod
+    from corral.tenancy.reservation import expected_end
 
     state, bound, pods, face = kr.build(40, 60)
     later = kr.NOW + 200.0
@@ -567,9 +568,10 @@ def test_a_round_over_the_same_bound_pods_reuses_their_part_and_decides_the_same
         d.reason for d in fresh.decisions if isinstance(d, Wait)]  # fmt: skip
     assert again.running == fresh.running and again.wake_at == fresh.wake_at and again.wake_at is not None
     assert again.plan is not None and fresh.plan is not None and again.plan.reservations == fresh.plan.reservations
-    walked = real(Face.of(face.config, face.round.placement), dict(bound), s.allocations, frozenset(), frozenset(),
-                  BoundRequests(state.pods, bound), later, face.round.default_time_limit_s)  # fmt: skip
-    assert kept.ends(later) == walked[2] and kept.wake(later) == walked[3]
+    default = face.round.default_time_limit_s  # each pod's end and wake as the rules define them, pod by pod
+    want_ends = {k: expected_end(b.started_at, b.time_limit_s, default, later) for k, b in bound.items()}
+    wakes = [b.started_at + face.config.min_runtime(b.queue) for b in bound.values() if not b.stopping]
+    assert kept.ends(later) == want_ends and kept.wake(later) == min(t for t in wakes if t > later)
     first = next(iter(bound))
     bound[first] = dataclasses.replace(bound[first], started_at=bound[first].started_at - 1.0)  # it changed: walked
     round_at(face, later)

@@ -395,8 +395,7 @@ BoundPart = tuple[list[Running], dict[str, Running], dict[str, float], float | N
 class BoundRound:
     """The bound pods' part of a round, kept for the next one while the same pods hold the same grants: the Bound
     map it was made from and each pod's entry (compared at C speed, by identity, next round), the Running records,
-    and, made when first reused, each pod's expected end and end of minimum runtime as columns (a round's ends and
-    wake depend on its time)."""
+    and each pod's expected end and end of minimum runtime as columns (a round's ends and wake depend on its time)."""
 
     def __init__(self, bound: Mapping[str, Bound], stopping: AbstractSet[str], protected: AbstractSet[str],
                  running: list[Running], running_by: dict[str, Running], entries: list[RunEntry],
@@ -447,13 +446,12 @@ def _bound_round(face: Face, bound: Mapping[str, Bound], allocations: Mapping[st
                  stopping: AbstractSet[str], protected: AbstractSet[str], requests: Mapping[str, Request] | None,
                  now: float, default: float) -> BoundPart:  # fmt: skip
     """The bound pods in the books as Running (each pod's entry made again where its Bound, grant or eviction state
-    changed), their expected ends, and the earliest end of a minimum runtime after `now`; kept on the face."""
+    changed), their expected ends, and the earliest end of a minimum runtime after `now` (BoundRound's, which the
+    face keeps for the next round)."""
     running: list[Running] = []
     running_by: dict[str, Running] = {}
-    ends: dict[str, float] = {}
     entries: list[RunEntry] = []
     requests = requests if requests is not None else {}  # (a BoundRequests counts 40,000 pods for its truth)
-    wake_at: float | None = None
     enter = face.enter
     runs = face.runs
     for key, b in bound.items():
@@ -468,15 +466,10 @@ def _bound_round(face: Face, bound: Mapping[str, Bound], allocations: Mapping[st
         run = found[4]
         running.append(run)
         running_by[key] = run
-        end = found[5]
-        ends[key] = (end if end > now else now) if end is not None else expected_end(b.started_at, None, default, now)
-        until = found[6]
-        if until > now and not b.stopping and (wake_at is None or until < wake_at):
-            wake_at = until
     if len(runs) > 2 * len(bound) + 64:
         face.runs = {k: v for k, v in runs.items() if k in bound}
-    face.bound_round = BoundRound(bound, stopping, protected, running, running_by, entries, default)
-    return running, dict(running_by), ends, wake_at
+    kept = face.bound_round = BoundRound(bound, stopping, protected, running, running_by, entries, default)
+    return running, dict(running_by), kept.ends(now), kept.wake(now)
 
 
 def plan_pods(
