@@ -13,6 +13,12 @@ runs it: the first round (every
 pod converted once: ShapeCache), then `--rounds` more over the same pod objects (the pods' Works cached), each
 round's binds given back after it so that every round sees the same books. Preemption is planned (team-3 is below
 its guarantee, team-0 borrows) unless --no-preempt (the scheduler without an evictions implementation).
+The pending pods are as an API server makes them in a burst: random UIDs, creation times to the second, BURST a
+second (so the queue order breaks ties of age by UID, as on a plane).
+
+`--trickle`: the real plane's steady state (k8s_round_plane): the first round's binds stay bound (the cluster is
+then full), and one more pod arrives before each round; with `--recent` every round also works out when preemption
+would first help.
 """
 
 from __future__ import annotations
@@ -24,8 +30,10 @@ import datetime
 import gc
 import os
 import platform
+import random
 import statistics
 import time
+import uuid
 from typing import Any
 
 from corral.k8s.convert import ANN_NODE_GPUS, node_gpus_annotation
@@ -48,6 +56,8 @@ from corral.tenancy.config import parse_queues
 
 GPUS = 8
 QUEUES = 4
+#: Pods created a second in the pending burst (a real plane's: 10,000 pods in about 14 s, k8s_round_plane)
+BURST = 700
 NOW = 1_800_000_000.0
 
 
@@ -85,13 +95,17 @@ def build(nodes: int, pending: int) -> tuple[ClusterState, dict[str, Bound], lis
             k += 1
     sizes = (1, 1, 1, 1, 2, 2, 2, 4, 4, 8)
     pods: list[Pending] = []
+    rng = random.Random(7)
     for i in range(pending):
         q = i % QUEUES
         size = sizes[i % len(sizes)]
         resources = {"requests": {"cpu": "1", "memory": "4Gi"}, "limits": {"nvidia.com/gpu": str(size)}}
-        obj: dict[str, Any] = pod_object(f"p{i}", [{"name": "main", "resources": resources}], namespace=f"team-{q}")
+        # as the API server makes them: a random UID, the creation time to the second (a burst: BURST a second)
+        obj: dict[str, Any] = pod_object(f"p{i}", [{"name": "main", "resources": resources}], namespace=f"team-{q}",
+                                         uid=str(uuid.UUID(int=rng.getrandbits(128), version=4)))  # fmt: skip
         p = pending_of(obj, state.gpu_memory)
-        pods.append(Pending(p.key, p.name, p.ask, queue=f"team-{q}", namespace=f"team-{q}", created=NOW - pending + i,
+        created = NOW - (pending - i) // BURST
+        pods.append(Pending(p.key, p.name, p.ask, queue=f"team-{q}", namespace=f"team-{q}", created=created,
                             time_limit_s=3600.0 * (1 + i % 4)))  # fmt: skip
     return state, bound, pods, face
 
@@ -100,14 +114,24 @@ class Accepting(NoEvictions):
     """Evictions that carry nothing out but let the round plan preemption (as kpreempt's does)."""
 
 
+def arrive(state: ClusterState, pods: list[Pending], i: int, now: float) -> None:
+    """One more pending pod (the i-th trickled), created at `now`."""
+    q = i % QUEUES
+    resources = {"requests": {"cpu": "1", "memory": "4Gi"}, "limits": {"nvidia.com/gpu": "1"}}
+    obj = pod_object(f"t{i}", [{"name": "main", "resources": resources}], namespace=f"team-{q}", uid=f"trickle-{i}")
+    p = pending_of(obj, state.gpu_memory)
+    pods.append(Pending(p.key, p.name, p.ask, queue=f"team-{q}", namespace=f"team-{q}", created=now,
+                        time_limit_s=3600.0))  # fmt: skip
+
+
 def one_round(state: ClusterState, bound: dict[str, Bound], pods: list[Pending], face: Face,
-              preempt: bool = True, now: float = NOW, churn: bool = False) -> tuple[float, int]:  # fmt: skip
+              preempt: bool = True, now: float = NOW, churn: bool = False, keep: bool = False) -> tuple[float, int]:  # fmt: skip
     """The scheduler's `_plan` less its locks: the copy of the bound pods, plan_pods, the collector's settling.
 
     Without `churn` the round's binds are given back (every round sees the same books). With it they stay bound
     (and leave `pods`), and as many GPUs of the oldest bound pods of the borrowing queue end (their runs go into
     the fair-share ledger, as the scheduler records them): the next round sees a changed running set, as a
-    scheduler does when pods come and go."""
+    scheduler does when pods come and go. With `keep` they stay bound and nothing ends (a full cluster)."""
     t0 = time.perf_counter()
     now_bound = dict(bound)
     r = plan_pods(face, pods, state.snapshot, now_bound, now, None, Accepting() if preempt else NoEvictions(), None,
@@ -117,7 +141,7 @@ def one_round(state: ClusterState, bound: dict[str, Bound], pods: list[Pending],
     starts = [d for d in r.decisions if isinstance(d, Bind)]
     snapshot = state.snapshot
     assert snapshot is not None
-    if not churn:
+    if not churn and not keep:
         for d in starts:  # given back: every round sees the same books
             snapshot.release(d.allocation.request_id)
         return took, len(starts)
@@ -128,6 +152,8 @@ def one_round(state: ClusterState, bound: dict[str, Bound], pods: list[Pending],
         p = d.pod
         bound[p.key] = Bound(p.namespace, p.name, p.queue, now, p.time_limit_s)
         freed += len(d.allocation.gpus)
+    if keep:
+        return took, len(starts)
     tenancy = face.tenancy
     for key in [k for k, b in bound.items() if b.queue == "team-0"]:
         if freed <= 0:
@@ -150,6 +176,8 @@ def main() -> None:
     ap.add_argument("--churn", action="store_true", help="binds stay and as many GPUs of old pods end, each round")
     ap.add_argument("--recent", action="store_true",
                     help="every bound pod started in the last 4 minutes: all within their minimum runtime")  # fmt: skip
+    ap.add_argument("--trickle", action="store_true",
+                    help="binds stay (the cluster is then full) and one pod arrives before each round (a plane's)")
     ap.add_argument("--no-preempt", action="store_true", help="plan no preemption (NoEvictions: no evictions seam)")
     a = ap.parse_args()
     t0 = time.perf_counter()
@@ -162,14 +190,17 @@ def main() -> None:
     gc.collect()  # as the scheduler does once its books are read (corral/k8s/cli.py)
     gc.freeze()
     collector_for_rounds()
-    first, n = one_round(state, bound, pods, face, preempt)
+    first, n = one_round(state, bound, pods, face, preempt, keep=a.trickle)
     print(f"first round (every pod converted): {first * 1000:.0f} ms, {n} binds")
     times = []
     prof = cProfile.Profile() if a.profile else None
     for i in range(a.rounds):
         if prof:
             prof.enable()
-        took, n = one_round(state, bound, pods, face, preempt, NOW + 2.0 * (i + 1) if a.churn else NOW, a.churn)
+        now = NOW + 2.0 * (i + 1) if a.churn or a.trickle else NOW
+        if a.trickle:
+            arrive(state, pods, i, now)
+        took, n = one_round(state, bound, pods, face, preempt, now, a.churn, keep=a.trickle)
         if prof:
             prof.disable()
         times.append(took)
@@ -178,6 +209,7 @@ def main() -> None:
     kind = (
         ("with" if preempt else "without")
         + (", 100 pods' churn a round" if a.churn else "")
+        + (", a full cluster and a pod arriving each round" if a.trickle else "")
         + (", every victim protected" if a.recent else "")
     )
     each = ", ".join(f"{t * 1000:.0f}" for t in times)

@@ -39,8 +39,8 @@ from corral.tenancy.fairshare import (
     amount,
     decayed_capacity,
     dominant_share,
+    FairRuns,
     expected_usage,
-    fair_order,
     share_rows,
 )
 from corral.tenancy.model import Running, Work
@@ -110,6 +110,8 @@ class Tenancy:
         #: A job's projected share by what decides it: its amounts and time limit (not the shape's index, which the
         #: round's ShapeCache may renumber when it prunes).
         self._projected: dict[tuple[int, int, int, int, int, float | None], float] = {}
+        #: fair_order's result from each account's offers kept sorted across rounds (its offers are the cached ones)
+        self._fair: FairRuns[Any] = FairRuns()
         self.usage = Usage()  # the last round's holdings (for GET /v1/queues)
         self.queue_of_id: dict[str, str] = {}  # the last round's waiting jobs' queues (for explain)
         self.limited: dict[str, str] = {}  # the last round's jobs held back by a limit, and which
@@ -134,6 +136,7 @@ class Tenancy:
     def forget(self) -> None:
         """Drop what was kept for earlier rounds (a new configuration)."""
         self._offers.clear()
+        self._fair = FairRuns()
         self._projected.clear()
         self._measured = None
         self._grouped = None
@@ -493,7 +496,7 @@ class Tenancy:
                 return uw.get((acc[1], acc[2]), 1.0)
 
             shares: dict[Hashable, float] = {a: dominant_share(usages[a], cap) for a in accounts if a in usages}
-            return fair_order(offers, shares, weight)
+            return self._fair.order(offers, shares, weight)
 
         verdicts = gate.verdicts
         offered = self._offers

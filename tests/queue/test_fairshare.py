@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from corral.model.errors import InvalidRequest
 from corral.model.resources import Allocation, GpuGrant
 from corral.tenancy.fairshare import (
+    FairRuns,
     Offer,
     UsageLedger,
     amount,
@@ -147,3 +148,54 @@ def test_weights_scale_the_turns() -> None:
     got = fair_order(offers, {}, lambda a: 3.0 if a == "ann" else 1.0)
     first8 = got[:8]
     assert sum(1 for j in first8 if int(j[1:]) < 10) == 6  # ann is due three times bo's share: 3 of every 4 turns
+
+
+# ---------------------------------------------------------------------------------------------- FairRuns
+_offer_fields = st.tuples(
+    st.sampled_from(["a", "b", "c", "d"]),  # account
+    st.sampled_from([0, 0, 0, 5, -3]),  # priority
+    st.sampled_from([0.0, 1.0, 1.0, 2.0, 3.5]),  # submitted: many equal (a burst's creation times, to the second)
+    st.sampled_from([0.0, 0.0, 1e-3, 0.25, 1e-17, 0.1 + 0.2]),  # projected: zeros and absorbing values give ties
+)
+
+
+@given(
+    st.lists(_offer_fields, min_size=0, max_size=40),
+    st.lists(st.integers(0, 39), max_size=12),  # offers that leave between rounds
+    st.lists(_offer_fields, max_size=8),  # offers that arrive between rounds
+    st.dictionaries(st.sampled_from(["a", "b", "c", "d"]), st.sampled_from([0.0, 0.0, 0.3, 1e-3, 1.0])),
+    st.dictionaries(st.sampled_from(["a", "b", "c", "d"]), st.sampled_from([1.0, 2.0, 0.5, 3.0])),
+)
+def test_fair_runs_give_fair_orders_result_round_after_round(
+    first: list[tuple[str, int, float, float]],
+    leave: list[int],
+    arrive: list[tuple[str, int, float, float]],
+    shares: dict[str, float],
+    weights: dict[str, float],
+) -> None:
+    """The kept runs, reused, thinned and grown, order exactly as fair_order's heap does, ties included."""
+
+    def offers(fields: list[tuple[str, int, float, float]], start: int) -> list[Offer[str]]:
+        out = []
+        for k, (account, priority, submitted, projected) in enumerate(fields, start):
+            job = f"j{k}" if k % 3 else str(k)  # numeric and other ids
+            out.append(Offer(job, account, priority, submitted, (int(job) if job.isdigit() else 0, job), projected))
+        return out
+
+    runs: FairRuns[str] = FairRuns()
+    weight = lambda a: weights.get(a, 1.0)  # noqa: E731
+    now = offers(first, 0)
+    assert runs.order(now, shares, weight) == fair_order(now, shares, weight)
+    assert runs.order(now, shares, weight) == fair_order(now, shares, weight)  # (every run reused)
+    gone = {i for i in leave if i < len(now)}
+    now = [o for i, o in enumerate(now) if i not in gone] + offers(arrive, 100)
+    assert runs.order(now, shares, weight) == fair_order(now, shares, weight)
+
+
+def test_fair_runs_fall_back_where_floats_cannot_hold_the_key() -> None:
+    """Priorities past 2^53 (a float would round them) and a NaN share: the heap's order, not numpy's."""
+    big = [Offer("x", "a", 2**60 + 1, 0.0, (0, "x"), 0.1), Offer("y", "b", 2**60, 0.0, (0, "y"), 0.1)]
+    runs: FairRuns[str] = FairRuns()
+    assert runs.order(big, {}, lambda _: 1.0) == ["x", "y"] == fair_order(big, {}, lambda _: 1.0)
+    nan = [Offer("x", "a", 0, 0.0, (0, "x"), 0.1), Offer("y", "b", 0, 0.0, (0, "y"), 0.1)]
+    assert runs.order(nan, {"a": math.nan}, lambda _: 1.0) == fair_order(nan, {"a": math.nan}, lambda _: 1.0)
