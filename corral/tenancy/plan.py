@@ -137,7 +137,7 @@ def plan_round(
     snapshot = cluster.snapshot.copy()
     tenancy = usage if isinstance(usage, Tenancy) else tenancy_for(config, snapshot, usage)
     cache = cache if cache is not None else ShapeCache()
-    works = [cache.work(w, work_of) for w in waiting]  # each converted once per object (the cache keeps it)
+    works = cache.works(waiting, work_of)  # each converted once per object (the cache keeps it)
     by_id = {w.id: w for w in works}
     queues = tenancy.plan_queues(
         {w.id: w.queue for w in works}, running, free_of(snapshot), now, config.default_time_limit_s

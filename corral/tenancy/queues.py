@@ -122,14 +122,17 @@ class Tenancy:
         #: in order, and the configuration): reused while the same jobs run, as most rounds of a cluster see.
         #: (The jobs themselves are kept with their ids, so that no id is reused by another object meanwhile.)
         self._measured: tuple[list[int], QueuesConfig, Usage, list[Running]] | None = None
+        #: (the jobs' ids, each account's amounts and rows, the distinct starts and each job's index in them, the jobs)
         self._grouped: (
-            tuple[list[int], dict[tuple[str, ...], tuple[np.ndarray, np.ndarray]], list[float], list[Running]] | None
+            tuple[list[int], dict[tuple[str, ...], tuple[np.ndarray, np.ndarray]], list[float], np.ndarray,
+                  list[Running]] | None
         )
         self._grouped = None
         #: The last `_columns`: (quota.JobColumns, each job's fair-share amount, its start, the jobs' ids, their rows
         #: in the store); a round takes the rows of the jobs the last one held and reads only the new ones.
         self._cols: tuple[JobColumns, np.ndarray, np.ndarray, list[int], np.ndarray] | None = None
         self._store = _Store()
+        self._ids_of: tuple[tuple[Running, ...], list[int]] | None = None
         self._holdings = Holdings()  # what the preemption candidates hold, as columns kept between rounds
         self._account_numbers: dict[tuple[str, str, int], int] = {}
 
@@ -142,7 +145,18 @@ class Tenancy:
         self._grouped = None
         self._cols = None
         self._store = _Store()
+        self._ids_of: tuple[tuple[Running, ...], list[int]] | None = None
         self._holdings = Holdings()
+
+    def _ids(self, jobs: Sequence[Running]) -> list[int]:
+        """The ids of `jobs`, which the caches compare to know the same jobs (in the same order). A face that hands in
+        the very same tuple as before (it cannot have changed) gets the same list, made once."""
+        last = self._ids_of
+        if last is not None and last[0] is jobs:
+            return last[1]
+        ids = [id(j) for j in jobs]
+        self._ids_of = (jobs, ids) if type(jobs) is tuple else None  # (the tuple keeps its jobs: no id is reused)
+        return ids
 
     def _columns(
         self, holding: Sequence[Running], ids: list[int] | None = None
@@ -150,9 +164,9 @@ class Tenancy:
         """`holding` as columns: (JobColumns, fair-share amounts (n x 4), starts (NaN: not started)). Each Running
         object is read once into a row of a store that only grows (compacted when mostly stale); a round gathers its
         jobs' rows (a cluster's tens of thousands of jobs, a few new a round). `ids`: the jobs' ids, if made."""
-        ids = ids if ids is not None else [id(j) for j in holding]
+        ids = ids if ids is not None else self._ids(holding)
         last = self._cols
-        if last is not None and last[3] == ids:
+        if last is not None and _same(last[3], ids):
             return last[0], last[1], last[2]
         n = len(holding)
         store = self._store
@@ -210,9 +224,9 @@ class Tenancy:
         Running objects run under the same configuration. Not with a face's own Unix groups (they may change
         between rounds without a job changing)."""
         mine = type(self).groups_of is Tenancy.groups_of
-        ids = (ids if ids is not None else [id(j) for j in holding]) if mine else []
+        ids = (ids if ids is not None else self._ids(holding)) if mine else []
         last = self._measured
-        if mine and last is not None and last[1] is self.config and last[0] == ids:
+        if mine and last is not None and last[1] is self.config and _same(last[0], ids):
             u = last[2]
         else:
             if len(holding) >= COLUMNS_FROM:
@@ -294,9 +308,10 @@ class Tenancy:
         runtime, as numpy columns (a Pool: a Victim is made only for the few a search reads; tens of thousands of
         running pods a round).
         None where the columns do not describe `running` (then the rules are asked job by job)."""
-        ids = [id(j) for j in running]
+        ids = self._ids(running)
         measured, last = self._measured, self._cols
-        if len(running) < COLUMNS_FROM or measured is None or measured[0] != ids or last is None or last[3] != ids:
+        if (len(running) < COLUMNS_FROM or measured is None or not _same(measured[0], ids) or last is None
+                or not _same(last[3], ids)):  # fmt: skip
             return None
         borrowing = measured[2].borrowing_rows
         if borrowing is None:
@@ -368,14 +383,16 @@ class Tenancy:
         Each account's running jobs are kept as one array of amounts (rows in `holding`'s order) while the same
         jobs run; their decayed usage is added in that order (a cumulative sum: the same float additions, in the
         same order, as UsageLedger.usage's loop, so every share and every order is the same to the last bit)."""
-        ids = ids if ids is not None else [id(j) for j in holding]
+        ids = ids if ids is not None else self._ids(holding)
         last = self._grouped
-        if last is not None and last[0] == ids:
-            grouped, starts = last[1], last[2]
+        if last is not None and _same(last[0], ids):
+            grouped, distinct, which = last[1], last[2], last[3]
         else:
             cols, amounts_all, starts_all = self._columns(holding, ids)
             started = np.flatnonzero(~np.isnan(starts_all))  # (in `holding`'s order)
-            starts = starts_all[started].tolist()
+            # (a cluster's pods start in bursts, to the second: each distinct start's factor is computed once)
+            unique, inverse = np.unique(starts_all[started], return_inverse=True)
+            distinct, which = unique.tolist(), inverse.reshape(-1)
             amounts = amounts_all[started]
             pairs: dict[tuple[str, str], int] = {}
             pair_of = np.array([pairs.setdefault((q, user), len(pairs)) for q, user, _ in cols.accounts] or [0])
@@ -390,13 +407,14 @@ class Tenancy:
                 rows = np.flatnonzero(pair == c)
                 if len(rows):
                     grouped[("user", q, user)] = (amounts[rows], rows)
-            self._grouped = (ids, grouped, starts, list(holding))
+            self._grouped = (ids, grouped, distinct, which, list(holding))
         ledger = self.ledger
         h = ledger.half_life_s
         scale = h / _LN2
         # running_usage's factor, per job in Python's own float arithmetic (numpy's power may differ by an ulp), once
-        # per job a round (its queue's account and its user's share it)
-        factors = np.array([scale * (1.0 - 2.0 ** (-max(0.0, now - t) / h)) for t in starts], dtype=np.float64)
+        # per distinct start a round (its queue's account and its user's share it)
+        factors = np.array([scale * (1.0 - 2.0 ** (-max(0.0, now - t) / h)) for t in distinct], dtype=np.float64)
+        factors = factors[which] if len(factors) else factors
         out: dict[tuple[str, ...], np.ndarray] = {}
         for acc in {a for a in ledger.accounts() if isinstance(a, tuple)} | set(grouped):
             total = ledger.usage(acc, now)
@@ -416,7 +434,7 @@ class Tenancy:
         """The order and the gate of one pass over the works `waiting` (id -> queue), with `holding` running and
         `free` free (quota.free_of); None without a queues file (priority, then age, no limits)."""
         config = self.config
-        ids = [id(j) for j in holding]  # (once a round: the caches below compare them)
+        ids = self._ids(holding)  # (once a round: the caches below compare them)
         self.usage = self._measure(holding, ids)
         queue_of_id = dict(waiting)
         self.queue_of_id = queue_of_id
@@ -587,3 +605,8 @@ def _row(r: Any, queue: str, user: str | None) -> dict[str, Any]:
         "effective_usage": r.effective_usage,
         "fairshare_factor": r.factor,
     }
+
+
+def _same(kept: list[int], ids: list[int]) -> bool:
+    """Whether two lists of jobs' ids are the same (the very list first: a kept tuple's ids, compared without a walk)."""
+    return kept is ids or kept == ids

@@ -81,6 +81,9 @@ class Plan:
     order: list[str] = field(default_factory=list)  # the ids of the jobs offered, in queue order
 
 
+_work_id = attrgetter("work.id")
+
+
 @dataclass(frozen=True)
 class _Entry:
     source: object  # the very object the entry was made for: another object with this id is a changed one
@@ -134,6 +137,14 @@ class ShapeCache:
     def work(self, item: T, work_of: Callable[[T], Work]) -> Work:
         """`item`'s Work: the one made for this very object, or a new one (kept)."""
         return self.entry(item, work_of).work
+
+    def works(self, items: Sequence[T], work_of: Callable[[T], Work]) -> list[Work]:
+        """Each item's Work (`work`, for a whole queue: the look-up of one already made inlined)."""
+        known = self._by_object.get
+        return [
+            e.work if (e := known(id(item))) is not None and e.source is item else self.entry(item, work_of).work
+            for item in items
+        ]
 
     def prune(self, keep: int) -> None:
         """Forget jobs that have left the queue once the cache holds more than twice `keep` of them."""
@@ -269,10 +280,9 @@ def schedule(
     (priority, fair share, age) instead of priority then age, and the limits checked before a job is placed (a job
     held back by one waits with its words, and is not the head)."""
     cache = cache if cache is not None else ShapeCache()
-    known = cache.entries.get  # inlined look-up: this line runs once per queued job every round
+    known = cache._by_object.get  # inlined look-up (ShapeCache.known): this line runs once per queued job every round
     entries = [
-        e if (e := known(getattr(item, "id", ""))) is not None and e.source is item else cache.entry(item, work_of)
-        for item in waiting
+        e if (e := known(id(item))) is not None and e.source is item else cache.entry(item, work_of) for item in waiting
     ]
     cache.prune(len(entries))
     if queues is not None:
@@ -421,5 +431,5 @@ def schedule(
         if len(failed) == shapes:
             break  # every shape still waiting fails now: nothing behind can start
     reservation = booking.reservation if booking is not None else None
-    order = [e.work.id for e in entries]
+    order = list(map(_work_id, entries))
     return Plan(starts, reasons, unresolvable, placements, len(failed) + len(delays), reservation, order)

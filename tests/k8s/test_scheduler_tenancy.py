@@ -576,3 +576,24 @@ def test_a_round_over_the_same_bound_pods_reuses_their_part_and_decides_the_same
     bound[first] = dataclasses.replace(bound[first], started_at=bound[first].started_at - 1.0)  # it changed: walked
     round_at(face, later)
     assert face.bound_round is not kept
+
+
+def test_the_kept_ends_are_reused_only_while_every_end_is_ahead() -> None:
+    """With every bound pod's end fixed (a time limit) and ahead, a round takes the same ends again; once `now`
+    passes one, that pod's end is `now` (as expected_end says), pod by pod."""
+    import benchmarks.k8s_round as kr
+    from corral.tenancy.reservation import expected_end
+
+    state, bound, pods, face = kr.build(6, 4)
+    s = state.snapshot
+    assert s is not None
+    plan_pods(face, pods, s, dict(bound), kr.NOW, None, None, None, BoundRequests(state.pods, bound))
+    kept = face.bound_round
+    assert kept is not None
+    first = kept.ends(kr.NOW)
+    assert kept.ends(kr.NOW + 1.0) is first  # nothing passed: the same ends
+    soonest = min(b.started_at + (b.time_limit_s or 0.0) for b in bound.values())
+    later = soonest + 30.0
+    default = face.round.default_time_limit_s
+    assert kept.ends(later) == {k: expected_end(b.started_at, b.time_limit_s, default, later) for k, b in bound.items()}
+    assert kept.ends(later)[min(bound, key=lambda k: bound[k].started_at)] == later

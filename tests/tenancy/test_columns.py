@@ -241,3 +241,20 @@ def test_the_search_from_the_columns_is_the_search_over_the_list(seed: int, monk
                 assert fast is None and later is not None and len(searched[0]) > 10
             elif size == 4 or prio == 0:
                 assert fast is not None
+
+
+def test_a_tuple_handed_in_again_is_known_without_a_walk_and_decides_the_same() -> None:
+    """A face that hands in the very same tuple of running jobs (a full cluster's rounds) gets its ids made once; a
+    list (which may have changed in place) is read again every time; both give a fresh count's holdings."""
+    t = Tenancy(QUEUES, amount(8000, 8 * 81920, 64000, 512 * 1024), 81920, lambda i: 81920)
+    running = tuple(jobs(12, 700))
+    ids = t._ids(running)
+    assert t._ids(running) is ids and ids == [id(j) for j in running]
+    as_list = list(running)
+    assert t._ids(as_list) is not t._ids(as_list)
+    for holding in (running, as_list, running):
+        got = t._measure(holding)
+        want = quota._measure_jobs(QUEUES, sorted(running, key=quota.start_key), held, groups)
+        assert (got.queue, got.queue_user, got.borrowing_ids) == (want.queue, want.queue_user, want.borrowing_ids)
+    as_list.pop()  # changed in place: not the kept jobs any more
+    assert t._measure(as_list).running != t._measure(running).running

@@ -389,7 +389,7 @@ def pod_words(reason: str, gang: str, name_of: Any) -> str:
 
 
 #: (the bound pods as Running, by pod key, their expected ends, the earliest end of a minimum runtime after now)
-BoundPart = tuple[list[Running], dict[str, Running], dict[str, float], float | None]
+BoundPart = tuple[tuple[Running, ...], dict[str, Running], dict[str, float], float | None]
 
 
 class BoundRound:
@@ -398,13 +398,14 @@ class BoundRound:
     and each pod's expected end and end of minimum runtime as columns (a round's ends and wake depend on its time)."""
 
     def __init__(self, bound: Mapping[str, Bound], stopping: AbstractSet[str], protected: AbstractSet[str],
-                 running: list[Running], running_by: dict[str, Running], entries: list[RunEntry],
+                 running: tuple[Running, ...], running_by: dict[str, Running], entries: list[RunEntry],
                  default: float) -> None:  # fmt: skip
         self.bound, self.missing = dict(bound), len(bound) - len(entries)
         self.stopping, self.protected = stopping, protected
         self.running, self.running_by, self.entries, self.default = running, running_by, entries, default
         self.keys = list(running_by)
         self._columns: tuple[list[Allocation], Any, list[tuple[int, float | None]], Any, Any] | None = None
+        self._ends: dict[str, float] | None = None  # the ends while every one is fixed and ahead (`ends`)
 
     def columns(self) -> tuple[list[Allocation], Any, list[tuple[int, float | None]], Any, Any]:
         """(grants, fixed ends (NaN: no time limit), (row, start) of those without one, ends of minimum runtime,
@@ -429,12 +430,17 @@ class BoundRound:
                 and list(map(allocations.get, self.keys)) == self.columns()[0])  # fmt: skip
 
     def ends(self, now: float) -> dict[str, float]:
-        """Each pod's expected end at `now` (as the walk computes it: its fixed end, not before now)."""
+        """Each pod's expected end at `now` (as the walk computes it: its fixed end, not before now). Read only: while
+        every pod has a fixed end still ahead, the same dict again (a full cluster's rounds: 40,000 ends)."""
         _, fixed, open_, _, _ = self.columns()
+        if not open_ and self._ends is not None and not (fixed < now).any():
+            return self._ends
         values = np.maximum(fixed, now).tolist()  # (a NaN, no time limit, is filled below)
         for i, started in open_:
             values[i] = expected_end(started, None, self.default, now)
-        return dict(zip(self.keys, values, strict=True))
+        out = dict(zip(self.keys, values, strict=True))
+        self._ends = out if not open_ and not (fixed < now).any() else None
+        return out
 
     def wake(self, now: float) -> float | None:
         _, _, _, until, wakes = self.columns()
@@ -468,8 +474,8 @@ def _bound_round(face: Face, bound: Mapping[str, Bound], allocations: Mapping[st
         running_by[key] = run
     if len(runs) > 2 * len(bound) + 64:
         face.runs = {k: v for k, v in runs.items() if k in bound}
-    kept = face.bound_round = BoundRound(bound, stopping, protected, running, running_by, entries, default)
-    return running, dict(running_by), kept.ends(now), kept.wake(now)
+    kept = face.bound_round = BoundRound(bound, stopping, protected, tuple(running), running_by, entries, default)
+    return kept.running, dict(running_by), kept.ends(now), kept.wake(now)
 
 
 def plan_pods(
@@ -492,9 +498,7 @@ def plan_pods(
     `requests`: the bound pods' requests (the books'; their priorities decide who may preempt whom)."""
     ev = evictions if evictions is not None else NoEvictions()
     gangs = gangs or {}
-    names = dict(names or {})
-    for p in pending:
-        names.setdefault(p.key, p.name)
+    names = names or {}
     out: dict[str, Decision] = {}
     offered: list[Pending] = []
     config = face.config
@@ -569,7 +573,8 @@ def plan_pods(
     if last_round is not None and last_round.same(bound, allocations, stopping, protected):
         # The same bound pods with the same grants as last round (a full cluster's queue: pods arrive, none starts):
         # their Running records, and their ends and wake from columns kept with them, without a walk of them all.
-        running, running_by = list(last_round.running), dict(last_round.running_by)
+        # (the very tuple of last round: tenancy knows it again without comparing 40,000 ids)
+        running, running_by = last_round.running, dict(last_round.running_by)
         ends, wake_at = last_round.ends(now), last_round.wake(now)
     else:
         running, running_by, ends, wake_at = _bound_round(face, bound, allocations, stopping, protected, requests,
@@ -594,10 +599,17 @@ def plan_pods(
     explained: dict[Any, str] = {}
     words: dict[tuple[str, str], str] = {}  # the plan's words with pods named (a few texts for thousands of pods)
 
+    pending_by: dict[str, Pending] = {}
+
     def name_of(key: str) -> str:
+        """A pod the words name: by `names`, else a pending pod's name, else a bound pod's (a few a round)."""
         found = names.get(key)
         if found is not None:
             return found
+        if not pending_by:
+            pending_by.update((p.key, p) for p in pending)
+        if key in pending_by:
+            return pending_by[key].name
         b = bound.get(key)
         return f"{b.namespace}/{b.name}" if b is not None else key
 
@@ -640,7 +652,7 @@ def plan_pods(
             if kind == "gang" and p.gang:
                 kind = f"gang {p.gang}"
             if kind == "reservation":
-                kind = f"the reservation of pod {names.get(first.job_id, first.job_id)}" if first is not None else kind
+                kind = f"the reservation of pod {name_of(first.job_id)}" if first is not None else kind
             gang_short = kind.startswith("gang") and "queued" in said
             code = (QUEUE_LIMIT if limited is not None else GANG_INCOMPLETE if gang_short
                     else RESERVATION if kind.startswith("the reservation") else "unschedulable")  # fmt: skip
