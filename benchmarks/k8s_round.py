@@ -124,8 +124,8 @@ def arrive(state: ClusterState, pods: list[Pending], i: int, now: float) -> None
                         time_limit_s=3600.0))  # fmt: skip
 
 
-def one_round(state: ClusterState, bound: dict[str, Bound], pods: list[Pending], face: Face,
-              preempt: bool = True, now: float = NOW, churn: bool = False, keep: bool = False) -> tuple[float, int]:  # fmt: skip
+def one_round(state: ClusterState, bound: dict[str, Bound], pods: list[Pending], face: Face, preempt: bool = True,
+              now: float = NOW, churn: bool = False, keep: bool = False) -> tuple[float, int]:  # fmt: skip
     """The scheduler's `_plan` less its locks: the copy of the bound pods, plan_pods, the collector's settling.
 
     Without `churn` the round's binds are given back (every round sees the same books). With it they stay bound
@@ -176,8 +176,11 @@ def main() -> None:
     ap.add_argument("--churn", action="store_true", help="binds stay and as many GPUs of old pods end, each round")
     ap.add_argument("--recent", action="store_true",
                     help="every bound pod started in the last 4 minutes: all within their minimum runtime")  # fmt: skip
-    ap.add_argument("--trickle", action="store_true",
-                    help="binds stay (the cluster is then full) and one pod arrives before each round (a plane's)")
+    ap.add_argument(
+        "--trickle",
+        action="store_true",
+        help="binds stay (the cluster is then full) and one pod arrives before each round (a plane's)",
+    )
     ap.add_argument("--no-preempt", action="store_true", help="plan no preemption (NoEvictions: no evictions seam)")
     a = ap.parse_args()
     t0 = time.perf_counter()

@@ -295,9 +295,9 @@ class FairRuns(Generic[T]):
             keys.append(before / w)
         weighted = np.concatenate(keys)
         submitted = np.concatenate([r.submitted for r in runs_now])
-        account = np.repeat(np.arange(len(runs_now)), [len(r.offers) for r in runs_now])
+        account_of = np.repeat(np.arange(len(runs_now)), [len(r.offers) for r in runs_now])
         position = np.concatenate([np.arange(len(r.offers)) for r in runs_now])
-        order = np.lexsort((position, account, submitted, weighted, priority))
+        order = np.lexsort((position, account_of, submitted, weighted, priority))
         items = [x for r in runs_now for x in r.items]
         out_order = order.tolist()
         # exact ties of (priority, share, age) between accounts: fair_order breaks them by id, then account
@@ -305,7 +305,7 @@ class FairRuns(Generic[T]):
         same = np.flatnonzero((p_[1:] == p_[:-1]) & (w_[1:] == w_[:-1]) & (s_[1:] == s_[:-1]))
         if len(same):
             offer_at = [o for r in runs_now for o in r.offers]
-            n_of = account.tolist()
+            n_of = account_of.tolist()
             i = 0
             marks = same.tolist()
             while i < len(marks):

@@ -33,13 +33,13 @@ from corral.tenancy.config import QueuesConfig, Vector
 from corral.tenancy.fairshare import (
     _LN2,
     RESOURCES,
+    FairRuns,
     FloatArray,
     Offer,
     UsageLedger,
     amount,
     decayed_capacity,
     dominant_share,
-    FairRuns,
     expected_usage,
     share_rows,
 )
@@ -124,8 +124,10 @@ class Tenancy:
         self._measured: tuple[list[int], QueuesConfig, Usage, list[Running]] | None = None
         #: (the jobs' ids, each account's amounts and rows, the distinct starts and each job's index in them, the jobs)
         self._grouped: (
-            tuple[list[int], dict[tuple[str, ...], tuple[np.ndarray, np.ndarray]], list[float], np.ndarray,
-                  list[Running]] | None
+            tuple[
+                list[int], dict[tuple[str, ...], tuple[np.ndarray, np.ndarray]], list[float], np.ndarray, list[Running]
+            ]
+            | None
         )
         self._grouped = None
         #: The last `_columns`: (quota.JobColumns, each job's fair-share amount, its start, the jobs' ids, their rows
@@ -145,7 +147,7 @@ class Tenancy:
         self._grouped = None
         self._cols = None
         self._store = _Store()
-        self._ids_of: tuple[tuple[Running, ...], list[int]] | None = None
+        self._ids_of = None
         self._holdings = Holdings()
 
     def _ids(self, jobs: Sequence[Running]) -> list[int]:
@@ -608,5 +610,5 @@ def _row(r: Any, queue: str, user: str | None) -> dict[str, Any]:
 
 
 def _same(kept: list[int], ids: list[int]) -> bool:
-    """Whether two lists of jobs' ids are the same (the very list first: a kept tuple's ids, compared without a walk)."""
+    """Whether two lists of jobs' ids are the same (the very list first: a kept tuple's ids, without a walk)."""
     return kept is ids or kept == ids
