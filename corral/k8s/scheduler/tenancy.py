@@ -593,9 +593,9 @@ def plan_pods(
     for s in plan.starts:
         p = by_item[s.job_id]
         out[p.key] = _bind(p, s.allocation, snapshot)
+    not_offered = [p for p in pending if p.key in out]  # (the invalid, the held and the bound among them)
     started = {st.job_id for st in plan.starts}
     in_line = [k for k in plan.order if k not in started]  # the queue order of the pods that still wait
-    positions = {k: i + 1 for i, k in enumerate(in_line)}
     explained: dict[Any, str] = {}
     words: dict[tuple[str, str], str] = {}  # the plan's words with pods named (a few texts for thousands of pods)
 
@@ -615,67 +615,88 @@ def plan_pods(
 
     reservation = {r.job_id: r for r in plan.reservations}
     preempting = {pr.preemptor for pr in plan.preemptions}
+    special = preempting | reservation.keys()  # (one or two pods a round: worded apart)
     first = next(iter(plan.reservations), None)
     reasons, limited_of = plan.reasons, tenancy.limited
     unresolvable = plan.unresolvable
     n_line = len(in_line)
     # A round's thousands of waiting pods share a few (reason, gang, limit) texts: each is worded once
     worded: dict[tuple[str, str, str | None], tuple[str, str, str]] = {}
-    # ... and per queue the pieces of each text around the pod's position (head, tail, the words at position 0)
-    pieces: dict[tuple[str, str, str, str | None], tuple[str, str, str]] = {}
-    entry_of = face.cache.known
-    for p in offered:
-        key = p.key
-        if key in out:
-            continue
-        reason = reasons.get(key, "waiting for the next round")
-        if reason == NO_ROOM_NOW and p.ask is not None:
-            # the prefilter's short words: the engine's own, once per shape a round (what a user acts on)
-            entry = entry_of(p)
-            worded_shape = explained.get(entry.shape) if entry is not None else None
-            reason = worded_shape if worded_shape is not None else _explained(snapshot, p, explained, face)
-        limited = limited_of.get(key)
-        if key not in preempting and key not in reservation:  # (all but one or two pods a round)
-            at = positions.get(key, 0)
-            piece = pieces.get((p.queue, reason, p.gang, limited))
-            if piece is not None:
-                _, kind, code = worded[(reason, p.gang, limited)]
-                holds[key] = Hold(p.queue, at, n_line, kind)
-                out[key] = Wait(p, f"{piece[0]}{at}{piece[1]}" if at else piece[2], code, key in unresolvable)
-                continue
-        texts = worded.get((reason, p.gang, limited))
+    # ... and per queue the pieces of each text around the pod's position (head, tail, the words at position 0),
+    # with what holds it and its code
+    pieces: dict[tuple[str, str, str, str | None], tuple[str, str, str, str, str]] = {}
+    entry_of = face.cache._by_object.get  # (ShapeCache.known, inlined: once per pod the prefilter held back)
+
+    def texts_of(reason: str, gang: str, limited: str | None) -> tuple[str, str, str]:
+        """(the plan's words with pods named, what holds the pod, its code), once per (reason, gang, limit)."""
+        texts = worded.get((reason, gang, limited))
         if texts is None:
             kind = _kind(reason, limited)
-            said = words.get((reason, p.gang))
+            said = words.get((reason, gang))
             if said is None:
-                said = words[(reason, p.gang)] = pod_words(reason, p.gang, name_of)
-            if kind == "gang" and p.gang:
-                kind = f"gang {p.gang}"
+                said = words[(reason, gang)] = pod_words(reason, gang, name_of)
+            if kind == "gang" and gang:
+                kind = f"gang {gang}"
             if kind == "reservation":
                 kind = f"the reservation of pod {name_of(first.job_id)}" if first is not None else kind
             gang_short = kind.startswith("gang") and "queued" in said
             code = (QUEUE_LIMIT if limited is not None else GANG_INCOMPLETE if gang_short
                     else RESERVATION if kind.startswith("the reservation") else "unschedulable")  # fmt: skip
-            texts = worded[(reason, p.gang, limited)] = (said, kind, code)
-        said, kind, code = texts
-        if key in preempting or key in reservation:  # (one or two pods a round)
+            texts = worded[(reason, gang, limited)] = (said, kind, code)
+        return texts
+
+    def tell(p: Pending, at: int) -> None:
+        """A waiting pod's words and hold, `at` its position (0: none), as a first of its kind or a special one."""
+        key = p.key
+        reason = reasons.get(key, "waiting for the next round")
+        if reason == NO_ROOM_NOW and p.ask is not None:
+            entry = entry_of(id(p))
+            shape = entry.shape if entry is not None and entry.source is p else None
+            worded_shape = explained.get(shape) if shape is not None else None
+            reason = worded_shape if worded_shape is not None else _explained(snapshot, p, explained, face)
+        limited = limited_of.get(key)
+        said, kind, code = texts_of(reason, p.gang, limited)
+        if key in special:
             r = None
             if key in preempting:
                 kind = "its victims to stop (preempting)"
                 code = code if limited is not None else PREEMPTING
             else:
                 r = reservation[key]
-            hold = Hold(p.queue, positions.get(key, 0), n_line, kind, r.start if r is not None else None)
+            hold = Hold(p.queue, at, n_line, kind, r.start if r is not None else None)
             holds[key] = hold
             out[key] = Wait(p, f"{hold.text()}: {said}", code, key in unresolvable)
-            continue
-        at = positions.get(key, 0)
+            return
         head, tail = f"queue {p.queue}, position ", f" of {n_line}; held by {kind}: {said}"
-        pieces[(p.queue, reason, p.gang, limited)] = (head, tail, f"{held_text(p.queue, 0, n_line, kind)}: {said}")
+        pieces[(p.queue, reason, p.gang, limited)] = (head, tail, f"{held_text(p.queue, 0, n_line, kind)}: {said}",
+                                                      kind, code)  # fmt: skip
         holds[key] = Hold(p.queue, at, n_line, kind)
         out[key] = Wait(p, f"{held_text(p.queue, at, n_line, kind)}: {said}", code, key in unresolvable)
-    for p in pending:
-        if p.key in out and isinstance(out[p.key], Wait) and p.key not in holds and p.ask is not None:
+
+    # Each waiting pod in queue order (its position is its place there), then any the plan kept out of the order
+    # (no position). The common case inlined: this runs for ten thousand pods a round.
+    for at, key in enumerate(in_line, 1):
+        p = by_item[key]
+        reason = reasons.get(key, "waiting for the next round")
+        if reason == NO_ROOM_NOW and p.ask is not None:
+            # the prefilter's short words: the engine's own, once per shape a round (what a user acts on)
+            entry = entry_of(id(p))
+            if entry is None or entry.source is not p or (reason := explained.get(entry.shape, "")) == "":
+                tell(p, at)
+                continue
+        piece = pieces.get((p.queue, reason, p.gang, limited_of.get(key)))
+        if piece is None or key in special:
+            tell(p, at)
+            continue
+        holds[key] = Hold(p.queue, at, n_line, piece[3])
+        out[key] = Wait(p, f"{piece[0]}{at}{piece[1]}", piece[4], key in unresolvable)
+    if len(in_line) + len(plan.starts) < len(offered):
+        ordered = set(plan.order)
+        for p in offered:
+            if p.key not in ordered:
+                tell(p, 0)
+    for p in not_offered:
+        if isinstance(out[p.key], Wait) and p.ask is not None:
             spec = config.queues.get(p.queue)
             if spec is not None:
                 holds[p.key] = Hold(p.queue, 0, len(in_line), "its own pod spec or its PodGroup")
