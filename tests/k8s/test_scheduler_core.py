@@ -6,6 +6,7 @@ rate-limited events, /explain, /metrics), the books at a restart and with other 
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -580,6 +581,48 @@ def test_a_move_in_its_queue_sends_no_event_and_is_written_later_than_a_new_reas
         p0 + 2, e0 + 1, "queue q, position 3 of 7; held by the limit: B")  # fmt: skip
     assert told("queue q, position 3 of 7; held by the limit: B")[1] == e0 + 1  # still a move since its last event
     assert told("queue q, position 1 of 6; held by the limit: B")[1] == e0 + 2  # its last event's words: as before
+
+
+def test_a_round_hands_a_move_alone_to_no_writer_and_its_condition_comes_due_later(
+    api: FakeKubeApi, run: Callable[..., Scheduler], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A newcomer moves every pod behind it ("of 2" to "of 3"): the round gives none of them to the writer (ten
+    thousand a round on a cluster, each looked at again), no event is sent for it, and each one's condition comes
+    due CONDITION_POSITION_EVERY after its last write, when the writer rewrites it with its place then."""
+    from corral.tenancy.config import parse_queues
+
+    monkeypatch.setattr(core_mod, "CONDITION_EVERY", 0.0)
+    monkeypatch.setattr(core_mod, "CONDITION_POSITION_EVERY", 3600.0)
+    s = run(queues=parse_queues("[queues.q]\nnamespaces = ['default']\n"))
+    for name in ("hog1", "hog2"):
+        api.put_pod(gpu_pod(name, 2))
+    wait_for("both nodes taken", lambda: node_of(api, "hog1") is not None and node_of(api, "hog2") is not None)
+
+    def condition(name: str) -> str:
+        return str(next((c["message"] for c in api.pods[("default", name)]["status"].get("conditions", [])), ""))
+
+    api.put_pod(gpu_pod("a", 2))  # the head (its reservation's words change with it)
+    api.put_pod(gpu_pod("b", 2))
+    wait_for("b's words", lambda: condition("b").startswith("queue q, position 2 of 2;"))
+    uid = api.pods[("default", "b")]["metadata"]["uid"]
+    w = s._unschedulable[uid]
+    told: list[str] = []
+    real = s._say_why
+    monkeypatch.setattr(s, "_say_why", lambda x: (told.append(x.name), real(x)))
+    events = len([e for _, e in api.events if e["involvedObject"]["name"] == "b"])
+    api.put_pod(gpu_pod("c", 2))
+    wait_for("c's words", lambda: condition("c").startswith("queue q, position 3 of 3;"))
+    assert w.reason.startswith("queue q, position 2 of 3;")  # b's words moved in the round ...
+    assert "b" not in told and "c" in told  # ... and the writer was not handed b
+    assert condition("b").startswith("queue q, position 2 of 2;")
+    assert w.due and w.due_at >= w.written_at + 3600.0
+    monkeypatch.setattr(core_mod, "CONDITION_POSITION_EVERY", 0.0)
+    with s._write_cond:  # its time is up: the writer rewrites it from the due list, with no event
+        s._due = [(0.0, seq, x) if x is w else (at, seq, x) for at, seq, x in s._due]
+        heapq.heapify(s._due)
+        s._write_cond.notify()
+    wait_for("b's move written", lambda: condition("b").startswith("queue q, position 2 of 3;"))
+    assert len([e for _, e in api.events if e["involvedObject"]["name"] == "b"]) == events
 
 
 def _required(*terms: list[dict[str, Any]], kind: str = "matchExpressions") -> dict[str, Any]:

@@ -78,6 +78,9 @@ class Wait:
     reason: str  # the engine's explanation, one line
     code: str  # a small fixed set (a Reason's name, INVALID, NO_NODES, IMPOSSIBLE): the pending-pods metric's label
     unresolvable: bool  # no waiting can help (only an edit of the pod or new nodes)
+    #: The words without the pod's place in line (a queue's words: the same from round to round while only its
+    #: position moves); "" where there is no place in line (the reason is the whole of it).
+    gist: str = ""
 
 
 Decision = Bind | Wait

@@ -141,6 +141,7 @@ class Waiting:
     seen: float  # time.monotonic() when first seen
     reason: str = ""
     code: str = ""
+    gist: str = ""  # the reason without its place in line (Wait.gist)
     failures: int = 0  # Bindings that failed in a row
     written: str = ""  # the condition message last patched
     written_at: float = -1e9
@@ -762,14 +763,18 @@ class Scheduler:
                 # placed twice: it is looked at again once its view comes
                 (held if state.pods.get(w.pending.key) is not None else todo).append(w)
             by_key = {w.pending.key: w for w in todo}
-            fenced = [self._fenced_pending(w) for w in todo]
-            pods = [p for p, _ in fenced]
+            said: dict[str, str] = {}
+            if self._fenced:
+                fenced = [self._fenced_pending(w) for w in todo]
+                pods = [p for p, _ in fenced]
+                said = {p.key: text for p, text in fenced if text}
+            else:  # (no node is fenced off: each pod as it is, without a call per pod)
+                pods = [w.pending for w in todo]
             if self.tenancy is not None:
                 decisions = self._plan(pods, gangs)
             else:
                 decisions = (place_batch(pods, state.snapshot, self.config, gangs) if gangs
                              else place_batch(pods, state.snapshot, self.config))  # fmt: skip
-            said = {p.key: text for p, text in fenced if text}
             for d in decisions:
                 w = by_key[d.pod.key]
                 if isinstance(d, Bind):
@@ -798,17 +803,25 @@ class Scheduler:
                 if not self._left_while_placed(w):
                     self._later(w)
             told: list[Waiting] = []
+            moved: list[Waiting] = []
+            inflight, left, known, unschedulable = self._inflight, self._left, self._known, self._unschedulable
             for w, d in waits:
-                self._inflight.pop(w.pending.key, None)
-                if not self._left_while_placed(w) and w.pending.key in self._known:
+                key = w.pending.key
+                inflight.pop(key, None)
+                if (key not in left or not self._left_while_placed(w)) and key in known:
                     # With queues every waiting pod is in every round: only a pod whose words changed is told
-                    # again (its condition and an event), or thousands of unchanged reasons would be rewritten.
-                    if self.tenancy is None or w.reason != d.reason:
+                    # again (its condition and an event), or thousands of unchanged reasons would be rewritten;
+                    # one whose place in line alone moved (all behind a newcomer) is rewritten later (_moved).
+                    if self.tenancy is None:
                         told.append(w)
-                    w.reason, w.code = d.reason, d.code
-                    self._unschedulable[w.pending.key] = w
+                    elif w.reason != d.reason:
+                        (moved if d.gist and w.gist == d.gist else told).append(w)
+                    w.reason, w.code, w.gist = d.reason, d.code, d.gist
+                    unschedulable[key] = w
         for w, d, rec in binds:
             self._pool.submit(self._bind, w, d, rec)
+        if moved:
+            told += self._moved(moved)
         for w in told if self.tenancy is not None else [w for w, _ in waits]:
             self._say_why(w)
 
@@ -1082,6 +1095,25 @@ class Scheduler:
                 self._outcomes.popitem(last=False)
 
     # ------------------------------------------------------------------ why pending
+    def _moved(self, moved: list[Waiting]) -> list[Waiting]:
+        """Pods whose words changed only in their place in line: no event, and the condition rewritten once
+        CONDITION_POSITION_EVERY is up (write_reason's rule), due here without a look by the writer at each pod every
+        round (ten thousand pods move when one arrives ahead of them). Returns those the writer must see now: their
+        last written words differ in more than the place (a write that failed, or none yet)."""
+        now = time.monotonic()
+        tell: list[Waiting] = []
+        with self._write_cond:
+            for w in moved:
+                if w.due:
+                    continue  # a write is due already: it writes the words of then
+                if not w.written or _POSITION.sub(";", short(w.reason)) != _POSITION.sub(";", w.written):
+                    tell.append(w)
+                    continue
+                w.due, w.due_at = True, max(now, w.written_at + CONDITION_POSITION_EVERY * (1 + (w.seq % 64) / 64))
+                heapq.heappush(self._due, (w.due_at, w.seq, w))
+            self._write_cond.notify()
+        return tell
+
     def _say_why(self, w: Waiting) -> None:
         with self._write_cond:
             self._writes[w.pending.key] = w

@@ -665,13 +665,15 @@ def plan_pods(
                 r = reservation[key]
             hold = Hold(p.queue, at, n_line, kind, r.start if r is not None else None)
             holds[key] = hold
-            out[key] = Wait(p, f"{hold.text()}: {said}", code, key in unresolvable)
+            text = f"{hold.text()}: {said}"
+            out[key] = Wait(p, text, code, key in unresolvable, text)
             return
         head, tail = f"queue {p.queue}, position ", f" of {n_line}; held by {kind}: {said}"
-        pieces[(p.queue, reason, p.gang, limited)] = (head, tail, f"{held_text(p.queue, 0, n_line, kind)}: {said}",
-                                                      kind, code)  # fmt: skip
+        gist = f"{held_text(p.queue, 0, n_line, kind)}: {said}"
+        pieces[(p.queue, reason, p.gang, limited)] = (head, tail, gist, kind, code)
         holds[key] = Hold(p.queue, at, n_line, kind)
-        out[key] = Wait(p, f"{held_text(p.queue, at, n_line, kind)}: {said}", code, key in unresolvable)
+        out[key] = Wait(p, f"{held_text(p.queue, at, n_line, kind)}: {said}" if at else gist, code, key in unresolvable,
+                        gist)  # fmt: skip
 
     # Each waiting pod in queue order (its position is its place there), then any the plan kept out of the order
     # (no position). The common case inlined: this runs for ten thousand pods a round.
@@ -689,7 +691,7 @@ def plan_pods(
             tell(p, at)
             continue
         holds[key] = Hold(p.queue, at, n_line, piece[3])
-        out[key] = Wait(p, f"{piece[0]}{at}{piece[1]}", piece[4], key in unresolvable)
+        out[key] = Wait(p, f"{piece[0]}{at}{piece[1]}", piece[4], key in unresolvable, piece[2])
     if len(in_line) + len(plan.starts) < len(offered):
         ordered = set(plan.order)
         for p in offered:
