@@ -299,7 +299,10 @@ def schedule(
     failed: dict[int, tuple[str, bool]] = {}
     delays: dict[int, str] = {}
     placements = 0
-    expected = dict(ends or {})
+    # the expected ends, copied only once a start adds one: until then the booker sees the face's own mapping (a
+    # FastBooker knows it again: a full cluster's rounds book the same reservation)
+    expected: Mapping[str, float] = ends if ends is not None else {}
+    copied = False
     booking: Booking | None = None
     booked = False  # the head has been found (with a reservation or without one)
     generator = rng if rng is not None else np.random.default_rng(0)
@@ -316,7 +319,10 @@ def schedule(
         snapshot.allocate(start.allocation)
         if booking is not None:
             booking.took(start.allocation, outlives)
-        expected[start.job_id] = end
+        nonlocal expected, copied
+        if not copied:
+            expected, copied = dict(expected), True
+        expected[start.job_id] = end  # type: ignore[index]
         if queues is not None:
             queues.took(entry)
         starts.append(start)

@@ -133,3 +133,58 @@ def test_book_fast_finds_nothing_where_book_finds_nothing(seed: int) -> None:
                 assert got.reservation == want.reservation
             nothing += want is None
     assert nothing >= 2
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_booker_gives_its_last_reservation_again_only_on_the_same_books(seed: int) -> None:
+    """A full cluster's rounds ask the same head on the same books: FastBooker answers again from what it kept (the
+    same reservation as `book`, its shadow untouched by the last round's starts), and books anew once the books,
+    the ends or the request changed."""
+    s, ends = busy(seed)
+    for k in list(ends)[::3]:  # (room beside the reservation: a start there changes its shadow)
+        s.release(k)
+        del ends[k]
+    booker = FastBooker()
+    head = gpus(4, id="head")
+    booked: list[int] = []
+    real = book_fast
+
+    def counted(*a: object, **k: object) -> object:
+        booked.append(1)
+        return real(*a, **k)  # type: ignore[arg-type]
+
+    import corral.tenancy.reservation as reservation_mod
+
+    want = book(s, head, ends, CONFIG)
+    try:
+        reservation_mod.book_fast = counted  # type: ignore[assignment]
+        first = booker(s.copy(), head, ends, CONFIG)
+        if want is None:
+            assert first is None
+            return
+        assert first is not None and first.reservation == want.reservation
+        beside = place(first.view(), gpus(1, id="backfilled"), CONFIG, np.random.default_rng(0)).allocation
+        assert beside is not None  # a start that outlives the reservation changes this round's shadow ...
+        if beside is not None:
+            first.now.allocate(beside)
+            first.took(beside, True)
+        again = booker(s.copy(), head, ends, CONFIG)  # ... not the one kept: the next round sees the same books
+        assert len(booked) == 1 and again is not None and again.reservation == want.reservation
+        assert again.shadow.allocations == want.shadow.allocations
+        if beside is not None:
+            again.now.allocate(beside)
+            again.took(beside, True)  # (copied before it changes: the kept shadow stays)
+            assert booker(s.copy(), head, ends, CONFIG).shadow.allocations == want.shadow.allocations  # type: ignore[union-attr]
+        # anything else: booked anew
+        assert booker(s.copy(), gpus(4, id="head"), ends, CONFIG) is not None and len(booked) == 2  # another request
+        other_ends = dict(ends)
+        booker(s.copy(), head, other_ends, CONFIG)
+        assert len(booked) == 3  # other ends (an equal mapping, but not the one kept)
+        changed = s.copy()
+        changed.release(next(iter(ends)))
+        got = booker(changed, head, other_ends, CONFIG)
+        assert len(booked) == 4  # other books
+        fresh = book(changed, head, other_ends, CONFIG)
+        assert (got is None) == (fresh is None) and (got is None or got.reservation == fresh.reservation)  # type: ignore[union-attr]
+    finally:
+        reservation_mod.book_fast = real
