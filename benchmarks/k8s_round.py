@@ -19,6 +19,11 @@ second (so the queue order breaks ties of age by UID, as on a plane).
 `--trickle`: the real plane's steady state (k8s_round_plane): the first round's binds stay bound (the cluster is
 then full), and one more pod arrives before each round; with `--recent` every round also works out when preemption
 would first help.
+
+`--whole`: the whole scheduler's round rather than `_plan`'s: a `Scheduler` (its API a stub that accepts every
+Binding and write) over the same books, every pending pod one of its waiting pods, each round its own `_take` and
+`_place` (what its `corral_scheduler_batch_duration_seconds` times, and the bookkeeping of each pod's words after
+it), as `--trickle`; the writes a round asks for are carried out between rounds, untimed, as its writer thread would.
 """
 
 from __future__ import annotations
@@ -167,6 +172,77 @@ def one_round(state: ClusterState, bound: dict[str, Bound], pods: list[Pending],
     return took, len(starts)
 
 
+def whole_rounds(a: argparse.Namespace) -> None:
+    """`--whole`: the scheduler's own rounds (see the module)."""
+    from corral.k8s.fake import FakeKubeApi
+    from corral.k8s.scheduler.core import Scheduler, TokenBucket, Waiting
+
+    t0 = time.perf_counter()
+    state, bound, pods, _ = build(a.nodes, a.pending)
+    if a.recent:
+        bound = {k: dataclasses.replace(b, started_at=NOW - 60 - i % 180) for i, (k, b) in enumerate(bound.items())}
+    clock = [NOW]
+    s = Scheduler(FakeKubeApi(), PlacementConfig(policy="binpack"), batch_window=0.0,
+                  evictions=Accepting() if not a.no_preempt else None,
+                  queues=parse_queues(queues_file(QUEUES, a.nodes * GPUS)), clock=lambda: clock[0])  # fmt: skip
+    api: Any = s.api
+    api.create_binding = api.patch_pod_status = api.create_event = lambda *_, **__: None  # every call accepted
+    s.limiter = TokenBucket(1e9, 10**9)
+    s.state = state
+    s._bound = dict(bound)
+
+    def waiting(p: Pending, seq: int) -> None:
+        w = Waiting(p, p.namespace, p.name.split("/")[-1], p.key, seq, 0.0)
+        s._active[p.key] = w
+        s._known[p.key] = w
+
+    for i, p in enumerate(pods):
+        waiting(p, i)
+    print(f"built: {a.nodes} nodes, {len(bound)} bound pods, {len(pods)} pending in {QUEUES} queues "
+          f"({time.perf_counter() - t0:.1f} s)")  # fmt: skip
+    gc.collect()
+    gc.freeze()
+    collector_for_rounds()
+    writes = 0
+
+    def one() -> tuple[float, int]:
+        nonlocal writes
+        started = time.perf_counter()
+        batch = s._take()
+        s._place(batch)
+        took = time.perf_counter() - started
+        while s._writes:  # the writer thread's share, between rounds
+            _, w = s._writes.popitem(last=False)
+            s.write_reason(w)
+            writes += 1
+        return took, len(batch)
+
+    first, n = one()
+    print(f"first round (every pod converted): {first * 1000:.0f} ms over {n} pods")
+    times, before = [], _batch_seconds(s)
+    for i in range(a.rounds):
+        clock[0] = NOW + 1.0 + i
+        extra: list[Pending] = []
+        arrive(state, extra, i, clock[0])
+        waiting(extra[0], 10**6 + i)
+        took, n = one()
+        times.append(took)
+    after = _batch_seconds(s)
+    metric = (after[0] - before[0]) / max(1.0, after[1] - before[1])
+    each = ", ".join(f"{t * 1000:.0f}" for t in times)
+    print(f"whole rounds (_take + _place, a full cluster and a pod arriving each round): median "
+          f"{statistics.median(times) * 1000:.0f} ms, max {max(times) * 1000:.0f} ms over {n} pods ({each} ms); "
+          f"the scheduler's batch duration: mean {metric * 1000:.0f} ms; {writes} writes asked for in all")  # fmt: skip
+    s._pool.shutdown(wait=False)
+
+
+def _batch_seconds(s: Any) -> tuple[float, float]:
+    """(sum, count) of the scheduler's corral_scheduler_batch_duration_seconds."""
+    out = {m.name: m.value for fam in s.metrics.batch_seconds.collect() for m in fam.samples}
+    return out.get("corral_scheduler_batch_duration_seconds_sum", 0.0), out.get(
+        "corral_scheduler_batch_duration_seconds_count", 0.0)  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=5000)
@@ -181,8 +257,14 @@ def main() -> None:
         action="store_true",
         help="binds stay (the cluster is then full) and one pod arrives before each round (a plane's)",
     )
+    ap.add_argument("--whole", action="store_true", help="the whole scheduler's round (_take + _place), as --trickle")
     ap.add_argument("--no-preempt", action="store_true", help="plan no preemption (NoEvictions: no evictions seam)")
     a = ap.parse_args()
+    if a.whole:
+        whole_rounds(a)
+        print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load "
+              f"{os.getloadavg()[0]:.1f}; {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC")  # fmt: skip
+        return
     t0 = time.perf_counter()
     state, bound, pods, face = build(a.nodes, a.pending)
     if a.recent:  # (no victim may go yet: each round says when preemption would first help)

@@ -597,3 +597,34 @@ def test_the_kept_ends_are_reused_only_while_every_end_is_ahead() -> None:
     default = face.round.default_time_limit_s
     assert kept.ends(later) == {k: expected_end(b.started_at, b.time_limit_s, default, later) for k, b in bound.items()}
     assert kept.ends(later)[min(bound, key=lambda k: bound[k].started_at)] == later
+
+
+def test_the_bound_pods_walk_remakes_only_what_changed_and_gives_a_fresh_walks_part() -> None:
+    """The walk of the bound pods (C-speed maps, a Python step per changed pod) gives, after pods were replaced,
+    left the books, began stopping or became protected, the same Running records, ends and wake as a face that
+    walks them all for the first time, and keeps the entries of the pods that did not change."""
+    import benchmarks.k8s_round as kr
+    from corral.k8s.scheduler import tenancy as face_mod
+
+    state, bound, _, face = kr.build(30, 4)
+    s = state.snapshot
+    assert s is not None
+    default = face.round.default_time_limit_s
+    face_mod._bound_round(face, bound, s.allocations, frozenset(), frozenset(), None, kr.NOW, default)
+    before = dict(face.runs)
+    keys = list(bound)
+    bound[keys[0]] = dataclasses.replace(bound[keys[0]], started_at=kr.NOW - 5.0)  # a new Bound
+    bound[keys[1]] = dataclasses.replace(bound[keys[1]], time_limit_s=None)  # no time limit: its end rolls
+    s.release(keys[2])  # gone from the books: no Running, no end
+    grant = s.release(keys[3])
+    s.allocate(dataclasses.replace(grant))  # the same grant, another object: remade
+    stopping, protected = frozenset({keys[4]}), frozenset({keys[5], "not-bound"})
+    later = kr.NOW + 50.0
+    got = face_mod._bound_round(face, bound, s.allocations, stopping, protected, None, later, default)
+    fresh = Face.of(face.config, face.round.placement)
+    want = face_mod._bound_round(fresh, bound, s.allocations, stopping, protected, None, later, default)
+    assert [r.id for r in got[0]] == [r.id for r in want[0]] and keys[2] not in got[1]
+    assert got[0] == want[0] and got[1] == want[1] and got[2] == want[2] and got[3] == want[3]
+    remade = {k for k in bound if face.runs.get(k) is not before.get(k)}
+    assert remade == {keys[0], keys[1], keys[3], keys[4], keys[5]}
+    assert got[1][keys[4]].stopping and not got[1][keys[5]].preemptible

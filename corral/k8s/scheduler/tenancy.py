@@ -26,6 +26,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import datetime
+from itertools import repeat
+from operator import attrgetter, eq, is_, itemgetter
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -412,12 +414,14 @@ class BoundRound:
         whether each wakes a round (not being stopped))."""
         if self._columns is None:
             e = self.entries
+            n = len(e)
+            fixed = np.array(list(map(_END, e)), dtype=np.float64)  # (None, no time limit: NaN)
             self._columns = (
-                [x[1] for x in e],
-                np.array([np.nan if x[5] is None else x[5] for x in e], dtype=np.float64),
-                [(i, x[0].started_at) for i, x in enumerate(e) if x[5] is None],
-                np.array([x[6] for x in e], dtype=np.float64),
-                ~np.array([x[0].stopping for x in e], dtype=np.bool_),
+                list(map(_GRANT, e)),
+                fixed,
+                [(i, e[i][0].started_at) for i in np.flatnonzero(np.isnan(fixed)).tolist()],
+                np.fromiter(map(_PROTECTED_UNTIL, e), dtype=np.float64, count=n),
+                ~np.fromiter(map(_STOPPED, map(_BOUND, e)), dtype=np.bool_, count=n),
             )
         return self._columns
 
@@ -453,29 +457,41 @@ def _bound_round(face: Face, bound: Mapping[str, Bound], allocations: Mapping[st
                  now: float, default: float) -> BoundPart:  # fmt: skip
     """The bound pods in the books as Running (each pod's entry made again where its Bound, grant or eviction state
     changed), their expected ends, and the earliest end of a minimum runtime after `now` (BoundRound's, which the
-    face keeps for the next round)."""
-    running: list[Running] = []
-    running_by: dict[str, Running] = {}
-    entries: list[RunEntry] = []
+    face keeps for the next round).
+
+    The walk is done at C speed (maps over the 40,000 pods, each kept entry checked by identity), with a Python step
+    only for the pods whose entry must be made again (a cluster's churn: tens a round) and those not in the books."""
     requests = requests if requests is not None else {}  # (a BoundRequests counts 40,000 pods for its truth)
-    enter = face.enter
-    runs = face.runs
-    for key, b in bound.items():
-        granted = allocations.get(key)
-        if granted is None:
-            continue
-        st, pr = key in stopping, key in protected
-        found = runs.get(key)
-        if found is None or found[0] is not b or found[1] is not granted or found[2] != st or found[3] != pr:
-            found = enter(key, b, granted, st, pr, requests.get(key))
-        entries.append(found)
-        run = found[4]
-        running.append(run)
-        running_by[key] = run
-    if len(runs) > 2 * len(bound) + 64:
-        face.runs = {k: v for k, v in runs.items() if k in bound}
-    kept = face.bound_round = BoundRound(bound, stopping, protected, tuple(running), running_by, entries, default)
+    keys = list(bound)
+    n = len(keys)
+    grants = list(map(allocations.get, keys))
+    found: list[Any] = list(map(face.runs.get, keys, repeat(_NO_ENTRY)))
+    same = np.fromiter(map(is_, map(_BOUND, found), bound.values()), dtype=np.bool_, count=n)
+    same &= np.fromiter(map(is_, map(_GRANT, found), grants), dtype=np.bool_, count=n)
+    if stopping or protected or any(map(_STOPPING, found)) or any(map(_PROTECTED, found)):
+        same &= np.fromiter(map(eq, map(_STOPPING, found), map(stopping.__contains__, keys)), np.bool_, count=n)
+        same &= np.fromiter(map(eq, map(_PROTECTED, found), map(protected.__contains__, keys)), np.bool_, count=n)
+    absent = np.fromiter(map(is_, grants, repeat(None)), dtype=np.bool_, count=n)
+    for i in np.flatnonzero(~same & ~absent).tolist():
+        key, grant = keys[i], grants[i]
+        assert grant is not None
+        found[i] = face.enter(key, bound[key], grant, key in stopping, key in protected, requests.get(key))
+    if absent.any():  # (not in the books: no Running, no end)
+        kept_rows = np.flatnonzero(~absent).tolist()
+        keys, found = [keys[i] for i in kept_rows], [found[i] for i in kept_rows]
+    running = tuple(map(_RUN, found))
+    running_by = dict(zip(keys, running, strict=True))
+    if len(face.runs) > 2 * len(bound) + 64:
+        face.runs = {k: v for k, v in face.runs.items() if k in bound}
+    kept = face.bound_round = BoundRound(bound, stopping, protected, running, running_by, found, default)
     return kept.running, dict(running_by), kept.ends(now), kept.wake(now)
+
+
+_STOPPED = attrgetter("stopping")
+#: A RunEntry's fields, read at C speed over a round's 40,000 entries (and the entry of a pod without one).
+_BOUND, _GRANT, _STOPPING, _PROTECTED, _RUN = (itemgetter(i) for i in range(5))
+_END, _PROTECTED_UNTIL = itemgetter(5), itemgetter(6)
+_NO_ENTRY = (None, None, False, False, None, None, 0.0)
 
 
 def plan_pods(
