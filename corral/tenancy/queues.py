@@ -156,7 +156,7 @@ class Tenancy:
         last = self._ids_of
         if last is not None and last[0] is jobs:
             return last[1]
-        ids = [id(j) for j in jobs]
+        ids = list(map(id, jobs))
         self._ids_of = (jobs, ids) if type(jobs) is tuple else None  # (the tuple keeps its jobs: no id is reused)
         return ids
 
