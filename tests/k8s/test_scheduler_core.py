@@ -608,7 +608,12 @@ def test_a_round_hands_a_move_alone_to_no_writer_and_its_condition_comes_due_lat
     w = s._unschedulable[uid]
     told: list[str] = []
     real = s._say_why
-    monkeypatch.setattr(s, "_say_why", lambda x: (told.append(x.name), real(x)))
+
+    def say_why(x: Any) -> None:
+        told.append(x.name)
+        real(x)
+
+    monkeypatch.setattr(s, "_say_why", say_why)
     events = len([e for _, e in api.events if e["involvedObject"]["name"] == "b"])
     api.put_pod(gpu_pod("c", 2))
     wait_for("c's words", lambda: condition("c").startswith("queue q, position 3 of 3;"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable
 
 import numpy as np
 import pytest
@@ -170,7 +171,7 @@ def test_fair_runs_give_fair_orders_result_round_after_round(
     first: list[tuple[str, int, float, float]],
     leave: list[int],
     arrive: list[tuple[str, int, float, float]],
-    shares: dict[str, float],
+    shares: dict[Hashable, float],
     weights: dict[str, float],
 ) -> None:
     """The kept runs, reused, thinned and grown, order exactly as fair_order's heap does, ties included."""
@@ -183,7 +184,7 @@ def test_fair_runs_give_fair_orders_result_round_after_round(
         return out
 
     runs: FairRuns[str] = FairRuns()
-    weight = lambda a: weights.get(a, 1.0)  # noqa: E731
+    weight = lambda a: weights.get(str(a), 1.0)  # noqa: E731
     now = offers(first, 0)
     assert runs.order(now, shares, weight) == fair_order(now, shares, weight)
     assert runs.order(now, shares, weight) == fair_order(now, shares, weight)  # (every run reused)
@@ -198,4 +199,5 @@ def test_fair_runs_fall_back_where_floats_cannot_hold_the_key() -> None:
     runs: FairRuns[str] = FairRuns()
     assert runs.order(big, {}, lambda _: 1.0) == ["x", "y"] == fair_order(big, {}, lambda _: 1.0)
     nan = [Offer("x", "a", 0, 0.0, (0, "x"), 0.1), Offer("y", "b", 0, 0.0, (0, "y"), 0.1)]
-    assert runs.order(nan, {"a": math.nan}, lambda _: 1.0) == fair_order(nan, {"a": math.nan}, lambda _: 1.0)
+    shares: dict[Hashable, float] = {"a": math.nan}
+    assert runs.order(nan, shares, lambda _: 1.0) == fair_order(nan, shares, lambda _: 1.0)
