@@ -16,6 +16,10 @@ round works out when preemption would first help (the in-process `--recent` case
 every waiting pod's words (no condition or event written for 5 s: the burst's writes, and the watch events they
 cause, done), `--trickle` more pods, one a second, each making a round over every waiting pod; the rounds counted are
 those from the first trickled pod on. Scheduler, API server and etcd share the machine's cores.
+
+`--churn`: with each trickled pod, one bound pod of team-0 (the borrower) ends (deleted at once, as its kubelet would
+once it exits): the round binds a waiting pod on the GPU it frees, so the next one sees the bound pods changed, as a
+cluster where pods come and go does (in process: `k8s_round --churn`).
 """
 
 from __future__ import annotations
@@ -113,6 +117,7 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=5000)
     ap.add_argument("--pending", type=int, default=10000)
     ap.add_argument("--trickle", type=int, default=20)
+    ap.add_argument("--churn", action="store_true", help="a bound pod of team-0 ends with each trickled pod")
     args = ap.parse_args()
     with plane_in("corral-k8s-round-") as (plane, where):
         proc: SchedulerProcess | None = None
@@ -141,6 +146,8 @@ def main() -> None:
             for i in range(args.trickle):
                 ns, obj = pending_pod(args.pending + i)
                 w.request("POST", f"/api/v1/namespaces/{ns}/pods", obj)
+                if args.churn:  # (team-0's bound pods are bound-0 .. bound-(2 quarters - 1))
+                    w.request("DELETE", f"/api/v1/namespaces/team-0/pods/bound-{i}", {"gracePeriodSeconds": 0})
                 time.sleep(1.0)
             after = histogram(proc.metrics())
             rounds = after[0] - before[0]
@@ -156,7 +163,9 @@ def main() -> None:
                     for c in (p.get("status") or {}).get("conditions") or ():
                         if c.get("type") == "PodScheduled" and not said:
                             said = f"{p['metadata']['name']}: {c.get('message', '')}"
-            print(f"rounds over {args.pending}+ waiting pods while {args.trickle} were trickled in: {rounds:.0f}; "
+            churn = " and as many bound pods ended" if args.churn else ""
+            print(f"rounds over {args.pending}+ waiting pods while {args.trickle} were trickled in{churn}: "
+                  f"{rounds:.0f}; "
                   f"mean {mean * 1000:.0f} ms; within {BUCKET * 1000:.0f} ms: {within * 100:.0f} %")  # fmt: skip
             print(f"pending pods bound per namespace: {binds}; a waiting team-3 pod's condition: {said[:300]}")
             print(f"load {load0:.1f} -> {os.getloadavg()[0]:.1f}; "

@@ -58,11 +58,22 @@ class Holdings:
                     g_milli[r, g.index] += g.milli
                     g_mem[r, g.index] += g.memory_mib
             added = (node, cpu, mem, tag, shared, g_milli, g_mem, count)
-            self._store = tuple(np.concatenate((old, new)) for old, new in zip(self._store, added, strict=True))
+            if start + k > len(self._store[0]):  # (room grown by doubling: a few new grants a round cost no copy)
+                size = max(start + k, 2 * len(self._store[0]), 1024)
+                self._store = tuple(_grown(column, size) for column in self._store)
+            for column, new in zip(self._store, added, strict=True):
+                column[start : start + k] = new
             rows[fresh] = np.arange(start, start + k)
         cols = tuple(column[rows] for column in self._store)
         self._last = (allocs, cols)
         return cols
+
+
+def _grown(column: npt.NDArray[np.int64], size: int) -> npt.NDArray[np.int64]:
+    """`column` with room for `size` rows (the new ones zero)."""
+    out = np.zeros((size, *column.shape[1:]), dtype=column.dtype)
+    out[: len(column)] = column
+    return out
 
 
 def _summed(cells: npt.NDArray[np.int64], values: npt.NDArray[np.int64], size: int) -> npt.NDArray[np.int64]:

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import attrgetter
 
 import numpy as np
 import numpy.typing as npt
@@ -208,6 +210,9 @@ def _measure_jobs(
     return usage
 
 
+_JOB_ID = attrgetter("id")
+
+
 def measure_columns(config: QueuesConfig, cols: JobColumns, groups_of: GroupsOf) -> Usage:
     """`_measure_jobs` over columns: per account the jobs' vectors added with np.add.at (integers: exact in any
     order), and per queue the first job in start order whose start put it above its guarantee found on the queue's
@@ -252,10 +257,10 @@ def measure_columns(config: QueuesConfig, cols: JobColumns, groups_of: GroupsOf)
             continue
         first = int(np.argmax(over_now))
         usage.borrowing_rows[order[rows[first:]]] = True
-        for i in order[rows[first:]].tolist():
-            jid = jobs[i].id
-            usage.borrowing_ids.add(jid)
-            usage.queue_of_borrower[jid] = q
+        # (a cluster's borrowers are thousands: their ids read with C-level maps)
+        borrowers = list(map(_JOB_ID, map(jobs.__getitem__, order[rows[first:]].tolist())))
+        usage.borrowing_ids.update(borrowers)
+        usage.queue_of_borrower.update(zip(borrowers, repeat(q)))
         over_g = np.maximum(0, cum[-1] - g_arr)
         usage.borrowed[q] = (int(over_g[0]), int(over_g[1]), int(over_g[2]), int(over_g[3]), int(over_g[4]))
     return usage

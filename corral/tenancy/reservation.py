@@ -201,10 +201,12 @@ def book_fast(
     held = snapshot.allocations
     ids = list(ends)  # (a cluster's tens of thousands: read without a Python loop where none is missing)
     end = np.fromiter(ends.values(), dtype=np.float64, count=len(ids))
-    if ends.keys() - held.keys():  # ends of allocations not in the snapshot are left out
+    try:
+        allocs: list[Allocation] = list(map(held.__getitem__, ids))
+    except KeyError:  # ends of allocations not in the snapshot are left out
         kept = np.fromiter((i in held for i in ids), dtype=np.bool_, count=len(ids))
         end, ids = end[kept], [i for i in ids if i in held]
-    allocs: list[Allocation] = list(map(held.__getitem__, ids))
+        allocs = list(map(held.__getitem__, ids))
     times = np.unique(end)
     if len(times) <= 2:
         return book(snapshot, request, ends, config)

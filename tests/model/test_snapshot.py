@@ -232,3 +232,16 @@ def test_giving_back_holdings_columns_is_release_held(seed: int) -> None:
     assert np.array_equal(want.version, got.version)
     again = holdings.of(allocs[1:] + allocs[:1], s.max_gpus)  # the same objects in another order: their own rows
     assert all(np.array_equal(a, np.roll(b, -1, axis=0)) for a, b in zip(again, cols, strict=True))
+
+
+def test_holdings_kept_across_calls_grow_and_read_as_a_fresh_one() -> None:
+    """Holdings fed new grants call after call (a cluster's churn: its room grows by doubling, the new rows written in
+    place) gives every call the columns a fresh Holdings reads from the same grants."""
+    kept = Holdings()
+    made: list[Allocation] = []
+    for step in range(6):
+        for k in range(700):  # past the first room of 1,024 rows and its doubling
+            made.append(Allocation(f"a{step}-{k}", f"n{k % 7}", k % 7, 1000 + k, 512, (GpuGrant(k % 4, 500, 1024),), 0))
+        window = made[-1500:]  # the oldest leave, as pods end
+        got, want = kept.of(window, 4), Holdings().of(window, 4)
+        assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True)), step
