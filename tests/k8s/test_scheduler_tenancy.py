@@ -495,8 +495,11 @@ def test_a_pod_gone_while_the_watch_was_down_leaves_the_queues_at_the_next_list(
     api.put_pod(gpu_pod("nudge", gpus=0))  # one more round, which counts p as running
     wait_for("nudge bound", lambda: bool(api.pods[("default", "nudge")]["spec"].get("nodeName")))
     assert "uid-ns-a-p" in s._bound and "uid-ns-a-p" in s._running
+    kept = s.tenancy.bound_round if s.tenancy is not None else None
+    assert kept is not None and "uid-ns-a-p" in kept.running_by
     s.listed("pods", [])  # a relist after the watch was down: p is gone
     assert "uid-ns-a-p" not in s._bound and "uid-ns-a-p" not in s._running
+    assert "uid-ns-a-p" in kept.running_by  # (copied before the change: what the face kept stays as it was)
     assert s.tenancy is not None and s.tenancy.ledger.accounts() == [("queue", "team-a"), ("user", "team-a", "ns-a")]
 
 

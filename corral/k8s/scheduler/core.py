@@ -392,6 +392,7 @@ class Scheduler:
         self._bound: dict[str, Bound] = {}
         self._holds: dict[str, Hold] = {}
         self._running: dict[str, Running] = {}
+        self._running_shared = False  # `_running` is the face's (read only) until a pod's end copies it
         #: Preemption through the Eviction API (scheduler/evict.py), once `preempting()` is called: the informer's
         #: pods and a watch of PodDisruptionBudgets feed it; it is then `evictions` too.
         self._evicting: ApiEvictions | None = None
@@ -579,6 +580,8 @@ class Scheduler:
         with self._cond:
             if not bound:
                 b = self._bound.pop(key, None)
+                if key in self._running and self._running_shared:  # (the round's own map: copied before a change)
+                    self._running, self._running_shared = dict(self._running), False
                 run = self._running.pop(key, None)
                 if b is not None and run is not None and self.tenancy.tenancy is not None:
                     self.tenancy.tenancy.record(run, self.clock())  # its ledger is the face's
@@ -849,7 +852,7 @@ class Scheduler:
         with self._cond:
             self._holds = r.holds
             if state.snapshot is not None:
-                self._running = r.running
+                self._running, self._running_shared = r.running, True
         settle(self.tenancy)
         return r.decisions
 

@@ -271,7 +271,8 @@ class TenancyRound:
     decisions: list[Decision]  # one per pending pod, in the order given
     plan: RoundPlan | None  # None: nothing was offered
     holds: dict[str, Hold] = field(default_factory=dict)  # pod key -> why it waits (pods that wait)
-    running: dict[str, Running] = field(default_factory=dict)  # the bound pods in the books, as the round saw them
+    #: the bound pods in the books, as the round saw them (read only: the face keeps it for the next round)
+    running: dict[str, Running] = field(default_factory=dict)
     #: The earliest time after `now` at which a bound pod (not being stopped) passes its minimum runtime: a pod that
     #: waits may preempt it from then, and no event of the cluster's says so (None: none)
     wake_at: float | None = None
@@ -484,7 +485,7 @@ def _bound_round(face: Face, bound: Mapping[str, Bound], allocations: Mapping[st
     if len(face.runs) > 2 * len(bound) + 64:
         face.runs = {k: v for k, v in face.runs.items() if k in bound}
     kept = face.bound_round = BoundRound(bound, stopping, protected, running, running_by, found, default)
-    return kept.running, dict(running_by), kept.ends(now), kept.wake(now)
+    return kept.running, running_by, kept.ends(now), kept.wake(now)
 
 
 _STOPPED = attrgetter("stopping")
@@ -590,7 +591,7 @@ def plan_pods(
         # The same bound pods with the same grants as last round (a full cluster's queue: pods arrive, none starts):
         # their Running records, and their ends and wake from columns kept with them, without a walk of them all.
         # (the very tuple of last round: tenancy knows it again without comparing 40,000 ids)
-        running, running_by = last_round.running, dict(last_round.running_by)
+        running, running_by = last_round.running, last_round.running_by
         ends, wake_at = last_round.ends(now), last_round.wake(now)
     else:
         running, running_by, ends, wake_at = _bound_round(face, bound, allocations, stopping, protected, requests,
