@@ -602,7 +602,8 @@ def plan_pods(
         return work_of(item, sizes.get(item.gang, 0))
 
     preempt = preempts(ev) and not ev.busy()
-    plan = plan_round(face.round, items, running, ClusterView(view, ends), tenancy, now, work_of=convert,
+    # (`view` is this round's own copy of the books: the round grants its starts in it)
+    plan = plan_round(face.round, items, running, ClusterView(view, ends, owned=True), tenancy, now, work_of=convert,
                       cache=face.cache, preempt=preempt, booker=face.booker, prefilter=True)  # fmt: skip
     holds: dict[str, Hold] = {}
     for p, alloc in early:
