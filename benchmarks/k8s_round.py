@@ -102,16 +102,10 @@ def build(nodes: int, pending: int) -> tuple[ClusterState, dict[str, Bound], lis
     pods: list[Pending] = []
     rng = random.Random(7)
     for i in range(pending):
-        q = i % QUEUES
-        size = sizes[i % len(sizes)]
-        resources = {"requests": {"cpu": "1", "memory": "4Gi"}, "limits": {"nvidia.com/gpu": str(size)}}
         # as the API server makes them: a random UID, the creation time to the second (a burst: BURST a second)
-        obj: dict[str, Any] = pod_object(f"p{i}", [{"name": "main", "resources": resources}], namespace=f"team-{q}",
-                                         uid=str(uuid.UUID(int=rng.getrandbits(128), version=4)))  # fmt: skip
-        p = pending_of(obj, state.gpu_memory)
+        uid = str(uuid.UUID(int=rng.getrandbits(128), version=4))
         created = NOW - (pending - i) // BURST
-        pods.append(Pending(p.key, p.name, p.ask, queue=f"team-{q}", namespace=f"team-{q}", created=created,
-                            time_limit_s=3600.0 * (1 + i % 4)))  # fmt: skip
+        pods.append(pending_pod(state, f"p{i}", i % QUEUES, sizes[i % len(sizes)], uid, created, 3600.0 * (1 + i % 4)))
     return state, bound, pods, face
 
 
@@ -119,14 +113,18 @@ class Accepting(NoEvictions):
     """Evictions that carry nothing out but let the round plan preemption (as kpreempt's does)."""
 
 
-def arrive(state: ClusterState, pods: list[Pending], i: int, now: float) -> None:
-    """One more pending pod (the i-th trickled), created at `now`."""
-    q = i % QUEUES
-    resources = {"requests": {"cpu": "1", "memory": "4Gi"}, "limits": {"nvidia.com/gpu": "1"}}
-    obj = pod_object(f"t{i}", [{"name": "main", "resources": resources}], namespace=f"team-{q}", uid=f"trickle-{i}")
+def pending_pod(state: ClusterState, name: str, q: int, gpus: int, uid: str, created: float, limit: float) -> Pending:
+    """A pending pod of team-`q` asking for `gpus` whole GPUs, one CPU and 4 GiB, with a time limit, as the scheduler
+    reads it."""
+    resources = {"requests": {"cpu": "1", "memory": "4Gi"}, "limits": {"nvidia.com/gpu": str(gpus)}}
+    obj = pod_object(name, [{"name": "main", "resources": resources}], namespace=f"team-{q}", uid=uid)
     p = pending_of(obj, state.gpu_memory)
-    pods.append(Pending(p.key, p.name, p.ask, queue=f"team-{q}", namespace=f"team-{q}", created=now,
-                        time_limit_s=3600.0))  # fmt: skip
+    return Pending(p.key, p.name, p.ask, queue=f"team-{q}", namespace=f"team-{q}", created=created, time_limit_s=limit)
+
+
+def arrive(state: ClusterState, pods: list[Pending], i: int, now: float) -> None:
+    """One more pending pod (the i-th trickled: one GPU, an hour), created at `now`."""
+    pods.append(pending_pod(state, f"t{i}", i % QUEUES, 1, f"trickle-{i}", now, 3600.0))
 
 
 def one_round(state: ClusterState, bound: dict[str, Bound], pods: list[Pending], face: Face, preempt: bool = True,

@@ -82,6 +82,7 @@ class Plan:
 
 
 _work_id = attrgetter("work.id")
+_WORK = attrgetter("work")
 
 
 @dataclass(frozen=True)
@@ -138,13 +139,15 @@ class ShapeCache:
         """`item`'s Work: the one made for this very object, or a new one (kept)."""
         return self.entry(item, work_of).work
 
+    def entries_for(self, items: Sequence[T], work_of: Callable[[T], Work]) -> list[_Entry]:
+        """Each item's entry (`entry`, for a whole queue: the look-up of one already made inlined; this runs once
+        per queued job every round)."""
+        known, make = self._by_object.get, self.entry
+        return [e if (e := known(id(item))) is not None and e.source is item else make(item, work_of) for item in items]
+
     def works(self, items: Sequence[T], work_of: Callable[[T], Work]) -> list[Work]:
-        """Each item's Work (`work`, for a whole queue: the look-up of one already made inlined)."""
-        known = self._by_object.get
-        return [
-            e.work if (e := known(id(item))) is not None and e.source is item else self.entry(item, work_of).work
-            for item in items
-        ]
+        """Each item's Work (`work`, for a whole queue)."""
+        return list(map(_WORK, self.entries_for(items, work_of)))
 
     def prune(self, keep: int) -> None:
         """Forget jobs that have left the queue once the cache holds more than twice `keep` of them."""
@@ -280,10 +283,7 @@ def schedule(
     (priority, fair share, age) instead of priority then age, and the limits checked before a job is placed (a job
     held back by one waits with its words, and is not the head)."""
     cache = cache if cache is not None else ShapeCache()
-    known = cache._by_object.get  # inlined look-up (ShapeCache.known): this line runs once per queued job every round
-    entries = [
-        e if (e := known(id(item))) is not None and e.source is item else cache.entry(item, work_of) for item in waiting
-    ]
+    entries = cache.entries_for(waiting, work_of)
     cache.prune(len(entries))
     if queues is not None:
         entries = queues.order(entries)
@@ -302,7 +302,6 @@ def schedule(
     # the expected ends, copied only once a start adds one: until then the booker sees the face's own mapping (a
     # FastBooker knows it again: a full cluster's rounds book the same reservation)
     expected: Mapping[str, float] = ends if ends is not None else {}
-    copied = False
     booking: Booking | None = None
     booked = False  # the head has been found (with a reservation or without one)
     generator = rng if rng is not None else np.random.default_rng(0)
@@ -319,9 +318,9 @@ def schedule(
         snapshot.allocate(start.allocation)
         if booking is not None:
             booking.took(start.allocation, outlives)
-        nonlocal expected, copied
-        if not copied:
-            expected, copied = dict(expected), True
+        nonlocal expected
+        if expected is ends:  # (still the caller's: copied before the first change)
+            expected = dict(expected)
         expected[start.job_id] = end  # type: ignore[index]
         if queues is not None:
             queues.took(entry)

@@ -84,6 +84,21 @@ CONDITION_POSITION_EVERY = 300.0
 #: The queue position in a waiting pod's words (tenancy.held_text): what differs between two messages that say the
 #: same thing about a pod whose place in line moved.
 _POSITION = re.compile(r", position \d+ of \d+;")
+
+
+def _placeless(message: str) -> str:
+    """A pod's words without its place in line (", position i of n;" dropped): two messages that differ only in
+    the place are the same news."""
+    return _POSITION.sub(";", message)
+
+
+def _move_wait(w: Waiting) -> float:
+    """How long after its last write a pod's condition waits when only its place in line moved: one to two
+    CONDITION_POSITION_EVERY, spread by the pod's number (a queue's pods all move at once, and their writes, and the
+    watch events they bring back, would come due at once)."""
+    return CONDITION_POSITION_EVERY * (1 + (w.seq % 64) / 64)
+
+
 #: What a condition or event message may hold (the API server's events.k8s.io limit is 1 KiB).
 #: Delay before a pod whose Binding failed is placed again: this x 2^(failures-1), at most BIND_RETRY_MAX.
 BIND_RETRY = 0.05
@@ -1109,10 +1124,10 @@ class Scheduler:
             for w in moved:
                 if w.due:
                     continue  # a write is due already: it writes the words of then
-                if not w.written or _POSITION.sub(";", short(w.reason)) != _POSITION.sub(";", w.written):
+                if not w.written or _placeless(short(w.reason)) != _placeless(w.written):
                     tell.append(w)
                     continue
-                w.due, w.due_at = True, max(now, w.written_at + CONDITION_POSITION_EVERY * (1 + (w.seq % 64) / 64))
+                w.due, w.due_at = True, max(now, w.written_at + _move_wait(w))
                 heapq.heappush(self._due, (w.due_at, w.seq, w))
             self._write_cond.notify()
         return tell
@@ -1154,11 +1169,9 @@ class Scheduler:
                 return  # placed or gone meanwhile
             message = short(w.reason)
         now = time.monotonic()
-        gist = _POSITION.sub(";", message)
-        moved = message != w.written and gist == _POSITION.sub(";", w.written)  # only its place in line changed
-        # (a move's wait spread over one to two CONDITION_POSITION_EVERY by the pod's number: a queue's pods all move
-        # at once, and their writes, and the watch events they bring back, would come due at once)
-        every = CONDITION_POSITION_EVERY * (1 + (w.seq % 64) / 64) if moved else CONDITION_EVERY
+        gist = _placeless(message)
+        moved = message != w.written and gist == _placeless(w.written)  # only its place in line changed
+        every = _move_wait(w) if moved else CONDITION_EVERY
         if message != w.written and now - w.written_at < every:
             with self._write_cond:
                 if not w.due or w.written_at + every < w.due_at:  # (a real change is not held to a move's wait)
@@ -1176,7 +1189,7 @@ class Scheduler:
             except KubeApiError as exc:
                 self.metrics.conditions.labels("failed").inc()
                 log.warning("pod %s: cannot set its PodScheduled condition: %s", w.pending.name, exc)
-        if not event or (message != w.evented and gist == _POSITION.sub(";", w.evented)):
+        if not event or (message != w.evented and gist == _placeless(w.evented)):
             return  # (its place in line alone changed since its last event: no news for another)
         w.events = [t for t in w.events if now - t < EVENT_WINDOW]
         if len(w.events) >= EVENTS_PER_WINDOW:

@@ -438,13 +438,14 @@ class BoundRound:
         """Each pod's expected end at `now` (as the walk computes it: its fixed end, not before now). Read only: while
         every pod has a fixed end still ahead, the same dict again (a full cluster's rounds: 40,000 ends)."""
         _, fixed, open_, _, _ = self.columns()
-        if not open_ and self._ends is not None and not (fixed < now).any():
+        ahead = not open_ and not (fixed < now).any()  # (then every end is its fixed one, whatever `now` is)
+        if ahead and self._ends is not None:
             return self._ends
         values = np.maximum(fixed, now).tolist()  # (a NaN, no time limit, is filled below)
         for i, started in open_:
             values[i] = expected_end(started, None, self.default, now)
         out = dict(zip(self.keys, values, strict=True))
-        self._ends = out if not open_ and not (fixed < now).any() else None
+        self._ends = out if ahead else None
         return out
 
     def wake(self, now: float) -> float | None:
@@ -643,7 +644,7 @@ def plan_pods(
     # ... and per queue the pieces of each text around the pod's position (head, tail, the words at position 0),
     # with what holds it and its code
     pieces: dict[tuple[str, str, str, str | None], tuple[str, str, str, str, str]] = {}
-    entry_of = face.cache._by_object.get  # (ShapeCache.known, inlined: once per pod the prefilter held back)
+    entry_of = face.cache.known  # (the entry made for this very pod object, if any)
 
     def texts_of(reason: str, gang: str, limited: str | None) -> tuple[str, str, str]:
         """(the plan's words with pods named, what holds the pod, its code), once per (reason, gang, limit)."""
@@ -668,9 +669,8 @@ def plan_pods(
         key = p.key
         reason = reasons.get(key, "waiting for the next round")
         if reason == NO_ROOM_NOW and p.ask is not None:
-            entry = entry_of(id(p))
-            shape = entry.shape if entry is not None and entry.source is p else None
-            worded_shape = explained.get(shape) if shape is not None else None
+            entry = entry_of(p)
+            worded_shape = explained.get(entry.shape) if entry is not None else None
             reason = worded_shape if worded_shape is not None else _explained(snapshot, p, explained, face)
         limited = limited_of.get(key)
         said, kind, code = texts_of(reason, p.gang, limited)
@@ -700,8 +700,8 @@ def plan_pods(
         reason = reasons.get(key, "waiting for the next round")
         if reason == NO_ROOM_NOW and p.ask is not None:
             # the prefilter's short words: the engine's own, once per shape a round (what a user acts on)
-            entry = entry_of(id(p))
-            if entry is None or entry.source is not p or (reason := explained.get(entry.shape, "")) == "":
+            entry = entry_of(p)
+            if entry is None or (reason := explained.get(entry.shape, "")) == "":
                 tell(p, at)
                 continue
         piece = pieces.get((p.queue, reason, p.gang, limited_of.get(key)))
